@@ -20,7 +20,7 @@ def cc_grpc_proto(name, srcs, deps = [], grpc = True, proto_root = "proto", **kw
     cmd += " ".join(["$(location %s)" % s for s in srcs])
     native.genrule(
         name = name + "_gen",
-        srcs = srcs + [d + "_srcs" for d in []],
+        srcs = srcs,
         outs = outs,
         cmd = cmd,
     )

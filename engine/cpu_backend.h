@@ -1,8 +1,20 @@
 // The CPU backend: exact dilated attention in fp32 and fp64, forward and backward, multi-threaded.
 //
 // Tiled with an online softmax: memory beyond the caller's tensors is O(threads x tile), never
-// O(segment^2). Accumulation is in the input precision (fp32 or fp64). It is the backend of workers
-// without a GPU and the fp64 reference that GPU and ring backends are checked against on large shapes.
+// O(segment^2): CpuTileScratchBytes (cpu_tiling.h) per thread, kept between calls. Accumulation is
+// in the input precision (fp32 or fp64). It is the backend of workers without a GPU and the fp64
+// reference that GPU and ring backends are checked against on large shapes.
+//
+// Capabilities: dtypes fp32 and fp64, any head dim D >= 1 (up to INT_MAX, BLAS's int), inputs of
+// any strides (rows whose channel stride is 1 go to BLAS in place; others are gathered per tile).
+// Results do not depend on the thread count (bit for bit).
+//
+// Matrix products go to OpenBLAS. The backend parallelises over (b, head, segment, query tile)
+// itself and sets OpenBLAS to one thread at the start of every call (openblas_set_num_threads is
+// process-wide). OpenBLAS picks its kernels from CPUID when the process starts; Debian's 0.3.21
+// does not know recent Xeons and falls back to SSE3 kernels 5x slower than the AVX-512 ones: set
+// OPENBLAS_CORETYPE=SkylakeX (AVX-512) or Haswell (AVX2) in the environment of such processes
+// (docs/PERFORMANCE.md).
 #ifndef DATTN_ENGINE_CPU_BACKEND_H_
 #define DATTN_ENGINE_CPU_BACKEND_H_
 
@@ -17,7 +29,9 @@ struct CpuBackendOptions {
   int num_threads = 0;
 };
 
-// The returned backend owns its thread pool; one call at a time per instance.
+// The returned backend owns its thread pool (num_threads - 1 threads; the calling thread works
+// too) and its scratch; one call at a time per instance. Errors: validate.h's, as INVALID_ARGUMENT,
+// before anything is written.
 std::unique_ptr<AttentionBackend> NewCpuBackend(const CpuBackendOptions& options = {});
 
 }  // namespace dattn

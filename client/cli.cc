@@ -1,0 +1,316 @@
+#include "client/cli.h"
+
+#include <unistd.h>
+
+#include <cstdlib>
+#include <deque>
+#include <exception>
+#include <iostream>
+#include <string>
+#include <vector>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "client/commands.h"
+#include "client/exit_codes.h"
+#include "client/job_file.h"
+#include "client/parse.h"
+#include "client/submit_options.h"
+
+namespace dattn {
+namespace client {
+namespace {
+
+constexpr char kVersion[] = "dattn 0.1.0 (API dattn.v1)";
+
+std::string Footer() {
+  return absl::StrCat("\nThe coordinator's address comes from --coordinator, else $",
+                      kCoordinatorEnv, ", else ", kDefaultCoordinator,
+                      ".\n--coordinator, --timeout and --json may also follow the subcommand.\n\n",
+                      ExitCodeHelp(), "\nJob files, examples and details: docs/CLI.md");
+}
+
+int UsageError(std::ostream& err, const std::string& message, const std::string& command) {
+  err << "dattn: error: " << message << '\n'
+      << "Run 'dattn " << (command.empty() ? "" : command + " ") << "--help' for usage.\n";
+  return kExitUsage;
+}
+
+absl::Duration Seconds(double seconds) { return absl::Milliseconds(seconds * 1000.0); }
+
+// The flags of `dattn submit` that mirror SubmitFields(), with storage CLI11 binds to. Deques keep
+// element addresses stable as they grow. A boolean setting has two flags, --x and --no-x (the
+// latter turns off what a job file turned on).
+struct SubmitFieldFlags {
+  std::deque<std::string> text;
+  std::deque<bool> on;
+  std::deque<bool> off;
+  std::vector<CLI::Option*> options;      // Parallel to SubmitFields().
+  std::vector<CLI::Option*> off_options;  // Parallel to SubmitFields(); nullptr unless is_bool.
+};
+
+void AddSubmitFieldFlags(CLI::App* submit, SubmitFieldFlags* flags) {
+  const std::string group = "Job settings (override --file)";
+  for (const SubmitField& field : SubmitFields()) {
+    std::string names = field.short_flag.empty() ? field.flag : field.short_flag + "," + field.flag;
+    flags->text.emplace_back();
+    flags->on.push_back(false);
+    flags->off.push_back(false);
+    CLI::Option* option;
+    CLI::Option* off_option = nullptr;
+    if (field.is_bool) {
+      option = submit->add_flag(names, flags->on.back(), field.help);
+      const std::string off_flag = "--no-" + field.flag.substr(2);
+      off_option = submit->add_flag(off_flag, flags->off.back(),
+                                    "Turn " + field.flag + " off (overrides the job file)");
+      off_option->group(group);
+    } else {
+      option = submit->add_option(names, flags->text.back(), field.help);
+      option->type_name(field.value_name);
+    }
+    option->group(group);
+    flags->options.push_back(option);
+    flags->off_options.push_back(off_option);
+  }
+}
+
+// The SubmitOptions given by flags; INVALID_ARGUMENT naming the flag and value otherwise.
+absl::StatusOr<SubmitOptions> SubmitOptionsFromFlags(const SubmitFieldFlags& flags) {
+  SubmitOptions options;
+  const std::vector<SubmitField>& fields = SubmitFields();
+  for (size_t i = 0; i < fields.size(); ++i) {
+    std::string text;
+    const bool off = flags.off_options[i] != nullptr && flags.off_options[i]->count() > 0;
+    if (off && flags.options[i]->count() > 0) {
+      return absl::InvalidArgumentError(absl::StrCat(fields[i].flag, " and --no-",
+                                                     fields[i].flag.substr(2),
+                                                     " contradict each other: give one"));
+    }
+    if (flags.options[i]->count() > 0) {
+      text = fields[i].is_bool ? "true" : flags.text[i];
+    } else if (off) {
+      text = "false";
+    } else {
+      continue;
+    }
+    absl::Status status = fields[i].set(text, &options);
+    if (!status.ok()) {
+      return absl::InvalidArgumentError(absl::StrCat(fields[i].flag, ": ", status.message()));
+    }
+  }
+  return options;
+}
+
+}  // namespace
+
+CliEnvironment ProcessEnvironment(const std::ostream& out) {
+  CliEnvironment env;
+  env.getenv = [](const char* name) -> const char* { return std::getenv(name); };
+  env.out_is_tty = &out == &std::cout && isatty(STDOUT_FILENO) == 1;
+  return env;
+}
+
+int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err) {
+  return RunCli(argc, argv, out, err, ProcessEnvironment(out));
+}
+
+int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
+           const CliEnvironment& env) {
+  CLI::App app("dattn: submit dilated-attention jobs to a dattn coordinator and follow them.",
+               "dattn");
+  app.footer(Footer());
+  app.require_subcommand(1);
+  app.fallthrough();
+  app.set_version_flag("--version", kVersion);
+
+  std::string coordinator_flag;
+  double timeout_seconds = 10;
+  bool json = false;
+  app.add_option("--coordinator", coordinator_flag,
+                 "Coordinator address HOST:PORT (default: $DATTN_COORDINATOR, else 127.0.0.1:7070)")
+      ->type_name("ADDR");
+  app.add_option("--timeout", timeout_seconds, "Deadline of each request, in seconds (default 10)")
+      ->type_name("SECONDS")
+      ->check(CLI::PositiveNumber);
+  app.add_flag("--json", json,
+               "Print machine-readable JSON (protobuf JSON of the API messages) instead of tables");
+
+  // submit
+  CLI::App* submit = app.add_subcommand("submit", "Submit an attention job");
+  SubmitFieldFlags submit_fields;
+  std::string job_file;
+  bool watch_flag = false;
+  bool wait_flag = false;
+  std::string output_file;
+  double reconnect_seconds = 60;
+  submit->add_option("-f,--file", job_file, "Job file (YAML, or JSON if it ends in .json)")
+      ->type_name("PATH");
+  AddSubmitFieldFlags(submit, &submit_fields);
+  submit->add_flag("--watch", watch_flag,
+                   "Follow the job with a live display; the exit code reflects how it ends");
+  submit->add_flag("--wait", wait_flag,
+                   "Wait quietly for the job to end, then print it; the exit code reflects how it "
+                   "ends");
+  submit
+      ->add_option("--output-file", output_file,
+                   "Save the returned output tensor to PATH as raw bytes (implies "
+                   "--return-output and --wait)")
+      ->type_name("PATH");
+  submit
+      ->add_option("--reconnect-for", reconnect_seconds,
+                   "With --watch/--wait: keep reconnecting a broken event stream this long "
+                   "(default 60)")
+      ->type_name("SECONDS")
+      ->check(CLI::PositiveNumber);
+
+  // status
+  CLI::App* status = app.add_subcommand("status", "Show a job: state, spec, progress, result");
+  std::string status_job;
+  bool status_events = false;
+  std::string status_output;
+  status->add_option("JOB_ID", status_job, "The job")->required();
+  status->add_flag("--events", status_events, "Include the job's event history");
+  status
+      ->add_option("--output-file", status_output,
+                   "Save the job's returned output tensor to PATH as raw bytes")
+      ->type_name("PATH");
+
+  // list
+  CLI::App* list = app.add_subcommand("list", "List jobs, newest first");
+  std::string list_states;
+  ListArgs list_args;
+  list->add_option("--state", list_states,
+                   "Only jobs in these states: comma-separated queued, placed, running, "
+                   "succeeded, failed, cancelled, or the groups active, ended")
+      ->type_name("STATES");
+  list->add_option("--tenant", list_args.tenant, "Only this tenant's jobs")->type_name("NAME");
+  list->add_option("--limit", list_args.limit, "Show at most N jobs (default 50)")
+      ->type_name("N")
+      ->check(CLI::PositiveNumber);
+  list->add_flag("--all", list_args.all, "Page through every matching job (ignores --limit)");
+
+  // watch
+  CLI::App* watch = app.add_subcommand(
+      "watch",
+      "Follow a job until it ends: live progress on a terminal, one line per event otherwise");
+  std::string watch_job;
+  double watch_reconnect_seconds = 60;
+  watch->add_option("JOB_ID", watch_job, "The job")->required();
+  watch
+      ->add_option("--reconnect-for", watch_reconnect_seconds,
+                   "Keep reconnecting a broken event stream this long (default 60)")
+      ->type_name("SECONDS")
+      ->check(CLI::PositiveNumber);
+
+  // cancel
+  CLI::App* cancel = app.add_subcommand("cancel", "Cancel a job");
+  std::string cancel_job;
+  std::string cancel_reason;
+  cancel->add_option("JOB_ID", cancel_job, "The job")->required();
+  cancel->add_option("--reason", cancel_reason, "Recorded in the job's history (at most 256 chars)")
+      ->type_name("TEXT");
+
+  // workers
+  CLI::App* workers = app.add_subcommand("workers", "List the workers registered");
+  bool workers_all = false;
+  workers->add_flag("--all", workers_all, "Include dead workers");
+
+  // drain
+  CLI::App* drain =
+      app.add_subcommand("drain", "Stop placing work on a worker; its running tasks finish");
+  std::string drain_worker;
+  drain->add_option("WORKER", drain_worker, "Worker id or name")->required();
+
+  // health
+  CLI::App* health = app.add_subcommand("health", "Ask the coordinator whether it is serving");
+  std::string health_service;
+  health
+      ->add_option("--service", health_service,
+                   "grpc.health.v1 service name (default \"\": the whole server)")
+      ->type_name("NAME");
+
+  for (CLI::App* sub : {submit, status, list, watch, cancel, workers, drain, health}) {
+    sub->footer("Exit codes: see 'dattn --help'. Details: docs/CLI.md");
+  }
+
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    if (e.get_exit_code() == 0) {  // --help, --version.
+      app.exit(e, out, err);
+      return kExitOk;
+    }
+    std::string command;
+    for (CLI::App* sub : app.get_subcommands()) command = sub->get_name();
+    return UsageError(err, e.what(), command);
+  }
+
+  GlobalArgs global;
+  global.coordinator =
+      ResolveCoordinator(coordinator_flag, env.getenv ? env.getenv(kCoordinatorEnv) : nullptr);
+  global.timeout = Seconds(timeout_seconds);
+  global.json = json;
+
+  try {
+    if (submit->parsed()) {
+      SubmitOptions options;
+      if (!job_file.empty()) {
+        absl::StatusOr<SubmitOptions> from_file = ReadJobFile(job_file);
+        if (!from_file.ok()) {
+          return UsageError(err, std::string(from_file.status().message()), "submit");
+        }
+        options = *from_file;
+      }
+      absl::StatusOr<SubmitOptions> from_flags = SubmitOptionsFromFlags(submit_fields);
+      if (!from_flags.ok()) {
+        return UsageError(err, std::string(from_flags.status().message()), "submit");
+      }
+      MergeSubmitOptions(*from_flags, &options);
+      if (!output_file.empty()) options.return_output = true;
+      absl::StatusOr<v1::JobSpec> spec = BuildJobSpec(options);
+      if (!spec.ok()) return UsageError(err, std::string(spec.status().message()), "submit");
+
+      SubmitArgs args;
+      *args.request.mutable_spec() = *std::move(spec);
+      args.key_generated = !options.idempotency_key.has_value();
+      args.request.set_idempotency_key(args.key_generated ? RandomIdempotencyKey()
+                                                          : *options.idempotency_key);
+      args.watch = watch_flag;
+      args.wait = wait_flag || !output_file.empty();
+      args.output_file = output_file;
+      args.reconnect_for = Seconds(reconnect_seconds);
+      return Commands(global, out, err, env).Submit(args);
+    }
+    if (status->parsed()) {
+      return Commands(global, out, err, env).Status(status_job, status_events, status_output);
+    }
+    if (list->parsed()) {
+      if (!list_states.empty()) {
+        absl::StatusOr<std::vector<v1::JobState>> states = ParseJobStates(list_states);
+        if (!states.ok()) {
+          return UsageError(err, absl::StrCat("--state: ", states.status().message()), "list");
+        }
+        list_args.states = *states;
+      }
+      return Commands(global, out, err, env).List(list_args);
+    }
+    if (watch->parsed()) {
+      return Commands(global, out, err, env).Watch(watch_job, Seconds(watch_reconnect_seconds));
+    }
+    if (cancel->parsed()) {
+      return Commands(global, out, err, env).Cancel(cancel_job, cancel_reason);
+    }
+    if (workers->parsed()) return Commands(global, out, err, env).Workers(workers_all);
+    if (drain->parsed()) return Commands(global, out, err, env).Drain(drain_worker);
+    if (health->parsed()) return Commands(global, out, err, env).Health(health_service);
+  } catch (const std::exception& e) {
+    // Nothing below is expected to throw; an allocation failure or a library bug ends here rather
+    // than in std::terminate.
+    err << "dattn: internal error: " << e.what() << '\n';
+    return kExitInternal;
+  }
+  return UsageError(err, "no command given", "");
+}
+
+}  // namespace client
+}  // namespace dattn

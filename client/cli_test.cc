@@ -1,0 +1,1071 @@
+// End-to-end tests of the `dattn` CLI: RunCli in-process against fake JobService and AdminService
+// servers on an ephemeral port. The fakes record every request so the tests check exactly what the
+// CLI sends, and script their answers (errors, event streams that break) to check what it does with
+// them.
+#include "client/cli.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+#include <iostream>
+#include <map>
+#include <memory>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/match.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "client/exit_codes.h"
+#include "dattn/v1/admin.grpc.pb.h"
+#include "dattn/v1/job_service.grpc.pb.h"
+#include "gmock/gmock.h"
+#include "google/protobuf/text_format.h"
+#include "google/protobuf/util/message_differencer.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "gtest/gtest.h"
+#include "nlohmann/json.hpp"
+
+namespace dattn {
+namespace client {
+namespace {
+
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+template <typename T>
+T Proto(const std::string& text) {
+  T message;
+  EXPECT_TRUE(google::protobuf::TextFormat::ParseFromString(text, &message)) << text;
+  return message;
+}
+
+v1::JobEvent Event(const std::string& job_id, int64_t seq, v1::JobState state,
+                   const std::string& kind, int64_t done = 0, int64_t total = 0,
+                   const std::string& message = "") {
+  v1::JobEvent event;
+  event.set_job_id(job_id);
+  event.set_seq(seq);
+  event.mutable_time()->set_seconds(1714564800 + seq);
+  event.set_state(state);
+  event.set_kind(kind);
+  event.set_message(message);
+  if (total > 0) {
+    event.mutable_progress()->set_steps_done(done);
+    event.mutable_progress()->set_steps_total(total);
+  }
+  return event;
+}
+
+// A JobService that keeps jobs in a map and answers as scripted.
+class FakeJobService final : public v1::JobService::Service {
+ public:
+  struct WatchCall {
+    std::vector<v1::JobEvent> events;  // Sent if seq > after_seq.
+    grpc::Status end;                  // How the stream ends.
+  };
+
+  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
+                         v1::SubmitJobResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    submits_.push_back(*request);
+    if (!submit_status_.ok()) return submit_status_;
+    v1::Job& job = jobs_["j-00000000000000a1"];
+    job.set_job_id("j-00000000000000a1");
+    job.set_idempotency_key(request->idempotency_key());
+    *job.mutable_spec() = request->spec();
+    job.set_state(v1::JOB_STATE_QUEUED);
+    job.set_queue_position(3);
+    job.mutable_create_time()->set_seconds(1714564800);
+    *response->mutable_job() = job;
+    response->set_created(true);
+    return grpc::Status::OK;
+  }
+
+  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+                      v1::Job* response) override {
+    absl::Duration delay;
+    {
+      absl::MutexLock lock(&mu_);
+      gets_.push_back(*request);
+      delay = get_delay_;
+    }
+    absl::SleepFor(delay);
+    absl::MutexLock lock(&mu_);
+    auto it = jobs_.find(request->job_id());
+    if (it == jobs_.end()) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                          absl::StrCat("job ", request->job_id(), " does not exist"));
+    }
+    *response = it->second;
+    if (!request->include_events()) response->clear_events();
+    return grpc::Status::OK;
+  }
+
+  // Pages of at most 2 jobs whatever page_size asks, so paging is exercised with few jobs.
+  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
+                        v1::ListJobsResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    lists_.push_back(*request);
+    const int size = std::min(request->page_size() == 0 ? 50 : request->page_size(), 2);
+    size_t start = request->page_token().empty() ? 0 : std::stoul(request->page_token());
+    size_t i = start;
+    for (; i < list_order_.size() && response->jobs_size() < size; ++i) {
+      *response->add_jobs() = jobs_[list_order_[i]];
+    }
+    if (i < list_order_.size()) response->set_next_page_token(std::to_string(i));
+    return grpc::Status::OK;
+  }
+
+  grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
+                         v1::Job* response) override {
+    absl::MutexLock lock(&mu_);
+    cancels_.push_back(*request);
+    auto it = jobs_.find(request->job_id());
+    if (it == jobs_.end()) return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such job");
+    v1::Job& job = it->second;
+    if (job.state() == v1::JOB_STATE_SUCCEEDED || job.state() == v1::JOB_STATE_FAILED) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                          absl::StrCat("job ", job.job_id(), " already ended; nothing to cancel"));
+    }
+    if (job.state() == v1::JOB_STATE_QUEUED) {
+      job.set_state(v1::JOB_STATE_CANCELLED);
+      job.set_state_reason(absl::StrCat("cancelled by user: ", request->reason()));
+    }
+    *response = job;
+    return grpc::Status::OK;
+  }
+
+  grpc::Status WatchJob(grpc::ServerContext*, const v1::WatchJobRequest* request,
+                        grpc::ServerWriter<v1::JobEvent>* writer) override {
+    WatchCall call;
+    {
+      absl::MutexLock lock(&mu_);
+      const size_t index = watches_.size();
+      watches_.push_back(*request);
+      if (watch_script_.empty()) {
+        return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such job");
+      }
+      call = watch_script_[std::min(index, watch_script_.size() - 1)];
+    }
+    for (const v1::JobEvent& event : call.events) {
+      if (event.seq() <= request->after_seq()) continue;
+      {
+        // Keep the stored job in step with the stream, as the coordinator would.
+        absl::MutexLock lock(&mu_);
+        v1::Job& job = jobs_[event.job_id()];
+        job.set_state(event.state());
+        if (event.has_progress()) *job.mutable_progress() = event.progress();
+        if (event.state() == v1::JOB_STATE_SUCCEEDED || event.state() == v1::JOB_STATE_FAILED ||
+            event.state() == v1::JOB_STATE_CANCELLED) {
+          auto final_job = finals_.find(event.job_id());
+          if (final_job != finals_.end()) job = final_job->second;
+        }
+      }
+      if (!writer->Write(event)) return grpc::Status::CANCELLED;
+    }
+    return call.end;
+  }
+
+  void AddJob(const v1::Job& job) {
+    absl::MutexLock lock(&mu_);
+    jobs_[job.job_id()] = job;
+    list_order_.push_back(job.job_id());
+  }
+  void SetFinal(const v1::Job& job) {
+    absl::MutexLock lock(&mu_);
+    finals_[job.job_id()] = job;
+  }
+  void SetWatchScript(std::vector<WatchCall> script) {
+    absl::MutexLock lock(&mu_);
+    watch_script_ = std::move(script);
+  }
+  void SetSubmitStatus(grpc::Status status) {
+    absl::MutexLock lock(&mu_);
+    submit_status_ = std::move(status);
+  }
+  void SetGetDelay(absl::Duration delay) {
+    absl::MutexLock lock(&mu_);
+    get_delay_ = delay;
+  }
+  std::vector<v1::SubmitJobRequest> submits() {
+    absl::MutexLock lock(&mu_);
+    return submits_;
+  }
+  std::vector<v1::GetJobRequest> gets() {
+    absl::MutexLock lock(&mu_);
+    return gets_;
+  }
+  std::vector<v1::ListJobsRequest> lists() {
+    absl::MutexLock lock(&mu_);
+    return lists_;
+  }
+  std::vector<v1::CancelJobRequest> cancels() {
+    absl::MutexLock lock(&mu_);
+    return cancels_;
+  }
+  std::vector<v1::WatchJobRequest> watches() {
+    absl::MutexLock lock(&mu_);
+    return watches_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::map<std::string, v1::Job> jobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> list_order_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, v1::Job> finals_ ABSL_GUARDED_BY(mu_);
+  std::vector<WatchCall> watch_script_ ABSL_GUARDED_BY(mu_);
+  grpc::Status submit_status_ ABSL_GUARDED_BY(mu_);
+  absl::Duration get_delay_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::SubmitJobRequest> submits_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::GetJobRequest> gets_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::ListJobsRequest> lists_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::CancelJobRequest> cancels_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::WatchJobRequest> watches_ ABSL_GUARDED_BY(mu_);
+};
+
+class FakeAdminService final : public v1::AdminService::Service {
+ public:
+  grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest* request,
+                           v1::ListWorkersResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    include_dead_.push_back(request->include_dead());
+    for (const v1::Worker& w : workers_) {
+      if (w.state() != v1::WORKER_STATE_DEAD || request->include_dead())
+        *response->add_workers() = w;
+    }
+    return grpc::Status::OK;
+  }
+
+  grpc::Status DrainWorker(grpc::ServerContext*, const v1::DrainWorkerRequest* request,
+                           v1::Worker* response) override {
+    absl::MutexLock lock(&mu_);
+    for (v1::Worker& w : workers_) {
+      if (w.worker_id() == request->worker_id() || w.name() == request->worker_id()) {
+        w.set_state(v1::WORKER_STATE_DRAINING);
+        *response = w;
+        return grpc::Status::OK;
+      }
+    }
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("no worker with id or name '", request->worker_id(), "'"));
+  }
+
+  void AddWorker(const v1::Worker& w) {
+    absl::MutexLock lock(&mu_);
+    workers_.push_back(w);
+  }
+  std::vector<bool> include_dead() {
+    absl::MutexLock lock(&mu_);
+    return include_dead_;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::vector<v1::Worker> workers_ ABSL_GUARDED_BY(mu_);
+  std::vector<bool> include_dead_ ABSL_GUARDED_BY(mu_);
+};
+
+struct Result {
+  int code;
+  std::string out;
+  std::string err;
+};
+
+std::string TempPath(const std::string& name) {
+  const char* dir = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(dir != nullptr ? dir : "/tmp", "/", name);
+}
+
+std::string WriteTemp(const std::string& name, const std::string& text) {
+  const std::string path = TempPath(name);
+  std::ofstream(path) << text;
+  return path;
+}
+
+class CliTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    grpc::EnableDefaultHealthCheckService(true);
+    grpc::ServerBuilder builder;
+    int port = 0;
+    builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
+    builder.RegisterService(&jobs_);
+    builder.RegisterService(&admin_);
+    server_ = builder.BuildAndStart();
+    ASSERT_NE(server_, nullptr);
+    ASSERT_GT(port, 0);
+    address_ = absl::StrCat("127.0.0.1:", port);
+    env_.getenv = [this](const char* name) -> const char* {
+      auto it = vars_.find(name);
+      return it == vars_.end() ? nullptr : it->second.c_str();
+    };
+    env_.redraw_every = absl::Milliseconds(20);
+  }
+
+  void TearDown() override { server_->Shutdown(absl::ToChronoTime(absl::Now())); }
+
+  // Runs `dattn ARGS` with no coordinator flag.
+  Result RunRaw(std::vector<std::string> args) {
+    args.insert(args.begin(), "dattn");
+    std::vector<const char*> argv;
+    for (const std::string& a : args) argv.push_back(a.c_str());
+    std::ostringstream out, err;
+    const int code = RunCli(static_cast<int>(argv.size()), argv.data(), out, err, env_);
+    // ECHO_CLI=1 shows every command line and its output: a quick look at the human formatting.
+    if (std::getenv("ECHO_CLI") != nullptr) {
+      std::cerr << "$ " << absl::StrJoin(args, " ") << "  -> " << code << "\n"
+                << out.str() << "[stderr]\n"
+                << err.str() << "\n";
+    }
+    return {code, out.str(), err.str()};
+  }
+
+  // Runs `dattn --coordinator <fake> ARGS`.
+  Result Run(std::vector<std::string> args) {
+    args.insert(args.begin(), {"--coordinator", address_});
+    return RunRaw(std::move(args));
+  }
+
+  v1::Job SucceededJob(const std::string& id) {
+    return Proto<v1::Job>(
+        absl::StrCat(R"pb(
+                       job_id: ")pb",
+                     id, R"pb("
+                              state: JOB_STATE_SUCCEEDED
+                              spec {
+                                name: "bench"
+                                tenant: "research"
+                                attention {
+                                  attention {
+                                    segment_lengths: [ 2048, 4096 ]
+                                    dilation_rates: [ 1, 2 ]
+                                    mode: ATTENTION_MODE_GROUPED
+                                  }
+                                  shape { batch: 1 seq_len: 8192 num_heads: 8 head_dim: 64 }
+                                  dtype: DTYPE_FP32
+                                  num_ranks: 2
+                                  pass: PASS_FORWARD
+                                  iterations: 10
+                                }
+                              }
+                              create_time { seconds: 1714564800 }
+                              start_time { seconds: 1714564802 }
+                              end_time { seconds: 1714564812 }
+                              progress { steps_done: 10 steps_total: 10 }
+                              attempt: 1
+                              worker_ids: [ "w-1", "w-2" ]
+                              result {
+                                attention {
+                                  seconds_per_step: 0.0123
+                                  tflops: 45.678
+                                  flops_per_step: 5.6e11
+                                  out_sum: 12.5
+                                  out_sum_squares: 4096.25
+                                  ranks {
+                                    rank: 0
+                                    worker_id: "w-1"
+                                    seconds_total: 0.12
+                                    seconds_per_step: 0.012
+                                    tflops: 46.1
+                                    out_sum: 6.25
+                                    out_sum_squares: 2048.125
+                                    peak_memory_bytes: 1073741824
+                                  }
+                                  ranks {
+                                    rank: 1
+                                    worker_id: "w-2"
+                                    seconds_total: 0.123
+                                    seconds_per_step: 0.0123
+                                    tflops: 45.2
+                                    out_sum: 6.25
+                                    out_sum_squares: 2048.125
+                                    peak_memory_bytes: 1073741824
+                                  }
+                                }
+                              })pb"));
+  }
+
+  v1::Job RunningJob(const std::string& id) {
+    v1::Job job = SucceededJob(id);
+    job.set_state(v1::JOB_STATE_RUNNING);
+    job.clear_result();
+    job.clear_end_time();
+    job.mutable_progress()->set_steps_done(3);
+    return job;
+  }
+
+  FakeJobService jobs_;
+  FakeAdminService admin_;
+  std::unique_ptr<grpc::Server> server_;
+  std::string address_;
+  std::map<std::string, std::string> vars_;
+  CliEnvironment env_;
+};
+
+// The request built from every flag at once.
+TEST_F(CliTest, SubmitFlagsBuildTheExactRequest) {
+  Result r = Run({"submit",          "-n",           "16384",      "--batch", "2",
+                  "--heads",         "12",           "--head-dim", "64",      "--segments",
+                  "2048, 4096,8192", "--rates",      "1,2,4",      "--mode",  "mixture",
+                  "--head-offsets",  "blocked",      "--causal",   "--scale", "0.125",
+                  "--dtype",         "bf16",         "--ranks",    "4",       "--pass",
+                  "fwd-bwd",         "--iterations", "7",          "--seed",  "99",
+                  "--return-output", "--device",     "gpu",        "--name",  "my-job",
+                  "--tenant",        "team-a",       "--priority", "-5",      "--idempotency-key",
+                  "key-123"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const auto expected = Proto<v1::SubmitJobRequest>(R"pb(
+    idempotency_key: "key-123"
+    spec {
+      name: "my-job"
+      tenant: "team-a"
+      priority: -5
+      attention {
+        attention {
+          segment_lengths: [ 2048, 4096, 8192 ]
+          dilation_rates: [ 1, 2, 4 ]
+          scale: 0.125
+          causal: true
+          mode: ATTENTION_MODE_MIXTURE
+          head_offsets: HEAD_OFFSETS_BLOCKED
+        }
+        shape { batch: 2 seq_len: 16384 num_heads: 12 head_dim: 64 }
+        dtype: DTYPE_BF16
+        num_ranks: 4
+        pass: PASS_FORWARD_BACKWARD
+        iterations: 7
+        seed: 99
+        return_output: true
+        device: DEVICE_PREFERENCE_GPU
+      }
+    })pb");
+  std::vector<v1::SubmitJobRequest> submits = jobs_.submits();
+  ASSERT_EQ(submits.size(), 1u);
+  std::string diff;
+  google::protobuf::util::MessageDifferencer differencer;
+  differencer.ReportDifferencesToString(&diff);
+  EXPECT_TRUE(differencer.Compare(expected, submits[0])) << diff;
+  EXPECT_THAT(r.out, HasSubstr("Submitted job j-00000000000000a1 (QUEUED, position 3"));
+  EXPECT_THAT(r.out, HasSubstr("Idempotency key: key-123"));
+}
+
+// Only the required flags: the defaults documented in docs/CLI.md, and a fresh random key printed.
+TEST_F(CliTest, SubmitDefaultsAndGeneratedKey) {
+  Result r = Run({"submit", "--seq-len", "4096", "--heads", "8", "--head-dim", "64", "--segments",
+                  "2048", "--rates", "1"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  Result again = Run({"submit", "--seq-len", "4096", "--heads", "8", "--head-dim", "64",
+                      "--segments", "2048", "--rates", "1"});
+  ASSERT_EQ(again.code, kExitOk) << again.err;
+  std::vector<v1::SubmitJobRequest> submits = jobs_.submits();
+  ASSERT_EQ(submits.size(), 2u);
+  const auto expected_spec = Proto<v1::JobSpec>(R"pb(
+    attention {
+      attention { segment_lengths: 2048 dilation_rates: 1 mode: ATTENTION_MODE_GROUPED }
+      shape { batch: 1 seq_len: 4096 num_heads: 8 head_dim: 64 }
+      dtype: DTYPE_FP32
+      num_ranks: 1
+      pass: PASS_FORWARD
+      iterations: 1
+    })pb");
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(expected_spec, submits[0].spec()))
+      << submits[0].spec().DebugString();
+  EXPECT_FALSE(submits[0].spec().attention().attention().has_scale());
+  const std::string key = submits[0].idempotency_key();
+  // UUID v4 layout: 8-4-4-4-12 hex digits, version nibble 4.
+  ASSERT_EQ(key.size(), 36u) << key;
+  EXPECT_EQ(key[8], '-');
+  EXPECT_EQ(key[14], '4');
+  EXPECT_NE(key, submits[1].idempotency_key());
+  EXPECT_THAT(r.out, HasSubstr(absl::StrCat("--idempotency-key ", key)));
+}
+
+TEST_F(CliTest, SubmitFromTheExampleYamlFile) {
+  Result r = Run({"submit", "--file", "client/examples/attention-job.yaml"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const auto expected_spec = Proto<v1::JobSpec>(R"pb(
+    name: "longnet-32k-mixture"
+    tenant: "research"
+    priority: 10
+    attention {
+      attention {
+        segment_lengths: [ 2048, 4096, 8192 ]
+        dilation_rates: [ 1, 2, 4 ]
+        causal: true
+        mode: ATTENTION_MODE_MIXTURE
+        head_offsets: HEAD_OFFSETS_MODULO
+      }
+      shape { batch: 1 seq_len: 32768 num_heads: 16 head_dim: 64 }
+      dtype: DTYPE_BF16
+      num_ranks: 4
+      pass: PASS_FORWARD_BACKWARD
+      iterations: 20
+      seed: 42
+      device: DEVICE_PREFERENCE_GPU
+    })pb");
+  ASSERT_EQ(jobs_.submits().size(), 1u);
+  EXPECT_TRUE(
+      google::protobuf::util::MessageDifferencer::Equals(expected_spec, jobs_.submits()[0].spec()))
+      << jobs_.submits()[0].spec().DebugString();
+}
+
+TEST_F(CliTest, SubmitFromJsonFileWithKey) {
+  const std::string path = WriteTemp("job.json", R"({
+    "name": "json-job", "idempotency_key": "from-file", "kind": "attention",
+    "attention": {"seq-len": 1024, "heads": 4, "head_dim": 32, "segments": [256, 512],
+                  "rates": "1,2", "dtype": "fp64", "scale": 0.5, "device": "cpu",
+                  "return_output": true, "seed": 7}
+  })");
+  Result r = Run({"submit", "--file", path});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const auto expected = Proto<v1::SubmitJobRequest>(R"pb(
+    idempotency_key: "from-file"
+    spec {
+      name: "json-job"
+      attention {
+        attention {
+          segment_lengths: [ 256, 512 ]
+          dilation_rates: [ 1, 2 ]
+          scale: 0.5
+          mode: ATTENTION_MODE_GROUPED
+        }
+        shape { batch: 1 seq_len: 1024 num_heads: 4 head_dim: 32 }
+        dtype: DTYPE_FP64
+        num_ranks: 1
+        pass: PASS_FORWARD
+        iterations: 1
+        seed: 7
+        return_output: true
+        device: DEVICE_PREFERENCE_CPU
+      }
+    })pb");
+  ASSERT_EQ(jobs_.submits().size(), 1u);
+  EXPECT_TRUE(google::protobuf::util::MessageDifferencer::Equals(expected, jobs_.submits()[0]))
+      << jobs_.submits()[0].DebugString();
+}
+
+TEST_F(CliTest, FlagsOverrideTheJobFile) {
+  const std::string path = WriteTemp("override.yaml", R"(
+name: from-file
+attention:
+  seq_len: 8192
+  heads: 8
+  head_dim: 64
+  segments: [2048]
+  rates: [1]
+  causal: true
+  dtype: bf16
+  return_output: true
+)");
+  Result r = Run({"submit", "-f", path, "--seq-len", "4096", "--no-causal", "--name", "from-flag",
+                  "--no-return-output", "--segments", "1024,2048", "--rates", "1,2"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(jobs_.submits().size(), 1u);
+  const v1::JobSpec spec = jobs_.submits()[0].spec();
+  EXPECT_EQ(spec.name(), "from-flag");
+  EXPECT_EQ(spec.attention().shape().seq_len(), 4096);
+  EXPECT_EQ(spec.attention().shape().num_heads(), 8);  // From the file.
+  EXPECT_FALSE(spec.attention().attention().causal());
+  EXPECT_FALSE(spec.attention().return_output());
+  EXPECT_EQ(spec.attention().dtype(), v1::DTYPE_BF16);  // From the file.
+  EXPECT_THAT(spec.attention().attention().segment_lengths(), ::testing::ElementsAre(1024, 2048));
+}
+
+TEST_F(CliTest, BadFlagsAreUsageErrorsNamingTheFlagAndValue) {
+  const std::vector<std::string> base = {"submit", "--heads", "8", "--head-dim", "64"};
+  struct Case {
+    std::vector<std::string> extra;
+    std::vector<std::string> expected;  // Substrings of stderr.
+  };
+  const std::vector<Case> cases = {
+      {{"-n", "4096", "--segments", "2048,2k", "--rates", "1,2"},
+       {"--segments", "'2k'", "integer"}},
+      {{"-n", "4096", "--segments", "2048", "--rates", "0"}, {"--rates", "'0'"}},
+      {{"-n", "lots", "--segments", "2048", "--rates", "1"}, {"--seq-len", "'lots'"}},
+      {{"-n", "4096", "--segments", "2048", "--rates", "1", "--dtype", "fp8"},
+       {"--dtype", "'fp8'", "bf16"}},
+      {{"-n", "4096", "--segments", "2048", "--rates", "1", "--mode", "dilated"},
+       {"--mode", "'dilated'", "mixture"}},
+      {{"-n", "4096", "--segments", "2048", "--rates", "1", "--scale", "-1"}, {"--scale", "'-1'"}},
+      {{"-n", "4096", "--segments", "2048,4096", "--rates", "1"},
+       {"--segments", "--rates", "2048,4096"}},
+      {{"--segments", "2048", "--rates", "1"}, {"missing", "--seq-len"}},
+      {{"-n", "4096", "--segments", "2048", "--rates", "1", "--bogus"}, {"--bogus"}},
+      {{"-n", "4096", "--segments", "2048", "--rates", "1", "--causal", "--no-causal"},
+       {"--causal", "--no-causal"}},
+  };
+  for (const Case& c : cases) {
+    std::vector<std::string> args = base;
+    args.insert(args.end(), c.extra.begin(), c.extra.end());
+    Result r = Run(args);
+    EXPECT_EQ(r.code, kExitUsage) << absl::StrJoin(args, " ") << "\n" << r.err;
+    for (const std::string& s : c.expected) {
+      EXPECT_THAT(r.err, HasSubstr(s)) << absl::StrJoin(args, " ");
+    }
+  }
+  EXPECT_TRUE(jobs_.submits().empty()) << "nothing may be sent when the flags are wrong";
+  // Global usage errors too.
+  EXPECT_EQ(Run({"list", "--limit", "0"}).code, kExitUsage);
+  EXPECT_EQ(Run({"frobnicate"}).code, kExitUsage);
+  EXPECT_EQ(RunRaw({}).code, kExitUsage);
+  Result state = Run({"list", "--state", "runing"});
+  EXPECT_EQ(state.code, kExitUsage);
+  EXPECT_THAT(state.err, HasSubstr("--state: 'runing'"));
+}
+
+TEST_F(CliTest, BadJobFilesAreUsageErrorsNamingTheKey) {
+  const std::string typo = WriteTemp("typo.yaml", "attention:\n  seq_len: 4096\n  head: 8\n");
+  Result r = Run({"submit", "--file", typo});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("typo.yaml:3: attention.head: unknown key"));
+  EXPECT_THAT(r.err, HasSubstr("head_dim"));
+
+  const std::string value = WriteTemp("value.yaml", "attention:\n  segments: [2048, x]\n");
+  r = Run({"submit", "--file", value});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("attention.segments: 'x' is not an integer"));
+
+  const std::string misplaced = WriteTemp("misplaced.yaml", "seq_len: 4096\n");
+  r = Run({"submit", "--file", misplaced});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("belongs under attention:"));
+
+  const std::string syntax = WriteTemp("syntax.yaml", "attention: {seq_len: 4096\n");
+  r = Run({"submit", "--file", syntax});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("not valid YAML"));
+
+  const std::string json = WriteTemp("bad.json", "{\"attention\": {\"seq_len\": 4096,}}");
+  r = Run({"submit", "--file", json});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("not valid JSON"));
+
+  r = Run({"submit", "--file", TempPath("does-not-exist.yaml")});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("does-not-exist.yaml"));
+  EXPECT_TRUE(jobs_.submits().empty());
+}
+
+TEST_F(CliTest, ServerRejectionIsExitFourWithTheServerMessage) {
+  jobs_.SetSubmitStatus(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
+                                     "spec.attention.num_ranks: 3 does not divide seq_len 4096"));
+  Result r = Run({"submit", "-n", "4096", "--heads", "8", "--head-dim", "64", "--segments", "2048",
+                  "--rates", "1", "--ranks", "3"});
+  EXPECT_EQ(r.code, kExitRejected);
+  EXPECT_THAT(r.err, HasSubstr("INVALID_ARGUMENT"));
+  EXPECT_THAT(r.err, HasSubstr("num_ranks: 3 does not divide seq_len 4096"));
+
+  jobs_.SetSubmitStatus(grpc::Status(grpc::StatusCode::RESOURCE_EXHAUSTED, "needs 90 GiB, max 80"));
+  r = Run({"submit", "-n", "4096", "--heads", "8", "--head-dim", "64", "--segments", "2048",
+           "--rates", "1"});
+  EXPECT_EQ(r.code, kExitRejected);
+  EXPECT_THAT(r.err, HasSubstr("needs 90 GiB, max 80"));
+}
+
+TEST_F(CliTest, UnavailableCoordinatorIsExitFiveNamingTheAddress) {
+  // A port that was just free and that nothing listens on: bind it, note it, close it.
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  socklen_t len = sizeof(addr);
+  ASSERT_EQ(getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len), 0);
+  close(fd);
+  const std::string dead_address = absl::StrCat("127.0.0.1:", ntohs(addr.sin_port));
+  Result r = RunRaw({"--coordinator", dead_address, "list"});
+  EXPECT_EQ(r.code, kExitUnavailable);
+  EXPECT_THAT(r.err, HasSubstr(dead_address));
+  EXPECT_THAT(r.err, HasSubstr("--coordinator"));
+  EXPECT_THAT(r.err, HasSubstr("DATTN_COORDINATOR"));
+
+  // A submit that may not have arrived says how to retry without a duplicate.
+  r = RunRaw({"--coordinator", dead_address, "submit", "-n", "4096", "--heads", "8", "--head-dim",
+              "64", "--segments", "2048", "--rates", "1", "--idempotency-key", "retry-me"});
+  EXPECT_EQ(r.code, kExitUnavailable);
+  EXPECT_THAT(r.err, HasSubstr("--idempotency-key retry-me"));
+}
+
+TEST_F(CliTest, DeadlineIsExitFiveNamingTheTimeout) {
+  jobs_.AddJob(RunningJob("j-slow"));
+  jobs_.SetGetDelay(absl::Seconds(1));
+  Result r = Run({"status", "j-slow", "--timeout", "0.2"});
+  EXPECT_EQ(r.code, kExitUnavailable);
+  EXPECT_THAT(r.err, HasSubstr("--timeout"));
+  EXPECT_THAT(r.err, HasSubstr(address_));
+}
+
+TEST_F(CliTest, CoordinatorFromEnvironmentAndFlagPrecedence) {
+  vars_["DATTN_COORDINATOR"] = address_;
+  admin_.AddWorker(
+      Proto<v1::Worker>(R"pb(worker_id: "w-1" name: "host:0" state: WORKER_STATE_READY)pb"));
+  Result r = RunRaw({"workers"});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("host:0"));
+  // The flag wins over the environment.
+  r = RunRaw({"--coordinator", "127.0.0.1:1", "workers"});
+  EXPECT_EQ(r.code, kExitUnavailable);
+  EXPECT_THAT(r.err, HasSubstr("127.0.0.1:1 (from --coordinator)"));
+  // A bad environment value is reported as such.
+  vars_["DATTN_COORDINATOR"] = "127.0.0.1:1";
+  r = RunRaw({"workers"});
+  EXPECT_EQ(r.code, kExitUnavailable);
+  EXPECT_THAT(r.err, HasSubstr("127.0.0.1:1 (from DATTN_COORDINATOR)"));
+}
+
+TEST_F(CliTest, ProcessEnvironmentReadsTheRealVariable) {
+  ASSERT_EQ(setenv("DATTN_COORDINATOR", address_.c_str(), 1), 0);
+  std::ostringstream out;
+  CliEnvironment env = ProcessEnvironment(out);
+  unsetenv("DATTN_COORDINATOR");
+  EXPECT_FALSE(env.out_is_tty);  // Not std::cout.
+  ASSERT_EQ(setenv("DATTN_COORDINATOR", address_.c_str(), 1), 0);
+  const char* argv[] = {"dattn", "health"};
+  std::ostringstream err;
+  const int code = RunCli(2, argv, out, err);
+  unsetenv("DATTN_COORDINATOR");
+  EXPECT_EQ(code, kExitOk) << err.str();
+  EXPECT_THAT(out.str(), HasSubstr(absl::StrCat("Coordinator at ", address_, ": SERVING")));
+}
+
+TEST_F(CliTest, StatusShowsJobAndResultAndJson) {
+  v1::Job job = SucceededJob("j-done");
+  *job.add_events() = Event("j-done", 1, v1::JOB_STATE_QUEUED, "submitted");
+  *job.add_events() =
+      Event("j-done", 2, v1::JOB_STATE_SUCCEEDED, "succeeded", 10, 10, "all ranks done");
+  jobs_.AddJob(job);
+
+  Result r = Run({"status", "j-done"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("SUCCEEDED"));
+  EXPECT_THAT(r.out, HasSubstr("B=1 N=8192 H=8 D=64 fp32, segments 2048,4096 rates 1,2, grouped"));
+  EXPECT_THAT(r.out, HasSubstr("12.30 ms"));  // Seconds per step.
+  EXPECT_THAT(r.out, HasSubstr("45.678"));    // TFLOP/s.
+  EXPECT_THAT(r.out, HasSubstr("4096.25"));   // Checksum.
+  EXPECT_THAT(r.out, HasSubstr("RANK  WORKER"));
+  EXPECT_THAT(r.out, HasSubstr("1.0 GiB"));  // Per-rank peak memory.
+  EXPECT_THAT(r.out, Not(HasSubstr("Events")));
+  EXPECT_FALSE(jobs_.gets().back().include_events());
+
+  r = Run({"status", "j-done", "--events"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_TRUE(jobs_.gets().back().include_events());
+  EXPECT_THAT(r.out, HasSubstr("all ranks done"));
+
+  r = Run({"status", "j-done", "--json", "--events"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const nlohmann::json parsed = nlohmann::json::parse(r.out);
+  EXPECT_EQ(parsed["job_id"], "j-done");
+  EXPECT_EQ(parsed["state"], "JOB_STATE_SUCCEEDED");
+  EXPECT_EQ(parsed["result"]["attention"]["ranks"].size(), 2u);
+  EXPECT_EQ(parsed["events"].size(), 2u);
+
+  r = Run({"status", "j-missing"});
+  EXPECT_EQ(r.code, kExitNotFound);
+  EXPECT_THAT(r.err, HasSubstr("j-missing does not exist"));
+}
+
+TEST_F(CliTest, ListTablePagingFiltersAndJson) {
+  for (int i = 1; i <= 5; ++i) {
+    v1::Job job = RunningJob(absl::StrCat("j-", i));
+    job.mutable_spec()->set_name(absl::StrCat("job-number-", i));
+    jobs_.AddJob(job);
+  }
+  Result r = Run({"list", "--limit", "3", "--state", "running,queued", "--tenant", "research"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  std::vector<std::string> lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 4u) << r.out;  // Header + 3 jobs.
+  EXPECT_THAT(lines[0], HasSubstr("JOB ID"));
+  EXPECT_THAT(lines[1], HasSubstr("job-number-1"));
+  EXPECT_THAT(lines[1], HasSubstr("RUNNING"));
+  EXPECT_THAT(lines[1], HasSubstr("3/10"));
+  // The columns line up: every row has STATE where the header has it.
+  const size_t state_column = lines[0].find("STATE");
+  for (size_t i = 1; i < lines.size(); ++i) EXPECT_EQ(lines[i].find("RUNNING"), state_column);
+  EXPECT_THAT(r.err, HasSubstr("--all"));  // More exist.
+  std::vector<v1::ListJobsRequest> requests = jobs_.lists();
+  ASSERT_EQ(requests.size(), 2u);  // The fake's pages hold 2 jobs.
+  EXPECT_EQ(requests[0].page_size(), 3);
+  EXPECT_EQ(requests[1].page_size(), 1);
+  EXPECT_EQ(requests[1].page_token(), "2");
+  EXPECT_THAT(requests[0].states(),
+              ::testing::ElementsAre(v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING));
+  EXPECT_EQ(requests[0].tenant(), "research");
+
+  r = Run({"list", "--all", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const nlohmann::json parsed = nlohmann::json::parse(r.out);
+  ASSERT_EQ(parsed["jobs"].size(), 5u);
+  EXPECT_EQ(parsed["jobs"][4]["job_id"], "j-5");
+  EXPECT_EQ(parsed["next_page_token"], "");
+  EXPECT_EQ(r.err, "");
+}
+
+TEST_F(CliTest, WorkersTableAndJsonAndDrain) {
+  admin_.AddWorker(Proto<v1::Worker>(R"pb(
+    worker_id: "w-1"
+    name: "gpu-host:0"
+    state: WORKER_STATE_READY
+    version: "0.1.0"
+    free_memory_bytes: 85899345920
+    task_ids: [ "j-1/1/0" ]
+    capabilities {
+      is_gpu: true
+      device_name: "NVIDIA H100"
+      device_index: 0
+      total_memory_bytes: 85899345920
+      dtypes: [ DTYPE_FP16, DTYPE_BF16, DTYPE_FP32 ]
+      max_ranks: 1
+    })pb"));
+  admin_.AddWorker(Proto<v1::Worker>(R"pb(
+    worker_id: "w-2"
+    name: "cpu-host"
+    state: WORKER_STATE_DEAD
+    capabilities {
+      num_threads: 16
+      max_ranks: 2
+      dtypes: [ DTYPE_FP32, DTYPE_FP64 ]
+    })pb"));
+  Result r = Run({"workers"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("gpu:0 NVIDIA H100"));
+  EXPECT_THAT(r.out, HasSubstr("fp16,bf16,fp32"));
+  EXPECT_THAT(r.out, HasSubstr("1/1"));
+  EXPECT_THAT(r.out, HasSubstr("80.0 GiB / 80.0 GiB"));
+  EXPECT_THAT(r.out, Not(HasSubstr("cpu-host")));
+
+  r = Run({"workers", "--all", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const nlohmann::json parsed = nlohmann::json::parse(r.out);
+  ASSERT_EQ(parsed["workers"].size(), 2u);
+  EXPECT_EQ(parsed["workers"][1]["state"], "WORKER_STATE_DEAD");
+  EXPECT_EQ(admin_.include_dead(), (std::vector<bool>{false, true}));
+
+  r = Run({"drain", "gpu-host:0"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Worker w-1 (gpu-host:0) is DRAINING"));
+  r = Run({"drain", "nope", "--json"});
+  EXPECT_EQ(r.code, kExitNotFound);
+  EXPECT_THAT(r.err, HasSubstr("no worker with id or name 'nope'"));
+  EXPECT_EQ(r.out, "");
+}
+
+TEST_F(CliTest, WatchFollowsToSucceeded) {
+  jobs_.AddJob(RunningJob("j-w"));
+  jobs_.SetFinal(SucceededJob("j-w"));
+  jobs_.SetWatchScript({{{Event("j-w", 1, v1::JOB_STATE_QUEUED, "submitted"),
+                          Event("j-w", 2, v1::JOB_STATE_RUNNING, "started"),
+                          Event("j-w", 3, v1::JOB_STATE_RUNNING, "progress", 5, 10),
+                          Event("j-w", 4, v1::JOB_STATE_SUCCEEDED, "succeeded", 10, 10)},
+                         grpc::Status::OK}});
+  Result r = Run({"watch", "j-w"});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("#1  QUEUED  submitted"));
+  EXPECT_THAT(r.out, HasSubstr("#3  RUNNING  progress  5/10 steps"));
+  EXPECT_THAT(r.out, HasSubstr("Job j-w SUCCEEDED after 12.0s"));
+  EXPECT_THAT(r.out, HasSubstr("45.678"));  // The result follows.
+  EXPECT_EQ(jobs_.watches()[0].after_seq(), 0);
+}
+
+TEST_F(CliTest, WatchExitCodesForFailedAndCancelledAndMissing) {
+  jobs_.AddJob(RunningJob("j-f"));
+  v1::Job failed = RunningJob("j-f");
+  failed.set_state(v1::JOB_STATE_FAILED);
+  failed.set_state_reason("rank 1: out of device memory");
+  jobs_.SetFinal(failed);
+  jobs_.SetWatchScript({{{Event("j-f", 1, v1::JOB_STATE_RUNNING, "started"),
+                          Event("j-f", 2, v1::JOB_STATE_FAILED, "failed", 0, 0, "oom")},
+                         grpc::Status::OK}});
+  Result r = Run({"watch", "j-f"});
+  EXPECT_EQ(r.code, kExitJobFailed);
+  EXPECT_THAT(r.out, HasSubstr("FAILED: rank 1: out of device memory"));
+
+  jobs_.AddJob(RunningJob("j-c"));
+  jobs_.SetFinal(Proto<v1::Job>(R"pb(job_id: "j-c"
+                                     state: JOB_STATE_CANCELLED
+                                     state_reason: "cancelled by alice")pb"));
+  jobs_.SetWatchScript({{{Event("j-c", 1, v1::JOB_STATE_CANCELLED, "cancelled", 0, 0, "by alice")},
+                         grpc::Status::OK}});
+  r = Run({"watch", "j-c"});
+  EXPECT_EQ(r.code, kExitCancelled);
+  EXPECT_THAT(r.out, HasSubstr("CANCELLED: cancelled by alice"));
+
+  r = Run({"watch", "j-unknown"});
+  EXPECT_EQ(r.code, kExitNotFound);
+}
+
+// The stream breaks after two events; the CLI reconnects from event #2 and shows each event once.
+TEST_F(CliTest, WatchReconnectsAfterABrokenStream) {
+  jobs_.AddJob(RunningJob("j-r"));
+  jobs_.SetFinal(SucceededJob("j-r"));
+  const std::vector<v1::JobEvent> all = {
+      Event("j-r", 1, v1::JOB_STATE_QUEUED, "submitted"),
+      Event("j-r", 2, v1::JOB_STATE_RUNNING, "started"),
+      Event("j-r", 3, v1::JOB_STATE_RUNNING, "progress", 5, 10),
+      Event("j-r", 4, v1::JOB_STATE_SUCCEEDED, "succeeded", 10, 10)};
+  jobs_.SetWatchScript({{{all[0], all[1]}, grpc::Status(grpc::StatusCode::UNAVAILABLE, "restart")},
+                        {all, grpc::Status::OK}});
+  Result r = Run({"watch", "j-r", "--json"});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  std::vector<v1::WatchJobRequest> watches = jobs_.watches();
+  ASSERT_EQ(watches.size(), 2u);
+  EXPECT_EQ(watches[1].after_seq(), 2);
+  EXPECT_THAT(r.err, HasSubstr("reconnecting after event #2"));
+  // JSON Lines: one event per line, each exactly once, in order.
+  std::vector<std::string> lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 4u) << r.out;
+  for (size_t i = 0; i < lines.size(); ++i) {
+    const nlohmann::json event = nlohmann::json::parse(lines[i]);
+    EXPECT_EQ(event["seq"], std::to_string(i + 1));  // int64 is a string in protobuf JSON.
+    EXPECT_EQ(event["job_id"], "j-r");
+  }
+}
+
+TEST_F(CliTest, WatchGivesUpAfterReconnectFor) {
+  jobs_.AddJob(RunningJob("j-gone"));
+  jobs_.SetWatchScript({{{}, grpc::Status(grpc::StatusCode::UNAVAILABLE, "down")}});
+  Result r = Run({"watch", "j-gone", "--reconnect-for", "0.3"});
+  EXPECT_EQ(r.code, kExitUnavailable);
+  EXPECT_THAT(r.err, HasSubstr("could not reconnect"));
+  EXPECT_GE(jobs_.watches().size(), 2u);
+}
+
+TEST_F(CliTest, WatchOnATerminalDrawsAProgressBar) {
+  env_.out_is_tty = true;
+  jobs_.AddJob(RunningJob("j-t"));
+  jobs_.SetFinal(SucceededJob("j-t"));
+  jobs_.SetWatchScript({{{Event("j-t", 1, v1::JOB_STATE_RUNNING, "started"),
+                          Event("j-t", 2, v1::JOB_STATE_RUNNING, "progress", 5, 10),
+                          Event("j-t", 3, v1::JOB_STATE_SUCCEEDED, "succeeded", 10, 10)},
+                         grpc::Status::OK}});
+  Result r = Run({"watch", "j-t"});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(
+      r.out, HasSubstr("\r\x1b[2Kj-t  RUNNING  [###############---------------]  5/10 steps  50%"));
+  EXPECT_THAT(r.out, HasSubstr("[##############################]  10/10 steps  100%  elapsed"));
+  EXPECT_THAT(r.out, HasSubstr("#1  RUNNING  started"));        // Non-progress events print above.
+  EXPECT_THAT(r.out, Not(HasSubstr("#2  RUNNING  progress")));  // Progress only moves the bar.
+}
+
+TEST_F(CliTest, SubmitWatchAndWaitReflectTheJobsEnd) {
+  jobs_.SetFinal(SucceededJob("j-00000000000000a1"));
+  jobs_.SetWatchScript(
+      {{{Event("j-00000000000000a1", 1, v1::JOB_STATE_QUEUED, "submitted"),
+         Event("j-00000000000000a1", 2, v1::JOB_STATE_SUCCEEDED, "succeeded", 10, 10)},
+        grpc::Status::OK}});
+  const std::vector<std::string> job = {"submit", "-n",         "8192", "--heads",
+                                        "8",      "--head-dim", "64",   "--segments",
+                                        "2048",   "--rates",    "1"};
+  std::vector<std::string> args = job;
+  args.push_back("--watch");
+  Result r = Run(args);
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Submitted job j-00000000000000a1"));
+  EXPECT_THAT(r.out, HasSubstr("#2  SUCCEEDED  succeeded"));
+  EXPECT_THAT(r.out, HasSubstr("Job j-00000000000000a1 SUCCEEDED"));
+
+  // --wait --json: a single JSON document, the final job.
+  args = job;
+  args.insert(args.end(), {"--wait", "--json"});
+  r = Run(args);
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  const nlohmann::json parsed = nlohmann::json::parse(r.out);
+  EXPECT_EQ(parsed["state"], "JOB_STATE_SUCCEEDED");
+  EXPECT_EQ(parsed["result"]["attention"]["tflops"], 45.678);
+
+  // A failing job makes --wait exit 1.
+  v1::Job failed = SucceededJob("j-00000000000000a1");
+  failed.set_state(v1::JOB_STATE_FAILED);
+  failed.clear_result();
+  failed.set_state_reason("engine error");
+  jobs_.SetFinal(failed);
+  jobs_.SetWatchScript(
+      {{{Event("j-00000000000000a1", 1, v1::JOB_STATE_FAILED, "failed")}, grpc::Status::OK}});
+  args = job;
+  args.push_back("--wait");
+  r = Run(args);
+  EXPECT_EQ(r.code, kExitJobFailed);
+  EXPECT_THAT(r.out, HasSubstr("engine error"));
+}
+
+TEST_F(CliTest, OutputFileSavesTheReturnedTensor) {
+  v1::Job done = SucceededJob("j-00000000000000a1");
+  v1::Tensor* output = done.mutable_result()->mutable_attention()->mutable_output();
+  output->set_dtype(v1::DTYPE_FP32);
+  for (int64_t d : {1, 2, 1, 2}) output->add_shape(d);
+  const float values[4] = {1.0f, -2.0f, 0.5f, 3.0f};
+  output->set_data(std::string(reinterpret_cast<const char*>(values), sizeof(values)));
+  jobs_.SetFinal(done);
+  jobs_.SetWatchScript(
+      {{{Event("j-00000000000000a1", 1, v1::JOB_STATE_SUCCEEDED, "succeeded")}, grpc::Status::OK}});
+  const std::string path = TempPath("out.bin");
+  Result r = Run({"submit", "-n", "2", "--heads", "1", "--head-dim", "2", "--segments", "2",
+                  "--rates", "1", "--output-file", path});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_TRUE(jobs_.submits()[0].spec().attention().return_output());  // Implied.
+  EXPECT_THAT(r.out, HasSubstr("fp32 [1, 2, 1, 2], 16 bytes"));
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  EXPECT_EQ(bytes, output->data());
+
+  // status --output-file on a job without an output says how to get one.
+  jobs_.AddJob(SucceededJob("j-plain"));
+  r = Run({"status", "j-plain", "--output-file", TempPath("none.bin")});
+  EXPECT_EQ(r.code, kExitNotFound);
+  EXPECT_THAT(r.err, HasSubstr("--return-output"));
+}
+
+TEST_F(CliTest, CancelQueuedRunningAndFinished) {
+  v1::Job queued = RunningJob("j-q");
+  queued.set_state(v1::JOB_STATE_QUEUED);
+  jobs_.AddJob(queued);
+  Result r = Run({"cancel", "j-q", "--reason", "wrong shape"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Job j-q is CANCELLED: cancelled by user: wrong shape"));
+  EXPECT_EQ(jobs_.cancels().back().reason(), "wrong shape");
+
+  jobs_.AddJob(RunningJob("j-run"));
+  r = Run({"cancel", "j-run", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["state"], "JOB_STATE_RUNNING");
+
+  jobs_.AddJob(SucceededJob("j-ok"));
+  r = Run({"cancel", "j-ok"});
+  EXPECT_EQ(r.code, kExitRejected);
+  EXPECT_THAT(r.err, HasSubstr("FAILED_PRECONDITION"));
+  EXPECT_THAT(r.err, HasSubstr("already ended"));
+}
+
+TEST_F(CliTest, HelpAndVersionExitZeroAndListExitCodes) {
+  Result r = RunRaw({"--help"});
+  EXPECT_EQ(r.code, kExitOk);
+  EXPECT_THAT(r.out, HasSubstr("Exit codes:"));
+  EXPECT_THAT(r.out, HasSubstr("5  coordinator unavailable"));
+  r = RunRaw({"submit", "--help"});
+  EXPECT_EQ(r.code, kExitOk);
+  EXPECT_THAT(r.out, HasSubstr("--head-offsets"));
+  r = RunRaw({"--version"});
+  EXPECT_EQ(r.code, kExitOk);
+  EXPECT_THAT(r.out, HasSubstr("dattn.v1"));
+  // Global flags may follow the subcommand.
+  r = RunRaw({"health", "--coordinator", address_, "--json"});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["status"], "SERVING");
+}
+
+}  // namespace
+}  // namespace client
+}  // namespace dattn

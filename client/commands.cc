@@ -1,0 +1,317 @@
+#include "client/commands.h"
+
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "client/exit_codes.h"
+#include "client/format.h"
+#include "client/watch.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+
+namespace dattn {
+namespace client {
+
+int ExitCodeForJobState(v1::JobState state) {
+  switch (state) {
+    case v1::JOB_STATE_SUCCEEDED:
+      return kExitOk;
+    case v1::JOB_STATE_FAILED:
+      return kExitJobFailed;
+    case v1::JOB_STATE_CANCELLED:
+      return kExitCancelled;
+    default:
+      return kExitInternal;
+  }
+}
+
+Commands::Commands(GlobalArgs args, std::ostream& out, std::ostream& err, const CliEnvironment& env)
+    : args_(std::move(args)),
+      out_(out),
+      err_(err),
+      env_(env),
+      channel_(MakeChannel(args_.coordinator.address)),
+      jobs_(v1::JobService::NewStub(channel_)),
+      admin_(v1::AdminService::NewStub(channel_)) {}
+
+std::unique_ptr<grpc::ClientContext> Commands::NewContext() const {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + args_.timeout));
+  return context;
+}
+
+int Commands::RpcFailed(const grpc::Status& status, const std::string& what) {
+  err_ << "dattn: error: " << DescribeRpcError(status, what, args_.coordinator, args_.timeout)
+       << '\n';
+  return ExitCodeForRpc(status.error_code());
+}
+
+void Commands::PrintJson(const google::protobuf::Message& message) {
+  out_ << ToJson(message, /*pretty=*/true) << '\n';
+}
+
+int Commands::Submit(const SubmitArgs& args) {
+  v1::SubmitJobResponse response;
+  grpc::Status status = jobs_->SubmitJob(NewContext().get(), args.request, &response);
+  const std::string& key = args.request.idempotency_key();
+  if (!status.ok()) {
+    const int code = RpcFailed(status, "submit the job");
+    if (code == kExitUnavailable) {
+      err_ << "dattn: the job may or may not have been accepted. Retrying is safe with the same "
+              "key: add --idempotency-key "
+           << key << '\n';
+    }
+    return code;
+  }
+  const v1::Job& job = response.job();
+  const bool follow = args.watch || args.wait;
+  if (args_.json) {
+    // --wait prints only the final job (one document); --watch streams JSON Lines after this one.
+    if (!args.wait || args.watch) out_ << ToJson(response, /*pretty=*/!args.watch) << '\n';
+  } else {
+    if (response.created()) {
+      out_ << "Submitted job " << job.job_id() << " (" << StateName(job.state());
+      if (job.state() == v1::JOB_STATE_QUEUED && job.queue_position() > 0) {
+        out_ << ", position " << job.queue_position() << " in the queue";
+      }
+      out_ << ")\n";
+    } else {
+      out_ << "Job " << job.job_id() << " already exists for this idempotency key ("
+           << StateName(job.state()) << "); no new job was created\n";
+    }
+    out_ << "Idempotency key: " << key;
+    if (args.key_generated) out_ << "  (to retry safely: --idempotency-key " << key << ")";
+    out_ << '\n';
+    if (!follow) out_ << "Follow it with: dattn watch " << job.job_id() << '\n';
+  }
+  out_ << std::flush;
+  if (!follow) return kExitOk;
+  return FollowJob(job.job_id(), /*quiet=*/!args.watch, args.reconnect_for, args.output_file);
+}
+
+int Commands::FollowJob(const std::string& job_id, bool quiet, absl::Duration reconnect_for,
+                        const std::string& output_file) {
+  WatchOptions options;
+  if (quiet) {
+    options.display = WatchOptions::Display::kQuiet;
+  } else if (args_.json) {
+    options.display = WatchOptions::Display::kJson;
+  } else {
+    options.display = env_.out_is_tty ? WatchOptions::Display::kTty : WatchOptions::Display::kLines;
+  }
+  options.rpc_timeout = args_.timeout;
+  options.reconnect_for = reconnect_for;
+  options.redraw_every = env_.redraw_every;
+  WatchResult result = WatchJob(jobs_.get(), job_id, options, out_, err_);
+  if (!result.status.ok()) return RpcFailed(result.status, "watch job " + job_id);
+
+  const v1::Job& job = result.job;
+  if (quiet) {
+    if (args_.json) {
+      PrintJson(job);
+    } else {
+      PrintJob(job, absl::Now(), out_);
+    }
+  } else if (!args_.json) {
+    out_ << "Job " << job.job_id() << " " << StateName(job.state());
+    const absl::Time created = ToTime(job.create_time());
+    const absl::Time ended = ToTime(job.end_time());
+    if (created != absl::InfinitePast() && ended != absl::InfinitePast()) {
+      out_ << " after " << HumanDuration(ended - created);
+    }
+    if (!job.state_reason().empty()) out_ << ": " << job.state_reason();
+    out_ << '\n';
+    if (job.result().has_attention()) {
+      out_ << '\n';
+      PrintAttentionResult(job.result().attention(), job.spec().attention().pass(), out_);
+    }
+  }
+  out_ << std::flush;
+  const int code = ExitCodeForJobState(job.state());
+  if (code == kExitOk && !output_file.empty()) return SaveOutput(job, output_file);
+  return code;
+}
+
+int Commands::SaveOutput(const v1::Job& job, const std::string& path) {
+  if (job.state() != v1::JOB_STATE_SUCCEEDED) {
+    err_ << "dattn: error: job " << job.job_id() << " is " << StateName(job.state())
+         << ": it has an output tensor only once it SUCCEEDED\n";
+    return kExitNotFound;
+  }
+  if (!job.result().attention().has_output()) {
+    err_ << "dattn: error: job " << job.job_id()
+         << " has no output tensor: submit it with --return-output (or --output-file) to get one\n";
+    return kExitNotFound;
+  }
+  const v1::Tensor& tensor = job.result().attention().output();
+  int64_t elements = 1;
+  for (int64_t d : tensor.shape()) elements *= d;
+  const int64_t expected = elements * DTypeSize(tensor.dtype());
+  if (expected != static_cast<int64_t>(tensor.data().size())) {
+    err_ << "dattn: error: the output tensor of job " << job.job_id()
+         << " is inconsistent: " << DTypeName(tensor.dtype()) << " " << FormatShape(tensor)
+         << " needs " << expected << " bytes but " << tensor.data().size()
+         << " arrived; nothing was written to " << path << '\n';
+    return kExitInternal;
+  }
+  std::ofstream file(path, std::ios::binary | std::ios::trunc);
+  if (file) file.write(tensor.data().data(), static_cast<std::streamsize>(tensor.data().size()));
+  if (file) file.close();
+  if (!file) {
+    err_ << "dattn: error: cannot write the output tensor to " << path << ": "
+         << std::strerror(errno) << '\n';
+    return kExitInternal;
+  }
+  // In --json mode stdout holds only the JSON document, so the notice goes to stderr.
+  std::ostream& notice = args_.json ? err_ : out_;
+  notice << "Saved output of " << job.job_id() << " to " << path << ": "
+         << DTypeName(tensor.dtype()) << " " << FormatShape(tensor) << ", " << tensor.data().size()
+         << " bytes (raw little-endian, row-major)\n"
+         << std::flush;
+  return kExitOk;
+}
+
+int Commands::Status(const std::string& job_id, bool events, const std::string& output_file) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  request.set_include_events(events);
+  v1::Job job;
+  grpc::Status status = jobs_->GetJob(NewContext().get(), request, &job);
+  if (!status.ok()) return RpcFailed(status, "get job " + job_id);
+  if (args_.json) {
+    PrintJson(job);
+  } else {
+    PrintJob(job, absl::Now(), out_);
+  }
+  out_ << std::flush;
+  if (!output_file.empty()) return SaveOutput(job, output_file);
+  return kExitOk;
+}
+
+int Commands::List(const ListArgs& args) {
+  v1::ListJobsResponse all;
+  std::string token;
+  int64_t remaining = args.all ? INT64_MAX : args.limit;
+  do {
+    v1::ListJobsRequest request;
+    for (v1::JobState s : args.states) request.add_states(s);
+    request.set_tenant(args.tenant);
+    request.set_page_size(static_cast<int32_t>(std::min<int64_t>(remaining, 1000)));
+    request.set_page_token(token);
+    v1::ListJobsResponse page;
+    grpc::Status status = jobs_->ListJobs(NewContext().get(), request, &page);
+    if (!status.ok()) return RpcFailed(status, "list jobs");
+    for (v1::Job& job : *page.mutable_jobs()) {
+      if (remaining == 0) break;
+      *all.add_jobs() = std::move(job);
+      --remaining;
+    }
+    token = page.next_page_token();
+  } while (!token.empty() && remaining > 0);
+  all.set_next_page_token(token);
+
+  if (args_.json) {
+    PrintJson(all);
+  } else if (all.jobs_size() == 0) {
+    out_ << "No jobs" << (args.states.empty() && args.tenant.empty() ? "" : " match the filters")
+         << ".\n";
+  } else {
+    std::vector<v1::Job> jobs(all.jobs().begin(), all.jobs().end());
+    JobsTable(jobs, absl::Now()).Print(out_);
+  }
+  if (!token.empty()) {
+    err_ << "dattn: more jobs exist beyond these " << all.jobs_size()
+         << ": raise --limit or use --all\n";
+  }
+  out_ << std::flush;
+  return kExitOk;
+}
+
+int Commands::Watch(const std::string& job_id, absl::Duration reconnect_for) {
+  return FollowJob(job_id, /*quiet=*/false, reconnect_for, /*output_file=*/"");
+}
+
+int Commands::Cancel(const std::string& job_id, const std::string& reason) {
+  v1::CancelJobRequest request;
+  request.set_job_id(job_id);
+  request.set_reason(reason);
+  v1::Job job;
+  grpc::Status status = jobs_->CancelJob(NewContext().get(), request, &job);
+  if (!status.ok()) return RpcFailed(status, "cancel job " + job_id);
+  if (args_.json) {
+    PrintJson(job);
+  } else if (job.state() == v1::JOB_STATE_CANCELLED) {
+    out_ << "Job " << job.job_id() << " is CANCELLED";
+    if (!job.state_reason().empty()) out_ << ": " << job.state_reason();
+    out_ << '\n';
+  } else {
+    out_ << "Cancel requested for job " << job.job_id() << " (" << StateName(job.state())
+         << "): it ends CANCELLED once its workers stop. Follow it with: dattn watch "
+         << job.job_id() << '\n';
+  }
+  out_ << std::flush;
+  return kExitOk;
+}
+
+int Commands::Workers(bool include_dead) {
+  v1::ListWorkersRequest request;
+  request.set_include_dead(include_dead);
+  v1::ListWorkersResponse response;
+  grpc::Status status = admin_->ListWorkers(NewContext().get(), request, &response);
+  if (!status.ok()) return RpcFailed(status, "list workers");
+  if (args_.json) {
+    PrintJson(response);
+  } else if (response.workers_size() == 0) {
+    out_ << (include_dead ? "No workers are registered.\n"
+                          : "No live workers are registered (--all includes dead ones).\n");
+  } else {
+    std::vector<v1::Worker> workers(response.workers().begin(), response.workers().end());
+    WorkersTable(workers, absl::Now()).Print(out_);
+  }
+  out_ << std::flush;
+  return kExitOk;
+}
+
+int Commands::Drain(const std::string& worker) {
+  v1::DrainWorkerRequest request;
+  request.set_worker_id(worker);
+  v1::Worker response;
+  grpc::Status status = admin_->DrainWorker(NewContext().get(), request, &response);
+  if (!status.ok()) return RpcFailed(status, "drain worker " + worker);
+  if (args_.json) {
+    PrintJson(response);
+  } else {
+    out_ << "Worker " << response.worker_id();
+    if (!response.name().empty()) out_ << " (" << response.name() << ")";
+    out_ << " is " << WorkerStateName(response.state()) << ": no new work will be placed on it";
+    if (response.task_ids_size() > 0) {
+      out_ << "; " << response.task_ids_size() << " running task(s) will finish";
+    }
+    out_ << ".\n";
+  }
+  out_ << std::flush;
+  return kExitOk;
+}
+
+int Commands::Health(const std::string& service) {
+  auto stub = grpc::health::v1::Health::NewStub(channel_);
+  grpc::health::v1::HealthCheckRequest request;
+  request.set_service(service);
+  grpc::health::v1::HealthCheckResponse response;
+  grpc::Status status = stub->Check(NewContext().get(), request, &response);
+  if (!status.ok()) return RpcFailed(status, "check the coordinator's health");
+  const bool serving = response.status() == grpc::health::v1::HealthCheckResponse::SERVING;
+  if (args_.json) {
+    PrintJson(response);
+  } else {
+    out_ << "Coordinator at " << args_.coordinator.address << ": "
+         << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status()) << '\n';
+  }
+  out_ << std::flush;
+  return serving ? kExitOk : kExitUnavailable;
+}
+
+}  // namespace client
+}  // namespace dattn

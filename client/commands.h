@@ -1,0 +1,87 @@
+// The `dattn` subcommands once their flags are parsed: each makes its RPCs to the coordinator,
+// prints the outcome and returns an exit code (client/exit_codes.h). client/cli.cc parses the
+// command line and calls these.
+//
+// Thread-safety: a Commands object is used by one thread (it writes to its streams).
+#ifndef DATTN_CLIENT_COMMANDS_H_
+#define DATTN_CLIENT_COMMANDS_H_
+
+#include <memory>
+#include <optional>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "client/cli.h"
+#include "client/connection.h"
+#include "dattn/v1/admin.grpc.pb.h"
+#include "dattn/v1/job_service.grpc.pb.h"
+#include "grpcpp/client_context.h"
+
+namespace dattn {
+namespace client {
+
+struct GlobalArgs {
+  Coordinator coordinator;
+  absl::Duration timeout = absl::Seconds(10);  // Deadline of each unary RPC.
+  bool json = false;
+};
+
+struct SubmitArgs {
+  v1::SubmitJobRequest request;  // Complete: spec and idempotency key.
+  bool key_generated = false;    // The key is the random default (tell the user how to retry).
+  bool watch = false;
+  bool wait = false;
+  std::string output_file;  // Save the returned tensor here ("" = don't).
+  absl::Duration reconnect_for = absl::Seconds(60);
+};
+
+struct ListArgs {
+  std::vector<v1::JobState> states;
+  std::string tenant;
+  int limit = 50;
+  bool all = false;
+};
+
+class Commands {
+ public:
+  // `env` must outlive this object.
+  Commands(GlobalArgs args, std::ostream& out, std::ostream& err, const CliEnvironment& env);
+
+  int Submit(const SubmitArgs& args);
+  int Status(const std::string& job_id, bool events, const std::string& output_file);
+  int List(const ListArgs& args);
+  int Watch(const std::string& job_id, absl::Duration reconnect_for);
+  int Cancel(const std::string& job_id, const std::string& reason);
+  int Workers(bool include_dead);
+  int Drain(const std::string& worker);
+  int Health(const std::string& service);
+
+ private:
+  std::unique_ptr<grpc::ClientContext> NewContext() const;
+  // Prints the error for a failed RPC `what` and returns its exit code.
+  int RpcFailed(const grpc::Status& status, const std::string& what);
+  // Follows a job to its end and prints its outcome; the exit code reflects how it ended.
+  int FollowJob(const std::string& job_id, bool quiet, absl::Duration reconnect_for,
+                const std::string& output_file);
+  // Writes a succeeded job's returned tensor to `path` as raw bytes and reports its shape.
+  int SaveOutput(const v1::Job& job, const std::string& path);
+  void PrintJson(const google::protobuf::Message& message);
+
+  const GlobalArgs args_;
+  std::ostream& out_;
+  std::ostream& err_;
+  const CliEnvironment& env_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::JobService::Stub> jobs_;
+  std::unique_ptr<v1::AdminService::Stub> admin_;
+};
+
+// The exit code for a job that ended in `state`: 0 SUCCEEDED, 1 FAILED, 6 CANCELLED, 7 otherwise.
+int ExitCodeForJobState(v1::JobState state);
+
+}  // namespace client
+}  // namespace dattn
+
+#endif  // DATTN_CLIENT_COMMANDS_H_

@@ -1,0 +1,377 @@
+#include "client/format.h"
+
+#include <algorithm>
+#include <cmath>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
+#include "google/protobuf/util/json_util.h"
+
+namespace dattn {
+namespace client {
+namespace {
+
+// Aligned "key  value" lines, indented by `indent` spaces.
+void PrintFields(const std::vector<std::pair<std::string, std::string>>& fields, int indent,
+                 std::ostream& out) {
+  size_t width = 0;
+  for (const auto& field : fields) width = std::max(width, field.first.size());
+  for (const auto& field : fields) {
+    out << std::string(indent, ' ') << field.first
+        << std::string(width - field.first.size() + 2, ' ') << field.second << '\n';
+  }
+}
+
+std::string Checksum(double value) { return absl::StrFormat("%.10g", value); }
+
+std::string AttentionSummary(const v1::AttentionJobSpec& job) {
+  const v1::AttentionSpec& a = job.attention();
+  const v1::TensorShape& s = job.shape();
+  std::string text = absl::StrCat("B=", s.batch(), " N=", s.seq_len(), " H=", s.num_heads(),
+                                  " D=", s.head_dim(), " ", DTypeName(job.dtype()), ", segments ",
+                                  absl::StrJoin(a.segment_lengths(), ","), " rates ",
+                                  absl::StrJoin(a.dilation_rates(), ","), ", ", ModeName(a.mode()));
+  if (a.head_offsets() != v1::HEAD_OFFSETS_UNSPECIFIED) {
+    absl::StrAppend(&text, " (", HeadOffsetsName(a.head_offsets()), " offsets)");
+  }
+  if (a.causal()) absl::StrAppend(&text, ", causal");
+  if (a.has_scale()) absl::StrAppend(&text, ", scale ", a.scale());
+  return text;
+}
+
+std::string RunSummary(const v1::AttentionJobSpec& job) {
+  const int ranks = std::max(job.num_ranks(), 1);
+  std::string text =
+      absl::StrCat(ranks, ranks == 1 ? " rank" : " ranks", ", ", PassName(job.pass()), ", ",
+                   std::max(job.iterations(), 1), " iteration(s), seed ", job.seed(), ", device ",
+                   DeviceName(job.device()));
+  if (job.return_output()) absl::StrAppend(&text, ", returns output");
+  return text;
+}
+
+std::string Age(const google::protobuf::Timestamp& ts, absl::Time now) {
+  const absl::Time t = ToTime(ts);
+  if (t == absl::InfinitePast()) return "-";
+  return HumanDuration(now - t);
+}
+
+}  // namespace
+
+std::string StateName(v1::JobState state) {
+  switch (state) {
+    case v1::JOB_STATE_QUEUED:
+      return "QUEUED";
+    case v1::JOB_STATE_PLACED:
+      return "PLACED";
+    case v1::JOB_STATE_RUNNING:
+      return "RUNNING";
+    case v1::JOB_STATE_SUCCEEDED:
+      return "SUCCEEDED";
+    case v1::JOB_STATE_FAILED:
+      return "FAILED";
+    case v1::JOB_STATE_CANCELLED:
+      return "CANCELLED";
+    default:
+      return absl::StrCat("UNSPECIFIED(", static_cast<int>(state), ")");
+  }
+}
+
+std::string WorkerStateName(v1::WorkerState state) {
+  switch (state) {
+    case v1::WORKER_STATE_READY:
+      return "READY";
+    case v1::WORKER_STATE_DRAINING:
+      return "DRAINING";
+    case v1::WORKER_STATE_DEAD:
+      return "DEAD";
+    default:
+      return absl::StrCat("UNSPECIFIED(", static_cast<int>(state), ")");
+  }
+}
+
+std::string DTypeName(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FP16:
+      return "fp16";
+    case v1::DTYPE_BF16:
+      return "bf16";
+    case v1::DTYPE_FP32:
+      return "fp32";
+    case v1::DTYPE_FP64:
+      return "fp64";
+    default:
+      return "unspecified";
+  }
+}
+
+std::string ModeName(v1::AttentionMode mode) {
+  return mode == v1::ATTENTION_MODE_MIXTURE ? "mixture" : "grouped";
+}
+
+std::string HeadOffsetsName(v1::HeadOffsets offsets) {
+  return offsets == v1::HEAD_OFFSETS_BLOCKED ? "blocked" : "modulo";
+}
+
+std::string PassName(v1::Pass pass) {
+  return pass == v1::PASS_FORWARD_BACKWARD ? "fwd-bwd" : "fwd";
+}
+
+std::string DeviceName(v1::DevicePreference device) {
+  switch (device) {
+    case v1::DEVICE_PREFERENCE_CPU:
+      return "cpu";
+    case v1::DEVICE_PREFERENCE_GPU:
+      return "gpu";
+    default:
+      return "any";
+  }
+}
+
+bool IsTerminal(v1::JobState state) {
+  return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
+         state == v1::JOB_STATE_CANCELLED;
+}
+
+int64_t DTypeSize(v1::DType dtype) {
+  switch (dtype) {
+    case v1::DTYPE_FP16:
+    case v1::DTYPE_BF16:
+      return 2;
+    case v1::DTYPE_FP32:
+      return 4;
+    case v1::DTYPE_FP64:
+      return 8;
+    default:
+      return 0;
+  }
+}
+
+absl::Time ToTime(const google::protobuf::Timestamp& ts) {
+  if (ts.seconds() == 0 && ts.nanos() == 0) return absl::InfinitePast();
+  return absl::FromUnixSeconds(ts.seconds()) + absl::Nanoseconds(ts.nanos());
+}
+
+std::string FormatTimestamp(const google::protobuf::Timestamp& ts) {
+  const absl::Time t = ToTime(ts);
+  if (t == absl::InfinitePast()) return "-";
+  return absl::FormatTime("%Y-%m-%d %H:%M:%S UTC", t, absl::UTCTimeZone());
+}
+
+std::string HumanDuration(absl::Duration d) {
+  if (d < absl::ZeroDuration()) d = absl::ZeroDuration();
+  const int64_t ms = absl::ToInt64Milliseconds(d);
+  if (ms < 1000) return absl::StrCat(ms, "ms");
+  if (ms < 60 * 1000) return absl::StrFormat("%.1fs", ms / 1000.0);
+  const int64_t s = ms / 1000;
+  if (s < 3600) return absl::StrFormat("%dm%02ds", s / 60, s % 60);
+  if (s < 86400) return absl::StrFormat("%dh%02dm", s / 3600, (s % 3600) / 60);
+  return absl::StrFormat("%dd%02dh", s / 86400, (s % 86400) / 3600);
+}
+
+std::string FormatBytes(int64_t bytes) {
+  if (bytes < 1024) return absl::StrCat(bytes, " B");
+  static const char* const kUnits[] = {"KiB", "MiB", "GiB", "TiB", "PiB"};
+  double value = static_cast<double>(bytes);
+  int unit = -1;
+  while (value >= 1024 && unit < 4) {
+    value /= 1024;
+    ++unit;
+  }
+  return absl::StrFormat("%.1f %s", value, kUnits[unit]);
+}
+
+std::string FormatSeconds(double seconds) {
+  if (!std::isfinite(seconds) || seconds <= 0) return absl::StrFormat("%g s", seconds);
+  if (seconds < 1e-3) return absl::StrFormat("%.1f us", seconds * 1e6);
+  if (seconds < 1) return absl::StrFormat("%.2f ms", seconds * 1e3);
+  return absl::StrFormat("%.3f s", seconds);
+}
+
+std::string FormatProgress(const v1::JobProgress& progress) {
+  if (progress.steps_total() <= 0) return "-";
+  return absl::StrCat(progress.steps_done(), "/", progress.steps_total());
+}
+
+std::string FormatShape(const v1::Tensor& tensor) {
+  return absl::StrCat("[", absl::StrJoin(tensor.shape(), ", "), "]");
+}
+
+std::string ProgressBar(int64_t done, int64_t total, int width) {
+  int filled = 0;
+  if (total > 0) {
+    const int64_t clamped = std::min(std::max<int64_t>(done, 0), total);
+    filled = static_cast<int>(clamped * width / total);
+  }
+  return absl::StrCat("[", std::string(filled, '#'), std::string(width - filled, '-'), "]");
+}
+
+void PrintJob(const v1::Job& job, absl::Time now, std::ostream& out) {
+  std::vector<std::pair<std::string, std::string>> fields;
+  fields.emplace_back("Job", job.job_id());
+  if (!job.spec().name().empty()) fields.emplace_back("Name", job.spec().name());
+  fields.emplace_back("Tenant", job.spec().tenant().empty() ? "default" : job.spec().tenant());
+  std::string state = StateName(job.state());
+  if (job.state() == v1::JOB_STATE_QUEUED && job.queue_position() > 0) {
+    absl::StrAppend(&state, " (position ", job.queue_position(), " in the queue)");
+  }
+  fields.emplace_back("State", state);
+  if (!job.state_reason().empty()) fields.emplace_back("Reason", job.state_reason());
+  fields.emplace_back("Priority", absl::StrCat(job.spec().priority()));
+  if (job.attempt() > 0) fields.emplace_back("Attempt", absl::StrCat(job.attempt()));
+  fields.emplace_back("Created", absl::StrCat(FormatTimestamp(job.create_time()), " (",
+                                              Age(job.create_time(), now), " ago)"));
+  if (job.has_start_time()) fields.emplace_back("Started", FormatTimestamp(job.start_time()));
+  if (job.has_end_time()) fields.emplace_back("Ended", FormatTimestamp(job.end_time()));
+  const absl::Time created = ToTime(job.create_time());
+  if (created != absl::InfinitePast()) {
+    const absl::Time until = job.has_end_time() ? ToTime(job.end_time()) : now;
+    fields.emplace_back("Elapsed", HumanDuration(until - created));
+  }
+  if (job.progress().steps_total() > 0) {
+    fields.emplace_back(
+        "Progress",
+        absl::StrCat(FormatProgress(job.progress()), " steps (",
+                     job.progress().steps_done() * 100 / job.progress().steps_total(), "%)"));
+  }
+  if (job.worker_ids_size() > 0)
+    fields.emplace_back("Workers", absl::StrJoin(job.worker_ids(), ", "));
+  if (!job.idempotency_key().empty()) fields.emplace_back("Idempotency key", job.idempotency_key());
+  if (job.spec().has_attention()) {
+    fields.emplace_back("Attention", AttentionSummary(job.spec().attention()));
+    fields.emplace_back("Run", RunSummary(job.spec().attention()));
+  }
+  PrintFields(fields, 0, out);
+
+  if (job.result().has_attention()) {
+    out << "\n";
+    PrintAttentionResult(job.result().attention(), job.spec().attention().pass(), out);
+  }
+  if (job.events_size() > 0) {
+    out << "\nEvents\n";
+    EventsTable(job.events()).Print(out);
+  }
+}
+
+void PrintAttentionResult(const v1::AttentionJobResult& r, v1::Pass pass, std::ostream& out) {
+  const bool grads =
+      pass == v1::PASS_FORWARD_BACKWARD || r.grad_sum() != 0 || r.grad_sum_squares() != 0;
+  std::vector<std::pair<std::string, std::string>> fields;
+  fields.emplace_back("Seconds/step", absl::StrCat(FormatSeconds(r.seconds_per_step()),
+                                                   " (slowest rank's median step)"));
+  fields.emplace_back("TFLOP/s", absl::StrFormat("%.3f", r.tflops()));
+  if (r.flops_per_step() > 0)
+    fields.emplace_back("FLOPs/step", absl::StrFormat("%.4g", r.flops_per_step()));
+  fields.emplace_back("Output sum", Checksum(r.out_sum()));
+  fields.emplace_back("Output sum of squares", Checksum(r.out_sum_squares()));
+  if (grads) {
+    fields.emplace_back("Gradient sum", Checksum(r.grad_sum()));
+    fields.emplace_back("Gradient sum of squares", Checksum(r.grad_sum_squares()));
+  }
+  if (r.has_output()) {
+    fields.emplace_back(
+        "Output tensor",
+        absl::StrCat(DTypeName(r.output().dtype()), " ", FormatShape(r.output()), ", ",
+                     FormatBytes(static_cast<int64_t>(r.output().data().size())),
+                     " (save it with --output-file PATH)"));
+  }
+  out << "Result\n";
+  PrintFields(fields, 2, out);
+  if (r.ranks_size() == 0) return;
+  out << "\n";
+  std::vector<std::string> headers = {"RANK",    "WORKER",  "SEC/STEP",  "TOTAL",
+                                      "TFLOP/S", "OUT SUM", "OUT SUM SQ"};
+  if (grads) {
+    headers.push_back("GRAD SUM");
+    headers.push_back("GRAD SUM SQ");
+  }
+  headers.push_back("PEAK MEM");
+  Table table(headers);
+  for (const v1::RankResult& rank : r.ranks()) {
+    std::vector<std::string> row = {absl::StrCat(rank.rank()),
+                                    rank.worker_id(),
+                                    FormatSeconds(rank.seconds_per_step()),
+                                    FormatSeconds(rank.seconds_total()),
+                                    absl::StrFormat("%.3f", rank.tflops()),
+                                    Checksum(rank.out_sum()),
+                                    Checksum(rank.out_sum_squares())};
+    if (grads) {
+      row.push_back(Checksum(rank.grad_sum()));
+      row.push_back(Checksum(rank.grad_sum_squares()));
+    }
+    row.push_back(FormatBytes(rank.peak_memory_bytes()));
+    table.AddRow(std::move(row));
+  }
+  table.Print(out);
+}
+
+Table JobsTable(const std::vector<v1::Job>& jobs, absl::Time now) {
+  Table table({"JOB ID", "KIND", "NAME", "TENANT", "STATE", "PRI", "PROGRESS", "AGE"});
+  for (const v1::Job& job : jobs) {
+    table.AddRow({job.job_id(), job.spec().has_attention() ? "attention" : "-",
+                  job.spec().name().empty() ? "-" : job.spec().name(),
+                  job.spec().tenant().empty() ? "default" : job.spec().tenant(),
+                  StateName(job.state()), absl::StrCat(job.spec().priority()),
+                  FormatProgress(job.progress()), Age(job.create_time(), now)});
+  }
+  return table;
+}
+
+Table WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now) {
+  Table table({"WORKER ID", "NAME", "STATE", "DEVICE", "DTYPES", "SLOTS", "MEMORY FREE/TOTAL",
+               "HEARTBEAT", "VERSION"});
+  for (const v1::Worker& w : workers) {
+    const v1::WorkerCapabilities& caps = w.capabilities();
+    std::string device =
+        caps.is_gpu() ? absl::StrCat("gpu:", caps.device_index()) : std::string("cpu");
+    if (!caps.is_gpu() && caps.num_threads() > 0)
+      absl::StrAppend(&device, " x", caps.num_threads());
+    if (!caps.device_name().empty()) absl::StrAppend(&device, " ", caps.device_name());
+    std::vector<std::string> dtypes;
+    for (int d : caps.dtypes()) dtypes.push_back(DTypeName(static_cast<v1::DType>(d)));
+    const std::string heartbeat =
+        w.has_last_heartbeat() ? absl::StrCat(Age(w.last_heartbeat(), now), " ago") : "-";
+    table.AddRow({w.worker_id(), w.name(), WorkerStateName(w.state()), device,
+                  dtypes.empty() ? "-" : absl::StrJoin(dtypes, ","),
+                  absl::StrCat(w.task_ids_size(), "/", caps.max_ranks()),
+                  absl::StrCat(FormatBytes(w.free_memory_bytes()), " / ",
+                               FormatBytes(caps.total_memory_bytes())),
+                  heartbeat, w.version().empty() ? "-" : w.version()});
+  }
+  return table;
+}
+
+Table EventsTable(const google::protobuf::RepeatedPtrField<v1::JobEvent>& events) {
+  Table table({"SEQ", "TIME", "STATE", "EVENT", "PROGRESS", "MESSAGE"});
+  for (const v1::JobEvent& e : events) {
+    table.AddRow({absl::StrCat(e.seq()), FormatTimestamp(e.time()), StateName(e.state()), e.kind(),
+                  e.has_progress() ? FormatProgress(e.progress()) : "", e.message()});
+  }
+  return table;
+}
+
+std::string EventLine(const v1::JobEvent& e) {
+  std::string line = absl::StrCat(FormatTimestamp(e.time()), "  #", e.seq(), "  ",
+                                  StateName(e.state()), "  ", e.kind());
+  if (e.has_progress() && e.progress().steps_total() > 0) {
+    absl::StrAppend(&line, "  ", FormatProgress(e.progress()), " steps");
+  }
+  if (!e.message().empty()) absl::StrAppend(&line, "  ", e.message());
+  return line;
+}
+
+std::string ToJson(const google::protobuf::Message& message, bool pretty) {
+  google::protobuf::util::JsonPrintOptions options;
+  options.add_whitespace = pretty;
+  options.always_print_primitive_fields = true;
+  options.preserve_proto_field_names = true;
+  std::string json;
+  // Serialising a valid message cannot fail; an empty object is the fallback should it ever.
+  if (!google::protobuf::util::MessageToJsonString(message, &json, options).ok()) return "{}";
+  while (!json.empty() && json.back() == '\n') json.pop_back();
+  return json;
+}
+
+}  // namespace client
+}  // namespace dattn

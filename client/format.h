@@ -1,0 +1,81 @@
+// Human-readable and JSON renderings of dattn.v1 messages for the CLI.
+//
+// Human output is for people and may change between versions; scripts use --json, whose shape is
+// the protobuf JSON mapping of the API messages (proto field names, enum names, every field
+// printed, int64 as strings). Times print in UTC. `now` arguments make ages and elapsed times
+// testable. All functions are thread-safe (no state).
+#ifndef DATTN_CLIENT_FORMAT_H_
+#define DATTN_CLIENT_FORMAT_H_
+
+#include <cstdint>
+#include <ostream>
+#include <string>
+#include <vector>
+
+#include "absl/time/time.h"
+#include "client/table.h"
+#include "dattn/v1/admin.pb.h"
+#include "dattn/v1/job.pb.h"
+#include "google/protobuf/message.h"
+#include "google/protobuf/timestamp.pb.h"
+
+namespace dattn {
+namespace client {
+
+// Enum names without their prefix: "RUNNING", "READY", "fp32", "grouped", "fwd-bwd", "gpu".
+std::string StateName(v1::JobState state);
+std::string WorkerStateName(v1::WorkerState state);
+std::string DTypeName(v1::DType dtype);
+std::string ModeName(v1::AttentionMode mode);
+std::string HeadOffsetsName(v1::HeadOffsets offsets);
+std::string PassName(v1::Pass pass);
+std::string DeviceName(v1::DevicePreference device);
+
+bool IsTerminal(v1::JobState state);
+
+// Bytes per element of `dtype`; 0 for DTYPE_UNSPECIFIED.
+int64_t DTypeSize(v1::DType dtype);
+
+// An unset timestamp (0 seconds, 0 nanos) is absl::InfinitePast().
+absl::Time ToTime(const google::protobuf::Timestamp& ts);
+
+// "2024-05-01 12:00:03 UTC", or "-" when unset.
+std::string FormatTimestamp(const google::protobuf::Timestamp& ts);
+// "850ms", "12.3s", "3m12s", "1h02m", "2d03h"; negative durations print as "0s".
+std::string HumanDuration(absl::Duration d);
+// "512 B", "1.5 KiB", "8.0 MiB", "70.5 GiB".
+std::string FormatBytes(int64_t bytes);
+// A time in seconds with a readable unit: "850.0 us", "12.30 ms", "1.234 s".
+std::string FormatSeconds(double seconds);
+// "5/10", or "-" when the total is unknown (0).
+std::string FormatProgress(const v1::JobProgress& progress);
+// "[1, 4096, 8, 64]".
+std::string FormatShape(const v1::Tensor& tensor);
+// "[#########-----------]" of `width` cells between the brackets; all dashes when total <= 0.
+std::string ProgressBar(int64_t done, int64_t total, int width);
+
+// `dattn status`: the job's fields, its spec, its result (SUCCEEDED attention jobs) and, when the
+// job carries them, its events.
+void PrintJob(const v1::Job& job, absl::Time now, std::ostream& out);
+// The result block of a succeeded attention job: totals, checksums and the per-rank table.
+void PrintAttentionResult(const v1::AttentionJobResult& result, v1::Pass pass, std::ostream& out);
+
+// `dattn list`: one row per job.
+Table JobsTable(const std::vector<v1::Job>& jobs, absl::Time now);
+// `dattn workers`: one row per worker.
+Table WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now);
+// `dattn status --events`: one row per event.
+Table EventsTable(const google::protobuf::RepeatedPtrField<v1::JobEvent>& events);
+
+// One line (no newline) describing an event, for `dattn watch` when stdout is not a terminal:
+// "2024-05-01 12:00:03 UTC  #4  RUNNING  progress  50/100 steps  <message>".
+std::string EventLine(const v1::JobEvent& event);
+
+// The protobuf JSON mapping of `message`: proto field names, enums by name, default-valued fields
+// included. `pretty` indents it over several lines; otherwise it is one line. No trailing newline.
+std::string ToJson(const google::protobuf::Message& message, bool pretty);
+
+}  // namespace client
+}  // namespace dattn
+
+#endif  // DATTN_CLIENT_FORMAT_H_

@@ -1,0 +1,197 @@
+// Unit tests of the CLI's building blocks: value parsers, job files, tables and formatting.
+// client/cli_test.cc covers them end to end through RunCli.
+#include <set>
+#include <sstream>
+#include <string>
+
+#include "client/format.h"
+#include "client/job_file.h"
+#include "client/parse.h"
+#include "client/submit_options.h"
+#include "client/table.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dattn {
+namespace client {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+TEST(ParseTest, Integers) {
+  EXPECT_EQ(*ParseInt(" 42 ", 1, 100), 42);
+  EXPECT_THAT(ParseInt("0", 1, 100).status().message(),
+              HasSubstr("'0' is out of range: must be 1"));
+  EXPECT_THAT(ParseInt("4k", 1, 100).status().message(), HasSubstr("'4k' is not an integer"));
+  EXPECT_EQ(*ParseUint64("18446744073709551615"), 18446744073709551615ULL);
+  EXPECT_FALSE(ParseUint64("-1").ok());
+  EXPECT_FALSE(ParseUint64("18446744073709551616").ok());
+}
+
+TEST(ParseTest, IntegerLists) {
+  EXPECT_THAT(*ParseIntList("2048, 4096 ,8192", 1, 1 << 20), ElementsAre(2048, 4096, 8192));
+  EXPECT_THAT(*ParseIntList("7", 1, 10), ElementsAre(7));
+  EXPECT_THAT(ParseIntList("1,,2", 1, 10).status().message(), HasSubstr("empty entry in '1,,2'"));
+  EXPECT_THAT(ParseIntList("", 1, 10).status().message(), HasSubstr("empty"));
+  EXPECT_THAT(ParseIntList("1,2.5", 1, 10).status().message(),
+              HasSubstr("'2.5' is not an integer (in '1,2.5')"));
+  EXPECT_THAT(ParseIntList("1,-2", 1, 10).status().message(), HasSubstr("'-2' is out of range"));
+}
+
+TEST(ParseTest, NumbersBoolsAndEnums) {
+  EXPECT_DOUBLE_EQ(*ParsePositiveDouble("0.125"), 0.125);
+  EXPECT_FALSE(ParsePositiveDouble("0").ok());
+  EXPECT_FALSE(ParsePositiveDouble("inf").ok());
+  EXPECT_FALSE(ParsePositiveDouble("nan").ok());
+  EXPECT_TRUE(*ParseBool("Yes"));
+  EXPECT_FALSE(*ParseBool("false"));
+  EXPECT_FALSE(ParseBool("maybe").ok());
+  EXPECT_EQ(*ParseDType("BF16"), v1::DTYPE_BF16);
+  EXPECT_EQ(*ParseDType("double"), v1::DTYPE_FP64);
+  EXPECT_THAT(ParseDType("int8").status().message(),
+              HasSubstr("'int8' is not one of fp16, bf16, fp32, fp64"));
+  EXPECT_EQ(*ParsePass("fwd_bwd"), v1::PASS_FORWARD_BACKWARD);
+  EXPECT_EQ(*ParsePass("forward"), v1::PASS_FORWARD);
+  EXPECT_EQ(*ParseMode("Mixture"), v1::ATTENTION_MODE_MIXTURE);
+  EXPECT_EQ(*ParseHeadOffsets("blocked"), v1::HEAD_OFFSETS_BLOCKED);
+  EXPECT_EQ(*ParseDevice("GPU"), v1::DEVICE_PREFERENCE_GPU);
+  EXPECT_FALSE(ParseDevice("tpu").ok());
+}
+
+TEST(ParseTest, JobStates) {
+  EXPECT_THAT(*ParseJobStates("running,queued,running"),
+              ElementsAre(v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING));
+  EXPECT_THAT(*ParseJobStates("active"),
+              ElementsAre(v1::JOB_STATE_QUEUED, v1::JOB_STATE_PLACED, v1::JOB_STATE_RUNNING));
+  EXPECT_THAT(*ParseJobStates("ended"),
+              ElementsAre(v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED));
+  EXPECT_THAT(*ParseJobStates("JOB_STATE_FAILED"), ElementsAre(v1::JOB_STATE_FAILED));
+  EXPECT_THAT(ParseJobStates("running,done").status().message(), HasSubstr("'done'"));
+}
+
+TEST(JobFileTest, YamlListsAsSequencesOrTextAndLineNumbers) {
+  absl::StatusOr<SubmitOptions> options = ParseJobFile(
+      "attention:\n  segments: 1024,2048\n  rates: [1, 2]\n  head-dim: 64\n", "a.yaml", false);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_THAT(*options->segments, ElementsAre(1024, 2048));
+  EXPECT_THAT(*options->rates, ElementsAre(1, 2));
+  EXPECT_EQ(*options->head_dim, 64);
+  EXPECT_FALSE(options->seq_len.has_value());  // Only what the file gives.
+
+  absl::StatusOr<SubmitOptions> bad =
+      ParseJobFile("name: x\nattention:\n  heads: -3\n", "b.yaml", false);
+  EXPECT_THAT(bad.status().message(), HasSubstr("b.yaml:3: attention.heads: '-3' is out of range"));
+}
+
+TEST(JobFileTest, StructuralErrors) {
+  EXPECT_THAT(ParseJobFile("", "e.yaml", false).status().message(), HasSubstr("empty"));
+  EXPECT_THAT(ParseJobFile("- 1\n- 2\n", "l.yaml", false).status().message(),
+              HasSubstr("not a list"));
+  EXPECT_THAT(ParseJobFile("attention: 5\n", "s.yaml", false).status().message(),
+              HasSubstr("must be a mapping"));
+  EXPECT_THAT(ParseJobFile("kind: training\n", "k.yaml", false).status().message(),
+              HasSubstr("'training' is not a job kind"));
+  EXPECT_THAT(ParseJobFile("attention:\n  name: x\n", "n.yaml", false).status().message(),
+              HasSubstr("'name' belongs at the top level"));
+  EXPECT_THAT(ParseJobFile("attention:\n  heads: [1, 2]\n", "h.yaml", false).status().message(),
+              HasSubstr("must be a single value"));
+  EXPECT_THAT(ParseJobFile("attention:\n  heads:\n", "v.yaml", false).status().message(),
+              HasSubstr("has no value"));
+  EXPECT_THAT(ParseJobFile("[1]", "a.json", true).status().message(), HasSubstr("not a list"));
+  EXPECT_THAT(
+      ParseJobFile("{\"attention\": {\"mode\": \"sparse\"}}", "m.json", true).status().message(),
+      HasSubstr("m.json: attention.mode: 'sparse' is not one of grouped, mixture"));
+}
+
+TEST(SubmitOptionsTest, MergeAndBuild) {
+  SubmitOptions file;
+  file.seq_len = 8192;
+  file.heads = 8;
+  file.head_dim = 64;
+  file.segments = std::vector<int64_t>{2048};
+  file.rates = std::vector<int64_t>{1};
+  file.causal = true;
+  SubmitOptions flags;
+  flags.causal = false;
+  flags.seq_len = 4096;
+  MergeSubmitOptions(flags, &file);
+  absl::StatusOr<v1::JobSpec> spec = BuildJobSpec(file);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  EXPECT_EQ(spec->attention().shape().seq_len(), 4096);
+  EXPECT_EQ(spec->attention().shape().num_heads(), 8);
+  EXPECT_FALSE(spec->attention().attention().causal());
+
+  file.rates = std::vector<int64_t>{1, 2};
+  EXPECT_THAT(BuildJobSpec(file).status().message(),
+              HasSubstr("--segments has 1 value(s) (2048) but --rates has 2 (1,2)"));
+  EXPECT_THAT(BuildJobSpec(SubmitOptions()).status().message(),
+              HasSubstr("missing --seq-len (seq_len), --heads (heads), --head-dim (head_dim)"));
+}
+
+TEST(SubmitOptionsTest, FieldTableIsConsistent) {
+  std::set<std::string> flags, keys;
+  for (const SubmitField& f : SubmitFields()) {
+    EXPECT_TRUE(flags.insert(f.flag).second) << f.flag;
+    EXPECT_TRUE(keys.insert(f.key).second) << f.key;
+    // The file key is the flag without dashes, '-' -> '_': one name to learn.
+    std::string expected = f.flag.substr(2);
+    std::replace(expected.begin(), expected.end(), '-', '_');
+    EXPECT_EQ(f.key, expected);
+  }
+}
+
+TEST(SubmitOptionsTest, RandomKeysAreUuidV4) {
+  std::set<std::string> seen;
+  for (int i = 0; i < 100; ++i) {
+    const std::string key = RandomIdempotencyKey();
+    ASSERT_EQ(key.size(), 36u);
+    EXPECT_EQ(key[14], '4');
+    EXPECT_NE(std::string("89ab").find(key[19]), std::string::npos) << key;
+    seen.insert(key);
+  }
+  EXPECT_EQ(seen.size(), 100u);
+}
+
+TEST(TableTest, AlignsColumnsByCodePoints) {
+  Table table({"A", "BB", "C"});
+  table.AddRow({"xxxx", "ü", ""});
+  table.AddRow({"y"});
+  std::ostringstream out;
+  table.Print(out);
+  EXPECT_EQ(out.str(),
+            "A     BB  C\n"
+            "xxxx  ü\n"
+            "y\n");
+}
+
+TEST(FormatTest, Units) {
+  EXPECT_EQ(HumanDuration(absl::Milliseconds(850)), "850ms");
+  EXPECT_EQ(HumanDuration(absl::Seconds(12.34)), "12.3s");
+  EXPECT_EQ(HumanDuration(absl::Seconds(192)), "3m12s");
+  EXPECT_EQ(HumanDuration(absl::Minutes(62)), "1h02m");
+  EXPECT_EQ(HumanDuration(absl::Hours(51)), "2d03h");
+  EXPECT_EQ(HumanDuration(-absl::Seconds(1)), "0ms");
+  EXPECT_EQ(FormatBytes(512), "512 B");
+  EXPECT_EQ(FormatBytes(1536), "1.5 KiB");
+  EXPECT_EQ(FormatBytes(8LL << 20), "8.0 MiB");
+  EXPECT_EQ(FormatSeconds(0.0123), "12.30 ms");
+  EXPECT_EQ(FormatSeconds(2.5), "2.500 s");
+  EXPECT_EQ(FormatSeconds(0.00085), "850.0 us");
+  EXPECT_EQ(ProgressBar(5, 10, 10), "[#####-----]");
+  EXPECT_EQ(ProgressBar(20, 10, 4), "[####]");
+  EXPECT_EQ(ProgressBar(3, 0, 4), "[----]");
+  v1::JobProgress progress;
+  EXPECT_EQ(FormatProgress(progress), "-");
+  progress.set_steps_done(3);
+  progress.set_steps_total(7);
+  EXPECT_EQ(FormatProgress(progress), "3/7");
+  google::protobuf::Timestamp ts;
+  EXPECT_EQ(FormatTimestamp(ts), "-");
+  ts.set_seconds(1714564800);
+  EXPECT_EQ(FormatTimestamp(ts), "2024-05-01 12:00:00 UTC");
+}
+
+}  // namespace
+}  // namespace client
+}  // namespace dattn

@@ -1,0 +1,133 @@
+#include "engine/comm/tcp_store.h"
+
+#include <atomic>
+#include <thread>
+
+#include "gtest/gtest.h"
+
+namespace dattn {
+namespace comm {
+namespace {
+
+std::unique_ptr<TcpStoreServer> StartServer() {
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start();
+  EXPECT_TRUE(server.ok()) << server.status();
+  return std::move(*server);
+}
+
+std::unique_ptr<TcpStore> Client(const TcpStoreServer& server,
+                                 absl::Duration request_timeout = absl::Seconds(5)) {
+  absl::StatusOr<std::unique_ptr<TcpStore>> c =
+      TcpStore::Connect(server.address(), absl::Seconds(5), request_timeout);
+  EXPECT_TRUE(c.ok()) << c.status();
+  return std::move(*c);
+}
+
+TEST(TcpStoreTest, SetGetAcrossClients) {
+  auto server = StartServer();
+  EXPECT_GT(server->port(), 0);
+  auto a = Client(*server);
+  auto b = Client(*server);
+  ASSERT_TRUE(a->Set("k", std::string("v\0w", 3)).ok());
+  absl::StatusOr<std::string> got = b->Get("k", absl::Seconds(1));
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, std::string("v\0w", 3));
+  ASSERT_TRUE(b->Set("k", "second").ok());
+  EXPECT_EQ(*a->Get("k", absl::Seconds(1)), "second");
+}
+
+TEST(TcpStoreTest, GetWaitsForALaterSet) {
+  auto server = StartServer();
+  auto a = Client(*server);
+  auto b = Client(*server);
+  std::thread setter([&] {
+    absl::SleepFor(absl::Milliseconds(200));
+    EXPECT_TRUE(b->Set("late", "here").ok());
+  });
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::string> got = a->Get("late", absl::Seconds(5));
+  setter.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "here");
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(150));
+}
+
+TEST(TcpStoreTest, GetTimesOutNamingTheKey) {
+  auto server = StartServer();
+  auto a = Client(*server);
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::string> got = a->Get("missing-key", absl::Milliseconds(300));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(got.status())) << got.status();
+  EXPECT_NE(got.status().message().find("missing-key"), std::string::npos);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  // The connection is still usable after a wait that ran out.
+  EXPECT_TRUE(a->Set("x", "1").ok());
+}
+
+TEST(TcpStoreTest, WaitNamesEveryMissingKey) {
+  auto server = StartServer();
+  auto a = Client(*server);
+  ASSERT_TRUE(a->Set("present", "").ok());
+  absl::Status s = a->Wait({"present", "gone1", "gone2"}, absl::Milliseconds(200));
+  EXPECT_TRUE(absl::IsDeadlineExceeded(s)) << s;
+  EXPECT_NE(s.message().find("gone1"), std::string::npos) << s;
+  EXPECT_NE(s.message().find("gone2"), std::string::npos) << s;
+  EXPECT_EQ(s.message().find("\"present\""), std::string::npos) << s;
+  EXPECT_TRUE(a->Wait({"present"}, absl::Milliseconds(200)).ok());
+}
+
+TEST(TcpStoreTest, AddIsAtomicAcrossThreads) {
+  auto server = StartServer();
+  constexpr int kThreads = 4, kAdds = 50;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&] {
+      auto c = Client(*server);
+      for (int i = 0; i < kAdds; ++i) ASSERT_TRUE(c->Add("counter", 2).ok());
+    });
+  }
+  for (auto& t : threads) t.join();
+  auto c = Client(*server);
+  EXPECT_EQ(*c->Add("counter", 0), kThreads * kAdds * 2);
+  EXPECT_EQ(*c->Get("counter", absl::ZeroDuration()), std::to_string(kThreads * kAdds * 2));
+  ASSERT_TRUE(c->Set("text", "abc").ok());
+  EXPECT_TRUE(absl::IsInvalidArgument(c->Add("text", 1).status()));
+}
+
+TEST(TcpStoreTest, ServerShutdownWakesAWaiterWithAnError) {
+  auto server = StartServer();
+  auto a = Client(*server, absl::Milliseconds(500));
+  std::atomic<bool> done{false};
+  absl::Status result;
+  std::thread waiter([&] {
+    result = a->Get("never", absl::Seconds(30)).status();
+    done = true;
+  });
+  absl::SleepFor(absl::Milliseconds(100));
+  const absl::Time start = absl::Now();
+  server.reset();
+  waiter.join();
+  EXPECT_TRUE(done);
+  EXPECT_TRUE(absl::IsUnavailable(result)) << result;
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  // Later requests fail quickly too: the server is gone.
+  EXPECT_FALSE(a->Set("k", "v").ok());
+}
+
+TEST(TcpStoreTest, ConnectToNothingFailsWithinTheTimeout) {
+  int port = 0;
+  {
+    auto server = StartServer();
+    port = server->port();
+  }
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<TcpStore>> c =
+      TcpStore::Connect("127.0.0.1:" + std::to_string(port), absl::Milliseconds(200));
+  EXPECT_TRUE(absl::IsUnavailable(c.status())) << c.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_TRUE(absl::IsInvalidArgument(TcpStore::Connect("no-port").status()));
+}
+
+}  // namespace
+}  // namespace comm
+}  // namespace dattn

@@ -1,0 +1,798 @@
+#include "engine/cuda/cuda_backend.h"
+
+#include <cuda_runtime_api.h>
+
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cuda/attention_kernels.h"
+#include "engine/cuda/block_calls.h"
+#include "engine/cuda/cuda_status.h"
+#include "engine/cuda/cudnn_sdpa.h"
+#include "engine/cuda/dilated_kernels.h"
+#include "engine/validate.h"
+
+namespace dattn {
+namespace {
+
+using cuda::BlockCall;
+using cuda::CallPlan;
+using cuda::CallRole;
+using cuda::CallScratch;
+using cuda::ElemType;
+using cuda::HeadRule;
+using cuda::KernelTensor;
+using cuda::PlannedCall;
+using cuda::ProblemDims;
+using cuda::RowSpace;
+
+ElemType ElemTypeOf(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+      return ElemType::kF16;
+    case DType::kBFloat16:
+      return ElemType::kBF16;
+    default:
+      return ElemType::kF32;
+  }
+}
+
+bool IsHalfType(DType dtype) { return dtype == DType::kFloat16 || dtype == DType::kBFloat16; }
+
+// Restores the caller's current device when the call returns.
+class DeviceGuard {
+ public:
+  absl::Status Enter(int device) {
+    DATTN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous_));
+    if (previous_ != device) {
+      DATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
+      switched_ = true;
+    }
+    return absl::OkStatus();
+  }
+  ~DeviceGuard() {
+    if (switched_) cudaSetDevice(previous_);
+  }
+
+ private:
+  int previous_ = 0;
+  bool switched_ = false;
+};
+
+// The view of one call into a (B, N, H, D) tensor.
+KernelTensor ViewTensor(const TensorView& t, const BlockCall& call, int64_t seq_len) {
+  const cuda::CallView v = cuda::ViewOf(call, seq_len, t.strides[0], t.strides[1], t.strides[2]);
+  KernelTensor k;
+  k.ptr = static_cast<char*>(t.data) + v.base * static_cast<int64_t>(DTypeSize(t.dtype));
+  k.fold = v.fold;
+  k.head = v.head;
+  k.seq = v.seq;
+  k.chan = t.strides[3];
+  return k;
+}
+
+// A packed [count, heads, rows, D] scratch tile.
+KernelTensor TileTensor(void* ptr, const BlockCall& call, int64_t dim) {
+  KernelTensor k;
+  k.ptr = ptr;
+  k.seq = dim;
+  k.head = call.rows * dim;
+  k.fold = call.group.heads * call.rows * dim;
+  k.chan = 1;
+  return k;
+}
+
+cuda::CallRows CallRowsOf(const BlockCall& call) {
+  cuda::CallRows r;
+  r.first_flat = call.first_flat;
+  r.block_step = call.block_step;
+  r.rate = call.rate;
+  r.head0 = call.group.head0;
+  r.head_step = call.group.head_step;
+  r.count = call.count;
+  r.heads = call.group.heads;
+  r.rows = call.rows;
+  return r;
+}
+
+// cuDNN reads a view when channels are contiguous and every row starts 16-byte aligned.
+bool CudnnReadable(const KernelTensor& t) {
+  constexpr int64_t kElems16 = 8;  // 16 bytes of a 16-bit type
+  return t.chan == 1 && t.fold >= 0 && t.head >= 0 && t.seq >= 0 && t.fold % kElems16 == 0 &&
+         t.head % kElems16 == 0 && t.seq % kElems16 == 0 &&
+         reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0;
+}
+
+cuda::SdpaStrides StridesOf(const KernelTensor& t) { return {t.fold, t.head, t.seq}; }
+
+// Full segments of different batch items share one call only if every tensor's batch stride is N
+// times its position stride.
+bool CanFoldBatches(const std::vector<const TensorView*>& tensors, int64_t seq_len) {
+  for (const TensorView* t : tensors) {
+    if (t->strides[0] != seq_len * t->strides[1]) return false;
+  }
+  return true;
+}
+
+HeadRule GroupRule(const AttentionSpec& spec, int pattern, int64_t num_heads) {
+  const dilation::HeadRange range = dilation::GroupHeads(num_heads, spec.num_patterns(), pattern);
+  HeadRule rule;
+  rule.kind = HeadRule::kFixed;
+  rule.head_begin = range.begin;
+  rule.head_end = range.end;
+  rule.segment = spec.segment_lengths[pattern];
+  rule.rate = spec.dilation_rates[pattern];
+  rule.fixed_offset = pattern % rule.rate;
+  return rule;
+}
+
+HeadRule MixtureRule(const AttentionSpec& spec, int pattern, int64_t num_heads) {
+  HeadRule rule;
+  rule.kind = spec.head_offsets == HeadOffsets::kBlocked ? HeadRule::kBlocked : HeadRule::kModulo;
+  rule.head_begin = 0;
+  rule.head_end = num_heads;
+  rule.segment = spec.segment_lengths[pattern];
+  rule.rate = spec.dilation_rates[pattern];
+  rule.block = num_heads / rule.rate + (num_heads % rule.rate != 0 ? 1 : 0);
+  return rule;
+}
+
+// One call's device scratch, taken from the pool on the stream and given back on the stream.
+class Workspace {
+ public:
+  Workspace(cudaMemPool_t pool, cudaStream_t stream) : pool_(pool), stream_(stream) {}
+  ~Workspace() {
+    if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
+  }
+  absl::Status Reserve(int64_t bytes) {
+    if (bytes <= bytes_) return absl::OkStatus();
+    if (ptr_ != nullptr) {
+      DATTN_CUDA_RETURN_IF_ERROR(cudaFreeAsync(ptr_, stream_));
+      ptr_ = nullptr;
+      bytes_ = 0;
+    }
+    DATTN_CUDA_RETURN_IF_ERROR(
+        cudaMallocFromPoolAsync(&ptr_, static_cast<size_t>(bytes), pool_, stream_));
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
+  template <typename T>
+  T* At(int64_t offset) const {
+    return offset < 0 ? nullptr : reinterpret_cast<T*>(static_cast<char*>(ptr_) + offset);
+  }
+  int64_t bytes() const { return bytes_; }
+
+ private:
+  cudaMemPool_t pool_;
+  cudaStream_t stream_;
+  void* ptr_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
+// How one planned call runs: which engine and where its scratch lies.
+struct CallExec {
+  const PlannedCall* planned = nullptr;
+  bool cudnn = false;
+  CallScratch scratch;
+};
+
+class CudaBackendImpl : public CudaAttentionBackend {
+ public:
+  struct Resources {
+    cudaStream_t stream = nullptr;
+    bool owns_stream = false;
+    cudaStream_t aux = nullptr;
+    cudaEvent_t fork = nullptr;
+    cudaEvent_t join = nullptr;
+    cudaMemPool_t pool = nullptr;
+    std::unique_ptr<cuda::CudnnSdpa> sdpa;
+  };
+
+  CudaBackendImpl(const CudaBackendOptions& options, Resources r)
+      : options_(options),
+        caps_(CudaBackendCaps()),
+        stream_(r.stream),
+        owns_stream_(r.owns_stream),
+        aux_(r.aux),
+        fork_(r.fork),
+        join_(r.join),
+        pool_(r.pool),
+        sdpa_(std::move(r.sdpa)) {}
+
+  ~CudaBackendImpl() override {
+    DeviceGuard guard;
+    (void)guard.Enter(options_.device);
+    cudaStreamSynchronize(stream_);
+    cudaStreamSynchronize(aux_);
+    sdpa_.reset();
+    cudaMemPoolDestroy(pool_);
+    cudaEventDestroy(fork_);
+    cudaEventDestroy(join_);
+    for (cudaEvent_t e : pattern_events_) cudaEventDestroy(e);
+    cudaStreamDestroy(aux_);
+    if (owns_stream_) cudaStreamDestroy(stream_);
+  }
+
+  const BackendCaps& caps() const override { return caps_; }
+  cudaStream_t stream() const override { return stream_; }
+  cudaMemPool_t pool() const override { return pool_; }
+  std::string last_fallback_reason() const override { return last_fallback_; }
+
+  CudaBackendStats stats() const override {
+    CudaBackendStats s = stats_;
+    if (sdpa_ != nullptr) {
+      s.cudnn_plans_built = sdpa_->counters().plans_built;
+      s.max_library_workspace = sdpa_->counters().max_workspace;
+    }
+    return s;
+  }
+
+  absl::Status Synchronize() override {
+    DeviceGuard guard;
+    DATTN_RETURN_IF_ERROR(guard.Enter(options_.device));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+
+  absl::Status TrimPool() override {
+    DATTN_RETURN_IF_ERROR(Synchronize());
+    DATTN_CUDA_RETURN_IF_ERROR(cudaMemPoolTrimTo(pool_, 0));
+    return absl::OkStatus();
+  }
+
+  absl::Status Forward(const AttentionSpec& spec, const ForwardArgs& args) override {
+    DATTN_RETURN_IF_ERROR(ValidateForward(spec, args, caps_));
+    DATTN_RETURN_IF_ERROR(CheckDevice(args.q));
+    DeviceGuard guard;
+    DATTN_RETURN_IF_ERROR(guard.Enter(options_.device));
+
+    const ProblemDims dims{args.q.shape[0], args.q.shape[1], args.q.shape[2], args.q.shape[3]};
+    const DType dtype = args.q.dtype;
+    const bool cudnn = sdpa_ != nullptr && IsHalfType(dtype);
+    cuda::PlanInputs in;
+    in.dtype = dtype;
+    in.backward = false;
+    in.use_cudnn = cudnn;
+    in.fold_batches = CanFoldBatches({&args.q, &args.k, &args.v, &args.out}, dims.seq_len);
+    in.workspace_limit = options_.workspace_limit_bytes;
+    const CallPlan plan = cuda::PlanBlockCalls(spec, dims, in);
+    const float scale = static_cast<float>(spec.ScaleFor(dims.head_dim));
+    const int g = spec.num_patterns();
+    const bool grouped = spec.mode == AttentionMode::kGrouped;
+
+    // Grouped mode's 1/G goes into the fused call (probabilities scaled before P V) when cuDNN
+    // takes that graph; otherwise a pass over the selected rows applies it.
+    float p_scale = 1.0f;
+    if (grouped && g > 1 && options_.fuse_group_scale) {
+      if (cudnn && p_scale_state_ == PScale::kUnknown && !plan.calls.empty()) {
+        ProbePScale(spec, args, dims, plan.calls.front(), scale, 1.0f / g);
+      }
+      if (p_scale_state_ != PScale::kUnsupported) p_scale = 1.0f / g;
+    }
+    const bool scale_pass = grouped && g > 1 && p_scale == 1.0f;
+
+    // Engines and scratch of every call first (plans are built here, on the host), so that the
+    // workspace is taken once, at its final size.
+    std::vector<CallExec> execs;
+    int64_t ws_bytes = plan.workspace_bytes;
+    for (const PlannedCall& pc : plan.calls) {
+      CallExec e;
+      e.planned = &pc;
+      cuda::SdpaForwardArgs a = SdpaForward(spec, args, dims, pc, scale, p_scale);
+      if (cudnn && ForwardReadable(args, dims, pc)) {
+        absl::StatusOr<int64_t> library = sdpa_->ForwardWorkspace(a);
+        if (library.ok()) {
+          e.cudnn = true;
+          e.scratch = cuda::LayoutCallScratch(pc.call, pc.role, false, true, dtype, dims.head_dim,
+                                              *library);
+        } else {
+          NoteFallback(library.status());
+        }
+      }
+      if (!e.cudnn) {
+        e.scratch =
+            cuda::LayoutCallScratch(pc.call, pc.role, false, false, dtype, dims.head_dim, 0);
+      }
+      ws_bytes = std::max(ws_bytes, e.scratch.total);
+      execs.push_back(e);
+    }
+    Workspace ws(pool_, stream_);
+    DATTN_RETURN_IF_ERROR(ws.Reserve(ws_bytes));
+
+    const RowSpace space{dims.batch, dims.seq_len, dims.num_heads, dims.head_dim};
+    const ElemType et = ElemTypeOf(dtype);
+    float* lse = static_cast<float*>(args.lse.data);
+    // The fills touch only rows (and lse entries) the fused calls do not write, so they run on the
+    // second stream meanwhile; mixture merges read them, so they join before the first merge.
+    cudaStream_t fills = options_.overlap_fills ? aux_ : stream_;
+    DATTN_RETURN_IF_ERROR(Fork(fills));
+    if (grouped) {
+      for (int i = 0; i < g; ++i) {
+        const HeadRule rule = GroupRule(spec, i, dims.num_heads);
+        if (!scale_pass) {
+          DATTN_CUDA_RETURN_IF_ERROR(
+              cuda::LaunchFillRows(args.out.data, et, space, rule, false, 1.0f, fills));
+        }
+        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchFillLse(lse, space, rule, fills));
+      }
+    } else {
+      // Rows the directly written pattern does not select start empty; the others merge in.
+      const HeadRule rule = MixtureRule(spec, plan.direct_pattern, dims.num_heads);
+      DATTN_CUDA_RETURN_IF_ERROR(
+          cuda::LaunchFillRows(args.out.data, et, space, rule, false, 1.0f, fills));
+      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchFillLse(lse, space, rule, fills));
+    }
+    bool joined = false;
+    for (size_t i = 0; i < execs.size(); ++i) {
+      const CallExec& e = execs[i];
+      if (!joined && e.planned->role == CallRole::kMerge) {
+        DATTN_RETURN_IF_ERROR(Join(fills));
+        joined = true;
+      }
+      DATTN_RETURN_IF_ERROR(EnqueueForward(spec, args, dims, e, scale, p_scale, ws));
+      const int pattern = e.planned->call.pattern;
+      const bool pattern_done =
+          i + 1 == execs.size() || execs[i + 1].planned->call.pattern != pattern;
+      if (scale_pass && pattern_done) {
+        // The pattern's fused calls wrote A; grouped mode wants A / G there and 0 on the group's
+        // other rows. That pass runs on the fill stream once this pattern is done, meanwhile the
+        // next patterns attend (patterns come largest first, so the last pass is the smallest).
+        DATTN_RETURN_IF_ERROR(After(fills, pattern));
+        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchFillRows(
+            args.out.data, et, space, GroupRule(spec, pattern, dims.num_heads), true, 1.0f / g,
+            fills));
+      }
+    }
+    if (scale_pass) {
+      // Groups whose pattern selected nothing had no call; their rows are all zero.
+      std::vector<bool> seen(g, false);
+      for (const CallExec& e : execs) seen[e.planned->call.pattern] = true;
+      for (int i = 0; i < g; ++i) {
+        if (seen[i]) continue;
+        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchFillRows(
+            args.out.data, et, space, GroupRule(spec, i, dims.num_heads), false, 1.0f, fills));
+      }
+      ++stats_.p_scale_passes;
+    }
+    if (!joined) DATTN_RETURN_IF_ERROR(Join(fills));
+    stats_.last_workspace_bytes = ws.bytes();
+    if (options_.synchronize) return Synchronize();
+    return absl::OkStatus();
+  }
+
+  absl::Status Backward(const AttentionSpec& spec, const BackwardArgs& args) override {
+    DATTN_RETURN_IF_ERROR(ValidateBackward(spec, args, caps_));
+    DATTN_RETURN_IF_ERROR(CheckDevice(args.q));
+    DeviceGuard guard;
+    DATTN_RETURN_IF_ERROR(guard.Enter(options_.device));
+
+    const ProblemDims dims{args.q.shape[0], args.q.shape[1], args.q.shape[2], args.q.shape[3]};
+    const DType dtype = args.q.dtype;
+    const bool cudnn = sdpa_ != nullptr && IsHalfType(dtype);
+    cuda::PlanInputs in;
+    in.dtype = dtype;
+    in.backward = true;
+    in.use_cudnn = cudnn;
+    in.fold_batches =
+        CanFoldBatches({&args.q, &args.k, &args.v, &args.out, &args.dout, &args.dq, &args.dk,
+                        &args.dv},
+                       dims.seq_len);
+    in.workspace_limit = options_.workspace_limit_bytes;
+    const CallPlan plan = cuda::PlanBlockCalls(spec, dims, in);
+    const int g = spec.num_patterns();
+    const bool grouped = spec.mode == AttentionMode::kGrouped;
+    const bool scaled_out = cuda::NeedsScaledOut(spec, true, cudnn);
+
+    std::vector<CallExec> execs;
+    int64_t ws_bytes = plan.workspace_bytes;
+    for (const PlannedCall& pc : plan.calls) {
+      CallExec e;
+      e.planned = &pc;
+      if (cudnn && BackwardReadable(args, dims, pc)) {
+        absl::StatusOr<int64_t> library = sdpa_->BackwardWorkspace(SdpaBackward(spec, args, dims, pc));
+        if (library.ok()) {
+          e.cudnn = true;
+          e.scratch = cuda::LayoutCallScratch(pc.call, pc.role, true, true, dtype, dims.head_dim,
+                                              *library, scaled_out);
+        } else {
+          NoteFallback(library.status());
+        }
+      }
+      if (!e.cudnn) {
+        e.scratch =
+            cuda::LayoutCallScratch(pc.call, pc.role, true, false, dtype, dims.head_dim, 0);
+      }
+      ws_bytes = std::max(ws_bytes, e.scratch.total);
+      execs.push_back(e);
+    }
+    Workspace ws(pool_, stream_);
+    DATTN_RETURN_IF_ERROR(ws.Reserve(ws_bytes));
+
+    const RowSpace space{dims.batch, dims.seq_len, dims.num_heads, dims.head_dim};
+    const ElemType et = ElemTypeOf(dtype);
+    void* grads[3] = {args.dq.data, args.dk.data, args.dv.data};
+    // Rows of dq, dk, dv that the directly written calls leave alone are cleared meanwhile on the
+    // second stream; accumulation (mixture) joins first.
+    cudaStream_t fills = options_.overlap_fills ? aux_ : stream_;
+    DATTN_RETURN_IF_ERROR(Fork(fills));
+    for (int i = 0; i < (grouped ? g : 1); ++i) {
+      const HeadRule rule = grouped ? GroupRule(spec, i, dims.num_heads)
+                                    : MixtureRule(spec, plan.direct_pattern, dims.num_heads);
+      for (void* grad : grads) {
+        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchFillRows(grad, et, space, rule, false, 1.0f, fills));
+      }
+    }
+    bool joined = false;
+    for (const CallExec& e : execs) {
+      if (!joined && e.planned->role == CallRole::kMerge) {
+        DATTN_RETURN_IF_ERROR(Join(fills));
+        joined = true;
+      }
+      DATTN_RETURN_IF_ERROR(EnqueueBackward(spec, args, dims, e, ws));
+    }
+    if (!joined) DATTN_RETURN_IF_ERROR(Join(fills));
+    stats_.last_workspace_bytes = ws.bytes();
+    if (options_.synchronize) return Synchronize();
+    return absl::OkStatus();
+  }
+
+ private:
+  enum class PScale { kUnknown, kSupported, kUnsupported };
+
+  absl::Status CheckDevice(const TensorView& q) const {
+    if (q.device_index != options_.device) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("q is on cuda:", q.device_index, " but this CUDA backend runs on cuda:",
+                       options_.device, "; create one backend per device"));
+    }
+    return absl::OkStatus();
+  }
+
+  // Orders `fills` after the work enqueued so far on the main stream.
+  absl::Status Fork(cudaStream_t fills) {
+    if (fills == stream_) return absl::OkStatus();
+    DATTN_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork_, stream_));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(fills, fork_, 0));
+    return absl::OkStatus();
+  }
+
+  // Orders `fills` after the work enqueued so far on the main stream, with the event of `pattern`
+  // (one event per pattern, so that the fill stream can wait on several points of one call).
+  absl::Status After(cudaStream_t fills, int pattern) {
+    if (fills == stream_) return absl::OkStatus();
+    while (static_cast<int>(pattern_events_.size()) <= pattern) {
+      cudaEvent_t e = nullptr;
+      DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      pattern_events_.push_back(e);
+    }
+    DATTN_CUDA_RETURN_IF_ERROR(cudaEventRecord(pattern_events_[pattern], stream_));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(fills, pattern_events_[pattern], 0));
+    return absl::OkStatus();
+  }
+
+  // Orders the main stream after the work enqueued so far on `fills`.
+  absl::Status Join(cudaStream_t fills) {
+    if (fills == stream_) return absl::OkStatus();
+    DATTN_CUDA_RETURN_IF_ERROR(cudaEventRecord(join_, fills));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, join_, 0));
+    return absl::OkStatus();
+  }
+
+  void NoteFallback(const absl::Status& why) {
+    ++stats_.cudnn_fallbacks;
+    last_fallback_ = std::string(why.message());
+  }
+
+  bool ForwardReadable(const ForwardArgs& args, const ProblemDims& dims, const PlannedCall& pc) {
+    const BlockCall& c = pc.call;
+    return CudnnReadable(ViewTensor(args.q, c, dims.seq_len)) &&
+           CudnnReadable(ViewTensor(args.k, c, dims.seq_len)) &&
+           CudnnReadable(ViewTensor(args.v, c, dims.seq_len)) &&
+           (pc.role == CallRole::kMerge || CudnnReadable(ViewTensor(args.out, c, dims.seq_len)));
+  }
+
+  bool BackwardReadable(const BackwardArgs& args, const ProblemDims& dims, const PlannedCall& pc) {
+    const BlockCall& c = pc.call;
+    bool ok = true;
+    for (const TensorView* t : {&args.q, &args.k, &args.v, &args.out, &args.dout}) {
+      ok = ok && CudnnReadable(ViewTensor(*t, c, dims.seq_len));
+    }
+    if (pc.role == CallRole::kDirect) {
+      for (const TensorView* t : {&args.dq, &args.dk, &args.dv}) {
+        ok = ok && CudnnReadable(ViewTensor(*t, c, dims.seq_len));
+      }
+    }
+    return ok;
+  }
+
+  // Whether cuDNN takes the forward graph with the probabilities scaled by 1/G; remembered for the
+  // life of the backend (it depends on the cuDNN version, not on shapes).
+  void ProbePScale(const AttentionSpec& spec, const ForwardArgs& args, const ProblemDims& dims,
+                   const PlannedCall& pc, float scale, float p_scale) {
+    if (!ForwardReadable(args, dims, pc)) return;
+    cuda::SdpaForwardArgs a = SdpaForward(spec, args, dims, pc, scale, p_scale);
+    if (sdpa_->ForwardWorkspace(a).ok()) {
+      p_scale_state_ = PScale::kSupported;
+      return;
+    }
+    a.p_scale = 1.0f;
+    if (sdpa_->ForwardWorkspace(a).ok()) p_scale_state_ = PScale::kUnsupported;
+  }
+
+  // The cuDNN arguments of a forward call, without the scratch pointers (stats, tile).
+  cuda::SdpaForwardArgs SdpaForward(const AttentionSpec& spec, const ForwardArgs& args,
+                                    const ProblemDims& dims, const PlannedCall& pc, float scale,
+                                    float p_scale) const {
+    const BlockCall& c = pc.call;
+    const KernelTensor q = ViewTensor(args.q, c, dims.seq_len);
+    const KernelTensor k = ViewTensor(args.k, c, dims.seq_len);
+    const KernelTensor v = ViewTensor(args.v, c, dims.seq_len);
+    const KernelTensor o = pc.role == CallRole::kMerge ? TileTensor(nullptr, c, dims.head_dim)
+                                                       : ViewTensor(args.out, c, dims.seq_len);
+    cuda::SdpaForwardArgs a;
+    a.shape = {args.q.dtype, c.count, c.group.heads, c.rows, dims.head_dim, spec.causal};
+    a.q_strides = StridesOf(q);
+    a.k_strides = StridesOf(k);
+    a.v_strides = StridesOf(v);
+    a.o_strides = StridesOf(o);
+    a.q = q.ptr;
+    a.k = k.ptr;
+    a.v = v.ptr;
+    a.o = o.ptr;
+    a.scale = scale;
+    a.p_scale = p_scale;
+    return a;
+  }
+
+  // The cuDNN arguments of a backward call, without the scratch pointers.
+  cuda::SdpaBackwardArgs SdpaBackward(const AttentionSpec& spec, const BackwardArgs& args,
+                                      const ProblemDims& dims, const PlannedCall& pc) const {
+    const BlockCall& c = pc.call;
+    const bool merge = pc.role == CallRole::kMerge;
+    const KernelTensor packed = TileTensor(nullptr, c, dims.head_dim);
+    cuda::SdpaBackwardArgs a;
+    a.shape = {args.q.dtype, c.count, c.group.heads, c.rows, dims.head_dim, spec.causal};
+    const KernelTensor q = ViewTensor(args.q, c, dims.seq_len);
+    const KernelTensor k = ViewTensor(args.k, c, dims.seq_len);
+    const KernelTensor v = ViewTensor(args.v, c, dims.seq_len);
+    const KernelTensor o = ViewTensor(args.out, c, dims.seq_len);
+    const KernelTensor d_o = ViewTensor(args.dout, c, dims.seq_len);
+    a.q_strides = StridesOf(q);
+    a.k_strides = StridesOf(k);
+    a.v_strides = StridesOf(v);
+    a.o_strides = cuda::NeedsScaledOut(spec, true, true) ? StridesOf(packed) : StridesOf(o);
+    a.do_strides = StridesOf(d_o);
+    a.dq_strides = merge ? StridesOf(packed) : StridesOf(ViewTensor(args.dq, c, dims.seq_len));
+    a.dk_strides = merge ? StridesOf(packed) : StridesOf(ViewTensor(args.dk, c, dims.seq_len));
+    a.dv_strides = merge ? StridesOf(packed) : StridesOf(ViewTensor(args.dv, c, dims.seq_len));
+    a.q = q.ptr;
+    a.k = k.ptr;
+    a.v = v.ptr;
+    a.o = o.ptr;
+    a.dout = d_o.ptr;
+    a.scale = static_cast<float>(spec.ScaleFor(dims.head_dim));
+    return a;
+  }
+
+  absl::Status EnqueueForward(const AttentionSpec& spec, const ForwardArgs& args,
+                              const ProblemDims& dims, const CallExec& e, float scale,
+                              float p_scale, Workspace& ws) {
+    const PlannedCall& pc = *e.planned;
+    const BlockCall& c = pc.call;
+    const bool merge = pc.role == CallRole::kMerge;
+    const DType dtype = args.q.dtype;
+    const RowSpace space{dims.batch, dims.seq_len, dims.num_heads, dims.head_dim};
+    const cuda::CallRows rows = CallRowsOf(c);
+    const CallScratch& s = e.scratch;
+    float* lse = static_cast<float*>(args.lse.data);
+    const KernelTensor tile = TileTensor(ws.At<void>(s.tile), c, dims.head_dim);
+    if (e.cudnn) {
+      cuda::SdpaForwardArgs a = SdpaForward(spec, args, dims, pc, scale, p_scale);
+      if (merge) a.o = tile.ptr;
+      a.stats = ws.At<float>(s.stats);
+      DATTN_RETURN_IF_ERROR(sdpa_->Forward(a, ws.At<void>(s.library)));
+      ++stats_.cudnn_calls;
+    } else {
+      cuda::KernelForwardArgs a;
+      a.type = ElemTypeOf(dtype);
+      a.q = ViewTensor(args.q, c, dims.seq_len);
+      a.k = ViewTensor(args.k, c, dims.seq_len);
+      a.v = ViewTensor(args.v, c, dims.seq_len);
+      a.o = merge ? tile : ViewTensor(args.out, c, dims.seq_len);
+      a.stats = ws.At<float>(s.stats);
+      a.count = c.count;
+      a.heads = c.group.heads;
+      a.rows = c.rows;
+      a.head_dim = dims.head_dim;
+      a.scale = scale;
+      a.p_scale = p_scale;
+      a.causal = spec.causal;
+      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAttentionForward(a, stream_));
+      ++stats_.kernel_calls;
+    }
+    if (merge) {
+      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchMergeTile(tile.ptr, ws.At<float>(s.stats),
+                                                       args.out.data, lse, ElemTypeOf(dtype),
+                                                       rows, space, stream_));
+    } else {
+      DATTN_CUDA_RETURN_IF_ERROR(
+          cuda::LaunchScatterStats(ws.At<float>(s.stats), lse, rows, space, stream_));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status EnqueueBackward(const AttentionSpec& spec, const BackwardArgs& args,
+                               const ProblemDims& dims, const CallExec& e, Workspace& ws) {
+    const PlannedCall& pc = *e.planned;
+    const BlockCall& c = pc.call;
+    const bool merge = pc.role == CallRole::kMerge;
+    const bool grouped = spec.mode == AttentionMode::kGrouped;
+    const int g = spec.num_patterns();
+    const DType dtype = args.q.dtype;
+    const ElemType et = ElemTypeOf(dtype);
+    const int64_t esize = static_cast<int64_t>(DTypeSize(dtype));
+    const RowSpace space{dims.batch, dims.seq_len, dims.num_heads, dims.head_dim};
+    const cuda::CallRows rows = CallRowsOf(c);
+    const CallScratch& s = e.scratch;
+    const int64_t tile_bytes = c.count * c.group.heads * c.rows * dims.head_dim * esize;
+    KernelTensor grads[3] = {ViewTensor(args.dq, c, dims.seq_len),
+                             ViewTensor(args.dk, c, dims.seq_len),
+                             ViewTensor(args.dv, c, dims.seq_len)};
+    if (merge) {
+      for (int i = 0; i < 3; ++i) {
+        grads[i] = TileTensor(ws.At<char>(s.tile) + i * tile_bytes, c, dims.head_dim);
+      }
+    }
+    // Grouped: out = A / G. P is normalised by lse + log G (so dV comes out for A / G), and the row
+    // sums rowsum(dout * o) must be taken with o = A = G * out: cuDNN reads a G * out tile, our
+    // kernel scales its row sums by G. Mixture: P is normalised by the row's total lse, o = out.
+    const float lse_add = grouped ? std::log(static_cast<float>(g)) : 0.0f;
+    DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchGatherStats(static_cast<const float*>(args.lse.data),
+                                                       ws.At<float>(s.stats), lse_add, rows,
+                                                       space, stream_));
+    if (e.cudnn) {
+      cuda::SdpaBackwardArgs a = SdpaBackward(spec, args, dims, pc);
+      if (s.out_tile >= 0) {
+        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchGatherRows(args.out.data, ws.At<void>(s.out_tile),
+                                                          static_cast<float>(g), et, rows, space,
+                                                          stream_));
+        a.o = ws.At<void>(s.out_tile);
+      }
+      a.dq = grads[0].ptr;
+      a.dk = grads[1].ptr;
+      a.dv = grads[2].ptr;
+      a.stats = ws.At<float>(s.stats);
+      a.delta_scale = 1.0f;
+      a.softmax_sum = ws.At<float>(s.delta);
+      a.dq_accum = ws.At<float>(s.dq_accum);
+      DATTN_RETURN_IF_ERROR(sdpa_->Backward(a, ws.At<void>(s.library)));
+      ++stats_.cudnn_calls;
+    } else {
+      cuda::KernelBackwardArgs a;
+      a.type = et;
+      a.q = ViewTensor(args.q, c, dims.seq_len);
+      a.k = ViewTensor(args.k, c, dims.seq_len);
+      a.v = ViewTensor(args.v, c, dims.seq_len);
+      a.o = ViewTensor(args.out, c, dims.seq_len);
+      a.dout = ViewTensor(args.dout, c, dims.seq_len);
+      a.dq = grads[0];
+      a.dk = grads[1];
+      a.dv = grads[2];
+      a.stats = ws.At<float>(s.stats);
+      a.delta = ws.At<float>(s.delta);
+      a.count = c.count;
+      a.heads = c.group.heads;
+      a.rows = c.rows;
+      a.head_dim = dims.head_dim;
+      a.scale = static_cast<float>(spec.ScaleFor(dims.head_dim));
+      a.delta_scale = grouped ? static_cast<float>(g) : 1.0f;
+      a.causal = spec.causal;
+      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAttentionBackward(a, stream_));
+      ++stats_.kernel_calls;
+    }
+    if (merge) {
+      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAccumulateTiles(ws.At<void>(s.tile), args.dq.data,
+                                                             args.dk.data, args.dv.data, et, rows,
+                                                             space, stream_));
+    }
+    return absl::OkStatus();
+  }
+
+  const CudaBackendOptions options_;
+  const BackendCaps caps_;
+  cudaStream_t stream_;
+  bool owns_stream_;
+  cudaStream_t aux_;
+  cudaEvent_t fork_;
+  cudaEvent_t join_;
+  cudaMemPool_t pool_;
+  std::unique_ptr<cuda::CudnnSdpa> sdpa_;
+  CudaBackendStats stats_;
+  PScale p_scale_state_ = PScale::kUnknown;
+  std::string last_fallback_;
+  std::vector<cudaEvent_t> pattern_events_;
+};
+
+}  // namespace
+
+BackendCaps CudaBackendCaps() {
+  BackendCaps caps;
+  caps.name = "cuda";
+  caps.device = Device::kCuda;
+  caps.dtypes = {DType::kFloat16, DType::kBFloat16, DType::kFloat32};
+  for (int64_t d = 8; d <= 256; d += 8) caps.head_dims.push_back(d);
+  return caps;
+}
+
+absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> NewCudaBackend(
+    const CudaBackendOptions& options) {
+  int count = 0;
+  const cudaError_t probe = cudaGetDeviceCount(&count);
+  if (probe != cudaSuccess || count == 0) {
+    return absl::UnavailableError(absl::StrCat(
+        "no CUDA device: cudaGetDeviceCount returned ", static_cast<int>(probe), " (",
+        cudaGetErrorName(probe), ": ", cudaGetErrorString(probe), "), ", count, " devices"));
+  }
+  if (options.device < 0 || options.device >= count) {
+    return absl::UnavailableError(absl::StrCat("CUDA device ", options.device,
+                                               " does not exist; this machine has ", count));
+  }
+  cudaDeviceProp props;
+  DATTN_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, options.device));
+  if (props.major < 9) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("CUDA device ", options.device, " (", props.name, ") has compute capability ",
+                     props.major, ".", props.minor,
+                     "; the CUDA backend is built for Hopper (9.0) and newer"));
+  }
+  DeviceGuard guard;
+  DATTN_RETURN_IF_ERROR(guard.Enter(options.device));
+  // Everything created so far is released if a later step fails.
+  struct Partial {
+    CudaBackendImpl::Resources r;
+    ~Partial() {
+      r.sdpa.reset();
+      if (r.pool != nullptr) cudaMemPoolDestroy(r.pool);
+      if (r.fork != nullptr) cudaEventDestroy(r.fork);
+      if (r.join != nullptr) cudaEventDestroy(r.join);
+      if (r.aux != nullptr) cudaStreamDestroy(r.aux);
+      if (r.owns_stream && r.stream != nullptr) cudaStreamDestroy(r.stream);
+    }
+  } partial;
+  CudaBackendImpl::Resources& r = partial.r;
+  r.stream = options.stream;
+  if (r.stream == nullptr) {
+    // A blocking stream: ordered after work on the legacy default stream (cudaMemcpy, cudaMemset),
+    // as callers that fill their tensors there expect.
+    DATTN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&r.stream, cudaStreamDefault));
+    r.owns_stream = true;
+  }
+  DATTN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&r.aux, cudaStreamDefault));
+  DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.fork, cudaEventDisableTiming));
+  DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.join, cudaEventDisableTiming));
+  cudaMemPoolProps pool_props = {};
+  pool_props.allocType = cudaMemAllocationTypePinned;
+  pool_props.location.type = cudaMemLocationTypeDevice;
+  pool_props.location.id = options.device;
+  DATTN_CUDA_RETURN_IF_ERROR(cudaMemPoolCreate(&r.pool, &pool_props));
+  // Keep freed workspace for the next call instead of returning it at every synchronization.
+  uint64_t keep = std::numeric_limits<uint64_t>::max();
+  DATTN_CUDA_RETURN_IF_ERROR(
+      cudaMemPoolSetAttribute(r.pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  if (options.use_cudnn) {
+    absl::StatusOr<std::unique_ptr<cuda::CudnnSdpa>> made = cuda::CudnnSdpa::Create(r.stream);
+    if (!made.ok()) return made.status();
+    r.sdpa = std::move(*made);
+  }
+  auto backend = std::unique_ptr<CudaAttentionBackend>(new CudaBackendImpl(options, std::move(r)));
+  r = CudaBackendImpl::Resources();  // now owned by the backend
+  return backend;
+}
+
+}  // namespace dattn

@@ -1,0 +1,95 @@
+// The CUDA backend: dilated attention on one GPU, behind the same AttentionBackend API as the CPU
+// backend (engine/attention.h, shared/ENGINE_SPEC.md).
+//
+// fp16 and bf16 run through cuDNN's fused flash attention on strided views of the dilated rows (no
+// gather, no copy of q, k, v; out, lse and the gradients are written in place); fp32 runs through our
+// own tiled kernel with TF32 off. D must be a multiple of 8, at most 256 (BackendCaps lists them).
+// A call that cuDNN cannot run (a layout it cannot read, a graph no engine takes) falls back to our
+// own kernel for that call, which is correct but slow; CudaBackendStats counts it.
+//
+// Context: a backend instance owns its cuDNN handle, a plan cache, a stream-ordered memory pool for
+// workspace, a second stream for fills that overlap the fused calls (always joined back into the
+// main stream with events) and (unless given one) its main CUDA stream. There is no global state: one instance per thread
+// is safe; one instance must not be used by two threads at once.
+//
+// Asynchrony: Forward and Backward validate, then enqueue their work on the instance's stream and
+// return without synchronizing the device (unless CudaBackendOptions::synchronize). The caller keeps
+// every tensor alive and unmodified until the stream has passed the work (Synchronize(), or an event
+// or a stream the caller orders after stream()). A device error can therefore surface at a later
+// call or at Synchronize(). Workspace is taken from the pool on the stream and returned on the
+// stream; the pool keeps freed memory for the next call (TrimPool() returns it to the device).
+// A call's device memory beyond its tensors is what PlanCudaAttentionMemory (cuda_memory_plan.h)
+// reports, within the cuDNN plan workspace it cannot know before the plan exists.
+#ifndef DATTN_ENGINE_CUDA_CUDA_BACKEND_H_
+#define DATTN_ENGINE_CUDA_CUDA_BACKEND_H_
+
+#include <cuda_runtime_api.h>
+
+#include <cstdint>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "engine/attention.h"
+
+namespace dattn {
+
+struct CudaBackendOptions {
+  int device = 0;                  // CUDA ordinal every tensor of a call must live on
+  // Not owned. nullptr: the backend creates and owns a blocking stream (ordered after the legacy
+  // default stream, like cudaMemcpy). A caller's non-blocking stream orders nothing implicitly:
+  // the caller then orders its producers of q, k, v before the call.
+  cudaStream_t stream = nullptr;
+  // Bytes of scratch one fused call may use; calls are cut into chunks to fit. 0: the default,
+  // max(5% of one (B, N, H, D) input tensor, 32 MiB) forward and max(5%, 256 MiB) backward (cuDNN's
+  // backward accumulates dQ in fp32; cutting it finer costs more time than the memory is worth).
+  int64_t workspace_limit_bytes = 0;
+  bool use_cudnn = true;           // false: our own kernel for every dtype (tests, fallback)
+  // Grouped mode: scale the probabilities by 1/G inside the fused call (when cuDNN takes that graph)
+  // instead of a pass over each pattern's rows overlapped with the next pattern's attention. Off by
+  // default: cuDNN 9.19 runs that graph 5-13% slower on an H100 (docs/PERFORMANCE.md).
+  bool fuse_group_scale = false;
+  // Clear unselected rows on a second stream of the backend, concurrently with the fused calls
+  // (they touch disjoint rows); joined back into stream() before the call's work ends.
+  bool overlap_fills = true;
+  bool synchronize = false;        // true: each call waits for its work and reports device errors
+};
+
+struct CudaBackendStats {
+  int64_t cudnn_calls = 0;          // fused attention calls run by cuDNN
+  int64_t kernel_calls = 0;         // fused attention calls run by our own kernel
+  int64_t cudnn_fallbacks = 0;      // calls cuDNN could not take that our kernel ran instead
+  int64_t cudnn_plans_built = 0;
+  int64_t p_scale_passes = 0;       // grouped forwards whose 1/G needed a separate pass
+  int64_t max_library_workspace = 0;  // the largest workspace a cuDNN plan asked for
+  int64_t last_workspace_bytes = 0;  // the workspace the last call allocated
+};
+
+class CudaAttentionBackend : public AttentionBackend {
+ public:
+  // The stream every call enqueues on.
+  virtual cudaStream_t stream() const = 0;
+  // Waits for the work enqueued so far; returns the first device error.
+  virtual absl::Status Synchronize() = 0;
+  // Returns the memory the workspace pool keeps between calls to the device (synchronizes).
+  virtual absl::Status TrimPool() = 0;
+  // The workspace pool (for measurement: cudaMemPoolAttrReservedMemHigh and friends).
+  virtual cudaMemPool_t pool() const = 0;
+  virtual CudaBackendStats stats() const = 0;
+  // A note of the last failure that made a call fall back to our kernel ("" if none).
+  virtual std::string last_fallback_reason() const = 0;
+};
+
+// Errors: UNAVAILABLE when there is no CUDA device or `device` does not exist (the message carries
+// cudaGetDeviceCount's answer); FAILED_PRECONDITION for a device older than compute capability 9.0
+// (the kernels are built for Hopper) or a cuDNN older than 9; INTERNAL for other CUDA/cuDNN errors.
+absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> NewCudaBackend(
+    const CudaBackendOptions& options = {});
+
+// The capabilities NewCudaBackend's backends report (no device needed): fp16, bf16, fp32;
+// D in {8, 16, ..., 256}.
+BackendCaps CudaBackendCaps();
+
+}  // namespace dattn
+
+#endif  // DATTN_ENGINE_CUDA_CUDA_BACKEND_H_

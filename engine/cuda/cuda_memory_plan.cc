@@ -1,0 +1,63 @@
+#include "engine/cuda/cuda_memory_plan.h"
+
+#include <algorithm>
+#include <limits>
+
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "engine/cuda/block_calls.h"
+
+namespace dattn {
+namespace cuda {
+namespace {
+
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+
+bool MulOverflows(int64_t a, int64_t b, int64_t* out) { return __builtin_mul_overflow(a, b, out); }
+
+}  // namespace
+
+absl::StatusOr<CudaMemoryPlan> PlanCudaMemory(const AttentionSpec& spec, int64_t batch,
+                                              int64_t seq_len, int64_t num_heads,
+                                              int64_t head_dim, DType dtype, bool backward,
+                                              int64_t workspace_limit_bytes) {
+  if (batch < 1 || seq_len < 1 || num_heads < 1 || head_dim < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA memory plan needs a non-empty shape, got B=",
+                                                   batch, " N=", seq_len, " H=", num_heads,
+                                                   " D=", head_dim));
+  }
+  if (dtype == DType::kFloat64) {
+    return absl::InvalidArgumentError(
+        "CUDA memory plan: the CUDA backend runs fp16, bf16 and fp32, not fp64");
+  }
+  int64_t rows = 0, elems = 0, tensor = 0, lse = 0;
+  if (MulOverflows(batch, seq_len, &rows) || MulOverflows(rows, num_heads, &rows) ||
+      MulOverflows(rows, head_dim, &elems) ||
+      MulOverflows(elems, static_cast<int64_t>(DTypeSize(dtype)), &tensor) ||
+      MulOverflows(rows, 4, &lse) || tensor > kMax / 8) {
+    return absl::InvalidArgumentError(absl::StrCat("CUDA memory plan: byte counts of B=", batch,
+                                                   " N=", seq_len, " H=", num_heads, " D=",
+                                                   head_dim, " overflow int64"));
+  }
+  const ProblemDims dims{batch, seq_len, num_heads, head_dim};
+  PlanInputs in;
+  in.dtype = dtype;
+  in.use_cudnn = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
+  in.fold_batches = true;
+  in.workspace_limit = workspace_limit_bytes;
+  in.backward = false;
+  int64_t workspace = PlanBlockCalls(spec, dims, in).workspace_bytes;
+  if (backward) {
+    in.backward = true;
+    workspace = std::max(workspace, PlanBlockCalls(spec, dims, in).workspace_bytes);
+  }
+  CudaMemoryPlan plan;
+  plan.inputs_bytes = tensor * (backward ? 4 : 3);
+  plan.outputs_bytes = tensor * (backward ? 4 : 1);
+  plan.lse_bytes = lse;
+  plan.workspace_bytes = workspace;
+  return plan;
+}
+
+}  // namespace cuda
+}  // namespace dattn

@@ -1,0 +1,93 @@
+// The CUDA memory plan: tensor bytes by role, the workspace the call plan needs, and the issue's
+// memory target (forward workspace <= 5% of one input tensor) on the benchmark shapes.
+#include "engine/cuda/cuda_memory_plan.h"
+
+#include <algorithm>
+#include <cstdint>
+
+#include "engine/cuda/block_calls.h"
+#include "gtest/gtest.h"
+
+namespace dattn {
+namespace cuda {
+namespace {
+
+AttentionSpec BenchSpec(AttentionMode mode) {
+  AttentionSpec spec;
+  spec.segment_lengths = {2048, 4096, 8192, 16384};
+  spec.dilation_rates = {1, 2, 4, 8};
+  spec.mode = mode;
+  return spec;
+}
+
+TEST(CudaMemoryPlanTest, TensorBytesByRole) {
+  const AttentionSpec spec = BenchSpec(AttentionMode::kGrouped);
+  const int64_t b = 2, n = 1 << 14, h = 8, d = 64;
+  const int64_t tensor = b * n * h * d * 2;
+  absl::StatusOr<CudaMemoryPlan> fwd = PlanCudaMemory(spec, b, n, h, d, DType::kBFloat16, false);
+  ASSERT_TRUE(fwd.ok()) << fwd.status();
+  EXPECT_EQ(fwd->inputs_bytes, 3 * tensor);
+  EXPECT_EQ(fwd->outputs_bytes, tensor);
+  EXPECT_EQ(fwd->lse_bytes, b * h * n * 4);
+  absl::StatusOr<CudaMemoryPlan> bwd = PlanCudaMemory(spec, b, n, h, d, DType::kBFloat16, true);
+  ASSERT_TRUE(bwd.ok()) << bwd.status();
+  EXPECT_EQ(bwd->inputs_bytes, 4 * tensor);
+  EXPECT_EQ(bwd->outputs_bytes, 4 * tensor);
+  EXPECT_GE(bwd->workspace_bytes, fwd->workspace_bytes);
+}
+
+TEST(CudaMemoryPlanTest, WorkspaceIsTheCallPlans) {
+  for (AttentionMode mode : {AttentionMode::kGrouped, AttentionMode::kMixture}) {
+    const AttentionSpec spec = BenchSpec(mode);
+    for (DType dtype : {DType::kFloat32, DType::kFloat16, DType::kBFloat16}) {
+      for (bool backward : {false, true}) {
+        PlanInputs in;
+        in.dtype = dtype;
+        in.use_cudnn = dtype != DType::kFloat32;
+        in.backward = false;
+        int64_t want = PlanBlockCalls(spec, {1, 1 << 16, 16, 64}, in).workspace_bytes;
+        if (backward) {
+          in.backward = true;
+          want = std::max(want, PlanBlockCalls(spec, {1, 1 << 16, 16, 64}, in).workspace_bytes);
+        }
+        absl::StatusOr<CudaMemoryPlan> plan =
+            PlanCudaMemory(spec, 1, 1 << 16, 16, 64, dtype, backward);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        EXPECT_EQ(plan->workspace_bytes, want);
+      }
+    }
+  }
+}
+
+// The target on its benchmark shapes: forward memory beyond inputs, outputs and lse is at
+// most 5% of one input tensor (N = 2^20, bf16, H = 16, D = 64 and H = 8, D = 128; both modes).
+TEST(CudaMemoryPlanTest, ForwardWorkspaceWithinFivePercentOfAnInput) {
+  for (AttentionMode mode : {AttentionMode::kGrouped, AttentionMode::kMixture}) {
+    for (auto [h, d] : {std::pair<int64_t, int64_t>{16, 64}, {8, 128}}) {
+      const int64_t n = int64_t{1} << 20;
+      absl::StatusOr<CudaMemoryPlan> plan =
+          PlanCudaMemory(BenchSpec(mode), 1, n, h, d, DType::kBFloat16, false);
+      ASSERT_TRUE(plan.ok()) << plan.status();
+      const int64_t tensor = n * h * d * 2;
+      EXPECT_LE(plan->workspace_bytes, tensor / 20)
+          << AttentionModeName(mode) << " H=" << h << " D=" << d;
+    }
+  }
+}
+
+TEST(CudaMemoryPlanTest, RejectsWhatTheBackendCannotRun) {
+  const AttentionSpec spec = BenchSpec(AttentionMode::kGrouped);
+  EXPECT_EQ(PlanCudaMemory(spec, 1, 1024, 4, 64, DType::kFloat64, false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanCudaMemory(spec, 0, 1024, 4, 64, DType::kBFloat16, false).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(PlanCudaMemory(spec, int64_t{1} << 40, int64_t{1} << 40, 4, 64, DType::kBFloat16,
+                           false)
+                .status()
+                .code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace dattn

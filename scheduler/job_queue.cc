@@ -1,0 +1,106 @@
+#include "scheduler/job_queue.h"
+
+#include <algorithm>
+#include <tuple>
+
+#include "absl/strings/str_cat.h"
+
+namespace dattn {
+namespace scheduler {
+
+absl::Status JobQueue::Enqueue(JobRequest job) {
+  if (absl::Status s = ValidateJob(job); !s.ok()) return s;
+  if (jobs_.contains(job.job_id)) {
+    return absl::AlreadyExistsError(absl::StrCat("job '", job.job_id, "' is already queued"));
+  }
+  by_priority_[job.priority][job.tenant].emplace(job.submit_seq, job.job_id);
+  std::string id = job.job_id;
+  jobs_.emplace(std::move(id), std::move(job));
+  return absl::OkStatus();
+}
+
+void JobQueue::Erase(const JobRequest& job) {
+  auto prio_it = by_priority_.find(job.priority);
+  auto tenant_it = prio_it->second.find(job.tenant);
+  tenant_it->second.erase(FifoKey(job.submit_seq, job.job_id));
+  if (tenant_it->second.empty()) prio_it->second.erase(tenant_it);
+  if (prio_it->second.empty()) by_priority_.erase(prio_it);
+  jobs_.erase(job.job_id);
+}
+
+absl::Status JobQueue::Remove(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job '", job_id, "' is not queued"));
+  }
+  Erase(it->second);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<JobRequest> JobQueue::Dispatch(const std::string& job_id) {
+  auto it = jobs_.find(job_id);
+  if (it == jobs_.end()) {
+    return absl::NotFoundError(absl::StrCat("job '", job_id, "' is not queued"));
+  }
+  JobRequest job = it->second;
+  Erase(job);
+  last_served_[job.tenant] = ++serve_clock_;
+  return job;
+}
+
+const JobRequest* JobQueue::Find(const std::string& job_id) const {
+  auto it = jobs_.find(job_id);
+  return it == jobs_.end() ? nullptr : &it->second;
+}
+
+std::vector<JobRequest> JobQueue::Ordered() const {
+  std::vector<JobRequest> out;
+  out.reserve(jobs_.size());
+  for (const auto& [priority, tenants] : by_priority_) {
+    (void)priority;
+    // Turn order: never served first (0 sorts first because the clock starts at 1), then oldest
+    // service, then earliest waiting job, then name.
+    struct Turn {
+      uint64_t last_served;
+      int64_t head_seq;
+      const std::string* tenant;
+      std::set<FifoKey>::const_iterator next;
+      std::set<FifoKey>::const_iterator end;
+    };
+    std::vector<Turn> turns;
+    turns.reserve(tenants.size());
+    for (const auto& [tenant, fifo] : tenants) {
+      auto served = last_served_.find(tenant);
+      turns.push_back({served == last_served_.end() ? 0 : served->second, fifo.begin()->first,
+                       &tenant, fifo.begin(), fifo.end()});
+    }
+    std::sort(turns.begin(), turns.end(), [](const Turn& a, const Turn& b) {
+      return std::tie(a.last_served, a.head_seq, *a.tenant) <
+             std::tie(b.last_served, b.head_seq, *b.tenant);
+    });
+    // Serving a tenant moves it behind every other, so the turn order repeats as a cycle; tenants
+    // drop out of it as their jobs run out.
+    while (!turns.empty()) {
+      std::vector<Turn> remaining;
+      remaining.reserve(turns.size());
+      for (Turn& turn : turns) {
+        out.push_back(jobs_.at(turn.next->second));
+        if (++turn.next != turn.end) remaining.push_back(turn);
+      }
+      turns.swap(remaining);
+    }
+  }
+  return out;
+}
+
+std::optional<size_t> JobQueue::Position(const std::string& job_id) const {
+  if (!Contains(job_id)) return std::nullopt;
+  std::vector<JobRequest> ordered = Ordered();
+  for (size_t i = 0; i < ordered.size(); ++i) {
+    if (ordered[i].job_id == job_id) return i;
+  }
+  return std::nullopt;
+}
+
+}  // namespace scheduler
+}  // namespace dattn

@@ -1,0 +1,353 @@
+// The coordinator's core: jobs, workers, scheduling and recovery behind a C++ API of dattn.v1
+// messages and absl::Status. The gRPC layer (grpc_service.h) is a thin shell over it; tests drive
+// it directly, playing the workers' part through the same calls the WorkerRegistry service makes.
+//
+// Durability. The JobStore (job_store.h) is the only durable state. A call that changes a job
+// returns OK only after the change is committed, so an acknowledged submit, cancel or report
+// survives a crash. Changes of one job are written in the order they were decided (a per-job write
+// queue), and event watchers see only committed events. Everything else (workers, tasks, the queue,
+// unpersisted progress) lives in memory and is rebuilt after a restart: queued jobs go back in the
+// queue in submit order; placed and running jobs are requeued with a "coordinator_restarted" event
+// and attempt + 1 (their workers re-register and are told to stop the old tasks), so no
+// acknowledged job is lost and no result is reported twice (reports of an older attempt, or from a
+// worker registration that no longer holds the task, are answered stop = true and ignored).
+//
+// Store failure. If a write fails the store refuses every later write (job_store.h); the
+// coordinator then answers every changing call with UNAVAILABLE and Health() reports the error,
+// until a restart.
+//
+// Jobs submitted while no worker is ready are accepted and queued: workers may register later. Once
+// a worker is ready, a job that no ready worker could ever run is rejected with RESOURCE_EXHAUSTED
+// and the planner's numbers. DEVICE_PREFERENCE_ANY runs on the first device kind (GPU, then CPU)
+// that can run the job and that the ready workers could fit when it is queued.
+//
+// Attempts. Job.attempt is 0 until the first placement, 1 for the first run, and grows by one on
+// each requeue. A failure (worker lost, rank failed with a retryable code) requeues the job while
+// attempt < max_attempts, else fails it with the reason; so a job runs at most max_attempts times.
+// A coordinator restart requeues without consulting that limit (the job did not fail).
+//
+// Threads. Every public method may be called from any thread. The coordinator runs two threads of
+// its own: the scheduling loop (woken by submits, worker changes and task ends, and once a second)
+// and the dead-worker monitor. WatchJob and StreamAssignments block the calling thread for the
+// stream's life.
+#ifndef DATTN_SERVER_COORDINATOR_H_
+#define DATTN_SERVER_COORDINATOR_H_
+
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <random>
+#include <set>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "dattn/v1/admin.pb.h"
+#include "dattn/v1/job.pb.h"
+#include "dattn/v1/job_service.pb.h"
+#include "dattn/v1/worker.pb.h"
+#include "scheduler/recovery.h"
+#include "scheduler/scheduler.h"
+#include "server/job_spec.h"
+#include "server/job_store.h"
+#include "server/metrics.h"
+
+namespace dattn {
+namespace server {
+
+struct CoordinatorOptions {
+  // Folder of the durable state (created if missing); the job store is `data_dir`/jobs.db.
+  std::string data_dir = "./dattn-data";
+  JobStoreOptions store;
+  // A worker whose last heartbeat is older than this is DEAD and its jobs are recovered.
+  absl::Duration dead_after = absl::Seconds(10);
+  // What workers are told to use (RegisterWorkerResponse); should be well below dead_after.
+  absl::Duration heartbeat_interval = absl::Seconds(2);
+  // Most runs of one job (see "Attempts" above); >= 1.
+  int max_attempts = 3;
+  // Progress reports update the job in memory at once but are written (as "progress" events) at
+  // most this often per job.
+  absl::Duration progress_persist_interval = absl::Seconds(1);
+  // DEAD workers stay in ListWorkers(include_dead) this long, then are forgotten.
+  absl::Duration dead_worker_retention = absl::Minutes(10);
+  // Passed to the scheduler (scheduler.h): waiting time after which a job that does not fit
+  // reserves the workers it could use.
+  absl::Duration starvation_bound = absl::Minutes(10);
+  // How long blocked streams sleep between checks of their caller's cancellation.
+  absl::Duration stream_poll_interval = absl::Milliseconds(200);
+};
+
+// Called by WatchJob / StreamAssignments for each message; return false when the message could not
+// be delivered (the client went away): the stream then ends.
+using JobEventSink = std::function<bool(const v1::JobEvent&)>;
+using WorkerCommandSink = std::function<bool(const v1::WorkerCommand&)>;
+// Polled while a stream waits; true ends the stream with CANCELLED (the client cancelled).
+using CancelledFn = std::function<bool()>;
+
+class Coordinator {
+ public:
+  // A coordinator that is not started: every call but Start(), Health() and Close() answers
+  // UNAVAILABLE ("starting"). `metrics` is not owned and must outlive the coordinator; nullptr
+  // gives the coordinator private metrics (see metrics()).
+  Coordinator(CoordinatorOptions options, Metrics* metrics);
+  // Close()s.
+  ~Coordinator();
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // Opens the store, recovers the active jobs (see the top of this file), and starts the scheduling
+  // loop and the dead-worker monitor; from then on the coordinator serves. Errors: INVALID_ARGUMENT
+  // for bad options; the store's Open errors (FAILED_PRECONDITION if another coordinator holds the
+  // data dir); UNAVAILABLE if a recovery write fails. After an error the coordinator stays
+  // unstarted; call Close() (or destroy it). Call once.
+  absl::Status Start();
+
+  // --- JobService ------------------------------------------------------------------------------
+  // Validates (job_spec.h), checks that a ready worker could ever run the job (RESOURCE_EXHAUSTED
+  // with the planner's numbers otherwise; skipped while no worker is ready), stores it QUEUED with
+  // a "submitted" event and queues it. A known idempotency_key with the same spec returns the
+  // existing job (created = false); with another spec ALREADY_EXISTS. UNAVAILABLE while starting,
+  // shutting down or when the store fails: nothing was stored, retry with the same key.
+  absl::StatusOr<v1::SubmitJobResponse> SubmitJob(const v1::SubmitJobRequest& request);
+  // The job as last committed, with live progress and queue_position while QUEUED; events if asked.
+  // NOT_FOUND naming the id.
+  absl::StatusOr<v1::Job> GetJob(const v1::GetJobRequest& request);
+  // A page of jobs, newest first (JobStore::List), showing active jobs as the coordinator knows
+  // them now. INVALID_ARGUMENT for a bad filter, page size or token.
+  absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
+  // QUEUED (or PLACED but not yet handed to a worker): CANCELLED now. PLACED/RUNNING: a
+  // "cancel_requested" event is stored and each worker is sent CancelTask; the job ends CANCELLED
+  // when every rank confirms, fails or its worker is lost (a rank that succeeds first wins: the job
+  // then SUCCEEDS). CANCELLED: OK, unchanged. SUCCEEDED/FAILED: FAILED_PRECONDITION. Returns the
+  // job as it is after the call.
+  absl::StatusOr<v1::Job> CancelJob(const v1::CancelJobRequest& request);
+  // Emits the job's committed events with seq > after_seq, then each new one as it commits, until
+  // the terminal event was emitted (OK), `emit` returns false or `cancelled` returns true
+  // (CANCELLED), or the coordinator closes its streams (UNAVAILABLE). NOT_FOUND for an unknown job.
+  absl::Status WatchJob(const v1::WatchJobRequest& request, const JobEventSink& emit,
+                        const CancelledFn& cancelled);
+
+  // --- WorkerRegistry --------------------------------------------------------------------------
+  // A new worker id per call. Another live registration under the same name is declared dead and
+  // its jobs are recovered ("worker_lost", cause worker_reregistered). INVALID_ARGUMENT naming the
+  // field for an empty name, max_ranks < 1, negative memory, no dtypes or an unknown dtype.
+  absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
+      const v1::RegisterWorkerRequest& request);
+  // Records liveness and free memory. reregister = true for an unknown or dead id; drain = true
+  // while draining. Tasks the worker reports that the coordinator no longer wants get a CancelTask.
+  absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
+  // Sends the worker's commands (assignments, cancels) in order as they come, until: a newer stream
+  // of the same worker replaces this one (ABORTED), the worker is drained and idle (OK), it is
+  // declared dead (NOT_FOUND), `send` fails or `cancelled` (CANCELLED; an unsent command waits for
+  // the next stream), or streams are closed (UNAVAILABLE). NOT_FOUND for an unknown worker.
+  absl::Status StreamAssignments(const v1::StreamAssignmentsRequest& request,
+                                 const WorkerCommandSink& send, const CancelledFn& cancelled);
+  // Applies a task's report (STARTED -> job RUNNING; PROGRESS; SUCCEEDED -> the rank's result, and
+  // the job SUCCEEDED with the combined result when every rank has one; FAILED -> recovery or
+  // FAILED; CANCELLED). stop = true for a task the coordinator does not (or no longer) want from
+  // this worker. INVALID_ARGUMENT for an unspecified state or a SUCCEEDED report without its rank
+  // result.
+  absl::StatusOr<v1::ReportTaskResponse> ReportTask(const v1::TaskReport& request);
+
+  // --- AdminService ----------------------------------------------------------------------------
+  absl::StatusOr<v1::ListWorkersResponse> ListWorkers(const v1::ListWorkersRequest& request);
+  // Stops placing work on the worker named by id (or, failing that, by name: its live
+  // registration). Idempotent. NOT_FOUND naming the value; FAILED_PRECONDITION for a dead worker.
+  absl::StatusOr<v1::Worker> DrainWorker(const v1::DrainWorkerRequest& request);
+
+  // --- Lifecycle (the order main follows) --------------------------------------------------------
+  // Readiness: OK once started while the store is healthy and the coordinator is not shutting down;
+  // UNAVAILABLE saying why otherwise.
+  absl::Status Health();
+  // Submits answer UNAVAILABLE from now on and nothing new is placed; reports, heartbeats and reads
+  // go on. Idempotent.
+  void StopAccepting();
+  // Waits up to `timeout` for every placed or running job to end. Jobs still active then are
+  // requeued (attempt + 1, recovery cause drain_timeout; CANCELLED if a cancel was requested) and
+  // their workers sent CancelTask; waits up to a further second for the cancels to be delivered.
+  // Returns the store's error if a write fails. Call after StopAccepting().
+  absl::Status Drain(absl::Duration timeout);
+  // Ends every WatchJob and StreamAssignments call (UNAVAILABLE) and makes new ones fail at once.
+  void CloseStreams();
+  // Stops the coordinator's threads and closes the store (which commits what is queued). Every
+  // later call answers UNAVAILABLE. Returns the store's sticky error, if any. Idempotent. Callers
+  // must not be inside other methods (stop the gRPC server first).
+  absl::Status Close();
+
+  Metrics* metrics() const { return metrics_; }
+  const CoordinatorOptions& options() const { return options_; }
+
+ private:
+  enum class Phase { kNew, kServing, kDraining, kClosed };
+
+  // One queued store write of a job and the per-job queue that keeps them in decision order.
+  struct PendingWrite {
+    v1::Job job;
+    v1::JobEvent event;
+  };
+  struct JobWriter {
+    absl::Mutex flush_mu;  // Held while writing; acquired before Coordinator::mu_, never after.
+    // Guarded by Coordinator::mu_ (not expressible as an annotation across classes):
+    std::deque<PendingWrite> pending;
+    uint64_t enqueued = 0;  // Writes ever queued; a caller's ticket is the count after its own.
+    uint64_t durable = 0;   // Writes committed, in order.
+    absl::Status error;     // The write that failed, if one did.
+  };
+  using Ticket = std::pair<std::shared_ptr<JobWriter>, uint64_t>;
+  using Tickets = std::vector<Ticket>;
+
+  struct TaskEntry {
+    std::string task_id;  // job_id + "/" + attempt + "/" + rank.
+    std::string job_id;
+    std::string worker_id;
+    int attempt = 0;
+    int rank = 0;
+    int64_t memory_bytes = 0;  // Reserved on the worker while the task lives.
+    bool dispatched = false;   // The assignment was queued for the worker's stream.
+    bool started = false;
+    int64_t steps_done = 0;
+  };
+
+  struct ActiveJob {
+    v1::Job job;      // Current state (ahead of the store by the writes still queued in `writer`).
+    v1::Job durable;  // As last committed: what readers see (PublicJobLocked).
+    int64_t submit_seq = 0;
+    AttentionJobInfo info;
+    size_t variant = 0;                   // Index into info.variants: the kind it is queued for.
+    absl::Time queued_since;              // Entered QUEUED (for the queue-wait histogram).
+    std::vector<std::string> task_ids;    // Tasks of the current attempt still running.
+    std::vector<v1::RankResult> results;  // Of the current attempt.
+    v1::Tensor output;                    // Rank 0's, when asked for.
+    bool cancel_requested = false;
+    std::string cancel_reason;
+    absl::Time last_progress_write = absl::InfinitePast();
+    bool terminal = false;  // Ended; kept until its last write commits.
+    std::shared_ptr<JobWriter> writer = std::make_shared<JobWriter>();
+  };
+
+  struct WorkerEntry {
+    v1::Worker info;  // Fields as ListWorkers shows them (task_ids and times are filled on read).
+    scheduler::WorkerState state = scheduler::WorkerState::kReady;
+    absl::Time last_heartbeat;
+    absl::Time dead_since = absl::InfinitePast();
+    std::set<std::string> task_ids;
+    std::deque<v1::WorkerCommand> outbox;
+    uint64_t stream_generation = 0;  // Bumped by each new stream; an older stream then ends.
+    int streams = 0;                 // StreamAssignments calls inside; the entry outlives them.
+    std::unique_ptr<absl::CondVar> cv = std::make_unique<absl::CondVar>();
+  };
+
+  struct Watcher {
+    std::deque<v1::JobEvent> events;
+    absl::CondVar cv;
+  };
+
+  // UNAVAILABLE unless the phase allows the call (submits only while serving; the rest also while
+  // draining).
+  absl::Status CheckPhaseLocked(bool submit) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // UNAVAILABLE once a store write has failed.
+  absl::Status CheckWritableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  absl::Status Recover();
+  // Adds a stored QUEUED job to memory and to the queue; no-op if present.
+  void AdoptLocked(const StoredJob& stored, const AttentionJobInfo& info)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void EnqueueLocked(ActiveJob* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  absl::Status CheckFeasibleLocked(const AttentionJobInfo& info) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::vector<scheduler::WorkerInfo> SchedulerWorkersLocked(int64_t head_dim) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t ReadyWorkersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // Moves `job` to `state` (CheckTransition first) with an event of `kind`, in memory, and queues
+  // the store write; returns the ticket to flush. The job is marked terminal when `state` is.
+  Ticket TransitionLocked(ActiveJob* job, v1::JobState state, const std::string& kind,
+                          const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  Ticket QueueWriteLocked(ActiveJob* job, v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Writes the queued writes of each ticket's job, in order; OK when each ticket's own write
+  // committed. Never called with mu_ held.
+  absl::Status Flush(const Tickets& tickets) ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status FlushOne(const Ticket& ticket) ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Forgets one task (freeing its worker's slot), sending CancelTask when `cancel` and it was
+  // dispatched to a live worker. The job's task list is the caller's to update.
+  void EraseTaskLocked(const std::string& task_id, bool cancel, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the job's current attempt: forgets its tasks (freeing their workers' slots), sending
+  // CancelTask for those dispatched to a live worker when `cancel_tasks`.
+  void ReleaseTasksLocked(ActiveJob* job, bool cancel_tasks, const std::string& reason)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Requeue (attempt + 1) or fail, per DecideRecovery, after `failure`; CANCELLED instead when a
+  // cancel was requested. Appends the tickets of the writes.
+  // `oom_free_bytes`: the failing worker's free memory, for an out-of-memory failure's message.
+  void RecoverJobLocked(ActiveJob* job, scheduler::FailureKind failure, const std::string& why,
+                        const std::string& cause, int64_t oom_free_bytes, Tickets* tickets)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void RequeueLocked(ActiveJob* job, const std::string& kind, const std::string& message,
+                     Tickets* tickets) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the worker dead and recovers its jobs.
+  void KillWorkerLocked(WorkerEntry* worker, const std::string& why, const std::string& cause,
+                        Tickets* tickets) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PushCommandLocked(WorkerEntry* worker, v1::WorkerCommand command)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void PublishLocked(const v1::JobEvent& event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void KickSchedulerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateGaugesLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The job as GetJob/ListJobs show it: the committed state with live progress and queue position.
+  v1::Job PublicJobLocked(const ActiveJob& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  v1::Worker PublicWorkerLocked(const WorkerEntry& worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  WorkerEntry* FindWorkerLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "w-0123... (name)" for messages.
+  std::string DescribeWorkerLocked(const std::string& worker_id) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  ActiveJob* FindJobLocked(const std::string& id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  std::string NewId(const char* prefix) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+
+  // One scheduling pass: placements become PLACED (durably), then their assignments are queued.
+  void SchedulePass() ABSL_LOCKS_EXCLUDED(mu_);
+  void SchedulerLoop();
+  // One monitor pass: dead workers, forgetting old dead workers.
+  void MonitorPass() ABSL_LOCKS_EXCLUDED(mu_);
+  void MonitorLoop();
+
+  const CoordinatorOptions options_;
+  std::unique_ptr<Metrics> own_metrics_;
+  Metrics* const metrics_;
+  std::unique_ptr<JobStore>
+      store_;  // Set by Start() before the phase leaves kNew; closed by Close().
+
+  mutable absl::Mutex mu_;
+  Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kNew;
+  bool streams_closed_ ABSL_GUARDED_BY(mu_) = false;
+  bool threads_stop_ ABSL_GUARDED_BY(mu_) = false;
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Status close_status_ ABSL_GUARDED_BY(mu_);
+  absl::Status store_error_ ABSL_GUARDED_BY(mu_);  // Sticky: the first failed write.
+  scheduler::Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, std::unique_ptr<ActiveJob>> jobs_ ABSL_GUARDED_BY(mu_);
+  absl::flat_hash_map<std::string, TaskEntry> tasks_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::unique_ptr<WorkerEntry>> workers_ ABSL_GUARDED_BY(mu_);
+  std::multimap<std::string, Watcher*> watchers_ ABSL_GUARDED_BY(mu_);  // job_id -> watchers.
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);                            // Job and worker ids.
+  bool schedule_kicked_ ABSL_GUARDED_BY(mu_) = false;
+  absl::CondVar schedule_cv_;
+  absl::CondVar monitor_cv_;
+  absl::CondVar drain_cv_;  // Signalled when a job leaves PLACED/RUNNING.
+
+  std::thread scheduler_thread_;
+  std::thread monitor_thread_;
+};
+
+}  // namespace server
+}  // namespace dattn
+
+#endif  // DATTN_SERVER_COORDINATOR_H_

@@ -1,0 +1,1160 @@
+#include "server/coordinator.h"
+
+#include <unistd.h>
+
+#include <atomic>
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/job_state.h"
+#include "server/metrics.h"
+
+namespace dattn {
+namespace server {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// Polls `done` until it holds or `timeout` passes.
+bool WaitFor(const std::function<bool()>& done, absl::Duration timeout = absl::Seconds(5)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    if (done()) return true;
+    absl::SleepFor(absl::Milliseconds(5));
+  }
+  return done();
+}
+
+std::string NewDataDir() {
+  static std::atomic<int> counter{0};
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  return absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/coordinator_test_", getpid(), "_",
+                      counter++);
+}
+
+// A small valid single-rank CPU job.
+v1::SubmitJobRequest ValidRequest(const std::string& key) {
+  v1::SubmitJobRequest request;
+  request.set_idempotency_key(key);
+  v1::JobSpec* spec = request.mutable_spec();
+  spec->set_name("test job");
+  v1::AttentionJobSpec* a = spec->mutable_attention();
+  a->mutable_attention()->add_segment_lengths(64);
+  a->mutable_attention()->add_dilation_rates(1);
+  a->mutable_shape()->set_batch(1);
+  a->mutable_shape()->set_seq_len(256);
+  a->mutable_shape()->set_num_heads(2);
+  a->mutable_shape()->set_head_dim(16);
+  a->set_dtype(v1::DTYPE_FP32);
+  a->set_num_ranks(1);
+  a->set_iterations(4);
+  a->set_device(v1::DEVICE_PREFERENCE_CPU);
+  return request;
+}
+
+// Plays a worker through the core API, as the WorkerRegistry handlers would.
+class FakeWorker {
+ public:
+  FakeWorker(Coordinator* coordinator, std::string name, int64_t memory = int64_t{1} << 30,
+             int max_ranks = 1)
+      : coordinator_(coordinator), name_(std::move(name)) {
+    v1::RegisterWorkerRequest request;
+    request.set_name(name_);
+    request.set_address("127.0.0.1:0");
+    request.set_version("test");
+    v1::WorkerCapabilities* caps = request.mutable_capabilities();
+    caps->set_is_gpu(false);
+    caps->set_device_name("cpu");
+    caps->set_total_memory_bytes(memory);
+    caps->add_dtypes(v1::DTYPE_FP32);
+    caps->add_dtypes(v1::DTYPE_FP64);
+    caps->set_max_ranks(max_ranks);
+    caps->set_num_threads(2);
+    absl::StatusOr<v1::RegisterWorkerResponse> response = coordinator_->RegisterWorker(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    if (response.ok()) id_ = response->worker_id();
+    // Heartbeats every 25 ms, far inside the tests' dead_after, until StopHeartbeats().
+    heartbeat_ = std::thread([this] {
+      while (beating_) {
+        v1::HeartbeatRequest request;
+        request.set_worker_id(id_);
+        request.set_free_memory_bytes(int64_t{1} << 30);
+        coordinator_->Heartbeat(request).IgnoreError();
+        absl::SleepFor(absl::Milliseconds(25));
+      }
+    });
+  }
+  ~FakeWorker() {
+    StopHeartbeats();
+    StopStream();
+  }
+
+  // The worker falls silent (as if killed): the coordinator declares it dead after dead_after.
+  void StopHeartbeats() {
+    beating_ = false;
+    if (heartbeat_.joinable()) heartbeat_.join();
+  }
+
+  const std::string& id() const { return id_; }
+
+  void StartStream() {
+    stop_ = false;
+    stream_ = std::thread([this] {
+      v1::StreamAssignmentsRequest request;
+      request.set_worker_id(id_);
+      absl::Status s = coordinator_->StreamAssignments(
+          request,
+          [this](const v1::WorkerCommand& command) {
+            absl::MutexLock lock(&mu_);
+            commands_.push_back(command);
+            return true;
+          },
+          [this] { return stop_.load(); });
+      absl::MutexLock lock(&mu_);
+      stream_status_ = s;
+      stream_ended_ = true;
+    });
+  }
+  void StopStream() {
+    stop_ = true;
+    if (stream_.joinable()) stream_.join();
+  }
+  bool stream_ended() {
+    absl::MutexLock lock(&mu_);
+    return stream_ended_;
+  }
+  absl::Status stream_status() {
+    absl::MutexLock lock(&mu_);
+    return stream_status_;
+  }
+
+  // The next command the coordinator sent, waiting up to 5 s.
+  std::optional<v1::WorkerCommand> Next(absl::Duration timeout = absl::Seconds(5)) {
+    std::optional<v1::WorkerCommand> out;
+    WaitFor(
+        [&] {
+          absl::MutexLock lock(&mu_);
+          if (commands_.empty()) return false;
+          out = commands_.front();
+          commands_.pop_front();
+          return true;
+        },
+        timeout);
+    return out;
+  }
+
+  v1::HeartbeatResponse Heartbeat(std::vector<std::string> running = {}) {
+    v1::HeartbeatRequest request;
+    request.set_worker_id(id_);
+    request.set_free_memory_bytes(int64_t{1} << 30);
+    for (const std::string& task : running) request.add_tasks()->set_task_id(task);
+    absl::StatusOr<v1::HeartbeatResponse> response = coordinator_->Heartbeat(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return response.ok() ? *response : v1::HeartbeatResponse();
+  }
+
+  absl::StatusOr<v1::ReportTaskResponse> Report(const std::string& task_id, v1::TaskState state,
+                                                int64_t steps = 0) {
+    v1::TaskReport report;
+    report.set_worker_id(id_);
+    report.set_task_id(task_id);
+    report.set_state(state);
+    if (state == v1::TASK_STATE_PROGRESS) report.mutable_progress()->set_steps_done(steps);
+    if (state == v1::TASK_STATE_SUCCEEDED) {
+      v1::RankResult* r = report.mutable_rank_result();
+      r->set_seconds_total(0.4);
+      r->set_seconds_per_step(0.1);
+      r->set_out_sum(1.5);
+      r->set_out_sum_squares(7.25);
+      r->set_peak_memory_bytes(4096);
+    }
+    return coordinator_->ReportTask(report);
+  }
+
+  absl::StatusOr<v1::ReportTaskResponse> Fail(const std::string& task_id, absl::StatusCode code,
+                                              const std::string& error) {
+    v1::TaskReport report;
+    report.set_worker_id(id_);
+    report.set_task_id(task_id);
+    report.set_state(v1::TASK_STATE_FAILED);
+    report.set_error(error);
+    report.set_error_code(static_cast<int>(code));
+    return coordinator_->ReportTask(report);
+  }
+
+ private:
+  Coordinator* coordinator_;
+  std::string name_;
+  std::string id_;
+  std::thread stream_;
+  std::thread heartbeat_;
+  std::atomic<bool> stop_{false};
+  std::atomic<bool> beating_{true};
+  absl::Mutex mu_;
+  std::deque<v1::WorkerCommand> commands_ ABSL_GUARDED_BY(mu_);
+  absl::Status stream_status_ ABSL_GUARDED_BY(mu_);
+  bool stream_ended_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+class CoordinatorTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    options_.data_dir = NewDataDir();
+    options_.dead_after = absl::Milliseconds(500);
+    options_.heartbeat_interval = absl::Milliseconds(50);
+    options_.max_attempts = 3;
+    options_.progress_persist_interval = absl::ZeroDuration();
+    options_.stream_poll_interval = absl::Milliseconds(20);
+    Open();
+  }
+  void TearDown() override {
+    workers_.clear();
+    if (coordinator_ != nullptr) {
+      EXPECT_TRUE(coordinator_->Close().ok());
+    }
+  }
+
+  void Open() {
+    metrics_ = std::make_unique<Metrics>();
+    coordinator_ = std::make_unique<Coordinator>(options_, metrics_.get());
+    ASSERT_TRUE(coordinator_->Start().ok());
+  }
+  // A new coordinator on the same data dir (the old one's workers are forgotten, as in a restart).
+  void Restart() {
+    workers_.clear();
+    ASSERT_TRUE(coordinator_->Close().ok());
+    coordinator_.reset();
+    Open();
+  }
+
+  FakeWorker* AddWorker(const std::string& name, int64_t memory = int64_t{1} << 30,
+                        int max_ranks = 1, bool stream = true) {
+    workers_.push_back(std::make_unique<FakeWorker>(coordinator_.get(), name, memory, max_ranks));
+    if (stream) workers_.back()->StartStream();
+    return workers_.back().get();
+  }
+
+  v1::Job Submit(const v1::SubmitJobRequest& request) {
+    absl::StatusOr<v1::SubmitJobResponse> response = coordinator_->SubmitJob(request);
+    EXPECT_TRUE(response.ok()) << response.status();
+    return response.ok() ? response->job() : v1::Job();
+  }
+
+  v1::Job Get(const std::string& job_id, bool events = false) {
+    v1::GetJobRequest request;
+    request.set_job_id(job_id);
+    request.set_include_events(events);
+    absl::StatusOr<v1::Job> job = coordinator_->GetJob(request);
+    EXPECT_TRUE(job.ok()) << job.status();
+    return job.ok() ? *job : v1::Job();
+  }
+
+  bool WaitState(const std::string& job_id, v1::JobState state) {
+    return WaitFor([&] { return Get(job_id).state() == state; });
+  }
+
+  static std::vector<std::string> EventKinds(const v1::Job& job) {
+    std::vector<std::string> kinds;
+    for (const v1::JobEvent& e : job.events()) kinds.push_back(e.kind());
+    return kinds;
+  }
+
+  absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& reason = "") {
+    v1::CancelJobRequest request;
+    request.set_job_id(job_id);
+    request.set_reason(reason);
+    return coordinator_->CancelJob(request);
+  }
+
+  CoordinatorOptions options_;
+  std::unique_ptr<Metrics> metrics_;
+  std::unique_ptr<Coordinator> coordinator_;
+  std::vector<std::unique_ptr<FakeWorker>> workers_;
+};
+
+// -------------------------------------------------------------------------------------------------
+// Validation: every malformed request class gets the right code and a message naming field and
+// value.
+
+struct BadRequest {
+  const char* name;
+  std::function<void(v1::SubmitJobRequest*)> mutate;
+  absl::StatusCode code;
+  std::vector<std::string> message_parts;
+};
+
+TEST_F(CoordinatorTest, ValidationTable) {
+  using C = absl::StatusCode;
+  auto attention = [](v1::SubmitJobRequest* r) { return r->mutable_spec()->mutable_attention(); };
+  const std::vector<BadRequest> cases = {
+      {"empty key",
+       [](auto* r) { r->clear_idempotency_key(); },
+       C::kInvalidArgument,
+       {"idempotency_key:", "got 0"}},
+      {"long key",
+       [](auto* r) { r->set_idempotency_key(std::string(129, 'k')); },
+       C::kInvalidArgument,
+       {"idempotency_key:", "got 129"}},
+      {"no spec", [](auto* r) { r->clear_spec(); }, C::kInvalidArgument, {"spec: required"}},
+      {"long name",
+       [](auto* r) { r->mutable_spec()->set_name(std::string(129, 'n')); },
+       C::kInvalidArgument,
+       {"spec.name:", "got 129"}},
+      {"tenant charset",
+       [](auto* r) { r->mutable_spec()->set_tenant("team a"); },
+       C::kInvalidArgument,
+       {"spec.tenant:", "\"team a\"", "[A-Za-z0-9._-]"}},
+      {"long tenant",
+       [](auto* r) { r->mutable_spec()->set_tenant(std::string(65, 't')); },
+       C::kInvalidArgument,
+       {"spec.tenant:", "got 65"}},
+      {"priority high",
+       [](auto* r) { r->mutable_spec()->set_priority(101); },
+       C::kInvalidArgument,
+       {"spec.priority:", "got 101"}},
+      {"priority low",
+       [](auto* r) { r->mutable_spec()->set_priority(-101); },
+       C::kInvalidArgument,
+       {"spec.priority:", "got -101"}},
+      {"no work",
+       [](auto* r) { r->mutable_spec()->clear_attention(); },
+       C::kInvalidArgument,
+       {"spec.attention: required"}},
+      {"no attention spec",
+       [&](auto* r) { attention(r)->clear_attention(); },
+       C::kInvalidArgument,
+       {"spec.attention.attention: required"}},
+      {"empty segments",
+       [&](auto* r) {
+         attention(r)->mutable_attention()->clear_segment_lengths();
+         attention(r)->mutable_attention()->clear_dilation_rates();
+       },
+       C::kInvalidArgument,
+       {"spec.attention.attention.segment_lengths is empty"}},
+      {"length mismatch",
+       [&](auto* r) { attention(r)->mutable_attention()->add_dilation_rates(2); },
+       C::kInvalidArgument,
+       {"spec.attention.attention.segment_lengths has 1", "(64)", "(1, 2)"}},
+      {"zero segment",
+       [&](auto* r) { attention(r)->mutable_attention()->set_segment_lengths(0, 0); },
+       C::kInvalidArgument,
+       {"spec.attention.attention.segment_lengths[0] = 0"}},
+      {"zero rate",
+       [&](auto* r) { attention(r)->mutable_attention()->set_dilation_rates(0, -2); },
+       C::kInvalidArgument,
+       {"spec.attention.attention.dilation_rates[0] = -2"}},
+      {"negative scale",
+       [&](auto* r) { attention(r)->mutable_attention()->set_scale(-0.5); },
+       C::kInvalidArgument,
+       {"spec.attention.attention.scale = -0.5"}},
+      {"unknown mode",
+       [&](auto* r) {
+         attention(r)->mutable_attention()->set_mode(static_cast<v1::AttentionMode>(7));
+       },
+       C::kInvalidArgument,
+       {"spec.attention.attention.mode: unknown value 7"}},
+      {"blocked in grouped",
+       [&](auto* r) {
+         attention(r)->mutable_attention()->set_head_offsets(v1::HEAD_OFFSETS_BLOCKED);
+       },
+       C::kInvalidArgument,
+       {"spec.attention.attention.head_offsets = blocked"}},
+      {"no shape",
+       [&](auto* r) { attention(r)->clear_shape(); },
+       C::kInvalidArgument,
+       {"spec.attention.shape: required"}},
+      {"zero head_dim",
+       [&](auto* r) { attention(r)->mutable_shape()->set_head_dim(0); },
+       C::kInvalidArgument,
+       {"spec.attention.shape.head_dim: must be >= 1, got 0"}},
+      {"negative batch",
+       [&](auto* r) { attention(r)->mutable_shape()->set_batch(-3); },
+       C::kInvalidArgument,
+       {"spec.attention.shape.batch: must be >= 1, got -3"}},
+      {"heads < patterns",
+       [&](auto* r) {
+         attention(r)->mutable_shape()->set_num_heads(1);
+         attention(r)->mutable_attention()->add_segment_lengths(128);
+         attention(r)->mutable_attention()->add_dilation_rates(2);
+       },
+       C::kInvalidArgument,
+       {"spec.attention:", "H = 1", "G = 2"}},
+      {"overflow",
+       [&](auto* r) {
+         attention(r)->mutable_shape()->set_batch(int64_t{1} << 40);
+         attention(r)->mutable_shape()->set_seq_len(int64_t{1} << 20);
+       },
+       C::kInvalidArgument,
+       {"spec.attention.shape:", "overflows"}},
+      {"no dtype",
+       [&](auto* r) { attention(r)->set_dtype(v1::DTYPE_UNSPECIFIED); },
+       C::kInvalidArgument,
+       {"spec.attention.dtype: required", "DTYPE_UNSPECIFIED"}},
+      {"unknown dtype",
+       [&](auto* r) { attention(r)->set_dtype(static_cast<v1::DType>(9)); },
+       C::kInvalidArgument,
+       {"spec.attention.dtype: unknown value 9"}},
+      {"dtype not on cpu",
+       [&](auto* r) { attention(r)->set_dtype(v1::DTYPE_BF16); },
+       C::kInvalidArgument,
+       {"spec.attention.dtype: bf16 does not run on CPU workers"}},
+      {"dtype not on gpu",
+       [&](auto* r) {
+         attention(r)->set_dtype(v1::DTYPE_FP64);
+         attention(r)->set_device(v1::DEVICE_PREFERENCE_GPU);
+       },
+       C::kInvalidArgument,
+       {"spec.attention.dtype: fp64 does not run on GPU workers"}},
+      {"zero ranks",
+       [&](auto* r) { attention(r)->set_num_ranks(0); },
+       C::kInvalidArgument,
+       {"spec.attention.num_ranks: must be >= 1, got 0"}},
+      {"ranks not dividing",
+       [&](auto* r) { attention(r)->set_num_ranks(3); },
+       C::kInvalidArgument,
+       {"spec.attention.num_ranks: must divide shape.seq_len = 256, got 3"}},
+      {"multi-rank",
+       [&](auto* r) { attention(r)->set_num_ranks(2); },
+       C::kUnimplemented,
+       {"multi-rank jobs need the ring engine (not yet available)", "got num_ranks = 2"}},
+      {"unknown pass",
+       [&](auto* r) { attention(r)->set_pass(static_cast<v1::Pass>(5)); },
+       C::kInvalidArgument,
+       {"spec.attention.pass: unknown value 5"}},
+      {"negative iterations",
+       [&](auto* r) { attention(r)->set_iterations(-1); },
+       C::kInvalidArgument,
+       {"spec.attention.iterations:", "got -1"}},
+      {"too many iterations",
+       [&](auto* r) { attention(r)->set_iterations(1000001); },
+       C::kInvalidArgument,
+       {"spec.attention.iterations:", "got 1000001"}},
+      {"unknown device",
+       [&](auto* r) { attention(r)->set_device(static_cast<v1::DevicePreference>(4)); },
+       C::kInvalidArgument,
+       {"spec.attention.device: unknown value 4"}},
+      {"output too large",
+       [&](auto* r) {
+         attention(r)->set_return_output(true);
+         attention(r)->mutable_shape()->set_seq_len(int64_t{1} << 20);
+         attention(r)->mutable_shape()->set_head_dim(16);  // 1 * 2^20 * 2 * 16 * 4 B = 128 MiB
+       },
+       C::kInvalidArgument,
+       {"spec.attention.return_output:", "128.00 MiB", "64.00 MiB"}},
+  };
+  for (const BadRequest& c : cases) {
+    SCOPED_TRACE(c.name);
+    v1::SubmitJobRequest request = ValidRequest(absl::StrCat("key-", c.name));
+    c.mutate(&request);
+    absl::StatusOr<v1::SubmitJobResponse> response = coordinator_->SubmitJob(request);
+    ASSERT_FALSE(response.ok());
+    EXPECT_EQ(response.status().code(), c.code) << response.status();
+    for (const std::string& part : c.message_parts) {
+      EXPECT_THAT(std::string(response.status().message()), HasSubstr(part));
+    }
+  }
+  // Nothing was stored.
+  absl::StatusOr<v1::ListJobsResponse> list = coordinator_->ListJobs(v1::ListJobsRequest());
+  ASSERT_TRUE(list.ok());
+  EXPECT_EQ(list->jobs_size(), 0);
+}
+
+TEST_F(CoordinatorTest, OtherRequestValidation) {
+  v1::ListJobsRequest list;
+  list.set_page_size(1001);
+  EXPECT_THAT(std::string(coordinator_->ListJobs(list).status().message()),
+              HasSubstr("page_size: must be 1 .. 1000 (0 means 50), got 1001"));
+  list.set_page_size(0);
+  list.add_states(v1::JOB_STATE_UNSPECIFIED);
+  EXPECT_EQ(coordinator_->ListJobs(list).status().code(), absl::StatusCode::kInvalidArgument);
+  list.clear_states();
+  list.set_kind("training");
+  EXPECT_THAT(std::string(coordinator_->ListJobs(list).status().message()),
+              HasSubstr("kind: must be \"attention\" or empty, got \"training\""));
+
+  EXPECT_EQ(coordinator_->GetJob(v1::GetJobRequest()).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::GetJobRequest get;
+  get.set_job_id("j-0000000000000000");
+  EXPECT_EQ(coordinator_->GetJob(get).status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(std::string(Cancel("j-1", std::string(257, 'r')).status().message()),
+              HasSubstr("reason: must be at most 256 characters, got 257"));
+  EXPECT_EQ(Cancel("j-missing").status().code(), absl::StatusCode::kNotFound);
+
+  v1::RegisterWorkerRequest reg;
+  reg.set_name("w");
+  reg.mutable_capabilities()->set_max_ranks(0);
+  reg.mutable_capabilities()->add_dtypes(v1::DTYPE_FP32);
+  EXPECT_THAT(std::string(coordinator_->RegisterWorker(reg).status().message()),
+              HasSubstr("capabilities.max_ranks: must be >= 1, got 0"));
+  reg.mutable_capabilities()->set_max_ranks(1);
+  reg.mutable_capabilities()->add_dtypes(static_cast<v1::DType>(12));
+  EXPECT_THAT(std::string(coordinator_->RegisterWorker(reg).status().message()),
+              HasSubstr("capabilities.dtypes[1]: unknown value 12"));
+
+  v1::TaskReport report;
+  report.set_task_id("t");
+  EXPECT_EQ(coordinator_->ReportTask(report).status().code(), absl::StatusCode::kInvalidArgument);
+  report.set_state(v1::TASK_STATE_SUCCEEDED);
+  EXPECT_THAT(std::string(coordinator_->ReportTask(report).status().message()),
+              HasSubstr("rank_result: required"));
+}
+
+// -------------------------------------------------------------------------------------------------
+// Submission, the queue and feasibility.
+
+TEST_F(CoordinatorTest, SubmitWithoutWorkersQueues) {
+  v1::Job a = Submit(ValidRequest("a"));
+  v1::Job b = Submit(ValidRequest("b"));
+  EXPECT_THAT(a.job_id(), ::testing::MatchesRegex("j-[0-9a-f]{16}"));
+  EXPECT_NE(a.job_id(), b.job_id());
+  EXPECT_EQ(a.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(a.attempt(), 0);
+  EXPECT_EQ(Get(a.job_id()).queue_position(), 1);
+  EXPECT_EQ(Get(b.job_id()).queue_position(), 2);
+  v1::Job with_events = Get(a.job_id(), true);
+  ASSERT_EQ(with_events.events_size(), 1);
+  EXPECT_EQ(with_events.events(0).kind(), "submitted");
+  EXPECT_EQ(with_events.events(0).seq(), 1);
+  EXPECT_EQ(with_events.events(0).state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(with_events.progress().steps_total(), 4);
+}
+
+TEST_F(CoordinatorTest, IdempotentResubmit) {
+  absl::StatusOr<v1::SubmitJobResponse> first = coordinator_->SubmitJob(ValidRequest("same"));
+  ASSERT_TRUE(first.ok());
+  EXPECT_TRUE(first->created());
+  absl::StatusOr<v1::SubmitJobResponse> again = coordinator_->SubmitJob(ValidRequest("same"));
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->created());
+  EXPECT_EQ(again->job().job_id(), first->job().job_id());
+
+  v1::SubmitJobRequest other = ValidRequest("same");
+  other.mutable_spec()->set_priority(5);
+  absl::StatusOr<v1::SubmitJobResponse> conflict = coordinator_->SubmitJob(other);
+  EXPECT_EQ(conflict.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(std::string(conflict.status().message()), HasSubstr("same"));
+  EXPECT_THAT(metrics_->Serialize(), HasSubstr("dattn_jobs_submitted_total{kind=\"attention\"} 1"));
+}
+
+TEST_F(CoordinatorTest, InfeasibleJobIsRejectedWithPlannerNumbers) {
+  AddWorker("tiny", /*memory=*/1024);
+  absl::StatusOr<v1::SubmitJobResponse> response = coordinator_->SubmitJob(ValidRequest("big"));
+  ASSERT_EQ(response.status().code(), absl::StatusCode::kResourceExhausted) << response.status();
+  const std::string message(response.status().message());
+  EXPECT_THAT(message, HasSubstr("can never run"));
+  EXPECT_THAT(message, HasSubstr("memory plan per rank: inputs"));
+  EXPECT_THAT(message, HasSubstr("KiB"));  // The worker's memory, from the scheduler.
+}
+
+// -------------------------------------------------------------------------------------------------
+// The whole path with a fake worker.
+
+TEST_F(CoordinatorTest, SubmitPlaceReportSucceeded) {
+  FakeWorker* worker = AddWorker("cpu-0");
+  v1::SubmitJobRequest request = ValidRequest("ok");
+  request.mutable_spec()->mutable_attention()->set_return_output(true);
+  const std::string id = Submit(request).job_id();
+
+  std::optional<v1::WorkerCommand> command = worker->Next();
+  ASSERT_TRUE(command.has_value());
+  ASSERT_TRUE(command->has_assign());
+  const v1::TaskAssignment& assign = command->assign();
+  EXPECT_EQ(assign.task_id(), id + "/1/0");
+  EXPECT_EQ(assign.job_id(), id);
+  EXPECT_EQ(assign.attempt(), 1);
+  EXPECT_EQ(assign.rank(), 0);
+  EXPECT_EQ(assign.spec().attention().shape().seq_len(), 256);
+  v1::Job placed = Get(id);
+  EXPECT_EQ(placed.state(), v1::JOB_STATE_PLACED);
+  EXPECT_EQ(placed.attempt(), 1);
+  EXPECT_THAT(placed.worker_ids(), ElementsAre(worker->id()));
+  EXPECT_EQ(placed.queue_position(), 0);
+
+  ASSERT_TRUE(worker->Report(assign.task_id(), v1::TASK_STATE_STARTED).ok());
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_RUNNING);
+  EXPECT_TRUE(Get(id).has_start_time());
+  absl::StatusOr<v1::ReportTaskResponse> progress =
+      worker->Report(assign.task_id(), v1::TASK_STATE_PROGRESS, 2);
+  ASSERT_TRUE(progress.ok());
+  EXPECT_FALSE(progress->stop());
+  EXPECT_EQ(Get(id).progress().steps_done(), 2);
+
+  v1::TaskReport done;
+  done.set_worker_id(worker->id());
+  done.set_task_id(assign.task_id());
+  done.set_state(v1::TASK_STATE_SUCCEEDED);
+  done.mutable_rank_result()->set_seconds_per_step(0.5);
+  done.mutable_rank_result()->set_out_sum(3.0);
+  done.mutable_rank_result()->set_out_sum_squares(9.0);
+  done.mutable_output()->set_dtype(v1::DTYPE_FP32);
+  done.mutable_output()->add_shape(1);
+  done.mutable_output()->set_data(std::string(16, '\0'));
+  absl::StatusOr<v1::ReportTaskResponse> finished = coordinator_->ReportTask(done);
+  ASSERT_TRUE(finished.ok()) << finished.status();
+  EXPECT_FALSE(finished->stop());
+
+  v1::Job job = Get(id, true);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_TRUE(job.has_end_time());
+  EXPECT_EQ(job.progress().steps_done(), 4);
+  const v1::AttentionJobResult& result = job.result().attention();
+  ASSERT_EQ(result.ranks_size(), 1);
+  EXPECT_EQ(result.ranks(0).worker_id(), worker->id());
+  EXPECT_DOUBLE_EQ(result.seconds_per_step(), 0.5);
+  EXPECT_DOUBLE_EQ(result.out_sum(), 3.0);
+  EXPECT_GT(result.flops_per_step(), 0);
+  EXPECT_DOUBLE_EQ(result.tflops(), result.flops_per_step() / 0.5 / 1e12);
+  EXPECT_EQ(result.output().data().size(), 16u);
+  EXPECT_THAT(EventKinds(job),
+              ElementsAre("submitted", "placed", "started", "progress", "succeeded"));
+  for (int i = 0; i < job.events_size(); ++i) EXPECT_EQ(job.events(i).seq(), i + 1);
+
+  // A repeated final report is stale: the worker is told to stop, nothing changes.
+  absl::StatusOr<v1::ReportTaskResponse> again = coordinator_->ReportTask(done);
+  ASSERT_TRUE(again.ok());
+  EXPECT_TRUE(again->stop());
+  EXPECT_EQ(Get(id, true).events_size(), 5);
+
+  const std::string text = metrics_->Serialize();
+  EXPECT_THAT(text,
+              HasSubstr("dattn_jobs_finished_total{kind=\"attention\",state=\"succeeded\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dattn_jobs{kind=\"attention\",state=\"succeeded\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dattn_jobs{kind=\"attention\",state=\"running\"} 0"));
+  EXPECT_THAT(text, HasSubstr("dattn_attention_tokens_total 1024"));  // B*N*iterations = 1*256*4.
+  EXPECT_THAT(text, HasSubstr("dattn_job_queue_wait_seconds_count{kind=\"attention\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dattn_job_duration_seconds_count{kind=\"attention\"} 1"));
+}
+
+TEST_F(CoordinatorTest, WorkerSlotsAndMemoryLimitPlacement) {
+  FakeWorker* worker = AddWorker("cpu-0", int64_t{1} << 30, /*max_ranks=*/1);
+  const std::string a = Submit(ValidRequest("a")).job_id();
+  const std::string b = Submit(ValidRequest("b")).job_id();
+  std::optional<v1::WorkerCommand> first = worker->Next();
+  ASSERT_TRUE(first.has_value());
+  EXPECT_EQ(first->assign().job_id(), a);
+  // One slot: b waits until a ends.
+  EXPECT_FALSE(worker->Next(absl::Milliseconds(200)).has_value());
+  EXPECT_EQ(Get(b).state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(Get(b).queue_position(), 1);
+  ASSERT_TRUE(worker->Report(first->assign().task_id(), v1::TASK_STATE_SUCCEEDED).ok());
+  std::optional<v1::WorkerCommand> second = worker->Next();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->assign().job_id(), b);
+}
+
+// -------------------------------------------------------------------------------------------------
+// Cancel.
+
+TEST_F(CoordinatorTest, CancelQueuedJob) {
+  const std::string id = Submit(ValidRequest("q")).job_id();
+  absl::StatusOr<v1::Job> cancelled = Cancel(id, "changed my mind");
+  ASSERT_TRUE(cancelled.ok()) << cancelled.status();
+  EXPECT_EQ(cancelled->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_THAT(cancelled->state_reason(), HasSubstr("changed my mind"));
+  // Again: OK and unchanged.
+  absl::StatusOr<v1::Job> again = Cancel(id, "twice");
+  ASSERT_TRUE(again.ok());
+  EXPECT_EQ(again->state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_THAT(again->state_reason(), HasSubstr("changed my mind"));
+  EXPECT_THAT(EventKinds(Get(id, true)), ElementsAre("submitted", "cancelled"));
+  // A worker arriving later gets nothing.
+  FakeWorker* worker = AddWorker("late");
+  EXPECT_FALSE(worker->Next(absl::Milliseconds(200)).has_value());
+}
+
+TEST_F(CoordinatorTest, CancelRunningJobWaitsForTheWorker) {
+  FakeWorker* worker = AddWorker("cpu-0");
+  const std::string id = Submit(ValidRequest("r")).job_id();
+  std::optional<v1::WorkerCommand> assign = worker->Next();
+  ASSERT_TRUE(assign.has_value());
+  const std::string task = assign->assign().task_id();
+  ASSERT_TRUE(worker->Report(task, v1::TASK_STATE_STARTED).ok());
+
+  absl::StatusOr<v1::Job> requested = Cancel(id, "stop it");
+  ASSERT_TRUE(requested.ok());
+  EXPECT_EQ(requested->state(), v1::JOB_STATE_RUNNING);
+  std::optional<v1::WorkerCommand> cancel = worker->Next();
+  ASSERT_TRUE(cancel.has_value());
+  ASSERT_TRUE(cancel->has_cancel());
+  EXPECT_EQ(cancel->cancel().task_id(), task);
+  EXPECT_THAT(cancel->cancel().reason(), HasSubstr("stop it"));
+  // Progress reports meanwhile are answered stop = false: "stop" would tell the worker not to
+  // report again, and the job ends only with the worker's final CANCELLED report.
+  absl::StatusOr<v1::ReportTaskResponse> progress =
+      worker->Report(task, v1::TASK_STATE_PROGRESS, 1);
+  ASSERT_TRUE(progress.ok());
+  EXPECT_FALSE(progress->stop());
+  EXPECT_EQ(Get(id, false).state(), v1::JOB_STATE_RUNNING);
+
+  ASSERT_TRUE(worker->Report(task, v1::TASK_STATE_CANCELLED).ok());
+  v1::Job job = Get(id, true);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_THAT(job.state_reason(), HasSubstr("stop it"));
+  EXPECT_THAT(EventKinds(job), ElementsAre("submitted", "placed", "started", "cancel_requested",
+                                           "progress", "cancelled"));
+  // Finished jobs other than cancelled ones cannot be cancelled.
+  const std::string next = Submit(ValidRequest("s")).job_id();
+  std::optional<v1::WorkerCommand> second = worker->Next();
+  ASSERT_TRUE(second.has_value());
+  ASSERT_TRUE(worker->Report(second->assign().task_id(), v1::TASK_STATE_SUCCEEDED).ok());
+  absl::StatusOr<v1::Job> late = Cancel(next);
+  EXPECT_EQ(late.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(std::string(late.status().message()), HasSubstr("already succeeded"));
+}
+
+TEST_F(CoordinatorTest, CancelRequestedThenWorkerLostEndsCancelled) {
+  FakeWorker* worker = AddWorker("cpu-0");
+  const std::string id = Submit(ValidRequest("x")).job_id();
+  ASSERT_TRUE(worker->Next().has_value());
+  ASSERT_TRUE(Cancel(id).ok());
+  // The worker dies before confirming: the cancel completes rather than the job requeueing.
+  worker->StopHeartbeats();
+  ASSERT_TRUE(WaitState(id, v1::JOB_STATE_CANCELLED));
+  EXPECT_THAT(EventKinds(Get(id, true)),
+              ElementsAre("submitted", "placed", "cancel_requested", "worker_lost", "cancelled"));
+}
+
+// -------------------------------------------------------------------------------------------------
+// Failures and recovery.
+
+TEST_F(CoordinatorTest, WorkerDeathRequeuesThenFails) {
+  options_.max_attempts = 2;
+  Restart();
+  const std::string id = Submit(ValidRequest("d")).job_id();
+  for (int attempt = 1; attempt <= 2; ++attempt) {
+    SCOPED_TRACE(attempt);
+    FakeWorker* worker = AddWorker(absl::StrCat("mortal-", attempt));
+    std::optional<v1::WorkerCommand> assign = worker->Next();
+    ASSERT_TRUE(assign.has_value());
+    EXPECT_EQ(assign->assign().attempt(), attempt);
+    ASSERT_TRUE(worker->Report(assign->assign().task_id(), v1::TASK_STATE_STARTED).ok());
+    worker->StopHeartbeats();  // Dead after 500 ms.
+    ASSERT_TRUE(WaitFor([&] { return Get(id).state() != v1::JOB_STATE_RUNNING; }));
+    // Its stream ends, and its late reports are refused.
+    ASSERT_TRUE(WaitFor([&] { return worker->stream_ended(); }));
+    EXPECT_EQ(worker->stream_status().code(), absl::StatusCode::kNotFound);
+    absl::StatusOr<v1::ReportTaskResponse> late =
+        worker->Report(assign->assign().task_id(), v1::TASK_STATE_SUCCEEDED);
+    ASSERT_TRUE(late.ok());
+    EXPECT_TRUE(late->stop());
+    EXPECT_TRUE(worker->Heartbeat().reregister());
+  }
+  v1::Job job = Get(id, true);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(job.state_reason(), HasSubstr("no heartbeat"));
+  EXPECT_THAT(job.state_reason(), HasSubstr("mortal-2"));
+  EXPECT_THAT(job.state_reason(), HasSubstr("exhausted (2 of 2)"));
+  EXPECT_THAT(EventKinds(job),
+              ElementsAre("submitted", "placed", "started", "worker_lost", "requeued", "placed",
+                          "started", "worker_lost", "failed"));
+  EXPECT_THAT(job.events(3).message(), HasSubstr("mortal-1"));
+  EXPECT_EQ(job.events(4).state(), v1::JOB_STATE_QUEUED);
+  EXPECT_THAT(metrics_->Serialize(), HasSubstr("dattn_recoveries_total{kind=\"worker_lost\"} 2"));
+  EXPECT_THAT(metrics_->Serialize(), HasSubstr("dattn_workers{state=\"dead\"} 2"));
+}
+
+TEST_F(CoordinatorTest, HeartbeatsKeepAWorkerAlive) {
+  FakeWorker* worker = AddWorker("steady");
+  const std::string id = Submit(ValidRequest("h")).job_id();
+  std::optional<v1::WorkerCommand> assign = worker->Next();
+  ASSERT_TRUE(assign.has_value());
+  for (int i = 0; i < 20; ++i) {  // 1 s, twice dead_after, with the worker's own heartbeats.
+    v1::HeartbeatResponse hb = worker->Heartbeat({assign->assign().task_id()});
+    EXPECT_FALSE(hb.reregister());
+    EXPECT_FALSE(hb.drain());
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_PLACED);
+  // A task the coordinator does not know is cancelled through the stream.
+  worker->Heartbeat({assign->assign().task_id(), "j-gone/1/0"});
+  std::optional<v1::WorkerCommand> cancel = worker->Next();
+  ASSERT_TRUE(cancel.has_value());
+  EXPECT_EQ(cancel->cancel().task_id(), "j-gone/1/0");
+}
+
+TEST_F(CoordinatorTest, RetryableTaskFailureRequeuesAndOtherFailuresFail) {
+  FakeWorker* worker = AddWorker("cpu-0");
+  const std::string id = Submit(ValidRequest("f")).job_id();
+  std::optional<v1::WorkerCommand> first = worker->Next();
+  ASSERT_TRUE(first.has_value());
+  ASSERT_TRUE(
+      worker->Fail(first->assign().task_id(), absl::StatusCode::kUnavailable, "gloo peer gone")
+          .ok());
+  std::optional<v1::WorkerCommand> second = worker->Next();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->assign().attempt(), 2);
+  EXPECT_EQ(second->assign().task_id(), id + "/2/0");
+  ASSERT_TRUE(worker
+                  ->Fail(second->assign().task_id(), absl::StatusCode::kInvalidArgument,
+                         "head dim D = 16 is not supported")
+                  .ok());
+  v1::Job job = Get(id, true);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(job.state_reason(), HasSubstr("head dim D = 16 is not supported"));
+  EXPECT_THAT(job.state_reason(), HasSubstr("INVALID_ARGUMENT"));
+  EXPECT_THAT(EventKinds(job), ElementsAre("submitted", "placed", "requeued", "placed", "failed"));
+  EXPECT_THAT(job.events(2).message(), HasSubstr("gloo peer gone"));
+}
+
+TEST_F(CoordinatorTest, OutOfMemoryFailsWithThePlannerEstimate) {
+  FakeWorker* worker = AddWorker("cpu-0");
+  const std::string id = Submit(ValidRequest("oom")).job_id();
+  std::optional<v1::WorkerCommand> assign = worker->Next();
+  ASSERT_TRUE(assign.has_value());
+  ASSERT_TRUE(
+      worker
+          ->Fail(assign->assign().task_id(), absl::StatusCode::kResourceExhausted, "out of memory")
+          .ok());
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(job.state_reason(), HasSubstr("planner estimate"));
+  EXPECT_THAT(job.state_reason(), HasSubstr("measured free"));
+}
+
+TEST_F(CoordinatorTest, ReregisteringWorkerRecoversItsTasks) {
+  FakeWorker* old_worker = AddWorker("pod-7");
+  const std::string id = Submit(ValidRequest("re")).job_id();
+  std::optional<v1::WorkerCommand> assign = old_worker->Next();
+  ASSERT_TRUE(assign.has_value());
+  // The same name registers again (the process restarted): the old registration's job is requeued
+  // and placed on the new one as attempt 2.
+  FakeWorker* new_worker = AddWorker("pod-7");
+  EXPECT_NE(new_worker->id(), old_worker->id());
+  std::optional<v1::WorkerCommand> again = new_worker->Next();
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->assign().attempt(), 2);
+  v1::Job job = Get(id, true);
+  EXPECT_THAT(EventKinds(job),
+              ElementsAre("submitted", "placed", "worker_lost", "requeued", "placed"));
+  EXPECT_THAT(job.events(2).message(), HasSubstr("registered again"));
+  absl::StatusOr<v1::ReportTaskResponse> stale =
+      old_worker->Report(assign->assign().task_id(), v1::TASK_STATE_STARTED);
+  ASSERT_TRUE(stale.ok());
+  EXPECT_TRUE(stale->stop());
+  EXPECT_THAT(metrics_->Serialize(),
+              HasSubstr("dattn_recoveries_total{kind=\"worker_reregistered\"} 1"));
+}
+
+TEST_F(CoordinatorTest, DrainedWorkerGetsNoNewWorkAndItsStreamEnds) {
+  FakeWorker* worker = AddWorker("drain-me");
+  const std::string a = Submit(ValidRequest("a")).job_id();
+  std::optional<v1::WorkerCommand> assign = worker->Next();
+  ASSERT_TRUE(assign.has_value());
+  v1::DrainWorkerRequest drain;
+  drain.set_worker_id("drain-me");  // By name.
+  absl::StatusOr<v1::Worker> drained = coordinator_->DrainWorker(drain);
+  ASSERT_TRUE(drained.ok()) << drained.status();
+  EXPECT_EQ(drained->state(), v1::WORKER_STATE_DRAINING);
+  EXPECT_THAT(drained->task_ids(), ElementsAre(assign->assign().task_id()));
+  EXPECT_TRUE(coordinator_->DrainWorker(drain).ok());  // Idempotent.
+  EXPECT_TRUE(worker->Heartbeat().drain());
+  const std::string b = Submit(ValidRequest("b")).job_id();  // Accepted: workers may come.
+  ASSERT_TRUE(worker->Report(assign->assign().task_id(), v1::TASK_STATE_SUCCEEDED).ok());
+  ASSERT_TRUE(WaitFor([&] { return worker->stream_ended(); }));
+  EXPECT_TRUE(worker->stream_status().ok()) << worker->stream_status();
+  EXPECT_EQ(Get(b).state(), v1::JOB_STATE_QUEUED);
+  drain.set_worker_id("nobody");
+  EXPECT_EQ(coordinator_->DrainWorker(drain).status().code(), absl::StatusCode::kNotFound);
+
+  absl::StatusOr<v1::ListWorkersResponse> list =
+      coordinator_->ListWorkers(v1::ListWorkersRequest());
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->workers_size(), 1);
+  EXPECT_EQ(list->workers(0).name(), "drain-me");
+  EXPECT_EQ(list->workers(0).capabilities().max_ranks(), 1);
+  EXPECT_TRUE(list->workers(0).has_last_heartbeat());
+}
+
+// -------------------------------------------------------------------------------------------------
+// Restart recovery.
+
+TEST_F(CoordinatorTest, RestartRequeuesRunningJobsAndKeepsQueuedOrder) {
+  FakeWorker* worker = AddWorker("cpu-0");
+  const std::string running = Submit(ValidRequest("running")).job_id();
+  std::optional<v1::WorkerCommand> assign = worker->Next();
+  ASSERT_TRUE(assign.has_value());
+  ASSERT_TRUE(worker->Report(assign->assign().task_id(), v1::TASK_STATE_STARTED).ok());
+  const std::string q1 = Submit(ValidRequest("q1")).job_id();
+  const std::string q2 = Submit(ValidRequest("q2")).job_id();
+  const std::string old_worker_id = worker->id();
+
+  Restart();
+
+  v1::Job job = Get(running, true);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(job.attempt(), 2);
+  EXPECT_EQ(EventKinds(job).back(), "coordinator_restarted");
+  EXPECT_THAT(job.state_reason(), HasSubstr("requeued as attempt 2"));
+  // Submit order is kept: the requeued job was submitted first.
+  EXPECT_EQ(job.queue_position(), 1);
+  EXPECT_EQ(Get(q1).queue_position(), 2);
+  EXPECT_EQ(Get(q2).queue_position(), 3);
+  // The old registration is unknown: told to register again; its reports are refused.
+  v1::HeartbeatRequest hb;
+  hb.set_worker_id(old_worker_id);
+  EXPECT_TRUE(coordinator_->Heartbeat(hb)->reregister());
+  v1::TaskReport report;
+  report.set_worker_id(old_worker_id);
+  report.set_task_id(assign->assign().task_id());
+  report.set_state(v1::TASK_STATE_SUCCEEDED);
+  report.mutable_rank_result();
+  EXPECT_TRUE(coordinator_->ReportTask(report)->stop());
+  // Idempotency survives the restart.
+  absl::StatusOr<v1::SubmitJobResponse> resubmit = coordinator_->SubmitJob(ValidRequest("q1"));
+  ASSERT_TRUE(resubmit.ok());
+  EXPECT_FALSE(resubmit->created());
+  EXPECT_EQ(resubmit->job().job_id(), q1);
+  // Gauges come from the store.
+  EXPECT_THAT(metrics_->Serialize(),
+              HasSubstr("dattn_jobs{kind=\"attention\",state=\"queued\"} 3"));
+  EXPECT_THAT(metrics_->Serialize(),
+              HasSubstr("dattn_recoveries_total{kind=\"coordinator_restarted\"} 1"));
+
+  // A new worker runs attempt 2; the job succeeds once.
+  FakeWorker* fresh = AddWorker("cpu-0");
+  std::optional<v1::WorkerCommand> rerun = fresh->Next();
+  ASSERT_TRUE(rerun.has_value());
+  EXPECT_EQ(rerun->assign().task_id(), running + "/2/0");
+  ASSERT_TRUE(fresh->Report(rerun->assign().task_id(), v1::TASK_STATE_SUCCEEDED).ok());
+  EXPECT_EQ(Get(running).state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+TEST_F(CoordinatorTest, RestartHonoursARequestedCancel) {
+  FakeWorker* worker = AddWorker("cpu-0");
+  const std::string id = Submit(ValidRequest("c")).job_id();
+  ASSERT_TRUE(worker->Next().has_value());
+  ASSERT_TRUE(Cancel(id, "no longer needed").ok());
+  Restart();
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_CANCELLED);
+  EXPECT_THAT(job.state_reason(), HasSubstr("restarted"));
+}
+
+TEST_F(CoordinatorTest, SecondCoordinatorOnTheSameDataDirIsRefused) {
+  Coordinator second(options_, nullptr);
+  absl::Status s = second.Start();
+  EXPECT_EQ(s.code(), absl::StatusCode::kFailedPrecondition) << s;
+  EXPECT_EQ(second.Health().code(), absl::StatusCode::kUnavailable);
+  v1::GetJobRequest get;
+  get.set_job_id("j-1");
+  EXPECT_EQ(second.GetJob(get).status().code(), absl::StatusCode::kUnavailable);
+}
+
+// -------------------------------------------------------------------------------------------------
+// WatchJob and ListJobs.
+
+TEST_F(CoordinatorTest, WatchJobReplaysHistoryThenFollowsLive) {
+  const std::string id = Submit(ValidRequest("w")).job_id();
+  absl::Mutex mu;
+  std::vector<v1::JobEvent> seen;
+  absl::Status watch_status;
+  bool done = false;
+  std::thread watcher([&] {
+    v1::WatchJobRequest request;
+    request.set_job_id(id);
+    absl::Status s = coordinator_->WatchJob(
+        request,
+        [&](const v1::JobEvent& e) {
+          absl::MutexLock lock(&mu);
+          seen.push_back(e);
+          return true;
+        },
+        [] { return false; });
+    absl::MutexLock lock(&mu);
+    watch_status = s;
+    done = true;
+  });
+  ASSERT_TRUE(WaitFor([&] {
+    absl::MutexLock lock(&mu);
+    return seen.size() == 1;
+  }));
+  FakeWorker* worker = AddWorker("cpu-0");
+  std::optional<v1::WorkerCommand> assign = worker->Next();
+  ASSERT_TRUE(assign.has_value());
+  ASSERT_TRUE(worker->Report(assign->assign().task_id(), v1::TASK_STATE_STARTED).ok());
+  ASSERT_TRUE(worker->Report(assign->assign().task_id(), v1::TASK_STATE_SUCCEEDED).ok());
+  ASSERT_TRUE(WaitFor([&] {
+    absl::MutexLock lock(&mu);
+    return done;
+  }));
+  watcher.join();
+  EXPECT_TRUE(watch_status.ok()) << watch_status;
+  ASSERT_EQ(seen.size(), 4u);
+  for (size_t i = 0; i < seen.size(); ++i) EXPECT_EQ(seen[i].seq(), static_cast<int64_t>(i + 1));
+  EXPECT_EQ(seen.back().kind(), "succeeded");
+  EXPECT_EQ(seen.back().state(), v1::JOB_STATE_SUCCEEDED);
+
+  // A watch of a finished job replays what is after after_seq and ends at once.
+  std::vector<std::string> kinds;
+  v1::WatchJobRequest request;
+  request.set_job_id(id);
+  request.set_after_seq(2);
+  ASSERT_TRUE(coordinator_
+                  ->WatchJob(
+                      request,
+                      [&](const v1::JobEvent& e) {
+                        kinds.push_back(e.kind());
+                        return true;
+                      },
+                      nullptr)
+                  .ok());
+  EXPECT_THAT(kinds, ElementsAre("started", "succeeded"));
+  request.set_job_id("j-unknown");
+  EXPECT_EQ(coordinator_
+                ->WatchJob(
+                    request, [](const v1::JobEvent&) { return true; }, nullptr)
+                .code(),
+            absl::StatusCode::kNotFound);
+}
+
+TEST_F(CoordinatorTest, WatchEndsWhenCancelledOrStreamsClose) {
+  const std::string id = Submit(ValidRequest("w")).job_id();
+  v1::WatchJobRequest request;
+  request.set_job_id(id);
+  std::atomic<bool> cancel{false};
+  absl::Status status;
+  std::thread watcher([&] {
+    status = coordinator_->WatchJob(
+        request, [](const v1::JobEvent&) { return true; }, [&] { return cancel.load(); });
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  cancel = true;
+  watcher.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kCancelled);
+
+  std::thread second([&] {
+    status = coordinator_->WatchJob(
+        request, [](const v1::JobEvent&) { return true; }, nullptr);
+  });
+  absl::SleepFor(absl::Milliseconds(50));
+  coordinator_->CloseStreams();
+  second.join();
+  EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(CoordinatorTest, ListJobsPagesNewestFirstAndFilters) {
+  std::vector<std::string> ids;
+  for (int i = 0; i < 5; ++i) {
+    v1::SubmitJobRequest request = ValidRequest(absl::StrCat("k", i));
+    request.mutable_spec()->set_tenant(i % 2 == 0 ? "even" : "odd");
+    ids.push_back(Submit(request).job_id());
+  }
+  ASSERT_TRUE(Cancel(ids[1]).ok());
+  std::vector<std::string> listed;
+  v1::ListJobsRequest request;
+  request.set_page_size(2);
+  int pages = 0;
+  do {
+    absl::StatusOr<v1::ListJobsResponse> page = coordinator_->ListJobs(request);
+    ASSERT_TRUE(page.ok()) << page.status();
+    EXPECT_LE(page->jobs_size(), 2);
+    for (const v1::Job& job : page->jobs()) listed.push_back(job.job_id());
+    request.set_page_token(page->next_page_token());
+    ++pages;
+  } while (!request.page_token().empty() && pages < 10);
+  EXPECT_EQ(pages, 3);
+  EXPECT_THAT(listed, ElementsAre(ids[4], ids[3], ids[2], ids[1], ids[0]));
+
+  v1::ListJobsRequest filtered;
+  filtered.set_tenant("odd");
+  filtered.add_states(v1::JOB_STATE_QUEUED);
+  absl::StatusOr<v1::ListJobsResponse> odd = coordinator_->ListJobs(filtered);
+  ASSERT_TRUE(odd.ok());
+  ASSERT_EQ(odd->jobs_size(), 1);
+  EXPECT_EQ(odd->jobs(0).job_id(), ids[3]);
+  EXPECT_GT(odd->jobs(0).queue_position(), 0);  // Active jobs show live fields.
+
+  request.set_page_token("garbage");
+  EXPECT_EQ(coordinator_->ListJobs(request).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// -------------------------------------------------------------------------------------------------
+// Shutdown.
+
+TEST_F(CoordinatorTest, ShutdownStopsSubmitsAndRequeuesUnfinishedJobs) {
+  FakeWorker* worker = AddWorker("cpu-0");
+  const std::string id = Submit(ValidRequest("long")).job_id();
+  std::optional<v1::WorkerCommand> assign = worker->Next();
+  ASSERT_TRUE(assign.has_value());
+  ASSERT_TRUE(worker->Report(assign->assign().task_id(), v1::TASK_STATE_STARTED).ok());
+
+  ASSERT_TRUE(coordinator_->Health().ok());
+  coordinator_->StopAccepting();
+  EXPECT_EQ(coordinator_->Health().code(), absl::StatusCode::kUnavailable);
+  absl::StatusOr<v1::SubmitJobResponse> refused = coordinator_->SubmitJob(ValidRequest("late"));
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kUnavailable);
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("shutting down"));
+  // Reads and reports go on while draining.
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_RUNNING);
+  ASSERT_TRUE(worker->Report(assign->assign().task_id(), v1::TASK_STATE_PROGRESS, 1).ok());
+
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(coordinator_->Drain(absl::Milliseconds(100)).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  std::optional<v1::WorkerCommand> cancel = worker->Next();
+  ASSERT_TRUE(cancel.has_value());
+  EXPECT_EQ(cancel->cancel().task_id(), assign->assign().task_id());
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(job.attempt(), 2);
+  EXPECT_THAT(job.state_reason(), HasSubstr("drain timeout"));
+  coordinator_->CloseStreams();
+  ASSERT_TRUE(WaitFor([&] { return worker->stream_ended(); }));
+  EXPECT_EQ(worker->stream_status().code(), absl::StatusCode::kUnavailable);
+}
+
+TEST_F(CoordinatorTest, DrainReturnsAsSoonAsRunningJobsEnd) {
+  FakeWorker* worker = AddWorker("cpu-0");
+  const std::string id = Submit(ValidRequest("short")).job_id();
+  std::optional<v1::WorkerCommand> assign = worker->Next();
+  ASSERT_TRUE(assign.has_value());
+  coordinator_->StopAccepting();
+  std::thread finisher([&] {
+    absl::SleepFor(absl::Milliseconds(100));
+    EXPECT_TRUE(worker->Report(assign->assign().task_id(), v1::TASK_STATE_SUCCEEDED).ok());
+  });
+  const absl::Time start = absl::Now();
+  ASSERT_TRUE(coordinator_->Drain(absl::Seconds(20)).ok());
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  finisher.join();
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+// -------------------------------------------------------------------------------------------------
+// Metrics.
+
+TEST_F(CoordinatorTest, MetricNamesArePresentFromTheStart) {
+  const std::string text = metrics_->Serialize();
+  for (const char* name :
+       {"# TYPE dattn_jobs gauge", "# TYPE dattn_jobs_submitted_total counter",
+        "# TYPE dattn_jobs_finished_total counter", "# TYPE dattn_queue_depth gauge",
+        "# TYPE dattn_job_duration_seconds histogram",
+        "# TYPE dattn_job_queue_wait_seconds histogram",
+        "# TYPE dattn_attention_tokens_total counter", "# TYPE dattn_attention_flops_total counter",
+        "# TYPE dattn_workers gauge", "# TYPE dattn_recoveries_total counter",
+        "# TYPE dattn_store_commit_seconds histogram"}) {
+    EXPECT_THAT(text, HasSubstr(name));
+  }
+  Submit(ValidRequest("m"));
+  AddWorker("cpu-0", int64_t{1} << 30, 1, /*stream=*/false);
+  const std::string after = metrics_->Serialize();
+  EXPECT_THAT(after, HasSubstr("dattn_workers{state=\"ready\"} 1"));
+  EXPECT_THAT(after, ::testing::ContainsRegex("dattn_store_commit_seconds_count [1-9]"));
+}
+
+}  // namespace
+}  // namespace server
+}  // namespace dattn

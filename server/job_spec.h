@@ -1,0 +1,96 @@
+// Validation of submitted jobs and what the coordinator derives from a valid spec: the engine's
+// view of the attention problem, the device kinds it may run on and the memory one rank needs on
+// each.
+//
+// Every error names the request's field path and the offending value, so that it can be shown to a
+// user unchanged: "spec.attention.shape.head_dim: must be >= 1, got 0". Codes: INVALID_ARGUMENT for
+// a bad value; UNIMPLEMENTED for a valid request the system cannot run yet (multi-rank jobs before
+// the ring engine; GPU jobs before the CUDA memory planner).
+//
+// All functions are pure and may be called from any thread.
+#ifndef DATTN_SERVER_JOB_SPEC_H_
+#define DATTN_SERVER_JOB_SPEC_H_
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "dattn/v1/job.pb.h"
+#include "dattn/v1/job_service.pb.h"
+#include "engine/attention_spec.h"
+#include "engine/tensor.h"
+
+namespace dattn {
+namespace server {
+
+// API limits (job.proto, job_service.proto).
+inline constexpr size_t kMaxIdempotencyKeyLength = 128;
+inline constexpr size_t kMaxJobNameLength = 128;
+inline constexpr size_t kMaxTenantLength = 64;
+inline constexpr int kMinPriority = -100;
+inline constexpr int kMaxPriority = 100;
+inline constexpr int64_t kMaxIterations = 1000000;
+inline constexpr int64_t kMaxReturnedOutputBytes = int64_t{64} << 20;
+inline constexpr size_t kMaxCancelReasonLength = 256;
+inline constexpr int kMaxPageSize = 1000;
+inline constexpr int kDefaultPageSize = 50;
+
+// Threads the memory plan of a CPU rank assumes: the CPU backend's scratch grows with its thread
+// count and workers differ, so the plan takes a bound above any CPU worker's thread count. The
+// per-thread scratch is small (tiles), so the bound costs little memory in the fit.
+inline constexpr int kCpuPlanThreads = 64;
+
+// One device kind a job may run on, with the planner's numbers for one rank there.
+struct DeviceVariant {
+  bool gpu = false;
+  int64_t memory_per_rank_bytes = 0;
+  std::string memory_plan;  // MemoryPlan::DebugString(), for messages.
+};
+
+// What the coordinator needs to know about a valid attention job.
+struct AttentionJobInfo {
+  AttentionSpec spec;  // The engine's spec.
+  DType dtype = DType::kFloat32;
+  int64_t batch = 0, seq_len = 0, num_heads = 0, head_dim = 0;
+  int num_ranks = 1;
+  int64_t iterations = 1;  // Resolved: an unset (0) iterations is 1.
+  bool backward = false;
+  int64_t output_bytes = 0;   // B*N*H*D*sizeof(dtype): the returned output's size.
+  double flops_per_step = 0;  // Nominal FLOPs of one step (x3.5 with backward).
+  double tokens = 0;          // B*N*iterations: what dattn_attention_tokens_total counts.
+  // Device kinds it may run on, in preference order (GPU before CPU for DEVICE_PREFERENCE_ANY);
+  // never empty.
+  std::vector<DeviceVariant> variants;
+};
+
+// The engine's dtype for an API dtype, or INVALID_ARGUMENT naming `field` and the value.
+absl::StatusOr<DType> ToEngineDType(v1::DType dtype, const std::string& field);
+// The engine's spec for an API spec (enum conversion only; validation is separate), or
+// INVALID_ARGUMENT for enum values outside the API's, naming the field under `path`.
+absl::StatusOr<AttentionSpec> ToEngineSpec(const v1::AttentionSpec& spec, const std::string& path);
+
+// Checks every field of a submit request (key, name, tenant, priority, the attention work) and
+// derives the job's info. See the top of this file for the errors.
+absl::StatusOr<AttentionJobInfo> ValidateSubmitJobRequest(const v1::SubmitJobRequest& request);
+
+// The same checks on a spec alone (fields named from "spec."); used for stored jobs at restart.
+absl::StatusOr<AttentionJobInfo> AnalyzeJobSpec(const v1::JobSpec& spec);
+
+// The job's result from its ranks' results (any order; one per rank) and rank 0's output tensor
+// (set only when the job asked for it): per-rank results in rank order, the slowest rank's step
+// time, sums of the checksums, the nominal FLOPs of one step and the whole job's effective TFLOP/s.
+v1::AttentionJobResult CombineRankResults(const AttentionJobInfo& info,
+                                          std::vector<v1::RankResult> ranks, v1::Tensor output,
+                                          bool return_output);
+
+// Request checks of the other job RPCs (INVALID_ARGUMENT naming the field and value).
+absl::Status ValidateJobId(const std::string& job_id);
+absl::Status ValidateListJobsRequest(const v1::ListJobsRequest& request);
+absl::Status ValidateCancelJobRequest(const v1::CancelJobRequest& request);
+
+}  // namespace server
+}  // namespace dattn
+
+#endif  // DATTN_SERVER_JOB_SPEC_H_

@@ -1,0 +1,118 @@
+#include "server/job_spec.h"
+
+#include "engine/memory_plan.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+
+namespace dattn {
+namespace server {
+namespace {
+
+using ::testing::HasSubstr;
+
+v1::SubmitJobRequest Request() {
+  v1::SubmitJobRequest request;
+  request.set_idempotency_key("k");
+  v1::AttentionJobSpec* a = request.mutable_spec()->mutable_attention();
+  a->mutable_attention()->add_segment_lengths(128);
+  a->mutable_attention()->add_dilation_rates(1);
+  a->mutable_attention()->add_segment_lengths(256);
+  a->mutable_attention()->add_dilation_rates(2);
+  a->mutable_attention()->set_mode(v1::ATTENTION_MODE_MIXTURE);
+  a->mutable_attention()->set_head_offsets(v1::HEAD_OFFSETS_BLOCKED);
+  a->mutable_attention()->set_scale(0.25);
+  a->mutable_shape()->set_batch(2);
+  a->mutable_shape()->set_seq_len(512);
+  a->mutable_shape()->set_num_heads(4);
+  a->mutable_shape()->set_head_dim(32);
+  a->set_dtype(v1::DTYPE_FP64);
+  a->set_num_ranks(1);
+  a->set_pass(v1::PASS_FORWARD_BACKWARD);
+  return request;
+}
+
+TEST(JobSpecTest, DerivesTheEngineViewOfAValidJob) {
+  absl::StatusOr<AttentionJobInfo> info = ValidateSubmitJobRequest(Request());
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->spec.mode, AttentionMode::kMixture);
+  EXPECT_EQ(info->spec.head_offsets, HeadOffsets::kBlocked);
+  ASSERT_TRUE(info->spec.scale.has_value());
+  EXPECT_EQ(*info->spec.scale, 0.25);
+  EXPECT_EQ(info->dtype, DType::kFloat64);
+  EXPECT_TRUE(info->backward);
+  EXPECT_EQ(info->iterations, 1);  // Unset means 1.
+  EXPECT_EQ(info->output_bytes, 2 * 512 * 4 * 32 * 8);
+  EXPECT_DOUBLE_EQ(info->tokens, 2.0 * 512);
+  EXPECT_DOUBLE_EQ(info->flops_per_step,
+                   3.5 * dilation::NominalForwardFlops(info->spec, 2, 512, 4, 32));
+
+  // DEVICE_PREFERENCE_ANY with fp64: only CPU workers run it, with the planner's bytes per rank.
+  ASSERT_EQ(info->variants.size(), 1u);
+  EXPECT_FALSE(info->variants[0].gpu);
+  PlanOptions options;
+  options.dtype = DType::kFloat64;
+  options.backward = true;
+  options.num_threads = kCpuPlanThreads;
+  absl::StatusOr<MemoryPlan> plan = PlanAttentionMemory(info->spec, {2, 512, 4, 32}, options);
+  ASSERT_TRUE(plan.ok());
+  EXPECT_EQ(info->variants[0].memory_per_rank_bytes, plan->total_bytes());
+  EXPECT_EQ(info->variants[0].memory_plan, plan->DebugString());
+}
+
+TEST(JobSpecTest, TheStoredSpecAloneIsCheckedTheSameWay) {
+  v1::JobSpec spec = Request().spec();
+  EXPECT_TRUE(AnalyzeJobSpec(spec).ok());
+  spec.mutable_attention()->mutable_shape()->set_num_heads(0);
+  EXPECT_THAT(std::string(AnalyzeJobSpec(spec).status().message()),
+              HasSubstr("spec.attention.shape.num_heads: must be >= 1, got 0"));
+}
+
+TEST(JobSpecTest, MessagesQuoteAndCutOddValues) {
+  v1::SubmitJobRequest request = Request();
+  request.mutable_spec()->set_tenant(std::string("a\nb"));
+  EXPECT_THAT(std::string(ValidateSubmitJobRequest(request).status().message()),
+              HasSubstr("\"a\\x0ab\""));
+  request.mutable_spec()->set_tenant("");
+  request.mutable_spec()->set_name(std::string(300, 'n'));
+  const std::string message(ValidateSubmitJobRequest(request).status().message());
+  EXPECT_THAT(message, HasSubstr("got 300"));
+  EXPECT_THAT(message, HasSubstr("...\""));
+  EXPECT_LT(message.size(), 150u);
+}
+
+TEST(JobSpecTest, CombinesRankResults) {
+  AttentionJobInfo info;
+  info.flops_per_step = 2e12;
+  std::vector<v1::RankResult> ranks(2);
+  ranks[0].set_rank(1);
+  ranks[0].set_seconds_per_step(0.5);
+  ranks[0].set_out_sum(1);
+  ranks[0].set_out_sum_squares(2);
+  ranks[0].set_grad_sum(3);
+  ranks[0].set_grad_sum_squares(4);
+  ranks[1].set_rank(0);
+  ranks[1].set_seconds_per_step(0.25);
+  ranks[1].set_out_sum(10);
+  ranks[1].set_out_sum_squares(20);
+  ranks[1].set_grad_sum(30);
+  ranks[1].set_grad_sum_squares(40);
+  v1::Tensor output;
+  output.set_data("abcd");
+  v1::AttentionJobResult result = CombineRankResults(info, ranks, output, /*return_output=*/true);
+  ASSERT_EQ(result.ranks_size(), 2);
+  EXPECT_EQ(result.ranks(0).rank(), 0);
+  EXPECT_EQ(result.ranks(1).rank(), 1);
+  EXPECT_DOUBLE_EQ(result.seconds_per_step(), 0.5);  // The slowest rank.
+  EXPECT_DOUBLE_EQ(result.tflops(), 4.0);            // 2e12 FLOPs / 0.5 s.
+  EXPECT_DOUBLE_EQ(result.out_sum(), 11);
+  EXPECT_DOUBLE_EQ(result.out_sum_squares(), 22);
+  EXPECT_DOUBLE_EQ(result.grad_sum(), 33);
+  EXPECT_DOUBLE_EQ(result.grad_sum_squares(), 44);
+  EXPECT_DOUBLE_EQ(result.flops_per_step(), 2e12);
+  EXPECT_EQ(result.output().data(), "abcd");
+  EXPECT_FALSE(CombineRankResults(info, ranks, output, /*return_output=*/false).has_output());
+}
+
+}  // namespace
+}  // namespace server
+}  // namespace dattn

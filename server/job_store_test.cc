@@ -1,0 +1,1101 @@
+#include "server/job_store.h"
+
+#include <fcntl.h>
+#include <signal.h>
+#include <sqlite3.h>
+#include <sys/resource.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/escaping.h"
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/barrier.h"
+#include "gmock/gmock.h"
+#include "gtest/gtest.h"
+#include "server/job_state.h"
+
+namespace dattn {
+namespace server {
+namespace {
+
+using ::testing::ElementsAre;
+using ::testing::HasSubstr;
+
+// A fresh directory per test under bazel's TEST_TMPDIR.
+std::string TestDir() {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
+  std::string dir = absl::StrCat(tmp != nullptr ? tmp : "/tmp", "/job_store_test/",
+                                 info->test_suite_name(), ".", info->name());
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+v1::Job MakeJob(const std::string& id, const std::string& key, const std::string& tenant = "t",
+                int priority = 0, uint64_t seed = 1) {
+  v1::Job job;
+  job.set_job_id(id);
+  job.set_idempotency_key(key);
+  job.set_state(v1::JOB_STATE_QUEUED);
+  v1::JobSpec* spec = job.mutable_spec();
+  spec->set_name("job " + key);  // A retry has a new id but the same spec.
+  spec->set_tenant(tenant);
+  spec->set_priority(priority);
+  v1::AttentionJobSpec* att = spec->mutable_attention();
+  att->set_num_ranks(2);
+  att->set_iterations(3);
+  att->set_seed(seed);
+  att->mutable_shape()->set_seq_len(4096);
+  return job;
+}
+
+v1::JobEvent Ev(const std::string& kind) {
+  v1::JobEvent e;
+  e.set_kind(kind);
+  e.set_message("test " + kind);
+  return e;
+}
+
+// Moves `job` to `state` through the store and returns the event's seq.
+int64_t Move(JobStore& store, v1::Job& job, v1::JobState state, const std::string& kind) {
+  job.set_state(state);
+  absl::StatusOr<int64_t> seq = store.Update(job, Ev(kind));
+  EXPECT_TRUE(seq.ok()) << seq.status();
+  return seq.ok() ? *seq : -1;
+}
+
+std::unique_ptr<JobStore> OpenOrDie(const std::string& path, const JobStoreOptions& options = {}) {
+  auto store = JobStore::Open(path, options);
+  EXPECT_TRUE(store.ok()) << store.status();
+  return store.ok() ? std::move(*store) : nullptr;
+}
+
+TEST(JobStoreTest, SubmitThenGet) {
+  const std::string path = TestDir() + "/sub/dir/jobs.db";  // Parents are created.
+  auto store = OpenOrDie(path);
+  ASSERT_NE(store, nullptr);
+  EXPECT_TRUE(store->Health().ok());
+
+  absl::StatusOr<SubmitOutcome> out = store->Submit(MakeJob("j-1", "k-1"), Ev("submitted"));
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_TRUE(out->created);
+  EXPECT_EQ(out->submit_seq, 1);
+  EXPECT_EQ(out->job.job_id(), "j-1");
+  EXPECT_TRUE(out->job.has_create_time());  // Filled in by the store.
+
+  absl::StatusOr<StoredJob> got = store->GetJob("j-1");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->submit_seq, 1);
+  EXPECT_EQ(got->job.SerializeAsString(), out->job.SerializeAsString());
+  EXPECT_EQ(got->job.spec().attention().shape().seq_len(), 4096);
+
+  absl::StatusOr<StoredJob> by_key = store->GetJobByKey("k-1");
+  ASSERT_TRUE(by_key.ok()) << by_key.status();
+  EXPECT_EQ(by_key->job.job_id(), "j-1");
+
+  absl::StatusOr<std::vector<v1::JobEvent>> events = store->Events("j-1", 0, 0);
+  ASSERT_TRUE(events.ok()) << events.status();
+  ASSERT_EQ(events->size(), 1u);
+  EXPECT_EQ((*events)[0].job_id(), "j-1");
+  EXPECT_EQ((*events)[0].seq(), 1);
+  EXPECT_EQ((*events)[0].state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ((*events)[0].kind(), "submitted");
+  EXPECT_TRUE((*events)[0].has_time());
+
+  absl::StatusOr<StoredJob> missing = store->GetJob("j-nope");
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("j-nope"));
+  EXPECT_EQ(store->GetJobByKey("k-nope").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store->Events("j-nope", 0, 0).status().code(), absl::StatusCode::kNotFound);
+  absl::StatusOr<std::vector<v1::JobEvent>> none_newer = store->Events("j-1", 1, 0);
+  ASSERT_TRUE(none_newer.ok()) << none_newer.status();  // A known job with no newer events.
+  EXPECT_TRUE(none_newer->empty());
+  EXPECT_EQ(store->Events("j-1", -1, 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->Events("j-1", 0, -1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+TEST(JobStoreTest, StoredJobDropsEventsAndQueuePosition) {
+  auto store = OpenOrDie(TestDir() + "/jobs.db");
+  v1::Job job = MakeJob("j-1", "k-1");
+  *job.add_events() = Ev("bogus");
+  job.set_queue_position(7);
+  ASSERT_TRUE(store->Submit(job, Ev("submitted")).ok());
+  absl::StatusOr<StoredJob> got = store->GetJob("j-1");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->job.events_size(), 0);
+  EXPECT_EQ(got->job.queue_position(), 0);
+}
+
+TEST(JobStoreTest, IdempotentResubmit) {
+  auto store = OpenOrDie(TestDir() + "/jobs.db");
+  v1::Job first = MakeJob("j-1", "key", "t", 0, 7);
+  ASSERT_TRUE(store->Submit(first, Ev("submitted")).ok());
+
+  // A retry carries a freshly generated id; the key decides.
+  absl::StatusOr<SubmitOutcome> again =
+      store->Submit(MakeJob("j-2", "key", "t", 0, 7), Ev("submitted"));
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_FALSE(again->created);
+  EXPECT_EQ(again->job.job_id(), "j-1");
+  EXPECT_EQ(again->submit_seq, 1);
+  EXPECT_EQ(store->GetJob("j-2").status().code(), absl::StatusCode::kNotFound);
+
+  // The job moved on; a retry returns its current state and writes no event.
+  v1::Job moved = first;
+  Move(*store, moved, v1::JOB_STATE_PLACED, "placed");
+  again = store->Submit(MakeJob("j-3", "key", "t", 0, 7), Ev("submitted"));
+  ASSERT_TRUE(again.ok());
+  EXPECT_FALSE(again->created);
+  EXPECT_EQ(again->job.state(), v1::JOB_STATE_PLACED);
+  EXPECT_EQ(store->Events("j-1", 0, 0)->size(), 2u);
+
+  absl::StatusOr<SubmitOutcome> other =
+      store->Submit(MakeJob("j-4", "key", "t", 0, 8), Ev("submitted"));
+  EXPECT_EQ(other.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(other.status().message(), HasSubstr("\"key\""));
+  EXPECT_THAT(other.status().message(), HasSubstr("j-1"));
+
+  // The same id under another key is a coordinator bug, reported rather than overwritten.
+  absl::StatusOr<SubmitOutcome> dup_id = store->Submit(MakeJob("j-1", "key-2"), Ev("submitted"));
+  EXPECT_EQ(dup_id.status().code(), absl::StatusCode::kAlreadyExists);
+  EXPECT_THAT(dup_id.status().message(), HasSubstr("j-1"));
+  EXPECT_EQ(store->GetJobByKey("key-2").status().code(), absl::StatusCode::kNotFound);
+}
+
+TEST(JobStoreTest, SubmitRejectsMalformedInput) {
+  auto store = OpenOrDie(TestDir() + "/jobs.db");
+  EXPECT_EQ(store->Submit(MakeJob("", "k"), Ev("submitted")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->Submit(MakeJob("j", ""), Ev("submitted")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::Job running = MakeJob("j", "k");
+  running.set_state(v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(store->Submit(running, Ev("submitted")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::JobEvent wrong_job = Ev("submitted");
+  wrong_job.set_job_id("j-other");
+  EXPECT_EQ(store->Submit(MakeJob("j", "k"), wrong_job).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::JobEvent wrong_state = Ev("submitted");
+  wrong_state.set_state(v1::JOB_STATE_RUNNING);
+  EXPECT_EQ(store->Submit(MakeJob("j", "k"), wrong_state).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->CountByState()->size(), 0u);
+}
+
+// Many callers racing on a few keys land in shared batches; each key must still produce exactly one
+// job, and every other caller is told created=false with that job (same spec) or ALREADY_EXISTS
+// (other spec).
+TEST(JobStoreTest, RacingSubmitsOfOneKey) {
+  auto store = OpenOrDie(TestDir() + "/jobs.db");
+  constexpr int kThreads = 16;
+  constexpr int kKeys = 4;
+  constexpr int kRounds = 20;
+  struct Answer {
+    std::string key;
+    uint64_t seed;
+    absl::StatusOr<SubmitOutcome> out;
+  };
+  std::vector<std::vector<Answer>> answers(kThreads);
+  std::vector<std::thread> threads;
+  absl::Barrier* start = new absl::Barrier(kThreads);
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      if (start->Block()) delete start;
+      for (int r = 0; r < kRounds; ++r) {
+        for (int k = 0; k < kKeys; ++k) {
+          const std::string key = absl::StrCat("r", r, "-k", k);
+          // Threads 0..11 send seed 1, 12..15 seed 2: the first writer of a key decides which wins.
+          const uint64_t seed = t < 12 ? 1 : 2;
+          answers[t].push_back(
+              {key, seed,
+               store->Submit(MakeJob(absl::StrCat("j-", r, "-", k, "-", t), key, "t", 0, seed),
+                             Ev("submitted"))});
+        }
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  int created = 0, duplicates = 0, conflicts = 0;
+  for (const auto& per_thread : answers) {
+    for (const Answer& a : per_thread) {
+      absl::StatusOr<StoredJob> winner = store->GetJobByKey(a.key);
+      ASSERT_TRUE(winner.ok()) << winner.status();
+      const uint64_t winning_seed = winner->job.spec().attention().seed();
+      if (a.out.ok()) {
+        EXPECT_EQ(a.out->job.job_id(), winner->job.job_id());
+        EXPECT_EQ(a.out->submit_seq, winner->submit_seq);
+        EXPECT_EQ(a.seed, winning_seed);
+        (a.out->created ? created : duplicates)++;
+      } else {
+        EXPECT_EQ(a.out.status().code(), absl::StatusCode::kAlreadyExists) << a.out.status();
+        EXPECT_NE(a.seed, winning_seed);
+        conflicts++;
+      }
+    }
+  }
+  EXPECT_EQ(created, kKeys * kRounds);
+  EXPECT_GT(duplicates, 0);
+  EXPECT_GT(conflicts, 0);
+  for (int r = 0; r < kRounds; ++r) {
+    for (int k = 0; k < kKeys; ++k) {
+      absl::StatusOr<StoredJob> job = store->GetJobByKey(absl::StrCat("r", r, "-k", k));
+      ASSERT_TRUE(job.ok());
+      EXPECT_EQ(store->Events(job->job.job_id(), 0, 0)->size(), 1u);
+    }
+  }
+  EXPECT_EQ((*store->CountByState())[v1::JOB_STATE_QUEUED], kKeys * kRounds);
+  JobStoreStats stats = store->Stats();
+  std::printf("racing submits: %lld writes in %lld transactions, largest batch %lld\n",
+              static_cast<long long>(stats.writes), static_cast<long long>(stats.transactions),
+              static_cast<long long>(stats.largest_batch));
+}
+
+TEST(JobStoreTest, ConcurrentSubmitsAreDurableWithUniqueSeqs) {
+  const std::string path = TestDir() + "/jobs.db";
+  constexpr int kThreads = 8;
+  constexpr int kPerThread = 100;
+  std::vector<std::vector<int64_t>> seqs(kThreads);
+  {
+    JobStoreOptions o;
+    o.wal_checkpoint_pages = 20;  // Background checkpoints run while the writers write.
+    auto store = OpenOrDie(path, o);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < kThreads; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0; i < kPerThread; ++i) {
+          const std::string id = absl::StrCat("j-", t, "-", i);
+          absl::StatusOr<SubmitOutcome> out = store->Submit(MakeJob(id, "k" + id), Ev("submitted"));
+          ASSERT_TRUE(out.ok()) << out.status();
+          ASSERT_TRUE(out->created);
+          seqs[t].push_back(out->submit_seq);
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    for (int i = 0; i < 500 && store->Stats().checkpoints == 0; ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    EXPECT_GT(store->Stats().checkpoints, 0);
+    EXPECT_EQ(store->Stats().checkpoint_failures, 0);
+    ASSERT_TRUE(store->Close().ok());
+  }
+  std::set<int64_t> all;
+  for (const auto& s : seqs) {
+    EXPECT_TRUE(std::is_sorted(s.begin(), s.end()));  // One caller's submits are ordered.
+    all.insert(s.begin(), s.end());
+  }
+  ASSERT_EQ(all.size(), static_cast<size_t>(kThreads * kPerThread));
+  EXPECT_EQ(*all.begin(), 1);
+  EXPECT_EQ(*all.rbegin(), kThreads * kPerThread);
+
+  auto store = OpenOrDie(path);
+  absl::StatusOr<std::vector<StoredJob>> active = store->LoadActive();
+  ASSERT_TRUE(active.ok());
+  ASSERT_EQ(active->size(), static_cast<size_t>(kThreads * kPerThread));
+  for (size_t i = 0; i < active->size(); ++i) EXPECT_EQ((*active)[i].submit_seq, int64_t(i) + 1);
+  // The sequence continues after a reopen.
+  absl::StatusOr<SubmitOutcome> next = store->Submit(MakeJob("j-next", "k-next"), Ev("submitted"));
+  ASSERT_TRUE(next.ok());
+  EXPECT_EQ(next->submit_seq, kThreads * kPerThread + 1);
+}
+
+// Without the background checkpointer (SQLite's own is off) the WAL would grow with every commit.
+TEST(JobStoreTest, BackgroundCheckpointsBoundTheWal) {
+  const std::string path = TestDir() + "/jobs.db";
+  JobStoreOptions o;
+  o.wal_checkpoint_pages = 64;
+  auto store = OpenOrDie(path, o);
+  int64_t largest_wal = 0;
+  for (int i = 0; i < 600; ++i) {  // One commit each: ~7 pages apiece, ~4000 pages in all.
+    ASSERT_TRUE(store->Submit(MakeJob(absl::StrCat("j-", i), absl::StrCat("k", i)), Ev("s")).ok());
+    largest_wal = std::max<int64_t>(largest_wal, std::filesystem::file_size(path + "-wal"));
+  }
+  const JobStoreStats st = store->Stats();
+  std::printf("600 commits: %lld checkpoints, largest WAL %lld KiB\n",
+              static_cast<long long>(st.checkpoints), static_cast<long long>(largest_wal >> 10));
+  EXPECT_GT(st.checkpoints, 0);
+  EXPECT_EQ(st.transactions, 600);
+  // Loose (the checkpointer runs when the scheduler lets it), yet far below the ~16 MiB of an
+  // unchecked WAL.
+  EXPECT_LT(largest_wal, 8 << 20);
+  EXPECT_EQ((*store->CountByState())[v1::JOB_STATE_QUEUED], 600);
+}
+
+TEST(JobStoreTest, UpdateAppendsEventsAndChecksTransitions) {
+  auto store = OpenOrDie(TestDir() + "/jobs.db");
+  v1::Job job = MakeJob("j-1", "k-1");
+  ASSERT_TRUE(store->Submit(job, Ev("submitted")).ok());
+  EXPECT_EQ(Move(*store, job, v1::JOB_STATE_PLACED, "placed"), 2);
+  EXPECT_EQ(Move(*store, job, v1::JOB_STATE_RUNNING, "started"), 3);
+  job.mutable_progress()->set_steps_done(1);
+  EXPECT_EQ(Move(*store, job, v1::JOB_STATE_RUNNING, "progress"), 4);
+  job.set_state_reason("done");
+  EXPECT_EQ(Move(*store, job, v1::JOB_STATE_SUCCEEDED, "succeeded"), 5);
+
+  absl::StatusOr<StoredJob> got = store->GetJob("j-1");
+  ASSERT_TRUE(got.ok());
+  EXPECT_EQ(got->job.state(), v1::JOB_STATE_SUCCEEDED);
+  EXPECT_EQ(got->job.progress().steps_done(), 1);
+  EXPECT_EQ(got->submit_seq, 1);
+
+  absl::StatusOr<std::vector<v1::JobEvent>> events = store->Events("j-1", 0, 0);
+  ASSERT_TRUE(events.ok());
+  std::vector<std::string> kinds;
+  for (size_t i = 0; i < events->size(); ++i) {
+    EXPECT_EQ((*events)[i].seq(), int64_t(i) + 1);
+    kinds.push_back((*events)[i].kind());
+  }
+  EXPECT_THAT(kinds, ElementsAre("submitted", "placed", "started", "progress", "succeeded"));
+  EXPECT_EQ((*events)[4].state(), v1::JOB_STATE_SUCCEEDED);
+  absl::StatusOr<std::vector<v1::JobEvent>> window = store->Events("j-1", 2, 2);
+  ASSERT_TRUE(window.ok());
+  ASSERT_EQ(window->size(), 2u);
+  EXPECT_EQ((*window)[0].seq(), 3);
+  EXPECT_EQ((*window)[1].seq(), 4);
+
+  // Terminal is final; nothing is appended by a refused update.
+  job.set_state(v1::JOB_STATE_RUNNING);
+  absl::StatusOr<int64_t> bad = store->Update(job, Ev("started"));
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(bad.status().message(), HasSubstr("succeeded -> running"));
+  EXPECT_THAT(bad.status().message(), HasSubstr("j-1"));
+  EXPECT_EQ(store->Events("j-1", 0, 0)->size(), 5u);
+
+  v1::Job ghost = MakeJob("j-ghost", "k-ghost");
+  absl::StatusOr<int64_t> missing = store->Update(ghost, Ev("placed"));
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("j-ghost"));
+}
+
+TEST(JobStoreTest, UpdateKeepsKeyAndSpecImmutable) {
+  auto store = OpenOrDie(TestDir() + "/jobs.db");
+  v1::Job job = MakeJob("j-1", "k-1");
+  ASSERT_TRUE(store->Submit(job, Ev("submitted")).ok());
+  v1::Job other_key = job;
+  other_key.set_idempotency_key("k-2");
+  EXPECT_EQ(store->Update(other_key, Ev("note")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::Job other_spec = job;
+  other_spec.mutable_spec()->mutable_attention()->set_seed(99);
+  EXPECT_EQ(store->Update(other_spec, Ev("note")).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  v1::JobEvent wrong_state = Ev("placed");
+  wrong_state.set_state(v1::JOB_STATE_RUNNING);
+  v1::Job placed = job;
+  placed.set_state(v1::JOB_STATE_PLACED);
+  EXPECT_EQ(store->Update(placed, wrong_state).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->Events("j-1", 0, 0)->size(), 1u);
+  EXPECT_EQ(store->GetJob("j-1")->job.state(), v1::JOB_STATE_QUEUED);
+}
+
+TEST(JobStoreTest, RacingUpdatesGetDistinctSeqsAndOnlyOneTerminal) {
+  auto store = OpenOrDie(TestDir() + "/jobs.db");
+  v1::Job job = MakeJob("j-1", "k-1");
+  ASSERT_TRUE(store->Submit(job, Ev("submitted")).ok());
+  Move(*store, job, v1::JOB_STATE_PLACED, "placed");
+  Move(*store, job, v1::JOB_STATE_RUNNING, "started");
+  constexpr int kThreads = 4;
+  constexpr int kPerThread = 50;
+  std::vector<std::vector<int64_t>> seqs(kThreads);
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) {
+    threads.emplace_back([&, t] {
+      v1::Job mine = job;
+      for (int i = 0; i < kPerThread; ++i) {
+        absl::StatusOr<int64_t> seq = store->Update(mine, Ev("progress"));
+        ASSERT_TRUE(seq.ok()) << seq.status();
+        seqs[t].push_back(*seq);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  std::set<int64_t> all;
+  for (const auto& s : seqs) all.insert(s.begin(), s.end());
+  ASSERT_EQ(all.size(), size_t{kThreads * kPerThread});
+  EXPECT_EQ(*all.begin(), 4);
+  EXPECT_EQ(*all.rbegin(), 3 + kThreads * kPerThread);
+
+  // A cancel racing a success: exactly one terminal update wins.
+  std::atomic<int> ok{0}, refused{0};
+  threads.clear();
+  for (v1::JobState end :
+       {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_CANCELLED, v1::JOB_STATE_FAILED}) {
+    threads.emplace_back([&, end] {
+      v1::Job mine = job;
+      mine.set_state(end);
+      absl::StatusOr<int64_t> seq = store->Update(mine, Ev(std::string(StateName(end))));
+      (seq.ok() ? ok : refused)++;
+      if (!seq.ok()) {
+        EXPECT_EQ(seq.status().code(), absl::StatusCode::kFailedPrecondition);
+      }
+    });
+  }
+  for (auto& th : threads) th.join();
+  EXPECT_EQ(ok.load(), 1);
+  EXPECT_EQ(refused.load(), 2);
+}
+
+std::vector<std::string> Ids(const ListPage& page) {
+  std::vector<std::string> ids;
+  for (const StoredJob& j : page.jobs) ids.push_back(j.job.job_id());
+  return ids;
+}
+
+// Walks every page of `filter` and returns the ids in order.
+std::vector<std::string> ListAll(JobStore& store, const ListFilter& filter, int page_size) {
+  std::vector<std::string> ids;
+  std::string token;
+  for (int pages = 0; pages < 1000; ++pages) {
+    absl::StatusOr<ListPage> page = store.List(filter, page_size, token);
+    EXPECT_TRUE(page.ok()) << page.status();
+    if (!page.ok()) break;
+    EXPECT_LE(page->jobs.size(), static_cast<size_t>(page_size));
+    for (const std::string& id : Ids(*page)) ids.push_back(id);
+    token = page->next_page_token;
+    if (token.empty()) break;
+  }
+  return ids;
+}
+
+TEST(JobStoreTest, ListNewestFirstWithPagesAndFilters) {
+  auto store = OpenOrDie(TestDir() + "/jobs.db");
+  // 25 jobs: j-00 .. j-24; tenants cycle a, b, "" (stored as "default"); every 5th succeeds,
+  // every 7th is cancelled, every 3rd (not yet ended) runs.
+  std::vector<std::string> newest_first;
+  for (int i = 0; i < 25; ++i) {
+    const char* tenants[] = {"a", "b", ""};
+    v1::Job job =
+        MakeJob(absl::StrCat("j-", i < 10 ? "0" : "", i), absl::StrCat("k", i), tenants[i % 3]);
+    ASSERT_TRUE(store->Submit(job, Ev("submitted")).ok());
+    newest_first.insert(newest_first.begin(), job.job_id());
+    if (i % 5 == 0 || i % 7 == 0 || i % 3 == 0) {
+      Move(*store, job, v1::JOB_STATE_PLACED, "placed");
+      Move(*store, job, v1::JOB_STATE_RUNNING, "started");
+      if (i % 5 == 0) {
+        Move(*store, job, v1::JOB_STATE_SUCCEEDED, "succeeded");
+      } else if (i % 7 == 0) {
+        Move(*store, job, v1::JOB_STATE_CANCELLED, "cancelled");
+      }
+    }
+  }
+  EXPECT_EQ(ListAll(*store, {}, 10), newest_first);
+  EXPECT_EQ(ListAll(*store, {}, 1), newest_first);
+  EXPECT_EQ(ListAll(*store, {}, 25), newest_first);
+  absl::StatusOr<ListPage> exact = store->List({}, 25, "");
+  ASSERT_TRUE(exact.ok());
+  EXPECT_TRUE(exact->next_page_token.empty());  // No empty trailing page.
+  absl::StatusOr<ListPage> deflt = store->List({}, 0, "");
+  ASSERT_TRUE(deflt.ok());
+  EXPECT_EQ(deflt->jobs.size(), 25u);
+
+  auto expect_filter = [&](const ListFilter& f, auto pred) {
+    std::vector<std::string> want;
+    for (const std::string& id : newest_first) {
+      if (pred(std::stoi(id.substr(2)))) want.push_back(id);
+    }
+    EXPECT_EQ(ListAll(*store, f, 4), want);
+  };
+  auto state_of = [](int i) {
+    if (i % 5 == 0) return v1::JOB_STATE_SUCCEEDED;
+    if (i % 7 == 0) return v1::JOB_STATE_CANCELLED;
+    if (i % 3 == 0) return v1::JOB_STATE_RUNNING;
+    return v1::JOB_STATE_QUEUED;
+  };
+  expect_filter({{v1::JOB_STATE_RUNNING}, "", ""},
+                [&](int i) { return state_of(i) == v1::JOB_STATE_RUNNING; });
+  expect_filter(
+      {{v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_CANCELLED, v1::JOB_STATE_SUCCEEDED}, "", ""},
+      [&](int i) {
+        return state_of(i) == v1::JOB_STATE_SUCCEEDED || state_of(i) == v1::JOB_STATE_CANCELLED;
+      });
+  expect_filter({{}, "a", ""}, [](int i) { return i % 3 == 0; });
+  expect_filter({{}, "default", ""}, [](int i) { return i % 3 == 2; });
+  expect_filter({{v1::JOB_STATE_QUEUED}, "b", "attention"},
+                [&](int i) { return i % 3 == 1 && state_of(i) == v1::JOB_STATE_QUEUED; });
+  expect_filter({{}, "", "training"}, [](int) { return false; });
+  expect_filter({{}, "nobody", ""}, [](int) { return false; });
+
+  absl::StatusOr<ListPage> bad_state =
+      store->List({{static_cast<v1::JobState>(42)}, "", ""}, 10, "");
+  EXPECT_EQ(bad_state.status().code(), absl::StatusCode::kInvalidArgument);
+  for (int size : {-1, 1001}) {
+    absl::StatusOr<ListPage> bad = store->List({}, size, "");
+    EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument) << size;
+    EXPECT_THAT(bad.status().message(), HasSubstr(std::to_string(size)));
+  }
+}
+
+TEST(JobStoreTest, PagesStayStableWhileJobsArrive) {
+  auto store = OpenOrDie(TestDir() + "/jobs.db");
+  for (int i = 0; i < 6; ++i) {
+    ASSERT_TRUE(store->Submit(MakeJob(absl::StrCat("j-", i), absl::StrCat("k", i)), Ev("s")).ok());
+  }
+  absl::StatusOr<ListPage> first = store->List({}, 3, "");
+  ASSERT_TRUE(first.ok());
+  EXPECT_THAT(Ids(*first), ElementsAre("j-5", "j-4", "j-3"));
+  for (int i = 6; i < 9; ++i) {
+    ASSERT_TRUE(store->Submit(MakeJob(absl::StrCat("j-", i), absl::StrCat("k", i)), Ev("s")).ok());
+  }
+  absl::StatusOr<ListPage> second = store->List({}, 3, first->next_page_token);
+  ASSERT_TRUE(second.ok());
+  EXPECT_THAT(Ids(*second), ElementsAre("j-2", "j-1", "j-0"));
+  EXPECT_TRUE(second->next_page_token.empty());
+  // A token can be replayed.
+  absl::StatusOr<ListPage> replay = store->List({}, 3, first->next_page_token);
+  ASSERT_TRUE(replay.ok());
+  EXPECT_EQ(Ids(*replay), Ids(*second));
+}
+
+TEST(JobStoreTest, BadPageTokenIsInvalidArgument) {
+  auto store = OpenOrDie(TestDir() + "/jobs.db");
+  ASSERT_TRUE(store->Submit(MakeJob("j-1", "k-1"), Ev("s")).ok());
+  const std::string bad_tokens[] = {
+      "garbage!",                                        // Not base64.
+      absl::WebSafeBase64Escape("something else:5"),     // Wrong prefix.
+      absl::WebSafeBase64Escape("dattn.jobs.v1:0"),      // Out of range.
+      absl::WebSafeBase64Escape("dattn.jobs.v1:-3"),     //
+      absl::WebSafeBase64Escape("dattn.jobs.v1:12abc"),  // Not a number.
+  };
+  for (const std::string& token : bad_tokens) {
+    absl::StatusOr<ListPage> page = store->List({}, 10, token);
+    EXPECT_EQ(page.status().code(), absl::StatusCode::kInvalidArgument) << token;
+    EXPECT_THAT(page.status().message(), HasSubstr(token));
+  }
+}
+
+TEST(JobStoreTest, CountByStateAndLoadActive) {
+  auto store = OpenOrDie(TestDir() + "/jobs.db");
+  std::vector<v1::Job> jobs;
+  for (int i = 0; i < 6; ++i) {
+    jobs.push_back(MakeJob(absl::StrCat("j-", i), absl::StrCat("k", i)));
+    ASSERT_TRUE(store->Submit(jobs.back(), Ev("submitted")).ok());
+  }
+  Move(*store, jobs[0], v1::JOB_STATE_CANCELLED, "cancelled");
+  Move(*store, jobs[1], v1::JOB_STATE_PLACED, "placed");
+  Move(*store, jobs[2], v1::JOB_STATE_PLACED, "placed");
+  Move(*store, jobs[2], v1::JOB_STATE_RUNNING, "started");
+  Move(*store, jobs[3], v1::JOB_STATE_FAILED, "failed");
+  absl::StatusOr<std::map<v1::JobState, int64_t>> counts = store->CountByState();
+  ASSERT_TRUE(counts.ok());
+  std::map<v1::JobState, int64_t> want = {{v1::JOB_STATE_QUEUED, 2},
+                                          {v1::JOB_STATE_PLACED, 1},
+                                          {v1::JOB_STATE_RUNNING, 1},
+                                          {v1::JOB_STATE_FAILED, 1},
+                                          {v1::JOB_STATE_CANCELLED, 1}};
+  EXPECT_EQ(*counts, want);
+  absl::StatusOr<std::vector<StoredJob>> active = store->LoadActive();
+  ASSERT_TRUE(active.ok());
+  std::vector<std::string> ids;
+  for (const StoredJob& j : *active) ids.push_back(j.job.job_id());
+  EXPECT_THAT(ids, ElementsAre("j-1", "j-2", "j-4", "j-5"));
+  EXPECT_EQ((*active)[1].job.state(), v1::JOB_STATE_RUNNING);
+}
+
+TEST(JobStoreTest, ReopenKeepsEverythingAndTheFileIsLocked) {
+  const std::string path = TestDir() + "/jobs.db";
+  v1::Job job = MakeJob("j-1", "k-1");
+  {
+    auto store = OpenOrDie(path);
+    ASSERT_TRUE(store->Submit(job, Ev("submitted")).ok());
+    Move(*store, job, v1::JOB_STATE_PLACED, "placed");
+    ASSERT_TRUE(store->Submit(MakeJob("j-2", "k-2"), Ev("submitted")).ok());
+
+    absl::StatusOr<std::unique_ptr<JobStore>> second = JobStore::Open(path);
+    EXPECT_EQ(second.status().code(), absl::StatusCode::kFailedPrecondition);
+    EXPECT_THAT(second.status().message(), HasSubstr(path));
+    EXPECT_TRUE(store->Close().ok());
+    EXPECT_TRUE(store->Close().ok());  // Idempotent.
+    EXPECT_EQ(store->Submit(MakeJob("j-3", "k-3"), Ev("s")).status().code(),
+              absl::StatusCode::kUnavailable);
+    EXPECT_EQ(store->GetJob("j-1").status().code(), absl::StatusCode::kUnavailable);
+    EXPECT_EQ(store->Health().code(), absl::StatusCode::kUnavailable);
+  }
+  auto store = OpenOrDie(path);
+  absl::StatusOr<StoredJob> got = store->GetJob("j-1");
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(got->job.state(), v1::JOB_STATE_PLACED);
+  EXPECT_EQ(store->Events("j-1", 0, 0)->size(), 2u);
+  EXPECT_EQ(store->GetJobByKey("k-2")->submit_seq, 2);
+  EXPECT_EQ(Move(*store, job, v1::JOB_STATE_RUNNING, "started"), 3);
+}
+
+// The real fault: a child process acknowledges submits through a pipe and is SIGKILLed mid-stream.
+// Every job it acknowledged must be in the store afterwards.
+TEST(JobStoreTest, AcknowledgedSubmitsSurviveSigkill) {
+  const std::string path = TestDir() + "/jobs.db";
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(fds[0]);
+    auto store = JobStore::Open(path);
+    if (!store.ok()) _exit(2);
+    std::vector<std::thread> threads;
+    for (int t = 0; t < 4; ++t) {
+      threads.emplace_back([&, t] {
+        for (int i = 0;; ++i) {
+          const std::string id = absl::StrCat("j-", t, "-", i);
+          absl::StatusOr<SubmitOutcome> out = (*store)->Submit(MakeJob(id, "k" + id), Ev("s"));
+          if (!out.ok()) _exit(3);
+          const std::string line = id + "\n";
+          if (write(fds[1], line.data(), line.size()) != static_cast<ssize_t>(line.size()))
+            _exit(4);
+        }
+      });
+    }
+    for (auto& th : threads) th.join();
+    _exit(0);
+  }
+  close(fds[1]);
+  FILE* acks = fdopen(fds[0], "r");
+  ASSERT_NE(acks, nullptr);
+  std::vector<std::string> acked;
+  char buf[128];
+  bool killed = false;
+  while (std::fgets(buf, sizeof(buf), acks) != nullptr) {
+    acked.emplace_back(buf, strcspn(buf, "\n"));
+    if (!killed && acked.size() >= 400) {
+      kill(pid, SIGKILL);  // Submits are still in flight; acks already in the pipe are still read.
+      killed = true;
+    }
+  }
+  std::fclose(acks);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(killed) << "child ended early, status " << wstatus;
+  ASSERT_TRUE(WIFSIGNALED(wstatus) && WTERMSIG(wstatus) == SIGKILL) << wstatus;
+
+  auto store = OpenOrDie(path);  // Also runs quick_check.
+  ASSERT_NE(store, nullptr);
+  for (const std::string& id : acked) {
+    absl::StatusOr<StoredJob> job = store->GetJob(id);
+    ASSERT_TRUE(job.ok()) << "acknowledged job lost: " << job.status();
+    EXPECT_EQ(store->Events(id, 0, 0)->size(), 1u);
+  }
+  int64_t total = (*store->CountByState())[v1::JOB_STATE_QUEUED];
+  EXPECT_GE(total, static_cast<int64_t>(acked.size()));
+  std::printf("sigkill: %zu acknowledged, %lld in the store after reopening\n", acked.size(),
+              static_cast<long long>(total));
+  // The writer recovered cleanly: the sequence continues past everything stored.
+  absl::StatusOr<SubmitOutcome> next = store->Submit(MakeJob("j-after", "k-after"), Ev("s"));
+  ASSERT_TRUE(next.ok()) << next.status();
+  EXPECT_EQ(next->submit_seq, total + 1);
+}
+
+// A real storage fault: the writer's file writes hit RLIMIT_FSIZE (EFBIG, like a full disk). The
+// failed batch is reported, the error sticks, and nothing acknowledged is lost.
+TEST(JobStoreTest, StorageFailureIsStickyAndLosesNothingAcknowledged) {
+  const std::string path = TestDir() + "/jobs.db";
+  int fds[2];
+  ASSERT_EQ(pipe(fds), 0);
+  const pid_t pid = fork();
+  ASSERT_GE(pid, 0);
+  if (pid == 0) {
+    close(fds[0]);
+    signal(SIGXFSZ, SIG_IGN);  // Get EFBIG instead of dying.
+    auto store = JobStore::Open(path);
+    if (!store.ok()) _exit(2);
+    struct rlimit limit = {2 << 20, 2 << 20};  // 2 MiB per file: the WAL fills it quickly.
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(3);
+    absl::Status first_error;
+    for (int i = 0; i < 1000 && first_error.ok(); ++i) {
+      v1::Job job = MakeJob(absl::StrCat("j-", i), absl::StrCat("k", i));
+      job.set_state_reason(std::string(64 << 10, 'x'));  // 64 KiB rows.
+      absl::StatusOr<SubmitOutcome> out = (*store)->Submit(job, Ev("s"));
+      if (out.ok()) {
+        const std::string line = job.job_id() + "\n";
+        if (write(fds[1], line.data(), line.size()) < 0) _exit(4);
+      } else {
+        first_error = out.status();
+      }
+    }
+    if (first_error.ok()) _exit(5);
+    if (first_error.code() != absl::StatusCode::kUnavailable) _exit(6);
+    // Sticky: later writes fail at once with the same error, Health reports it, reads still work.
+    absl::StatusOr<SubmitOutcome> later = (*store)->Submit(MakeJob("j-x", "k-x"), Ev("s"));
+    if (later.status() != first_error) _exit(7);
+    if ((*store)->Health() != first_error) _exit(8);
+    if (!(*store)->GetJob("j-0").ok()) _exit(9);
+    const std::string msg = std::string(first_error.message()) + "\n";
+    if (write(fds[1], msg.data(), msg.size()) < 0) _exit(4);
+    _exit((*store)->Close() == first_error ? 0 : 10);
+  }
+  close(fds[1]);
+  FILE* out = fdopen(fds[0], "r");
+  ASSERT_NE(out, nullptr);
+  std::vector<std::string> lines;
+  char buf[4096];
+  while (std::fgets(buf, sizeof(buf), out) != nullptr) lines.emplace_back(buf, strcspn(buf, "\n"));
+  std::fclose(out);
+  int wstatus = 0;
+  ASSERT_EQ(waitpid(pid, &wstatus, 0), pid);
+  ASSERT_TRUE(WIFEXITED(wstatus)) << wstatus;
+  ASSERT_EQ(WEXITSTATUS(wstatus), 0)
+      << "child check failed; output: " << (lines.empty() ? "" : lines.back());
+  ASSERT_FALSE(lines.empty());
+  std::printf("storage failure reported as: %s\n", lines.back().c_str());
+  EXPECT_THAT(lines.back(), HasSubstr(path));
+  lines.pop_back();
+  ASSERT_GT(lines.size(), 0u);
+
+  auto store = OpenOrDie(path);
+  ASSERT_NE(store, nullptr);
+  for (const std::string& id : lines) EXPECT_TRUE(store->GetJob(id).ok()) << id;
+  EXPECT_EQ((*store->CountByState())[v1::JOB_STATE_QUEUED], static_cast<int64_t>(lines.size()));
+}
+
+TEST(JobStoreTest, GarbageFileIsDataLossNamingThePath) {
+  const std::string path = TestDir() + "/jobs.db";
+  {
+    std::ofstream f(path, std::ios::binary);
+    for (int i = 0; i < 4096; ++i) f.put(static_cast<char>(i * 7 + 3));
+  }
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kDataLoss) << store.status();
+  EXPECT_THAT(store.status().message(), HasSubstr(path));
+  EXPECT_THAT(store.status().message(), HasSubstr("not a database"));
+}
+
+TEST(JobStoreTest, DamagedPagesAreDataLoss) {
+  const std::string path = TestDir() + "/jobs.db";
+  {
+    auto store = OpenOrDie(path);
+    for (int i = 0; i < 200; ++i) {
+      ASSERT_TRUE(
+          store->Submit(MakeJob(absl::StrCat("j-", i), absl::StrCat("k", i)), Ev("s")).ok());
+    }
+    ASSERT_TRUE(store->Close().ok());  // Checkpoints the WAL into the main file.
+  }
+  const auto size = std::filesystem::file_size(path);
+  ASSERT_GT(size, 8u * 4096);
+  {
+    // Scribble over every page after the first (the header stays valid, so only a check notices).
+    std::fstream f(path, std::ios::binary | std::ios::in | std::ios::out);
+    for (uint64_t page = 1; page * 4096 < size; ++page) {
+      f.seekp(page * 4096 + 100);
+      for (int i = 0; i < 64; ++i) f.put(static_cast<char>(0xA5));
+    }
+  }
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kDataLoss) << store.status();
+  EXPECT_THAT(store.status().message(), HasSubstr(path));
+}
+
+TEST(JobStoreTest, ForeignDatabaseIsRefusedAndLeftAlone) {
+  const std::string path = TestDir() + "/other.db";
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(
+      sqlite3_exec(db, "CREATE TABLE t (x); INSERT INTO t VALUES (1);", nullptr, nullptr, nullptr),
+      SQLITE_OK);
+  sqlite3_close(db);
+  const auto size_before = std::filesystem::file_size(path);
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition) << store.status();
+  EXPECT_THAT(store.status().message(), HasSubstr("not a job store"));
+  EXPECT_EQ(std::filesystem::file_size(path), size_before);
+  EXPECT_FALSE(std::filesystem::exists(path + "-wal"));
+}
+
+TEST(JobStoreTest, NewerSchemaIsRefused) {
+  const std::string path = TestDir() + "/jobs.db";
+  ASSERT_TRUE(OpenOrDie(path)->Close().ok());
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(
+      sqlite3_exec(db, "INSERT INTO schema_version VALUES (99, 0)", nullptr, nullptr, nullptr),
+      SQLITE_OK);
+  sqlite3_close(db);
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path);
+  EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition) << store.status();
+  EXPECT_THAT(store.status().message(), HasSubstr("schema version 99"));
+}
+
+TEST(JobStoreTest, BadOptionsAndPath) {
+  EXPECT_EQ(JobStore::Open("").status().code(), absl::StatusCode::kInvalidArgument);
+  const std::string path = TestDir() + "/jobs.db";
+  JobStoreOptions o;
+  o.read_connections = 0;
+  EXPECT_EQ(JobStore::Open(path, o).status().code(), absl::StatusCode::kInvalidArgument);
+  o = {};
+  o.max_batch_writes = 0;
+  EXPECT_EQ(JobStore::Open(path, o).status().code(), absl::StatusCode::kInvalidArgument);
+  // A directory where the file should be.
+  std::filesystem::create_directories(path + ".dir");
+  absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path + ".dir");
+  EXPECT_FALSE(store.ok());
+  EXPECT_THAT(store.status().message(), HasSubstr(path + ".dir"));
+}
+
+// ---- Throughput (printed, never asserted: timing depends on the machine) -----------------------
+
+// A VFS that forwards everything to SQLite's default VFS but sleeps in every xSync: a stand-in for
+// a disk whose flush is slow (network volumes, many SSDs without power-loss protection), so the
+// benefit of group commit shows on a VM whose fsync is nearly free. Installed as the default VFS
+// only for the duration of one benchmark case.
+namespace slow_sync {
+
+sqlite3_vfs* real_vfs = nullptr;
+std::atomic<int64_t> delay_us{0};
+sqlite3_vfs vfs;
+sqlite3_io_methods io;
+
+struct File {
+  sqlite3_file base;
+  sqlite3_file* real;  // Lives right after this struct (szOsFile covers both).
+};
+
+sqlite3_file* Real(sqlite3_file* f) { return reinterpret_cast<File*>(f)->real; }
+
+int Close(sqlite3_file* f) { return Real(f)->pMethods->xClose(Real(f)); }
+int Read(sqlite3_file* f, void* b, int n, sqlite3_int64 o) {
+  return Real(f)->pMethods->xRead(Real(f), b, n, o);
+}
+int Write(sqlite3_file* f, const void* b, int n, sqlite3_int64 o) {
+  return Real(f)->pMethods->xWrite(Real(f), b, n, o);
+}
+int Truncate(sqlite3_file* f, sqlite3_int64 n) { return Real(f)->pMethods->xTruncate(Real(f), n); }
+int Sync(sqlite3_file* f, int flags) {
+  std::this_thread::sleep_for(std::chrono::microseconds(delay_us.load()));
+  return Real(f)->pMethods->xSync(Real(f), flags);
+}
+int FileSize(sqlite3_file* f, sqlite3_int64* n) { return Real(f)->pMethods->xFileSize(Real(f), n); }
+int Lock(sqlite3_file* f, int l) { return Real(f)->pMethods->xLock(Real(f), l); }
+int Unlock(sqlite3_file* f, int l) { return Real(f)->pMethods->xUnlock(Real(f), l); }
+int CheckReservedLock(sqlite3_file* f, int* out) {
+  return Real(f)->pMethods->xCheckReservedLock(Real(f), out);
+}
+int FileControl(sqlite3_file* f, int op, void* arg) {
+  return Real(f)->pMethods->xFileControl(Real(f), op, arg);
+}
+int SectorSize(sqlite3_file* f) { return Real(f)->pMethods->xSectorSize(Real(f)); }
+int DeviceCharacteristics(sqlite3_file* f) {
+  return Real(f)->pMethods->xDeviceCharacteristics(Real(f));
+}
+int ShmMap(sqlite3_file* f, int i, int sz, int extend, void volatile** p) {
+  return Real(f)->pMethods->xShmMap(Real(f), i, sz, extend, p);
+}
+int ShmLock(sqlite3_file* f, int off, int n, int flags) {
+  return Real(f)->pMethods->xShmLock(Real(f), off, n, flags);
+}
+void ShmBarrier(sqlite3_file* f) { Real(f)->pMethods->xShmBarrier(Real(f)); }
+int ShmUnmap(sqlite3_file* f, int del) { return Real(f)->pMethods->xShmUnmap(Real(f), del); }
+int Fetch(sqlite3_file* f, sqlite3_int64 o, int n, void** p) {
+  return Real(f)->pMethods->xFetch(Real(f), o, n, p);
+}
+int Unfetch(sqlite3_file* f, sqlite3_int64 o, void* p) {
+  return Real(f)->pMethods->xUnfetch(Real(f), o, p);
+}
+
+int Open(sqlite3_vfs*, const char* name, sqlite3_file* f, int flags, int* out_flags) {
+  File* file = reinterpret_cast<File*>(f);
+  file->real = reinterpret_cast<sqlite3_file*>(file + 1);
+  int rc = real_vfs->xOpen(real_vfs, name, file->real, flags, out_flags);
+  // SQLite calls xClose iff pMethods is set, so mirror the real file.
+  file->base.pMethods = file->real->pMethods != nullptr ? &io : nullptr;
+  return rc;
+}
+int Delete(sqlite3_vfs*, const char* n, int d) { return real_vfs->xDelete(real_vfs, n, d); }
+int Access(sqlite3_vfs*, const char* n, int f, int* o) {
+  return real_vfs->xAccess(real_vfs, n, f, o);
+}
+int FullPathname(sqlite3_vfs*, const char* n, int sz, char* o) {
+  return real_vfs->xFullPathname(real_vfs, n, sz, o);
+}
+void* DlOpen(sqlite3_vfs*, const char* n) { return real_vfs->xDlOpen(real_vfs, n); }
+void DlError(sqlite3_vfs*, int n, char* m) { real_vfs->xDlError(real_vfs, n, m); }
+void (*DlSym(sqlite3_vfs*, void* h, const char* s))(void) {
+  return real_vfs->xDlSym(real_vfs, h, s);
+}
+void DlClose(sqlite3_vfs*, void* h) { real_vfs->xDlClose(real_vfs, h); }
+int Randomness(sqlite3_vfs*, int n, char* o) { return real_vfs->xRandomness(real_vfs, n, o); }
+int Sleep(sqlite3_vfs*, int us) { return real_vfs->xSleep(real_vfs, us); }
+int CurrentTime(sqlite3_vfs*, double* t) { return real_vfs->xCurrentTime(real_vfs, t); }
+int GetLastError(sqlite3_vfs*, int n, char* m) { return real_vfs->xGetLastError(real_vfs, n, m); }
+int CurrentTimeInt64(sqlite3_vfs*, sqlite3_int64* t) {
+  return real_vfs->xCurrentTimeInt64(real_vfs, t);
+}
+
+// Makes the slow VFS the default for new connections (0 = restore SQLite's own).
+void SetDelay(absl::Duration delay) {
+  if (real_vfs == nullptr) {
+    real_vfs = sqlite3_vfs_find(nullptr);
+    io = sqlite3_io_methods{};
+    io.iVersion = 3;
+    io.xClose = Close;
+    io.xRead = Read;
+    io.xWrite = Write;
+    io.xTruncate = Truncate;
+    io.xSync = Sync;
+    io.xFileSize = FileSize;
+    io.xLock = Lock;
+    io.xUnlock = Unlock;
+    io.xCheckReservedLock = CheckReservedLock;
+    io.xFileControl = FileControl;
+    io.xSectorSize = SectorSize;
+    io.xDeviceCharacteristics = DeviceCharacteristics;
+    io.xShmMap = ShmMap;
+    io.xShmLock = ShmLock;
+    io.xShmBarrier = ShmBarrier;
+    io.xShmUnmap = ShmUnmap;
+    io.xFetch = Fetch;
+    io.xUnfetch = Unfetch;
+    vfs = sqlite3_vfs{};
+    vfs.iVersion = 2;
+    vfs.szOsFile = static_cast<int>(sizeof(File)) + real_vfs->szOsFile;
+    vfs.mxPathname = real_vfs->mxPathname;
+    vfs.zName = "dattn-slow-sync";
+    vfs.xOpen = Open;
+    vfs.xDelete = Delete;
+    vfs.xAccess = Access;
+    vfs.xFullPathname = FullPathname;
+    vfs.xDlOpen = DlOpen;
+    vfs.xDlError = DlError;
+    vfs.xDlSym = DlSym;
+    vfs.xDlClose = DlClose;
+    vfs.xRandomness = Randomness;
+    vfs.xSleep = Sleep;
+    vfs.xCurrentTime = CurrentTime;
+    vfs.xGetLastError = GetLastError;
+    vfs.xCurrentTimeInt64 = CurrentTimeInt64;
+  }
+  delay_us = absl::ToInt64Microseconds(delay);
+  if (delay > absl::ZeroDuration()) {
+    sqlite3_vfs_register(&vfs, /*makeDflt=*/1);
+  } else {
+    sqlite3_vfs_register(real_vfs, /*makeDflt=*/1);
+  }
+}
+
+}  // namespace slow_sync
+
+struct LoadResult {
+  double seconds = 0;
+  int64_t ops = 0;
+  std::vector<double> latencies_ms;
+  std::vector<double> read_latencies_ms;
+};
+
+double Percentile(std::vector<double> v, double p) {
+  if (v.empty()) return 0;
+  std::sort(v.begin(), v.end());
+  return v[std::min(v.size() - 1, static_cast<size_t>(p * (v.size() - 1) + 0.5))];
+}
+
+double MsSince(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+// `clients` threads each submit `per_client` jobs, and with `with_updates` move each job through
+// placed, running and succeeded right after; one more thread reads (GetJob + a List page) all
+// along.
+LoadResult RunLoad(JobStore& store, int clients, int per_client, bool with_updates) {
+  LoadResult r;
+  std::vector<std::vector<double>> lat(clients);
+  std::atomic<bool> writers_done{false};
+  const auto t0 = std::chrono::steady_clock::now();
+  std::vector<std::thread> threads;
+  for (int c = 0; c < clients; ++c) {
+    threads.emplace_back([&, c] {
+      for (int i = 0; i < per_client; ++i) {
+        const std::string id = absl::StrCat("j-", c, "-", i);
+        v1::Job job = MakeJob(id, "k" + id, absl::StrCat("tenant", c % 3), i % 5);
+        auto t = std::chrono::steady_clock::now();
+        absl::StatusOr<SubmitOutcome> out = store.Submit(job, Ev("submitted"));
+        lat[c].push_back(MsSince(t));
+        ASSERT_TRUE(out.ok()) << out.status();
+        if (!with_updates) continue;
+        for (v1::JobState st :
+             {v1::JOB_STATE_PLACED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED}) {
+          job.set_state(st);
+          t = std::chrono::steady_clock::now();
+          absl::StatusOr<int64_t> seq = store.Update(job, Ev(std::string(StateName(st))));
+          lat[c].push_back(MsSince(t));
+          ASSERT_TRUE(seq.ok()) << seq.status();
+        }
+      }
+    });
+  }
+  std::thread reader([&] {
+    for (int i = 0; !writers_done.load(); ++i) {
+      auto t = std::chrono::steady_clock::now();
+      store.GetJob(absl::StrCat("j-0-", i % std::max(1, per_client))).IgnoreError();
+      absl::StatusOr<ListPage> page = store.List({}, 50, "");
+      EXPECT_TRUE(page.ok()) << page.status();
+      r.read_latencies_ms.push_back(MsSince(t));
+      // About 500 reads/s: a busy coordinator's GetJob/ListJobs traffic, not a CPU hog competing
+      // with the writers for this machine's two cores.
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+  });
+  for (auto& th : threads) th.join();
+  r.seconds = MsSince(t0) / 1000;
+  writers_done = true;
+  reader.join();
+  for (auto& l : lat) r.latencies_ms.insert(r.latencies_ms.end(), l.begin(), l.end());
+  r.ops = static_cast<int64_t>(r.latencies_ms.size());
+  return r;
+}
+
+// DATTN_STORE_BENCH_SCALE (default 1) multiplies the work for a longer run outside the test suite:
+//   DATTN_STORE_BENCH_SCALE=10 bazel-bin/server/job_store_test --gtest_filter='*Throughput*'
+TEST(JobStoreTest, GroupCommitThroughput) {
+  int scale = 1;
+  if (const char* s = std::getenv("DATTN_STORE_BENCH_SCALE")) scale = std::max(1, std::atoi(s));
+  const std::string dir = TestDir();
+  struct Case {
+    const char* name;
+    int sync_delay_ms;
+    int max_batch;
+    bool updates;
+    int per_client;
+  } cases[] = {
+      {"this disk, group commit, submits", 0, 512, false, 300},
+      {"this disk, fsync per write, submits", 0, 1, false, 300},
+      {"this disk, group commit, submit+3 upd", 0, 512, true, 100},
+      {"4ms flush, group commit, submits", 4, 512, false, 150},
+      {"4ms flush, fsync per write, submits", 4, 1, false, 20},
+      {"4ms flush, group commit, submit+3 upd", 4, 512, true, 40},
+  };
+  std::printf("8 client threads + 1 reader thread; latency = one Submit/Update call\n");
+  int n = 0;
+  for (const Case& c : cases) {
+    slow_sync::SetDelay(absl::Milliseconds(c.sync_delay_ms));
+    JobStoreOptions o;
+    o.max_batch_writes = c.max_batch;
+    auto store = OpenOrDie(absl::StrCat(dir, "/bench", n++, ".db"), o);
+    ASSERT_NE(store, nullptr);
+    LoadResult r = RunLoad(*store, 8, c.per_client * scale, c.updates);
+    const JobStoreStats st = store->Stats();
+    ASSERT_TRUE(store->Close().ok());
+    slow_sync::SetDelay(absl::ZeroDuration());
+    std::printf(
+        "%-40s %6lld writes %5.2f s %7.0f/s | ms p50 %5.2f p99 %5.2f max %5.2f | %5.1f writes/txn "
+        "| reads %5zu p99 %5.2f ms\n",
+        c.name, static_cast<long long>(r.ops), r.seconds, r.ops / r.seconds,
+        Percentile(r.latencies_ms, 0.5), Percentile(r.latencies_ms, 0.99),
+        Percentile(r.latencies_ms, 1.0),
+        st.transactions > 0 ? double(st.writes) / double(st.transactions) : 0.0,
+        r.read_latencies_ms.size(), Percentile(r.read_latencies_ms, 0.99));
+    std::fflush(stdout);
+  }
+}
+
+}  // namespace
+}  // namespace server
+}  // namespace dattn

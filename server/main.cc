@@ -1,0 +1,168 @@
+// dattn-coordinator: the daemon that owns the job store, schedules work on workers and serves the
+// dattn.v1 API (see server/coordinator.h for what it promises).
+//
+// Start-up: metrics endpoint, then the gRPC server (live, health NOT_SERVING, calls answer
+// UNAVAILABLE), then the store is opened and active jobs recovered, then health turns SERVING and
+// "dattn-coordinator listening on ADDR, metrics on ADDR" is printed to stderr: scripts wait for
+// that line. Exit codes: 0 after a clean shutdown, 1 when start-up or the final store flush fails,
+// 2 for bad flags.
+#include <signal.h>
+
+#include <cstdio>
+#include <ctime>
+#include <memory>
+#include <string>
+
+#include "CLI/CLI.hpp"
+#include "absl/status/status.h"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "server/coordinator.h"
+#include "server/grpc_service.h"
+#include "server/metrics.h"
+
+namespace {
+
+void Say(const std::string& message) {
+  std::fprintf(stderr, "dattn-coordinator: %s\n", message.c_str());
+  std::fflush(stderr);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  using dattn::server::Coordinator;
+  using dattn::server::CoordinatorOptions;
+  using dattn::server::GrpcServer;
+  using dattn::server::Metrics;
+  using dattn::server::MetricsServer;
+
+  std::string listen = "127.0.0.1:7070";
+  std::string metrics_listen = "127.0.0.1:7071";
+  std::string data_dir = "./dattn-data";
+  int64_t dead_after_ms = 10000;
+  int64_t heartbeat_ms = 2000;
+  int max_attempts = 3;
+  int64_t drain_timeout_ms = 10000;
+  int64_t progress_interval_ms = 1000;
+
+  CLI::App app{
+      "dattn-coordinator: accepts dilated-attention jobs over gRPC and runs them on workers"};
+  app.add_option("--listen", listen, "gRPC address HOST:PORT (port 0 picks a free port)")
+      ->capture_default_str();
+  app.add_option("--metrics-listen", metrics_listen,
+                 "Prometheus /metrics address HOST:PORT (port 0 picks a free port)")
+      ->capture_default_str();
+  app.add_option("--data-dir", data_dir, "folder of the job store (jobs.db); created if missing")
+      ->capture_default_str();
+  app.add_option("--dead-after-ms", dead_after_ms,
+                 "a worker silent this long is dead and its jobs are recovered")
+      ->check(CLI::Range(int64_t{1}, int64_t{24} * 3600 * 1000))
+      ->capture_default_str();
+  app.add_option("--heartbeat-ms", heartbeat_ms, "heartbeat interval workers are told to use")
+      ->check(CLI::Range(int64_t{1}, int64_t{3600} * 1000))
+      ->capture_default_str();
+  app.add_option("--max-attempts", max_attempts, "most runs of one job before it fails")
+      ->check(CLI::Range(1, 1000))
+      ->capture_default_str();
+  app.add_option("--drain-timeout-ms", drain_timeout_ms,
+                 "on SIGTERM/SIGINT, how long running jobs may finish before they are requeued")
+      ->check(CLI::Range(int64_t{0}, int64_t{24} * 3600 * 1000))
+      ->capture_default_str();
+  app.add_option("--progress-interval-ms", progress_interval_ms,
+                 "most frequent stored progress event per job")
+      ->check(CLI::Range(int64_t{0}, int64_t{3600} * 1000))
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int rc = app.exit(e);  // Prints the help or the error.
+    return rc == 0 ? 0 : 2;
+  }
+
+  // Signals are taken synchronously by this thread (sigtimedwait below); every thread started from
+  // here on inherits the mask. A client that hangs up must not kill the daemon with SIGPIPE.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  signal(SIGPIPE, SIG_IGN);
+
+  CoordinatorOptions options;
+  options.data_dir = data_dir;
+  options.dead_after = absl::Milliseconds(dead_after_ms);
+  options.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
+  options.max_attempts = max_attempts;
+  options.progress_persist_interval = absl::Milliseconds(progress_interval_ms);
+
+  Metrics metrics;
+  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server =
+      MetricsServer::Start(metrics_listen, metrics.registry());
+  if (!metrics_server.ok()) {
+    Say(std::string(metrics_server.status().message()));
+    return 1;
+  }
+  Coordinator coordinator(options, &metrics);
+  absl::StatusOr<std::unique_ptr<GrpcServer>> server =
+      GrpcServer::Start(listen, &coordinator, &metrics);
+  if (!server.ok()) {
+    Say(std::string(server.status().message()));
+    return 1;
+  }
+  // Live from here; ready once the store is open and the active jobs are recovered.
+  if (absl::Status s = coordinator.Start(); !s.ok()) {
+    Say(absl::StrCat("cannot start: ", s.message()));
+    (*server)->Shutdown(absl::Now() + absl::Seconds(1));
+    coordinator.Close().IgnoreError();
+    return 1;
+  }
+  (*server)->SetServing(true);
+  Say(absl::StrCat("job store ", data_dir, "/jobs.db open"));
+  std::fprintf(stderr, "dattn-coordinator listening on %s, metrics on %s\n",
+               (*server)->address().c_str(), (*metrics_server)->address().c_str());
+  std::fflush(stderr);
+
+  // Wait for a signal; meanwhile readiness follows the store's health (a failed write turns it
+  // off).
+  bool serving = true;
+  int signal_number = 0;
+  while (signal_number <= 0) {
+    timespec tick{1, 0};
+    signal_number = sigtimedwait(&signals, nullptr, &tick);
+    const bool healthy = coordinator.Health().ok();
+    if (signal_number <= 0 && healthy != serving) {
+      serving = healthy;
+      (*server)->SetServing(serving);
+      Say(serving ? "ready again" : absl::StrCat("not ready: ", coordinator.Health().message()));
+    }
+  }
+
+  // The shutdown order. Each stage is bounded in time, and a failing stage does not skip the rest:
+  // the store is always closed last so that everything acknowledged is on disk.
+  Say(absl::StrCat("signal ", signal_number, ": shutting down"));
+  // 1. Not ready, and stop accepting: submits answer UNAVAILABLE (clients retry elsewhere/later);
+  //    reports, heartbeats and reads go on so that running work can finish.
+  (*server)->SetServing(false);
+  coordinator.StopAccepting();
+  // 2. Let running jobs finish up to the drain timeout; requeue the rest (their workers are told to
+  //    stop). A failed write here is reported; the store's own state stays consistent.
+  if (absl::Status s = coordinator.Drain(absl::Milliseconds(drain_timeout_ms)); !s.ok()) {
+    Say(absl::StrCat("drain: ", s.message()));
+  }
+  // 3. End the long-lived streams (workers' assignments, job watchers): they answer UNAVAILABLE and
+  //    their clients reconnect to the next coordinator.
+  coordinator.CloseStreams();
+  // 4. Stop the gRPC server: finish calls in flight for up to 5 s, then cancel them.
+  (*server)->Shutdown(absl::Now() + absl::Seconds(5));
+  // 5. Stop the coordinator's threads and flush and close the store.
+  const absl::Status closed = coordinator.Close();
+  // 6. The metrics endpoint goes last, so that scrapes see the shutdown.
+  metrics_server->reset();
+  if (!closed.ok()) {
+    Say(absl::StrCat("the job store did not close cleanly: ", closed.message()));
+    return 1;
+  }
+  Say("stopped");
+  return 0;
+}

@@ -1,0 +1,125 @@
+// The coordinator's Prometheus metrics, and the HTTP endpoint that exposes them.
+//
+// Every metric is named dattn_*; the names and labels are an interface (the Grafana dashboard and
+// the alert rules in deploy/ are tested against them), so change them only additively. Each
+// definition in metrics.cc states its unit and counting rule in its help text; the summary:
+//
+//   name                                   type       counting rule
+//   dattn_jobs{kind,state}                 gauge      jobs in the store per state (terminal too)
+//   dattn_jobs_submitted_total{kind}       counter    jobs created (idempotent retries are not)
+//   dattn_jobs_finished_total{kind,state}  counter    jobs reaching a terminal state
+//   dattn_queue_depth                      gauge      jobs waiting for placement
+//   dattn_job_duration_seconds{kind}       histogram  first RUNNING to terminal, per ended job
+//   dattn_job_queue_wait_seconds{kind}     histogram  QUEUED (submit/requeue) to PLACED
+//   dattn_attention_tokens_total           counter    B*N*iterations of succeeded attention jobs
+//   dattn_attention_flops_total            counter    their nominal FLOPs (per step x iterations)
+//   dattn_workers{state}                   gauge      workers per state (ready|draining|dead)
+//   dattn_rpc_total{method,code}           counter    finished calls by method and status code
+//   dattn_recoveries_total{kind}           counter    job recoveries by cause (worker_lost, ...)
+//   dattn_store_commit_seconds             histogram  latency of each durable store write
+//
+// Thread-safety: every method may be called from any thread (prometheus-cpp metrics are atomic).
+#ifndef DATTN_SERVER_METRICS_H_
+#define DATTN_SERVER_METRICS_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "absl/status/statusor.h"
+#include "absl/strings/string_view.h"
+#include "dattn/v1/job.pb.h"
+
+namespace prometheus {
+class Counter;
+class Exposer;
+class Gauge;
+class Histogram;
+class Registry;
+template <typename T>
+class Family;
+}  // namespace prometheus
+
+namespace dattn {
+namespace server {
+
+class Metrics {
+ public:
+  // Creates every family, and the label sets known in advance at zero, so that a scrape of a fresh
+  // coordinator already lists every name.
+  Metrics();
+  ~Metrics();
+  Metrics(const Metrics&) = delete;
+  Metrics& operator=(const Metrics&) = delete;
+
+  // The registry to expose; shared with MetricsServer, which holds a weak reference.
+  std::shared_ptr<prometheus::Registry> registry() const { return registry_; }
+
+  // The Prometheus text exposition of every metric (what /metrics serves).
+  std::string Serialize() const;
+
+  // dattn_jobs{kind,state} := count, for the start-up load from the store.
+  void SetJobCount(absl::string_view kind, v1::JobState state, int64_t count);
+  // A job was created: submitted_total += 1 and jobs{queued} += 1.
+  void JobSubmitted(absl::string_view kind);
+  // A job moved between states: jobs{from} -= 1, jobs{to} += 1; finished_total{to} += 1 when `to`
+  // is terminal. No-op when from == to.
+  void JobTransition(absl::string_view kind, v1::JobState from, v1::JobState to);
+
+  void ObserveJobDuration(absl::string_view kind, double seconds);
+  void ObserveQueueWait(absl::string_view kind, double seconds);
+  void AddAttentionWork(double tokens, double flops);
+  void SetQueueDepth(int64_t depth);
+  void SetWorkers(int64_t ready, int64_t draining, int64_t dead);
+  // `method` is the full gRPC method name ("/dattn.v1.JobService/SubmitJob"); `code` a status code
+  // name as absl::StatusCodeToString gives it ("OK", "INVALID_ARGUMENT", ...).
+  void CountRpc(absl::string_view method, absl::string_view code);
+  // Creates dattn_rpc_total{method, code="OK"} at zero, so that a method is listed (and rate() has
+  // a start) before its first call. The gRPC server declares every method it serves.
+  void DeclareRpc(absl::string_view method);
+  // `kind` is the cause: "worker_lost", "coordinator_restarted", "worker_reregistered",
+  // "task_failed", "drain_timeout".
+  void CountRecovery(absl::string_view kind);
+  void ObserveStoreCommit(double seconds);
+
+ private:
+  prometheus::Gauge& JobGauge(absl::string_view kind, v1::JobState state);
+
+  std::shared_ptr<prometheus::Registry> registry_;
+  prometheus::Family<prometheus::Gauge>* jobs_;
+  prometheus::Family<prometheus::Counter>* submitted_;
+  prometheus::Family<prometheus::Counter>* finished_;
+  prometheus::Gauge* queue_depth_;
+  prometheus::Family<prometheus::Histogram>* job_duration_;
+  prometheus::Family<prometheus::Histogram>* queue_wait_;
+  prometheus::Counter* attention_tokens_;
+  prometheus::Counter* attention_flops_;
+  prometheus::Family<prometheus::Gauge>* workers_;
+  prometheus::Family<prometheus::Counter>* rpcs_;
+  prometheus::Family<prometheus::Counter>* recoveries_;
+  prometheus::Histogram* store_commit_;
+};
+
+// The HTTP endpoint serving /metrics (prometheus-cpp's Exposer on civetweb threads).
+class MetricsServer {
+ public:
+  // Listens on `address` ("127.0.0.1:7071"; port 0 picks a free port) and serves `registry`.
+  // UNAVAILABLE naming the address when it cannot bind. The server keeps a weak reference: keep the
+  // registry alive while the server runs.
+  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
+      const std::string& address, const std::shared_ptr<prometheus::Registry>& registry);
+  ~MetricsServer();  // Stops serving; joins the HTTP threads.
+
+  // "host:port" actually bound (the real port when 0 was asked for).
+  const std::string& address() const { return address_; }
+
+ private:
+  MetricsServer(std::unique_ptr<prometheus::Exposer> exposer, std::string address);
+  std::unique_ptr<prometheus::Exposer> exposer_;
+  std::string address_;
+};
+
+}  // namespace server
+}  // namespace dattn
+
+#endif  // DATTN_SERVER_METRICS_H_

@@ -1,0 +1,158 @@
+#include "tests/cluster.h"
+
+#include <grpcpp/grpcpp.h>
+
+#include <thread>
+
+namespace dattn::testing {
+namespace {
+
+bool IsTerminal(dattn::v1::JobState s) {
+  return s == dattn::v1::JOB_STATE_SUCCEEDED || s == dattn::v1::JOB_STATE_FAILED ||
+         s == dattn::v1::JOB_STATE_CANCELLED;
+}
+
+}  // namespace
+
+Cluster::Cluster(ClusterOptions options) : options_(std::move(options)) {
+  dir_ = MakeTestDir(options_.name);
+  data_dir_ = dir_ + "/data";
+}
+
+Cluster::~Cluster() {
+  for (auto& w : workers_) w->Kill();
+  if (coordinator_) coordinator_->Kill();
+}
+
+bool Cluster::StartCoordinator(std::string* error) {
+  // A restart reuses the first start's ports, so workers and clients reconnect to the same address.
+  std::string listen = address_.empty() ? "127.0.0.1:0" : address_;
+  std::string metrics = metrics_address_.empty() ? "127.0.0.1:0" : metrics_address_;
+  ProcessOptions o;
+  o.name = "coordinator-" + std::to_string(coordinator_starts_++);
+  o.log_dir = dir_;
+  o.argv = {RunfilePath("server/dattn-coordinator"),
+            "--listen=" + listen,
+            "--metrics-listen=" + metrics,
+            "--data-dir=" + data_dir_,
+            "--dead-after-ms=" + std::to_string(options_.dead_after_ms),
+            "--heartbeat-ms=" + std::to_string(options_.heartbeat_ms),
+            "--max-attempts=" + std::to_string(options_.max_attempts)};
+  coordinator_ = std::make_unique<Process>(o);
+  if (!coordinator_->Start(error)) return false;
+  // The port of the previous run may still be held by connections in TIME_WAIT; gRPC binds with
+  // SO_REUSEADDR, so this succeeds at once in practice.
+  std::optional<std::string> ready = coordinator_->WaitForStderr(
+      "listening on ([0-9.]+:[0-9]+), metrics on [0-9.]+:[0-9]+", std::chrono::seconds(30));
+  if (!ready) {
+    *error = "coordinator did not become ready:\n" + coordinator_->ReadStderr();
+    return false;
+  }
+  address_ = *ready;
+  std::optional<std::string> m = coordinator_->WaitForStderr(
+      "listening on [0-9.]+:[0-9]+, metrics on ([0-9.]+:[0-9]+)", std::chrono::seconds(1));
+  if (m) metrics_address_ = *m;
+  Connect();
+  return true;
+}
+
+void Cluster::Connect() {
+  grpc::ChannelArguments args;
+  args.SetMaxReceiveMessageSize(80 << 20);
+  channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+  jobs_ = dattn::v1::JobService::NewStub(channel_);
+  admin_ = dattn::v1::AdminService::NewStub(channel_);
+}
+
+int Cluster::AddWorker(int threads, std::string* error, const std::string& name) {
+  const int index = static_cast<int>(workers_.size());
+  ProcessOptions o;
+  o.name = name.empty() ? "worker-" + std::to_string(index) : name;
+  o.log_dir = dir_;
+  o.argv = {RunfilePath("worker/dattn-worker"), "--coordinator=" + address_,
+            "--name=" + o.name,
+            "--threads=" + std::to_string(threads),
+            "--heartbeat-ms=" + std::to_string(options_.heartbeat_ms), "--health-port=0"};
+  workers_.push_back(std::make_unique<Process>(o));
+  if (!workers_.back()->Start(error)) return -1;
+  return index;
+}
+
+bool Cluster::WaitForReadyWorkers(int count, std::chrono::milliseconds timeout) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    dattn::v1::ListWorkersRequest req;
+    dattn::v1::ListWorkersResponse resp;
+    if (admin().ListWorkers(&ctx, req, &resp).ok()) {
+      int ready = 0;
+      for (const auto& w : resp.workers()) ready += w.state() == dattn::v1::WORKER_STATE_READY;
+      if (ready >= count) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+ProcessResult Cluster::Cli(const std::vector<std::string>& args,
+                           std::chrono::milliseconds timeout) {
+  ProcessOptions o;
+  o.name = "cli";
+  o.log_dir = dir_;
+  o.argv = {RunfilePath("client/dattn")};
+  o.argv.insert(o.argv.end(), args.begin(), args.end());
+  o.env["DATTN_COORDINATOR"] = address_;
+  return RunCommand(o, timeout);
+}
+
+dattn::v1::JobService::Stub& Cluster::jobs() { return *jobs_; }
+dattn::v1::AdminService::Stub& Cluster::admin() { return *admin_; }
+
+bool Cluster::WaitForJobState(const std::string& job_id, dattn::v1::JobState state,
+                              std::chrono::milliseconds timeout, dattn::v1::Job* job) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    dattn::v1::GetJobRequest req;
+    req.set_job_id(job_id);
+    req.set_include_events(true);
+    dattn::v1::Job got;
+    if (jobs().GetJob(&ctx, req, &got).ok()) {
+      *job = got;
+      if (got.state() == state) return true;
+      if (IsTerminal(got.state()) && !IsTerminal(state)) return false;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  return false;
+}
+
+bool Cluster::WaitForJobEnd(const std::string& job_id, std::chrono::milliseconds timeout,
+                            dattn::v1::Job* job) {
+  auto deadline = std::chrono::steady_clock::now() + timeout;
+  while (std::chrono::steady_clock::now() < deadline) {
+    grpc::ClientContext ctx;
+    ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+    dattn::v1::GetJobRequest req;
+    req.set_job_id(job_id);
+    req.set_include_events(true);
+    dattn::v1::Job got;
+    if (jobs().GetJob(&ctx, req, &got).ok()) {
+      *job = got;
+      if (IsTerminal(got.state())) return true;
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  }
+  return false;
+}
+
+std::string Cluster::Logs() {
+  std::string all;
+  if (coordinator_) all += "--- coordinator stderr ---\n" + coordinator_->ReadStderr();
+  for (auto& w : workers_) all += "--- " + w->name() + " stderr ---\n" + w->ReadStderr();
+  return all;
+}
+
+}  // namespace dattn::testing

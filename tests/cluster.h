@@ -1,0 +1,78 @@
+// A coordinator and CPU workers on loopback, started from the real binaries, for multi-process tests.
+//
+// Every daemon listens on an ephemeral 127.0.0.1 port (the coordinator prints the ports it bound), so
+// tests may run in parallel. The cluster owns its processes; the destructor SIGKILLs what still runs.
+// Not thread-safe: one test thread drives it.
+#ifndef DATTN_TESTS_CLUSTER_H_
+#define DATTN_TESTS_CLUSTER_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "dattn/v1/admin.grpc.pb.h"
+#include "dattn/v1/job_service.grpc.pb.h"
+#include "tests/process.h"
+
+namespace dattn::testing {
+
+struct ClusterOptions {
+  std::string name = "cluster";
+  int dead_after_ms = 3000;  // Short, so worker-loss tests finish quickly.
+  int heartbeat_ms = 300;
+  int max_attempts = 3;
+};
+
+class Cluster {
+ public:
+  explicit Cluster(ClusterOptions options = {});
+  ~Cluster();
+
+  // Starts (or restarts, on the same data dir and port) the coordinator; false + *error on failure.
+  bool StartCoordinator(std::string* error);
+  // Adds a worker with `threads` engine threads; returns its index.
+  int AddWorker(int threads, std::string* error, const std::string& name = "");
+  // Waits until `count` workers are READY in ListWorkers.
+  bool WaitForReadyWorkers(int count, std::chrono::milliseconds timeout);
+
+  Process& coordinator() { return *coordinator_; }
+  Process& worker(int i) { return *workers_[i]; }
+  const std::string& address() const { return address_; }
+  const std::string& metrics_address() const { return metrics_address_; }
+  const std::string& data_dir() const { return data_dir_; }
+  const std::string& dir() const { return dir_; }
+
+  // Runs the dattn CLI with DATTN_COORDINATOR pointing at this cluster.
+  ProcessResult Cli(const std::vector<std::string>& args,
+                    std::chrono::milliseconds timeout = std::chrono::seconds(60));
+
+  dattn::v1::JobService::Stub& jobs();
+  dattn::v1::AdminService::Stub& admin();
+  // Waits until the job is in a terminal state; returns the last Job seen (with events).
+  bool WaitForJobEnd(const std::string& job_id, std::chrono::milliseconds timeout,
+                     dattn::v1::Job* job);
+  bool WaitForJobState(const std::string& job_id, dattn::v1::JobState state,
+                       std::chrono::milliseconds timeout, dattn::v1::Job* job);
+  // All daemons' stderr, for failure messages.
+  std::string Logs();
+
+ private:
+  void Connect();
+
+  ClusterOptions options_;
+  std::string dir_;
+  std::string data_dir_;
+  std::string address_;          // host:port of gRPC, fixed after the first start.
+  std::string metrics_address_;
+  std::unique_ptr<Process> coordinator_;
+  std::vector<std::unique_ptr<Process>> workers_;
+  int coordinator_starts_ = 0;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<dattn::v1::JobService::Stub> jobs_;
+  std::unique_ptr<dattn::v1::AdminService::Stub> admin_;
+};
+
+}  // namespace dattn::testing
+
+#endif  // DATTN_TESTS_CLUSTER_H_

@@ -1,0 +1,149 @@
+#include "worker/fake_registry.h"
+
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+
+namespace dattn {
+namespace worker {
+
+grpc::Status FakeRegistry::RegisterWorker(grpc::ServerContext*,
+                                          const v1::RegisterWorkerRequest* request,
+                                          v1::RegisterWorkerResponse* response) {
+  absl::MutexLock lock(&mu_);
+  registrations_.push_back(*request);
+  const std::string id = absl::StrCat("w-", instance_, "-", registrations_.size());
+  known_.insert(id);
+  response->set_worker_id(id);
+  response->set_heartbeat_interval_ms(100);
+  cv_.SignalAll();
+  return grpc::Status::OK;
+}
+
+grpc::Status FakeRegistry::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+                                     v1::HeartbeatResponse* response) {
+  absl::MutexLock lock(&mu_);
+  heartbeats_.push_back(*request);
+  if (known_.count(request->worker_id()) == 0) response->set_reregister(true);
+  response->set_drain(drain_);
+  cv_.SignalAll();
+  return grpc::Status::OK;
+}
+
+grpc::Status FakeRegistry::StreamAssignments(grpc::ServerContext* context,
+                                             const v1::StreamAssignmentsRequest* request,
+                                             grpc::ServerWriter<v1::WorkerCommand>* writer) {
+  absl::MutexLock lock(&mu_);
+  if (known_.count(request->worker_id()) == 0) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown worker " + request->worker_id());
+  }
+  ++streams_opened_;
+  cv_.SignalAll();
+  while (!shutting_down_ && !context->IsCancelled()) {
+    if (commands_.empty()) {
+      cv_.WaitWithTimeout(&mu_, absl::Milliseconds(20));
+      continue;
+    }
+    v1::WorkerCommand command = commands_.front();
+    commands_.pop_front();
+    mu_.Unlock();
+    const bool written = writer->Write(command);
+    mu_.Lock();
+    if (!written) {
+      commands_.push_front(std::move(command));
+      break;
+    }
+  }
+  return grpc::Status::OK;
+}
+
+grpc::Status FakeRegistry::ReportTask(grpc::ServerContext*, const v1::TaskReport* request,
+                                      v1::ReportTaskResponse* response) {
+  absl::MutexLock lock(&mu_);
+  if (known_.count(request->worker_id()) == 0) {
+    return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown worker " + request->worker_id());
+  }
+  reports_.push_back(*request);
+  if (stop_tasks_.count(request->task_id()) > 0) response->set_stop(true);
+  cv_.SignalAll();
+  return grpc::Status::OK;
+}
+
+void FakeRegistry::Push(v1::WorkerCommand command) {
+  absl::MutexLock lock(&mu_);
+  commands_.push_back(std::move(command));
+  cv_.SignalAll();
+}
+
+void FakeRegistry::SetDrain(bool drain) {
+  absl::MutexLock lock(&mu_);
+  drain_ = drain;
+}
+
+void FakeRegistry::StopTaskOnReport(const std::string& task_id) {
+  absl::MutexLock lock(&mu_);
+  stop_tasks_.insert(task_id);
+}
+
+void FakeRegistry::ShutDown() {
+  absl::MutexLock lock(&mu_);
+  shutting_down_ = true;
+  cv_.SignalAll();
+}
+
+bool FakeRegistry::WaitFor(const std::function<bool()>& pred, absl::Duration timeout) {
+  const absl::Time deadline = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  while (!pred()) {
+    if (absl::Now() >= deadline) return false;
+    cv_.WaitWithTimeout(&mu_, absl::Milliseconds(10));
+  }
+  return true;
+}
+
+std::vector<v1::TaskReport> FakeRegistry::ReportsOf(const std::string& task_id) {
+  absl::MutexLock lock(&mu_);
+  return ReportsOfLocked(task_id);
+}
+
+std::vector<v1::TaskReport> FakeRegistry::ReportsOfLocked(const std::string& task_id) {
+  std::vector<v1::TaskReport> out;
+  for (const v1::TaskReport& r : reports_) {
+    if (r.task_id() == task_id) out.push_back(r);
+  }
+  return out;
+}
+
+bool FakeRegistry::HasFinalLocked(const std::string& task_id) {
+  for (const v1::TaskReport& r : reports_) {
+    if (r.task_id() == task_id && r.state() >= v1::TASK_STATE_SUCCEEDED) return true;
+  }
+  return false;
+}
+
+bool FakeRegistry::HasStateLocked(const std::string& task_id, v1::TaskState state) {
+  for (const v1::TaskReport& r : reports_) {
+    if (r.task_id() == task_id && r.state() == state) return true;
+  }
+  return false;
+}
+
+FakeCoordinator::FakeCoordinator(const std::string& address, int instance) : registry_(instance) {
+  grpc::ServerBuilder builder;
+  builder.AddListeningPort(address, grpc::InsecureServerCredentials());
+  builder.SetMaxReceiveMessageSize(80 << 20);  // Reports may carry a 64 MiB output.
+  builder.RegisterService(&registry_);
+  server_ = builder.BuildAndStart();
+}
+
+FakeCoordinator::~FakeCoordinator() {
+  registry_.ShutDown();
+  if (server_ != nullptr) {
+    server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  }
+}
+
+}  // namespace worker
+}  // namespace dattn

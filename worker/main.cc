@@ -1,0 +1,183 @@
+// dattn-worker: runs attention tasks for a dattn coordinator.
+//
+//   dattn-worker --coordinator host:7070 [--name NAME] [--slots N] [--threads T]
+//                [--heartbeat-ms MS] [--health-port P] [--listen-address A] [--memory-bytes B]
+//                [--shutdown-timeout-s S]
+//
+// The worker dials the coordinator (it needs no inbound port for work) and serves only
+// grpc.health.v1 on --listen-address:--health-port: service "" is SERVING while the process is
+// alive (liveness); service "dattn-worker" is SERVING while the worker is registered with the
+// coordinator and accepting tasks (readiness). Every important event is one timestamped line on
+// stderr.
+//
+// Exit codes: 0 after a signal-initiated shutdown; 1 if the health endpoint cannot listen, or on a
+// second signal during shutdown (immediate exit); 2 for bad flags or a worker that cannot start.
+// The worker never exits because the coordinator is unreachable.
+#include <pthread.h>
+#include <signal.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <thread>
+
+#include "CLI/CLI.hpp"
+#include "absl/strings/str_cat.h"
+#include "absl/time/time.h"
+#include "grpcpp/generic/async_generic_service.h"
+#include "grpcpp/grpcpp.h"
+#include "grpcpp/health_check_service_interface.h"
+#include "worker/log.h"
+#include "worker/worker.h"
+
+namespace {
+
+using dattn::worker::LogEvent;
+
+// The readiness service name of the health endpoint.
+constexpr char kReadyService[] = "dattn-worker";
+
+std::string DefaultName() {
+  char host[256] = {};
+  if (gethostname(host, sizeof(host) - 1) != 0) host[0] = '\0';
+  return absl::StrCat(host[0] != '\0' ? host : "worker", ":", getpid());
+}
+
+std::string DefaultCoordinator() {
+  const char* env = std::getenv("DATTN_COORDINATOR");
+  return env != nullptr && env[0] != '\0' ? env : "127.0.0.1:7070";
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  dattn::worker::WorkerOptions options;
+  options.coordinator_address = DefaultCoordinator();
+  options.name = DefaultName();
+  int heartbeat_ms = 0;
+  int health_port = 0;
+  std::string listen_address = "127.0.0.1";
+  int shutdown_timeout_s = 10;
+
+  CLI::App app{"dattn-worker: runs dilated-attention tasks for a dattn coordinator"};
+  app.set_version_flag("--version", dattn::worker::kWorkerVersion);
+  app.add_option("--coordinator", options.coordinator_address,
+                 "Coordinator WorkerRegistry address, host:port or unix:/path "
+                 "(default: $DATTN_COORDINATOR, else 127.0.0.1:7070)")
+      ->capture_default_str();
+  app.add_option("--name", options.name, "Stable worker name (default: hostname:pid)")
+      ->capture_default_str();
+  app.add_option("--threads", options.threads_per_task,
+                 "Engine threads per task; 0 = hardware threads / slots")
+      ->check(CLI::Range(0, 4096))
+      ->capture_default_str();
+  app.add_option("--slots", options.max_ranks, "Tasks (ranks) run at once")
+      ->check(CLI::Range(1, 4096))
+      ->capture_default_str();
+  app.add_option("--heartbeat-ms", heartbeat_ms,
+                 "Heartbeat interval; 0 = the coordinator's (a shorter coordinator value wins)")
+      ->check(CLI::Range(0, 3600000))
+      ->capture_default_str();
+  app.add_option("--health-port", health_port, "grpc.health.v1 port; 0 = ephemeral")
+      ->check(CLI::Range(0, 65535))
+      ->capture_default_str();
+  app.add_option("--listen-address", listen_address, "Address the health endpoint binds")
+      ->capture_default_str();
+  app.add_option("--memory-bytes", options.memory_bytes,
+                 "Advertise and budget this much memory instead of MemTotal; 0 = MemTotal")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 60))
+      ->capture_default_str();
+  app.add_option("--shutdown-timeout-s", shutdown_timeout_s,
+                 "On SIGTERM, how long to keep trying to deliver final reports")
+      ->check(CLI::Range(0, 3600))
+      ->capture_default_str();
+  try {
+    app.parse(argc, argv);
+  } catch (const CLI::ParseError& e) {
+    const int code = app.exit(e);
+    return code == 0 ? 0 : 2;
+  }
+  options.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
+  options.shutdown_report_deadline = absl::Seconds(shutdown_timeout_s);
+
+  // SIGTERM and SIGINT are taken synchronously by sigwait below: block them before any thread
+  // (gRPC's included) starts, so that every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A coordinator connection that breaks mid-write must not kill the process.
+  signal(SIGPIPE, SIG_IGN);
+
+  // grpc.health.v1 is gRPC's default health service. gRPC adds it only once the server starts, and
+  // the builder refuses a server with no method of its own: this callback generic service (which
+  // answers UNIMPLEMENTED to any other method) gives it one without a completion queue to drive.
+  grpc::EnableDefaultHealthCheckService(true);
+  grpc::ServerBuilder builder;
+  grpc::CallbackGenericService unimplemented;
+  builder.RegisterCallbackGenericService(&unimplemented);
+  int bound_port = 0;
+  const std::string listen = absl::StrCat(listen_address, ":", health_port);
+  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound_port);
+  std::unique_ptr<grpc::Server> health_server = builder.BuildAndStart();
+  if (health_server == nullptr || bound_port == 0) {
+    LogEvent("cannot listen on ", listen, " for the health endpoint; exiting");
+    return 1;
+  }
+  if (health_server->GetHealthCheckService() == nullptr) {
+    LogEvent("gRPC did not install its default health service; exiting");
+    health_server->Shutdown();
+    return 1;
+  }
+  grpc::HealthCheckServiceInterface& health = *health_server->GetHealthCheckService();
+  health.SetServingStatus("", true);
+  health.SetServingStatus(kReadyService, false);
+  options.address = absl::StrCat(listen_address, ":", bound_port);
+  LogEvent("health endpoint on ", options.address, " (service \"\" = live, \"", kReadyService,
+           "\" = ready)");
+  options.on_ready_change = [&health](bool ready) {
+    health.SetServingStatus(kReadyService, ready);
+  };
+
+  dattn::worker::Worker worker(options);
+  absl::Status started = worker.Start();
+  if (!started.ok()) {
+    LogEvent("cannot start: ", started.ToString());
+    health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+    return 2;
+  }
+
+  int signal_number = 0;
+  while (sigwait(&signals, &signal_number) != 0) {
+  }
+  LogEvent("received ", signal_number == SIGTERM ? "SIGTERM" : "SIGINT", "; shutting down");
+  // A second signal during shutdown means "now": skip the remaining stages.
+  std::thread([signals]() {
+    int again = 0;
+    while (sigwait(&signals, &again) != 0) {
+    }
+    LogEvent("second signal during shutdown; exiting at once");
+    _exit(1);
+  }).detach();
+
+  // Shutdown order:
+  // 1. Readiness goes NOT_SERVING, so probes and operators see the worker leaving. Liveness stays
+  //    SERVING until the end: the process still answers.
+  health.SetServingStatus(kReadyService, false);
+  // 2. Worker::Stop(): refuse new assignments and close the assignment stream; cancel running tasks
+  //    (each stops before its next engine step: a step in progress finishes first); wait for the
+  //    task threads; deliver their CANCELLED reports (and any other pending final report) for up to
+  //    --shutdown-timeout-s, logging and dropping what the coordinator could not take (it then
+  //    recovers those tasks when the heartbeats stop); stop heartbeating last, so the coordinator
+  //    does not declare the worker dead while reports are still being delivered.
+  worker.Stop();
+  // 3. Close the health endpoint (in-flight probes get a second to finish).
+  health.Shutdown();  // Everything NOT_SERVING, and Watch streams end.
+  health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  LogEvent("shutdown complete");
+  // 4. Exit 0: the shutdown was asked for and done, whatever the coordinator's state.
+  return 0;
+}

@@ -1,0 +1,214 @@
+// End-to-end tests of the dattn-worker binary: health endpoint, registration with a fake
+// coordinator, and the SIGTERM shutdown (running task cancelled and reported, exit status 0).
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "grpc/health/v1/health.grpc.pb.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "worker/fake_registry.h"
+
+namespace dattn {
+namespace worker {
+namespace {
+
+std::string BinaryPath() {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  return absl::StrCat(srcdir != nullptr ? srcdir : ".", "/",
+                      workspace != nullptr ? workspace : "dattn", "/worker/dattn-worker");
+}
+
+// A fresh directory under /tmp, not TEST_TMPDIR: a unix socket path must fit in 107 characters, and
+// concurrent runs of this test (same pid inside their sandboxes) must not share a socket.
+// Each socket lives in a directory of its own, removed (with the socket) when the binary exits.
+std::string SocketPath(const char* name) {
+  struct Paths {
+    std::vector<std::string> paths;  // A socket, then its directory.
+    ~Paths() {
+      for (const std::string& p : paths) ::remove(p.c_str());
+    }
+  };
+  static Paths created;
+  char dir[] = "/tmp/dattn-worker-test-XXXXXX";
+  if (mkdtemp(dir) == nullptr) return absl::StrCat("/tmp/dattn-worker-test-", name, ".sock");
+  const std::string path = absl::StrCat(dir, "/", name, ".sock");
+  created.paths.push_back(path);
+  created.paths.push_back(dir);
+  return path;
+}
+
+// A TCP port that was free a moment ago.
+int FreePort() {
+  const int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) return -1;
+  socklen_t len = sizeof(addr);
+  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+class WorkerProcess {
+ public:
+  explicit WorkerProcess(std::vector<std::string> args) {
+    args.insert(args.begin(), BinaryPath());
+    pid_ = fork();
+    if (pid_ == 0) {
+      std::vector<char*> argv;
+      for (std::string& a : args) argv.push_back(a.data());
+      argv.push_back(nullptr);
+      execv(argv[0], argv.data());
+      _exit(127);
+    }
+  }
+  ~WorkerProcess() {
+    if (pid_ > 0 && !exited_) {
+      kill(pid_, SIGKILL);
+      waitpid(pid_, nullptr, 0);
+    }
+  }
+  bool started() const { return pid_ > 0; }
+  void Signal(int sig) { kill(pid_, sig); }
+  // The exit status, or -1 if the process is still running after `timeout`.
+  int WaitExit(absl::Duration timeout) {
+    const absl::Time deadline = absl::Now() + timeout;
+    while (absl::Now() < deadline) {
+      int status = 0;
+      if (waitpid(pid_, &status, WNOHANG) == pid_) {
+        exited_ = true;
+        return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+      }
+      absl::SleepFor(absl::Milliseconds(20));
+    }
+    return -1;
+  }
+
+ private:
+  pid_t pid_ = -1;
+  bool exited_ = false;
+};
+
+// Polls the health endpoint until `service` reports `want`, up to `timeout`.
+bool WaitHealth(grpc::health::v1::Health::Stub* stub, const std::string& service,
+                grpc::health::v1::HealthCheckResponse::ServingStatus want,
+                absl::Duration timeout = absl::Seconds(10)) {
+  const absl::Time deadline = absl::Now() + timeout;
+  while (absl::Now() < deadline) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + std::chrono::milliseconds(500));
+    // Wait for the connection inside the call: a fail-fast call on a channel in backoff returns at
+    // once, and then nothing in this process would drive the reconnection but gRPC's 5 s backup
+    // poller.
+    context.set_wait_for_ready(true);
+    grpc::health::v1::HealthCheckRequest request;
+    request.set_service(service);
+    grpc::health::v1::HealthCheckResponse response;
+    if (stub->Check(&context, request, &response).ok() && response.status() == want) return true;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return false;
+}
+
+using Serving = grpc::health::v1::HealthCheckResponse;
+
+// A channel that retries connecting quickly while the binary starts up.
+std::shared_ptr<grpc::Channel> HealthChannel(int port) {
+  grpc::ChannelArguments args;
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, 50);
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, 200);
+  return grpc::CreateCustomChannel(absl::StrCat("127.0.0.1:", port),
+                                   grpc::InsecureChannelCredentials(), args);
+}
+
+TEST(WorkerMainTest, ServesHealthRegistersAndShutsDownCleanlyOnSigterm) {
+  const std::string address = "unix:" + SocketPath("main");
+  FakeCoordinator coordinator(address);
+  ASSERT_TRUE(coordinator.ok());
+  FakeRegistry& fake = coordinator.registry();
+  const int port = FreePort();
+  ASSERT_GT(port, 0);
+  WorkerProcess worker({"--coordinator", address, "--name", "main-test", "--slots", "1",
+                        "--threads", "1", "--heartbeat-ms", "100", "--health-port",
+                        std::to_string(port), "--memory-bytes", "1073741824"});
+  ASSERT_TRUE(worker.started());
+
+  auto channel = HealthChannel(port);
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  ASSERT_TRUE(WaitHealth(health.get(), "", Serving::SERVING)) << "liveness never SERVING";
+  ASSERT_TRUE(WaitHealth(health.get(), "dattn-worker", Serving::SERVING))
+      << "readiness never SERVING";
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+  {
+    absl::MutexLock lock(&fake.mu_);
+    ASSERT_EQ(fake.registrations_.size(), 1u);
+    EXPECT_EQ(fake.registrations_[0].name(), "main-test");
+    EXPECT_EQ(fake.registrations_[0].address(), absl::StrCat("127.0.0.1:", port));
+    EXPECT_EQ(fake.registrations_[0].capabilities().total_memory_bytes(), 1073741824);
+  }
+
+  // A task that would run for hours: SIGTERM must cancel it, report it, and exit 0.
+  v1::WorkerCommand command;
+  v1::TaskAssignment* task = command.mutable_assign();
+  task->set_task_id("j-main/1/0");
+  v1::AttentionJobSpec* job = task->mutable_spec()->mutable_attention();
+  job->mutable_attention()->add_segment_lengths(512);
+  job->mutable_attention()->add_dilation_rates(1);
+  job->mutable_shape()->set_batch(1);
+  job->mutable_shape()->set_seq_len(2048);
+  job->mutable_shape()->set_num_heads(4);
+  job->mutable_shape()->set_head_dim(32);
+  job->set_dtype(v1::DTYPE_FP32);
+  job->set_iterations(1000000);
+  fake.Push(command);
+  ASSERT_TRUE(
+      fake.WaitFor([&]() { return fake.HasStateLocked("j-main/1/0", v1::TASK_STATE_STARTED); }));
+
+  worker.Signal(SIGTERM);
+  EXPECT_EQ(worker.WaitExit(absl::Seconds(10)), 0);
+  absl::MutexLock lock(&fake.mu_);
+  std::vector<v1::TaskReport> reports = fake.ReportsOfLocked("j-main/1/0");
+  ASSERT_FALSE(reports.empty());
+  EXPECT_EQ(reports.back().state(), v1::TASK_STATE_CANCELLED);
+}
+
+TEST(WorkerMainTest, LiveButNotReadyWithoutACoordinatorAndStillExitsOnSigint) {
+  const std::string address = "unix:" + SocketPath("nobody");
+  const int port = FreePort();
+  ASSERT_GT(port, 0);
+  WorkerProcess worker({"--coordinator", address, "--health-port", std::to_string(port),
+                        "--threads", "1", "--shutdown-timeout-s", "1"});
+  ASSERT_TRUE(worker.started());
+  auto channel = HealthChannel(port);
+  auto health = grpc::health::v1::Health::NewStub(channel);
+  ASSERT_TRUE(WaitHealth(health.get(), "", Serving::SERVING));
+  EXPECT_TRUE(WaitHealth(health.get(), "dattn-worker", Serving::NOT_SERVING));
+  absl::SleepFor(absl::Milliseconds(500));
+  EXPECT_EQ(worker.WaitExit(absl::ZeroDuration()), -1) << "exited without a coordinator";
+  worker.Signal(SIGINT);
+  EXPECT_EQ(worker.WaitExit(absl::Seconds(10)), 0);
+}
+
+TEST(WorkerMainTest, BadFlagsExitWithTwo) {
+  WorkerProcess worker({"--slots", "0"});
+  ASSERT_TRUE(worker.started());
+  EXPECT_EQ(worker.WaitExit(absl::Seconds(10)), 2);
+}
+
+}  // namespace
+}  // namespace worker
+}  // namespace dattn

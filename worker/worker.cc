@@ -1,0 +1,883 @@
+#include "worker/worker.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "absl/time/clock.h"
+#include "engine/cpu_backend.h"
+#include "worker/attention_task.h"
+#include "worker/host_info.h"
+#include "worker/log.h"
+
+namespace dattn {
+namespace worker {
+
+const char kWorkerVersion[] = "dattn-worker/0.1.0";
+
+namespace {
+
+// Task ids remembered after they finish, so a re-sent assignment is not run twice.
+constexpr size_t kFinishedMemory = 4096;
+// Non-retryable rejections of a final report before it is dropped (one heartbeat apart, so that a
+// re-registration racing with the report gets a chance to complete first).
+constexpr int kMaxRejections = 3;
+
+absl::Status FromGrpc(const grpc::Status& status) {
+  return absl::Status(static_cast<absl::StatusCode>(status.error_code()), status.error_message());
+}
+
+// A unary call waits for the channel to connect (up to its deadline) instead of failing at once
+// while the channel is in reconnect backoff. Besides riding out short coordinator restarts, this
+// makes the calling thread drive the reconnection: with fail-fast calls nothing in an otherwise
+// idle process would, except gRPC's 5 s backup poller.
+void PrepareUnary(grpc::ClientContext* context, absl::Duration timeout) {
+  context->set_deadline(std::chrono::system_clock::now() + absl::ToChronoMilliseconds(timeout));
+  context->set_wait_for_ready(true);
+}
+
+// Codes under which the same report may succeed later without anything changing on this side.
+bool IsRetryable(grpc::StatusCode code) {
+  switch (code) {
+    case grpc::StatusCode::UNAVAILABLE:
+    case grpc::StatusCode::DEADLINE_EXCEEDED:
+    case grpc::StatusCode::RESOURCE_EXHAUSTED:
+    case grpc::StatusCode::ABORTED:
+    case grpc::StatusCode::INTERNAL:
+    case grpc::StatusCode::UNKNOWN:
+    case grpc::StatusCode::CANCELLED:
+      return true;
+    default:
+      return false;
+  }
+}
+
+const char* StateName(v1::TaskState state) {
+  switch (state) {
+    case v1::TASK_STATE_STARTED:
+      return "STARTED";
+    case v1::TASK_STATE_PROGRESS:
+      return "PROGRESS";
+    case v1::TASK_STATE_SUCCEEDED:
+      return "SUCCEEDED";
+    case v1::TASK_STATE_FAILED:
+      return "FAILED";
+    case v1::TASK_STATE_CANCELLED:
+      return "CANCELLED";
+    default:
+      return "UNSPECIFIED";
+  }
+}
+
+std::string Describe(const v1::TaskAssignment& task) {
+  if (!task.spec().has_attention()) return "no attention work";
+  const v1::AttentionJobSpec& job = task.spec().attention();
+  const v1::TensorShape& s = job.shape();
+  return absl::StrCat(v1::DType_Name(job.dtype()), " B=", s.batch(), " N=", s.seq_len(),
+                      " H=", s.num_heads(), " D=", s.head_dim(), " w=[",
+                      absl::StrJoin(job.attention().segment_lengths(), ","), "] r=[",
+                      absl::StrJoin(job.attention().dilation_rates(), ","), "] ",
+                      v1::Pass_Name(job.pass()), " x", std::max(1, job.iterations()));
+}
+
+WorkerOptions WithDefaults(WorkerOptions options) {
+  if (!options.backend_factory) {
+    options.backend_factory = [](int threads) {
+      CpuBackendOptions cpu;
+      cpu.num_threads = threads;
+      return NewCpuBackend(cpu);
+    };
+  }
+  if (!options.credentials) options.credentials = grpc::InsecureChannelCredentials();
+  return options;
+}
+
+}  // namespace
+
+struct Worker::Task {
+  v1::TaskAssignment assignment;
+  int64_t steps_total = 1;
+  int64_t reserved_bytes = 0;  // Planned bytes counted in reserved_bytes_.
+  int64_t budget_bytes = -1;   // Passed to RunAttentionTask; -1: MemAvailable.
+  std::atomic<bool> cancel{false};
+  std::atomic<bool> silent{false};  // Report nothing more (the coordinator has given up on it).
+  std::atomic<int64_t> steps_done{0};
+  std::thread thread;
+  bool done = false;  // Guarded by Worker::mu_: the thread has finished its work; join it.
+};
+
+// Registers a unary call's context for the duration of the call, so that Stop() can cancel it.
+class Worker::ActiveCall {
+ public:
+  ActiveCall(Worker* worker, grpc::ClientContext* context) : worker_(worker), context_(context) {
+    absl::MutexLock lock(&worker_->mu_);
+    worker_->unary_contexts_.insert(context_);
+    if (worker_->cancel_unary_) context_->TryCancel();
+  }
+  ~ActiveCall() {
+    absl::MutexLock lock(&worker_->mu_);
+    worker_->unary_contexts_.erase(context_);
+  }
+
+ private:
+  Worker* const worker_;
+  grpc::ClientContext* const context_;
+};
+
+Worker::Worker(WorkerOptions options) : options_(WithDefaults(std::move(options))) {}
+
+Worker::~Worker() { Stop(); }
+
+absl::Status Worker::Start() {
+  const WorkerOptions& o = options_;
+  if (o.coordinator_address.empty()) {
+    return absl::InvalidArgumentError("worker: coordinator address is empty");
+  }
+  if (o.name.empty()) return absl::InvalidArgumentError("worker: name is empty");
+  if (o.max_ranks < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("worker: max_ranks ", o.max_ranks, " < 1"));
+  }
+  if (o.threads_per_task < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker: threads_per_task ", o.threads_per_task, " < 0"));
+  }
+  if (o.memory_bytes < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("worker: memory_bytes ", o.memory_bytes, " < 0"));
+  }
+  if (o.heartbeat_interval < absl::ZeroDuration() || o.rpc_timeout <= absl::ZeroDuration() ||
+      o.backoff_initial <= absl::ZeroDuration() || o.backoff_max < o.backoff_initial ||
+      o.progress_interval < absl::ZeroDuration() ||
+      o.shutdown_report_deadline < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "worker: bad durations: heartbeat ", absl::FormatDuration(o.heartbeat_interval),
+        ", rpc timeout ", absl::FormatDuration(o.rpc_timeout), ", backoff ",
+        absl::FormatDuration(o.backoff_initial), "..", absl::FormatDuration(o.backoff_max),
+        ", progress ", absl::FormatDuration(o.progress_interval), ", shutdown ",
+        absl::FormatDuration(o.shutdown_report_deadline)));
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    if (started_) return absl::FailedPreconditionError("worker: Start() called twice");
+  }
+
+  const int hardware = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  threads_per_task_ =
+      o.threads_per_task > 0 ? o.threads_per_task : std::max(1, hardware / o.max_ranks);
+  std::unique_ptr<AttentionBackend> probe = o.backend_factory(threads_per_task_);
+  if (probe == nullptr) return absl::InvalidArgumentError("worker: backend factory returned null");
+  backend_caps_ = probe->caps();
+  probe.reset();
+
+  int64_t total_memory = o.memory_bytes;
+  if (total_memory == 0) {
+    absl::StatusOr<int64_t> total = ReadMeminfoBytes("MemTotal");
+    if (!total.ok()) return total.status();
+    total_memory = *total;
+  }
+  capabilities_.set_is_gpu(backend_caps_.device == Device::kCuda);
+  capabilities_.set_device_name(ReadCpuModel());
+  capabilities_.set_device_index(0);
+  capabilities_.set_total_memory_bytes(total_memory);
+  for (DType dtype : backend_caps_.dtypes) capabilities_.add_dtypes(ToApiDType(dtype));
+  capabilities_.set_max_ranks(o.max_ranks);
+  capabilities_.set_num_threads(threads_per_task_);
+  for (int64_t d : backend_caps_.head_dims) capabilities_.add_head_dims(d);
+
+  grpc::ChannelArguments args;
+  // A vanished coordinator host (no RST) ends the held-open stream within ~80 s; heartbeats carry
+  // data far more often than 60 s, so servers' default ping policy is never tripped.
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIME_MS, 60000);
+  args.SetInt(GRPC_ARG_KEEPALIVE_TIMEOUT_MS, 20000);
+  // gRPC's own reconnect backoff would otherwise grow to 120 s and hide a restarted coordinator.
+  // GRPC_ARG_MIN_RECONNECT_BACKOFF_MS stays at its default: it is also the connect (handshake)
+  // timeout, and a short one makes a slow or TLS coordinator unreachable.
+  const int initial_ms = static_cast<int>(absl::ToInt64Milliseconds(o.backoff_initial));
+  const int max_ms = static_cast<int>(absl::ToInt64Milliseconds(o.backoff_max));
+  args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::max(1, initial_ms));
+  args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(1, max_ms));
+  channel_ = grpc::CreateCustomChannel(o.coordinator_address, o.credentials, args);
+  stub_ = v1::WorkerRegistry::NewStub(channel_);
+
+  {
+    absl::MutexLock lock(&mu_);
+    if (started_) return absl::FailedPreconditionError("worker: Start() called twice");
+    started_ = true;
+    jitter_state_ = std::hash<std::string>()(o.name) ^
+                    static_cast<uint64_t>(absl::ToUnixNanos(absl::Now())) ^ 0x9E3779B97F4A7C15ull;
+    if (o.heartbeat_interval > absl::ZeroDuration()) heartbeat_interval_ = o.heartbeat_interval;
+  }
+  LogEvent("starting worker ", o.name, ": coordinator ", o.coordinator_address, ", ",
+           capabilities_.device_name(), ", ", FormatBytes(total_memory), ", ", o.max_ranks,
+           " slot(s) x ", threads_per_task_, " thread(s)");
+  session_thread_ = std::thread(&Worker::SessionLoop, this);
+  stream_thread_ = std::thread(&Worker::StreamLoop, this);
+  reporter_thread_ = std::thread(&Worker::ReporterLoop, this);
+  return absl::OkStatus();
+}
+
+void Worker::Stop() {
+  absl::MutexLock stop_lock(&stop_mu_);
+  {
+    absl::MutexLock lock(&mu_);
+    if (!started_ || stopped_) return;
+    stopping_ = true;
+    UpdateReadyLocked();
+    if (stream_context_ != nullptr) stream_context_->TryCancel();
+    CancelAllLocked(/*silent=*/false, "worker shutting down");
+    cv_.SignalAll();
+  }
+  NotifyReady();
+  LogEvent("stopping: no new work, running tasks cancelled");
+  stream_thread_.join();
+
+  std::vector<std::thread> tasks;
+  {
+    absl::MutexLock lock(&mu_);
+    for (auto& entry : tasks_) tasks.push_back(std::move(entry.second->thread));
+    tasks_.clear();
+  }
+  for (std::thread& t : tasks) t.join();
+
+  size_t dropped = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    const absl::Time deadline = absl::Now() + options_.shutdown_report_deadline;
+    while ((!reports_.empty() || report_in_flight_) && absl::Now() < deadline) {
+      cv_.WaitWithDeadline(&mu_, deadline);
+    }
+    for (const PendingReport& p : reports_) dropped += p.final ? 1 : 0;
+    stop_reporter_ = true;
+    stop_session_ = true;
+    // A registration, heartbeat or report waiting for an unreachable coordinator ends now.
+    cancel_unary_ = true;
+    for (grpc::ClientContext* context : unary_contexts_) context->TryCancel();
+    cv_.SignalAll();
+  }
+  if (dropped > 0) {
+    LogEvent("shutdown: ", dropped, " final report(s) could not be delivered within ",
+             absl::FormatDuration(options_.shutdown_report_deadline), " and are dropped");
+  }
+  reporter_thread_.join();
+  session_thread_.join();
+  {
+    absl::MutexLock lock(&mu_);
+    stopped_ = true;
+  }
+  LogEvent("stopped");
+}
+
+std::string Worker::worker_id() const {
+  absl::MutexLock lock(&mu_);
+  return worker_id_;
+}
+
+bool Worker::registered() const {
+  absl::MutexLock lock(&mu_);
+  return !worker_id_.empty();
+}
+
+bool Worker::draining() const {
+  absl::MutexLock lock(&mu_);
+  return draining_;
+}
+
+int64_t Worker::registrations() const {
+  absl::MutexLock lock(&mu_);
+  return generation_;
+}
+
+int Worker::running_tasks() const {
+  absl::MutexLock lock(&mu_);
+  int n = 0;
+  for (const auto& entry : tasks_) n += entry.second->done ? 0 : 1;
+  return n;
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Session: registration and heartbeats.
+
+void Worker::SessionLoop() {
+  int attempt = 0;
+  std::string last_error;
+  mu_.Lock();
+  while (!stop_session_) {
+    if (worker_id_.empty() || reregister_) {
+      if (reregister_) {
+        CancelAllLocked(/*silent=*/true, "coordinator asked this worker to re-register");
+        worker_id_.clear();
+        reregister_ = false;
+        draining_ = false;
+        UpdateReadyLocked();
+        if (stream_context_ != nullptr) stream_context_->TryCancel();
+        cv_.SignalAll();
+        // A cancelled task stops only after its current engine step. Registering before it has
+        // would advertise a slot that is still busy, and the coordinator's next assignment would
+        // bounce off it; so the new registration waits until every slot is really free.
+        auto busy = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+          for (const auto& entry : tasks_) {
+            if (!entry.second->done) return true;
+          }
+          return false;
+        };
+        if (busy()) LogEvent("waiting for cancelled tasks to stop before registering again");
+        while (!stop_session_ && busy()) {
+          SleepLocked(absl::Milliseconds(20),
+                      [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_session_; });
+        }
+      }
+      mu_.Unlock();
+      NotifyReady();
+      absl::Status status = Register();
+      NotifyReady();
+      mu_.Lock();
+      if (!status.ok()) {
+        const std::string error = status.ToString();
+        if (attempt == 0 || error != last_error) {
+          LogEvent("registration with ", options_.coordinator_address, " failed: ", error,
+                   "; retrying with backoff");
+          last_error = error;
+        }
+        const absl::Duration wait = Backoff(attempt++);
+        SleepLocked(wait, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_session_; });
+        continue;
+      }
+      attempt = 0;
+      last_error.clear();
+    }
+    const int64_t generation = generation_;
+    SleepLocked(heartbeat_interval_, [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stop_session_ || reregister_ || generation_ != generation;
+    });
+    if (stop_session_) break;
+    if (reregister_ || worker_id_.empty()) continue;
+    std::vector<std::thread> finished;
+    ReapLocked(&finished);
+    mu_.Unlock();
+    for (std::thread& t : finished) t.join();
+    Heartbeat();
+    NotifyReady();
+    mu_.Lock();
+  }
+  mu_.Unlock();
+}
+
+absl::Status Worker::Register() {
+  v1::RegisterWorkerRequest request;
+  request.set_name(options_.name);
+  request.set_address(options_.address);
+  *request.mutable_capabilities() = capabilities_;
+  request.set_version(kWorkerVersion);
+  v1::RegisterWorkerResponse response;
+  grpc::ClientContext context;
+  PrepareUnary(&context, options_.rpc_timeout);
+  ActiveCall active(this, &context);
+  grpc::Status status = stub_->RegisterWorker(&context, request, &response);
+  if (!status.ok()) return FromGrpc(status);
+  if (response.worker_id().empty()) {
+    return absl::InternalError("coordinator answered RegisterWorker with an empty worker_id");
+  }
+  absl::Duration interval = absl::Milliseconds(response.heartbeat_interval_ms());
+  if (response.heartbeat_interval_ms() <= 0) {
+    interval = options_.heartbeat_interval > absl::ZeroDuration() ? options_.heartbeat_interval
+                                                                  : absl::Seconds(2);
+  } else if (options_.heartbeat_interval > absl::ZeroDuration()) {
+    interval = std::min(interval, options_.heartbeat_interval);
+  }
+  int64_t generation;
+  {
+    absl::MutexLock lock(&mu_);
+    worker_id_ = response.worker_id();
+    generation = ++generation_;
+    heartbeat_interval_ = interval;
+    draining_ = false;
+    UpdateReadyLocked();
+    // A stream still open belongs to the previous registration.
+    if (stream_context_ != nullptr) stream_context_->TryCancel();
+    cv_.SignalAll();
+  }
+  LogEvent("registered with ", options_.coordinator_address, " as worker ", response.worker_id(),
+           " (registration ", generation, ", heartbeat every ", absl::FormatDuration(interval),
+           ")");
+  return absl::OkStatus();
+}
+
+void Worker::Heartbeat() {
+  v1::HeartbeatRequest request;
+  int64_t generation;
+  {
+    absl::MutexLock lock(&mu_);
+    request.set_worker_id(worker_id_);
+    generation = generation_;
+    std::map<std::string, int64_t> listed = unreported_;
+    for (const auto& entry : tasks_) {
+      // A task whose outcome is known is listed through unreported_ until the coordinator has it.
+      if (!entry.second->silent && finished_.count(entry.first) == 0) {
+        listed[entry.first] = entry.second->steps_done.load();
+      }
+    }
+    for (const auto& entry : listed) {
+      v1::RunningTask* task = request.add_tasks();
+      task->set_task_id(entry.first);
+      task->set_steps_done(entry.second);
+    }
+  }
+  request.set_free_memory_bytes(FreeMemoryBytes());
+  v1::HeartbeatResponse response;
+  grpc::ClientContext context;
+  PrepareUnary(&context, options_.rpc_timeout);
+  ActiveCall active(this, &context);
+  grpc::Status status = stub_->Heartbeat(&context, request, &response);
+
+  absl::MutexLock lock(&mu_);
+  if (generation != generation_) return;  // Answer about a registration that no longer exists.
+  if (!status.ok()) {
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+      LogEvent("heartbeat: coordinator does not know worker ", request.worker_id(), " (",
+               status.error_message(), "); registering again");
+      reregister_ = true;
+      cv_.SignalAll();
+      return;
+    }
+    const std::string error = FromGrpc(status).ToString();
+    if (error != heartbeat_error_) {
+      LogEvent("heartbeat failed: ", error);
+      heartbeat_error_ = error;
+    }
+    return;
+  }
+  if (!heartbeat_error_.empty()) {
+    LogEvent("heartbeat delivered again");
+    heartbeat_error_.clear();
+  }
+  if (response.reregister()) {
+    LogEvent("heartbeat: coordinator asks worker ", request.worker_id(),
+             " to register again; cancelling its tasks");
+    reregister_ = true;
+  }
+  if (response.drain() != draining_) {
+    draining_ = response.drain();
+    LogEvent(draining_ ? "draining: finishing running tasks, accepting no new ones"
+                       : "drain lifted: accepting new tasks");
+  }
+  UpdateReadyLocked();
+  cv_.SignalAll();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// The assignment stream.
+
+void Worker::StreamLoop() {
+  int attempt = 0;
+  std::string last_error;
+  mu_.Lock();
+  while (true) {
+    while (!stopping_ && !stop_session_ && worker_id_.empty()) cv_.Wait(&mu_);
+    if (stopping_ || stop_session_) break;
+    const std::string worker_id = worker_id_;
+    const int64_t generation = generation_;
+    grpc::ClientContext context;
+    // Waits for the coordinator rather than failing at once while it is down; Stop() and a new
+    // registration end the wait through TryCancel.
+    context.set_wait_for_ready(true);
+    stream_context_ = &context;
+    mu_.Unlock();
+
+    v1::StreamAssignmentsRequest request;
+    request.set_worker_id(worker_id);
+    std::unique_ptr<grpc::ClientReader<v1::WorkerCommand>> reader =
+        stub_->StreamAssignments(&context, request);
+    v1::WorkerCommand command;
+    while (reader->Read(&command)) {
+      if (attempt > 0 || !last_error.empty()) {
+        LogEvent("assignment stream for worker ", worker_id, " is up again");
+        last_error.clear();
+      }
+      attempt = 0;
+      switch (command.command_case()) {
+        case v1::WorkerCommand::kAssign:
+          HandleAssign(command.assign());
+          break;
+        case v1::WorkerCommand::kCancel:
+          HandleCancel(command.cancel());
+          break;
+        default:
+          LogEvent("ignoring an empty or unknown WorkerCommand");
+          break;
+      }
+    }
+    grpc::Status status = reader->Finish();
+
+    mu_.Lock();
+    stream_context_ = nullptr;
+    if (stopping_ || stop_session_) break;
+    if (generation != generation_) continue;  // Re-registered: open the new registration's stream.
+    if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
+      LogEvent("assignment stream: coordinator does not know worker ", worker_id, " (",
+               status.error_message(), "); registering again");
+      reregister_ = true;
+      cv_.SignalAll();
+    } else {
+      const std::string error =
+          status.ok() ? "closed by the coordinator" : FromGrpc(status).ToString();
+      if (error != last_error) {
+        LogEvent("assignment stream for worker ", worker_id, " ended: ", error, "; reopening");
+        last_error = error;
+      }
+    }
+    const absl::Duration wait = Backoff(attempt++);
+    SleepLocked(wait, [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      return stopping_ || stop_session_ || generation_ != generation;
+    });
+  }
+  mu_.Unlock();
+}
+
+void Worker::HandleAssign(const v1::TaskAssignment& assign) {
+  const std::string& id = assign.task_id();
+  std::vector<std::thread> finished;
+  absl::Status refusal;
+  {
+    absl::MutexLock lock(&mu_);
+    ReapLocked(&finished);
+    int running = 0;
+    for (const auto& entry : tasks_) running += entry.second->done ? 0 : 1;
+    if (id.empty()) {
+      LogEvent("ignoring an assignment without a task_id");
+    } else if (tasks_.count(id) > 0 || finished_.count(id) > 0 || unreported_.count(id) > 0) {
+      LogEvent("task ", id, " assigned again; it already ran or runs here, ignoring the copy");
+    } else if (stopping_) {
+      refusal = absl::UnavailableError(absl::StrCat("worker ", options_.name, " is shutting down"));
+    } else if (draining_) {
+      refusal = absl::UnavailableError(absl::StrCat("worker ", options_.name, " is draining"));
+    } else if (running >= options_.max_ranks) {
+      // UNAVAILABLE, not RESOURCE_EXHAUSTED: the coordinator reads the latter as "out of memory"
+      // and fails the job, while a busy slot only means "place this elsewhere or later".
+      refusal = absl::UnavailableError(
+          absl::StrCat("worker ", options_.name, " has all ", options_.max_ranks, " slot(s) busy"));
+    } else {
+      auto task = std::make_shared<Task>();
+      task->assignment = assign;
+      task->steps_total = std::max(1, assign.spec().attention().iterations());
+      absl::StatusOr<AttentionTaskPlan> plan =
+          PlanAttentionTask(assign, backend_caps_, threads_per_task_);
+      // A task that cannot be planned fails in RunAttentionTask with the same error.
+      task->reserved_bytes = plan.ok() ? plan->memory.total_bytes() : 0;
+      if (options_.memory_bytes > 0) {
+        task->budget_bytes = std::max<int64_t>(0, options_.memory_bytes - reserved_bytes_);
+      }
+      reserved_bytes_ += task->reserved_bytes;
+      tasks_[id] = task;
+      silenced_.erase(id);
+      LogEvent("task ", id, " assigned (job ", assign.job_id(), " attempt ", assign.attempt(),
+               " rank ", assign.rank(), "): ", Describe(assign));
+      task->thread = std::thread(&Worker::RunTask, this, task);
+    }
+  }
+  for (std::thread& t : finished) t.join();
+  if (!refusal.ok()) RefuseTask(id, refusal);
+}
+
+void Worker::HandleCancel(const v1::CancelTask& cancel) {
+  absl::MutexLock lock(&mu_);
+  auto it = tasks_.find(cancel.task_id());
+  if (it == tasks_.end() || it->second->done) {
+    LogEvent("cancel for task ", cancel.task_id(), " which is not running here; ignored");
+    return;
+  }
+  it->second->cancel = true;
+  LogEvent("task ", cancel.task_id(),
+           " cancel requested: ", cancel.reason().empty() ? "no reason given" : cancel.reason());
+}
+
+void Worker::RefuseTask(const std::string& task_id, absl::Status why) {
+  LogEvent("task ", task_id, " refused: ", why.ToString());
+  v1::TaskReport report;
+  report.set_task_id(task_id);
+  report.set_state(v1::TASK_STATE_FAILED);
+  report.set_error(std::string(why.message()));
+  report.set_error_code(static_cast<int>(why.code()));
+  Enqueue(std::move(report), /*final=*/true);
+}
+
+void Worker::CancelAllLocked(bool silent, const char* why) {
+  for (auto& entry : tasks_) {
+    Task& task = *entry.second;
+    if (task.done) continue;
+    task.cancel = true;
+    LogEvent("task ", entry.first, " cancelled: ", why);
+    if (silent) {
+      task.silent = true;
+      silenced_.insert(entry.first);
+    }
+  }
+  if (silent) {
+    // Tasks already finished keep their final reports: the coordinator may still want them.
+    for (auto it = reports_.begin(); it != reports_.end();) {
+      it = silenced_.count(it->report.task_id()) > 0 ? reports_.erase(it) : std::next(it);
+    }
+    for (const std::string& id : silenced_) unreported_.erase(id);
+  }
+}
+
+void Worker::ReapLocked(std::vector<std::thread>* to_join) {
+  for (auto it = tasks_.begin(); it != tasks_.end();) {
+    if (it->second->done) {
+      to_join->push_back(std::move(it->second->thread));
+      it = tasks_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Task threads.
+
+void Worker::RunTask(std::shared_ptr<Task> task) {
+  const std::string id = task->assignment.task_id();
+  const int64_t total = task->steps_total;
+  auto make_report = [&](v1::TaskState state) {
+    v1::TaskReport report;
+    report.set_task_id(id);
+    report.set_state(state);
+    report.mutable_progress()->set_steps_done(task->steps_done.load());
+    report.mutable_progress()->set_steps_total(total);
+    return report;
+  };
+
+  absl::Time last_progress = absl::InfinitePast();
+  AttentionTaskOptions run_options;
+  run_options.num_threads = threads_per_task_;
+  run_options.available_memory_bytes = task->budget_bytes;
+  run_options.on_started = [&]() {
+    if (!task->silent) Enqueue(make_report(v1::TASK_STATE_STARTED), /*final=*/false);
+  };
+  run_options.on_progress = [&](int64_t done, int64_t) {
+    task->steps_done = done;
+    const absl::Time now = absl::Now();
+    if (done < total && now - last_progress >= options_.progress_interval && !task->silent) {
+      last_progress = now;
+      Enqueue(make_report(v1::TASK_STATE_PROGRESS), /*final=*/false);
+    }
+  };
+  run_options.is_cancelled = [&]() { return task->cancel.load(); };
+
+  absl::StatusOr<AttentionTaskResult> result;
+  std::unique_ptr<AttentionBackend> backend = options_.backend_factory(threads_per_task_);
+  if (backend == nullptr) {
+    result = absl::InternalError("worker: backend factory returned null");
+  } else {
+    result = RunAttentionTask(task->assignment, backend.get(), run_options);
+  }
+  backend.reset();  // Free the backend's threads and scratch before reporting.
+
+  v1::TaskReport report;
+  if (result.ok()) {
+    task->steps_done = result->steps_done;
+    report = make_report(v1::TASK_STATE_SUCCEEDED);
+    *report.mutable_rank_result() = result->rank_result;
+    if (result->has_output) *report.mutable_output() = std::move(result->output);
+    LogEvent("task ", id, " succeeded: ", result->steps_done, " step(s), ",
+             result->rank_result.seconds_per_step() * 1e3, " ms/step, ",
+             result->rank_result.tflops(), " TFLOP/s");
+  } else if (result.status().code() == absl::StatusCode::kCancelled && task->cancel.load()) {
+    report = make_report(v1::TASK_STATE_CANCELLED);
+    LogEvent("task ", id, " cancelled: ", result.status().message());
+  } else {
+    report = make_report(v1::TASK_STATE_FAILED);
+    report.set_error(std::string(result.status().message()));
+    report.set_error_code(static_cast<int>(result.status().code()));
+    LogEvent("task ", id, " failed: ", result.status().ToString());
+  }
+
+  {
+    absl::MutexLock lock(&mu_);
+    reserved_bytes_ -= task->reserved_bytes;
+    if (!task->silent) unreported_[id] = task->steps_done.load();
+    finished_.insert(id);
+    finished_order_.push_back(id);
+    while (finished_order_.size() > kFinishedMemory) {
+      finished_.erase(finished_order_.front());
+      silenced_.erase(finished_order_.front());
+      finished_order_.pop_front();
+    }
+  }
+  if (!task->silent) {
+    Enqueue(std::move(report), /*final=*/true);
+  } else {
+    LogEvent("task ", id, ": the coordinator no longer wants it; its outcome is not reported");
+  }
+  absl::MutexLock lock(&mu_);
+  task->done = true;
+  cv_.SignalAll();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Reports.
+
+void Worker::Enqueue(v1::TaskReport report, bool final) {
+  const int64_t nanos = absl::ToUnixNanos(absl::Now());
+  report.mutable_time()->set_seconds(nanos / 1000000000);
+  report.mutable_time()->set_nanos(static_cast<int32_t>(nanos % 1000000000));
+  absl::MutexLock lock(&mu_);
+  if (silenced_.count(report.task_id()) > 0) return;
+  if (report.state() == v1::TASK_STATE_PROGRESS) {
+    for (PendingReport& queued : reports_) {
+      if (queued.report.task_id() == report.task_id() &&
+          queued.report.state() == v1::TASK_STATE_PROGRESS) {
+        queued.report = std::move(report);
+        return;
+      }
+    }
+  }
+  PendingReport pending;
+  pending.report = std::move(report);
+  pending.final = final;
+  reports_.push_back(std::move(pending));
+  cv_.SignalAll();
+}
+
+void Worker::ReporterLoop() {
+  int attempt = 0;
+  std::string last_error;
+  mu_.Lock();
+  while (true) {
+    while (!stop_reporter_ && (reports_.empty() || worker_id_.empty())) cv_.Wait(&mu_);
+    if (stop_reporter_) break;
+    PendingReport pending = std::move(reports_.front());
+    reports_.pop_front();
+    const std::string id = pending.report.task_id();
+    if (silenced_.count(id) > 0) continue;
+    pending.report.set_worker_id(worker_id_);
+    if (pending.report.has_rank_result())
+      pending.report.mutable_rank_result()->set_worker_id(worker_id_);
+    const int64_t generation = generation_;
+    report_in_flight_ = true;
+    mu_.Unlock();
+
+    // A report carrying an output (up to 64 MiB) gets time to travel.
+    const int64_t payload = static_cast<int64_t>(pending.report.output().data().size());
+    grpc::ClientContext context;
+    PrepareUnary(&context, options_.rpc_timeout + absl::Seconds(payload / (int64_t{8} << 20)));
+    v1::ReportTaskResponse response;
+    grpc::Status status;
+    {
+      ActiveCall active(this, &context);
+      status = stub_->ReportTask(&context, pending.report, &response);
+    }
+    const char* state = StateName(pending.report.state());
+
+    mu_.Lock();
+    report_in_flight_ = false;
+    cv_.SignalAll();
+    if (status.ok()) {
+      if (!last_error.empty()) {
+        LogEvent("reports delivered again");
+        last_error.clear();
+      }
+      attempt = 0;
+      if (pending.final) unreported_.erase(id);
+      if (response.stop()) {
+        LogEvent("task ", id, ": coordinator answered the ", state,
+                 " report with stop; stopping it and reporting it no more");
+        silenced_.insert(id);
+        unreported_.erase(id);
+        auto it = tasks_.find(id);
+        if (it != tasks_.end() && !it->second->done) {
+          it->second->cancel = true;
+          it->second->silent = true;
+        }
+        for (auto r = reports_.begin(); r != reports_.end();) {
+          r = r->report.task_id() == id ? reports_.erase(r) : std::next(r);
+        }
+      } else if (pending.final) {
+        LogEvent("task ", id, ": ", state, " report delivered");
+      }
+      continue;
+    }
+    const std::string error = FromGrpc(status).ToString();
+    if (!pending.final) {
+      // Best effort: a later report (at worst the final one) carries the same news.
+      if (error != last_error) {
+        LogEvent("task ", id, ": ", state, " report dropped: ", error);
+        last_error = error;
+      }
+      continue;
+    }
+    if (IsRetryable(status.error_code())) {
+      if (error != last_error) {
+        LogEvent("task ", id, ": ", state, " report failed: ", error, "; retrying with backoff");
+        last_error = error;
+      }
+      reports_.push_front(std::move(pending));
+      const absl::Duration wait = Backoff(attempt++);
+      SleepLocked(wait, [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_reporter_; });
+      continue;
+    }
+    if (++pending.rejections < kMaxRejections) {
+      LogEvent("task ", id, ": ", state, " report rejected: ", error,
+               "; retrying after the next heartbeat");
+      reports_.push_front(std::move(pending));
+      SleepLocked(heartbeat_interval_, [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+        return stop_reporter_ || generation_ != generation;
+      });
+      continue;
+    }
+    LogEvent("task ", id, ": ", state, " report rejected ", kMaxRejections,
+             " times, dropped: ", error);
+    unreported_.erase(id);
+  }
+  mu_.Unlock();
+}
+
+// ---------------------------------------------------------------------------------------------------
+// Helpers.
+
+int64_t Worker::FreeMemoryBytes() const {
+  if (options_.memory_bytes > 0) {
+    absl::MutexLock lock(&mu_);
+    return std::max<int64_t>(0, options_.memory_bytes - reserved_bytes_);
+  }
+  absl::StatusOr<int64_t> available = ReadMeminfoBytes("MemAvailable");
+  return available.ok() ? *available : 0;
+}
+
+void Worker::SleepLocked(absl::Duration d, const std::function<bool()>& wake) {
+  const absl::Time deadline = absl::Now() + d;
+  while (!wake() && absl::Now() < deadline) cv_.WaitWithDeadline(&mu_, deadline);
+}
+
+absl::Duration Worker::Backoff(int attempt) {
+  absl::Duration d = options_.backoff_initial;
+  for (int i = 0; i < attempt && d < options_.backoff_max; ++i) d *= 2;
+  d = std::min(d, options_.backoff_max);
+  // xorshift64: jitter keeps a fleet of workers from reconnecting in lockstep.
+  jitter_state_ ^= jitter_state_ << 13;
+  jitter_state_ ^= jitter_state_ >> 7;
+  jitter_state_ ^= jitter_state_ << 17;
+  const double unit = static_cast<double>(jitter_state_ >> 11) / 9007199254740992.0;
+  return d * (0.8 + 0.4 * unit);
+}
+
+void Worker::UpdateReadyLocked() {
+  ready_ = !worker_id_.empty() && !draining_ && !stopping_ && !reregister_;
+}
+
+void Worker::NotifyReady() {
+  absl::MutexLock notify_lock(&notify_mu_);
+  bool ready;
+  {
+    absl::MutexLock lock(&mu_);
+    ready = ready_;
+  }
+  if (ready == ready_notified_) return;
+  ready_notified_ = ready;
+  LogEvent(ready ? "ready: registered and accepting tasks" : "not ready");
+  if (options_.on_ready_change) options_.on_ready_change(ready);
+}
+
+}  // namespace worker
+}  // namespace dattn

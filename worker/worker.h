@@ -1,0 +1,199 @@
+// The worker: joins a coordinator, receives attention tasks, runs them, reports them.
+//
+// Lifecycle of one Worker object:
+//   Start() spawns three threads and returns at once; the worker then, until Stop():
+//   - session thread: RegisterWorker (retried with exponential backoff, forever: a coordinator that
+//   is
+//     down or restarting is waited for, never a reason to exit), then Heartbeat every interval with
+//     MemAvailable (or the advertised budget left) and every task whose final report is not yet
+//     acknowledged. `reregister` (or NOT_FOUND) cancels running tasks without reporting them (the
+//     coordinator has already recovered them) and registers again; `drain` stops new work until a
+//     heartbeat lifts it.
+//   - stream thread: holds StreamAssignments open for the current registration and reopens it with
+//     backoff whenever it ends. An assignment starts a task thread (up to max_ranks at once); one
+//     that cannot run now is answered at once with a FAILED report (RESOURCE_EXHAUSTED when all
+//     slots are busy, UNAVAILABLE while draining or stopping). A CancelTask stops its task before
+//     its next step.
+//   - reporter thread: sends TaskReports in order. STARTED and PROGRESS (at most one per
+//     progress_interval per task) are best effort: dropped if the coordinator cannot take them. A
+//     final report (SUCCEEDED / FAILED / CANCELLED) is retried with backoff while the coordinator
+//     is unavailable, for as long as the worker lives (Stop bounds it by shutdown_report_deadline).
+//     A response with `stop` cancels the task and silences its later reports.
+// Task threads run RunAttentionTask (attention_task.h) on a backend of their own.
+//
+// Thread-safety: every public method may be called from any thread. Callbacks in WorkerOptions run
+// on the worker's threads and must not call Stop().
+#ifndef DATTN_WORKER_WORKER_H_
+#define DATTN_WORKER_WORKER_H_
+
+#include <atomic>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "dattn/v1/worker.grpc.pb.h"
+#include "engine/attention.h"
+#include "grpcpp/grpcpp.h"
+
+namespace dattn {
+namespace worker {
+
+// Reported in RegisterWorkerRequest.version.
+extern const char kWorkerVersion[];
+
+struct WorkerOptions {
+  // Required. Where the coordinator's WorkerRegistry listens: "host:port" or "unix:/path".
+  std::string coordinator_address;
+  // Required. Stable worker name (host:pid, pod name); re-registering under it replaces the old
+  // entry.
+  std::string name;
+  // Where this worker's health endpoint listens, for the coordinator's records (may be empty).
+  std::string address;
+  // Ranks run at once; >= 1.
+  int max_ranks = 1;
+  // Engine threads of each task's backend; 0 means max(1, hardware threads / max_ranks).
+  int threads_per_task = 0;
+  // Zero: the coordinator's interval. Positive: this, or the coordinator's when that is shorter
+  // (the coordinator's dead-after is derived from its own figure, so heartbeating less often is
+  // unsafe).
+  absl::Duration heartbeat_interval = absl::ZeroDuration();
+  // Positive: advertise this many bytes of memory (instead of MemTotal) and budget tasks against it
+  // (minus what running tasks planned) instead of against MemAvailable.
+  int64_t memory_bytes = 0;
+  // Deadline of each unary RPC, which waits for the coordinator to be reachable within it rather
+  // than failing at once (reports carrying an output get 1 s more per 8 MiB).
+  absl::Duration rpc_timeout = absl::Seconds(5);
+  // Reconnect / retry backoff: doubles from initial to max, with +-20% jitter.
+  absl::Duration backoff_initial = absl::Milliseconds(200);
+  absl::Duration backoff_max = absl::Seconds(10);
+  // Least time between two PROGRESS reports of one task.
+  absl::Duration progress_interval = absl::Milliseconds(500);
+  // How long Stop() keeps trying to deliver final reports.
+  absl::Duration shutdown_report_deadline = absl::Seconds(10);
+  // Makes one task's backend with the given thread count; default: the CPU backend.
+  std::function<std::unique_ptr<AttentionBackend>(int threads)> backend_factory;
+  // Called when readiness (registered, not draining, not stopping) changes; on a worker thread.
+  std::function<void(bool ready)> on_ready_change;
+  // Channel credentials; default insecure.
+  std::shared_ptr<grpc::ChannelCredentials> credentials;
+};
+
+class Worker {
+ public:
+  explicit Worker(WorkerOptions options);
+  // Calls Stop().
+  ~Worker();
+
+  Worker(const Worker&) = delete;
+  Worker& operator=(const Worker&) = delete;
+
+  // Validates the options, reads the host's capabilities and starts the worker's threads. Returns
+  // without waiting for the coordinator. INVALID_ARGUMENT naming a bad option; FAILED_PRECONDITION
+  // if called twice or after Stop(). On error nothing is started.
+  absl::Status Start();
+
+  // Shutdown, in order: refuse new assignments and close the assignment stream; cancel running
+  // tasks (each stops before its next step and reports CANCELLED); wait for the task threads;
+  // deliver pending final reports until shutdown_report_deadline (what is left is logged and
+  // dropped); stop heartbeats. Blocks until done; idempotent; a no-op before Start().
+  void Stop();
+
+  // Introspection, for tests and the health endpoint.
+  std::string worker_id() const;  // Empty while not registered.
+  bool registered() const;
+  bool draining() const;
+  int64_t registrations() const;  // Successful RegisterWorker calls so far.
+  int running_tasks() const;      // Task threads alive.
+  const v1::WorkerCapabilities& capabilities() const { return capabilities_; }
+
+ private:
+  struct Task;
+  class ActiveCall;
+  struct PendingReport {
+    v1::TaskReport report;
+    bool final = false;
+    int rejections = 0;  // Non-retryable failures so far (final reports only).
+  };
+
+  void SessionLoop();
+  void StreamLoop();
+  void ReporterLoop();
+  void RunTask(std::shared_ptr<Task> task);
+
+  absl::Status Register();
+  void Heartbeat();
+  void HandleAssign(const v1::TaskAssignment& assign);
+  void HandleCancel(const v1::CancelTask& cancel);
+  // Queues a report; PROGRESS replaces a queued PROGRESS of the same task.
+  void Enqueue(v1::TaskReport report, bool final) ABSL_LOCKS_EXCLUDED(mu_);
+  void RefuseTask(const std::string& task_id, absl::Status why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Cancels every running task; `silent` ones send no further report.
+  void CancelAllLocked(bool silent, const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void ReapLocked(std::vector<std::thread>* to_join) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  int64_t FreeMemoryBytes() const ABSL_LOCKS_EXCLUDED(mu_);
+  // Sleeps up to `d` with mu_ released, returning early once `wake` (checked on every signal of
+  // cv_, with mu_ held) is true.
+  void SleepLocked(absl::Duration d, const std::function<bool()>& wake)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // The wait before retry number `attempt` (0-based).
+  absl::Duration Backoff(int attempt) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void UpdateReadyLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void NotifyReady() ABSL_LOCKS_EXCLUDED(mu_);
+
+  // Fixed after Start().
+  const WorkerOptions options_;
+  int threads_per_task_ = 1;
+  v1::WorkerCapabilities capabilities_;
+  BackendCaps backend_caps_;
+  std::shared_ptr<grpc::Channel> channel_;
+  std::unique_ptr<v1::WorkerRegistry::Stub> stub_;
+  std::thread session_thread_, stream_thread_, reporter_thread_;
+
+  absl::Mutex stop_mu_;    // Serialises Stop() calls.
+  absl::Mutex notify_mu_;  // Serialises on_ready_change calls, so they arrive in order.
+  bool ready_notified_ ABSL_GUARDED_BY(notify_mu_) =
+      false;  // Last value passed to on_ready_change.
+
+  mutable absl::Mutex mu_ ABSL_ACQUIRED_AFTER(stop_mu_, notify_mu_);
+  absl::CondVar cv_;  // Signalled on every change of the state below.
+  bool started_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopped_ ABSL_GUARDED_BY(mu_) = false;
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;       // Stop() began: no new work.
+  bool stop_session_ ABSL_GUARDED_BY(mu_) = false;   // Session and stream threads exit.
+  bool stop_reporter_ ABSL_GUARDED_BY(mu_) = false;  // Reporter exits.
+  std::string worker_id_ ABSL_GUARDED_BY(mu_);
+  int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // Registrations so far.
+  bool reregister_ ABSL_GUARDED_BY(mu_) = false;
+  bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool ready_ ABSL_GUARDED_BY(mu_) = false;
+  absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(2);
+  grpc::ClientContext* stream_context_ ABSL_GUARDED_BY(mu_) = nullptr;
+  std::set<grpc::ClientContext*> unary_contexts_ ABSL_GUARDED_BY(mu_);  // Calls in flight.
+  bool cancel_unary_ ABSL_GUARDED_BY(mu_) = false;  // Stop() cancels every unary call from now.
+  std::map<std::string, std::shared_ptr<Task>> tasks_ ABSL_GUARDED_BY(mu_);  // Threads not joined.
+  // Tasks whose final report is queued or in flight: still listed in heartbeats.
+  std::map<std::string, int64_t> unreported_ ABSL_GUARDED_BY(mu_);  // task_id -> steps_done.
+  std::set<std::string> silenced_ ABSL_GUARDED_BY(mu_);  // Coordinator said stop: report no more.
+  std::deque<std::string> finished_order_ ABSL_GUARDED_BY(mu_);  // Recently finished ids, bounded.
+  std::set<std::string> finished_ ABSL_GUARDED_BY(mu_);
+  int64_t reserved_bytes_ ABSL_GUARDED_BY(mu_) = 0;  // Planned bytes of running tasks.
+  std::deque<PendingReport> reports_ ABSL_GUARDED_BY(mu_);
+  bool report_in_flight_ ABSL_GUARDED_BY(mu_) = false;
+  uint64_t jitter_state_ ABSL_GUARDED_BY(mu_) = 0;
+  std::string heartbeat_error_ ABSL_GUARDED_BY(mu_);  // Last logged heartbeat failure.
+};
+
+}  // namespace worker
+}  // namespace dattn
+
+#endif  // DATTN_WORKER_WORKER_H_

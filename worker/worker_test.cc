@@ -1,0 +1,405 @@
+// Worker tests against an in-process fake WorkerRegistry on a unix socket (so that a test can stop
+// the "coordinator" and start a new one at the same address).
+#include "worker/worker.h"
+
+#include <unistd.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
+#include "dattn/v1/worker.grpc.pb.h"
+#include "engine/cpu_backend.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "worker/attention_task.h"
+#include "worker/fake_registry.h"
+#include "worker/host_info.h"
+
+namespace dattn {
+namespace worker {
+namespace {
+
+// A fresh directory under /tmp, not TEST_TMPDIR: a unix socket path must fit in 107 characters, and
+// concurrent runs of this test (same pid inside their sandboxes) must not share a socket.
+// Each socket lives in a directory of its own, removed (with the socket) when the binary exits.
+std::string SocketPath(const char* name) {
+  struct Paths {
+    std::vector<std::string> paths;  // A socket, then its directory.
+    ~Paths() {
+      for (const std::string& p : paths) ::remove(p.c_str());
+    }
+  };
+  static Paths created;
+  char dir[] = "/tmp/dattn-worker-test-XXXXXX";
+  if (mkdtemp(dir) == nullptr) return absl::StrCat("/tmp/dattn-worker-test-", name, ".sock");
+  const std::string path = absl::StrCat(dir, "/", name, ".sock");
+  created.paths.push_back(path);
+  created.paths.push_back(dir);
+  return path;
+}
+
+WorkerOptions TestOptions(const std::string& address) {
+  WorkerOptions options;
+  options.coordinator_address = address;
+  options.name = "test-worker";
+  options.address = "127.0.0.1:1234";
+  options.max_ranks = 1;
+  options.threads_per_task = 1;
+  options.heartbeat_interval = absl::Milliseconds(100);
+  options.rpc_timeout = absl::Seconds(2);
+  options.backoff_initial = absl::Milliseconds(20);
+  options.backoff_max = absl::Milliseconds(200);
+  options.progress_interval = absl::Milliseconds(50);
+  options.shutdown_report_deadline = absl::Seconds(2);
+  return options;
+}
+
+// A small task: a few milliseconds per step on one thread.
+v1::WorkerCommand Assign(const std::string& task_id, int iterations, int64_t seq_len = 64) {
+  v1::WorkerCommand command;
+  v1::TaskAssignment* task = command.mutable_assign();
+  task->set_task_id(task_id);
+  task->set_job_id("j-0000000000000001");
+  task->set_attempt(1);
+  task->set_rank(0);
+  v1::AttentionJobSpec* job = task->mutable_spec()->mutable_attention();
+  job->mutable_attention()->add_segment_lengths(32);
+  job->mutable_attention()->add_segment_lengths(64);
+  job->mutable_attention()->add_dilation_rates(1);
+  job->mutable_attention()->add_dilation_rates(2);
+  job->mutable_shape()->set_batch(1);
+  job->mutable_shape()->set_seq_len(seq_len);
+  job->mutable_shape()->set_num_heads(2);
+  job->mutable_shape()->set_head_dim(16);
+  job->set_dtype(v1::DTYPE_FP32);
+  job->set_num_ranks(1);
+  job->set_pass(v1::PASS_FORWARD);
+  job->set_iterations(iterations);
+  job->set_seed(7);
+  return command;
+}
+
+// A task of tens of milliseconds per step (about 0.5 GFLOP), a million steps: it runs until
+// stopped.
+v1::WorkerCommand LongAssign(const std::string& task_id) {
+  v1::WorkerCommand command = Assign(task_id, 1000000, 2048);
+  v1::AttentionJobSpec* job = command.mutable_assign()->mutable_spec()->mutable_attention();
+  job->mutable_attention()->clear_segment_lengths();
+  job->mutable_attention()->clear_dilation_rates();
+  job->mutable_attention()->add_segment_lengths(512);
+  job->mutable_attention()->add_dilation_rates(1);
+  job->mutable_shape()->set_num_heads(4);
+  job->mutable_shape()->set_head_dim(32);
+  return command;
+}
+
+v1::WorkerCommand Cancel(const std::string& task_id) {
+  v1::WorkerCommand command;
+  command.mutable_cancel()->set_task_id(task_id);
+  command.mutable_cancel()->set_reason("test cancels it");
+  return command;
+}
+
+TEST(WorkerTest, RegistersWithItsCapabilitiesAndHeartbeats) {
+  const std::string address = "unix:" + SocketPath("register");
+  FakeCoordinator coordinator(address);
+  ASSERT_TRUE(coordinator.ok());
+  WorkerOptions options = TestOptions(address);
+  options.max_ranks = 2;
+  options.memory_bytes = int64_t{3} << 30;
+  std::vector<bool> readiness;
+  absl::Mutex readiness_mu;
+  options.on_ready_change = [&](bool ready) {
+    absl::MutexLock lock(&readiness_mu);
+    readiness.push_back(ready);
+  };
+  Worker worker(options);
+  ASSERT_TRUE(worker.Start().ok());
+  FakeRegistry& fake = coordinator.registry();
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.heartbeats_.size() >= 3; }))
+      << "no heartbeats within 10 s";
+  EXPECT_TRUE(worker.registered());
+  EXPECT_EQ(worker.worker_id(), "w-1-1");
+  {
+    absl::MutexLock lock(&fake.mu_);
+    ASSERT_EQ(fake.registrations_.size(), 1u);
+    const v1::RegisterWorkerRequest& r = fake.registrations_[0];
+    EXPECT_EQ(r.name(), "test-worker");
+    EXPECT_EQ(r.address(), "127.0.0.1:1234");
+    EXPECT_EQ(r.version(), kWorkerVersion);
+    const v1::WorkerCapabilities& caps = r.capabilities();
+    EXPECT_FALSE(caps.is_gpu());
+    EXPECT_EQ(caps.device_name(), ReadCpuModel());
+    EXPECT_FALSE(caps.device_name().empty());
+    EXPECT_EQ(caps.device_index(), 0);
+    EXPECT_EQ(caps.total_memory_bytes(), int64_t{3} << 30);
+    EXPECT_EQ(std::vector<int>(caps.dtypes().begin(), caps.dtypes().end()),
+              (std::vector<int>{v1::DTYPE_FP32, v1::DTYPE_FP64}));
+    EXPECT_EQ(caps.max_ranks(), 2);
+    EXPECT_EQ(caps.num_threads(), 1);
+    for (const v1::HeartbeatRequest& h : fake.heartbeats_) {
+      EXPECT_EQ(h.worker_id(), "w-1-1");
+      EXPECT_EQ(h.free_memory_bytes(), int64_t{3} << 30);  // Override, nothing reserved.
+      EXPECT_EQ(h.tasks_size(), 0);
+    }
+  }
+  worker.Stop();
+  absl::MutexLock lock(&readiness_mu);
+  EXPECT_EQ(readiness, (std::vector<bool>{true, false}));
+}
+
+TEST(WorkerTest, AdvertisesMemTotalWithoutAnOverride) {
+  const std::string address = "unix:" + SocketPath("memtotal");
+  FakeCoordinator coordinator(address);
+  ASSERT_TRUE(coordinator.ok());
+  Worker worker(TestOptions(address));
+  ASSERT_TRUE(worker.Start().ok());
+  FakeRegistry& fake = coordinator.registry();
+  ASSERT_TRUE(fake.WaitFor([&]() { return !fake.heartbeats_.empty(); }));
+  absl::MutexLock lock(&fake.mu_);
+  EXPECT_EQ(fake.registrations_[0].capabilities().total_memory_bytes(),
+            *ReadMeminfoBytes("MemTotal"));
+  EXPECT_GT(fake.heartbeats_[0].free_memory_bytes(), 0);
+  EXPECT_LE(fake.heartbeats_[0].free_memory_bytes(), *ReadMeminfoBytes("MemTotal"));
+}
+
+TEST(WorkerTest, AssignmentRunsToASucceededReportWithItsResult) {
+  const std::string address = "unix:" + SocketPath("succeed");
+  FakeCoordinator coordinator(address);
+  ASSERT_TRUE(coordinator.ok());
+  Worker worker(TestOptions(address));
+  ASSERT_TRUE(worker.Start().ok());
+  FakeRegistry& fake = coordinator.registry();
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+
+  v1::WorkerCommand command = Assign("j-1/1/0", 20);
+  command.mutable_assign()->mutable_spec()->mutable_attention()->set_return_output(true);
+  fake.Push(command);
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-1/1/0"); }));
+  std::vector<v1::TaskReport> reports = fake.ReportsOf("j-1/1/0");
+  ASSERT_GE(reports.size(), 2u);
+  EXPECT_EQ(reports.front().state(), v1::TASK_STATE_STARTED);
+  EXPECT_EQ(reports.front().progress().steps_total(), 20);
+  const v1::TaskReport& last = reports.back();
+  ASSERT_EQ(last.state(), v1::TASK_STATE_SUCCEEDED) << last.error();
+  EXPECT_EQ(last.worker_id(), "w-1-1");
+  EXPECT_EQ(last.progress().steps_done(), 20);
+  EXPECT_GT(last.time().seconds(), 0);
+  for (const v1::TaskReport& r : reports) {
+    EXPECT_TRUE(r.state() == v1::TASK_STATE_STARTED || r.state() == v1::TASK_STATE_PROGRESS ||
+                &r == &reports.back())
+        << "a report after the final one";
+  }
+
+  // The result is what the task runner computes for the same assignment.
+  CpuBackendOptions cpu;
+  cpu.num_threads = 1;
+  std::unique_ptr<AttentionBackend> backend = NewCpuBackend(cpu);
+  AttentionTaskOptions run;
+  absl::StatusOr<AttentionTaskResult> want = RunAttentionTask(command.assign(), backend.get(), run);
+  ASSERT_TRUE(want.ok()) << want.status();
+  const v1::RankResult& got = last.rank_result();
+  EXPECT_EQ(got.worker_id(), "w-1-1");
+  EXPECT_EQ(got.rank(), 0);
+  EXPECT_DOUBLE_EQ(got.out_sum(), want->rank_result.out_sum());
+  EXPECT_DOUBLE_EQ(got.out_sum_squares(), want->rank_result.out_sum_squares());
+  EXPECT_GT(got.out_sum_squares(), 0.0);
+  EXPECT_GT(got.seconds_per_step(), 0.0);
+  EXPECT_GT(got.tflops(), 0.0);
+  ASSERT_TRUE(last.has_output());
+  EXPECT_EQ(last.output().data(), want->output.data());
+  EXPECT_EQ(last.output().dtype(), v1::DTYPE_FP32);
+
+  // Finished and acknowledged: no longer listed in heartbeats.
+  const size_t seen = [&]() {
+    absl::MutexLock lock(&fake.mu_);
+    return fake.heartbeats_.size();
+  }();
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.heartbeats_.size() >= seen + 2; }));
+  absl::MutexLock lock(&fake.mu_);
+  EXPECT_EQ(fake.heartbeats_.back().tasks_size(), 0);
+  EXPECT_EQ(worker.running_tasks(), 0);
+}
+
+TEST(WorkerTest, CancelMidRunEndsWithACancelledReport) {
+  const std::string address = "unix:" + SocketPath("cancel");
+  FakeCoordinator coordinator(address);
+  ASSERT_TRUE(coordinator.ok());
+  Worker worker(TestOptions(address));
+  ASSERT_TRUE(worker.Start().ok());
+  FakeRegistry& fake = coordinator.registry();
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+  fake.Push(LongAssign("j-2/1/0"));
+  // Running: a PROGRESS report, and a heartbeat that lists the task with steps done.
+  ASSERT_TRUE(
+      fake.WaitFor([&]() { return fake.HasStateLocked("j-2/1/0", v1::TASK_STATE_PROGRESS); }));
+  ASSERT_TRUE(fake.WaitFor([&]() {
+    return !fake.heartbeats_.empty() && fake.heartbeats_.back().tasks_size() == 1 &&
+           fake.heartbeats_.back().tasks(0).task_id() == "j-2/1/0" &&
+           fake.heartbeats_.back().tasks(0).steps_done() > 0;
+  }));
+  EXPECT_EQ(worker.running_tasks(), 1);
+  fake.Push(Cancel("j-2/1/0"));
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-2/1/0"); }));
+  std::vector<v1::TaskReport> reports = fake.ReportsOf("j-2/1/0");
+  EXPECT_EQ(reports.back().state(), v1::TASK_STATE_CANCELLED);
+  EXPECT_GT(reports.back().progress().steps_done(), 0);
+  EXPECT_LT(reports.back().progress().steps_done(), 1000000);
+  // PROGRESS is rate-limited to one per progress_interval (50 ms here).
+  int progress = 0;
+  for (const v1::TaskReport& r : reports) progress += r.state() == v1::TASK_STATE_PROGRESS;
+  const double seconds =
+      static_cast<double>(reports.back().time().seconds() - reports.front().time().seconds()) + 1;
+  EXPECT_LE(progress, seconds / 0.05 + 2);
+  ASSERT_TRUE(fake.WaitFor([&]() { return worker.running_tasks() == 0; }));
+}
+
+TEST(WorkerTest, SlotsAreLimitedAndStopFromReportTaskEndsATaskSilently) {
+  const std::string address = "unix:" + SocketPath("slots");
+  FakeCoordinator coordinator(address);
+  ASSERT_TRUE(coordinator.ok());
+  Worker worker(TestOptions(address));  // max_ranks = 1
+  ASSERT_TRUE(worker.Start().ok());
+  FakeRegistry& fake = coordinator.registry();
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+  fake.Push(LongAssign("j-3/1/0"));
+  ASSERT_TRUE(
+      fake.WaitFor([&]() { return fake.HasStateLocked("j-3/1/0", v1::TASK_STATE_STARTED); }));
+  fake.Push(Assign("j-4/1/0", 1));
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-4/1/0"); }));
+  std::vector<v1::TaskReport> refused = fake.ReportsOf("j-4/1/0");
+  ASSERT_EQ(refused.size(), 1u);
+  EXPECT_EQ(refused[0].state(), v1::TASK_STATE_FAILED);
+  EXPECT_EQ(refused[0].error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_NE(refused[0].error().find("slot"), std::string::npos) << refused[0].error();
+
+  // The coordinator answers the next PROGRESS with stop: the task ends and reports nothing more.
+  fake.StopTaskOnReport("j-3/1/0");
+  ASSERT_TRUE(fake.WaitFor([&]() { return worker.running_tasks() == 0; }));
+  absl::SleepFor(absl::Milliseconds(300));
+  for (const v1::TaskReport& r : fake.ReportsOf("j-3/1/0")) {
+    EXPECT_LT(r.state(), v1::TASK_STATE_SUCCEEDED) << "a final report after stop";
+  }
+}
+
+TEST(WorkerTest, DrainRefusesNewWork) {
+  const std::string address = "unix:" + SocketPath("drain");
+  FakeCoordinator coordinator(address);
+  ASSERT_TRUE(coordinator.ok());
+  Worker worker(TestOptions(address));
+  ASSERT_TRUE(worker.Start().ok());
+  FakeRegistry& fake = coordinator.registry();
+  fake.SetDrain(true);
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1 && worker.draining(); }));
+  fake.Push(Assign("j-5/1/0", 1));
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-5/1/0"); }));
+  std::vector<v1::TaskReport> reports = fake.ReportsOf("j-5/1/0");
+  EXPECT_EQ(reports.back().state(), v1::TASK_STATE_FAILED);
+  EXPECT_EQ(reports.back().error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+
+  fake.SetDrain(false);
+  ASSERT_TRUE(fake.WaitFor([&]() { return !worker.draining(); }));
+  fake.Push(Assign("j-6/1/0", 1));
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-6/1/0"); }));
+  EXPECT_EQ(fake.ReportsOf("j-6/1/0").back().state(), v1::TASK_STATE_SUCCEEDED);
+}
+
+TEST(WorkerTest, KeepsRetryingUntilTheCoordinatorStarts) {
+  const std::string address = "unix:" + SocketPath("late");
+  Worker worker(TestOptions(address));
+  ASSERT_TRUE(worker.Start().ok());
+  absl::SleepFor(absl::Milliseconds(800));  // Several failed attempts (backoff 20 .. 200 ms).
+  EXPECT_FALSE(worker.registered());
+  EXPECT_EQ(worker.registrations(), 0);
+
+  FakeCoordinator coordinator(address);
+  ASSERT_TRUE(coordinator.ok());
+  FakeRegistry& fake = coordinator.registry();
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }))
+      << "worker did not register and open its stream after the coordinator came up";
+  EXPECT_TRUE(worker.registered());
+  fake.Push(Assign("j-7/1/0", 2));
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-7/1/0"); }));
+  EXPECT_EQ(fake.ReportsOf("j-7/1/0").back().state(), v1::TASK_STATE_SUCCEEDED);
+}
+
+TEST(WorkerTest, SurvivesACoordinatorRestartAndDeliversTheFinalReport) {
+  const std::string address = "unix:" + SocketPath("restart");
+  Worker worker(TestOptions(address));
+  ASSERT_TRUE(worker.Start().ok());
+  v1::WorkerCommand command = LongAssign("j-8/1/0");
+  command.mutable_assign()->mutable_spec()->mutable_attention()->set_iterations(30);
+  {
+    FakeCoordinator first(address, 1);
+    FakeRegistry& fake = first.registry();
+    ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+    fake.Push(command);
+    ASSERT_TRUE(
+        fake.WaitFor([&]() { return fake.HasStateLocked("j-8/1/0", v1::TASK_STATE_STARTED); }));
+  }  // The coordinator goes away mid-task.
+  ::unlink(address.substr(5).c_str());
+  ASSERT_TRUE([&]() {
+    for (int i = 0; i < 1000 && worker.running_tasks() > 0; ++i)
+      absl::SleepFor(absl::Milliseconds(20));
+    return worker.running_tasks() == 0;
+  }()) << "the task did not finish while the coordinator was down";
+  absl::SleepFor(absl::Milliseconds(300));  // Reports fail and are retried meanwhile.
+
+  // The restarted coordinator does not know "w-1-1": the heartbeat asks the worker to register
+  // again, and the held final report goes out under the new registration.
+  FakeCoordinator second(address, 2);
+  FakeRegistry& fake = second.registry();
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-8/1/0"); }))
+      << "final report lost across the coordinator restart";
+  std::vector<v1::TaskReport> reports = fake.ReportsOf("j-8/1/0");
+  EXPECT_EQ(reports.back().state(), v1::TASK_STATE_SUCCEEDED);
+  EXPECT_EQ(reports.back().worker_id(), "w-2-1");
+  EXPECT_EQ(reports.back().progress().steps_done(), 30);
+  EXPECT_EQ(worker.registrations(), 2);
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+}
+
+TEST(WorkerTest, StopCancelsRunningTasksAndReportsThem) {
+  const std::string address = "unix:" + SocketPath("stop");
+  FakeCoordinator coordinator(address);
+  ASSERT_TRUE(coordinator.ok());
+  FakeRegistry& fake = coordinator.registry();
+  Worker worker(TestOptions(address));
+  ASSERT_TRUE(worker.Start().ok());
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+  fake.Push(LongAssign("j-9/1/0"));
+  ASSERT_TRUE(
+      fake.WaitFor([&]() { return fake.HasStateLocked("j-9/1/0", v1::TASK_STATE_STARTED); }));
+  const absl::Time begin = absl::Now();
+  worker.Stop();
+  EXPECT_LT(absl::Now() - begin, absl::Seconds(5));
+  absl::MutexLock lock(&fake.mu_);
+  std::vector<v1::TaskReport> reports = fake.ReportsOfLocked("j-9/1/0");
+  EXPECT_EQ(reports.back().state(), v1::TASK_STATE_CANCELLED);
+}
+
+TEST(WorkerTest, RejectsBadOptions) {
+  WorkerOptions options = TestOptions("unix:/nonexistent");
+  options.max_ranks = 0;
+  EXPECT_EQ(Worker(options).Start().code(), absl::StatusCode::kInvalidArgument);
+  options = TestOptions("");
+  EXPECT_EQ(Worker(options).Start().code(), absl::StatusCode::kInvalidArgument);
+  options = TestOptions("unix:/nonexistent");
+  options.name.clear();
+  EXPECT_EQ(Worker(options).Start().code(), absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace worker
+}  // namespace dattn

@@ -1,14 +1,18 @@
 // The CPU backend. Per pattern i, the selected rows of segment m with offset o are positions
-// m*w + o + j*r, j = 0, 1, ...: a matrix with row stride r*stride_N, handed to OpenBLAS as is (no
-// gather) whenever the channel stride is 1. Attention of one (b, head, segment) is computed in
-// tiles of kTileQ query rows x kTileK key rows with an online softmax (forward) or from the saved
-// log-sum-exp (backward, flash style), so scratch is O(threads x tile).
+// m*w + o + j*r, j = 0, 1, ...: a matrix with row stride r*stride_N. Attention of one (b, head,
+// segment) is computed in tiles of kTileQ query rows x kTileK key rows with an online softmax
+// (forward) or from the saved log-sum-exp (backward, flash style), so scratch is O(threads x tile).
+//
+// Products: the fp32 forward pass uses the AVX-512 micro-kernels of cpu_attention_kernels.h where
+// they apply (D a multiple of 16 up to 128); everything else (fp64, other D, CPUs without AVX-512,
+// the backward pass) hands the strided rows to OpenBLAS as they lie, with lda = r*stride_N, and
+// gathers a tile only when the channel stride is not 1 or the row stride does not fit BLAS's int.
 //
 // Parallelism: work items are (pattern, b, head, segment, query tile) in the forward pass and
 // (pattern, b, head, segment) in the backward pass, so that every output row (and every dk/dv row
-// of a segment) has a single writer. Grouped-mode patterns touch disjoint heads and run as one
-// loop; mixture-mode patterns overlap and run one loop each, merged into out/lse (forward) or
-// accumulated into dq/dk/dv (backward) in turn.
+// of a segment) has a single writer; short segments are batched into one item. Grouped-mode
+// patterns touch disjoint heads and run as one loop; mixture-mode patterns overlap and run one
+// loop each, merged into out/lse (forward) or accumulated into dq/dk/dv (backward) in turn.
 #include "engine/cpu_backend.h"
 
 #include <cblas.h>
@@ -20,9 +24,11 @@
 #include <cstring>
 #include <limits>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cpu_attention_kernels.h"
 #include "engine/cpu_thread_pool.h"
 #include "engine/cpu_tiling.h"
 #include "engine/cpu_vector_math.h"
@@ -31,10 +37,11 @@
 namespace dattn {
 namespace {
 
-// Tile sizes (rows), measured on the 2-core dev machine (docs/PERFORMANCE.md): OpenBLAS repacks
-// both operands on every call, so a tall query tile amortises the packing of each key block; 512 x
-// 256 fp32 scores (512 KiB) still sit in L2 next to the packed panels. 128 x 512 ran 10% slower,
-// 1024 x 256 no faster.
+// Tile sizes (rows), measured on the 2-core dev machine (docs/PERFORMANCE.md): a tall query tile
+// amortises the packing of each key block (by OpenBLAS or by the backend), and 512 x 256 fp32
+// scores (512 KiB) still sit in L2. With OpenBLAS, 128 x 512 ran 10% slower and 1024 x 256 no
+// faster; with the micro-kernels, 256 x 256, 512 x 128, 512 x 512 and 1024 x 256 all ran 5-7%
+// slower.
 constexpr int64_t kTileQ = 512;
 constexpr int64_t kTileK = 256;
 // Scratch per thread is bounded even for a huge head dim: the query tile shrinks instead.
@@ -160,15 +167,16 @@ Tiles TilesFor(int64_t head_dim) {
 
 // Per-thread scratch of one call. Elements, by buffer (tq x tk tiles, tq or tk rows of d):
 //   s: scores / probabilities (tq x tk); p2: dP then dS (backward, tq x tk); acc: output or dQ
-//   accumulator (tq x d); m, l: row max and sum, or lse and Delta (tq each); gq, gk, gv, gdo:
-//   gathered rows when a view cannot go to BLAS as is (tq x d, tk x d, tk x d, tq x d backward);
-//   tmp: a dk/dv block whose row stride exceeds BLAS's int (tk x d, backward).
+//   accumulator (tq x d); m, l: row max and sum, or lse and Delta (tq each); alpha: each row's
+//   rescale in one block (tq); gq, gk, gv, gdo: gathered rows when a view cannot go to BLAS as is,
+//   or Q^T and packed V for the micro-kernels (tq x d, tk x d, tk x d, tq x d backward); tmp: a
+//   dk/dv block whose row stride exceeds BLAS's int (tk x d, backward).
 template <typename T>
 struct Scratch {
-  std::vector<T> s, p2, acc, m, l, gq, gk, gv, gdo, tmp;
+  std::vector<T> s, p2, acc, m, l, alpha, gq, gk, gv, gdo, tmp;
 
   static int64_t Elements(Tiles t, int64_t d, bool backward) {
-    const int64_t fwd = t.q * t.k + t.q * d + 2 * t.q + t.q * d + 2 * t.k * d;
+    const int64_t fwd = t.q * t.k + t.q * d + 3 * t.q + t.q * d + 2 * t.k * d;
     return backward ? fwd + t.q * t.k + t.q * d + t.k * d : fwd;
   }
 
@@ -177,6 +185,7 @@ struct Scratch {
     acc.resize(t.q * d);
     m.resize(t.q);
     l.resize(t.q);
+    alpha.resize(t.q);
     gq.resize(t.q * d);
     gk.resize(t.k * d);
     gv.resize(t.k * d);
@@ -200,6 +209,11 @@ class Kernel {
         scale_(static_cast<T>(spec.ScaleFor(q.shape[3]))),
         tile_q_(TilesFor(q.shape[3]).q),
         tile_k_(TilesFor(q.shape[3]).k),
+        // The micro-kernels need key blocks in whole chunks of scratch (tile_k_ is 256 there).
+        // The micro-kernels write whole chunks of queries: tile_q_ must be a multiple (it is 512
+        // whenever they apply).
+        kernels_(std::is_same<T, float>::value && cpu::AttentionKernelsFor(q.shape[3]) &&
+                 tile_q_ % cpu::kQueryChunk == 0),
         scratch_(scratch) {
     const int g = spec.num_patterns();
     for (int i = 0; i < g; ++i) {
@@ -356,19 +370,75 @@ class Kernel {
 
     const int64_t nq = j1 - j0;
     const int64_t base = s0 + o;
-    const Mat<T> qm = Rows(q_, b, h, base + j0 * p.step, p.step, nq, d_, s.gq.data());
     T* acc = s.acc.data();
     T* m = s.m.data();
     T* l = s.l.data();
     std::fill(acc, acc + nq * d_, T(0));
-    std::fill(m, m + nq, neg_inf);
-    std::fill(l, l + nq, T(0));
+    std::fill(m, m + tile_q_, neg_inf);
+    std::fill(l, l + tile_q_, T(0));
+    if constexpr (std::is_same<T, float>::value) {
+      if (kernels_) ForwardTileKernels(p, b, h, base, j0, j1, sel, s);
+    }
+    if (!kernels_) ForwardTileBlas(p, b, h, base, j0, j1, sel, s);
 
+    for (int64_t i = 0; i < nq; ++i) {
+      const int64_t pos = base + (j0 + i) * p.step;
+      T* dst = OutRow(out_, b, pos, h);
+      const T* a = acc + i * d_;
+      T& lse_out = Lse(b, h, pos);
+      // l is 0 only if no key was visible, which a selected row cannot be (it sees itself); the
+      // guard keeps such a row at "no contribution" rather than 0/0. A NaN l (NaN inputs) is not
+      // empty: it propagates into the row as ordinary attention would.
+      const bool empty = l[i] == T(0);
+      const double row_lse = empty
+                                 ? -std::numeric_limits<double>::infinity()
+                                 : static_cast<double>(m[i]) + std::log(static_cast<double>(l[i]));
+      if (!merge) {
+        const T f = empty ? T(0) : static_cast<T>(p.factor / static_cast<double>(l[i]));
+        for (int64_t x = 0; x < d_; ++x) dst[x] = a[x] * f;
+        lse_out = static_cast<T>(row_lse);
+        continue;
+      }
+      if (empty) continue;
+      const double old_lse = static_cast<double>(lse_out);
+      const double new_lse = LogAddExp(old_lse, row_lse);
+      const T keep = static_cast<T>(std::exp(old_lse - new_lse));
+      const T add = static_cast<T>(std::exp(row_lse - new_lse) / static_cast<double>(l[i]));
+      for (int64_t x = 0; x < d_; ++x) dst[x] = dst[x] * keep + a[x] * add;
+      lse_out = static_cast<T>(new_lse);
+    }
+  }
+
+  // dst (n x d, contiguous) := rows p0, p0 + r, ... of head h, batch b.
+  void PackRows(const View4<const T>& v, int64_t b, int64_t h, int64_t p0, int64_t r, int64_t n,
+                T* dst) const {
+    for (int64_t i = 0; i < n; ++i) {
+      const T* src = v.At(b, p0 + i * r, h);
+      T* out = dst + i * d_;
+      if (v.sd == 1) {
+        std::memcpy(out, src, d_ * sizeof(T));
+      } else {
+        for (int64_t x = 0; x < d_; ++x) out[x] = src[x * v.sd];
+      }
+    }
+  }
+
+  // The products of query rows [j0, j1) of one dilated segment (rows base + j*step) against its
+  // keys: on return m, l and acc hold each row's running max, sum and unnormalised output.
+  void ForwardTileBlas(const PatternGeo& p, int64_t b, int64_t h, int64_t base, int64_t j0,
+                       int64_t j1, int64_t sel, Scratch<T>& s) {
+    const T neg_inf = -std::numeric_limits<T>::infinity();
+    const int64_t nq = j1 - j0;
+    const Mat<T> qm = Rows(q_, b, h, base + j0 * p.step, p.step, nq, d_, s.gq.data());
+    T* acc = s.acc.data();
+    T* m = s.m.data();
+    T* l = s.l.data();
     const int64_t kend = spec_.causal ? j1 : sel;
     for (int64_t kb = 0; kb < kend; kb += tile_k_) {
       const int64_t nk = std::min(tile_k_, kend - kb);
-      const Mat<T> km = Rows(k_, b, h, base + kb * p.step, p.step, nk, d_, s.gk.data());
-      const Mat<T> vm = Rows(v_, b, h, base + kb * p.step, p.step, nk, d_, s.gv.data());
+      const int64_t kpos = base + kb * p.step;
+      const Mat<T> km = Rows(k_, b, h, kpos, p.step, nk, d_, s.gk.data());
+      const Mat<T> vm = Rows(v_, b, h, kpos, p.step, nk, d_, s.gv.data());
       T* sc = s.s.data();
       Blas<T>::Gemm(CblasNoTrans, CblasTrans, nq, nk, d_, scale_, qm.ptr, qm.ld, km.ptr, km.ld,
                     T(0), sc, nk);
@@ -396,32 +466,50 @@ class Kernel {
       Blas<T>::Gemm(CblasNoTrans, CblasNoTrans, nq, d_, nk, T(1), sc, nk, vm.ptr, vm.ld, T(1), acc,
                     d_);
     }
+  }
 
-    for (int64_t i = 0; i < nq; ++i) {
-      const int64_t pos = base + (j0 + i) * p.step;
-      T* dst = OutRow(out_, b, pos, h);
-      const T* a = acc + i * d_;
-      T& lse_out = Lse(b, h, pos);
-      // l is 0 only if no key was visible, which a selected row cannot be (it sees itself); the
-      // guard keeps such a row at "no contribution" rather than 0/0. A NaN l (NaN inputs) is not
-      // empty: it propagates into the row as ordinary attention would.
-      const bool empty = l[i] == T(0);
-      const double row_lse = empty
-                                 ? -std::numeric_limits<double>::infinity()
-                                 : static_cast<double>(m[i]) + std::log(static_cast<double>(l[i]));
-      if (!merge) {
-        const T f = empty ? T(0) : static_cast<T>(p.factor / static_cast<double>(l[i]));
-        for (int64_t x = 0; x < d_; ++x) dst[x] = a[x] * f;
-        lse_out = static_cast<T>(row_lse);
-        continue;
+  // As ForwardTileBlas, with cpu_attention_kernels.h: scores kept transposed (keys x queries), keys
+  // read in place, the query tile packed once.
+  void ForwardTileKernels(const PatternGeo& p, int64_t b, int64_t h, int64_t base, int64_t j0,
+                          int64_t j1, int64_t sel, Scratch<float>& s) {
+    const int64_t nq = j1 - j0;
+    // The kernels compute whole chunks of queries; the column softmax takes 16 at a time.
+    const int64_t ldst = dilation::NumSegments(nq, cpu::kQueryChunk) * cpu::kQueryChunk;
+    const int64_t cols = dilation::NumSegments(nq, 16) * 16;
+    float* qt = s.gq.data();
+    cpu::PackQueriesTransposed(q_.At(b, base + j0 * p.step, h), p.step * q_.sn, q_.sd, nq, d_,
+                               scale_, qt);
+    float* acc = s.acc.data();
+    float* alpha = s.alpha.data();
+    const int64_t kend = spec_.causal ? j1 : sel;
+    for (int64_t kb = 0; kb < kend; kb += tile_k_) {
+      const int64_t nk = std::min(tile_k_, kend - kb);
+      const int64_t kpos = base + kb * p.step;
+      // Keys and values are copied into contiguous blocks first: the kernels then read them with
+      // unit stride from L1/L2 instead of one scattered row (a page apart) at a time.
+      float* kp = s.gk.data();
+      float* vp = s.gv.data();
+      PackRows(k_, b, h, kpos, p.step, nk, kp);
+      PackRows(v_, b, h, kpos, p.step, nk, vp);
+      float* st = s.s.data();
+      cpu::ScoresTransposed(qt, nq, d_, kp, d_, 1, nk, st, ldst);
+      if (spec_.causal) {
+        // Key kb + j is visible to query j0 + i iff i >= kb + j - j0.
+        for (int64_t j = 0; j < nk; ++j) {
+          const int64_t hidden = std::min(cols, kb + j - j0);
+          if (hidden > 0) {
+            std::fill(st + j * ldst, st + j * ldst + hidden,
+                      -std::numeric_limits<float>::infinity());
+          }
+        }
       }
-      if (empty) continue;
-      const double old_lse = static_cast<double>(lse_out);
-      const double new_lse = LogAddExp(old_lse, row_lse);
-      const T keep = static_cast<T>(std::exp(old_lse - new_lse));
-      const T add = static_cast<T>(std::exp(row_lse - new_lse) / static_cast<double>(l[i]));
-      for (int64_t x = 0; x < d_; ++x) dst[x] = dst[x] * keep + a[x] * add;
-      lse_out = static_cast<T>(new_lse);
+      cpu::SoftmaxColumnsStep(st, ldst, nk, cols, s.m.data(), s.l.data(), alpha);
+      for (int64_t i = 0; i < nq; ++i) {
+        if (alpha[i] == 1.0f) continue;
+        float* a = acc + i * d_;
+        for (int64_t x = 0; x < d_; ++x) a[x] *= alpha[i];
+      }
+      cpu::AccumulatePVTransposed(st, ldst, nq, nk, vp, d_, d_, acc);
     }
   }
 
@@ -506,6 +594,7 @@ class Kernel {
   const int64_t batch_, n_, heads_, d_;
   const T scale_;
   const int64_t tile_q_, tile_k_;
+  const bool kernels_;  // fp32 forward products by cpu_attention_kernels.h instead of BLAS.
   std::vector<PatternGeo> patterns_;
   std::vector<Scratch<T>>& scratch_;  // One per pool thread; owned by the backend.
 

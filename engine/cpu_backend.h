@@ -9,12 +9,13 @@
 // any strides (rows whose channel stride is 1 go to BLAS in place; others are gathered per tile).
 // Results do not depend on the thread count (bit for bit).
 //
-// Matrix products go to OpenBLAS. The backend parallelises over (b, head, segment, query tile)
-// itself and sets OpenBLAS to one thread at the start of every call (openblas_set_num_threads is
-// process-wide). OpenBLAS picks its kernels from CPUID when the process starts; Debian's 0.3.21
-// does not know recent Xeons and falls back to SSE3 kernels 5x slower than the AVX-512 ones: set
-// OPENBLAS_CORETYPE=SkylakeX (AVX-512) or Haswell (AVX2) in the environment of such processes
-// (docs/PERFORMANCE.md).
+// Matrix products: the fp32 forward pass runs its own AVX-512 micro-kernels when the CPU has
+// AVX-512F and D is a multiple of 16 up to 128; every other product goes to OpenBLAS. The backend
+// parallelises over (b, head, segment, query tile) itself and sets OpenBLAS to one thread at the
+// start of every call (openblas_set_num_threads is process-wide). OpenBLAS picks its kernels from
+// CPUID when the process starts; Debian's 0.3.21 does not know recent Xeons and falls back to SSE3
+// kernels 4-5x slower than the AVX-512 ones: set OPENBLAS_CORETYPE=SkylakeX (AVX-512) or Haswell
+// (AVX2) in the environment of such processes (docs/PERFORMANCE.md).
 #ifndef DATTN_ENGINE_CPU_BACKEND_H_
 #define DATTN_ENGINE_CPU_BACKEND_H_
 

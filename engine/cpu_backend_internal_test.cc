@@ -11,6 +11,7 @@
 #include <thread>
 #include <vector>
 
+#include "engine/cpu_attention_kernels.h"
 #include "engine/cpu_thread_pool.h"
 #include "engine/cpu_vector_math.h"
 #include "gtest/gtest.h"
@@ -85,7 +86,9 @@ TEST_P(VectorMathTest, ExpEdgeValues) {
   Exp(x.data(), y.data(), static_cast<int64_t>(x.size()));
   EXPECT_EQ(y[0], 0.0f);
   EXPECT_EQ(y[1], 0.0f);
-  EXPECT_EQ(y[2], 0.0f);  // exp(-87.5) is below FLT_MIN: flushed to zero.
+  // exp(-87.5) is below FLT_MIN: 0, or the subnormal, within a subnormal's precision.
+  EXPECT_GE(y[2], 0.0f);
+  EXPECT_LE(y[2], 1.1e-38f);
   EXPECT_EQ(y[3], inf);
   EXPECT_EQ(y[4], inf);
   EXPECT_TRUE(std::isnan(y[5]));
@@ -133,19 +136,159 @@ TEST_P(VectorMathTest, RowMaxEveryLengthAndNaN) {
   }
 }
 
-TEST(VectorMathDoubleTest, MatchesStdExp) {
-  std::vector<double> x = {-700.0, -1.5, 0.0, 2.25, std::numeric_limits<double>::quiet_NaN()};
+TEST(VectorMathDoubleTest, ExpIsWithinTwoUlpOfStdExp) {
+  // 1M points spread over the normal range, every length mod 4 covered by the tail below.
+  std::vector<double> x;
+  for (int64_t i = 0; i <= 1000000; ++i) x.push_back(-708.39 + i * (709.78 + 708.39) / 1000000);
   std::vector<double> y(x.size());
   Exp(x.data(), y.data(), static_cast<int64_t>(x.size()));
-  for (size_t i = 0; i + 1 < x.size(); ++i) EXPECT_EQ(y[i], std::exp(x[i]));
-  EXPECT_TRUE(std::isnan(y.back()));
+  double worst = 0;
+  double worst_x = 0;
+  for (size_t i = 0; i < x.size(); ++i) {
+    const double want = std::exp(x[i]);
+    const double ulps = std::fabs(y[i] - want) / (want * std::numeric_limits<double>::epsilon());
+    if (ulps > worst) {
+      worst = ulps;
+      worst_x = x[i];
+    }
+  }
+  EXPECT_LE(worst, 2.0) << "at x = " << worst_x;
+}
+
+TEST(VectorMathDoubleTest, EdgeValuesAndRows) {
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<double> x = {-inf, -800.0, 710.0, inf, std::numeric_limits<double>::quiet_NaN(), 0.0};
+  std::vector<double> y(x.size());
+  Exp(x.data(), y.data(), static_cast<int64_t>(x.size()));
+  EXPECT_EQ(y[0], 0.0);
+  EXPECT_EQ(y[1], 0.0);
+  EXPECT_EQ(y[2], inf);
+  EXPECT_EQ(y[3], inf);
+  EXPECT_TRUE(std::isnan(y[4]));
+  EXPECT_EQ(y[5], 1.0);
+  for (int64_t n = 0; n <= 13; ++n) {
+    std::vector<double> row(n + 3);
+    for (size_t i = 0; i < row.size(); ++i) row[i] = 0.25 * static_cast<double>(i) - 1.0;
+    const std::vector<double> before = row;
+    const double sum = ExpShiftSum(row.data(), n, 0.5);
+    double want_sum = 0;
+    for (int64_t i = 0; i < n; ++i) {
+      const double want = std::exp(before[i] - 0.5);
+      want_sum += want;
+      EXPECT_NEAR(row[i], want, 4e-16 * want) << "n = " << n << ", i = " << i;
+    }
+    EXPECT_NEAR(sum, want_sum, 1e-15 * want_sum + 1e-300) << "n = " << n;
+    for (size_t i = n; i < row.size(); ++i) EXPECT_EQ(row[i], before[i]) << "wrote past n = " << n;
+  }
   std::vector<double> row = {1.0, 3.0, 2.0};
   EXPECT_EQ(RowMax(row.data(), 3), 3.0);
-  const double sum = ExpShiftSum(row.data(), 3, 3.0);
-  EXPECT_EQ(row[1], 1.0);
-  EXPECT_DOUBLE_EQ(sum, std::exp(-2.0) + 1.0 + std::exp(-1.0));
   row[2] = std::numeric_limits<double>::quiet_NaN();
   EXPECT_TRUE(std::isnan(RowMax(row.data(), 3)));
+}
+
+// --- The AVX-512 forward micro-kernels against plain loops (double accumulation).
+
+std::vector<float> RandomFloats(size_t n, uint32_t seed) {
+  std::mt19937 rng(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> v(n);
+  for (float& x : v) x = normal(rng);
+  return v;
+}
+
+TEST(AttentionKernelsTest, ScoresAndPvMatchPlainLoopsForEveryPanelRemainder) {
+  if (!AttentionKernelsFor(64)) GTEST_SKIP() << "this CPU has no AVX-512";
+  EXPECT_FALSE(AttentionKernelsFor(8));
+  EXPECT_FALSE(AttentionKernelsFor(144));
+  for (int64_t d : {16, 32, 48, 64, 80, 96, 112, 128}) {
+    for (int64_t nq : {1, 5, 63, 64, 77}) {
+      for (int64_t nk : {1, 6, 13}) {
+        SCOPED_TRACE(::testing::Message() << "d=" << d << " nq=" << nq << " nk=" << nk);
+        // Queries with row stride d + 3 and channel stride 1; keys dense.
+        const int64_t ldq = d + 3;
+        const std::vector<float> q = RandomFloats(nq * ldq, 1);
+        const std::vector<float> k = RandomFloats(nk * d, 2);
+        const std::vector<float> v = RandomFloats(nk * d, 3);
+        const float scale = 0.3f;
+        const int64_t padded = (nq + kQueryChunk - 1) / kQueryChunk * kQueryChunk;
+        std::vector<float> qt(padded * d, 7.0f);
+        PackQueriesTransposed(q.data(), ldq, 1, nq, d, scale, qt.data());
+        const int64_t ldst = padded + 16;
+        std::vector<float> st(nk * ldst, 7.0f);
+        ScoresTransposed(qt.data(), nq, d, k.data(), d, 1, nk, st.data(), ldst);
+        for (int64_t j = 0; j < nk; ++j) {
+          for (int64_t i = 0; i < padded; ++i) {
+            double want = 0;
+            if (i < nq) {
+              for (int64_t x = 0; x < d; ++x) want += double(scale * q[i * ldq + x]) * k[j * d + x];
+            }
+            ASSERT_NEAR(st[j * ldst + i], want, 1e-4) << "j=" << j << " i=" << i;
+          }
+          ASSERT_EQ(st[j * ldst + padded], 7.0f) << "wrote past the padded queries";
+        }
+        std::vector<float> acc = RandomFloats(nq * d, 4);
+        const std::vector<float> before = acc;
+        AccumulatePVTransposed(st.data(), ldst, nq, nk, v.data(), d, d, acc.data());
+        for (int64_t i = 0; i < nq; ++i) {
+          for (int64_t x = 0; x < d; ++x) {
+            double want = before[i * d + x];
+            for (int64_t j = 0; j < nk; ++j) want += double(st[j * ldst + i]) * v[j * d + x];
+            ASSERT_NEAR(acc[i * d + x], want, 1e-3) << "i=" << i << " x=" << x;
+          }
+        }
+      }
+    }
+  }
+}
+
+TEST(AttentionKernelsTest, SoftmaxColumnsStepMatchesScalarOnlineSoftmax) {
+  if (!UsesAvx512()) GTEST_SKIP() << "this CPU has no AVX-512";
+  const float inf = std::numeric_limits<float>::infinity();
+  const int64_t rows = 5, cols = 32, ldst = 40;
+  std::vector<float> st = RandomFloats(rows * ldst, 5);
+  // Column 3: fully hidden in this block and nothing seen before. Column 4: a NaN score.
+  // Column 5: hidden here but seen before. Column 6: a running max larger than this block's.
+  for (int64_t j = 0; j < rows; ++j) st[j * ldst + 3] = -inf;
+  st[2 * ldst + 4] = std::numeric_limits<float>::quiet_NaN();
+  for (int64_t j = 0; j < rows; ++j) st[j * ldst + 5] = -inf;
+  std::vector<float> m(cols, -inf), l(cols, 0.0f), alpha(cols, 9.0f);
+  m[5] = 1.0f;
+  l[5] = 2.0f;
+  m[6] = 10.0f;
+  l[6] = 3.0f;
+  const std::vector<float> s0 = st, m0 = m, l0 = l;
+  SoftmaxColumnsStep(st.data(), ldst, rows, cols, m.data(), l.data(), alpha.data());
+  for (int64_t i = 0; i < cols; ++i) {
+    SCOPED_TRACE(::testing::Message() << "column " << i);
+    if (i == 4) {
+      EXPECT_TRUE(std::isnan(m[i]));
+      EXPECT_TRUE(std::isnan(l[i]));
+      continue;
+    }
+    double mx = m0[i];
+    for (int64_t j = 0; j < rows; ++j) mx = std::max<double>(mx, s0[j * ldst + i]);
+    if (mx == -inf) {
+      EXPECT_EQ(m[i], -inf);
+      EXPECT_EQ(l[i], 0.0f);
+      EXPECT_EQ(alpha[i], 0.0f);
+      for (int64_t j = 0; j < rows; ++j) EXPECT_EQ(st[j * ldst + i], 0.0f);
+      continue;
+    }
+    const double a = std::exp(double(m0[i]) - mx);
+    double sum = 0;
+    for (int64_t j = 0; j < rows; ++j) {
+      const double p = std::exp(double(s0[j * ldst + i]) - mx);
+      sum += p;
+      EXPECT_NEAR(st[j * ldst + i], p, 1e-6 * p + 1e-38);
+    }
+    EXPECT_EQ(m[i], static_cast<float>(mx));
+    EXPECT_NEAR(alpha[i], a, 1e-6 * a);
+    EXPECT_NEAR(l[i], l0[i] * a + sum, 1e-6 * (l0[i] * a + sum));
+  }
+  // Columns past `cols` untouched.
+  for (int64_t j = 0; j < rows; ++j) {
+    for (int64_t i = cols; i < ldst; ++i) EXPECT_EQ(st[j * ldst + i], s0[j * ldst + i]);
+  }
 }
 
 TEST(ThreadPoolTest, RunsEveryItemExactlyOnceOnValidThreads) {

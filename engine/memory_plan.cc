@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "engine/cpu_tiling.h"
+#include "engine/cuda/cuda_memory_plan.h"
 
 namespace dattn {
 namespace {
@@ -48,14 +49,23 @@ std::string MemoryPlan::DebugString() const {
 
 absl::StatusOr<MemoryPlan> PlanAttentionMemory(const AttentionSpec& spec, const ProblemShape& shape,
                                                const PlanOptions& options) {
-  (void)spec;  // Today's backends need no per-pattern scratch; the CUDA planner will use it.
   if (shape.batch < 1 || shape.seq_len < 1 || shape.num_heads < 1 || shape.head_dim < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("memory plan needs a non-empty shape, got B=", shape.batch,
                      " N=", shape.seq_len, " H=", shape.num_heads, " D=", shape.head_dim));
   }
-  if (options.backend != BackendKind::kCpu) {
-    return absl::UnimplementedError("memory plan: only the CPU backend exists so far");
+  if (options.backend == BackendKind::kCuda) {
+    // The CUDA planner derives the workspace from the same call plan the backend executes.
+    absl::StatusOr<cuda::CudaMemoryPlan> p =
+        cuda::PlanCudaMemory(spec, shape.batch, shape.seq_len, shape.num_heads, shape.head_dim,
+                             options.dtype, options.backward, options.workspace_limit_bytes);
+    if (!p.ok()) return p.status();
+    MemoryPlan plan;
+    plan.inputs_bytes = p->inputs_bytes;
+    plan.outputs_bytes = p->outputs_bytes;
+    plan.lse_bytes = p->lse_bytes;
+    plan.workspace_bytes = p->workspace_bytes;
+    return plan;
   }
   const int64_t elem = static_cast<int64_t>(DTypeSize(options.dtype));
   absl::StatusOr<int64_t> rows = Mul(shape.batch, shape.seq_len, "B*N");

@@ -38,6 +38,8 @@ struct PlanOptions {
   DType dtype = DType::kFloat32;
   bool backward = false;  // Plan for forward + backward (all tensors of both live at once).
   int num_threads = 0;    // CPU: threads the backend uses; 0 means hardware concurrency.
+  // CUDA: CudaBackendOptions::workspace_limit_bytes of the backend that will run (0: its default).
+  int64_t workspace_limit_bytes = 0;
 };
 
 // Bytes for one forward (or forward + backward) call of `spec` on `shape`. INVALID_ARGUMENT when the

@@ -94,10 +94,46 @@ std::vector<JobRequest> JobQueue::Ordered() const {
 }
 
 std::optional<size_t> JobQueue::Position(const std::string& job_id) const {
-  if (!Contains(job_id)) return std::nullopt;
-  std::vector<JobRequest> ordered = Ordered();
-  for (size_t i = 0; i < ordered.size(); ++i) {
-    if (ordered[i].job_id == job_id) return i;
+  // The same order as Ordered(), counted instead of built: Ordered() copies every queued request,
+  // and the coordinator asks for one position per submit and per GetJob.
+  auto found = jobs_.find(job_id);
+  if (found == jobs_.end()) return std::nullopt;
+  const JobRequest& job = found->second;
+  size_t position = 0;
+  for (const auto& [priority, tenants] : by_priority_) {
+    if (priority > job.priority) {
+      for (const auto& [tenant, fifo] : tenants) {
+        (void)tenant;
+        position += fifo.size();
+      }
+      continue;
+    }
+    if (priority < job.priority) break;
+    const auto own = tenants.find(job.tenant);
+    if (own == tenants.end()) return std::nullopt;
+    const std::set<FifoKey>& own_fifo = own->second;
+    const auto self = own_fifo.find(FifoKey{job.submit_seq, job.job_id});
+    if (self == own_fifo.end()) return std::nullopt;
+    // Round i of the cycle serves the i-th job of every tenant that still has one, tenants in turn
+    // order: the job (index i in its tenant) follows min(len, i) jobs of every tenant, plus the
+    // i-th job of each tenant whose turn comes before its own.
+    const size_t index = static_cast<size_t>(std::distance(own_fifo.begin(), self));
+    // Turn order, as in Ordered(): (last served, earliest waiting job, tenant name).
+    auto turn_key = [this](const std::string& tenant, const std::set<FifoKey>& fifo) {
+      auto served = last_served_.find(tenant);
+      return std::make_tuple(served == last_served_.end() ? uint64_t{0} : served->second,
+                             fifo.begin()->first, tenant);
+    };
+    const auto own_turn = turn_key(own->first, own_fifo);
+    for (const auto& [tenant, fifo] : tenants) {
+      if (&fifo == &own_fifo) {
+        position += index;
+        continue;
+      }
+      position += std::min(fifo.size(), index);
+      if (fifo.size() > index && turn_key(tenant, fifo) < own_turn) ++position;
+    }
+    return position;
   }
   return std::nullopt;
 }

@@ -264,6 +264,26 @@ TEST(CheckFeasibleTest, UnsupportedDTypeListsWhatIsSupported) {
             "(supported: bf16, fp32)");
 }
 
+TEST(CheckFeasibleTest, RingsNeedWorkersThatJoinThem) {
+  std::vector<WorkerInfo> workers = {Gpu("g0", 8 * kGiB), Gpu("g1", 8 * kGiB)};
+  for (WorkerInfo& w : workers) w.joins_rings = false;
+  EXPECT_TRUE(CheckFeasible(Job("single", 1, kGiB), workers).feasible);
+  Feasibility f = CheckFeasible(Job("ring", 2, kGiB), workers);
+  EXPECT_FALSE(f.feasible);
+  EXPECT_NE(f.reason.find("none of the 2 ready GPU workers supporting fp32 join sequence-parallel "
+                          "rings"),
+            std::string::npos)
+      << f.reason;
+  EXPECT_EQ(Place(Job("ring", 2, kGiB), workers), std::nullopt);
+  workers[0].joins_rings = true;
+  f = CheckFeasible(Job("ring", 2, kGiB), workers);
+  EXPECT_FALSE(f.feasible);
+  EXPECT_NE(f.reason.find("at most 1 rank can ever fit"), std::string::npos) << f.reason;
+  EXPECT_NE(f.reason.find("that join rings"), std::string::npos) << f.reason;
+  workers[1].joins_rings = true;
+  EXPECT_TRUE(CheckFeasible(Job("ring", 2, kGiB), workers).feasible);
+}
+
 TEST(CheckFeasibleTest, InvalidInputIsInfeasibleWithTheError) {
   Feasibility f = CheckFeasible(Job("j", 0, kGiB), {Gpu("g0", 80 * kGiB)});
   EXPECT_FALSE(f.feasible);

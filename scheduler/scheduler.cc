@@ -9,6 +9,14 @@ absl::StatusOr<std::vector<Placement>> Scheduler::Schedule(const std::vector<Wor
                                                            absl::Time now) {
   if (absl::Status s = ValidateWorkers(workers); !s.ok()) return s;
   last_reservations_.clear();
+  // With no free slot on any ready worker nothing can be placed and nothing needs reserving: skip
+  // the walk. A long queue on a full cluster is the common case, and the coordinator runs a pass
+  // after every submit.
+  bool any_free_slot = false;
+  for (const WorkerInfo& w : workers) {
+    any_free_slot |= w.state == WorkerState::kReady && w.free_ranks() > 0;
+  }
+  if (!any_free_slot) return std::vector<Placement>{};
 
   // What is still free in this pass: placements and reservations are subtracted from the copy.
   std::vector<WorkerInfo> pool = workers;

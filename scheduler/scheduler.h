@@ -19,6 +19,9 @@
 //   serving later jobs. Jobs before it in the order (higher priority, or earlier in the tenant
 //   rotation) are unaffected. A starved job that could never fit the cluster reserves nothing:
 //   the caller should fail it (CheckFeasible gives the reason).
+// * A full cluster is skipped. When no ready worker has a free slot, a pass returns at once with no
+//   placement and no reservation (nothing could be placed either way); the coordinator runs a pass
+//   after every submit, and a long queue on a busy cluster is the common case.
 // * Determinism. The same queue, workers and `now` always give the same placements.
 //
 // Thread-safety: none. The owner serialises all calls (the coordinator holds its lock).

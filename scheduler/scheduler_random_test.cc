@@ -118,6 +118,13 @@ void CheckPass(const std::vector<WorkerInfo>& workers, const std::vector<JobRequ
       }
     }
   }
+  // A pass over a cluster with no free slot returns at once: it can place nothing, so it records no
+  // reservation either (scheduler.h).
+  bool any_free_slot = false;
+  for (const WorkerInfo& w : workers) {
+    any_free_slot |= w.state == WorkerState::kReady && w.free_ranks() > 0;
+  }
+  if (!any_free_slot) expected_reservations.clear();
   ASSERT_EQ(reservations, expected_reservations);
 }
 

@@ -100,7 +100,7 @@ absl::Status ValidateJob(const JobRequest& job) {
 
 bool IsEligible(const WorkerInfo& worker, const JobRequest& job) {
   return worker.state == WorkerState::kReady && worker.is_gpu == job.needs_gpu &&
-         worker.SupportsDType(job.dtype);
+         worker.SupportsDType(job.dtype) && (job.num_ranks == 1 || worker.joins_rings);
 }
 
 std::string FormatBytes(int64_t bytes) {

@@ -42,6 +42,9 @@ struct WorkerInfo {
   WorkerState state = WorkerState::kReady;
   int running_ranks = 0;  // 0 <= running_ranks <= max_ranks.
   int max_ranks = 1;      // >= 1.
+  // Whether the worker can form a sequence-parallel ring (its engine has ring kernels and a
+  // communicator for its device). Ranks of a multi-rank job go only to workers that can.
+  bool joins_rings = true;
 
   int free_ranks() const { return max_ranks - running_ranks; }
   bool SupportsDType(const std::string& dtype) const;
@@ -86,8 +89,8 @@ absl::Status ValidateWorkers(const std::vector<WorkerInfo>& workers);
 // memory_per_rank_bytes < 0.
 absl::Status ValidateJob(const JobRequest& job);
 
-// Whether `worker` is of the job's device kind, supports its dtype and is ready: the workers a
-// job's ranks may ever use, regardless of how busy they are now.
+// Whether `worker` is of the job's device kind, supports its dtype, is ready and, for a multi-rank
+// job, joins rings: the workers a job's ranks may ever use, regardless of how busy they are now.
 bool IsEligible(const WorkerInfo& worker, const JobRequest& job);
 
 // Human-readable bytes with binary units and at most two decimals: "512 B", "3.2 GiB", "1.25 TiB".

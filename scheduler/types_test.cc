@@ -90,6 +90,15 @@ TEST(IsEligibleTest, NeedsReadySameKindAndDType) {
   EXPECT_FALSE(IsEligible(w, job));
 }
 
+TEST(IsEligibleTest, MultiRankJobsNeedWorkersThatJoinRings) {
+  WorkerInfo w = Gpu("g", kGiB);
+  w.joins_rings = false;
+  EXPECT_TRUE(IsEligible(w, Job("single", 1, 0)));
+  EXPECT_FALSE(IsEligible(w, Job("ring", 2, 0)));
+  w.joins_rings = true;
+  EXPECT_TRUE(IsEligible(w, Job("ring", 2, 0)));
+}
+
 TEST(DebugStringTest, MentionsTheNumbers) {
   WorkerInfo w = Gpu("g3", 80 * kGiB, 12 * kGiB);
   EXPECT_EQ(w.DebugString(), "g3 (GPU test GPU, ready, 0/1 ranks, 12 GiB of 80 GiB free)");

@@ -17,12 +17,17 @@ cd "$(dirname "$0")/.."
 mode="${1:-run}"
 if [ "$mode" = "stage" ]; then
   set -e
-  bazel build //engine/cuda:cuda_backend_test //bench/cuda_bench:cuda_attention_bench
-  mkdir -p .device
-  cp -fL bazel-bin/engine/cuda/cuda_backend_test .device/
-  cp -fL bazel-bin/bench/cuda_bench/cuda_attention_bench .device/
-  chmod u+w .device/*
-  ls -la .device
+  bazel build //engine/cuda:cuda_backend_test //engine/cuda:cuda_vs_cpu_test \
+    //bench/cuda_bench:cuda_attention_bench
+  mkdir -p .device/lib
+  cp -fL bazel-bin/engine/cuda/cuda_backend_test bazel-bin/engine/cuda/cuda_vs_cpu_test \
+    bazel-bin/bench/cuda_bench/cuda_attention_bench .device/
+  # The CPU reference backend's OpenBLAS (and its Fortran runtime), which the GPU image lacks.
+  for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
+    cp -fL "/usr/lib/x86_64-linux-gnu/$lib" .device/lib/
+  done
+  chmod -R u+w .device
+  ls -la .device .device/lib
   exit 0
 fi
 [ "$mode" = "run" ] && shift || true
@@ -43,7 +48,7 @@ if [ -n "$py_site" ]; then
     [ -d "$d" ] && libs="$libs:$d"
   done
 fi
-export LD_LIBRARY_PATH="${libs#:}:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
+export LD_LIBRARY_PATH="${libs#:}:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}:$PWD/.device/lib"
 export CUDNN_LOGLEVEL_DBG="${CUDNN_LOGLEVEL_DBG:-1}"
 export CUDNN_LOGDEST_DBG="${CUDNN_LOGDEST_DBG:-$out/cudnn_errors.log}"
 
@@ -68,10 +73,14 @@ if have test; then
       .device/cuda_backend_test --gtest_filter="${GTEST_FILTER:-*}" >"$out/test.$i.tmp" 2>&1 &
     pids+=($!)
   done
+  # The larger shapes against the CPU backend in fp64 (uses the CPU's cores: one process).
+  timeout "${TEST_TIMEOUT:-$step_timeout}" .device/cuda_vs_cpu_test \
+    --gtest_filter="${GTEST_FILTER:-*}" >"$out/test.cpu.tmp" 2>&1 &
+  pids+=($!)
   rc=0
   for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
   end=$(date +%s)
-  for ((i = 0; i < shards; i++)); do cat "$out/test.$i.tmp"; rm -f "$out/test.$i.tmp"; done >"$out/test.log"
+  for f in "$out"/test.*.tmp; do cat "$f"; rm -f "$f"; done >"$out/test.log"
   passed=$(grep -c '^\[       OK \]' "$out/test.log" || true)
   failed=$(grep -c '^\[  FAILED  \] .*(' "$out/test.log" || true)
   skipped=$(grep -c '^\[  SKIPPED \] .*(' "$out/test.log" || true)

@@ -9,7 +9,7 @@ scripts/setup.sh || { echo "setup failed"; exit 1; }
 
 log=$(mktemp)
 # 2 cores in CI: Bazel runs tests two at a time; multi-process tests bind ephemeral loopback ports only.
-bazel test //... --test_output=errors --local_test_jobs=2 2>&1 | tee "$log"
+bazel test //... --test_output=errors --test_summary=short --local_test_jobs=2 2>&1 | tee "$log"
 status=${PIPESTATUS[0]}
 
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)

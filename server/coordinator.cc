@@ -1,5 +1,7 @@
 #include "server/coordinator.h"
 
+#include <arpa/inet.h>
+
 #include <algorithm>
 #include <cstdio>
 #include <utility>
@@ -11,6 +13,7 @@
 #include "scheduler/placement.h"
 #include "scheduler/recovery.h"
 #include "server/job_state.h"
+#include "worker/ring_join.h"
 
 namespace dattn {
 namespace server {
@@ -80,6 +83,45 @@ void Log(const std::string& message) {
   std::fprintf(stderr, "dattn-coordinator: %s\n", message.c_str());
 }
 
+bool IsIpv4(const std::string& host) {
+  in_addr addr{};
+  return ::inet_pton(AF_INET, host.c_str(), &addr) == 1;
+}
+
+const char* PhaseName(v1::RankPhase phase) {
+  switch (phase) {
+    case v1::RANK_PHASE_PREPARING:
+      return "preparing (allocating and generating inputs)";
+    case v1::RANK_PHASE_FORMING_RING:
+      return "waiting for its peers";
+    case v1::RANK_PHASE_RUNNING:
+      return "running";
+    case v1::RANK_PHASE_FINISHED:
+      return "finished";
+    default:
+      return "not yet seen by its worker";
+  }
+}
+
+// The ranks of ring `ring_id` (of `size`) whose arrival key is missing from the store at
+// `address`, or nullopt when the store cannot be asked. A loopback round trip per rank to the
+// coordinator's own store: called without the coordinator's lock.
+std::optional<std::vector<int>> ProbeMissingRanks(const std::string& address,
+                                                  const std::string& ring_id, int size) {
+  absl::StatusOr<std::unique_ptr<comm::TcpStore>> store =
+      comm::TcpStore::Connect(address, absl::Seconds(1), absl::Seconds(1));
+  if (!store.ok()) return std::nullopt;
+  std::vector<int> missing;
+  for (int r = 0; r < size; ++r) {
+    absl::StatusOr<std::string> got =
+        (*store)->Get(worker::JoinedKey(ring_id, r), absl::ZeroDuration());
+    if (got.ok()) continue;
+    if (!absl::IsDeadlineExceeded(got.status())) return std::nullopt;
+    missing.push_back(r);
+  }
+  return missing;
+}
+
 const char* kShuttingDown =
     "the coordinator is shutting down; retry (with the same idempotency_key) once it is back";
 
@@ -110,6 +152,30 @@ absl::Status Coordinator::Start() {
   if (options_.max_attempts < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("max_attempts: must be >= 1, got ", options_.max_attempts));
+  }
+  if (!IsIpv4(options_.rendezvous_host)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rendezvous_host: must be a numeric IPv4 address, got \"", options_.rendezvous_host, "\""));
+  }
+  if (!options_.rendezvous_advertise.empty() && !IsIpv4(options_.rendezvous_advertise)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rendezvous_advertise: must be a numeric IPv4 address, got \"",
+                     options_.rendezvous_advertise, "\""));
+  }
+  if (options_.rendezvous_advertise.empty() && options_.rendezvous_host == "0.0.0.0") {
+    return absl::InvalidArgumentError(
+        "rendezvous_advertise: required when the rendezvous stores listen on 0.0.0.0 (workers "
+        "need an address they can dial)");
+  }
+  if (options_.ring_formation_timeout <= absl::ZeroDuration() ||
+      options_.ring_comm_timeout <= absl::ZeroDuration() ||
+      options_.feasibility_settle < absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "ring_formation_timeout and ring_comm_timeout must be > 0 and feasibility_settle >= 0, "
+        "got ",
+        absl::FormatDuration(options_.ring_formation_timeout), ", ",
+        absl::FormatDuration(options_.ring_comm_timeout), ", ",
+        absl::FormatDuration(options_.feasibility_settle)));
   }
   {
     absl::MutexLock lock(&mu_);
@@ -289,6 +355,12 @@ absl::Status Coordinator::Close() {
   }
   if (scheduler_thread_.joinable()) scheduler_thread_.join();
   if (monitor_thread_.joinable()) monitor_thread_.join();
+  {
+    // Rings still placed lose their rendezvous: ranks still forming fail at once.
+    absl::MutexLock lock(&mu_);
+    for (auto& [id, job] : jobs_) EndRingLocked(job.get(), "");
+  }
+  ReapStores();
   absl::Status status = store_ != nullptr ? store_->Close() : absl::OkStatus();
   absl::MutexLock lock(&mu_);
   close_status_ = status;
@@ -348,6 +420,7 @@ Coordinator::Ticket Coordinator::TransitionLocked(ActiveJob* job, v1::JobState s
   job->job.set_state(state);
   if (from != state) job->job.set_state_reason(message);
   if (IsTerminal(state)) {
+    EndRingLocked(job, "");
     job->terminal = true;
     *job->job.mutable_end_time() = ToTimestamp(now);
     if (job->job.has_start_time()) {
@@ -446,17 +519,21 @@ std::string Coordinator::DescribeWorkerLocked(const std::string& worker_id) cons
   return absl::StrCat(worker_id, " (", it->second->info.name(), ")");
 }
 
+bool Coordinator::TakesWorkLocked(const WorkerEntry& worker) const {
+  return worker.state == scheduler::WorkerState::kReady && !worker.stream_lost;
+}
+
 int64_t Coordinator::ReadyWorkersLocked() const {
   int64_t ready = 0;
-  for (const auto& [id, worker] : workers_)
-    ready += worker->state == scheduler::WorkerState::kReady;
+  for (const auto& [id, worker] : workers_) ready += TakesWorkLocked(*worker);
   return ready;
 }
 
 std::vector<scheduler::WorkerInfo> Coordinator::SchedulerWorkersLocked(int64_t head_dim) const {
   std::vector<scheduler::WorkerInfo> out;
   for (const auto& [id, worker] : workers_) {
-    if (worker->state == scheduler::WorkerState::kDead) continue;
+    // A worker whose stream broke cannot receive an assignment; it comes back with a new stream.
+    if (worker->state == scheduler::WorkerState::kDead || worker->stream_lost) continue;
     const v1::WorkerCapabilities& caps = worker->info.capabilities();
     if (head_dim > 0 && caps.head_dims_size() > 0 &&
         std::find(caps.head_dims().begin(), caps.head_dims().end(), head_dim) ==
@@ -483,6 +560,9 @@ std::vector<scheduler::WorkerInfo> Coordinator::SchedulerWorkersLocked(int64_t h
       if (dtype.ok()) info.dtypes.push_back(DTypeName(*dtype));
     }
     info.state = worker->state;
+    const char* ring_backend = caps.is_gpu() ? "nccl" : "gloo";
+    info.joins_rings = std::find(caps.ring_backends().begin(), caps.ring_backends().end(),
+                                 ring_backend) != caps.ring_backends().end();
     info.max_ranks = caps.max_ranks();
     info.running_ranks = std::min<int>(static_cast<int>(worker->task_ids.size()), info.max_ranks);
     out.push_back(std::move(info));
@@ -527,8 +607,8 @@ absl::Status Coordinator::CheckFeasibleLocked(const AttentionJobInfo& info) cons
 }
 
 void Coordinator::EnqueueLocked(ActiveJob* job) {
-  // DEVICE_PREFERENCE_ANY: the first device kind the ready workers could fit (else the first kind).
-  job->variant = 0;
+  // DEVICE_PREFERENCE_ANY: the first device kind the ready workers could fit; with no ready
+  // worker, or none that fits, the kind it had (the first, for a new job).
   if (job->info.variants.size() > 1 && ReadyWorkersLocked() > 0) {
     const std::vector<scheduler::WorkerInfo> workers = SchedulerWorkersLocked(job->info.head_dim);
     for (size_t i = 0; i < job->info.variants.size(); ++i) {
@@ -547,6 +627,113 @@ void Coordinator::EnqueueLocked(ActiveJob* job) {
   }
   KickSchedulerLocked();
   UpdateGaugesLocked();
+}
+
+void Coordinator::CheckQueuedJobsLocked(absl::Time now, Tickets* tickets) {
+  std::vector<std::string> ready;
+  for (const auto& [id, worker] : workers_) {
+    if (TakesWorkLocked(*worker)) ready.push_back(id);
+  }
+  const std::string set = absl::StrJoin(ready, ",");  // workers_ is ordered: a canonical form.
+  if (set != ready_set_) {
+    ready_set_ = set;
+    ready_set_since_ = now;
+  }
+  if (ready.empty() || now - ready_set_since_ < options_.feasibility_settle) return;
+  std::vector<ActiveJob*> unchecked;
+  for (const auto& [id, job] : jobs_) {
+    if (!job->checked && !job->terminal && job->job.state() == v1::JOB_STATE_QUEUED) {
+      unchecked.push_back(job.get());
+    }
+  }
+  for (ActiveJob* job : unchecked) {
+    const std::vector<scheduler::WorkerInfo> workers = SchedulerWorkersLocked(job->info.head_dim);
+    std::vector<std::string> reasons;
+    std::optional<size_t> fits;
+    for (size_t i = 0; i < job->info.variants.size() && !fits.has_value(); ++i) {
+      const DeviceVariant& variant = job->info.variants[i];
+      const scheduler::Feasibility f = scheduler::CheckFeasible(
+          MakeRequest(job->job, job->submit_seq, job->info, variant), workers);
+      if (f.feasible) {
+        fits = i;
+      } else {
+        reasons.push_back(
+            absl::StrCat(f.reason, " (memory plan per rank: ", variant.memory_plan, ")"));
+      }
+    }
+    scheduler_.Remove(job->job.job_id()).IgnoreError();
+    if (!fits.has_value()) {
+      tickets->push_back(TransitionLocked(
+          job, v1::JOB_STATE_FAILED, "failed",
+          absl::StrCat("the job can never run on the ready workers (it was queued before they "
+                       "were checked): ",
+                       absl::StrJoin(reasons, "; or "))));
+      continue;
+    }
+    // Queued again for the device kind that fits (DEVICE_PREFERENCE_ANY), in its old place.
+    job->checked = true;
+    job->variant = *fits;
+    absl::Status s = scheduler_.Enqueue(
+        MakeRequest(job->job, job->submit_seq, job->info, job->info.variants[job->variant]));
+    if (!s.ok()) {
+      Log(absl::StrCat("internal error: cannot queue job ", job->job.job_id(), ": ", s.message()));
+    }
+  }
+  if (!unchecked.empty()) UpdateGaugesLocked();
+}
+
+absl::Status Coordinator::StartRingLocked(ActiveJob* job) {
+  absl::StatusOr<std::unique_ptr<comm::TcpStoreServer>> store =
+      comm::TcpStoreServer::Start(options_.rendezvous_host, 0);
+  if (!store.ok()) return store.status();
+  auto ring = std::make_unique<RingState>();
+  ring->id = absl::StrCat(job->job.job_id(), "/", job->job.attempt());
+  ring->backend = job->info.variants[job->variant].ring_backend;
+  const std::string host = options_.rendezvous_advertise.empty() ? options_.rendezvous_host
+                                                                 : options_.rendezvous_advertise;
+  ring->address = absl::StrCat(host, ":", (*store)->port());
+  ring->store = *std::move(store);
+  job->ring = std::move(ring);
+  return absl::OkStatus();
+}
+
+void Coordinator::EndRingLocked(ActiveJob* job, const std::string& unformed_outcome) {
+  if (job->ring == nullptr) return;
+  RingState& ring = *job->ring;
+  if (!ring.formation_counted && !unformed_outcome.empty()) {
+    metrics_->CountRingFormation(ring.backend, unformed_outcome, -1);
+    ring.formation_counted = true;
+  }
+  if (ring.store != nullptr) retired_stores_.push_back(std::move(ring.store));
+  job->ring.reset();
+  KickSchedulerLocked();  // The scheduling loop destroys the retired store.
+}
+
+void Coordinator::ReapStores() {
+  std::vector<std::unique_ptr<comm::TcpStoreServer>> stores;
+  {
+    absl::MutexLock lock(&mu_);
+    stores.swap(retired_stores_);
+  }
+  stores.clear();  // Closes their connections and joins their threads.
+}
+
+void Coordinator::UpdateWorkerMetricsLocked(const WorkerEntry& worker) {
+  int64_t reserved = 0;
+  for (const std::string& task_id : worker.task_ids) {
+    auto it = tasks_.find(task_id);
+    if (it != tasks_.end()) reserved += it->second.memory_bytes;
+  }
+  metrics_->SetWorkerMemory(worker.info.name(), worker.info.capabilities().total_memory_bytes(),
+                            worker.info.free_memory_bytes(), reserved);
+}
+
+std::string Coordinator::DescribeRanksLocked(const ActiveJob& job) const {
+  std::vector<std::string> ranks;
+  for (int r = 0; r < job.job.worker_ids_size(); ++r) {
+    ranks.push_back(absl::StrCat("rank ", r, " on ", DescribeWorkerLocked(job.job.worker_ids(r))));
+  }
+  return absl::StrJoin(ranks, ", ");
 }
 
 void Coordinator::KickSchedulerLocked() {
@@ -620,6 +807,7 @@ void Coordinator::EraseTaskLocked(const std::string& task_id, bool cancel,
     worker->cv->SignalAll();  // A draining worker may now be idle.
   }
   tasks_.erase(it);
+  if (worker != nullptr) UpdateWorkerMetricsLocked(*worker);
   KickSchedulerLocked();
 }
 
@@ -627,7 +815,8 @@ void Coordinator::ReleaseTasksLocked(ActiveJob* job, bool cancel_tasks, const st
   for (const std::string& task_id : job->task_ids) EraseTaskLocked(task_id, cancel_tasks, reason);
   job->task_ids.clear();
   job->results.clear();
-  job->output.Clear();
+  job->outputs.clear();
+  EndRingLocked(job, "");
 }
 
 void Coordinator::RequeueLocked(ActiveJob* job, const std::string& kind, const std::string& message,
@@ -643,6 +832,8 @@ void Coordinator::RecoverJobLocked(ActiveJob* job, FailureKind failure, const st
                                    const std::string& cause, int64_t oom_free_bytes,
                                    Tickets* tickets) {
   metrics_->CountRecovery(cause);
+  // A ring that had not formed yet failed to: counted as such unless the caller already did.
+  EndRingLocked(job, job->cancel_requested ? "" : "failed");
   ReleaseTasksLocked(job, /*cancel_tasks=*/true, why);
   if (job->cancel_requested) {
     tickets->push_back(
@@ -730,10 +921,12 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
 
   v1::Job job;
   v1::JobEvent event;
+  bool checked = false;  // Found feasible against ready workers (not merely accepted for later).
   {
     absl::MutexLock lock(&mu_);
     if (!existing.ok()) {
       if (absl::Status s = CheckFeasibleLocked(*info); !s.ok()) return s;
+      checked = ReadyWorkersLocked() > 0;
     }
     job.set_job_id(NewId("j-"));
   }
@@ -769,14 +962,14 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   const std::string& id = outcome->job.job_id();
   if (FindJobLocked(id) == nullptr && outcome->job.state() == v1::JOB_STATE_QUEUED) {
     StoredJob stored{outcome->job, outcome->submit_seq};
-    AdoptLocked(stored, *info);
+    AdoptLocked(stored, *info, checked);
   }
   const ActiveJob* active = FindJobLocked(id);
   *response.mutable_job() = active != nullptr ? PublicJobLocked(*active) : outcome->job;
   return response;
 }
 
-void Coordinator::AdoptLocked(const StoredJob& stored, const AttentionJobInfo& info) {
+void Coordinator::AdoptLocked(const StoredJob& stored, const AttentionJobInfo& info, bool checked) {
   if (FindJobLocked(stored.job.job_id()) != nullptr) return;
   if (stored.job.state() != v1::JOB_STATE_QUEUED) {
     Log(absl::StrCat("internal error: job ", stored.job.job_id(), " is ",
@@ -788,6 +981,7 @@ void Coordinator::AdoptLocked(const StoredJob& stored, const AttentionJobInfo& i
   job->durable = stored.job;
   job->submit_seq = stored.submit_seq;
   job->info = info;
+  job->checked = checked;
   job->queued_since = FromTimestamp(stored.job.create_time());
   ActiveJob* raw = job.get();
   jobs_[stored.job.job_id()] = std::move(job);
@@ -871,7 +1065,7 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const v1::CancelJobRequest& reque
         // Stored but not yet in memory: its SubmitJob is between the store and the queue.
         absl::StatusOr<AttentionJobInfo> info = AnalyzeJobSpec(stored->job.spec());
         if (!info.ok()) return info.status();
-        AdoptLocked(*stored, *info);
+        AdoptLocked(*stored, *info, /*checked=*/false);
         job = FindJobLocked(request.job_id());
         if (job == nullptr) {
           return absl::UnavailableError(
@@ -1068,6 +1262,7 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
     worker->info.set_version(request.version());
     worker->info.set_free_memory_bytes(request.capabilities().total_memory_bytes());
     worker->last_heartbeat = absl::Now();
+    UpdateWorkerMetricsLocked(*worker);
     workers_[id] = std::move(worker);
     UpdateGaugesLocked();
     KickSchedulerLocked();
@@ -1093,6 +1288,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     auto it = tasks_.find(task.task_id());
     if (it != tasks_.end() && it->second.worker_id == worker->info.worker_id()) {
       it->second.steps_done = std::max(it->second.steps_done, task.steps_done());
+      if (task.phase() != v1::RANK_PHASE_UNSPECIFIED) it->second.phase = task.phase();
       continue;
     }
     v1::WorkerCommand command;
@@ -1103,6 +1299,7 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     PushCommandLocked(worker, std::move(command));
   }
   response.set_drain(worker->state == scheduler::WorkerState::kDraining);
+  UpdateWorkerMetricsLocked(*worker);
   if (!scheduler_.queue().empty()) KickSchedulerLocked();
   return response;
 }
@@ -1121,10 +1318,24 @@ absl::Status Coordinator::StreamAssignments(const v1::StreamAssignmentsRequest& 
   const uint64_t generation = ++worker->stream_generation;
   worker->cv->SignalAll();  // An older stream of this worker ends.
   ++worker->streams;
+  if (worker->stream_lost) {
+    worker->stream_lost = false;
+    KickSchedulerLocked();  // It takes work again.
+  }
   struct StreamCount {
     WorkerEntry* worker;
     ~StreamCount() { --worker->streams; }
   } count{worker};  // Worker entries are erased only when dead and stream-less (MonitorPass).
+  // The worker went away (its process died, or its connection): until it opens a stream again it
+  // can receive nothing, so it gets no new ranks. A stream replaced by a newer one is not lost.
+  auto lost = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (worker->stream_generation == generation && worker->streams == 1 &&
+        worker->state != scheduler::WorkerState::kDead) {
+      worker->stream_lost = true;
+      Log(absl::StrCat("worker ", DescribeWorkerLocked(id),
+                       " lost its assignment stream; no new ranks until it reconnects"));
+    }
+  };
   for (;;) {
     for (;;) {
       if (streams_closed_) return absl::UnavailableError(kShuttingDown);
@@ -1136,7 +1347,10 @@ absl::Status Coordinator::StreamAssignments(const v1::StreamAssignmentsRequest& 
         return absl::AbortedError(
             absl::StrCat("a newer StreamAssignments call of worker ", id, " replaced this one"));
       }
-      if (cancelled && cancelled()) return absl::CancelledError("the worker went away");
+      if (cancelled && cancelled()) {
+        lost();
+        return absl::CancelledError("the worker went away");
+      }
       if (!worker->outbox.empty()) break;
       if (worker->state == scheduler::WorkerState::kDraining && worker->task_ids.empty()) {
         return absl::OkStatus();
@@ -1154,6 +1368,7 @@ absl::Status Coordinator::StreamAssignments(const v1::StreamAssignmentsRequest& 
       if (worker->state != scheduler::WorkerState::kDead) {
         worker->outbox.push_front(std::move(command));
       }
+      lost();
       return absl::CancelledError("the worker's stream broke");
     }
   }
@@ -1167,6 +1382,26 @@ absl::StatusOr<v1::ReportTaskResponse> Coordinator::ReportTask(const v1::TaskRep
   if (request.state() == v1::TASK_STATE_SUCCEEDED && !request.has_rank_result()) {
     return absl::InvalidArgumentError(
         absl::StrCat("rank_result: required with state SUCCEEDED (task ", request.task_id(), ")"));
+  }
+  // A ring rank that failed before its ring formed: ask the ring's store which ranks never
+  // arrived, before taking the lock for the report itself (the answer is only used if the task is
+  // still current then).
+  std::optional<std::vector<int>> missing_ranks;
+  if (request.state() == v1::TASK_STATE_FAILED && request.ring_formation_seconds() <= 0) {
+    std::string address, ring_id;
+    int size = 0;
+    {
+      absl::MutexLock lock(&mu_);
+      auto it = tasks_.find(request.task_id());
+      const ActiveJob* job = it != tasks_.end() ? FindJobLocked(it->second.job_id) : nullptr;
+      if (job != nullptr && job->ring != nullptr && job->job.attempt() == it->second.attempt &&
+          static_cast<int>(job->ring->formed.size()) < job->info.num_ranks) {
+        address = job->ring->address;
+        ring_id = job->ring->id;
+        size = job->info.num_ranks;
+      }
+    }
+    if (!address.empty()) missing_ranks = ProbeMissingRanks(address, ring_id, size);
   }
   v1::ReportTaskResponse response;
   Tickets tickets;
@@ -1191,6 +1426,19 @@ absl::StatusOr<v1::ReportTaskResponse> Coordinator::ReportTask(const v1::TaskRep
     }
     const std::string where =
         absl::StrCat("rank ", task.rank, " on ", DescribeWorkerLocked(task.worker_id));
+    // Every report of a formed ring rank says so; the ring is formed when every rank has.
+    if (request.ring_formation_seconds() > 0) {
+      task.formation_seconds = request.ring_formation_seconds();
+      if (job->ring != nullptr && job->ring->formed.insert(task.rank).second) {
+        RingState& ring = *job->ring;
+        ring.formation_seconds = std::max(ring.formation_seconds, task.formation_seconds);
+        if (static_cast<int>(ring.formed.size()) == job->info.num_ranks &&
+            !ring.formation_counted) {
+          metrics_->CountRingFormation(ring.backend, "formed", ring.formation_seconds);
+          ring.formation_counted = true;
+        }
+      }
+    }
     auto mark_started = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       task.started = true;
       if (job->job.state() == v1::JOB_STATE_PLACED) {
@@ -1234,23 +1482,44 @@ absl::StatusOr<v1::ReportTaskResponse> Coordinator::ReportTask(const v1::TaskRep
         v1::RankResult result = request.rank_result();
         result.set_rank(task.rank);
         result.set_worker_id(task.worker_id);
+        if (result.ring_formation_seconds() <= 0) {
+          result.set_ring_formation_seconds(task.formation_seconds);
+        }
+        // The rank's share of the job's FLOPs: its rate times its step time, over every step.
+        metrics_->ObserveRank(worker->info.name(), result.seconds_per_step(),
+                              result.tflops() * 1e12 * result.seconds_per_step() *
+                                  static_cast<double>(job->info.iterations),
+                              result.tflops());
         job->results.push_back(std::move(result));
-        if (task.rank == 0) job->output = request.output();
+        if (request.has_output()) job->outputs[task.rank] = request.output();
         const std::string task_id = task.task_id;
         job->task_ids.erase(std::remove(job->task_ids.begin(), job->task_ids.end(), task_id),
                             job->task_ids.end());
         EraseTaskLocked(task_id, /*cancel=*/false, "");
         if (!job->task_ids.empty()) break;
         const bool return_output = job->job.spec().attention().return_output();
-        v1::AttentionJobResult result_all = CombineRankResults(
-            job->info, std::move(job->results), std::move(job->output), return_output);
+        v1::Tensor output;
+        std::string output_problem;
+        if (return_output) {
+          absl::StatusOr<v1::Tensor> assembled = AssembleOutput(job->info, job->outputs);
+          if (assembled.ok()) {
+            output = *std::move(assembled);
+          } else {
+            output_problem = std::string(assembled.status().message());
+          }
+        }
+        v1::AttentionJobResult result_all = CombineRankResults(job->info, std::move(job->results),
+                                                               std::move(output), return_output);
         job->results.clear();
-        job->output.Clear();
+        job->outputs.clear();
+        EndRingLocked(job, "");
+        metrics_->ObserveAttentionJob(job->info.variants[job->variant].gpu ? "gpu" : "cpu",
+                                      result_all.tflops(), result_all.seconds_per_step());
         std::string message = absl::StrFormat("%d of %d ranks succeeded: %.6g s/step, %.4g TFLOP/s",
                                               job->info.num_ranks, job->info.num_ranks,
                                               result_all.seconds_per_step(), result_all.tflops());
         if (return_output && !result_all.has_output()) {
-          absl::StrAppend(&message, " (the worker returned no output tensor)");
+          absl::StrAppend(&message, " (no output tensor: ", output_problem, ")");
         }
         if (job->cancel_requested) absl::StrAppend(&message, " (it finished before the cancel)");
         *job->job.mutable_result()->mutable_attention() = std::move(result_all);
@@ -1261,10 +1530,49 @@ absl::StatusOr<v1::ReportTaskResponse> Coordinator::ReportTask(const v1::TaskRep
         break;
       }
       case v1::TASK_STATE_FAILED: {
-        const std::string why = absl::StrCat(
+        const absl::StatusCode code = static_cast<absl::StatusCode>(request.error_code());
+        std::string why = absl::StrCat(
             where, " failed: ", request.error().empty() ? "no error given" : request.error(),
-            " (code ",
-            absl::StatusCodeToString(static_cast<absl::StatusCode>(request.error_code())), ")");
+            " (code ", absl::StatusCodeToString(code), ")");
+        if (job->ring != nullptr && !job->cancel_requested) {
+          RingState& ring = *job->ring;
+          if (request.ring_formation_seconds() <= 0 &&
+              static_cast<int>(ring.formed.size()) < job->info.num_ranks) {
+            // The ring never formed: name the ranks the store never saw, and where they were.
+            std::vector<std::string> absent;
+            for (int r : missing_ranks.value_or(std::vector<int>())) {
+              if (r >= job->job.worker_ids_size()) continue;
+              auto peer = tasks_.find(TaskId(job->job.job_id(), job->job.attempt(), r));
+              const v1::RankPhase phase =
+                  peer != tasks_.end() ? peer->second.phase : v1::RANK_PHASE_UNSPECIFIED;
+              absent.push_back(absl::StrCat("rank ", r, " on ",
+                                            DescribeWorkerLocked(job->job.worker_ids(r)), " (",
+                                            PhaseName(phase), ")"));
+            }
+            // A timeout is the missing ranks' doing; another failure (a refused rank, a store that
+            // cannot be reached) is the reporting rank's, and the others simply had not come yet.
+            const bool timed_out = code == absl::StatusCode::kDeadlineExceeded;
+            std::string message = absl::StrCat("ring ", ring.id, " did not form: ");
+            if (!absent.empty()) {
+              const std::string list = absl::StrJoin(absent, ", ");
+              if (timed_out) {
+                absl::StrAppend(&message, list, " never arrived within ",
+                                Seconds(options_.ring_formation_timeout), "; ");
+                why = absl::StrCat("ring formation failed: ", list, " never arrived");
+              } else {
+                absl::StrAppend(&message, list, " had not arrived yet; ");
+              }
+            }
+            absl::StrAppend(&message, where, " reported: ", request.error());
+            tickets.push_back(
+                TransitionLocked(job, job->job.state(), "ring_formation_failed", message));
+            EndRingLocked(job, timed_out ? "timed_out" : "failed");
+          } else {
+            tickets.push_back(TransitionLocked(
+                job, job->job.state(), "ring_failed",
+                absl::StrCat(why, "; the ring ", ring.id, ": ", DescribeRanksLocked(*job))));
+          }
+        }
         const int64_t free_bytes = worker->info.free_memory_bytes();
         std::optional<FailureKind> failure = ClassifyTaskError(request.error_code());
         // The reporting rank has stopped already: no CancelTask for it, only for its peers.
@@ -1368,22 +1676,37 @@ absl::StatusOr<v1::Worker> Coordinator::DrainWorker(const v1::DrainWorkerRequest
 // Threads.
 
 void Coordinator::SchedulePass() {
+  ReapStores();
   Tickets tickets;
   std::vector<std::string> placed;
   {
     absl::MutexLock lock(&mu_);
-    if (phase_ != Phase::kServing || !store_error_.ok() || scheduler_.queue().empty()) return;
+    if (phase_ != Phase::kServing || !store_error_.ok()) return;
     const absl::Time now = absl::Now();
+    CheckQueuedJobsLocked(now, &tickets);
     absl::StatusOr<std::vector<scheduler::Placement>> placements =
-        scheduler_.Schedule(SchedulerWorkersLocked(0), now);
+        scheduler_.queue().empty() ? std::vector<scheduler::Placement>()
+                                   : scheduler_.Schedule(SchedulerWorkersLocked(0), now);
     if (!placements.ok()) {
       Log(absl::StrCat("internal error: scheduling pass failed: ", placements.status().message()));
-      return;
+      placements = std::vector<scheduler::Placement>();
     }
     for (const scheduler::Placement& placement : *placements) {
       ActiveJob* job = FindJobLocked(placement.job_id);
       if (job == nullptr || job->terminal || job->job.state() != v1::JOB_STATE_QUEUED) continue;
       if (job->job.attempt() == 0) job->job.set_attempt(1);
+      if (job->info.num_ranks > 1) {
+        if (absl::Status s = StartRingLocked(job); !s.ok()) {
+          // Back in the queue, in its place, for the next pass (once a second).
+          Log(absl::StrCat("cannot start the rendezvous store of job ", job->job.job_id(), ": ",
+                           s.message(), "; it stays queued"));
+          scheduler_
+              .Enqueue(MakeRequest(job->job, job->submit_seq, job->info,
+                                   job->info.variants[job->variant]))
+              .IgnoreError();
+          continue;
+        }
+      }
       const int64_t memory = job->info.variants[job->variant].memory_per_rank_bytes;
       job->job.clear_worker_ids();
       job->task_ids.clear();
@@ -1397,19 +1720,26 @@ void Coordinator::SchedulePass() {
         task.attempt = job->job.attempt();
         task.rank = static_cast<int>(rank);
         task.memory_bytes = memory;
-        if (WorkerEntry* worker = FindWorkerLocked(worker_id); worker != nullptr) {
-          worker->task_ids.insert(task.task_id);
-        }
-        job->task_ids.push_back(task.task_id);
+        const std::string task_id = task.task_id;
+        job->task_ids.push_back(task_id);
         job->job.add_worker_ids(worker_id);
         names.push_back(DescribeWorkerLocked(worker_id));
-        tasks_[task.task_id] = std::move(task);
+        tasks_[task_id] = std::move(task);
+        if (WorkerEntry* worker = FindWorkerLocked(worker_id); worker != nullptr) {
+          worker->task_ids.insert(task_id);
+          UpdateWorkerMetricsLocked(*worker);
+        }
       }
       metrics_->ObserveQueueWait(JobKind(job->job.spec()),
                                  absl::ToDoubleSeconds(now - job->queued_since));
-      tickets.push_back(TransitionLocked(
-          job, v1::JOB_STATE_PLACED, "placed",
-          absl::StrCat("attempt ", job->job.attempt(), " placed on ", absl::StrJoin(names, ", "))));
+      std::string where = absl::StrJoin(names, ", ");
+      if (job->ring != nullptr) {
+        where = absl::StrCat(DescribeRanksLocked(*job), " (", job->ring->backend, " ring ",
+                             job->ring->id, ", rendezvous ", job->ring->address, ")");
+      }
+      tickets.push_back(
+          TransitionLocked(job, v1::JOB_STATE_PLACED, "placed",
+                           absl::StrCat("attempt ", job->job.attempt(), " placed on ", where)));
       placed.push_back(job->job.job_id());
     }
     UpdateGaugesLocked();
@@ -1434,6 +1764,16 @@ void Coordinator::SchedulePass() {
       assign->set_attempt(it->second.attempt);
       assign->set_rank(it->second.rank);
       *assign->mutable_spec() = job->job.spec();
+      if (job->ring != nullptr) {
+        v1::RingInfo* ring = assign->mutable_ring();
+        ring->set_ring_id(job->ring->id);
+        ring->set_rank(it->second.rank);
+        ring->set_size(job->info.num_ranks);
+        ring->set_backend(job->ring->backend);
+        ring->set_store_address(job->ring->address);
+        ring->set_formation_timeout_ms(absl::ToInt64Milliseconds(options_.ring_formation_timeout));
+        ring->set_comm_timeout_ms(absl::ToInt64Milliseconds(options_.ring_comm_timeout));
+      }
       it->second.dispatched = true;
       PushCommandLocked(worker, std::move(command));
     }
@@ -1453,6 +1793,7 @@ void Coordinator::SchedulerLoop() {
 }
 
 void Coordinator::MonitorPass() {
+  ReapStores();
   Tickets tickets;
   {
     absl::MutexLock lock(&mu_);
@@ -1469,7 +1810,11 @@ void Coordinator::MonitorPass() {
       }
       if (worker->state == scheduler::WorkerState::kDead && worker->streams == 0 &&
           now - worker->dead_since > options_.dead_worker_retention) {
+        const std::string name = worker->info.name();
         it = workers_.erase(it);
+        bool named_again = false;
+        for (const auto& [id, other] : workers_) named_again |= other->info.name() == name;
+        if (!named_again) metrics_->RemoveWorker(name);
         UpdateGaugesLocked();
       } else {
         ++it;

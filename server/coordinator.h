@@ -21,6 +21,31 @@
 // and the planner's numbers. DEVICE_PREFERENCE_ANY runs on the first device kind (GPU, then CPU)
 // that can run the job and that the ready workers could fit when it is queued.
 //
+// Unchecked jobs. A job accepted while no worker was ready (and every job queued again after a
+// coordinator restart) has not been checked against any worker. Once at least one worker is ready
+// and the set of ready workers has not changed for `feasibility_settle` (workers of a new cluster
+// register one by one), each such job is checked once: one that the ready workers could never run
+// fails with the planner's numbers (RESOURCE_EXHAUSTED's message, in a "failed" event); one they
+// could run is checked for good (its device kind for DEVICE_PREFERENCE_ANY resolved then) and
+// waits, whatever happens to the workers later: a job that fitted the cluster once is not failed
+// because workers went away for a while.
+//
+// Rings. A job of num_ranks P > 1 is a gang of P ranks placed together (memory per rank: the
+// largest rank's plan, job_spec.h) on workers that join rings of its device kind. For each attempt
+// the coordinator starts a rendezvous store of its own (a TcpStore server on `rendezvous_host`,
+// ephemeral port, ring id "JOB_ID/ATTEMPT"), hands every rank a RingInfo with the store's address
+// and the ring timeouts, and stops the store when the attempt ends (any rank still waiting in it
+// then fails at once). Workers rendezvous as worker/ring_join.h describes. A rank's FAILED report
+// ends the attempt: the other ranks are sent CancelTask, the job gets an event naming what failed
+// ("ring_formation_failed" naming the ranks that never arrived and their workers, as the store
+// shows them; or "ring_failed" with the rank, its worker and error, and the ring's members) and is
+// requeued or failed as for any failure (a failed ring attempt is one attempt). The job's result
+// combines its ranks' results, and its output is assembled from every rank's shard.
+//
+// A worker whose assignment stream broke (its process died, or its connection did) is not given new
+// ranks until it opens a stream again: a killed worker's peers report the failure long before its
+// heartbeats are missed, and the retry must not land on it.
+//
 // Attempts. Job.attempt is 0 until the first placement, 1 for the first run, and grows by one on
 // each requeue. A failure (worker lost, rank failed with a retryable code) requeues the job while
 // attempt < max_attempts, else fails it with the reason; so a job runs at most max_attempts times.
@@ -55,6 +80,7 @@
 #include "dattn/v1/job.pb.h"
 #include "dattn/v1/job_service.pb.h"
 #include "dattn/v1/worker.pb.h"
+#include "engine/comm/tcp_store.h"
 #include "scheduler/recovery.h"
 #include "scheduler/scheduler.h"
 #include "server/job_spec.h"
@@ -84,6 +110,18 @@ struct CoordinatorOptions {
   absl::Duration starvation_bound = absl::Minutes(10);
   // How long blocked streams sleep between checks of their caller's cancellation.
   absl::Duration stream_poll_interval = absl::Milliseconds(200);
+  // Numeric IPv4 address the rings' rendezvous stores listen on (each on an ephemeral port).
+  std::string rendezvous_host = "127.0.0.1";
+  // Address workers are told to dial for the stores; empty: rendezvous_host (which must then not
+  // be 0.0.0.0).
+  std::string rendezvous_advertise;
+  // How long the ranks of a ring wait for each other before the formation fails.
+  absl::Duration ring_formation_timeout = absl::Seconds(30);
+  // Longest wait for a peer once a ring is formed (RingInfo.comm_timeout_ms).
+  absl::Duration ring_comm_timeout = absl::Seconds(120);
+  // How long the set of ready workers must stay unchanged before unchecked queued jobs are checked
+  // against it (see "Unchecked jobs" above).
+  absl::Duration feasibility_settle = absl::Seconds(5);
 };
 
 // Called by WatchJob / StreamAssignments for each message; return false when the message could not
@@ -151,9 +189,12 @@ class Coordinator {
   // the next stream), or streams are closed (UNAVAILABLE). NOT_FOUND for an unknown worker.
   absl::Status StreamAssignments(const v1::StreamAssignmentsRequest& request,
                                  const WorkerCommandSink& send, const CancelledFn& cancelled);
-  // Applies a task's report (STARTED -> job RUNNING; PROGRESS; SUCCEEDED -> the rank's result, and
-  // the job SUCCEEDED with the combined result when every rank has one; FAILED -> recovery or
-  // FAILED; CANCELLED). stop = true for a task the coordinator does not (or no longer) want from
+  // Applies a task's report (STARTED -> job RUNNING; PROGRESS; SUCCEEDED -> the rank's result and
+  // output shard, and the job SUCCEEDED with the combined result and assembled output when every
+  // rank has one; FAILED -> a ring event for a ring rank (see "Rings" above), then recovery or
+  // FAILED; CANCELLED). A report with ring_formation_seconds > 0 marks its rank formed. For a ring
+  // rank that failed before its ring formed, the ring's store is asked (without the lock) which
+  // ranks never arrived. stop = true for a task the coordinator does not (or no longer) want from
   // this worker. INVALID_ARGUMENT for an unspecified state or a SUCCEEDED report without its rank
   // result.
   absl::StatusOr<v1::ReportTaskResponse> ReportTask(const v1::TaskReport& request);
@@ -215,6 +256,19 @@ class Coordinator {
     bool dispatched = false;   // The assignment was queued for the worker's stream.
     bool started = false;
     int64_t steps_done = 0;
+    v1::RankPhase phase = v1::RANK_PHASE_UNSPECIFIED;  // As the worker last reported it.
+    double formation_seconds = 0;                      // > 0 once the rank's ring is formed.
+  };
+
+  // The ring of a multi-rank job's current attempt.
+  struct RingState {
+    std::string id;       // JOB_ID/ATTEMPT.
+    std::string backend;  // "gloo" | "nccl".
+    std::unique_ptr<comm::TcpStoreServer> store;
+    std::string address;             // What workers dial.
+    std::set<int> formed;            // Ranks that reported their communicator formed.
+    double formation_seconds = 0;    // The longest of their formation times.
+    bool formation_counted = false;  // dattn_ring_formations_total has this ring.
   };
 
   struct ActiveJob {
@@ -226,7 +280,10 @@ class Coordinator {
     absl::Time queued_since;              // Entered QUEUED (for the queue-wait histogram).
     std::vector<std::string> task_ids;    // Tasks of the current attempt still running.
     std::vector<v1::RankResult> results;  // Of the current attempt.
-    v1::Tensor output;                    // Rank 0's, when asked for.
+    std::map<int, v1::Tensor> outputs;    // Output shards by rank, when asked for.
+    std::unique_ptr<RingState> ring;      // Multi-rank jobs while an attempt is placed.
+    // Checked against a non-empty set of ready workers (see "Unchecked jobs" above).
+    bool checked = false;
     bool cancel_requested = false;
     std::string cancel_reason;
     absl::Time last_progress_write = absl::InfinitePast();
@@ -243,6 +300,8 @@ class Coordinator {
     std::deque<v1::WorkerCommand> outbox;
     uint64_t stream_generation = 0;  // Bumped by each new stream; an older stream then ends.
     int streams = 0;                 // StreamAssignments calls inside; the entry outlives them.
+    // Its last stream broke (the worker went away): no new ranks until a stream is open again.
+    bool stream_lost = false;
     std::unique_ptr<absl::CondVar> cv = std::make_unique<absl::CondVar>();
   };
 
@@ -258,15 +317,33 @@ class Coordinator {
   absl::Status CheckWritableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Status Recover();
-  // Adds a stored QUEUED job to memory and to the queue; no-op if present.
-  void AdoptLocked(const StoredJob& stored, const AttentionJobInfo& info)
+  // Adds a stored QUEUED job to memory and to the queue; no-op if present. `checked`: it was found
+  // feasible against ready workers.
+  void AdoptLocked(const StoredJob& stored, const AttentionJobInfo& info, bool checked)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void EnqueueLocked(ActiveJob* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckFeasibleLocked(const AttentionJobInfo& info) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   std::vector<scheduler::WorkerInfo> SchedulerWorkersLocked(int64_t head_dim) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Workers that may take new ranks: READY, with an assignment stream not known to be broken.
+  bool TakesWorkLocked(const WorkerEntry& worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   int64_t ReadyWorkersLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Checks the unchecked queued jobs once the ready workers have settled (see the top of this
+  // file); fails those that can never run. Appends the tickets of the writes.
+  void CheckQueuedJobsLocked(absl::Time now, Tickets* tickets) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Starts the rendezvous store of a multi-rank job's new attempt.
+  absl::Status StartRingLocked(ActiveJob* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Ends the attempt's ring: its store is retired (destroyed outside the lock) and, if the ring
+  // never formed and `unformed_outcome` is not empty, the formation is counted with that outcome.
+  void EndRingLocked(ActiveJob* job, const std::string& unformed_outcome)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Destroys retired rendezvous stores (their threads are joined).
+  void ReapStores() ABSL_LOCKS_EXCLUDED(mu_);
+  // Worker gauges (memory, reservations) from the entry as it is now.
+  void UpdateWorkerMetricsLocked(const WorkerEntry& worker) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // "rank 2 on w-... (name)" for every rank of the job's current attempt.
+  std::string DescribeRanksLocked(const ActiveJob& job) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   // Moves `job` to `state` (CheckTransition first) with an event of `kind`, in memory, and queues
   // the store write; returns the ticket to flush. The job is marked terminal when `state` is.
@@ -337,7 +414,11 @@ class Coordinator {
   absl::flat_hash_map<std::string, TaskEntry> tasks_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::unique_ptr<WorkerEntry>> workers_ ABSL_GUARDED_BY(mu_);
   std::multimap<std::string, Watcher*> watchers_ ABSL_GUARDED_BY(mu_);  // job_id -> watchers.
-  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);                            // Job and worker ids.
+  // Rendezvous stores of ended ring attempts, destroyed by the coordinator's threads outside mu_.
+  std::vector<std::unique_ptr<comm::TcpStoreServer>> retired_stores_ ABSL_GUARDED_BY(mu_);
+  std::string ready_set_ ABSL_GUARDED_BY(mu_);  // Ids of the workers taking work, sorted.
+  absl::Time ready_set_since_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);  // Job and worker ids.
   bool schedule_kicked_ ABSL_GUARDED_BY(mu_) = false;
   absl::CondVar schedule_cv_;
   absl::CondVar monitor_cv_;

@@ -2,11 +2,13 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <deque>
 #include <functional>
 #include <memory>
+#include <set>
 #include <string>
 #include <thread>
 #include <vector>
@@ -15,10 +17,12 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "engine/comm/tcp_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/job_state.h"
 #include "server/metrics.h"
+#include "worker/ring_join.h"
 
 namespace dattn {
 namespace server {
@@ -68,7 +72,7 @@ v1::SubmitJobRequest ValidRequest(const std::string& key) {
 class FakeWorker {
  public:
   FakeWorker(Coordinator* coordinator, std::string name, int64_t memory = int64_t{1} << 30,
-             int max_ranks = 1)
+             int max_ranks = 1, bool joins_rings = true)
       : coordinator_(coordinator), name_(std::move(name)) {
     v1::RegisterWorkerRequest request;
     request.set_name(name_);
@@ -82,6 +86,7 @@ class FakeWorker {
     caps->add_dtypes(v1::DTYPE_FP64);
     caps->set_max_ranks(max_ranks);
     caps->set_num_threads(2);
+    if (joins_rings) caps->add_ring_backends("gloo");
     absl::StatusOr<v1::RegisterWorkerResponse> response = coordinator_->RegisterWorker(request);
     EXPECT_TRUE(response.ok()) << response.status();
     if (response.ok()) id_ = response->worker_id();
@@ -240,8 +245,9 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   FakeWorker* AddWorker(const std::string& name, int64_t memory = int64_t{1} << 30,
-                        int max_ranks = 1, bool stream = true) {
-    workers_.push_back(std::make_unique<FakeWorker>(coordinator_.get(), name, memory, max_ranks));
+                        int max_ranks = 1, bool stream = true, bool joins_rings = true) {
+    workers_.push_back(
+        std::make_unique<FakeWorker>(coordinator_.get(), name, memory, max_ranks, joins_rings));
     if (stream) workers_.back()->StartStream();
     return workers_.back().get();
   }
@@ -425,10 +431,14 @@ TEST_F(CoordinatorTest, ValidationTable) {
        [&](auto* r) { attention(r)->set_num_ranks(3); },
        C::kInvalidArgument,
        {"spec.attention.num_ranks: must divide shape.seq_len = 256, got 3"}},
-      {"multi-rank",
-       [&](auto* r) { attention(r)->set_num_ranks(2); },
-       C::kUnimplemented,
-       {"multi-rank jobs need the ring engine (not yet available)", "got num_ranks = 2"}},
+      {"ring too big for its output limit",
+       [&](auto* r) {
+         attention(r)->set_num_ranks(4);
+         attention(r)->set_return_output(true);
+         attention(r)->mutable_shape()->set_seq_len(int64_t{1} << 20);
+       },
+       C::kInvalidArgument,
+       {"spec.attention.return_output:", "64.00 MiB"}},
       {"unknown pass",
        [&](auto* r) { attention(r)->set_pass(static_cast<v1::Pass>(5)); },
        C::kInvalidArgument,
@@ -599,9 +609,12 @@ TEST_F(CoordinatorTest, SubmitPlaceReportSucceeded) {
   done.mutable_rank_result()->set_seconds_per_step(0.5);
   done.mutable_rank_result()->set_out_sum(3.0);
   done.mutable_rank_result()->set_out_sum_squares(9.0);
+  // Its output: the job's whole (B, N, H, D) = (1, 256, 2, 16) fp32, as the rank's one shard.
+  std::string bytes(1 * 256 * 2 * 16 * 4, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>(i * 7);
   done.mutable_output()->set_dtype(v1::DTYPE_FP32);
-  done.mutable_output()->add_shape(1);
-  done.mutable_output()->set_data(std::string(16, '\0'));
+  for (int64_t d : {1, 256, 2, 16}) done.mutable_output()->add_shape(d);
+  done.mutable_output()->set_data(bytes);
   absl::StatusOr<v1::ReportTaskResponse> finished = coordinator_->ReportTask(done);
   ASSERT_TRUE(finished.ok()) << finished.status();
   EXPECT_FALSE(finished->stop());
@@ -617,7 +630,8 @@ TEST_F(CoordinatorTest, SubmitPlaceReportSucceeded) {
   EXPECT_DOUBLE_EQ(result.out_sum(), 3.0);
   EXPECT_GT(result.flops_per_step(), 0);
   EXPECT_DOUBLE_EQ(result.tflops(), result.flops_per_step() / 0.5 / 1e12);
-  EXPECT_EQ(result.output().data().size(), 16u);
+  EXPECT_EQ(result.output().data(), bytes);
+  EXPECT_THAT(result.output().shape(), ElementsAre(1, 256, 2, 16));
   EXPECT_THAT(EventKinds(job),
               ElementsAre("submitted", "placed", "started", "progress", "succeeded"));
   for (int i = 0; i < job.events_size(); ++i) EXPECT_EQ(job.events(i).seq(), i + 1);
@@ -1131,6 +1145,301 @@ TEST_F(CoordinatorTest, DrainReturnsAsSoonAsRunningJobsEnd) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
   finisher.join();
   EXPECT_EQ(Get(id).state(), v1::JOB_STATE_SUCCEEDED);
+}
+
+// -------------------------------------------------------------------------------------------------
+// Rings.
+
+v1::SubmitJobRequest RingRequest(const std::string& key, int ranks) {
+  v1::SubmitJobRequest request = ValidRequest(key);
+  request.mutable_spec()->mutable_attention()->set_num_ranks(ranks);
+  return request;
+}
+
+// A report of `task`'s rank with its ring formed.
+v1::TaskReport FormedReport(const FakeWorker& worker, const std::string& task, v1::TaskState state,
+                            double formation_seconds) {
+  v1::TaskReport report;
+  report.set_worker_id(worker.id());
+  report.set_task_id(task);
+  report.set_state(state);
+  report.set_ring_formation_seconds(formation_seconds);
+  return report;
+}
+
+// The ranks' assignments, by rank, from each worker's next command.
+std::vector<v1::TaskAssignment> Assignments(const std::vector<FakeWorker*>& workers) {
+  std::vector<v1::TaskAssignment> out(workers.size());
+  for (FakeWorker* worker : workers) {
+    std::optional<v1::WorkerCommand> command = worker->Next();
+    EXPECT_TRUE(command.has_value() && command->has_assign());
+    if (!command.has_value() || !command->has_assign()) return {};
+    const int rank = command->assign().rank();
+    EXPECT_LT(rank, static_cast<int>(out.size()));
+    if (rank < static_cast<int>(out.size())) out[rank] = command->assign();
+  }
+  return out;
+}
+
+// The worker whose id is `id`.
+FakeWorker* Holder(const std::vector<FakeWorker*>& workers, const std::string& id) {
+  for (FakeWorker* w : workers) {
+    if (w->id() == id) return w;
+  }
+  return nullptr;
+}
+
+TEST_F(CoordinatorTest, RingJobRunsAsAGangWithItsRendezvousAndCombinedResult) {
+  std::vector<FakeWorker*> workers = {AddWorker("cpu-0"), AddWorker("cpu-1")};
+  v1::SubmitJobRequest request = RingRequest("ring", 2);
+  request.mutable_spec()->mutable_attention()->set_return_output(true);
+  const std::string id = Submit(request).job_id();
+  std::vector<v1::TaskAssignment> ranks = Assignments(workers);
+  ASSERT_EQ(ranks.size(), 2u);
+  const v1::Job placed = Get(id);
+  ASSERT_EQ(placed.worker_ids_size(), 2);
+  for (int r = 0; r < 2; ++r) {
+    const v1::RingInfo& ring = ranks[r].ring();
+    EXPECT_EQ(ranks[r].task_id(), absl::StrCat(id, "/1/", r));
+    EXPECT_EQ(ring.ring_id(), id + "/1");
+    EXPECT_EQ(ring.rank(), r);
+    EXPECT_EQ(ring.size(), 2);
+    EXPECT_EQ(ring.backend(), "gloo");
+    EXPECT_EQ(ring.formation_timeout_ms(),
+              absl::ToInt64Milliseconds(options_.ring_formation_timeout));
+    EXPECT_EQ(ring.comm_timeout_ms(), absl::ToInt64Milliseconds(options_.ring_comm_timeout));
+    EXPECT_EQ(ring.store_address(), ranks[0].ring().store_address());
+  }
+  // The store is up, and it is the ring's own: it holds what ranks put there.
+  const std::string address = ranks[0].ring().store_address();
+  {
+    absl::StatusOr<std::unique_ptr<comm::TcpStore>> store =
+        comm::TcpStore::Connect(address, absl::Seconds(2), absl::Seconds(2));
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Set(worker::JoinedKey(id + "/1", 0), "rank 0").ok());
+    EXPECT_TRUE((*store)->Get(worker::JoinedKey(id + "/1", 0), absl::ZeroDuration()).ok());
+  }
+  v1::Job job = Get(id, true);
+  EXPECT_THAT(job.events(1).message(), HasSubstr("gloo ring " + id + "/1"));
+  EXPECT_THAT(job.events(1).message(), HasSubstr("rank 1 on "));
+
+  // Each rank returns its (1, 128, 2, 16) fp32 shard; the job's output is rank 0's then rank 1's.
+  std::string shards[2];
+  for (int r = 0; r < 2; ++r) {
+    FakeWorker* worker = Holder(workers, placed.worker_ids(r));
+    ASSERT_NE(worker, nullptr);
+    ASSERT_TRUE(coordinator_
+                    ->ReportTask(
+                        FormedReport(*worker, ranks[r].task_id(), v1::TASK_STATE_STARTED, 0.25 + r))
+                    .ok());
+    shards[r] = std::string(128 * 2 * 16 * 4, static_cast<char>('a' + r));
+    v1::TaskReport done =
+        FormedReport(*worker, ranks[r].task_id(), v1::TASK_STATE_SUCCEEDED, 0.25 + r);
+    v1::RankResult* result = done.mutable_rank_result();
+    result->set_seconds_per_step(0.1 * (r + 1));
+    result->set_tflops(1.0 + r);
+    result->set_out_sum(1.5);
+    result->set_out_sum_squares(2.0 + r);
+    done.mutable_output()->set_dtype(v1::DTYPE_FP32);
+    for (int64_t d : {1, 128, 2, 16}) done.mutable_output()->add_shape(d);
+    done.mutable_output()->set_data(shards[r]);
+    absl::StatusOr<v1::ReportTaskResponse> reply = coordinator_->ReportTask(done);
+    ASSERT_TRUE(reply.ok()) << reply.status();
+    EXPECT_FALSE(reply->stop());
+  }
+  job = Get(id, true);
+  ASSERT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.state_reason();
+  const v1::AttentionJobResult& result = job.result().attention();
+  ASSERT_EQ(result.ranks_size(), 2);
+  EXPECT_DOUBLE_EQ(result.seconds_per_step(), 0.2);  // The slower rank.
+  EXPECT_DOUBLE_EQ(result.out_sum(), 3.0);
+  EXPECT_DOUBLE_EQ(result.out_sum_squares(), 5.0);
+  EXPECT_DOUBLE_EQ(result.ranks(1).ring_formation_seconds(), 1.25);
+  EXPECT_EQ(result.output().data(), shards[0] + shards[1]);
+  EXPECT_THAT(result.output().shape(), ElementsAre(1, 256, 2, 16));
+
+  const std::string text = metrics_->Serialize();
+  EXPECT_THAT(text,
+              HasSubstr("dattn_ring_formations_total{backend=\"gloo\",outcome=\"formed\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dattn_ring_formation_seconds_count{backend=\"gloo\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dattn_ring_formation_seconds_sum{backend=\"gloo\"} 1.25"));
+  EXPECT_THAT(text, HasSubstr("dattn_attention_job_tflops_count{device=\"cpu\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dattn_attention_step_seconds_count{device=\"cpu\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dattn_worker_rank_step_seconds_count{worker=\"cpu-1\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dattn_worker_attention_tflops{worker=\""));
+  EXPECT_THAT(text, HasSubstr("dattn_worker_memory_free_bytes{worker=\"cpu-0\"} 1073741824"));
+  EXPECT_THAT(text, HasSubstr("dattn_worker_memory_reserved_bytes{worker=\"cpu-0\"} 0"));
+
+  // The attempt is over: its store goes away (the scheduling loop destroys it).
+  EXPECT_TRUE(WaitFor([&] {
+    return !comm::TcpStore::Connect(address, absl::Milliseconds(50), absl::Milliseconds(50)).ok();
+  }));
+}
+
+TEST_F(CoordinatorTest, RingFormationTimeoutNamesTheMissingRankAndRequeues) {
+  std::vector<FakeWorker*> workers = {AddWorker("early"), AddWorker("late")};
+  const std::string id = Submit(RingRequest("form", 2)).job_id();
+  std::vector<v1::TaskAssignment> ranks = Assignments(workers);
+  ASSERT_EQ(ranks.size(), 2u);
+  const v1::Job placed = Get(id);
+  FakeWorker* first = Holder(workers, placed.worker_ids(0));
+  FakeWorker* second = Holder(workers, placed.worker_ids(1));
+  ASSERT_TRUE(first != nullptr && second != nullptr);
+  // Rank 1's worker says it is still preparing; rank 0 arrives, waits, and times out.
+  v1::HeartbeatRequest heartbeat;
+  heartbeat.set_worker_id(second->id());
+  v1::RunningTask* running = heartbeat.add_tasks();
+  running->set_task_id(ranks[1].task_id());
+  running->set_phase(v1::RANK_PHASE_PREPARING);
+  ASSERT_TRUE(coordinator_->Heartbeat(heartbeat).ok());
+  {
+    absl::StatusOr<std::unique_ptr<comm::TcpStore>> store = comm::TcpStore::Connect(
+        ranks[0].ring().store_address(), absl::Seconds(2), absl::Seconds(2));
+    ASSERT_TRUE(store.ok()) << store.status();
+    ASSERT_TRUE((*store)->Set(worker::JoinedKey(ranks[0].ring().ring_id(), 0), "early").ok());
+  }
+  ASSERT_TRUE(first
+                  ->Fail(ranks[0].task_id(), absl::StatusCode::kDeadlineExceeded,
+                         "ring formation timed out after 30s: rank 1 of 2 never arrived")
+                  .ok());
+  // Requeued (and, both workers being free, possibly placed again at once).
+  v1::Job job = Get(id, true);
+  EXPECT_EQ(job.attempt(), 2);
+  std::vector<std::string> kinds = EventKinds(job);
+  kinds.resize(std::min<size_t>(kinds.size(), 4));
+  EXPECT_THAT(kinds, ElementsAre("submitted", "placed", "ring_formation_failed", "requeued"));
+  const std::string& message = job.events(2).message();
+  EXPECT_THAT(message, HasSubstr("ring " + id + "/1 did not form"));
+  // Rank 1, its worker (id and name) and what that worker last said of it.
+  EXPECT_THAT(message, ::testing::ContainsRegex("rank 1 on " + second->id() +
+                                                " \\((early|late)\\) \\(preparing"));
+  EXPECT_THAT(message, HasSubstr("never arrived within 30.0 s"));
+  EXPECT_THAT(message, HasSubstr("rank 1 of 2 never arrived"));  // The reporting rank's words.
+  EXPECT_THAT(job.events(3).message(), HasSubstr("ring formation failed: rank 1 on"));
+  // The rank that never arrived is told to stop; the job runs again as attempt 2.
+  std::optional<v1::WorkerCommand> cancel = second->Next();
+  ASSERT_TRUE(cancel.has_value());
+  ASSERT_TRUE(cancel->has_cancel());
+  EXPECT_EQ(cancel->cancel().task_id(), ranks[1].task_id());
+  std::optional<v1::WorkerCommand> again = first->Next();
+  ASSERT_TRUE(again.has_value() && again->has_assign());
+  EXPECT_EQ(again->assign().attempt(), 2);
+  EXPECT_EQ(again->assign().ring().ring_id(), id + "/2");
+  EXPECT_NE(again->assign().ring().store_address(), ranks[0].ring().store_address());
+  EXPECT_THAT(metrics_->Serialize(),
+              HasSubstr("dattn_ring_formations_total{backend=\"gloo\",outcome=\"timed_out\"} 1"));
+}
+
+TEST_F(CoordinatorTest, RingRankFailureCancelsItsPeersAndRequeues) {
+  std::vector<FakeWorker*> workers = {AddWorker("cpu-0"), AddWorker("cpu-1")};
+  const std::string id = Submit(RingRequest("peer", 2)).job_id();
+  std::vector<v1::TaskAssignment> ranks = Assignments(workers);
+  ASSERT_EQ(ranks.size(), 2u);
+  const v1::Job placed = Get(id);
+  FakeWorker* first = Holder(workers, placed.worker_ids(0));
+  FakeWorker* second = Holder(workers, placed.worker_ids(1));
+  for (int r = 0; r < 2; ++r) {
+    FakeWorker* w = r == 0 ? first : second;
+    ASSERT_TRUE(
+        coordinator_->ReportTask(FormedReport(*w, ranks[r].task_id(), v1::TASK_STATE_STARTED, 0.1))
+            .ok());
+  }
+  v1::TaskReport failed = FormedReport(*second, ranks[1].task_id(), v1::TASK_STATE_FAILED, 0.1);
+  failed.set_error("ring forward on rank 1 of 2, phase 1 of 2: recv from rank 0 failed");
+  failed.set_error_code(static_cast<int>(absl::StatusCode::kUnavailable));
+  ASSERT_TRUE(coordinator_->ReportTask(failed).ok());
+  v1::Job job = Get(id, true);
+  EXPECT_EQ(job.attempt(), 2);
+  std::vector<std::string> kinds = EventKinds(job);
+  kinds.resize(std::min<size_t>(kinds.size(), 5));
+  EXPECT_THAT(kinds, ElementsAre("submitted", "placed", "started", "ring_failed", "requeued"));
+  EXPECT_THAT(job.events(3).message(), HasSubstr("rank 1 on " + second->id()));
+  EXPECT_THAT(job.events(3).message(), HasSubstr("recv from rank 0 failed"));
+  EXPECT_THAT(job.events(3).message(), HasSubstr("rank 0 on " + first->id()));
+  // Its peer is cancelled (it still runs); the failing rank, which stopped, is not.
+  std::optional<v1::WorkerCommand> cancel = first->Next();
+  ASSERT_TRUE(cancel.has_value());
+  ASSERT_TRUE(cancel->has_cancel());
+  EXPECT_EQ(cancel->cancel().task_id(), ranks[0].task_id());
+  // The peer's late report of the old attempt is stale.
+  absl::StatusOr<v1::ReportTaskResponse> late =
+      first->Fail(ranks[0].task_id(), absl::StatusCode::kAborted,
+                  "communicator aborted: the task was cancelled");
+  ASSERT_TRUE(late.ok());
+  EXPECT_TRUE(late->stop());
+  const std::string text = metrics_->Serialize();
+  EXPECT_THAT(text,
+              HasSubstr("dattn_ring_formations_total{backend=\"gloo\",outcome=\"formed\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dattn_recoveries_total{kind=\"task_failed\"} 1"));
+}
+
+TEST_F(CoordinatorTest, RingsGoOnlyToWorkersThatJoinThem) {
+  AddWorker("solo-0", int64_t{1} << 30, 1, true, /*joins_rings=*/false);
+  AddWorker("solo-1", int64_t{1} << 30, 1, true, /*joins_rings=*/false);
+  absl::StatusOr<v1::SubmitJobResponse> ring = coordinator_->SubmitJob(RingRequest("r", 2));
+  ASSERT_FALSE(ring.ok());
+  EXPECT_EQ(ring.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(ring.status().message()), HasSubstr("join sequence-parallel rings"));
+  EXPECT_TRUE(coordinator_->SubmitJob(ValidRequest("single")).ok());
+}
+
+TEST_F(CoordinatorTest, UncheckedJobsAreCheckedOnceTheReadyWorkersSettle) {
+  options_.feasibility_settle = absl::Milliseconds(150);
+  Restart();
+  // Queued while no worker exists: a ring too large for the cluster to come, a job that fits, and
+  // an fp32 DEVICE_PREFERENCE_ANY job (queued for GPUs first, as none were there to say).
+  const std::string too_big = Submit(RingRequest("big", 4)).job_id();
+  const std::string fits = Submit(ValidRequest("fits")).job_id();
+  v1::SubmitJobRequest any = ValidRequest("any");
+  any.mutable_spec()->mutable_attention()->set_device(v1::DEVICE_PREFERENCE_ANY);
+  const std::string any_id = Submit(any).job_id();
+  FakeWorker* worker = AddWorker("only", int64_t{1} << 30, /*max_ranks=*/2);
+  ASSERT_TRUE(WaitState(too_big, v1::JOB_STATE_FAILED));
+  v1::Job job = Get(too_big, true);
+  EXPECT_THAT(job.state_reason(), HasSubstr("can never run on the ready workers"));
+  EXPECT_THAT(job.state_reason(), HasSubstr("at most 2 ranks can ever fit"));
+  EXPECT_THAT(job.state_reason(), HasSubstr("memory plan per rank: inputs"));
+  EXPECT_THAT(EventKinds(job), ElementsAre("submitted", "failed"));
+  // The others run on it, the ANY job on the CPU.
+  std::set<std::string> placed;
+  for (int i = 0; i < 2; ++i) {
+    std::optional<v1::WorkerCommand> command = worker->Next();
+    ASSERT_TRUE(command.has_value() && command->has_assign());
+    placed.insert(command->assign().job_id());
+  }
+  EXPECT_EQ(placed, (std::set<std::string>{fits, any_id}));
+}
+
+TEST_F(CoordinatorTest, ACheckedJobWaitsWhenWorkersGoAway) {
+  options_.feasibility_settle = absl::Milliseconds(50);
+  Restart();
+  std::vector<FakeWorker*> workers = {AddWorker("a"), AddWorker("b")};
+  const std::string first = Submit(ValidRequest("first")).job_id();
+  ASSERT_TRUE(WaitState(first, v1::JOB_STATE_PLACED));
+  FakeWorker* idle =
+      Holder(workers, Get(first).worker_ids(0)) == workers[0] ? workers[1] : workers[0];
+  // Fits the two workers, so it is accepted; one is busy, so it waits.
+  const std::string ring = Submit(RingRequest("ring", 2)).job_id();
+  idle->StopHeartbeats();  // Dead after 500 ms: one worker left, too few for the ring.
+  ASSERT_TRUE(WaitFor([&] {
+    return metrics_->Serialize().find("dattn_workers{state=\"dead\"} 1") != std::string::npos;
+  }));
+  absl::SleepFor(absl::Milliseconds(300));  // Well past the settle time.
+  v1::Job job = Get(ring, true);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED) << job.state_reason();
+  EXPECT_THAT(EventKinds(job), ElementsAre("submitted"));
+}
+
+TEST_F(CoordinatorTest, AWorkerWhoseStreamBrokeGetsNoNewRanks) {
+  FakeWorker* worker = AddWorker("flaky");
+  worker->StopStream();  // The worker's connection goes away; it still heartbeats.
+  const std::string id = Submit(ValidRequest("wait")).job_id();
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_QUEUED);
+  worker->StartStream();  // Back: the job goes to it.
+  std::optional<v1::WorkerCommand> command = worker->Next();
+  ASSERT_TRUE(command.has_value() && command->has_assign());
+  EXPECT_EQ(command->assign().job_id(), id);
 }
 
 // -------------------------------------------------------------------------------------------------

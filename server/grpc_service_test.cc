@@ -151,9 +151,13 @@ TEST_F(GrpcServiceTest, ErrorsKeepTheirCodesAndMessages) {
   conflict.mutable_spec()->set_priority(9);
   EXPECT_EQ(Submit(conflict, &response).error_code(), grpc::StatusCode::ALREADY_EXISTS);
 
+  // A ring whose size does not divide N: refused, naming both.
   v1::SubmitJobRequest multi = ValidRequest("m");
-  multi.mutable_spec()->mutable_attention()->set_num_ranks(4);
-  EXPECT_EQ(Submit(multi, &response).error_code(), grpc::StatusCode::UNIMPLEMENTED);
+  multi.mutable_spec()->mutable_attention()->set_num_ranks(3);
+  grpc::Status ring = Submit(multi, &response);
+  EXPECT_EQ(ring.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_EQ(ring.error_message(),
+            "spec.attention.num_ranks: must divide shape.seq_len = 128, got 3");
 
   {
     grpc::ClientContext context;
@@ -184,7 +188,7 @@ TEST_F(GrpcServiceTest, ErrorsKeepTheirCodesAndMessages) {
   EXPECT_THAT(
       text, HasSubstr("dattn_rpc_total{code=\"OK\",method=\"/dattn.v1.JobService/SubmitJob\"} 1"));
   EXPECT_THAT(text, HasSubstr("dattn_rpc_total{code=\"INVALID_ARGUMENT\",method=\"/"
-                              "dattn.v1.JobService/SubmitJob\"} 1"));
+                              "dattn.v1.JobService/SubmitJob\"} 2"));
   EXPECT_THAT(
       text,
       HasSubstr(
@@ -213,6 +217,9 @@ TEST_F(GrpcServiceTest, WorkerAndWatcherStreamsOverGrpc) {
 
   v1::SubmitJobRequest request = ValidRequest("streamed");
   request.mutable_spec()->mutable_attention()->set_return_output(true);
+  // (1, 6144, 16, 8) fp64: a 6 MiB output.
+  request.mutable_spec()->mutable_attention()->mutable_shape()->set_seq_len(6144);
+  request.mutable_spec()->mutable_attention()->mutable_shape()->set_num_heads(16);
   v1::SubmitJobResponse submitted;
   ASSERT_TRUE(Submit(request, &submitted).ok());
   const std::string id = submitted.job().job_id();
@@ -234,6 +241,7 @@ TEST_F(GrpcServiceTest, WorkerAndWatcherStreamsOverGrpc) {
   report.set_state(v1::TASK_STATE_SUCCEEDED);
   report.mutable_rank_result()->set_seconds_per_step(0.01);
   report.mutable_output()->set_dtype(v1::DTYPE_FP64);
+  for (int64_t d : {1, 6144, 16, 8}) report.mutable_output()->add_shape(d);
   report.mutable_output()->set_data(std::string(6 << 20, 'x'));
   {
     grpc::ClientContext context;

@@ -9,6 +9,7 @@
 #include "engine/attention.h"
 #include "engine/memory_plan.h"
 #include "engine/validate.h"
+#include "worker/rank_memory_plan.h"
 
 namespace dattn {
 namespace server {
@@ -91,17 +92,17 @@ absl::StatusOr<DeviceVariant> PlanVariant(const AttentionJobInfo& info, bool gpu
   absl::Status problem = ValidateProblem(info.spec, info.batch, info.seq_len, info.num_heads,
                                          info.head_dim, info.dtype, caps);
   if (!problem.ok()) return Invalid(path, std::string(problem.message()));
-  ProblemShape shape;
-  shape.batch = info.batch;
-  shape.seq_len = info.seq_len / info.num_ranks;
-  shape.num_heads = info.num_heads;
-  shape.head_dim = info.head_dim;
-  PlanOptions options;
-  options.backend = gpu ? BackendKind::kCuda : BackendKind::kCpu;
-  options.dtype = info.dtype;
-  options.backward = info.backward;
-  options.num_threads = gpu ? 0 : kCpuPlanThreads;
-  absl::StatusOr<MemoryPlan> plan = PlanAttentionMemory(info.spec, shape, options);
+  worker::RankProblem rank_problem;
+  rank_problem.spec = info.spec;
+  rank_problem.batch = info.batch;
+  rank_problem.seq_len = info.seq_len;
+  rank_problem.num_heads = info.num_heads;
+  rank_problem.head_dim = info.head_dim;
+  rank_problem.ranks = info.num_ranks;
+  rank_problem.dtype = info.dtype;
+  rank_problem.backward = info.backward;
+  absl::StatusOr<worker::RankMemoryPlan> plan = worker::PlanLargestRankMemory(
+      rank_problem, gpu ? BackendKind::kCuda : BackendKind::kCpu, gpu ? 0 : kCpuPlanThreads);
   if (!plan.ok()) {
     if (absl::IsUnimplemented(plan.status())) {
       return absl::UnimplementedError(absl::StrCat(path, ".device: ", gpu ? "GPU" : "CPU",
@@ -114,6 +115,11 @@ absl::StatusOr<DeviceVariant> PlanVariant(const AttentionJobInfo& info, bool gpu
   variant.gpu = gpu;
   variant.memory_per_rank_bytes = plan->total_bytes();
   variant.memory_plan = plan->DebugString();
+  if (info.num_ranks > 1) {
+    absl::StrAppend(&variant.memory_plan, ", the most of any rank (rank ", plan->rank, " of ",
+                    info.num_ranks, ")");
+  }
+  variant.ring_backend = gpu ? "nccl" : "gloo";
   return variant;
 }
 
@@ -236,16 +242,6 @@ absl::StatusOr<AttentionJobInfo> AnalyzeAttention(const v1::AttentionJobSpec& jo
   }
   if (info.variants.empty()) return dtype_ok_error.ok() ? first_error : dtype_ok_error;
 
-  // Validity before availability: a valid multi-rank job is refused only because the ring engine
-  // does not exist yet.
-  if (info.num_ranks > 1) {
-    return absl::UnimplementedError(
-        absl::StrCat(path,
-                     ".num_ranks: multi-rank jobs need the ring engine (not yet available), "
-                     "got num_ranks = ",
-                     info.num_ranks, "; use num_ranks = 1"));
-  }
-
   info.flops_per_step = dilation::NominalForwardFlops(info.spec, info.batch, info.seq_len,
                                                       info.num_heads, info.head_dim) *
                         (info.backward ? 3.5 : 1.0);
@@ -296,6 +292,48 @@ v1::AttentionJobResult CombineRankResults(const AttentionJobInfo& info,
   }
   if (return_output) *result.mutable_output() = std::move(output);
   return result;
+}
+
+absl::StatusOr<v1::Tensor> AssembleOutput(const AttentionJobInfo& info,
+                                          const std::map<int, v1::Tensor>& shards) {
+  const int p = info.num_ranks;
+  const int64_t shard_len = info.seq_len / p;
+  const int64_t row_bytes =
+      info.num_heads * info.head_dim * static_cast<int64_t>(DTypeSize(info.dtype));
+  const int64_t shard_bytes = info.batch * shard_len * row_bytes;
+  const std::vector<int64_t> shard_shape = {info.batch, shard_len, info.num_heads, info.head_dim};
+  for (int r = 0; r < p; ++r) {
+    auto it = shards.find(r);
+    if (it == shards.end()) {
+      return absl::InvalidArgumentError(absl::StrCat("rank ", r, " returned no output shard"));
+    }
+    const v1::Tensor& t = it->second;
+    absl::StatusOr<DType> dtype =
+        ToEngineDType(t.dtype(), absl::StrCat("rank ", r, " output dtype"));
+    if (!dtype.ok()) return dtype.status();
+    if (*dtype != info.dtype ||
+        std::vector<int64_t>(t.shape().begin(), t.shape().end()) != shard_shape ||
+        static_cast<int64_t>(t.data().size()) != shard_bytes) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("rank ", r, " returned a ", DTypeName(*dtype), " shard of shape [",
+                       absl::StrJoin(t.shape(), ", "), "] and ", t.data().size(),
+                       " bytes; expected ", DTypeName(info.dtype), " [",
+                       absl::StrJoin(shard_shape, ", "), "] and ", shard_bytes, " bytes"));
+    }
+  }
+  v1::Tensor out;
+  out.set_dtype(shards.begin()->second.dtype());
+  for (int64_t d : {info.batch, info.seq_len, info.num_heads, info.head_dim}) out.add_shape(d);
+  std::string* data = out.mutable_data();
+  data->reserve(static_cast<size_t>(shard_bytes * p));
+  // Row-major (B, N, H, D): batch item b holds rank 0's rows, then rank 1's, and so on.
+  const size_t chunk = static_cast<size_t>(shard_len * row_bytes);
+  for (int64_t b = 0; b < info.batch; ++b) {
+    for (int r = 0; r < p; ++r) {
+      data->append(shards.at(r).data(), static_cast<size_t>(b) * chunk, chunk);
+    }
+  }
+  return out;
 }
 
 absl::StatusOr<DType> ToEngineDType(v1::DType dtype, const std::string& field) {

@@ -4,14 +4,19 @@
 //
 // Every error names the request's field path and the offending value, so that it can be shown to a
 // user unchanged: "spec.attention.shape.head_dim: must be >= 1, got 0". Codes: INVALID_ARGUMENT for
-// a bad value; UNIMPLEMENTED for a valid request the system cannot run yet (multi-rank jobs before
-// the ring engine; GPU jobs before the CUDA memory planner).
+// a bad value; UNIMPLEMENTED for a valid request the system cannot run yet.
+//
+// Memory per rank: worker/rank_memory_plan.h's figure for the rank of the ring that needs the most
+// (shard tensors, engine workspace, ring buffers), on the CPU planned for kCpuPlanThreads threads,
+// on a GPU by the CUDA backend's planner. The coordinator reserves that much on every rank's
+// worker.
 //
 // All functions are pure and may be called from any thread.
 #ifndef DATTN_SERVER_JOB_SPEC_H_
 #define DATTN_SERVER_JOB_SPEC_H_
 
 #include <cstdint>
+#include <map>
 #include <string>
 #include <vector>
 
@@ -46,7 +51,9 @@ inline constexpr int kCpuPlanThreads = 64;
 struct DeviceVariant {
   bool gpu = false;
   int64_t memory_per_rank_bytes = 0;
-  std::string memory_plan;  // MemoryPlan::DebugString(), for messages.
+  std::string memory_plan;  // RankMemoryPlan::DebugString() (and which rank), for messages.
+  // The communicator a ring of this kind forms: "gloo" (CPU) or "nccl" (GPU).
+  std::string ring_backend;
 };
 
 // What the coordinator needs to know about a valid attention job.
@@ -78,12 +85,19 @@ absl::StatusOr<AttentionJobInfo> ValidateSubmitJobRequest(const v1::SubmitJobReq
 // The same checks on a spec alone (fields named from "spec."); used for stored jobs at restart.
 absl::StatusOr<AttentionJobInfo> AnalyzeJobSpec(const v1::JobSpec& spec);
 
-// The job's result from its ranks' results (any order; one per rank) and rank 0's output tensor
-// (set only when the job asked for it): per-rank results in rank order, the slowest rank's step
-// time, sums of the checksums, the nominal FLOPs of one step and the whole job's effective TFLOP/s.
+// The job's result from its ranks' results (any order; one per rank) and its assembled output
+// tensor (set only when the job asked for it): per-rank results in rank order, the slowest rank's
+// step time, sums of the checksums, the nominal FLOPs of one step and the whole job's effective
+// TFLOP/s (the whole problem's FLOPs over the slowest rank's step: ranks run in parallel).
 v1::AttentionJobResult CombineRankResults(const AttentionJobInfo& info,
                                           std::vector<v1::RankResult> ranks, v1::Tensor output,
                                           bool return_output);
+
+// The job's (B, N, H, D) output from its ranks' (B, N/P, H, D) shards, keyed by rank: rank r's rows
+// go to positions [r N/P, (r+1) N/P) of every batch item. INVALID_ARGUMENT naming the rank for a
+// missing shard or one whose dtype, shape or size is not the job's.
+absl::StatusOr<v1::Tensor> AssembleOutput(const AttentionJobInfo& info,
+                                          const std::map<int, v1::Tensor>& shards);
 
 // Request checks of the other job RPCs (INVALID_ARGUMENT naming the field and value).
 absl::Status ValidateJobId(const std::string& job_id);

@@ -1,8 +1,13 @@
 #include "server/job_spec.h"
 
+#include <map>
+#include <string>
+#include <vector>
+
 #include "engine/memory_plan.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "worker/rank_memory_plan.h"
 
 namespace dattn {
 namespace server {
@@ -111,6 +116,101 @@ TEST(JobSpecTest, CombinesRankResults) {
   EXPECT_DOUBLE_EQ(result.flops_per_step(), 2e12);
   EXPECT_EQ(result.output().data(), "abcd");
   EXPECT_FALSE(CombineRankResults(info, ranks, output, /*return_output=*/false).has_output());
+}
+
+TEST(JobSpecTest, RingJobsPlanTheLargestRank) {
+  v1::SubmitJobRequest request = Request();
+  request.mutable_spec()->mutable_attention()->set_num_ranks(4);
+  absl::StatusOr<AttentionJobInfo> info = ValidateSubmitJobRequest(request);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->num_ranks, 4);
+  // The whole problem's FLOPs, whatever the ring.
+  EXPECT_DOUBLE_EQ(info->flops_per_step,
+                   3.5 * dilation::NominalForwardFlops(info->spec, 2, 512, 4, 32));
+  ASSERT_EQ(info->variants.size(), 1u);
+  worker::RankProblem problem;
+  problem.spec = info->spec;
+  problem.batch = 2;
+  problem.seq_len = 512;
+  problem.num_heads = 4;
+  problem.head_dim = 32;
+  problem.ranks = 4;
+  problem.dtype = DType::kFloat64;
+  problem.backward = true;
+  absl::StatusOr<worker::RankMemoryPlan> largest =
+      worker::PlanLargestRankMemory(problem, BackendKind::kCpu, kCpuPlanThreads);
+  ASSERT_TRUE(largest.ok());
+  EXPECT_EQ(info->variants[0].memory_per_rank_bytes, largest->total_bytes());
+  EXPECT_GT(largest->ring_bytes, 0);  // w = 256 crosses the shard boundaries (L = 128).
+  EXPECT_EQ(info->variants[0].ring_backend, "gloo");
+  EXPECT_THAT(info->variants[0].memory_plan, HasSubstr("ring buffers"));
+  EXPECT_THAT(info->variants[0].memory_plan, HasSubstr("of 4)"));
+  // Every rank's plan is at most the reserved figure.
+  for (int r = 0; r < 4; ++r) {
+    absl::StatusOr<worker::RankMemoryPlan> plan =
+        worker::PlanRankMemory(problem, r, BackendKind::kCpu, kCpuPlanThreads);
+    ASSERT_TRUE(plan.ok());
+    EXPECT_LE(plan->total_bytes(), info->variants[0].memory_per_rank_bytes);
+  }
+}
+
+TEST(JobSpecTest, GpuJobsArePlannedByTheCudaPlanner) {
+  v1::SubmitJobRequest request = Request();
+  request.mutable_spec()->mutable_attention()->set_dtype(v1::DTYPE_BF16);
+  request.mutable_spec()->mutable_attention()->set_device(v1::DEVICE_PREFERENCE_GPU);
+  request.mutable_spec()->mutable_attention()->set_num_ranks(2);
+  absl::StatusOr<AttentionJobInfo> info = ValidateSubmitJobRequest(request);
+  ASSERT_TRUE(info.ok()) << info.status();
+  ASSERT_EQ(info->variants.size(), 1u);
+  EXPECT_TRUE(info->variants[0].gpu);
+  EXPECT_EQ(info->variants[0].ring_backend, "nccl");
+  EXPECT_GE(info->variants[0].memory_per_rank_bytes, 4 * 2 * 256 * 4 * 32 * 2);  // The shard.
+}
+
+// The job's output from its shards: rank r's rows of every batch item go to positions
+// [r N/P, (r+1) N/P) of that item.
+TEST(JobSpecTest, AssemblesTheOutputFromTheRanksShards) {
+  AttentionJobInfo info;
+  info.batch = 2;
+  info.seq_len = 6;
+  info.num_heads = 1;
+  info.head_dim = 1;
+  info.num_ranks = 3;
+  info.dtype = DType::kFloat32;
+  std::map<int, v1::Tensor> shards;
+  for (int r = 0; r < 3; ++r) {
+    v1::Tensor& t = shards[r];
+    t.set_dtype(v1::DTYPE_FP32);
+    for (int64_t d : {2, 2, 1, 1}) t.add_shape(d);
+    // Element (b, i) of rank r's shard is the global position's value 10 b + 2 r + i.
+    std::vector<float> values;
+    for (int b = 0; b < 2; ++b) {
+      for (int i = 0; i < 2; ++i) values.push_back(static_cast<float>(10 * b + 2 * r + i));
+    }
+    t.set_data(std::string(reinterpret_cast<const char*>(values.data()), values.size() * 4));
+  }
+  absl::StatusOr<v1::Tensor> out = AssembleOutput(info, shards);
+  ASSERT_TRUE(out.ok()) << out.status();
+  EXPECT_EQ(out->dtype(), v1::DTYPE_FP32);
+  EXPECT_THAT(out->shape(), ::testing::ElementsAre(2, 6, 1, 1));
+  ASSERT_EQ(out->data().size(), 12u * 4);
+  const float* got = reinterpret_cast<const float*>(out->data().data());
+  for (int b = 0; b < 2; ++b) {
+    for (int p = 0; p < 6; ++p) EXPECT_EQ(got[b * 6 + p], 10 * b + p) << b << ", " << p;
+  }
+
+  std::map<int, v1::Tensor> missing = shards;
+  missing.erase(1);
+  EXPECT_THAT(std::string(AssembleOutput(info, missing).status().message()),
+              HasSubstr("rank 1 returned no output shard"));
+  std::map<int, v1::Tensor> wrong = shards;
+  wrong[2].set_dtype(v1::DTYPE_FP64);
+  EXPECT_THAT(std::string(AssembleOutput(info, wrong).status().message()),
+              HasSubstr("rank 2 returned a fp64 shard of shape [2, 2, 1, 1]"));
+  wrong = shards;
+  wrong[0].mutable_data()->pop_back();
+  EXPECT_THAT(std::string(AssembleOutput(info, wrong).status().message()),
+              HasSubstr("rank 0 returned"));
 }
 
 }  // namespace

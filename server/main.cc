@@ -6,6 +6,7 @@
 // "dattn-coordinator listening on ADDR, metrics on ADDR" is printed to stderr: scripts wait for
 // that line. Exit codes: 0 after a clean shutdown, 1 when start-up or the final store flush fails,
 // 2 for bad flags.
+#include <arpa/inet.h>
 #include <signal.h>
 
 #include <cstdio>
@@ -45,6 +46,11 @@ int main(int argc, char** argv) {
   int max_attempts = 3;
   int64_t drain_timeout_ms = 10000;
   int64_t progress_interval_ms = 1000;
+  std::string rendezvous_listen;
+  std::string rendezvous_advertise;
+  int64_t ring_formation_timeout_ms = 30000;
+  int64_t ring_timeout_ms = 120000;
+  int64_t feasibility_settle_ms = 5000;
 
   CLI::App app{
       "dattn-coordinator: accepts dilated-attention jobs over gRPC and runs them on workers"};
@@ -73,11 +79,53 @@ int main(int argc, char** argv) {
                  "most frequent stored progress event per job")
       ->check(CLI::Range(int64_t{0}, int64_t{3600} * 1000))
       ->capture_default_str();
+  app.add_option("--rendezvous-listen", rendezvous_listen,
+                 "numeric IPv4 address the rings' rendezvous stores listen on, each on an "
+                 "ephemeral port (default: the host of --listen)");
+  app.add_option("--rendezvous-advertise", rendezvous_advertise,
+                 "numeric IPv4 address workers dial for the rendezvous stores (default: "
+                 "--rendezvous-listen; required when that is 0.0.0.0)");
+  app.add_option("--ring-formation-timeout-ms", ring_formation_timeout_ms,
+                 "how long the ranks of a ring wait for each other before the formation fails")
+      ->check(CLI::Range(int64_t{1}, int64_t{3600} * 1000))
+      ->capture_default_str();
+  app.add_option("--ring-timeout-ms", ring_timeout_ms,
+                 "longest wait for a ring peer once the ring is formed")
+      ->check(CLI::Range(int64_t{1}, int64_t{24} * 3600 * 1000))
+      ->capture_default_str();
+  app.add_option("--feasibility-settle-ms", feasibility_settle_ms,
+                 "how long the set of ready workers must stay unchanged before jobs queued "
+                 "without a check are checked against it")
+      ->check(CLI::Range(int64_t{0}, int64_t{24} * 3600 * 1000))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);  // Prints the help or the error.
     return rc == 0 ? 0 : 2;
+  }
+  if (rendezvous_listen.empty()) {
+    const size_t colon = listen.rfind(':');
+    rendezvous_listen = colon == std::string::npos ? listen : listen.substr(0, colon);
+  }
+  // The rings' stores are plain TCP servers: numeric IPv4 addresses only (bad flags exit 2).
+  in_addr parsed{};
+  if (inet_pton(AF_INET, rendezvous_listen.c_str(), &parsed) != 1) {
+    Say(absl::StrCat("--rendezvous-listen: \"", rendezvous_listen,
+                     "\" is not a numeric IPv4 address (it defaults to the host of --listen; set "
+                     "it explicitly)"));
+    return 2;
+  }
+  if (!rendezvous_advertise.empty() &&
+      inet_pton(AF_INET, rendezvous_advertise.c_str(), &parsed) != 1) {
+    Say(absl::StrCat("--rendezvous-advertise: \"", rendezvous_advertise,
+                     "\" is not a numeric IPv4 address"));
+    return 2;
+  }
+  if (rendezvous_listen == "0.0.0.0" && rendezvous_advertise.empty()) {
+    Say("--rendezvous-advertise: required when the rendezvous stores listen on 0.0.0.0 (workers "
+        "need an address they can dial)");
+    return 2;
   }
 
   // Signals are taken synchronously by this thread (sigtimedwait below); every thread started from
@@ -95,6 +143,11 @@ int main(int argc, char** argv) {
   options.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
   options.max_attempts = max_attempts;
   options.progress_persist_interval = absl::Milliseconds(progress_interval_ms);
+  options.rendezvous_host = rendezvous_listen;
+  options.rendezvous_advertise = rendezvous_advertise;
+  options.ring_formation_timeout = absl::Milliseconds(ring_formation_timeout_ms);
+  options.ring_comm_timeout = absl::Milliseconds(ring_timeout_ms);
+  options.feasibility_settle = absl::Milliseconds(feasibility_settle_ms);
 
   Metrics metrics;
   absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server =

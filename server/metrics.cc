@@ -1,6 +1,8 @@
 #include "server/metrics.h"
 
+#include <algorithm>
 #include <exception>
+#include <map>
 #include <utility>
 #include <vector>
 
@@ -110,6 +112,80 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
            .Add({}, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.0025, 0.005, 0.01,
                                                             0.025, 0.05, 0.1, 0.25, 0.5, 1});
 
+  job_tflops_ = &prometheus::BuildHistogram()
+                     .Name("dattn_attention_job_tflops")
+                     .Help(
+                         "Effective rate of each succeeded attention job: nominal FLOPs of one "
+                         "step over the slowest rank's median step time (unit: TFLOP/s, 1e12 "
+                         "FLOP/s; one observation per job).")
+                     .Register(*registry_);
+  step_seconds_ = &prometheus::BuildHistogram()
+                       .Name("dattn_attention_step_seconds")
+                       .Help(
+                           "Step time of each succeeded attention job: the slowest rank's median "
+                           "(unit: seconds; one observation per job).")
+                       .Register(*registry_);
+  rank_step_seconds_ = &prometheus::BuildHistogram()
+                            .Name("dattn_worker_rank_step_seconds")
+                            .Help(
+                                "Median step time of each succeeded rank, by worker name (unit: "
+                                "seconds; one observation per rank).")
+                            .Register(*registry_);
+  worker_flops_ = &prometheus::BuildCounter()
+                       .Name("dattn_worker_attention_flops_total")
+                       .Help(
+                           "Nominal FLOPs of the succeeded ranks each worker ran: the job's "
+                           "FLOPs per step / ranks x steps, counted when the rank succeeds "
+                           "(unit: FLOPs; rate() is the worker's FLOP/s).")
+                       .Register(*registry_);
+  worker_tflops_ = &prometheus::BuildGauge()
+                        .Name("dattn_worker_attention_tflops")
+                        .Help(
+                            "Effective rate of the last rank that succeeded on each worker "
+                            "(unit: TFLOP/s; set when a rank succeeds).")
+                        .Register(*registry_);
+  worker_memory_total_ = &prometheus::BuildGauge()
+                              .Name("dattn_worker_memory_total_bytes")
+                              .Help(
+                                  "Memory each worker offers: device memory of a GPU worker, host "
+                                  "memory (or its --memory-bytes) of a CPU worker (unit: bytes).")
+                              .Register(*registry_);
+  worker_memory_free_ = &prometheus::BuildGauge()
+                             .Name("dattn_worker_memory_free_bytes")
+                             .Help(
+                                 "Free memory of each worker's device as its last heartbeat said "
+                                 "(cudaMemGetInfo, MemAvailable or its budget left; unit: "
+                                 "bytes).")
+                             .Register(*registry_);
+  worker_memory_used_ = &prometheus::BuildGauge()
+                             .Name("dattn_worker_memory_used_bytes")
+                             .Help(
+                                 "Memory in use on each worker's device, by anything: total - free "
+                                 "(unit: bytes).")
+                             .Register(*registry_);
+  worker_memory_reserved_ =
+      &prometheus::BuildGauge()
+           .Name("dattn_worker_memory_reserved_bytes")
+           .Help(
+               "Planned memory of the ranks the coordinator has placed on each worker and not "
+               "yet released (unit: bytes).")
+           .Register(*registry_);
+  ring_formations_ = &prometheus::BuildCounter()
+                          .Name("dattn_ring_formations_total")
+                          .Help(
+                              "Ring attempts by how their formation ended: formed (every rank "
+                              "reported its communicator), timed_out (a rank's formation "
+                              "timed out), failed (the attempt ended otherwise before forming); "
+                              "cancelled attempts are not counted (unit: rings).")
+                          .Register(*registry_);
+  ring_formation_seconds_ = &prometheus::BuildHistogram()
+                                 .Name("dattn_ring_formation_seconds")
+                                 .Help(
+                                     "Formation time of each formed ring: the longest of its "
+                                     "ranks' arrival-to-communicator times (unit: seconds; one "
+                                     "observation per formed ring).")
+                                 .Register(*registry_);
+
   // Label sets known now, at zero, so that every name is scrapeable from the start.
   for (v1::JobState state : kAllStates) {
     JobGauge("attention", state);
@@ -124,6 +200,13 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   }
   ObserveJobDuration("attention", -1);  // Creates the series; negative values are not recorded.
   ObserveQueueWait("attention", -1);
+  for (const char* device : {"cpu", "gpu"}) ObserveAttentionJob(device, -1, -1);
+  for (const char* backend : {"gloo", "nccl"}) {
+    for (const char* outcome : {"formed", "timed_out", "failed"}) {
+      ring_formations_->Add({{"backend", backend}, {"outcome", outcome}});
+    }
+    CountRingFormation(backend, "", -1);
+  }
 }
 
 Metrics::~Metrics() = default;
@@ -207,6 +290,84 @@ void Metrics::CountRecovery(absl::string_view kind) {
 
 void Metrics::ObserveStoreCommit(double seconds) {
   if (seconds >= 0) store_commit_->Observe(seconds);
+}
+
+namespace {
+
+// Effective rates from a laptop CPU core (~0.01 TFLOP/s) to a GPU ring (~1000s).
+const prometheus::Histogram::BucketBoundaries& TflopsBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100, 300, 1000, 3000};
+  return *buckets;
+}
+
+// Step times from a GPU's fraction of a millisecond to a CPU's minutes.
+const prometheus::Histogram::BucketBoundaries& StepBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100, 300};
+  return *buckets;
+}
+
+const prometheus::Histogram::BucketBoundaries& FormationBuckets() {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100};
+  return *buckets;
+}
+
+// Removes the series of `family` labelled worker=`worker`, if it exists (Add finds it).
+template <typename T, typename... Args>
+void RemoveSeries(prometheus::Family<T>* family, const std::string& worker, Args&&... args) {
+  const std::map<std::string, std::string> labels = {{"worker", worker}};
+  if (!family->Has(labels)) return;
+  family->Remove(&family->Add(labels, std::forward<Args>(args)...));
+}
+
+}  // namespace
+
+void Metrics::ObserveAttentionJob(absl::string_view device, double tflops,
+                                  double seconds_per_step) {
+  prometheus::Histogram& rate = job_tflops_->Add({{"device", Str(device)}}, TflopsBuckets());
+  prometheus::Histogram& step = step_seconds_->Add({{"device", Str(device)}}, StepBuckets());
+  if (tflops >= 0) rate.Observe(tflops);
+  if (seconds_per_step >= 0) step.Observe(seconds_per_step);
+}
+
+void Metrics::ObserveRank(absl::string_view worker, double seconds_per_step, double flops,
+                          double tflops) {
+  const std::map<std::string, std::string> labels = {{"worker", Str(worker)}};
+  if (seconds_per_step >= 0)
+    rank_step_seconds_->Add(labels, StepBuckets()).Observe(seconds_per_step);
+  if (flops > 0) worker_flops_->Add(labels).Increment(flops);
+  if (tflops >= 0) worker_tflops_->Add(labels).Set(tflops);
+}
+
+void Metrics::SetWorkerMemory(absl::string_view worker, int64_t total, int64_t free,
+                              int64_t reserved) {
+  const std::map<std::string, std::string> labels = {{"worker", Str(worker)}};
+  worker_memory_total_->Add(labels).Set(static_cast<double>(total));
+  worker_memory_free_->Add(labels).Set(static_cast<double>(free));
+  worker_memory_used_->Add(labels).Set(static_cast<double>(std::max<int64_t>(0, total - free)));
+  worker_memory_reserved_->Add(labels).Set(static_cast<double>(reserved));
+}
+
+void Metrics::RemoveWorker(absl::string_view worker) {
+  const std::string name(worker);
+  RemoveSeries(rank_step_seconds_, name, StepBuckets());
+  RemoveSeries(worker_flops_, name);
+  RemoveSeries(worker_tflops_, name);
+  RemoveSeries(worker_memory_total_, name);
+  RemoveSeries(worker_memory_free_, name);
+  RemoveSeries(worker_memory_used_, name);
+  RemoveSeries(worker_memory_reserved_, name);
+}
+
+void Metrics::CountRingFormation(absl::string_view backend, absl::string_view outcome,
+                                 double seconds) {
+  prometheus::Histogram& h =
+      ring_formation_seconds_->Add({{"backend", Str(backend)}}, FormationBuckets());
+  if (outcome.empty()) return;
+  ring_formations_->Add({{"backend", Str(backend)}, {"outcome", Str(outcome)}}).Increment();
+  if (outcome == "formed" && seconds >= 0) h.Observe(seconds);
 }
 
 MetricsServer::MetricsServer(std::unique_ptr<prometheus::Exposer> exposer, std::string address)

@@ -17,6 +17,24 @@
 //   dattn_rpc_total{method,code}           counter    finished calls by method and status code
 //   dattn_recoveries_total{kind}           counter    job recoveries by cause (worker_lost, ...)
 //   dattn_store_commit_seconds             histogram  latency of each durable store write
+//   dattn_attention_job_tflops{device}     histogram  effective TFLOP/s of each succeeded job
+//   dattn_attention_step_seconds{device}   histogram  each succeeded job's step time (slowest rank)
+//   dattn_worker_rank_step_seconds{worker} histogram  each succeeded rank's median step time
+//   dattn_worker_attention_flops_total{worker} counter nominal FLOPs of succeeded ranks there
+//   dattn_worker_attention_tflops{worker}  gauge      effective TFLOP/s of the last rank that
+//                                                     succeeded there
+//   dattn_worker_memory_total_bytes{worker} gauge     device (GPU) or host (CPU) memory it offers
+//   dattn_worker_memory_free_bytes{worker} gauge      free, as its last heartbeat said
+//   dattn_worker_memory_used_bytes{worker} gauge      total - free: in use on the device, by
+//                                                     anything
+//   dattn_worker_memory_reserved_bytes{worker} gauge  planned bytes of the ranks placed there
+//   dattn_ring_formations_total{backend,outcome} counter ring attempts by how their formation
+//                                                     ended: formed | timed_out | failed
+//   dattn_ring_formation_seconds{backend}  histogram  formation time of each formed ring (its
+//                                                     slowest rank: arrival to communicator)
+//
+// Per-worker series are labelled with the worker's name (stable across its restarts) and removed
+// when the coordinator forgets the worker.
 //
 // Thread-safety: every method may be called from any thread (prometheus-cpp metrics are atomic).
 #ifndef DATTN_SERVER_METRICS_H_
@@ -82,6 +100,19 @@ class Metrics {
   void CountRecovery(absl::string_view kind);
   void ObserveStoreCommit(double seconds);
 
+  // A succeeded attention job: its effective TFLOP/s and step time; `device` is "cpu" or "gpu".
+  void ObserveAttentionJob(absl::string_view device, double tflops, double seconds_per_step);
+  // A succeeded rank on worker `worker`: its median step time, the nominal FLOPs it did (all
+  // steps) and its effective TFLOP/s.
+  void ObserveRank(absl::string_view worker, double seconds_per_step, double flops, double tflops);
+  // The worker's memory gauges (used = total - free) and what the coordinator reserved there.
+  void SetWorkerMemory(absl::string_view worker, int64_t total, int64_t free, int64_t reserved);
+  // Drops every series of the worker.
+  void RemoveWorker(absl::string_view worker);
+  // A ring attempt's formation ended: `outcome` is "formed", "timed_out" or "failed"; `seconds`
+  // is observed for "formed" only.
+  void CountRingFormation(absl::string_view backend, absl::string_view outcome, double seconds);
+
  private:
   prometheus::Gauge& JobGauge(absl::string_view kind, v1::JobState state);
 
@@ -98,6 +129,17 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* rpcs_;
   prometheus::Family<prometheus::Counter>* recoveries_;
   prometheus::Histogram* store_commit_;
+  prometheus::Family<prometheus::Histogram>* job_tflops_;
+  prometheus::Family<prometheus::Histogram>* step_seconds_;
+  prometheus::Family<prometheus::Histogram>* rank_step_seconds_;
+  prometheus::Family<prometheus::Counter>* worker_flops_;
+  prometheus::Family<prometheus::Gauge>* worker_tflops_;
+  prometheus::Family<prometheus::Gauge>* worker_memory_total_;
+  prometheus::Family<prometheus::Gauge>* worker_memory_free_;
+  prometheus::Family<prometheus::Gauge>* worker_memory_used_;
+  prometheus::Family<prometheus::Gauge>* worker_memory_reserved_;
+  prometheus::Family<prometheus::Counter>* ring_formations_;
+  prometheus::Family<prometheus::Histogram>* ring_formation_seconds_;
 };
 
 // The HTTP endpoint serving /metrics (prometheus-cpp's Exposer on civetweb threads).

@@ -37,7 +37,10 @@ bool Cluster::StartCoordinator(std::string* error) {
             "--data-dir=" + data_dir_,
             "--dead-after-ms=" + std::to_string(options_.dead_after_ms),
             "--heartbeat-ms=" + std::to_string(options_.heartbeat_ms),
-            "--max-attempts=" + std::to_string(options_.max_attempts)};
+            "--max-attempts=" + std::to_string(options_.max_attempts),
+            "--ring-formation-timeout-ms=" + std::to_string(options_.ring_formation_timeout_ms),
+            "--ring-timeout-ms=" + std::to_string(options_.ring_timeout_ms)};
+  o.argv.insert(o.argv.end(), options_.coordinator_flags.begin(), options_.coordinator_flags.end());
   coordinator_ = std::make_unique<Process>(o);
   if (!coordinator_->Start(error)) return false;
   // The port of the previous run may still be held by connections in TIME_WAIT; gRPC binds with
@@ -64,18 +67,42 @@ void Cluster::Connect() {
   admin_ = dattn::v1::AdminService::NewStub(channel_);
 }
 
-int Cluster::AddWorker(int threads, std::string* error, const std::string& name) {
+int Cluster::AddWorker(int threads, std::string* error, const std::string& name,
+                       const std::vector<std::string>& flags) {
   const int index = static_cast<int>(workers_.size());
   ProcessOptions o;
   o.name = name.empty() ? "worker-" + std::to_string(index) : name;
   o.log_dir = dir_;
-  o.argv = {RunfilePath("worker/dattn-worker"), "--coordinator=" + address_,
+  o.argv = {RunfilePath("worker/dattn-worker"),
+            "--coordinator=" + address_,
             "--name=" + o.name,
             "--threads=" + std::to_string(threads),
-            "--heartbeat-ms=" + std::to_string(options_.heartbeat_ms), "--health-port=0"};
+            "--heartbeat-ms=" + std::to_string(options_.heartbeat_ms),
+            "--health-port=0"};
+  o.argv.insert(o.argv.end(), flags.begin(), flags.end());
   workers_.push_back(std::make_unique<Process>(o));
   if (!workers_.back()->Start(error)) return -1;
   return index;
+}
+
+int Cluster::WorkerIndex(const std::string& name) const {
+  for (size_t i = 0; i < workers_.size(); ++i) {
+    if (workers_[i]->name() == name) return static_cast<int>(i);
+  }
+  return -1;
+}
+
+std::string Cluster::WorkerName(const std::string& worker_id) {
+  grpc::ClientContext ctx;
+  ctx.set_deadline(std::chrono::system_clock::now() + std::chrono::seconds(2));
+  dattn::v1::ListWorkersRequest req;
+  req.set_include_dead(true);
+  dattn::v1::ListWorkersResponse resp;
+  if (!admin().ListWorkers(&ctx, req, &resp).ok()) return "";
+  for (const auto& w : resp.workers()) {
+    if (w.worker_id() == worker_id) return w.name();
+  }
+  return "";
 }
 
 bool Cluster::WaitForReadyWorkers(int count, std::chrono::milliseconds timeout) {

@@ -1,8 +1,9 @@
-// A coordinator and CPU workers on loopback, started from the real binaries, for multi-process tests.
+// A coordinator and CPU workers on loopback, started from the real binaries, for multi-process
+// tests.
 //
-// Every daemon listens on an ephemeral 127.0.0.1 port (the coordinator prints the ports it bound), so
-// tests may run in parallel. The cluster owns its processes; the destructor SIGKILLs what still runs.
-// Not thread-safe: one test thread drives it.
+// Every daemon listens on an ephemeral 127.0.0.1 port (the coordinator prints the ports it bound),
+// so tests may run in parallel. The cluster owns its processes; the destructor SIGKILLs what still
+// runs. Not thread-safe: one test thread drives it.
 #ifndef DATTN_TESTS_CLUSTER_H_
 #define DATTN_TESTS_CLUSTER_H_
 
@@ -22,6 +23,10 @@ struct ClusterOptions {
   int dead_after_ms = 3000;  // Short, so worker-loss tests finish quickly.
   int heartbeat_ms = 300;
   int max_attempts = 3;
+  int ring_formation_timeout_ms = 10000;
+  int ring_timeout_ms = 20000;
+  // More coordinator flags (e.g. --feasibility-settle-ms=...).
+  std::vector<std::string> coordinator_flags;
 };
 
 class Cluster {
@@ -31,8 +36,14 @@ class Cluster {
 
   // Starts (or restarts, on the same data dir and port) the coordinator; false + *error on failure.
   bool StartCoordinator(std::string* error);
-  // Adds a worker with `threads` engine threads; returns its index.
-  int AddWorker(int threads, std::string* error, const std::string& name = "");
+  // Adds a worker with `threads` engine threads (and `flags` more); returns its index. Its name is
+  // `name`, or "worker-INDEX".
+  int AddWorker(int threads, std::string* error, const std::string& name = "",
+                const std::vector<std::string>& flags = {});
+  // The index of the worker started under `name`, or -1.
+  int WorkerIndex(const std::string& name) const;
+  // The registered name of worker id `worker_id` (ListWorkers, dead ones included), or "".
+  std::string WorkerName(const std::string& worker_id);
   // Waits until `count` workers are READY in ListWorkers.
   bool WaitForReadyWorkers(int count, std::chrono::milliseconds timeout);
 
@@ -63,7 +74,7 @@ class Cluster {
   ClusterOptions options_;
   std::string dir_;
   std::string data_dir_;
-  std::string address_;          // host:port of gRPC, fixed after the first start.
+  std::string address_;  // host:port of gRPC, fixed after the first start.
   std::string metrics_address_;
   std::unique_ptr<Process> coordinator_;
   std::vector<std::unique_ptr<Process>> workers_;

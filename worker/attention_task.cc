@@ -8,10 +8,13 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "engine/ring/ring_attention.h"
 #include "engine/validate.h"
-#include "worker/host_info.h"
+#include "worker/half_float.h"
+#include "worker/ring_join.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "returned tensors are copied as raw bytes, which the API defines as little-endian"
@@ -21,47 +24,37 @@ namespace dattn {
 namespace worker {
 namespace {
 
-// Host storage for one tensor, 64-byte aligned for the backend's vector loads.
-class HostBuffer {
- public:
-  static absl::StatusOr<HostBuffer> Allocate(int64_t bytes, const char* what) {
-    const size_t rounded = (static_cast<size_t>(bytes) + 63) & ~size_t{63};
-    void* p = std::aligned_alloc(64, std::max<size_t>(rounded, 64));
-    if (p == nullptr) {
-      return absl::ResourceExhaustedError(
-          absl::StrCat("allocating ", what, " (", FormatBytes(bytes), ") failed"));
-    }
-    return HostBuffer(p);
-  }
-  void* data() const { return data_.get(); }
-
- private:
-  struct Free {
-    void operator()(void* p) const { std::free(p); }
-  };
-  explicit HostBuffer(void* p) : data_(p) {}
-  std::unique_ptr<void, Free> data_;
-};
-
 struct Checksum {
   double sum = 0;
   double sum_squares = 0;
 };
 
-void Accumulate(const TensorView& view, Checksum* acc) {
-  const int64_t n = view.NumElements();
-  if (view.dtype == DType::kFloat32) {
-    const float* p = static_cast<const float*>(view.data);
-    for (int64_t i = 0; i < n; ++i) {
-      const double x = p[i];
-      acc->sum += x;
-      acc->sum_squares += x * x;
+// Adds every element of a contiguous host tensor of `count` elements of `dtype`.
+void Accumulate(const void* data, DType dtype, int64_t count, Checksum* acc) {
+  auto add = [acc](double x) {
+    acc->sum += x;
+    acc->sum_squares += x * x;
+  };
+  switch (dtype) {
+    case DType::kFloat32: {
+      const float* p = static_cast<const float*>(data);
+      for (int64_t i = 0; i < count; ++i) add(p[i]);
+      break;
     }
-  } else {
-    const double* p = static_cast<const double*>(view.data);
-    for (int64_t i = 0; i < n; ++i) {
-      acc->sum += p[i];
-      acc->sum_squares += p[i] * p[i];
+    case DType::kFloat64: {
+      const double* p = static_cast<const double*>(data);
+      for (int64_t i = 0; i < count; ++i) add(p[i]);
+      break;
+    }
+    case DType::kFloat16: {
+      const uint16_t* p = static_cast<const uint16_t*>(data);
+      for (int64_t i = 0; i < count; ++i) add(HalfBitsToDouble(p[i]));
+      break;
+    }
+    case DType::kBFloat16: {
+      const uint16_t* p = static_cast<const uint16_t*>(data);
+      for (int64_t i = 0; i < count; ++i) add(BFloat16BitsToDouble(p[i]));
+      break;
     }
   }
 }
@@ -148,15 +141,6 @@ absl::StatusOr<AttentionTaskPlan> PlanAttentionTask(const v1::TaskAssignment& ta
         absl::StrCat("task ", task.task_id(), " has no attention work in its JobSpec"));
   }
   const v1::AttentionJobSpec& job = task.spec().attention();
-  if (task.ring().size() > 1 || job.num_ranks() > 1) {
-    return absl::UnimplementedError(
-        absl::StrCat("multi-rank tasks need the ring engine (task ", task.task_id(), " has ",
-                     std::max(task.ring().size(), job.num_ranks()), " ranks)"));
-  }
-  if (caps.device != Device::kCpu) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "attention task runner allocates host memory; backend ", caps.name, " is not on the host"));
-  }
   AttentionTaskPlan plan;
   absl::StatusOr<AttentionSpec> spec = ToEngineSpec(job.attention());
   if (!spec.ok()) return spec.status();
@@ -192,133 +176,308 @@ absl::StatusOr<AttentionTaskPlan> PlanAttentionTask(const v1::TaskAssignment& ta
   }
   if (!valid.ok()) return valid;
 
-  plan.rank = 0;
-  plan.num_ranks = 1;
+  // The ring: the job says how many ranks, the assignment which one this is.
+  if (job.num_ranks() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("num_ranks ", job.num_ranks(), " < 1"));
+  }
+  plan.num_ranks = std::max(1, job.num_ranks());
+  const v1::RingInfo& ring = task.ring();
+  if (plan.num_ranks == 1) {
+    if (ring.size() > 1) {
+      return absl::InvalidArgumentError(absl::StrCat("task ", task.task_id(), " is a rank of a ",
+                                                     ring.size(), "-rank ring but its job has ",
+                                                     "num_ranks = 1"));
+    }
+    plan.rank = 0;
+  } else {
+    if (ring.size() != plan.num_ranks || ring.rank() != task.rank() || task.rank() < 0 ||
+        task.rank() >= plan.num_ranks) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("task ", task.task_id(), " of a ", plan.num_ranks, "-rank job has rank ",
+                       task.rank(), " and ring (rank ", ring.rank(), ", size ", ring.size(),
+                       "); they must agree, with 0 <= rank < num_ranks"));
+    }
+    if (plan.full.seq_len % plan.num_ranks != 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "num_ranks ", plan.num_ranks, " does not divide seq_len ", plan.full.seq_len));
+    }
+    plan.rank = task.rank();
+  }
   plan.positions = RankPositions(plan.full.seq_len, plan.rank, plan.num_ranks);
-  ProblemShape shape{plan.full.batch, plan.positions.size(), plan.full.num_heads,
-                     plan.full.head_dim};
-  PlanOptions options;
-  options.backend = BackendKind::kCpu;
-  options.dtype = plan.dtype;
-  options.backward = plan.backward;
-  options.num_threads = num_threads;
-  absl::StatusOr<MemoryPlan> memory = PlanAttentionMemory(plan.spec, shape, options);
+
+  RankProblem problem;
+  problem.spec = plan.spec;
+  problem.batch = plan.full.batch;
+  problem.seq_len = plan.full.seq_len;
+  problem.num_heads = plan.full.num_heads;
+  problem.head_dim = plan.full.head_dim;
+  problem.ranks = plan.num_ranks;
+  problem.dtype = plan.dtype;
+  problem.backward = plan.backward;
+  absl::StatusOr<RankMemoryPlan> memory = PlanRankMemory(
+      problem, plan.rank, caps.device == Device::kCuda ? BackendKind::kCuda : BackendKind::kCpu,
+      num_threads);
   if (!memory.ok()) return memory.status();
   plan.memory = *memory;
   // The planner has checked that the byte counts of these tensors fit in int64.
   plan.tensor_bytes = plan.full.batch * plan.positions.size() * plan.full.num_heads *
                       plan.full.head_dim * static_cast<int64_t>(DTypeSize(plan.dtype));
 
-  plan.return_output = job.return_output() && plan.rank == 0;
+  plan.return_output = job.return_output();
   if (plan.return_output) {
-    if (plan.tensor_bytes > kMaxReturnedOutputBytes) {
+    const int64_t whole = plan.tensor_bytes * plan.num_ranks;
+    if (whole / plan.num_ranks != plan.tensor_bytes || whole > kMaxReturnedOutputBytes) {
       return absl::InvalidArgumentError(
-          absl::StrCat("return_output: the output is ", FormatBytes(plan.tensor_bytes),
+          absl::StrCat("return_output: the output is ", FormatBytes(plan.tensor_bytes), " x ",
+                       plan.num_ranks, plan.num_ranks == 1 ? " rank" : " ranks",
                        ", over the limit of ", FormatBytes(kMaxReturnedOutputBytes)));
     }
   }
-  plan.flops_per_step =
-      dilation::NominalForwardFlops(plan.spec, plan.full.batch, plan.positions.size(),
-                                    plan.full.num_heads, plan.full.head_dim) *
-      (plan.backward ? 3.5 : 1.0);
+  plan.flops_per_step = dilation::NominalForwardFlops(plan.spec, plan.full.batch, plan.full.seq_len,
+                                                      plan.full.num_heads, plan.full.head_dim) *
+                        (plan.backward ? 3.5 : 1.0) / plan.num_ranks;
   return plan;
 }
 
+namespace {
+
+// The rank's tensors on the device, and host views of them.
+struct RankTensors {
+  std::vector<DeviceBuffer> buffers;
+  TensorView inputs[4];   // q, k, v, dout
+  TensorView outputs[4];  // out, dq, dk, dv
+  TensorView lse;
+};
+
+absl::Status PrepareTensors(const AttentionTaskPlan& plan, TaskDevice* device,
+                            const AttentionTaskOptions& options, const std::string& task_id,
+                            RankTensors* t) {
+  const BackendCaps& caps = device->caps();
+  const std::vector<int64_t> shape = {plan.full.batch, plan.positions.size(), plan.full.num_heads,
+                                      plan.full.head_dim};
+  auto make = [&](DType dtype, std::vector<int64_t> dims, int64_t bytes,
+                  const char* what) -> absl::StatusOr<TensorView> {
+    absl::StatusOr<DeviceBuffer> buffer = device->Allocate(bytes, what);
+    if (!buffer.ok()) return buffer.status();
+    t->buffers.push_back(*std::move(buffer));
+    return TensorView::Contiguous(t->buffers.back().get(), dtype, std::move(dims), caps.device,
+                                  device->device_index());
+  };
+  // A device that is not host memory gets its inputs through one host tensor, reused.
+  std::vector<char> staging;
+  if (!device->host_memory()) staging.resize(static_cast<size_t>(plan.tensor_bytes));
+  const char* kNames[] = {"q", "k", "v", "dout"};
+  const int num_inputs = plan.backward ? 4 : 3;
+  for (int i = 0; i < num_inputs; ++i) {
+    if (options.is_cancelled && options.is_cancelled()) {
+      return absl::CancelledError(
+          absl::StrCat("task ", task_id, " cancelled before its first step"));
+    }
+    absl::StatusOr<TensorView> view = make(plan.dtype, shape, plan.tensor_bytes, kNames[i]);
+    if (!view.ok()) return view.status();
+    t->inputs[i] = *view;
+    TensorView host = *view;
+    if (!device->host_memory()) {
+      host = TensorView::Contiguous(staging.data(), plan.dtype, shape);
+    }
+    absl::Status filled = FillStandardNormal(plan.seed, static_cast<InputTensor>(i), plan.full,
+                                             plan.positions, host, options.num_threads);
+    if (!filled.ok()) return filled;
+    if (!device->host_memory()) {
+      if (absl::Status s = device->CopyToDevice(view->data, staging.data(), plan.tensor_bytes);
+          !s.ok()) {
+        return s;
+      }
+    }
+  }
+  const char* kOutNames[] = {"out", "dq", "dk", "dv"};
+  const int num_outputs = plan.backward ? 4 : 1;
+  for (int i = 0; i < num_outputs; ++i) {
+    absl::StatusOr<TensorView> view = make(plan.dtype, shape, plan.tensor_bytes, kOutNames[i]);
+    if (!view.ok()) return view.status();
+    t->outputs[i] = *view;
+  }
+  absl::StatusOr<TensorView> lse =
+      make(LseDType(plan.dtype), {plan.full.batch, plan.full.num_heads, plan.positions.size()},
+           plan.memory.shard.lse_bytes, "lse");
+  if (!lse.ok()) return lse.status();
+  t->lse = *lse;
+  return absl::OkStatus();
+}
+
+// Checksums of outputs [first, last) together, read back to the host where needed.
+absl::StatusOr<Checksum> SumOutputs(const AttentionTaskPlan& plan, TaskDevice* device,
+                                    const RankTensors& t, int first, int last) {
+  Checksum acc;
+  std::vector<char> host;
+  for (int i = first; i < last; ++i) {
+    const void* data = t.outputs[i].data;
+    if (!device->host_memory()) {
+      host.resize(static_cast<size_t>(plan.tensor_bytes));
+      if (absl::Status s = device->CopyToHost(host.data(), data, plan.tensor_bytes); !s.ok()) {
+        return s;
+      }
+      data = host.data();
+    }
+    Accumulate(data, plan.dtype, t.outputs[i].NumElements(), &acc);
+  }
+  return acc;
+}
+
+// One step's engine calls: the single-device backend, or the ring driver.
+class StepRunner {
+ public:
+  virtual ~StepRunner() = default;
+  virtual absl::Status Step(const AttentionTaskPlan& plan, const ForwardArgs& fwd,
+                            const BackwardArgs& bwd) = 0;
+};
+
+class SingleDeviceSteps final : public StepRunner {
+ public:
+  SingleDeviceSteps(TaskDevice* device, std::unique_ptr<AttentionBackend> backend)
+      : device_(device), backend_(std::move(backend)) {}
+  absl::Status Step(const AttentionTaskPlan& plan, const ForwardArgs& fwd,
+                    const BackwardArgs& bwd) override {
+    absl::Status s = backend_->Forward(plan.spec, fwd);
+    if (s.ok() && plan.backward) s = backend_->Backward(plan.spec, bwd);
+    const absl::Status finished = device_->Finish(backend_.get());
+    return s.ok() ? finished : s;
+  }
+
+ private:
+  TaskDevice* const device_;
+  std::unique_ptr<AttentionBackend> backend_;
+};
+
+class RingSteps final : public StepRunner {
+ public:
+  RingSteps(comm::Communicator* comm, std::unique_ptr<ring::BlockKernels> kernels)
+      : kernels_(std::move(kernels)), ring_(comm, kernels_.get()) {}
+  absl::Status Step(const AttentionTaskPlan& plan, const ForwardArgs& fwd,
+                    const BackwardArgs& bwd) override {
+    absl::Status s = ring_.Forward(plan.spec, plan.full.seq_len, fwd);
+    if (s.ok() && plan.backward) s = ring_.Backward(plan.spec, plan.full.seq_len, bwd);
+    return s;
+  }
+
+ private:
+  std::unique_ptr<ring::BlockKernels> kernels_;
+  ring::RingAttention ring_;
+};
+
+}  // namespace
+
 absl::StatusOr<AttentionTaskResult> RunAttentionTask(const v1::TaskAssignment& task,
-                                                     AttentionBackend* backend,
+                                                     TaskDevice* device,
                                                      const AttentionTaskOptions& options) {
   absl::StatusOr<AttentionTaskPlan> planned =
-      PlanAttentionTask(task, backend->caps(), options.num_threads);
+      PlanAttentionTask(task, device->caps(), options.num_threads);
   if (!planned.ok()) return planned.status();
   const AttentionTaskPlan& plan = *planned;
+  const bool on_ring = plan.num_ranks > 1;
+  auto phase = [&](v1::RankPhase p) {
+    if (options.on_phase) options.on_phase(p);
+  };
+  auto cancelled = [&] { return options.is_cancelled && options.is_cancelled(); };
+  phase(v1::RANK_PHASE_PREPARING);
 
   int64_t available = options.available_memory_bytes;
   if (available < 0) {
-    absl::StatusOr<int64_t> free_bytes = ReadMeminfoBytes("MemAvailable");
+    absl::StatusOr<int64_t> free_bytes = device->FreeMemoryBytes();
     if (!free_bytes.ok()) return free_bytes.status();
     available = *free_bytes;
   }
   if (plan.memory.total_bytes() > available) {
     return absl::ResourceExhaustedError(
         absl::StrCat("task ", task.task_id(), " needs ", plan.memory.DebugString(), " but only ",
-                     FormatBytes(available), " of host memory is free"));
+                     FormatBytes(available), " of ", device->caps().name, " memory is free"));
   }
 
-  const std::vector<int64_t> shape = {plan.full.batch, plan.positions.size(), plan.full.num_heads,
-                                      plan.full.head_dim};
-  const int64_t tensor_bytes = plan.tensor_bytes;
-  std::vector<HostBuffer> buffers;
-  auto make_view = [&](DType dtype, std::vector<int64_t> dims, int64_t bytes,
-                       const char* what) -> absl::StatusOr<TensorView> {
-    absl::StatusOr<HostBuffer> buffer = HostBuffer::Allocate(bytes, what);
-    if (!buffer.ok()) return buffer.status();
-    buffers.push_back(*std::move(buffer));
-    return TensorView::Contiguous(buffers.back().data(), dtype, std::move(dims));
-  };
-  const char* kNames[] = {"q", "k", "v", "dout"};
-  const int num_inputs = plan.backward ? 4 : 3;
-  TensorView inputs[4];
-  for (int t = 0; t < num_inputs; ++t) {
-    if (options.is_cancelled && options.is_cancelled()) {
-      return absl::CancelledError(
-          absl::StrCat("task ", task.task_id(), " cancelled before its first step"));
+  RankTensors t;
+  if (absl::Status s = PrepareTensors(plan, device, options, task.task_id(), &t); !s.ok()) {
+    return s;
+  }
+
+  // The engine. A ring rank gets its kernels before it joins, so that a device without ring
+  // kernels fails at once rather than after its peers have waited for it.
+  std::unique_ptr<StepRunner> runner;
+  RingMembership membership;
+  auto forget_comm = absl::MakeCleanup([&] {
+    if (membership.comm != nullptr && options.on_communicator) {
+      options.on_communicator(nullptr, membership.formation_seconds);
     }
-    absl::StatusOr<TensorView> view = make_view(plan.dtype, shape, tensor_bytes, kNames[t]);
-    if (!view.ok()) return view.status();
-    inputs[t] = *view;
-    absl::Status filled = FillStandardNormal(plan.seed, static_cast<InputTensor>(t), plan.full,
-                                             plan.positions, inputs[t], options.num_threads);
-    if (!filled.ok()) return filled;
+  });
+  std::string where = absl::StrCat("task ", task.task_id());
+  if (on_ring) {
+    absl::StatusOr<std::unique_ptr<ring::BlockKernels>> kernels =
+        device->NewRingKernels(options.num_threads);
+    if (!kernels.ok()) return kernels.status();
+    phase(v1::RANK_PHASE_FORMING_RING);
+    RingJoinOptions join;
+    join.member_name = options.member_name;
+    join.default_comm_timeout = options.default_comm_timeout;
+    join.is_cancelled = options.is_cancelled;
+    absl::StatusOr<RingMembership> joined = JoinRing(task.ring(), device, join);
+    if (!joined.ok()) return joined.status();
+    membership = *std::move(joined);
+    if (options.on_communicator) {
+      options.on_communicator(membership.comm.get(), membership.formation_seconds);
+    }
+    runner = std::make_unique<RingSteps>(membership.comm.get(), *std::move(kernels));
+    where =
+        absl::StrCat("ring ", task.ring().ring_id(), " rank ", plan.rank, " of ", plan.num_ranks);
+  } else {
+    absl::StatusOr<std::unique_ptr<AttentionBackend>> backend =
+        device->NewBackend(options.num_threads);
+    if (!backend.ok()) return backend.status();
+    runner = std::make_unique<SingleDeviceSteps>(device, *std::move(backend));
   }
-  const std::vector<int64_t> lse_shape = {plan.full.batch, plan.full.num_heads,
-                                          plan.positions.size()};
-  const int64_t out_count = plan.backward ? 4 : 1;
-  TensorView outputs[4];  // out, dq, dk, dv
-  const char* kOutNames[] = {"out", "dq", "dk", "dv"};
-  for (int t = 0; t < out_count; ++t) {
-    absl::StatusOr<TensorView> view = make_view(plan.dtype, shape, tensor_bytes, kOutNames[t]);
-    if (!view.ok()) return view.status();
-    outputs[t] = *view;
-  }
-  absl::StatusOr<TensorView> lse =
-      make_view(LseDType(plan.dtype), lse_shape, plan.memory.lse_bytes, "lse");
-  if (!lse.ok()) return lse.status();
 
   ForwardArgs fwd;
-  fwd.q = inputs[0];
-  fwd.k = inputs[1];
-  fwd.v = inputs[2];
-  fwd.out = outputs[0];
-  fwd.lse = *lse;
+  fwd.q = t.inputs[0];
+  fwd.k = t.inputs[1];
+  fwd.v = t.inputs[2];
+  fwd.out = t.outputs[0];
+  fwd.lse = t.lse;
   BackwardArgs bwd;
   if (plan.backward) {
-    bwd.q = inputs[0];
-    bwd.k = inputs[1];
-    bwd.v = inputs[2];
-    bwd.out = outputs[0];
-    bwd.lse = *lse;
-    bwd.dout = inputs[3];
-    bwd.dq = outputs[1];
-    bwd.dk = outputs[2];
-    bwd.dv = outputs[3];
+    bwd.q = t.inputs[0];
+    bwd.k = t.inputs[1];
+    bwd.v = t.inputs[2];
+    bwd.out = t.outputs[0];
+    bwd.lse = t.lse;
+    bwd.dout = t.inputs[3];
+    bwd.dq = t.outputs[1];
+    bwd.dk = t.outputs[2];
+    bwd.dv = t.outputs[3];
   }
 
   if (options.on_started) options.on_started();
+  phase(v1::RANK_PHASE_RUNNING);
   std::vector<double> step_seconds;
-  step_seconds.reserve(static_cast<size_t>(plan.iterations));
+  step_seconds.reserve(static_cast<size_t>(std::min<int64_t>(plan.iterations, 1 << 20)));
   using Clock = std::chrono::steady_clock;
   const Clock::time_point first = Clock::now();
   Clock::time_point last = first;
   for (int64_t step = 0; step < plan.iterations; ++step) {
-    if (options.is_cancelled && options.is_cancelled()) {
+    if (cancelled()) {
       return absl::CancelledError(absl::StrCat("task ", task.task_id(), " cancelled after ", step,
                                                " of ", plan.iterations, " steps"));
     }
     const Clock::time_point begin = Clock::now();
-    absl::Status status = backend->Forward(plan.spec, fwd);
-    if (status.ok() && plan.backward) status = backend->Backward(plan.spec, bwd);
+    absl::Status status = runner->Step(plan, fwd, bwd);
     last = Clock::now();
-    if (!status.ok()) return status;
+    if (!status.ok()) {
+      // A cancel aborts the ring's communicator, which fails the step in progress: that is the
+      // cancel, not a failure.
+      if (cancelled()) {
+        return absl::CancelledError(absl::StrCat("task ", task.task_id(), " cancelled during step ",
+                                                 step + 1, " of ", plan.iterations));
+      }
+      if (!on_ring) return status;
+      return absl::Status(status.code(), absl::StrCat(where, ", step ", step + 1, " of ",
+                                                      plan.iterations, ": ", status.message()));
+    }
     step_seconds.push_back(std::chrono::duration<double>(last - begin).count());
     if (options.on_progress) options.on_progress(step + 1, plan.iterations);
   }
@@ -326,30 +485,37 @@ absl::StatusOr<AttentionTaskResult> RunAttentionTask(const v1::TaskAssignment& t
   AttentionTaskResult result;
   result.steps_done = plan.iterations;
   result.flops_per_step = plan.flops_per_step;
+  result.ring_formation_seconds = membership.formation_seconds;
   v1::RankResult& rank = result.rank_result;
   rank.set_rank(plan.rank);
   rank.set_seconds_total(std::chrono::duration<double>(last - first).count());
   const double median = Median(step_seconds);
   rank.set_seconds_per_step(median);
   rank.set_tflops(median > 0 ? plan.flops_per_step / median / 1e12 : 0.0);
-  Checksum out_sum;
-  Accumulate(outputs[0], &out_sum);
-  rank.set_out_sum(out_sum.sum);
-  rank.set_out_sum_squares(out_sum.sum_squares);
+  rank.set_ring_formation_seconds(membership.formation_seconds);
+  absl::StatusOr<Checksum> out_sum = SumOutputs(plan, device, t, 0, 1);
+  if (!out_sum.ok()) return out_sum.status();
+  rank.set_out_sum(out_sum->sum);
+  rank.set_out_sum_squares(out_sum->sum_squares);
   if (plan.backward) {
-    Checksum grad_sum;
-    for (int t = 1; t < 4; ++t) Accumulate(outputs[t], &grad_sum);
-    rank.set_grad_sum(grad_sum.sum);
-    rank.set_grad_sum_squares(grad_sum.sum_squares);
+    absl::StatusOr<Checksum> grad_sum = SumOutputs(plan, device, t, 1, 4);
+    if (!grad_sum.ok()) return grad_sum.status();
+    rank.set_grad_sum(grad_sum->sum);
+    rank.set_grad_sum_squares(grad_sum->sum_squares);
   }
-  rank.set_peak_memory_bytes(plan.memory.outputs_bytes + plan.memory.lse_bytes +
-                             plan.memory.workspace_bytes);
+  const MemoryPlan& m = plan.memory.shard;
+  rank.set_peak_memory_bytes(m.outputs_bytes + m.lse_bytes + m.workspace_bytes +
+                             plan.memory.ring_bytes);
   if (plan.return_output) {
     result.has_output = true;
     result.output.set_dtype(ToApiDType(plan.dtype));
-    for (int64_t d : shape) result.output.add_shape(d);
-    result.output.set_data(static_cast<const char*>(outputs[0].data),
-                           static_cast<size_t>(tensor_bytes));
+    for (int64_t d : t.outputs[0].shape) result.output.add_shape(d);
+    std::string* data = result.output.mutable_data();
+    data->resize(static_cast<size_t>(plan.tensor_bytes));
+    if (absl::Status s = device->CopyToHost(data->data(), t.outputs[0].data, plan.tensor_bytes);
+        !s.ok()) {
+      return s;
+    }
   }
   return result;
 }

@@ -1,42 +1,52 @@
-// One rank of an attention job, run on an engine backend: the worker's unit of work, free of gRPC.
+// One rank of an attention job, run on a device: the worker's unit of work, free of gRPC.
 //
 // RunAttentionTask takes a dattn.v1.TaskAssignment whose spec is an AttentionJobSpec and:
 //   1. converts the v1 spec to the engine's (UNSPECIFIED mode = grouped, UNSPECIFIED head offsets =
-//      modulo, UNSPECIFIED pass = forward, iterations 0 = 1) and validates it against the backend;
-//   2. plans its host memory with PlanAttentionMemory and refuses to allocate a plan that does not
-//   fit;
-//   3. allocates q, k, v (and dout) and fills them from the job's seed (random_inputs.h), so every
-//   rank
-//      and every rerun sees the single-rank inputs;
-//   4. runs `iterations` steps (forward, or forward then backward), checking for cancellation
-//   before
-//      every step and reporting progress after every step;
-//   5. returns the median step time, the effective TFLOP/s (dilation::NominalForwardFlops, x3.5
-//   with
-//      backward), fp64 checksums of the last step's results and, when asked, the output tensor.
+//      modulo, UNSPECIFIED pass = forward, iterations 0 = 1, num_ranks 0 = 1) and validates it
+//      against the device's capabilities;
+//   2. plans the rank's memory (rank_memory_plan.h: the shard's tensors, the engine's workspace
+//   and,
+//      on a ring, the exchange buffers) and refuses to allocate a plan that does not fit;
+//   3. allocates its shard of q, k, v (and dout) and fills it from the job's seed
+//      (random_inputs.h), so every rank and every rerun sees its slice of the single-rank inputs
+//      (on a GPU the shard is generated on the host in the job's dtype and copied over);
+//   4. on a ring (num_ranks P > 1): joins its ring (ring_join.h) and runs the ring driver
+//      (engine/ring/ring_attention.h) on the device's ring kernels; otherwise runs the device's
+//      single-device backend;
+//   5. runs `iterations` steps (forward, or forward then backward), checking for cancellation
+//      before every step and reporting progress after every step;
+//   6. returns the median step time, the rank's effective TFLOP/s, fp64 checksums of the last
+//      step's results of its shard and, when asked, its output shard.
 //
-// Threading: RunAttentionTask blocks its calling thread for the whole task and uses the backend
-// exclusively meanwhile (one task per backend instance). Callbacks run on the calling thread and
-// must not block for long: their time counts in the step timings only for on_progress (called
-// between steps, outside the timed region).
+// Rank r of P holds positions [r N/P, (r+1) N/P). Its FLOPs per step are counted as the whole
+// job's nominal FLOPs (dilation::NominalForwardFlops, x3.5 with backward) divided by P: the job's
+// rate is then the sum of its ranks' rates when they run in step.
+//
+// Threading: RunAttentionTask blocks its calling thread for the whole task and uses what it gets
+// from the device exclusively meanwhile. Callbacks run on the calling thread and must not block
+// for long; only on_progress is called between timed steps, outside the timed region.
 #ifndef DATTN_WORKER_ATTENTION_TASK_H_
 #define DATTN_WORKER_ATTENTION_TASK_H_
 
 #include <cstdint>
 #include <functional>
+#include <string>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "dattn/v1/worker.pb.h"
 #include "engine/attention.h"
 #include "engine/attention_spec.h"
-#include "engine/memory_plan.h"
+#include "engine/comm/communicator.h"
 #include "engine/tensor.h"
 #include "worker/random_inputs.h"
+#include "worker/rank_memory_plan.h"
+#include "worker/task_device.h"
 
 namespace dattn {
 namespace worker {
 
-// Largest output a job may ask for (AttentionJobSpec.return_output's documented limit).
+// Largest output a job may ask for, all ranks together (AttentionJobSpec.return_output).
 constexpr int64_t kMaxReturnedOutputBytes = int64_t{64} << 20;
 
 // Largest `iterations` a job may ask for.
@@ -59,56 +69,68 @@ struct AttentionTaskPlan {
   bool backward = false;
   int64_t iterations = 1;
   uint64_t seed = 0;
-  bool return_output = false;  // Asked for, and this rank returns it (rank 0).
-  MemoryPlan memory;           // Host bytes of this rank's tensors and the backend's workspace.
-  int64_t tensor_bytes = 0;    // Bytes of one of this rank's (B, N_rank, H, D) tensors.
-  double flops_per_step = 0;   // Nominal FLOPs of one step of this rank.
+  bool return_output = false;  // The job asked for its output: this rank returns its shard.
+  RankMemoryPlan memory;       // Device bytes of this rank (tensors, workspace, ring buffers).
+  int64_t tensor_bytes = 0;    // Bytes of one of this rank's (B, N/P, H, D) tensors.
+  double flops_per_step = 0;   // Nominal FLOPs of one step of this rank (the job's / P).
 };
 
-// Validates `task` against `caps` and plans it for a backend using `num_threads` threads.
+// Validates `task` against `caps` and plans it for a device running `num_threads` engine threads.
 // Errors: INVALID_ARGUMENT for a task without attention work, a bad enum, iterations outside
-// [0, kMaxIterations], an output over kMaxReturnedOutputBytes, or anything the engine's validation
-// rejects (its message, unchanged); UNIMPLEMENTED "multi-rank tasks need the ring engine" when the
-// ring or the job has more than one rank; FAILED_PRECONDITION for a backend that is not on the host
-// (this runner allocates host memory only).
+// [0, kMaxIterations], a whole output over kMaxReturnedOutputBytes when asked for, a ring that does
+// not match the job (ring.size != num_ranks, rank outside [0, P), ring.rank != rank), P not
+// dividing N, or anything the engine's validation rejects (its message, unchanged).
 absl::StatusOr<AttentionTaskPlan> PlanAttentionTask(const v1::TaskAssignment& task,
                                                     const BackendCaps& caps, int num_threads);
 
 struct AttentionTaskOptions {
-  // Threads for input generation and the memory plan's workspace; should match the backend's.
+  // Engine threads (CPU backend or ring kernels) and threads that generate inputs.
   int num_threads = 1;
-  // Host bytes the task may use; negative means the live MemAvailable of /proc/meminfo.
+  // Device bytes the task may use; negative means what the device reports free now.
   int64_t available_memory_bytes = -1;
-  // Called once, after inputs exist and just before the first step.
+  // Stored in the ring's store when this rank arrives (who it is, for diagnostics).
+  std::string member_name;
+  // Longest wait for a ring peer when the assignment's RingInfo leaves it 0.
+  absl::Duration default_comm_timeout = absl::Seconds(120);
+  // Called as the rank moves through its phases (PREPARING, FORMING_RING, RUNNING).
+  std::function<void(v1::RankPhase)> on_phase;
+  // Ring tasks: called with the formed communicator and the seconds its formation took, and with
+  // (nullptr, the same seconds) before it is destroyed. The caller may Abort() it from another
+  // thread in between (that is how a cancel interrupts a step).
+  std::function<void(comm::Communicator*, double)> on_communicator;
+  // Called once, after inputs exist (and the ring is formed) and just before the first step.
   std::function<void()> on_started;
   // Called after each finished step with (steps_done, steps_total).
   std::function<void(int64_t, int64_t)> on_progress;
-  // Polled before each step; true stops the task with CANCELLED.
+  // Polled before each step (and while a ring forms); true stops the task with CANCELLED. A step
+  // that fails while it is true (its communicator aborted) also ends CANCELLED.
   std::function<bool()> is_cancelled;
 };
 
 struct AttentionTaskResult {
-  // rank, seconds_total (wall time of all steps), seconds_per_step (median), tflops, checksums and
-  // peak_memory_bytes (outputs + lse + the planner's workspace: what the task and the backend
-  // allocate beyond the inputs). worker_id is left for the caller. Checksums are of the last step:
-  // out_sum / out_sum_squares over every element of out; grad_sum / grad_sum_squares over every
-  // element of dq, dk and dv together (zero for forward-only tasks); all accumulated in fp64 in
-  // row-major order.
+  // rank, seconds_total (wall time of all steps), seconds_per_step (median), tflops,
+  // ring_formation_seconds, checksums and peak_memory_bytes (outputs + lse + workspace + ring
+  // buffers: what the task and the engine allocate beyond the inputs). worker_id is left for the
+  // caller. Checksums are of the last step's results of this rank's shard: out_sum /
+  // out_sum_squares over every element of out; grad_sum / grad_sum_squares over every element of
+  // dq, dk and dv together (zero for forward-only tasks); all accumulated in fp64 in row-major
+  // order.
   v1::RankResult rank_result;
   bool has_output = false;
-  // With has_output: dtype = the job's, shape = (B, N_rank, H, D), data = row-major little-endian.
+  // With has_output: dtype = the job's, shape = (B, N/P, H, D), data = row-major little-endian.
   v1::Tensor output;
   int64_t steps_done = 0;
   double flops_per_step = 0;
+  double ring_formation_seconds = 0;  // 0 for single-rank tasks.
 };
 
-// Runs `task` on `backend` (not owned; used exclusively until return).
+// Runs `task` on `device` (not owned; must outlive the call).
 // Errors: those of PlanAttentionTask; RESOURCE_EXHAUSTED when the memory plan exceeds the available
 // bytes (the message carries the plan's DebugString and the free bytes) or an allocation fails;
-// CANCELLED (saying after how many steps) when is_cancelled returned true; any engine error,
-// unchanged.
+// those of JoinRing (ring_join.h); CANCELLED (saying after how many steps) when cancelled; any
+// engine or communicator error, ring ones prefixed with the ring, rank and step.
 absl::StatusOr<AttentionTaskResult> RunAttentionTask(const v1::TaskAssignment& task,
-                                                     AttentionBackend* backend,
+                                                     TaskDevice* device,
                                                      const AttentionTaskOptions& options);
 
 }  // namespace worker

@@ -1,14 +1,23 @@
 #include "worker/attention_task.h"
 
+#include <atomic>
 #include <cmath>
 #include <cstring>
+#include <functional>
 #include <memory>
+#include <string>
+#include <thread>
 #include <vector>
 
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "engine/attention_spec.h"
+#include "engine/comm/tcp_store.h"
 #include "engine/cpu_backend.h"
 #include "engine/validate.h"
 #include "gtest/gtest.h"
+#include "worker/cpu_device.h"
 #include "worker/random_inputs.h"
 
 namespace dattn {
@@ -94,10 +103,11 @@ Direct RunDirect(const v1::TaskAssignment& task, int threads) {
   return d;
 }
 
-std::unique_ptr<AttentionBackend> Backend(int threads) {
-  CpuBackendOptions options;
-  options.num_threads = threads;
-  return NewCpuBackend(options);
+// The host device (tasks make their own backends with the options' thread count).
+std::unique_ptr<TaskDevice> Host() {
+  absl::StatusOr<std::unique_ptr<TaskDevice>> device = NewCpuDevice();
+  EXPECT_TRUE(device.ok()) << device.status();
+  return device.ok() ? *std::move(device) : nullptr;
 }
 
 void ExpectRelNear(double got, double want, double tol, const char* what) {
@@ -109,10 +119,10 @@ TEST(AttentionTaskTest, ForwardChecksumsAndOutputMatchADirectEngineCall) {
   for (v1::DType dtype : {v1::DTYPE_FP32, v1::DTYPE_FP64}) {
     v1::TaskAssignment task = SmallTask(dtype, v1::PASS_FORWARD, 3);
     task.mutable_spec()->mutable_attention()->set_return_output(true);
-    std::unique_ptr<AttentionBackend> backend = Backend(2);
+    std::unique_ptr<TaskDevice> host = Host();
     AttentionTaskOptions options;
     options.num_threads = 2;
-    absl::StatusOr<AttentionTaskResult> result = RunAttentionTask(task, backend.get(), options);
+    absl::StatusOr<AttentionTaskResult> result = RunAttentionTask(task, host.get(), options);
     ASSERT_TRUE(result.ok()) << result.status();
 
     Direct d = RunDirect(task, 2);
@@ -142,10 +152,10 @@ TEST(AttentionTaskTest, ForwardBackwardGradChecksumsMatchADirectEngineCall) {
   v1::TaskAssignment task = SmallTask(v1::DTYPE_FP64, v1::PASS_FORWARD_BACKWARD, 2);
   task.mutable_spec()->mutable_attention()->mutable_attention()->set_mode(
       v1::ATTENTION_MODE_MIXTURE);
-  std::unique_ptr<AttentionBackend> backend = Backend(2);
+  std::unique_ptr<TaskDevice> host = Host();
   AttentionTaskOptions options;
   options.num_threads = 2;
-  absl::StatusOr<AttentionTaskResult> result = RunAttentionTask(task, backend.get(), options);
+  absl::StatusOr<AttentionTaskResult> result = RunAttentionTask(task, host.get(), options);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_FALSE(result->has_output);
 
@@ -173,7 +183,7 @@ TEST(AttentionTaskTest, ForwardBackwardGradChecksumsMatchADirectEngineCall) {
 
 TEST(AttentionTaskTest, ReportsStartAndProgressAfterEveryStep) {
   v1::TaskAssignment task = SmallTask(v1::DTYPE_FP32, v1::PASS_FORWARD, 5);
-  std::unique_ptr<AttentionBackend> backend = Backend(1);
+  std::unique_ptr<TaskDevice> host = Host();
   std::vector<std::pair<int64_t, int64_t>> progress;
   int started = 0;
   AttentionTaskOptions options;
@@ -182,7 +192,7 @@ TEST(AttentionTaskTest, ReportsStartAndProgressAfterEveryStep) {
     ++started;
   };
   options.on_progress = [&](int64_t done, int64_t total) { progress.emplace_back(done, total); };
-  absl::StatusOr<AttentionTaskResult> result = RunAttentionTask(task, backend.get(), options);
+  absl::StatusOr<AttentionTaskResult> result = RunAttentionTask(task, host.get(), options);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(started, 1);
   ASSERT_EQ(progress.size(), 5u);
@@ -194,12 +204,12 @@ TEST(AttentionTaskTest, ReportsStartAndProgressAfterEveryStep) {
 
 TEST(AttentionTaskTest, CancelStopsBetweenSteps) {
   v1::TaskAssignment task = SmallTask(v1::DTYPE_FP32, v1::PASS_FORWARD_BACKWARD, 100);
-  std::unique_ptr<AttentionBackend> backend = Backend(1);
+  std::unique_ptr<TaskDevice> host = Host();
   int64_t steps = 0;
   AttentionTaskOptions options;
   options.on_progress = [&](int64_t done, int64_t) { steps = done; };
   options.is_cancelled = [&]() { return steps >= 2; };
-  absl::StatusOr<AttentionTaskResult> result = RunAttentionTask(task, backend.get(), options);
+  absl::StatusOr<AttentionTaskResult> result = RunAttentionTask(task, host.get(), options);
   ASSERT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
   EXPECT_EQ(steps, 2);
   EXPECT_NE(result.status().message().find("after 2 of 100 steps"), absl::string_view::npos)
@@ -208,13 +218,13 @@ TEST(AttentionTaskTest, CancelStopsBetweenSteps) {
   // Cancelled before anything runs: no step at all.
   steps = 0;
   options.is_cancelled = []() { return true; };
-  result = RunAttentionTask(task, backend.get(), options);
+  result = RunAttentionTask(task, host.get(), options);
   EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(steps, 0);
 }
 
 TEST(AttentionTaskTest, RejectsBadSpecsWithClearErrors) {
-  std::unique_ptr<AttentionBackend> backend = Backend(1);
+  std::unique_ptr<TaskDevice> host = Host();
   AttentionTaskOptions options;
   struct Case {
     const char* what;
@@ -259,11 +269,25 @@ TEST(AttentionTaskTest, RejectsBadSpecsWithClearErrors) {
        absl::StatusCode::kInvalidArgument, "-3"},
       {"no attention work", [](v1::TaskAssignment* t) { t->mutable_spec()->clear_attention(); },
        absl::StatusCode::kInvalidArgument, "attention"},
-      {"multi-rank ring", [](v1::TaskAssignment* t) { t->mutable_ring()->set_size(2); },
-       absl::StatusCode::kUnimplemented, "ring engine"},
-      {"multi-rank job",
+      {"ring larger than the job", [](v1::TaskAssignment* t) { t->mutable_ring()->set_size(2); },
+       absl::StatusCode::kInvalidArgument, "num_ranks = 1"},
+      {"multi-rank job without its ring",
        [](v1::TaskAssignment* t) { t->mutable_spec()->mutable_attention()->set_num_ranks(4); },
-       absl::StatusCode::kUnimplemented, "ring engine"},
+       absl::StatusCode::kInvalidArgument, "must agree"},
+      {"rank outside the ring",
+       [](v1::TaskAssignment* t) {
+         t->mutable_spec()->mutable_attention()->set_num_ranks(2);
+         t->set_rank(2);
+         t->mutable_ring()->set_rank(2);
+         t->mutable_ring()->set_size(2);
+       },
+       absl::StatusCode::kInvalidArgument, "0 <= rank < num_ranks"},
+      {"ranks not dividing N",
+       [](v1::TaskAssignment* t) {
+         t->mutable_spec()->mutable_attention()->set_num_ranks(3);
+         t->mutable_ring()->set_size(3);
+       },
+       absl::StatusCode::kInvalidArgument, "does not divide seq_len 80"},
       {"output over 64 MiB",
        [](v1::TaskAssignment* t) {
          v1::AttentionJobSpec* job = t->mutable_spec()->mutable_attention();
@@ -279,7 +303,7 @@ TEST(AttentionTaskTest, RejectsBadSpecsWithClearErrors) {
     c.edit(&task);
     bool ran = false;
     options.on_started = [&]() { ran = true; };
-    absl::StatusOr<AttentionTaskResult> result = RunAttentionTask(task, backend.get(), options);
+    absl::StatusOr<AttentionTaskResult> result = RunAttentionTask(task, host.get(), options);
     EXPECT_EQ(result.status().code(), c.code) << c.what << ": " << result.status();
     EXPECT_NE(result.status().message().find(c.needle), absl::string_view::npos)
         << c.what << ": " << result.status();
@@ -289,12 +313,12 @@ TEST(AttentionTaskTest, RejectsBadSpecsWithClearErrors) {
 
 TEST(AttentionTaskTest, RefusesAPlanThatDoesNotFit) {
   v1::TaskAssignment task = SmallTask(v1::DTYPE_FP64, v1::PASS_FORWARD_BACKWARD, 1);
-  std::unique_ptr<AttentionBackend> backend = Backend(1);
+  std::unique_ptr<TaskDevice> host = Host();
   AttentionTaskOptions options;
   options.available_memory_bytes = 4096;
   bool ran = false;
   options.on_started = [&]() { ran = true; };
-  absl::StatusOr<AttentionTaskResult> result = RunAttentionTask(task, backend.get(), options);
+  absl::StatusOr<AttentionTaskResult> result = RunAttentionTask(task, host.get(), options);
   EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted) << result.status();
   EXPECT_NE(result.status().message().find("workspace"), absl::string_view::npos)
       << "the plan's DebugString belongs in the message: " << result.status();
@@ -302,10 +326,10 @@ TEST(AttentionTaskTest, RefusesAPlanThatDoesNotFit) {
   EXPECT_FALSE(ran);
 
   // The same task fits with the plan's own total.
-  absl::StatusOr<AttentionTaskPlan> plan = PlanAttentionTask(task, backend->caps(), 1);
+  absl::StatusOr<AttentionTaskPlan> plan = PlanAttentionTask(task, host->caps(), 1);
   ASSERT_TRUE(plan.ok()) << plan.status();
   options.available_memory_bytes = plan->memory.total_bytes();
-  EXPECT_TRUE(RunAttentionTask(task, backend.get(), options).ok());
+  EXPECT_TRUE(RunAttentionTask(task, host.get(), options).ok());
 }
 
 TEST(AttentionTaskTest, DefaultsOfUnspecifiedEnums) {
@@ -325,11 +349,235 @@ TEST(AttentionTaskTest, DefaultsOfUnspecifiedEnums) {
   EXPECT_EQ(spec.scale, 0.5);
 
   v1::TaskAssignment task = SmallTask(v1::DTYPE_FP32, v1::PASS_UNSPECIFIED, 0);
-  std::unique_ptr<AttentionBackend> backend = Backend(1);
-  absl::StatusOr<AttentionTaskPlan> plan = PlanAttentionTask(task, backend->caps(), 1);
+  std::unique_ptr<TaskDevice> host = Host();
+  absl::StatusOr<AttentionTaskPlan> plan = PlanAttentionTask(task, host->caps(), 1);
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_FALSE(plan->backward);
   EXPECT_EQ(plan->iterations, 1);
+}
+
+// -------------------------------------------------------------------------------------------------
+// Ranks of a ring: threads of this process, each a rank with its own Gloo communicator, meeting
+// through a rendezvous store as the coordinator would host it.
+
+v1::TaskAssignment RingTask(v1::TaskAssignment task, const std::string& store, int rank, int size,
+                            int64_t formation_ms = 20000) {
+  // Every ring attempt needs an id of its own: its keys in the store must not meet another's.
+  const std::string ring_id = absl::StrCat(task.job_id(), "/1");
+  task.set_task_id(absl::StrCat(ring_id, "/", rank));
+  task.set_rank(rank);
+  task.mutable_spec()->mutable_attention()->set_num_ranks(size);
+  v1::RingInfo* ring = task.mutable_ring();
+  ring->set_ring_id(ring_id);
+  ring->set_rank(rank);
+  ring->set_size(size);
+  ring->set_backend("gloo");
+  ring->set_store_address(store);
+  ring->set_formation_timeout_ms(formation_ms);
+  ring->set_comm_timeout_ms(20000);
+  return task;
+}
+
+// Runs ranks `ranks` of a ring of `size` on threads; results by rank (absent ranks never run).
+std::vector<absl::StatusOr<AttentionTaskResult>> RunRing(
+    const v1::TaskAssignment& base, int size, const std::vector<int>& ranks,
+    const std::string& store, int64_t formation_ms = 20000,
+    const std::function<void(int, AttentionTaskOptions*)>& edit = nullptr) {
+  std::vector<absl::StatusOr<AttentionTaskResult>> results(
+      size, absl::UnknownError("this rank did not run"));
+  std::vector<std::thread> threads;
+  for (int r : ranks) {
+    threads.emplace_back([&, r] {
+      std::unique_ptr<TaskDevice> host = Host();
+      AttentionTaskOptions options;
+      options.num_threads = 1;
+      options.member_name = absl::StrCat("thread-", r);
+      if (edit) edit(r, &options);
+      results[r] =
+          RunAttentionTask(RingTask(base, store, r, size, formation_ms), host.get(), options);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return results;
+}
+
+double RelativeError(const std::string& got, const std::string& want) {
+  const double* g = reinterpret_cast<const double*>(got.data());
+  const double* w = reinterpret_cast<const double*>(want.data());
+  double err = 0, norm = 0;
+  for (size_t i = 0; i < want.size() / sizeof(double); ++i) {
+    err += (g[i] - w[i]) * (g[i] - w[i]);
+    norm += w[i] * w[i];
+  }
+  return std::sqrt(err / norm);
+}
+
+// Every rank's output shard is the single-rank output's slice (fp64: to 1e-12), and the ranks'
+// checksums add up to the single-rank checksums, for patterns whose segments span shards, both
+// modes, causal or not, with backward.
+TEST(AttentionTaskRingTest, RanksReproduceTheSingleRankRun) {
+  absl::StatusOr<std::unique_ptr<comm::TcpStoreServer>> server = comm::TcpStoreServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  struct Case {
+    v1::AttentionMode mode;
+    bool causal;
+    int ranks;
+  };
+  int run = 0;
+  for (const Case& c :
+       {Case{v1::ATTENTION_MODE_GROUPED, false, 2}, Case{v1::ATTENTION_MODE_MIXTURE, true, 2},
+        Case{v1::ATTENTION_MODE_GROUPED, true, 4}, Case{v1::ATTENTION_MODE_MIXTURE, false, 4}}) {
+    SCOPED_TRACE(absl::StrCat("mode ", c.mode, " causal ", c.causal, " ranks ", c.ranks));
+    // N = 96, w = [16, 64]: the 64-segments cross the shard boundaries at 48 (P = 2) and 24, 72
+    // (P = 4), and so do the 16-segments at 24 and 72.
+    v1::TaskAssignment task = SmallTask(v1::DTYPE_FP64, v1::PASS_FORWARD_BACKWARD, 2);
+    v1::AttentionJobSpec* job = task.mutable_spec()->mutable_attention();
+    job->mutable_shape()->set_seq_len(96);
+    job->mutable_attention()->set_segment_lengths(1, 64);
+    job->mutable_attention()->set_mode(c.mode);
+    job->mutable_attention()->set_causal(c.causal);
+    job->set_return_output(true);
+    std::unique_ptr<TaskDevice> host = Host();
+    AttentionTaskOptions single_options;
+    absl::StatusOr<AttentionTaskResult> single = RunAttentionTask(task, host.get(), single_options);
+    ASSERT_TRUE(single.ok()) << single.status();
+
+    // Each case is a ring attempt of its own, as the coordinator would make it.
+    task.set_job_id(absl::StrCat("j-ring-", run++));
+    std::vector<int> all(c.ranks);
+    for (int r = 0; r < c.ranks; ++r) all[r] = r;
+    std::vector<absl::StatusOr<AttentionTaskResult>> ranks =
+        RunRing(task, c.ranks, all, (*server)->address());
+    double out_sum = 0, out_sq = 0, grad_sum = 0, grad_sq = 0;
+    const int64_t b = 2, n = 96, l = n / c.ranks, row = 3 * 8 * 8;  // H * D * sizeof(double)
+    for (int r = 0; r < c.ranks; ++r) {
+      ASSERT_TRUE(ranks[r].ok()) << "rank " << r << ": " << ranks[r].status();
+      const AttentionTaskResult& got = *ranks[r];
+      EXPECT_EQ(got.rank_result.rank(), r);
+      EXPECT_GT(got.ring_formation_seconds, 0.0);
+      EXPECT_EQ(got.rank_result.ring_formation_seconds(), got.ring_formation_seconds);
+      EXPECT_DOUBLE_EQ(got.flops_per_step, single->flops_per_step / c.ranks);
+      ASSERT_TRUE(got.has_output);
+      EXPECT_EQ(std::vector<int64_t>(got.output.shape().begin(), got.output.shape().end()),
+                (std::vector<int64_t>{b, l, 3, 8}));
+      // The shard of batch item bi is rows [r l, (r+1) l) of that item in the single output.
+      std::string want;
+      for (int64_t bi = 0; bi < b; ++bi) {
+        want += single->output.data().substr((bi * n + r * l) * row, l * row);
+      }
+      EXPECT_LE(RelativeError(got.output.data(), want), 1e-12) << "rank " << r;
+      out_sum += got.rank_result.out_sum();
+      out_sq += got.rank_result.out_sum_squares();
+      grad_sum += got.rank_result.grad_sum();
+      grad_sq += got.rank_result.grad_sum_squares();
+    }
+    const v1::RankResult& one = single->rank_result;
+    ExpectRelNear(out_sq, one.out_sum_squares(), 1e-12, "out_sum_squares");
+    ExpectRelNear(grad_sq, one.grad_sum_squares(), 1e-12, "grad_sum_squares");
+    EXPECT_LE(std::fabs(out_sum - one.out_sum()), 1e-10 * std::sqrt(one.out_sum_squares()));
+    EXPECT_LE(std::fabs(grad_sum - one.grad_sum()), 1e-10 * std::sqrt(one.grad_sum_squares()));
+  }
+}
+
+TEST(AttentionTaskRingTest, ARankThatNeverArrivesFailsTheFormationNamingIt) {
+  absl::StatusOr<std::unique_ptr<comm::TcpStoreServer>> server = comm::TcpStoreServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  v1::TaskAssignment task = SmallTask(v1::DTYPE_FP32, v1::PASS_FORWARD, 1);
+  task.mutable_spec()->mutable_attention()->mutable_shape()->set_seq_len(96);
+  const absl::Time start = absl::Now();
+  std::vector<absl::StatusOr<AttentionTaskResult>> ranks =
+      RunRing(task, 3, {0, 1}, (*server)->address(), /*formation_ms=*/400);
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5));
+  for (int r : {0, 1}) {
+    EXPECT_EQ(ranks[r].status().code(), absl::StatusCode::kDeadlineExceeded) << ranks[r].status();
+    EXPECT_NE(ranks[r].status().message().find("rank 2 of 3 never arrived"), std::string::npos)
+        << ranks[r].status();
+    EXPECT_NE(ranks[r].status().message().find("ring j-test/1 rank"), std::string::npos)
+        << ranks[r].status();
+  }
+}
+
+TEST(AttentionTaskRingTest, ACancelIsSeenWhileWaitingForPeers) {
+  absl::StatusOr<std::unique_ptr<comm::TcpStoreServer>> server = comm::TcpStoreServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  v1::TaskAssignment task = SmallTask(v1::DTYPE_FP32, v1::PASS_FORWARD, 1);
+  const absl::Time start = absl::Now();
+  std::vector<v1::RankPhase> phases;
+  std::vector<absl::StatusOr<AttentionTaskResult>> ranks =
+      RunRing(task, 2, {0}, (*server)->address(), /*formation_ms=*/30000,
+              [&](int, AttentionTaskOptions* o) {
+                o->is_cancelled = [start] { return absl::Now() - start > absl::Milliseconds(300); };
+                o->on_phase = [&](v1::RankPhase p) { phases.push_back(p); };
+              });
+  EXPECT_EQ(ranks[0].status().code(), absl::StatusCode::kCancelled) << ranks[0].status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(3));
+  EXPECT_EQ(phases,
+            (std::vector<v1::RankPhase>{v1::RANK_PHASE_PREPARING, v1::RANK_PHASE_FORMING_RING}));
+}
+
+// A cancel aborts the rank's communicator mid-step (the worker does it from another thread); its
+// peer then fails with an error that names the aborted rank.
+TEST(AttentionTaskRingTest, AbortingOneRankFailsItsPeerNamingIt) {
+  absl::StatusOr<std::unique_ptr<comm::TcpStoreServer>> server = comm::TcpStoreServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  v1::TaskAssignment task = SmallTask(v1::DTYPE_FP32, v1::PASS_FORWARD_BACKWARD, 1000000);
+  task.mutable_spec()->mutable_attention()->mutable_shape()->set_seq_len(96);
+  std::atomic<bool> cancel{false};
+  std::atomic<int64_t> rank0_steps{0};
+  absl::Mutex mu;
+  comm::Communicator* rank0_comm = nullptr;
+  std::thread canceller([&] {
+    while (rank0_steps.load() < 3) absl::SleepFor(absl::Milliseconds(5));
+    cancel = true;
+    absl::MutexLock lock(&mu);
+    if (rank0_comm != nullptr) rank0_comm->Abort("test cancels rank 0");
+  });
+  std::vector<absl::StatusOr<AttentionTaskResult>> ranks =
+      RunRing(task, 2, {0, 1}, (*server)->address(), 20000, [&](int r, AttentionTaskOptions* o) {
+        if (r != 0) return;
+        o->is_cancelled = [&] { return cancel.load(); };
+        o->on_progress = [&](int64_t done, int64_t) { rank0_steps = done; };
+        o->on_communicator = [&](comm::Communicator* c, double) {
+          absl::MutexLock lock(&mu);
+          rank0_comm = c;
+        };
+      });
+  canceller.join();
+  EXPECT_EQ(ranks[0].status().code(), absl::StatusCode::kCancelled) << ranks[0].status();
+  const absl::Status& peer = ranks[1].status();
+  EXPECT_TRUE(absl::IsUnavailable(peer) || absl::IsDeadlineExceeded(peer) || absl::IsAborted(peer))
+      << peer;
+  EXPECT_NE(peer.message().find("ring j-test/1 rank 1 of 2, step"), std::string::npos) << peer;
+  EXPECT_NE(peer.message().find("rank 0"), std::string::npos) << peer;
+}
+
+TEST(AttentionTaskRingTest, RingsThisDeviceCannotFormAreRefused) {
+  v1::TaskAssignment task =
+      RingTask(SmallTask(v1::DTYPE_FP32, v1::PASS_FORWARD, 1), "127.0.0.1:1", 0, 2);
+  task.mutable_ring()->set_backend("nccl");
+  std::unique_ptr<TaskDevice> host = Host();
+  absl::StatusOr<AttentionTaskResult> result =
+      RunAttentionTask(task, host.get(), AttentionTaskOptions());
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition) << result.status();
+  EXPECT_NE(result.status().message().find("forms gloo rings, not \"nccl\""), std::string::npos)
+      << result.status();
+}
+
+// A ring rank plans its shard, the ring kernels' scratch and its exchange buffers.
+TEST(AttentionTaskRingTest, PlansTheRanksShardAndBuffers) {
+  v1::TaskAssignment task =
+      RingTask(SmallTask(v1::DTYPE_FP64, v1::PASS_FORWARD_BACKWARD, 1), "127.0.0.1:1", 3, 4);
+  std::unique_ptr<TaskDevice> host = Host();
+  absl::StatusOr<AttentionTaskPlan> plan = PlanAttentionTask(task, host->caps(), 2);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->rank, 3);
+  EXPECT_EQ(plan->num_ranks, 4);
+  EXPECT_EQ(plan->positions.begin, 60);
+  EXPECT_EQ(plan->positions.end, 80);
+  EXPECT_EQ(plan->tensor_bytes, 2 * 20 * 3 * 8 * 8);
+  EXPECT_EQ(plan->memory.shard.inputs_bytes, 4 * plan->tensor_bytes);
+  EXPECT_EQ(plan->memory.shard.workspace_bytes, 2 * CpuRingKernelScratchBytes(DType::kFloat64, 8));
+  EXPECT_GT(plan->memory.ring_bytes, 0);
 }
 
 }  // namespace

@@ -2,13 +2,20 @@
 //
 //   dattn-worker --coordinator host:7070 [--name NAME] [--slots N] [--threads T]
 //                [--heartbeat-ms MS] [--health-port P] [--listen-address A] [--memory-bytes B]
-//                [--shutdown-timeout-s S]
+//                [--ring-address A] [--shutdown-timeout-s S]
+//   dattn-worker-gpu --gpu [--gpu-index I] ...   (the same worker on one GPU)
 //
 // The worker dials the coordinator (it needs no inbound port for work) and serves only
 // grpc.health.v1 on --listen-address:--health-port: service "" is SERVING while the process is
 // alive (liveness); service "dattn-worker" is SERVING while the worker is registered with the
-// coordinator and accepting tasks (readiness). Every important event is one timestamped line on
-// stderr.
+// coordinator and accepting tasks (readiness). Ring ranks talk to their peers directly: Gloo over
+// TCP on CPU workers, listening on --ring-address (ephemeral ports); NCCL on GPU workers. Every
+// important event is one timestamped line on stderr.
+//
+// The device is chosen by what the binary and the host offer: dattn-worker runs on the CPU;
+// dattn-worker-gpu runs on GPU --gpu-index with --gpu (one process per GPU), and refuses to start
+// (exit 2) when CUDA finds no such device. dattn-worker refuses --gpu: it links no CUDA library, so
+// it starts on hosts without any.
 //
 // Exit codes: 0 after a signal-initiated shutdown; 1 if the health endpoint cannot listen, or on a
 // second signal during shutdown (immediate exit); 2 for bad flags or a worker that cannot start.
@@ -29,8 +36,12 @@
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "worker/cpu_device.h"
 #include "worker/log.h"
 #include "worker/worker.h"
+#ifdef DATTN_WORKER_WITH_CUDA
+#include "worker/cuda_device.h"
+#endif
 
 namespace {
 
@@ -60,6 +71,9 @@ int main(int argc, char** argv) {
   int health_port = 0;
   std::string listen_address = "127.0.0.1";
   int shutdown_timeout_s = 10;
+  bool gpu = false;
+  int gpu_index = 0;
+  std::string ring_address;
 
   CLI::App app{"dattn-worker: runs dilated-attention tasks for a dattn coordinator"};
   app.set_version_flag("--version", dattn::worker::kWorkerVersion);
@@ -93,6 +107,12 @@ int main(int argc, char** argv) {
                  "On SIGTERM, how long to keep trying to deliver final reports")
       ->check(CLI::Range(0, 3600))
       ->capture_default_str();
+  app.add_flag("--gpu", gpu, "Run on a GPU (dattn-worker-gpu only; one worker process per GPU)");
+  app.add_option("--gpu-index", gpu_index, "CUDA ordinal of the GPU, with --gpu")
+      ->check(CLI::Range(0, 1023))
+      ->capture_default_str();
+  app.add_option("--ring-address", ring_address,
+                 "Address CPU ring ranks listen on for their peers (default: --listen-address)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -101,7 +121,23 @@ int main(int argc, char** argv) {
   }
   options.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
   options.shutdown_report_deadline = absl::Seconds(shutdown_timeout_s);
+  options.ring_address = ring_address.empty() ? listen_address : ring_address;
 
+  // The device, before anything else starts: a worker that cannot have its device does not run.
+  if (gpu) {
+#ifdef DATTN_WORKER_WITH_CUDA
+    absl::StatusOr<std::unique_ptr<dattn::worker::TaskDevice>> device =
+        dattn::worker::NewCudaDevice(dattn::worker::CudaDeviceOptions{gpu_index});
+    if (!device.ok()) {
+      LogEvent("cannot use GPU ", gpu_index, ": ", device.status().ToString());
+      return 2;
+    }
+    options.device = std::move(*device);
+#else
+    LogEvent("--gpu: this dattn-worker is built without CUDA; run dattn-worker-gpu on GPU hosts");
+    return 2;
+#endif
+  }
   // SIGTERM and SIGINT are taken synchronously by sigwait below: block them before any thread
   // (gRPC's included) starts, so that every thread inherits the mask.
   sigset_t signals;

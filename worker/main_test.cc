@@ -209,6 +209,13 @@ TEST(WorkerMainTest, BadFlagsExitWithTwo) {
   EXPECT_EQ(worker.WaitExit(absl::Seconds(10)), 2);
 }
 
+// The CPU worker links no CUDA library: it refuses --gpu rather than start on the wrong device.
+TEST(WorkerMainTest, TheCpuWorkerRefusesGpu) {
+  WorkerProcess worker({"--gpu", "--coordinator", "127.0.0.1:1"});
+  ASSERT_TRUE(worker.started());
+  EXPECT_EQ(worker.WaitExit(absl::Seconds(10)), 2);
+}
+
 }  // namespace
 }  // namespace worker
 }  // namespace dattn

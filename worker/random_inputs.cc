@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "worker/half_float.h"
 
 namespace dattn {
 namespace worker {
@@ -36,11 +37,25 @@ double NormalFromKey(uint64_t key, uint64_t index) {
   return std::sqrt(-2.0 * std::log(u1)) * std::cos(kTwoPi * u2);
 }
 
+// Element storage of each dtype, rounded once from the double.
+struct ToFloat {
+  float operator()(double x) const { return static_cast<float>(x); }
+};
+struct ToDouble {
+  double operator()(double x) const { return x; }
+};
+struct ToHalf {
+  uint16_t operator()(double x) const { return DoubleToHalfBits(x); }
+};
+struct ToBFloat16 {
+  uint16_t operator()(double x) const { return DoubleToBFloat16Bits(x); }
+};
+
 // Fills rows [row_begin, row_end) of the shard; a row is one (b, local position) pair of H*D
 // elements.
-template <typename T>
+template <typename T, typename Convert>
 void FillRows(uint64_t key, const FullShape& full, PositionRange positions, T* out,
-              int64_t row_begin, int64_t row_end) {
+              int64_t row_begin, int64_t row_end, Convert convert) {
   const int64_t row_elems = full.num_heads * full.head_dim;
   const int64_t local_n = positions.size();
   for (int64_t row = row_begin; row < row_end; ++row) {
@@ -49,7 +64,7 @@ void FillRows(uint64_t key, const FullShape& full, PositionRange positions, T* o
     const uint64_t global = static_cast<uint64_t>((b * full.seq_len + n) * row_elems);
     T* dst = out + row * row_elems;
     for (int64_t e = 0; e < row_elems; ++e) {
-      dst[e] = static_cast<T>(NormalFromKey(key, global + static_cast<uint64_t>(e)));
+      dst[e] = convert(NormalFromKey(key, global + static_cast<uint64_t>(e)));
     }
   }
 }
@@ -90,18 +105,23 @@ absl::Status FillStandardNormal(uint64_t seed, InputTensor tensor, const FullSha
     return absl::InvalidArgumentError(absl::StrCat("random inputs: output view ", out.DebugString(),
                                                    " must be contiguous, non-null host memory"));
   }
-  if (out.dtype != DType::kFloat32 && out.dtype != DType::kFloat64) {
-    return absl::UnimplementedError(
-        absl::StrCat("random inputs: dtype ", DTypeName(out.dtype), " not supported (fp32, fp64)"));
-  }
   const int64_t rows = full.batch * positions.size();
   if (rows == 0) return absl::OkStatus();
   const uint64_t key = StreamKey(seed, tensor);
   auto fill = [&](int64_t begin, int64_t end) {
-    if (out.dtype == DType::kFloat32) {
-      FillRows(key, full, positions, static_cast<float*>(out.data), begin, end);
-    } else {
-      FillRows(key, full, positions, static_cast<double*>(out.data), begin, end);
+    switch (out.dtype) {
+      case DType::kFloat32:
+        FillRows(key, full, positions, static_cast<float*>(out.data), begin, end, ToFloat());
+        break;
+      case DType::kFloat64:
+        FillRows(key, full, positions, static_cast<double*>(out.data), begin, end, ToDouble());
+        break;
+      case DType::kFloat16:
+        FillRows(key, full, positions, static_cast<uint16_t*>(out.data), begin, end, ToHalf());
+        break;
+      case DType::kBFloat16:
+        FillRows(key, full, positions, static_cast<uint16_t*>(out.data), begin, end, ToBFloat16());
+        break;
     }
   };
   const int64_t threads = std::max<int64_t>(1, std::min<int64_t>(num_threads, rows));

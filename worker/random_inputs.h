@@ -58,11 +58,11 @@ struct FullShape {
 };
 
 // Fills `out` with the elements of `tensor` at positions [positions.begin, positions.end) of the
-// full tensor `full`. `out` must be a contiguous host view of shape (B, positions.size(), H, D) and
-// dtype fp32 or fp64. Work is split over `num_threads` threads (<= 1: the calling thread only); the
-// result does not depend on the thread count. Errors (nothing written): INVALID_ARGUMENT naming the
-// bad value for a shape or range mismatch, a non-contiguous or non-host view, a null pointer;
-// UNIMPLEMENTED for fp16/bf16 views.
+// full tensor `full`. `out` must be a contiguous host view of shape (B, positions.size(), H, D), of
+// any dtype (fp16 and bf16 round once from the double, half_float.h). Work is split over
+// `num_threads` threads (<= 1: the calling thread only); the result does not depend on the thread
+// count. Errors (nothing written): INVALID_ARGUMENT naming the bad value for a shape or range
+// mismatch, a non-contiguous or non-host view, a null pointer.
 absl::Status FillStandardNormal(uint64_t seed, InputTensor tensor, const FullShape& full,
                                 PositionRange positions, const TensorView& out,
                                 int num_threads = 1);

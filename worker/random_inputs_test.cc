@@ -6,6 +6,7 @@
 
 #include "engine/tensor.h"
 #include "gtest/gtest.h"
+#include "worker/half_float.h"
 
 namespace dattn {
 namespace worker {
@@ -136,12 +137,32 @@ TEST(RandomInputsTest, RejectsBadViews) {
   TensorView ok = TensorView::Contiguous(data.data(), DType::kFloat64, {1, 8, 2, 4});
   EXPECT_EQ(FillStandardNormal(1, InputTensor::kQ, full, {4, 12}, ok).code(),
             absl::StatusCode::kInvalidArgument);
-  TensorView half = TensorView::Contiguous(data.data(), DType::kFloat16, {1, 8, 2, 4});
-  EXPECT_EQ(FillStandardNormal(1, InputTensor::kQ, full, {0, 8}, half).code(),
-            absl::StatusCode::kUnimplemented);
   TensorView null = TensorView::Contiguous(nullptr, DType::kFloat64, {1, 8, 2, 4});
   EXPECT_EQ(FillStandardNormal(1, InputTensor::kQ, full, {0, 8}, null).code(),
             absl::StatusCode::kInvalidArgument);
+}
+
+// 16-bit shards hold the double values rounded once: the same numbers as the fp64 shard, narrowed.
+TEST(RandomInputsTest, SixteenBitShardsAreTheDoublesRoundedOnce) {
+  const FullShape full{2, 12, 3, 4};
+  const PositionRange positions{4, 10};
+  const int64_t n = full.batch * positions.size() * full.num_heads * full.head_dim;
+  const std::vector<int64_t> shape = {full.batch, positions.size(), full.num_heads, full.head_dim};
+  std::vector<double> wide(n);
+  ASSERT_TRUE(FillStandardNormal(9, InputTensor::kV, full, positions,
+                                 TensorView::Contiguous(wide.data(), DType::kFloat64, shape))
+                  .ok());
+  for (DType dtype : {DType::kFloat16, DType::kBFloat16}) {
+    std::vector<uint16_t> narrow(n, 0xffff);
+    ASSERT_TRUE(FillStandardNormal(9, InputTensor::kV, full, positions,
+                                   TensorView::Contiguous(narrow.data(), dtype, shape), 3)
+                    .ok());
+    for (int64_t i = 0; i < n; ++i) {
+      const uint16_t want =
+          dtype == DType::kFloat16 ? DoubleToHalfBits(wide[i]) : DoubleToBFloat16Bits(wide[i]);
+      ASSERT_EQ(narrow[i], want) << DTypeName(dtype) << " element " << i;
+    }
+  }
 }
 
 // Golden values pin the generator's definition (random_inputs.h): a change to the hash, the uniform

@@ -7,8 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
-#include "engine/cpu_backend.h"
 #include "worker/attention_task.h"
+#include "worker/cpu_device.h"
 #include "worker/host_info.h"
 #include "worker/log.h"
 
@@ -83,13 +83,6 @@ std::string Describe(const v1::TaskAssignment& task) {
 }
 
 WorkerOptions WithDefaults(WorkerOptions options) {
-  if (!options.backend_factory) {
-    options.backend_factory = [](int threads) {
-      CpuBackendOptions cpu;
-      cpu.num_threads = threads;
-      return NewCpuBackend(cpu);
-    };
-  }
   if (!options.credentials) options.credentials = grpc::InsecureChannelCredentials();
   return options;
 }
@@ -100,10 +93,16 @@ struct Worker::Task {
   v1::TaskAssignment assignment;
   int64_t steps_total = 1;
   int64_t reserved_bytes = 0;  // Planned bytes counted in reserved_bytes_.
-  int64_t budget_bytes = -1;   // Passed to RunAttentionTask; -1: MemAvailable.
+  int64_t budget_bytes = -1;   // Passed to RunAttentionTask; -1: what the device has free.
   std::atomic<bool> cancel{false};
   std::atomic<bool> silent{false};  // Report nothing more (the coordinator has given up on it).
   std::atomic<int64_t> steps_done{0};
+  std::atomic<int> phase{v1::RANK_PHASE_PREPARING};
+  std::atomic<double> ring_formation_seconds{0};
+  // The ring communicator while the task has one; a cancel aborts it so that a step waiting for
+  // peers ends at once. Set and cleared by the task thread.
+  absl::Mutex comm_mu;
+  comm::Communicator* comm ABSL_GUARDED_BY(comm_mu) = nullptr;
   std::thread thread;
   bool done = false;  // Guarded by Worker::mu_: the thread has finished its work; join it.
 };
@@ -163,28 +162,31 @@ absl::Status Worker::Start() {
     if (started_) return absl::FailedPreconditionError("worker: Start() called twice");
   }
 
+  device_ = o.device;
+  if (device_ == nullptr) {
+    CpuDeviceOptions cpu;
+    cpu.ring_address = o.ring_address;
+    absl::StatusOr<std::unique_ptr<TaskDevice>> host = NewCpuDevice(cpu);
+    if (!host.ok()) return host.status();
+    device_ = std::move(*host);
+  }
+  const BackendCaps& caps = device_->caps();
+  const bool gpu = caps.device == Device::kCuda;
   const int hardware = std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
   threads_per_task_ =
       o.threads_per_task > 0 ? o.threads_per_task : std::max(1, hardware / o.max_ranks);
-  std::unique_ptr<AttentionBackend> probe = o.backend_factory(threads_per_task_);
-  if (probe == nullptr) return absl::InvalidArgumentError("worker: backend factory returned null");
-  backend_caps_ = probe->caps();
-  probe.reset();
 
-  int64_t total_memory = o.memory_bytes;
-  if (total_memory == 0) {
-    absl::StatusOr<int64_t> total = ReadMeminfoBytes("MemTotal");
-    if (!total.ok()) return total.status();
-    total_memory = *total;
-  }
-  capabilities_.set_is_gpu(backend_caps_.device == Device::kCuda);
-  capabilities_.set_device_name(ReadCpuModel());
-  capabilities_.set_device_index(0);
+  const int64_t total_memory = o.memory_bytes > 0 ? o.memory_bytes : device_->total_memory_bytes();
+  capabilities_.set_is_gpu(gpu);
+  capabilities_.set_device_name(device_->device_name());
+  capabilities_.set_device_index(device_->device_index());
   capabilities_.set_total_memory_bytes(total_memory);
-  for (DType dtype : backend_caps_.dtypes) capabilities_.add_dtypes(ToApiDType(dtype));
+  for (DType dtype : caps.dtypes) capabilities_.add_dtypes(ToApiDType(dtype));
   capabilities_.set_max_ranks(o.max_ranks);
-  capabilities_.set_num_threads(threads_per_task_);
-  for (int64_t d : backend_caps_.head_dims) capabilities_.add_head_dims(d);
+  capabilities_.set_num_threads(gpu ? 0 : threads_per_task_);
+  for (int64_t d : caps.head_dims) capabilities_.add_head_dims(d);
+  for (const std::string& backend : device_->ring_backends())
+    capabilities_.add_ring_backends(backend);
 
   grpc::ChannelArguments args;
   // A vanished coordinator host (no RST) ends the held-open stream within ~80 s; heartbeats carry
@@ -210,8 +212,13 @@ absl::Status Worker::Start() {
     if (o.heartbeat_interval > absl::ZeroDuration()) heartbeat_interval_ = o.heartbeat_interval;
   }
   LogEvent("starting worker ", o.name, ": coordinator ", o.coordinator_address, ", ",
+           gpu ? absl::StrCat("GPU ", device_->device_index(), " ") : std::string("CPU "),
            capabilities_.device_name(), ", ", FormatBytes(total_memory), ", ", o.max_ranks,
-           " slot(s) x ", threads_per_task_, " thread(s)");
+           " slot(s) x ",
+           gpu ? std::string("1 GPU") : absl::StrCat(threads_per_task_, " thread(s)"), ", rings: ",
+           capabilities_.ring_backends().empty()
+               ? std::string("none")
+               : absl::StrJoin(capabilities_.ring_backends(), ","));
   session_thread_ = std::thread(&Worker::SessionLoop, this);
   stream_thread_ = std::thread(&Worker::StreamLoop, this);
   reporter_thread_ = std::thread(&Worker::ReporterLoop, this);
@@ -422,6 +429,10 @@ void Worker::Heartbeat() {
       v1::RunningTask* task = request.add_tasks();
       task->set_task_id(entry.first);
       task->set_steps_done(entry.second);
+      auto running = tasks_.find(entry.first);
+      task->set_phase(running != tasks_.end() && !running->second->done
+                          ? static_cast<v1::RankPhase>(running->second->phase.load())
+                          : v1::RANK_PHASE_FINISHED);
     }
   }
   request.set_free_memory_bytes(FreeMemoryBytes());
@@ -432,7 +443,9 @@ void Worker::Heartbeat() {
   grpc::Status status = stub_->Heartbeat(&context, request, &response);
 
   absl::MutexLock lock(&mu_);
-  if (generation != generation_) return;  // Answer about a registration that no longer exists.
+  // Answer about a registration that no longer exists, or that is being replaced right now (the
+  // session loop clears worker_id_ before it registers again, and bumps generation_ only after).
+  if (generation != generation_ || request.worker_id() != worker_id_) return;
   if (!status.ok()) {
     if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
       LogEvent("heartbeat: coordinator does not know worker ", request.worker_id(), " (",
@@ -514,6 +527,9 @@ void Worker::StreamLoop() {
     stream_context_ = nullptr;
     if (stopping_ || stop_session_) break;
     if (generation != generation_) continue;  // Re-registered: open the new registration's stream.
+    // A registration is under way (worker_id_ cleared, generation_ not yet bumped): this stream's
+    // NOT_FOUND is about the old registration and must not ask for yet another one.
+    if (worker_id_ != worker_id) continue;
     if (status.error_code() == grpc::StatusCode::NOT_FOUND) {
       LogEvent("assignment stream: coordinator does not know worker ", worker_id, " (",
                status.error_message(), "); registering again");
@@ -562,7 +578,7 @@ void Worker::HandleAssign(const v1::TaskAssignment& assign) {
       task->assignment = assign;
       task->steps_total = std::max(1, assign.spec().attention().iterations());
       absl::StatusOr<AttentionTaskPlan> plan =
-          PlanAttentionTask(assign, backend_caps_, threads_per_task_);
+          PlanAttentionTask(assign, device_->caps(), threads_per_task_);
       // A task that cannot be planned fails in RunAttentionTask with the same error.
       task->reserved_bytes = plan.ok() ? plan->memory.total_bytes() : 0;
       if (options_.memory_bytes > 0) {
@@ -587,9 +603,15 @@ void Worker::HandleCancel(const v1::CancelTask& cancel) {
     LogEvent("cancel for task ", cancel.task_id(), " which is not running here; ignored");
     return;
   }
-  it->second->cancel = true;
-  LogEvent("task ", cancel.task_id(),
-           " cancel requested: ", cancel.reason().empty() ? "no reason given" : cancel.reason());
+  const std::string why = cancel.reason().empty() ? "no reason given" : cancel.reason();
+  CancelTaskNow(it->second.get(), why);
+  LogEvent("task ", cancel.task_id(), " cancel requested: ", why);
+}
+
+void Worker::CancelTaskNow(Task* task, const std::string& why) {
+  task->cancel = true;
+  absl::MutexLock lock(&task->comm_mu);
+  if (task->comm != nullptr) task->comm->Abort(absl::StrCat("the task was cancelled: ", why));
 }
 
 void Worker::RefuseTask(const std::string& task_id, absl::Status why) {
@@ -606,7 +628,7 @@ void Worker::CancelAllLocked(bool silent, const char* why) {
   for (auto& entry : tasks_) {
     Task& task = *entry.second;
     if (task.done) continue;
-    task.cancel = true;
+    CancelTaskNow(&task, why);
     LogEvent("task ", entry.first, " cancelled: ", why);
     if (silent) {
       task.silent = true;
@@ -645,6 +667,7 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
     report.set_state(state);
     report.mutable_progress()->set_steps_done(task->steps_done.load());
     report.mutable_progress()->set_steps_total(total);
+    report.set_ring_formation_seconds(task->ring_formation_seconds.load());
     return report;
   };
 
@@ -652,6 +675,16 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
   AttentionTaskOptions run_options;
   run_options.num_threads = threads_per_task_;
   run_options.available_memory_bytes = task->budget_bytes;
+  run_options.member_name = absl::StrCat(options_.name, " (", worker_id(), ")");
+  run_options.default_comm_timeout = options_.default_comm_timeout;
+  run_options.on_phase = [&](v1::RankPhase phase) { task->phase = phase; };
+  run_options.on_communicator = [&](comm::Communicator* comm, double formation_seconds) {
+    task->ring_formation_seconds = formation_seconds;
+    absl::MutexLock lock(&task->comm_mu);
+    task->comm = comm;
+    // A cancel that came while the ring was forming finds the communicator here.
+    if (comm != nullptr && task->cancel.load()) comm->Abort("the task was cancelled");
+  };
   run_options.on_started = [&]() {
     if (!task->silent) Enqueue(make_report(v1::TASK_STATE_STARTED), /*final=*/false);
   };
@@ -665,14 +698,9 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
   };
   run_options.is_cancelled = [&]() { return task->cancel.load(); };
 
-  absl::StatusOr<AttentionTaskResult> result;
-  std::unique_ptr<AttentionBackend> backend = options_.backend_factory(threads_per_task_);
-  if (backend == nullptr) {
-    result = absl::InternalError("worker: backend factory returned null");
-  } else {
-    result = RunAttentionTask(task->assignment, backend.get(), run_options);
-  }
-  backend.reset();  // Free the backend's threads and scratch before reporting.
+  absl::StatusOr<AttentionTaskResult> result =
+      RunAttentionTask(task->assignment, device_.get(), run_options);
+  task->phase = v1::RANK_PHASE_FINISHED;
 
   v1::TaskReport report;
   if (result.ok()) {
@@ -787,8 +815,8 @@ void Worker::ReporterLoop() {
         unreported_.erase(id);
         auto it = tasks_.find(id);
         if (it != tasks_.end() && !it->second->done) {
-          it->second->cancel = true;
           it->second->silent = true;
+          CancelTaskNow(it->second.get(), "the coordinator no longer wants it");
         }
         for (auto r = reports_.begin(); r != reports_.end();) {
           r = r->report.task_id() == id ? reports_.erase(r) : std::next(r);
@@ -841,7 +869,7 @@ int64_t Worker::FreeMemoryBytes() const {
     absl::MutexLock lock(&mu_);
     return std::max<int64_t>(0, options_.memory_bytes - reserved_bytes_);
   }
-  absl::StatusOr<int64_t> available = ReadMeminfoBytes("MemAvailable");
+  absl::StatusOr<int64_t> available = device_->FreeMemoryBytes();
   return available.ok() ? *available : 0;
 }
 

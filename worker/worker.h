@@ -11,15 +11,17 @@
 //     heartbeat lifts it.
 //   - stream thread: holds StreamAssignments open for the current registration and reopens it with
 //     backoff whenever it ends. An assignment starts a task thread (up to max_ranks at once); one
-//     that cannot run now is answered at once with a FAILED report (RESOURCE_EXHAUSTED when all
-//     slots are busy, UNAVAILABLE while draining or stopping). A CancelTask stops its task before
-//     its next step.
+//     that cannot run now is answered at once with a FAILED report (UNAVAILABLE when all slots are
+//     busy, while draining or stopping). A CancelTask stops its task before its next step; a ring
+//     rank's communicator is aborted at once, so a step waiting for peers ends too.
 //   - reporter thread: sends TaskReports in order. STARTED and PROGRESS (at most one per
 //     progress_interval per task) are best effort: dropped if the coordinator cannot take them. A
 //     final report (SUCCEEDED / FAILED / CANCELLED) is retried with backoff while the coordinator
 //     is unavailable, for as long as the worker lives (Stop bounds it by shutdown_report_deadline).
 //     A response with `stop` cancels the task and silences its later reports.
-// Task threads run RunAttentionTask (attention_task.h) on a backend of their own.
+// Task threads run RunAttentionTask (attention_task.h) on the worker's device (task_device.h): the
+// host (CPU backend, Gloo rings) unless WorkerOptions::device says otherwise (a GPU). Heartbeats
+// list every task with its steps and phase (preparing, forming its ring, running, finished).
 //
 // Thread-safety: every public method may be called from any thread. Callbacks in WorkerOptions run
 // on the worker's threads and must not call Stop().
@@ -43,7 +45,9 @@
 #include "absl/time/time.h"
 #include "dattn/v1/worker.grpc.pb.h"
 #include "engine/attention.h"
+#include "engine/comm/communicator.h"
 #include "grpcpp/grpcpp.h"
+#include "worker/task_device.h"
 
 namespace dattn {
 namespace worker {
@@ -80,8 +84,12 @@ struct WorkerOptions {
   absl::Duration progress_interval = absl::Milliseconds(500);
   // How long Stop() keeps trying to deliver final reports.
   absl::Duration shutdown_report_deadline = absl::Seconds(10);
-  // Makes one task's backend with the given thread count; default: the CPU backend.
-  std::function<std::unique_ptr<AttentionBackend>(int threads)> backend_factory;
+  // The device tasks run on; null: the host (NewCpuDevice with ring_address).
+  std::shared_ptr<TaskDevice> device;
+  // Address Gloo listens on for ring peers when the device is the default host device.
+  std::string ring_address = "127.0.0.1";
+  // Longest wait for a ring peer when an assignment's RingInfo leaves it 0.
+  absl::Duration default_comm_timeout = absl::Seconds(120);
   // Called when readiness (registered, not draining, not stopping) changes; on a worker thread.
   std::function<void(bool ready)> on_ready_change;
   // Channel credentials; default insecure.
@@ -140,6 +148,8 @@ class Worker {
   // Cancels every running task; `silent` ones send no further report.
   void CancelAllLocked(bool silent, const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReapLocked(std::vector<std::thread>* to_join) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks the task cancelled and aborts its ring communicator, if it has one.
+  static void CancelTaskNow(Task* task, const std::string& why);
   int64_t FreeMemoryBytes() const ABSL_LOCKS_EXCLUDED(mu_);
   // Sleeps up to `d` with mu_ released, returning early once `wake` (checked on every signal of
   // cv_, with mu_ held) is true.
@@ -152,9 +162,9 @@ class Worker {
 
   // Fixed after Start().
   const WorkerOptions options_;
+  std::shared_ptr<TaskDevice> device_;
   int threads_per_task_ = 1;
   v1::WorkerCapabilities capabilities_;
-  BackendCaps backend_caps_;
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<v1::WorkerRegistry::Stub> stub_;
   std::thread session_thread_, stream_thread_, reporter_thread_;

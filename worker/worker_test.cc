@@ -19,10 +19,10 @@
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "dattn/v1/worker.grpc.pb.h"
-#include "engine/cpu_backend.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "worker/attention_task.h"
+#include "worker/cpu_device.h"
 #include "worker/fake_registry.h"
 #include "worker/host_info.h"
 
@@ -148,6 +148,9 @@ TEST(WorkerTest, RegistersWithItsCapabilitiesAndHeartbeats) {
               (std::vector<int>{v1::DTYPE_FP32, v1::DTYPE_FP64}));
     EXPECT_EQ(caps.max_ranks(), 2);
     EXPECT_EQ(caps.num_threads(), 1);
+    // The host's ranks form Gloo rings.
+    EXPECT_EQ(std::vector<std::string>(caps.ring_backends().begin(), caps.ring_backends().end()),
+              std::vector<std::string>{"gloo"});
     for (const v1::HeartbeatRequest& h : fake.heartbeats_) {
       EXPECT_EQ(h.worker_id(), "w-1-1");
       EXPECT_EQ(h.free_memory_bytes(), int64_t{3} << 30);  // Override, nothing reserved.
@@ -203,11 +206,10 @@ TEST(WorkerTest, AssignmentRunsToASucceededReportWithItsResult) {
   }
 
   // The result is what the task runner computes for the same assignment.
-  CpuBackendOptions cpu;
-  cpu.num_threads = 1;
-  std::unique_ptr<AttentionBackend> backend = NewCpuBackend(cpu);
+  absl::StatusOr<std::unique_ptr<TaskDevice>> host = NewCpuDevice();
+  ASSERT_TRUE(host.ok()) << host.status();
   AttentionTaskOptions run;
-  absl::StatusOr<AttentionTaskResult> want = RunAttentionTask(command.assign(), backend.get(), run);
+  absl::StatusOr<AttentionTaskResult> want = RunAttentionTask(command.assign(), host->get(), run);
   ASSERT_TRUE(want.ok()) << want.status();
   const v1::RankResult& got = last.rank_result();
   EXPECT_EQ(got.worker_id(), "w-1-1");
@@ -247,7 +249,8 @@ TEST(WorkerTest, CancelMidRunEndsWithACancelledReport) {
   ASSERT_TRUE(fake.WaitFor([&]() {
     return !fake.heartbeats_.empty() && fake.heartbeats_.back().tasks_size() == 1 &&
            fake.heartbeats_.back().tasks(0).task_id() == "j-2/1/0" &&
-           fake.heartbeats_.back().tasks(0).steps_done() > 0;
+           fake.heartbeats_.back().tasks(0).steps_done() > 0 &&
+           fake.heartbeats_.back().tasks(0).phase() == v1::RANK_PHASE_RUNNING;
   }));
   EXPECT_EQ(worker.running_tasks(), 1);
   fake.Push(Cancel("j-2/1/0"));

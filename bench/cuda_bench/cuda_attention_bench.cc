@@ -6,7 +6,8 @@
 // already gathered into contiguous tensors, i.e. exactly the attention work with no dilation
 // overhead. Times are medians of CUDA-event timings of single calls after warm-up. Memory: the
 // planner's predicted total (inputs + outputs + lse + workspace) against the measured peak (tensor
-// allocations + the workspace pool's high-water mark + any other device memory the call left taken).
+// allocations + the workspace pool's high-water mark + any other device memory the call left
+// taken).
 //
 // Usage: cuda_attention_bench [--suite=issue|quick] [--rows=a,b,...] [--longest] [--csv=path]
 // Prints one line per row and a table last. Exit status 0 unless a CUDA/cuDNN error occurred.
@@ -34,18 +35,18 @@
 namespace dattn {
 namespace {
 
-#define BENCH_CUDA(expr)                                                               \
-  do {                                                                                 \
-    cudaError_t e_ = (expr);                                                           \
-    if (e_ != cudaSuccess) {                                                           \
-      return absl::InternalError(absl::StrCat(#expr, ": ", cudaGetErrorString(e_)));  \
-    }                                                                                  \
+#define BENCH_CUDA(expr)                                                             \
+  do {                                                                               \
+    cudaError_t e_ = (expr);                                                         \
+    if (e_ != cudaSuccess) {                                                         \
+      return absl::InternalError(absl::StrCat(#expr, ": ", cudaGetErrorString(e_))); \
+    }                                                                                \
   } while (0)
 
-#define BENCH_OK(expr)                   \
-  do {                                   \
-    absl::Status s_ = (expr);            \
-    if (!s_.ok()) return s_;             \
+#define BENCH_OK(expr)        \
+  do {                        \
+    absl::Status s_ = (expr); \
+    if (!s_.ok()) return s_;  \
   } while (0)
 
 struct RowConfig {
@@ -71,8 +72,10 @@ struct RowResult {
   int64_t one_input = 0;
   int64_t cudnn_calls = 0, fallbacks = 0, p_scale_passes = 0, library_ws = 0;
   // Breakdown: the fused calls alone on dattn's strided views (same chunks), with and without the
-  // 1/G inside; dattn without the fused 1/G, without overlapped fills, without chunking.
-  double strided_ms = 0, strided_plain_ms = 0, nofuse_ms = 0, nooverlap_ms = 0, unchunked_ms = 0;
+  // 1/G inside; dattn with the 1/G fused into cuDNN's graph, without overlapped fills, without
+  // chunking.
+  double strided_ms = 0, strided_plain_ms = 0, nooverlap_ms = 0, unchunked_ms = 0;
+  double prob_ms = 0;
 };
 
 AttentionSpec IssueSpec(AttentionMode mode, bool causal) {
@@ -174,9 +177,9 @@ absl::StatusOr<double> TimeFused(const AttentionSpec& spec, const RowConfig& c, 
       for (int i = 0; i < (c.backward ? 8 : 4); ++i) {
         absl::StatusOr<void*> p = mem.Alloc(bytes);
         if (!p.ok()) return p.status();
-        BENCH_CUDA(cuda::LaunchFillRandom(*p, dtype == DType::kFloat16 ? cuda::ElemType::kF16
-                                                                         : cuda::ElemType::kBF16,
-                                          elems, 1234 + i, 1.0f, stream));
+        BENCH_CUDA(cuda::LaunchFillRandom(
+            *p, dtype == DType::kFloat16 ? cuda::ElemType::kF16 : cuda::ElemType::kBF16, elems,
+            1234 + i, 1.0f, stream));
         t.push_back(*p);
       }
     }
@@ -273,7 +276,7 @@ absl::Status RunRow(RowResult& r, bool with_floor, const CudaBackendOptions& opt
   BackwardArgs ba;
   if (c.backward) {
     ba = BackwardArgs{view(t[0]), view(t[1]), view(t[2]), view(t[3]), lse_view,
-                      view(t[4]), view(t[5]), view(t[6]),  view(t[7])};
+                      view(t[4]), view(t[5]), view(t[6]), view(t[7])};
   }
   auto call = [&]() -> absl::Status {
     BENCH_OK(be.Forward(spec, fa));
@@ -334,9 +337,9 @@ absl::Status RunRow(RowResult& r, bool with_floor, const CudaBackendOptions& opt
   r.pool_used_high = static_cast<int64_t>(used_high);
   r.pool_reserved_high = static_cast<int64_t>(reserved_high);
   // Device memory the timed calls took outside the pool (cuDNN, module loads): normally none.
-  r.other_growth = std::max<int64_t>(
-      0, (static_cast<int64_t>(free1) - static_cast<int64_t>(free2)) -
-             (static_cast<int64_t>(reserved2) - static_cast<int64_t>(reserved1)));
+  r.other_growth =
+      std::max<int64_t>(0, (static_cast<int64_t>(free1) - static_cast<int64_t>(free2)) -
+                               (static_cast<int64_t>(reserved2) - static_cast<int64_t>(reserved1)));
   // The peak the call needs: tensors + the workspace it allocated (the pool's used high-water
   // mark); the pool's reservation (rounded up to its granularity) is reported beside it.
   r.measured_total = r.tensor_bytes + r.pool_used_high + r.other_growth;
@@ -355,8 +358,8 @@ absl::Status RunRow(RowResult& r, bool with_floor, const CudaBackendOptions& opt
     std::printf("  note: %lld calls fell back to the own kernel: %s\n",
                 static_cast<long long>(st.cudnn_fallbacks), be.last_fallback_reason().c_str());
   }
-  const double flops = dilation::NominalForwardFlops(spec, 1, c.n, c.heads, c.dim) *
-                       (c.backward ? 3.5 : 1.0);
+  const double flops =
+      dilation::NominalForwardFlops(spec, 1, c.n, c.heads, c.dim) * (c.backward ? 3.5 : 1.0);
   r.tflops = flops / (r.dattn_ms * 1e-3) / 1e12;
   r.ran = true;
   (void)free0;
@@ -396,15 +399,16 @@ int main(int argc, char** argv) {
       rows.push_back({"grouped fwd+bwd N=2^14" + hd, AttentionMode::kGrouped, 1 << 14, h, d, true});
       continue;
     }
-    rows.push_back({"grouped fwd N=2^20" + hd, AttentionMode::kGrouped, big, h, d, false, false,
-                    20, true});
+    rows.push_back(
+        {"grouped fwd N=2^20" + hd, AttentionMode::kGrouped, big, h, d, false, false, 20, true});
     rows.push_back({"grouped fwd+bwd N=2^16" + hd, AttentionMode::kGrouped, small, h, d, true,
                     false, 50, true});
-    rows.push_back({"mixture fwd N=2^20" + hd, AttentionMode::kMixture, big, h, d, false, false, 10});
-    rows.push_back({"mixture fwd+bwd N=2^16" + hd, AttentionMode::kMixture, small, h, d, true,
-                    false, 30});
-    rows.push_back({"grouped causal fwd N=2^20" + hd, AttentionMode::kGrouped, big, h, d, false,
-                    true});
+    rows.push_back(
+        {"mixture fwd N=2^20" + hd, AttentionMode::kMixture, big, h, d, false, false, 10, true});
+    rows.push_back(
+        {"mixture fwd+bwd N=2^16" + hd, AttentionMode::kMixture, small, h, d, true, false, 30});
+    rows.push_back(
+        {"grouped causal fwd N=2^20" + hd, AttentionMode::kGrouped, big, h, d, false, true});
   }
   std::vector<RowResult> results;
   bool failed = false;
@@ -417,32 +421,33 @@ int main(int argc, char** argv) {
       failed = true;
     }
     if (s.ok() && c.breakdown) {
-      dattn::CudaBackendOptions nofuse, nooverlap, unchunked;
-      nofuse.fuse_group_scale = false;
+      using GroupScale = dattn::CudaBackendOptions::GroupScale;
+      dattn::CudaBackendOptions prob, nooverlap, unchunked;
+      prob.group_scale = GroupScale::kProbabilities;
       nooverlap.overlap_fills = false;
       unchunked.workspace_limit_bytes = int64_t{1} << 32;
       RowResult scratch;
       scratch.config = c;
       scratch.config.breakdown = false;
-      for (auto [opts, out] : {std::pair<dattn::CudaBackendOptions*, double*>{&nofuse, &r.nofuse_ms},
+      for (auto [opts, out] : {std::pair<dattn::CudaBackendOptions*, double*>{&prob, &r.prob_ms},
                                {&nooverlap, &r.nooverlap_ms},
                                {&unchunked, &r.unchunked_ms}}) {
         absl::Status vs = dattn::RunRow(scratch, false, *opts, out);
         if (!vs.ok()) std::printf("  variant failed: %s\n", std::string(vs.message()).c_str());
       }
     }
-    std::printf("%-36s dattn %8.3f ms  floor %8.3f ms  ratio %5.3f  %6.1f TFLOP/s  ws %s MiB (%.2f%% "
-                "of an input; pool reserved %s, other %s)  planned %s / measured %s MiB  cudnn "
-                "calls %lld, fallbacks %lld, 1/G passes %lld, max plan ws %lld B %s\n",
-                c.name.c_str(), r.dattn_ms, r.floor_ms,
-                r.floor_ms > 0 ? r.dattn_ms / r.floor_ms : 0.0, r.tflops,
-                dattn::Mib(r.pool_used_high + r.other_growth).c_str(),
-                r.one_input > 0 ? 100.0 * (r.pool_used_high + r.other_growth) / r.one_input : 0.0,
-                dattn::Mib(r.pool_reserved_high).c_str(), dattn::Mib(r.other_growth).c_str(),
-                dattn::Mib(r.planned_total).c_str(), dattn::Mib(r.measured_total).c_str(),
-                static_cast<long long>(r.cudnn_calls), static_cast<long long>(r.fallbacks),
-                static_cast<long long>(r.p_scale_passes), static_cast<long long>(r.library_ws),
-                r.error.c_str());
+    std::printf(
+        "%-36s dattn %8.3f ms  floor %8.3f ms  ratio %5.3f  %6.1f TFLOP/s  ws %s MiB (%.2f%% "
+        "of an input; pool reserved %s, other %s)  planned %s / measured %s MiB  cudnn "
+        "calls %lld, fallbacks %lld, 1/G passes %lld, max plan ws %lld B %s\n",
+        c.name.c_str(), r.dattn_ms, r.floor_ms, r.floor_ms > 0 ? r.dattn_ms / r.floor_ms : 0.0,
+        r.tflops, dattn::Mib(r.pool_used_high + r.other_growth).c_str(),
+        r.one_input > 0 ? 100.0 * (r.pool_used_high + r.other_growth) / r.one_input : 0.0,
+        dattn::Mib(r.pool_reserved_high).c_str(), dattn::Mib(r.other_growth).c_str(),
+        dattn::Mib(r.planned_total).c_str(), dattn::Mib(r.measured_total).c_str(),
+        static_cast<long long>(r.cudnn_calls), static_cast<long long>(r.fallbacks),
+        static_cast<long long>(r.p_scale_passes), static_cast<long long>(r.library_ws),
+        r.error.c_str());
     std::fflush(stdout);
     results.push_back(r);
   }
@@ -451,8 +456,14 @@ int main(int argc, char** argv) {
   if (longest) {
     for (int64_t n : {int64_t{8388608}, int64_t{9437184}}) {
       RowResult r;
-      r.config = {absl::StrCat("longest grouped fwd N=", n, " H=16 D=64"), AttentionMode::kGrouped,
-                  n, 16, 64, false, false, 3};
+      r.config = {absl::StrCat("longest grouped fwd N=", n, " H=16 D=64"),
+                  AttentionMode::kGrouped,
+                  n,
+                  16,
+                  64,
+                  false,
+                  false,
+                  3};
       absl::Status s = dattn::RunRow(r, /*with_floor=*/false);
       if (!s.ok()) r.error = std::string(s.message());
       std::printf("%-40s %s %8.3f ms planned %s MiB measured %s MiB %s\n", r.config.name.c_str(),
@@ -470,27 +481,30 @@ int main(int argc, char** argv) {
   std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
   std::printf("\n== CUDA engine benchmark: %s, cuDNN %lld, %s ==\n", props.name,
               static_cast<long long>(dattn::cuda::CudnnSdpa::LoadedVersion()), date);
-  std::printf("| row | dattn ms | floor ms | dattn/floor | TFLOP/s | workspace MiB (%% of input) | "
-              "planned MiB | measured MiB | plan err |\n|---|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "| row | dattn ms | floor ms | dattn/floor | TFLOP/s | workspace MiB (%% of input) | "
+      "planned MiB | measured MiB | plan err |\n|---|---|---|---|---|---|---|---|---|\n");
   for (const RowResult& r : results) {
     if (!r.error.empty()) {
       std::printf("| %s | error: %s |\n", r.config.name.c_str(), r.error.c_str());
       continue;
     }
     const int64_t ws = r.pool_used_high + r.other_growth;
-    std::printf("| %s | %.3f | %.3f | %.3f | %.1f | %s (%.2f%%) | %s | %s | %+.1f%% |\n",
-                r.config.name.c_str(), r.dattn_ms, r.floor_ms, r.dattn_ms / r.floor_ms, r.tflops,
-                dattn::Mib(ws).c_str(), 100.0 * ws / r.one_input, dattn::Mib(r.planned_total).c_str(),
-                dattn::Mib(r.measured_total).c_str(),
-                100.0 * (static_cast<double>(r.planned_total) - r.measured_total) / r.measured_total);
+    std::printf(
+        "| %s | %.3f | %.3f | %.3f | %.1f | %s (%.2f%%) | %s | %s | %+.1f%% |\n",
+        r.config.name.c_str(), r.dattn_ms, r.floor_ms, r.dattn_ms / r.floor_ms, r.tflops,
+        dattn::Mib(ws).c_str(), 100.0 * ws / r.one_input, dattn::Mib(r.planned_total).c_str(),
+        dattn::Mib(r.measured_total).c_str(),
+        100.0 * (static_cast<double>(r.planned_total) - r.measured_total) / r.measured_total);
   }
-  std::printf("\n| breakdown (ms) | dattn | fused calls alone, strided, 1/G inside | same, plain graph "
-              "| dattn, 1/G as a pass | dattn, fills not overlapped | dattn, unchunked | floor |\n"
-              "|---|---|---|---|---|---|---|---|\n");
+  std::printf(
+      "\n| breakdown (ms) | dattn | fused calls alone, on dattn's strided views | same, "
+      "1/G on P in the graph | dattn, 1/G on P in the graph | dattn, fills not overlapped | "
+      "dattn, unchunked | floor |\n|---|---|---|---|---|---|---|---|\n");
   for (const RowResult& r : results) {
     if (!r.config.breakdown || !r.error.empty()) continue;
     std::printf("| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |\n", r.config.name.c_str(),
-                r.dattn_ms, r.strided_ms, r.strided_plain_ms, r.nofuse_ms, r.nooverlap_ms,
+                r.dattn_ms, r.strided_plain_ms, r.strided_ms, r.prob_ms, r.nooverlap_ms,
                 r.unchunked_ms, r.floor_ms);
   }
   for (const RowResult& r : longest_rows) {
@@ -501,16 +515,16 @@ int main(int argc, char** argv) {
   }
   if (!csv.empty()) {
     if (FILE* f = std::fopen(csv.c_str(), "w")) {
-      std::fprintf(f, "row,dattn_ms,floor_ms,tflops,workspace_bytes,planned_total,measured_total,"
-                      "tensor_bytes,pool_reserved_high,error\n");
+      std::fprintf(f,
+                   "row,dattn_ms,floor_ms,tflops,workspace_bytes,planned_total,measured_total,"
+                   "tensor_bytes,pool_reserved_high,error\n");
       for (const RowResult& r : results) {
-        std::fprintf(f, "%s,%.4f,%.4f,%.2f,%lld,%lld,%lld,%lld,%lld,%s\n", r.config.name.c_str(),
-                     r.dattn_ms, r.floor_ms, r.tflops,
-                     static_cast<long long>(r.pool_used_high + r.other_growth),
-                     static_cast<long long>(r.planned_total),
-                     static_cast<long long>(r.measured_total),
-                     static_cast<long long>(r.tensor_bytes),
-                     static_cast<long long>(r.pool_reserved_high), r.error.c_str());
+        std::fprintf(
+            f, "%s,%.4f,%.4f,%.2f,%lld,%lld,%lld,%lld,%lld,%s\n", r.config.name.c_str(), r.dattn_ms,
+            r.floor_ms, r.tflops, static_cast<long long>(r.pool_used_high + r.other_growth),
+            static_cast<long long>(r.planned_total), static_cast<long long>(r.measured_total),
+            static_cast<long long>(r.tensor_bytes), static_cast<long long>(r.pool_reserved_high),
+            r.error.c_str());
       }
       std::fclose(f);
     }

@@ -24,8 +24,8 @@ absl::Status ValidateP2POps(absl::Span<const P2POp> ops, int rank, int size) {
     const P2POp& op = ops[i];
     const char* kind = op.kind == P2POp::Kind::kSend ? "send" : "recv";
     if (op.peer < 0 || op.peer >= size) {
-      return absl::InvalidArgumentError(absl::StrCat("op ", i, " (", kind, "): peer ", op.peer,
-                                                     " is outside [0, ", size, ")"));
+      return absl::InvalidArgumentError(
+          absl::StrCat("op ", i, " (", kind, "): peer ", op.peer, " is outside [0, ", size, ")"));
     }
     if (op.peer == rank) {
       return absl::InvalidArgumentError(
@@ -60,8 +60,8 @@ absl::StatusOr<int> ShrunkRank(absl::Span<const int> exclude, int rank, int size
     return absl::FailedPreconditionError(
         absl::StrCat("shrink: rank ", rank, " is itself in the exclude list"));
   }
-  const int below = static_cast<int>(std::lower_bound(sorted.begin(), sorted.end(), rank) -
-                                     sorted.begin());
+  const int below =
+      static_cast<int>(std::lower_bound(sorted.begin(), sorted.end(), rank) - sorted.begin());
   return rank - below;
 }
 

@@ -1,33 +1,35 @@
 // The communicator: how the ranks of one ring talk to each other.
 //
 // Two implementations: NCCL for GPUs (nccl_communicator.h) and Gloo over TCP for CPUs
-// (gloo_communicator.h). Both meet the same contract, so the ring algorithm (engine/ring) is written
-// once against this interface.
+// (gloo_communicator.h). Both meet the same contract, so the ring algorithm (engine/ring) is
+// written once against this interface.
 //
-// Ordering. Every operation takes a Stream. For NCCL it is a cudaStream_t: the operation starts after
-// the work already queued on that stream, and nothing waits on the host (stream-ordered). For Gloo
-// the stream must be the host stream (Stream{}): operations start at once and complete on the host.
-// Point-to-point operations go through StartGroup, which returns a Work handle; Work::Wait makes the
-// results visible to a consumer stream (NCCL: an event wait, no host blocking; Gloo: blocks the host
-// until done). Ops between the same two ranks in the same direction are matched in the order they
-// were posted, across groups and calls: every rank must post its ops in an order that its peers
-// agree on (the ring plan guarantees this).
+// Ordering. Every operation takes a Stream. For NCCL it is a cudaStream_t: the operation starts
+// after the work already queued on that stream, and nothing waits on the host (stream-ordered). For
+// Gloo the stream must be the host stream (Stream{}): operations start at once and complete on the
+// host. Point-to-point operations go through StartGroup, which returns a Work handle; Work::Wait
+// makes the results visible to a consumer stream (NCCL: an event wait, no host blocking; Gloo:
+// blocks the host until done). Ops between the same two ranks in the same direction are matched in
+// the order they were posted, across groups and calls: every rank must post its ops in an order
+// that its peers agree on (the ring plan guarantees this).
 //
 // Failure. A communicator is healthy until its first error (a peer that closes its connection, an
 // asynchronous NCCL error, a wait that runs past the timeout, Abort). From then on it is broken and
 // stays broken: every later call returns the same sticky error (see health()), and the only useful
 // operations are Shrink (on the survivors) and destruction. No call waits longer than the
-// communicator's timeout for a peer: a dead peer becomes DEADLINE_EXCEEDED or UNAVAILABLE (naming the
-// peer rank whose operation failed), never a hang. Errors are:
-//   INVALID_ARGUMENT   a bad argument (peer out of range or equal to rank(), negative count, a dtype
+// communicator's timeout for a peer: a dead peer becomes DEADLINE_EXCEEDED or UNAVAILABLE (naming
+// the peer rank whose operation failed), never a hang. Errors are:
+//   INVALID_ARGUMENT   a bad argument (peer out of range or equal to rank(), negative count, a
+//   dtype
 //                      the implementation cannot reduce); the communicator stays healthy.
 //   UNAVAILABLE        a peer closed its connection or the transport failed.
 //   DEADLINE_EXCEEDED  a wait ran past the timeout.
 //   ABORTED            Abort() was called (the message holds its reason).
 //   INTERNAL           an unexpected library error (the message holds the library's text and code).
 //
-// Threads. One thread at a time drives a communicator (posts, waits, collectives); Abort, health and
-// stats may be called from any thread at any time (a watchdog thread aborts a stuck ring this way).
+// Threads. One thread at a time drives a communicator (posts, waits, collectives); Abort, health
+// and stats may be called from any thread at any time (a watchdog thread aborts a stuck ring this
+// way).
 #ifndef DATTN_ENGINE_COMM_COMMUNICATOR_H_
 #define DATTN_ENGINE_COMM_COMMUNICATOR_H_
 
@@ -93,9 +95,9 @@ class Work {
  public:
   virtual ~Work() = default;
   // Makes the group's results visible to work queued on `consumer` from now on. Gloo: blocks until
-  // every op of the group has completed or failed (at most the communicator's timeout). NCCL: queues
-  // an event wait on `consumer` and returns; errors surface in Communicator::Synchronize. A failed
-  // wait breaks the communicator. Waiting twice returns the first result.
+  // every op of the group has completed or failed (at most the communicator's timeout). NCCL:
+  // queues an event wait on `consumer` and returns; errors surface in Communicator::Synchronize. A
+  // failed wait breaks the communicator. Waiting twice returns the first result.
   virtual absl::Status Wait(Stream consumer) = 0;
 };
 
@@ -133,12 +135,13 @@ class Communicator {
   virtual absl::Status Barrier() = 0;
 
   // Host-blocks until the work queued on `stream` has finished, polling for asynchronous errors, at
-  // most timeout(); on timeout the communicator breaks with DEADLINE_EXCEEDED. Gloo: returns health().
+  // most timeout(); on timeout the communicator breaks with DEADLINE_EXCEEDED. Gloo: returns
+  // health().
   virtual absl::Status Synchronize(Stream stream) = 0;
 
-  // Breaks the communicator with ABORTED(reason) and interrupts every wait in progress on any thread.
-  // NCCL: the communicator is released (ncclCommAbort), so Shrink is no longer possible. Idempotent;
-  // the first reason sticks. Thread-safe.
+  // Breaks the communicator with ABORTED(reason) and interrupts every wait in progress on any
+  // thread. NCCL: the communicator is released (ncclCommAbort), so Shrink is no longer possible.
+  // Idempotent; the first reason sticks. Thread-safe.
   virtual void Abort(const std::string& reason) = 0;
 
   // OK while healthy; the sticky error once broken. Thread-safe.
@@ -146,8 +149,8 @@ class Communicator {
 
   // A new communicator over the ranks not in `exclude` (ranks keep their order and are renumbered
   // 0..size()-|exclude|-1). Every survivor must call it with the same list; the excluded ranks must
-  // not. Works on a healthy or a broken communicator (the usual case: a peer died); this one stays as
-  // it was. FAILED_PRECONDITION after Abort (NCCL) or when the caller is in `exclude`.
+  // not. Works on a healthy or a broken communicator (the usual case: a peer died); this one stays
+  // as it was. FAILED_PRECONDITION after Abort (NCCL) or when the caller is in `exclude`.
   virtual absl::StatusOr<std::unique_ptr<Communicator>> Shrink(absl::Span<const int> exclude) = 0;
 
   // Counters since creation. Thread-safe.
@@ -157,8 +160,8 @@ class Communicator {
 // Shared argument checks: INVALID_ARGUMENT naming the op index and the bad field.
 absl::Status ValidateP2POps(absl::Span<const P2POp> ops, int rank, int size);
 
-// The survivors' new rank, or FAILED_PRECONDITION/INVALID_ARGUMENT for a bad exclude list (a rank out
-// of range, repeated, the caller itself, or every rank).
+// The survivors' new rank, or FAILED_PRECONDITION/INVALID_ARGUMENT for a bad exclude list (a rank
+// out of range, repeated, the caller itself, or every rank).
 absl::StatusOr<int> ShrunkRank(absl::Span<const int> exclude, int rank, int size);
 
 }  // namespace comm

@@ -6,13 +6,14 @@
 #include <chrono>
 #include <cstring>
 #include <exception>
-#include <mutex>
 #include <set>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 #include "gloo/common/error.h"
 #include "gloo/rendezvous/context.h"
 #include "gloo/rendezvous/store.h"
@@ -88,6 +89,7 @@ class GlooStoreAdapter final : public gloo::rendezvous::Store {
 struct GlooState {
   GlooState(std::shared_ptr<gloo::rendezvous::Context> ctx, int r, int n, absl::Duration t)
       : context(std::move(ctx)), rank(r), size(n), timeout(t) {
+    absl::MutexLock lock(&mu);
     stats.p2p_bytes_sent_to.assign(n, 0);
     stats.p2p_bytes_received_from.assign(n, 0);
     for (int c = 0; c < kChannels; ++c) {
@@ -101,7 +103,7 @@ struct GlooState {
   void Break(const absl::Status& why) {
     bool close = false;
     {
-      std::lock_guard<std::mutex> lock(mu);
+      absl::MutexLock lock(&mu);
       if (error.ok()) error = why;
       for (gloo::transport::UnboundBuffer* buf : inflight) {
         buf->abortWaitRecv();
@@ -120,7 +122,7 @@ struct GlooState {
   }
 
   absl::Status Health() const {
-    std::lock_guard<std::mutex> lock(mu);
+    absl::MutexLock lock(&mu);
     return error;
   }
 
@@ -129,11 +131,11 @@ struct GlooState {
   const int size;
   const absl::Duration timeout;
 
-  mutable std::mutex mu;
-  absl::Status error;                                   // Guarded by mu.
-  bool closed = false;                                  // Guarded by mu.
-  std::set<gloo::transport::UnboundBuffer*> inflight;   // Guarded by mu.
-  CommStats stats;                                      // Guarded by mu.
+  mutable absl::Mutex mu;
+  absl::Status error ABSL_GUARDED_BY(mu);
+  bool closed ABSL_GUARDED_BY(mu) = false;
+  std::set<gloo::transport::UnboundBuffer*> inflight ABSL_GUARDED_BY(mu);
+  CommStats stats ABSL_GUARDED_BY(mu);
   // Only the driving thread touches these.
   std::vector<uint64_t> send_seq[kChannels];
   std::vector<uint64_t> recv_seq[kChannels];
@@ -229,7 +231,7 @@ class GlooWork final : public Work {
   }
 
   void Unregister() {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    absl::MutexLock lock(&state_->mu);
     for (Item& item : items_) state_->inflight.erase(item.buffer.get());
   }
 
@@ -304,8 +306,8 @@ class GlooCommunicator final : public Communicator {
                          Stream stream) override {
     if (absl::Status s = CheckCollective(count, stream, "AllReduce"); !s.ok()) return s;
     if (dtype == DType::kFloat32) {
-      return RingAllReduce<float>(static_cast<const float*>(send), static_cast<float*>(recv),
-                                  count, dtype, op);
+      return RingAllReduce<float>(static_cast<const float*>(send), static_cast<float*>(recv), count,
+                                  dtype, op);
     }
     if (dtype == DType::kFloat64) {
       return RingAllReduce<double>(static_cast<const double*>(send), static_cast<double*>(recv),
@@ -333,7 +335,8 @@ class GlooCommunicator final : public Communicator {
 
   absl::Status Synchronize(Stream stream) override {
     if (stream.handle != nullptr) {
-      return absl::InvalidArgumentError("gloo communicator: Synchronize takes the host stream only");
+      return absl::InvalidArgumentError(
+          "gloo communicator: Synchronize takes the host stream only");
     }
     return state_->Health();
   }
@@ -357,7 +360,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   CommStats stats() const override {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    absl::MutexLock lock(&state_->mu);
     return state_->stats;
   }
 
@@ -375,7 +378,7 @@ class GlooCommunicator final : public Communicator {
   }
 
   void CountCall() {
-    std::lock_guard<std::mutex> lock(state_->mu);
+    absl::MutexLock lock(&state_->mu);
     ++state_->stats.collective_calls;
   }
 
@@ -418,12 +421,19 @@ class GlooCommunicator final : public Communicator {
     std::vector<GlooWork::Item> items;
     items.reserve(ops.size());
     {
-      std::lock_guard<std::mutex> lock(state_->mu);
+      absl::MutexLock lock(&state_->mu);
       if (!state_->error.ok()) return state_->error;
       for (const P2POp& op : ops) {
         if (op.count == 0) continue;  // Nothing moves; both ends skip it alike.
-        GlooWork::Item item{op, state_->context->createUnboundBuffer(
-                                    op.data, static_cast<size_t>(op.bytes()))};
+        GlooWork::Item item{op, nullptr};
+        try {
+          item.buffer =
+              state_->context->createUnboundBuffer(op.data, static_cast<size_t>(op.bytes()));
+        } catch (const std::exception& e) {
+          for (GlooWork::Item& it : items) state_->inflight.erase(it.buffer.get());
+          return absl::InternalError(absl::StrCat("gloo rank ", state_->rank, ": buffer for ",
+                                                  Describe(op), ": ", e.what()));
+        }
         state_->inflight.insert(item.buffer.get());
         const bool send = op.kind == P2POp::Kind::kSend;
         CommStats& st = state_->stats;

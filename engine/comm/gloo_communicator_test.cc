@@ -53,8 +53,8 @@ std::vector<absl::Status> RunRanks(int size, const RankFn& fn,
 }
 
 void ExpectAllOk(const std::vector<absl::Status>& results) {
-  for (size_t r = 0; r < results.size(); ++r) EXPECT_TRUE(results[r].ok()) << "rank " << r << ": "
-                                                                           << results[r];
+  for (size_t r = 0; r < results.size(); ++r)
+    EXPECT_TRUE(results[r].ok()) << "rank " << r << ": " << results[r];
 }
 
 absl::Status Exchange(Communicator& comm, std::vector<P2POp> ops) {
@@ -333,8 +333,8 @@ TEST(GlooCommunicatorTest, RendezvousWithAMissingRankTimesOut) {
   EXPECT_FALSE(comm.ok());
   EXPECT_TRUE(absl::IsDeadlineExceeded(comm.status())) << comm.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5));
-  EXPECT_TRUE(absl::IsInvalidArgument(
-      CreateGlooCommunicator(nullptr, 0, 1, GlooOptions()).status()));
+  EXPECT_TRUE(
+      absl::IsInvalidArgument(CreateGlooCommunicator(nullptr, 0, 1, GlooOptions()).status()));
 }
 
 // ---- A rank process SIGKILLed mid-exchange: the others return an error within the timeout, then
@@ -347,8 +347,8 @@ int DeadPeerChild(const multiprocess::ChildContext& ctx) {
   if (!store.ok()) return 3;
   GlooOptions options;
   options.timeout = absl::Milliseconds(kTimeoutMs);
-  absl::StatusOr<std::unique_ptr<Communicator>> comm =
-      CreateGlooCommunicator(std::shared_ptr<Store>(std::move(*store)), ctx.rank, ctx.size, options);
+  absl::StatusOr<std::unique_ptr<Communicator>> comm = CreateGlooCommunicator(
+      std::shared_ptr<Store>(std::move(*store)), ctx.rank, ctx.size, options);
   if (!comm.ok()) {
     std::fprintf(stderr, "create: %s\n", comm.status().ToString().c_str());
     return 3;
@@ -360,9 +360,9 @@ int DeadPeerChild(const multiprocess::ChildContext& ctx) {
   absl::Time last_ok = absl::Now();
   for (int iter = 0; iter < 1000; ++iter) {
     if (r == 1 && iter == 20) ::raise(SIGKILL);  // Dies with ops of its peers in flight.
-    absl::Status s = Exchange(**comm, {P2POp::Send((r + 1) % n, out.data(), 4096, DType::kFloat32),
-                                       P2POp::Recv((r + n - 1) % n, in.data(), 4096,
-                                                   DType::kFloat32)});
+    absl::Status s =
+        Exchange(**comm, {P2POp::Send((r + 1) % n, out.data(), 4096, DType::kFloat32),
+                          P2POp::Recv((r + n - 1) % n, in.data(), 4096, DType::kFloat32)});
     if (!s.ok()) {
       failure = s;
       failed_at = absl::Now();
@@ -372,8 +372,8 @@ int DeadPeerChild(const multiprocess::ChildContext& ctx) {
   }
   std::fprintf(stderr, "rank %d: %s after %s\n", r, failure.ToString().c_str(),
                absl::FormatDuration(failed_at - last_ok).c_str());
-  const bool expected_code = absl::IsUnavailable(failure) || absl::IsDeadlineExceeded(failure) ||
-                             absl::IsAborted(failure);
+  const bool expected_code =
+      absl::IsUnavailable(failure) || absl::IsDeadlineExceeded(failure) || absl::IsAborted(failure);
   if (failure.ok() || !expected_code) return 4;
   if (failure.message().find("rank ") == std::string::npos) return 5;
   if (failed_at - last_ok > absl::Milliseconds(kTimeoutMs + 1000)) return 6;
@@ -396,7 +396,8 @@ TEST(GlooCommunicatorTest, KilledPeerProcessBecomesAnErrorWithinTheTimeout) {
   launch.size = 3;
   launch.timeout = absl::Seconds(30);
   const absl::Time start = absl::Now();
-  absl::StatusOr<std::vector<multiprocess::ChildResult>> results = multiprocess::RunChildren(launch);
+  absl::StatusOr<std::vector<multiprocess::ChildResult>> results =
+      multiprocess::RunChildren(launch);
   ASSERT_TRUE(results.ok()) << results.status();
   const std::string report = multiprocess::Describe(*results);
   EXPECT_TRUE(!(*results)[1].exited && (*results)[1].signal == SIGKILL) << report;

@@ -113,11 +113,9 @@ absl::StatusOr<std::vector<ChildResult>> RunChildren(const LaunchOptions& option
     results[r].rank = r;
     logs[r] = absl::StrCat(LogDir(), "/dattn_child_", ::getpid(), "_", run_counter, "_",
                            options.child, "_", r, ".log");
-    std::vector<std::string> args = {exe,
-                                     absl::StrCat(kChildFlag, options.child),
-                                     absl::StrCat(kRankFlag, r),
-                                     absl::StrCat(kSizeFlag, options.size),
-                                     absl::StrCat(kStoreFlag, (*server)->address())};
+    std::vector<std::string> args = {
+        exe, absl::StrCat(kChildFlag, options.child), absl::StrCat(kRankFlag, r),
+        absl::StrCat(kSizeFlag, options.size), absl::StrCat(kStoreFlag, (*server)->address())};
     for (const auto& [k, v] : options.args) args.push_back(absl::StrCat(kArgFlag, k, "=", v));
     std::vector<char*> argv;
     for (std::string& a : args) argv.push_back(a.data());
@@ -178,10 +176,10 @@ absl::StatusOr<std::vector<ChildResult>> RunChildren(const LaunchOptions& option
 std::string Describe(const std::vector<ChildResult>& results) {
   std::string out;
   for (const ChildResult& r : results) {
-    absl::StrAppend(&out, "rank ", r.rank, ": ",
-                    r.exited ? absl::StrCat("exit ", r.exit_code)
-                             : absl::StrCat("killed by signal ", r.signal),
-                    r.killed_at_timeout ? " (killed at the timeout)" : "", "\n");
+    absl::StrAppend(
+        &out, "rank ", r.rank, ": ",
+        r.exited ? absl::StrCat("exit ", r.exit_code) : absl::StrCat("killed by signal ", r.signal),
+        r.killed_at_timeout ? " (killed at the timeout)" : "", "\n");
   }
   for (const ChildResult& r : results) {
     absl::StrAppend(&out, "---- rank ", r.rank, " log ----\n", r.log);

@@ -1,10 +1,10 @@
 // Multi-process tests on loopback: a test binary that re-executes itself as P rank processes.
 //
 // A test registers a child entry point by name (DATTN_REGISTER_CHILD) and calls RunChildren, which
-// starts a TcpStoreServer on 127.0.0.1 (ephemeral port), fork+execs /proc/self/exe once per rank with
-// the child's name, rank, size, the store address and free-form key=value arguments, and waits for
-// every child (killing the rest with SIGKILL once the timeout passes). Each child's stdout and stderr
-// go to a log file that the parent reads back, so a failure shows what every rank said.
+// starts a TcpStoreServer on 127.0.0.1 (ephemeral port), fork+execs /proc/self/exe once per rank
+// with the child's name, rank, size, the store address and free-form key=value arguments, and waits
+// for every child (killing the rest with SIGKILL once the timeout passes). Each child's stdout and
+// stderr go to a log file that the parent reads back, so a failure shows what every rank said.
 //
 // The binary's main must call MaybeRunChild first (multiprocess_main.cc does, then runs gtest).
 // Children are real processes: a test can SIGKILL one mid-call and watch the others.
@@ -28,7 +28,7 @@ namespace multiprocess {
 struct ChildContext {
   int rank = 0;
   int size = 1;
-  std::string store_address;               // "127.0.0.1:port"
+  std::string store_address;                // "127.0.0.1:port"
   std::map<std::string, std::string> args;  // From LaunchOptions::args.
 
   // args[key] or `fallback`.
@@ -42,8 +42,9 @@ using ChildMain = std::function<int(const ChildContext&)>;
 // Registers `fn` under `name` (at static-initialisation time, through the macro). Returns true.
 bool RegisterChild(const std::string& name, ChildMain fn);
 
-#define DATTN_REGISTER_CHILD(name, fn) \
-  static const bool dattn_child_registered_##fn = ::dattn::comm::multiprocess::RegisterChild(name, fn)
+#define DATTN_REGISTER_CHILD(name, fn)            \
+  static const bool dattn_child_registered_##fn = \
+      ::dattn::comm::multiprocess::RegisterChild(name, fn)
 
 // If argv asks for a child (--dattn_child=NAME), runs it and returns its exit code; otherwise
 // nullopt (the caller goes on to run its tests).

@@ -5,18 +5,21 @@
 
 #include <algorithm>
 #include <cstring>
-#include <mutex>
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 
 namespace dattn {
 namespace comm {
 namespace {
 
-constexpr absl::Duration kPollInterval = absl::Microseconds(100);
+// Host polling period of every wait (a stream, a non-blocking call): short, since a ring call
+// waits about twice per call and each wait overshoots by up to one period.
+constexpr absl::Duration kPollInterval = absl::Microseconds(20);
 
 absl::Status CudaError(cudaError_t e, const char* call) {
   return absl::InternalError(
@@ -26,9 +29,9 @@ absl::Status CudaError(cudaError_t e, const char* call) {
 // An NCCL result as a Status. ncclRemoteError and ncclSystemError mean a peer or the transport is
 // gone; the library's own last-error text goes into the message.
 absl::Status NcclError(ncclResult_t r, const std::string& what, ncclComm_t comm) {
-  const std::string text = absl::StrCat(what, ": ", ncclGetErrorString(r), " (code ", int(r), ")",
-                                        comm != nullptr ? absl::StrCat(": ", ncclGetLastError(comm))
-                                                        : std::string());
+  const std::string text =
+      absl::StrCat(what, ": ", ncclGetErrorString(r), " (code ", int(r), ")",
+                   comm != nullptr ? absl::StrCat(": ", ncclGetLastError(comm)) : std::string());
   switch (r) {
     case ncclRemoteError:
     case ncclSystemError:
@@ -99,6 +102,7 @@ class NcclCommunicator final : public Communicator {
         comm_(comm),
         stream_(stream),
         scratch_(scratch) {
+    absl::MutexLock lock(&mu_);
     stats_.p2p_bytes_sent_to.assign(size, 0);
     stats_.p2p_bytes_received_from.assign(size, 0);
   }
@@ -108,7 +112,7 @@ class NcclCommunicator final : public Communicator {
     ncclComm_t comm = nullptr;
     bool broken = false;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       comm = comm_;
       comm_ = nullptr;
       broken = !error_.ok();
@@ -161,7 +165,7 @@ class NcclCommunicator final : public Communicator {
     }
     const absl::Time deadline = absl::Now() + options_.timeout;
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (!error_.ok()) {
         cudaEventDestroy(done);
         return error_;
@@ -208,7 +212,7 @@ class NcclCommunicator final : public Communicator {
     if (absl::Status s = Enter(); !s.ok()) return s;
     const int64_t bytes = count * static_cast<int64_t>(DTypeSize(dtype));
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (!error_.ok()) return error_;
       const ncclResult_t r = ncclAllGather(send, recv, static_cast<size_t>(count), *type, comm_,
                                            static_cast<cudaStream_t>(stream.handle));
@@ -230,11 +234,11 @@ class NcclCommunicator final : public Communicator {
     if (absl::Status s = Enter(); !s.ok()) return s;
     const int64_t bytes = count * static_cast<int64_t>(DTypeSize(dtype));
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (!error_.ok()) return error_;
-      const ncclResult_t r = ncclAllReduce(send, recv, static_cast<size_t>(count), *type,
-                                           NcclOp(op), comm_,
-                                           static_cast<cudaStream_t>(stream.handle));
+      const ncclResult_t r =
+          ncclAllReduce(send, recv, static_cast<size_t>(count), *type, NcclOp(op), comm_,
+                        static_cast<cudaStream_t>(stream.handle));
       if (r != ncclSuccess && r != ncclInProgress) {
         return BreakLocked(NcclError(r, "ncclAllReduce", comm_));
       }
@@ -246,8 +250,8 @@ class NcclCommunicator final : public Communicator {
   }
 
   absl::Status Barrier() override {
-    if (absl::Status s = AllReduce(scratch_, scratch_, 1, DType::kFloat32, ReduceOp::kSum,
-                                   Stream{stream_});
+    if (absl::Status s =
+            AllReduce(scratch_, scratch_, 1, DType::kFloat32, ReduceOp::kSum, Stream{stream_});
         !s.ok()) {
       return s;
     }
@@ -264,10 +268,10 @@ class NcclCommunicator final : public Communicator {
       if (q != cudaErrorNotReady) return Break(CudaError(q, "cudaStreamQuery"));
       if (absl::Status s = PollAsyncError("waiting for the stream"); !s.ok()) return s;
       if (absl::Now() >= deadline) {
-        return Break(absl::DeadlineExceededError(absl::StrCat(
-            "nccl rank ", rank_, " of ", size_, ": the stream did not drain within ",
-            absl::FormatDuration(options_.timeout),
-            " (a peer is dead or stuck; the ring must be shrunk or aborted)")));
+        return Break(absl::DeadlineExceededError(
+            absl::StrCat("nccl rank ", rank_, " of ", size_, ": the stream did not drain within ",
+                         absl::FormatDuration(options_.timeout),
+                         " (a peer is dead or stuck; the ring must be shrunk or aborted)")));
       }
       absl::SleepFor(kPollInterval);
     }
@@ -275,10 +279,10 @@ class NcclCommunicator final : public Communicator {
 
   void Abort(const std::string& reason) override {
     cudaSetDevice(options_.device);
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (error_.ok()) {
-      error_ = absl::AbortedError(
-          absl::StrCat("nccl rank ", rank_, ": communicator aborted: ", reason));
+      error_ =
+          absl::AbortedError(absl::StrCat("nccl rank ", rank_, ": communicator aborted: ", reason));
     }
     aborted_ = true;
     if (comm_ != nullptr) {
@@ -288,29 +292,26 @@ class NcclCommunicator final : public Communicator {
   }
 
   absl::Status health() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return error_;
   }
 
   absl::StatusOr<std::unique_ptr<Communicator>> Shrink(absl::Span<const int> exclude) override;
 
   CommStats stats() const override {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return stats_;
   }
 
   // Used by NcclWork.
   absl::Status Break(const absl::Status& why) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     return BreakLocked(why);
   }
   int device_index() const { return options_.device; }
 
  private:
-  friend absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(
-      std::shared_ptr<Store>, int, int, const NcclOptions&);
-
-  absl::Status BreakLocked(const absl::Status& why) {
+  absl::Status BreakLocked(const absl::Status& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
     if (error_.ok()) error_ = why;
     return error_;
   }
@@ -333,7 +334,7 @@ class NcclCommunicator final : public Communicator {
 
   // One poll of the communicator's asynchronous state; breaks it on an error.
   absl::Status PollAsyncError(const std::string& what) {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (!error_.ok()) return error_;
     ncclResult_t state = ncclSuccess;
     const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
@@ -348,7 +349,7 @@ class NcclCommunicator final : public Communicator {
   absl::Status AwaitReady(absl::Time deadline, const std::string& what) {
     for (;;) {
       {
-        std::lock_guard<std::mutex> lock(mu_);
+        absl::MutexLock lock(&mu_);
         if (!error_.ok()) return error_;
         ncclResult_t state = ncclSuccess;
         const ncclResult_t r = ncclCommGetAsyncError(comm_, &state);
@@ -369,13 +370,13 @@ class NcclCommunicator final : public Communicator {
   const int rank_;
   const int size_;
 
-  mutable std::mutex mu_;  // Serialises every NCCL call on comm_ (Abort may come from any thread).
-  ncclComm_t comm_;        // Guarded by mu_; null once aborted or handed back.
-  absl::Status error_;     // Guarded by mu_.
-  bool aborted_ = false;   // Guarded by mu_.
-  CommStats stats_;        // Guarded by mu_.
-  cudaStream_t stream_;    // Owned; p2p traffic runs here.
-  float* scratch_;         // One device float for Barrier.
+  mutable absl::Mutex mu_;  // Serialises every NCCL call on comm_ (Abort may come from any thread).
+  ncclComm_t comm_ ABSL_GUARDED_BY(mu_);  // Null once aborted.
+  absl::Status error_ ABSL_GUARDED_BY(mu_);
+  bool aborted_ ABSL_GUARDED_BY(mu_) = false;
+  CommStats stats_ ABSL_GUARDED_BY(mu_);
+  cudaStream_t stream_;  // Owned; p2p traffic runs here.
+  float* scratch_;       // One device float for Barrier.
 };
 
 NcclWork::~NcclWork() {
@@ -441,9 +442,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
   }
   std::vector<int> excluded(exclude.begin(), exclude.end());
   std::sort(excluded.begin(), excluded.end());
-  ncclComm_t child = nullptr;
+  // A non-blocking shrink hands the child communicator back only when its initialisation is done:
+  // NCCL's job stores it into `*slot` from its own thread (null until then). The slot lives on the
+  // heap so that a job still running after a timeout writes into memory that is still ours; it is
+  // released once the handle has arrived (and deliberately leaked otherwise, 8 bytes).
+  ncclComm_t* slot = new ncclComm_t(nullptr);
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (aborted_ || comm_ == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
           "nccl rank ", rank_, ": cannot shrink an aborted communicator; build a new one"));
@@ -452,15 +457,29 @@ absl::StatusOr<std::unique_ptr<Communicator>> NcclCommunicator::Shrink(
     // A broken ring may have kernels waiting on the dead peer: terminate them first.
     const int flags = error_.ok() ? NCCL_SHRINK_DEFAULT : NCCL_SHRINK_ABORT;
     const ncclResult_t r = ncclCommShrink(comm_, excluded.data(), static_cast<int>(excluded.size()),
-                                          &child, &config, flags);
+                                          slot, &config, flags);
     if (r != ncclSuccess && r != ncclInProgress) {
-      return NcclError(r, absl::StrCat("nccl rank ", rank_, ": ncclCommShrink"), comm_);
+      const absl::Status s =
+          NcclError(r, absl::StrCat("nccl rank ", rank_, ": ncclCommShrink"), comm_);
+      if (__atomic_load_n(slot, __ATOMIC_ACQUIRE) == nullptr) delete slot;
+      return s;
     }
   }
+  const absl::Time deadline = absl::Now() + options_.timeout;
+  ncclComm_t child = nullptr;
+  while ((child = __atomic_load_n(slot, __ATOMIC_ACQUIRE)) == nullptr) {
+    if (absl::Now() >= deadline) {
+      return absl::DeadlineExceededError(absl::StrCat(
+          "nccl rank ", rank_, ": the shrunk ring (without ranks ", absl::StrJoin(excluded, ","),
+          ") did not form within ", absl::FormatDuration(options_.timeout)));
+    }
+    absl::SleepFor(kPollInterval);
+  }
+  delete slot;
   NcclOptions options = options_;
   options.prefix = absl::StrCat(options_.prefix, "/shrink[", absl::StrJoin(excluded, ","), "]");
   return Wrap(store_, options, *new_rank, size_ - static_cast<int>(excluded.size()), child,
-              absl::Now() + options_.timeout);
+              deadline);
 }
 
 }  // namespace
@@ -481,8 +500,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(std::shared
   const int devices = CudaDeviceCount();
   if (options.device < 0 || options.device >= devices) {
     return absl::FailedPreconditionError(absl::StrCat("nccl communicator: CUDA device ",
-                                                      options.device, " does not exist (",
-                                                      devices, " visible)"));
+                                                      options.device, " does not exist (", devices,
+                                                      " visible)"));
   }
   if (cudaError_t e = cudaSetDevice(options.device); e != cudaSuccess) {
     return CudaError(e, "cudaSetDevice");
@@ -500,13 +519,13 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(std::shared
   } else {
     absl::StatusOr<std::string> got = store->Get(key, options.timeout);
     if (!got.ok()) {
-      return absl::Status(got.status().code(),
-                          absl::StrCat("nccl rank ", rank, " of ", size,
-                                       ": waiting for rank 0's unique id: ", got.status().message()));
+      return absl::Status(got.status().code(), absl::StrCat("nccl rank ", rank, " of ", size,
+                                                            ": waiting for rank 0's unique id: ",
+                                                            got.status().message()));
     }
     if (got->size() != sizeof(id.internal)) {
-      return absl::InternalError(absl::StrCat("nccl: unique id under \"", key, "\" has ",
-                                              got->size(), " bytes"));
+      return absl::InternalError(
+          absl::StrCat("nccl: unique id under \"", key, "\" has ", got->size(), " bytes"));
     }
     std::memcpy(id.internal, got->data(), sizeof(id.internal));
   }
@@ -514,7 +533,8 @@ absl::StatusOr<std::unique_ptr<Communicator>> CreateNcclCommunicator(std::shared
   ncclComm_t comm = nullptr;
   const ncclResult_t r = ncclCommInitRankConfig(&comm, size, id, rank, &config);
   if (r != ncclSuccess && r != ncclInProgress) {
-    absl::Status s = NcclError(r, absl::StrCat("nccl rank ", rank, ": ncclCommInitRankConfig"), comm);
+    absl::Status s =
+        NcclError(r, absl::StrCat("nccl rank ", rank, ": ncclCommInitRankConfig"), comm);
     if (comm != nullptr) ncclCommAbort(comm);
     return s;
   }

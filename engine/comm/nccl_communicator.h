@@ -1,25 +1,27 @@
-// The NCCL communicator: the Communicator contract (communicator.h) for GPU ranks, one GPU per rank.
+// The NCCL communicator: the Communicator contract (communicator.h) for GPU ranks, one GPU per
+// rank.
 //
 // Rendezvous: rank 0 creates the NCCL unique id and publishes it in the Store under `prefix`; every
-// rank reads it and joins with ncclCommInitRankConfig on a non-blocking communicator (config.blocking
-// = 0), polling ncclCommGetAsyncError with a deadline instead of blocking inside NCCL.
+// rank reads it and joins with ncclCommInitRankConfig on a non-blocking communicator
+// (config.blocking = 0), polling ncclCommGetAsyncError with a deadline instead of blocking inside
+// NCCL.
 //
 // Ordering: StartGroup makes the communicator's own stream wait for `after` (an event), issues the
 // sends and receives as one ncclGroupStart/End on that stream, and records a completion event;
 // Work::Wait makes the consumer stream wait for it. No host synchronisation between compute and
-// communication: the host only polls when it enqueues (a non-blocking group end) and in Synchronize.
-// Collectives run on the caller's stream. Counts are elements (ncclFloat16/Bfloat16/Float32/Float64).
-// Collective byte counters follow NCCL's ring algorithms: AllGather (size-1) * count elements per
-// rank, AllReduce 2 (size-1)/size * count.
+// communication: the host only polls when it enqueues (a non-blocking group end) and in
+// Synchronize. Collectives run on the caller's stream. Counts are elements
+// (ncclFloat16/Bfloat16/Float32/Float64). Collective byte counters follow NCCL's ring algorithms:
+// AllGather (size-1) * count elements per rank, AllReduce 2 (size-1)/size * count.
 //
-// Failures: Synchronize polls cudaStreamQuery and ncclCommGetAsyncError until the stream drains or the
-// deadline passes. An asynchronous NCCL error (ncclRemoteError: a peer failed; ncclSystemError: a
-// socket or system call failed) becomes UNAVAILABLE; running past the deadline (a dead peer on NVLink
-// is seen by no one: its peers' kernels wait forever) becomes DEADLINE_EXCEEDED. Either way the
-// communicator is broken but not yet released: the kernels that wait on the dead peer keep spinning
-// until the caller either shrinks (ncclCommShrink with NCCL_SHRINK_ABORT, which terminates them) or
-// aborts (ncclCommAbort) or destroys the communicator (which aborts a broken one). Every NCCL call
-// on the handle is serialised by a mutex, so Abort may come from a watchdog thread.
+// Failures: Synchronize polls cudaStreamQuery and ncclCommGetAsyncError until the stream drains or
+// the deadline passes. An asynchronous NCCL error (ncclRemoteError: a peer failed; ncclSystemError:
+// a socket or system call failed) becomes UNAVAILABLE; running past the deadline (a dead peer on
+// NVLink is seen by no one: its peers' kernels wait forever) becomes DEADLINE_EXCEEDED. Either way
+// the communicator is broken but not yet released: the kernels that wait on the dead peer keep
+// spinning until the caller either shrinks (ncclCommShrink with NCCL_SHRINK_ABORT, which terminates
+// them) or aborts (ncclCommAbort) or destroys the communicator (which aborts a broken one). Every
+// NCCL call on the handle is serialised by a mutex, so Abort may come from a watchdog thread.
 //
 // Threads: each call sets the CUDA device of the communicator on the calling thread first.
 #ifndef DATTN_ENGINE_COMM_NCCL_COMMUNICATOR_H_

@@ -2,8 +2,9 @@
 //
 // Communicators exchange their addresses (Gloo) or the unique id (NCCL) through a Store before any
 // point-to-point traffic flows. In tests the store is a TcpStore on loopback (tcp_store.h); in the
-// service the coordinator provides one. Keys are opaque strings; a communicator puts all of its keys
-// under a prefix of its own, so one store can serve many rings and many generations of one ring.
+// service the coordinator provides one. Keys are opaque strings; a communicator puts all of its
+// keys under a prefix of its own, so one store can serve many rings and many generations of one
+// ring.
 //
 // Thread-safety: every implementation is safe to call from any number of threads at once.
 // Errors: UNAVAILABLE when the store cannot be reached (the message names its address),

@@ -36,7 +36,8 @@ absl::StatusOr<bool> PollUntil(int fd, short events, absl::Time deadline) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) return false;
     pollfd p{fd, events, 0};
-    const int ms = static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
+    const int ms =
+        static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
     const int rv = ::poll(&p, 1, ms);
     if (rv > 0) return true;
     if (rv == 0) continue;
@@ -136,7 +137,7 @@ absl::StatusOr<std::pair<std::string, int>> SplitAddress(const std::string& addr
 // Server.
 
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std::string& host,
-                                                                       int port) {
+                                                                      int port) {
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
@@ -167,16 +168,16 @@ TcpStoreServer::TcpStoreServer(std::string host, int port, int listen_fd)
 TcpStoreServer::~TcpStoreServer() {
   std::vector<std::thread> threads;
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stopping_ = true;
     // shutdown() wakes the threads blocked in accept() and recv() on these sockets.
     ::shutdown(listen_fd_, SHUT_RDWR);
     for (int fd : client_fds_) ::shutdown(fd, SHUT_RDWR);
-    changed_.notify_all();
+    changed_.SignalAll();
   }
   accept_thread_.join();
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     threads = std::move(client_threads_);
   }
   for (std::thread& t : threads) t.join();
@@ -188,7 +189,7 @@ std::string TcpStoreServer::address() const { return absl::StrCat(host_, ":", po
 void TcpStoreServer::AcceptLoop() {
   for (;;) {
     const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     if (stopping_) {
       if (fd >= 0) ::close(fd);
       return;
@@ -224,17 +225,19 @@ void TcpStoreServer::Serve(int fd) {
     if (!ok) break;
 
     std::string reply;
+    bool stop = false;
     {
-      std::unique_lock<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       if (op == kSet) {
         data_[key] = std::move(value);
-        changed_.notify_all();
+        changed_.SignalAll();
         reply = Reply(kOk, "");
       } else if (op == kGet) {
-        const auto deadline =
-            std::chrono::steady_clock::now() + std::chrono::milliseconds(std::max<int64_t>(arg, 0));
-        changed_.wait_until(lock, deadline, [&] { return stopping_ || data_.count(key) > 0; });
-        if (stopping_) break;
+        const absl::Time deadline = absl::Now() + absl::Milliseconds(std::max<int64_t>(arg, 0));
+        while (!stopping_ && data_.count(key) == 0) {
+          if (changed_.WaitWithDeadline(&mu_, deadline)) break;  // Timed out.
+        }
+        stop = stopping_;
         auto it = data_.find(key);
         reply = it == data_.end() ? Reply(kNotFound, "") : Reply(kOk, it->second);
       } else if (op == kAdd) {
@@ -246,16 +249,17 @@ void TcpStoreServer::Serve(int fd) {
         } else {
           current += arg;
           data_[key] = absl::StrCat(current);
-          changed_.notify_all();
+          changed_.SignalAll();
           reply = Reply(kOk, absl::StrCat(current));
         }
       } else {
         reply = Reply(kInvalid, absl::StrCat("unknown store op ", static_cast<int>(op)));
       }
     }
+    if (stop) break;
     if (!WriteExact(fd, reply)) break;
   }
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   client_fds_.erase(std::remove(client_fds_.begin(), client_fds_.end(), fd), client_fds_.end());
   ::close(fd);
 }
@@ -268,9 +272,9 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const std::string& a
                                                             absl::Duration request_timeout) {
   absl::StatusOr<std::pair<std::string, int>> hp = SplitAddress(address);
   if (!hp.ok()) return hp.status();
-  auto store = std::unique_ptr<TcpStore>(
-      new TcpStore(address, hp->first, hp->second, request_timeout));
-  std::lock_guard<std::mutex> lock(store->mu_);
+  auto store =
+      std::unique_ptr<TcpStore>(new TcpStore(address, hp->first, hp->second, request_timeout));
+  absl::MutexLock lock(&store->mu_);
   if (absl::Status s = store->EnsureConnectedLocked(absl::Now() + connect_timeout); !s.ok()) {
     return s;
   }
@@ -284,6 +288,7 @@ TcpStore::TcpStore(std::string address, std::string host, int port, absl::Durati
       request_timeout_(request_timeout) {}
 
 TcpStore::~TcpStore() {
+  absl::MutexLock lock(&mu_);
   if (fd_ >= 0) ::close(fd_);
 }
 
@@ -330,7 +335,7 @@ absl::StatusOr<std::string> TcpStore::RoundTrip(uint8_t op, const std::string& k
   frame += value;
   AppendI64(&frame, arg);
 
-  std::lock_guard<std::mutex> lock(mu_);
+  absl::MutexLock lock(&mu_);
   const absl::Time deadline = absl::Now() + wait + request_timeout_;
   absl::Status s = EnsureConnectedLocked(absl::Now() + request_timeout_);
   if (s.ok()) s = SendAll(fd_, frame.data(), frame.size(), deadline);
@@ -348,14 +353,15 @@ absl::StatusOr<std::string> TcpStore::RoundTrip(uint8_t op, const std::string& k
     // The stream is out of step after a partial exchange: start over on the next request.
     ::close(fd_);
     fd_ = -1;
-    return absl::Status(s.code(), absl::StrCat("store ", address_, ", key \"", key,
-                                               "\": ", s.message()));
+    return absl::Status(s.code(),
+                        absl::StrCat("store ", address_, ", key \"", key, "\": ", s.message()));
   }
   if (code == kNotFound) {
-    return absl::DeadlineExceededError(absl::StrCat("store ", address_, ": key \"", key,
-                                                    "\" not set within ", absl::FormatDuration(wait)));
+    return absl::DeadlineExceededError(absl::StrCat(
+        "store ", address_, ": key \"", key, "\" not set within ", absl::FormatDuration(wait)));
   }
-  if (code != kOk) return absl::InvalidArgumentError(absl::StrCat("store ", address_, ": ", payload));
+  if (code != kOk)
+    return absl::InvalidArgumentError(absl::StrCat("store ", address_, ": ", payload));
   return payload;
 }
 
@@ -388,9 +394,9 @@ absl::Status TcpStore::Wait(const std::vector<std::string>& keys, absl::Duration
     for (size_t j = i + 1; j < keys.size(); ++j) {
       if (!Get(keys[j], absl::ZeroDuration()).ok()) missing.push_back(keys[j]);
     }
-    return absl::DeadlineExceededError(
-        absl::StrCat("store ", address_, ": keys not set within ", absl::FormatDuration(timeout),
-                     ": \"", absl::StrJoin(missing, "\", \""), "\""));
+    return absl::DeadlineExceededError(absl::StrCat("store ", address_, ": keys not set within ",
+                                                    absl::FormatDuration(timeout), ": \"",
+                                                    absl::StrJoin(missing, "\", \""), "\""));
   }
   return absl::OkStatus();
 }

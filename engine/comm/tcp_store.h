@@ -6,25 +6,25 @@
 //
 // Server: binds (by default) 127.0.0.1 on an ephemeral port, serves every connection on a thread of
 // its own, and keeps the map in memory. Waits happen on the server, so a Get costs one round trip
-// however long it waits. Destroying the server closes every connection: clients blocked in a wait get
-// UNAVAILABLE at once, never a hang.
+// however long it waits. Destroying the server closes every connection: clients blocked in a wait
+// get UNAVAILABLE at once, never a hang.
 //
-// Client: one connection, requests serialised by a mutex (thread-safe). Every request has a deadline:
-// a dead server turns into UNAVAILABLE or DEADLINE_EXCEEDED, never a hang. A broken connection is
-// re-established on the next request.
+// Client: one connection, requests serialised by a mutex (thread-safe). Every request has a
+// deadline: a dead server turns into UNAVAILABLE or DEADLINE_EXCEEDED, never a hang. A broken
+// connection is re-established on the next request.
 #ifndef DATTN_ENGINE_COMM_TCP_STORE_H_
 #define DATTN_ENGINE_COMM_TCP_STORE_H_
 
-#include <condition_variable>
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "engine/comm/store.h"
 
@@ -35,8 +35,8 @@ class TcpStoreServer {
  public:
   // Starts serving on `host`:`port` (port 0: an ephemeral port, see port()). `host` is a numeric
   // IPv4 address. UNAVAILABLE naming the address if the socket cannot be bound.
-  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(const std::string& host = "127.0.0.1",
-                                                               int port = 0);
+  static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(
+      const std::string& host = "127.0.0.1", int port = 0);
 
   // Stops accepting, closes every client connection and joins every thread.
   ~TcpStoreServer();
@@ -58,13 +58,13 @@ class TcpStoreServer {
   const int port_;
   const int listen_fd_;
 
-  std::mutex mu_;
-  std::condition_variable changed_;          // Signalled on every Set/Add and on shutdown.
-  std::map<std::string, std::string> data_;  // Guarded by mu_.
-  std::vector<int> client_fds_;              // Guarded by mu_; open client connections.
-  std::vector<std::thread> client_threads_;  // Guarded by mu_.
-  bool stopping_ = false;                    // Guarded by mu_.
-  std::thread accept_thread_;
+  absl::Mutex mu_;
+  absl::CondVar changed_;  // Signalled on every Set/Add and on shutdown.
+  std::map<std::string, std::string> data_ ABSL_GUARDED_BY(mu_);
+  std::vector<int> client_fds_ ABSL_GUARDED_BY(mu_);  // Open client connections.
+  std::vector<std::thread> client_threads_ ABSL_GUARDED_BY(mu_);
+  bool stopping_ ABSL_GUARDED_BY(mu_) = false;
+  std::thread accept_thread_;  // Set once by Start.
 };
 
 class TcpStore final : public Store {
@@ -87,18 +87,18 @@ class TcpStore final : public Store {
 
  private:
   TcpStore(std::string address, std::string host, int port, absl::Duration request_timeout);
-  absl::Status EnsureConnectedLocked(absl::Time deadline);
+  absl::Status EnsureConnectedLocked(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends one request and reads its reply; closes the connection on any transport error.
-  absl::StatusOr<std::string> RoundTrip(uint8_t op, const std::string& key, const std::string& value,
-                                        int64_t arg, absl::Duration wait);
+  absl::StatusOr<std::string> RoundTrip(uint8_t op, const std::string& key,
+                                        const std::string& value, int64_t arg, absl::Duration wait);
 
   const std::string address_;
   const std::string host_;
   const int port_;
   const absl::Duration request_timeout_;
 
-  std::mutex mu_;  // Serialises requests on the one connection.
-  int fd_ = -1;    // Guarded by mu_.
+  absl::Mutex mu_;  // Serialises requests on the one connection.
+  int fd_ ABSL_GUARDED_BY(mu_) = -1;
 };
 
 }  // namespace comm

@@ -2,14 +2,14 @@
 //
 // Purpose: the fp32 path (TF32 off: plain fp32 FMAs, expf/logf) and the fallback where cuDNN cannot
 // run a call. Correctness first; speed is a non-goal beyond not storing score matrices.
-// FLOPs per forward: 4 * count * heads * rows^2 * D (causal: half). Bytes: q and o once; k and v once
-// per 8-row query tile (mostly from L2).
+// FLOPs per forward: 4 * count * heads * rows^2 * D (causal: half). Bytes: q and o once; k and v
+// once per 8-row query tile (mostly from L2).
 //
 // Layout of work: a block of 4 warps owns 8 query rows (forward, dq) or 8 key rows (dk/dv) of one
-// (block j, head k); it streams the other side in tiles of 32 rows through shared memory. A warp keeps
-// 2 rows; lane l owns channels l, l+32, ... (D <= 256 -> 8 registers per row), and for scores lane l
-// owns key (or query) l of the tile. Shared tiles that lanes read by row are padded to D + 1 floats so
-// that 32 lanes reading the same channel of 32 rows hit 32 banks. All indices are 64-bit.
+// (block j, head k); it streams the other side in tiles of 32 rows through shared memory. A warp
+// keeps 2 rows; lane l owns channels l, l+32, ... (D <= 256 -> 8 registers per row), and for scores
+// lane l owns key (or query) l of the tile. Shared tiles that lanes read by row are padded to D + 1
+// floats so that 32 lanes reading the same channel of 32 rows hit 32 banks. All indices are 64-bit.
 #include "engine/cuda/attention_kernels.h"
 
 #include <cuda_bf16.h>
@@ -99,9 +99,9 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) ForwardKernel(KernelForwardArgs a, int64_t row_tiles) {
   extern __shared__ float smem[];
   const int dim = static_cast<int>(a.head_dim);
-  float* q_s = smem;                          // [kTileRows][dim]
-  float* k_s = q_s + kTileRows * dim;         // [kTileKeys][dim + 1]
-  float* v_s = k_s + kTileKeys * (dim + 1);   // [kTileKeys][dim]
+  float* q_s = smem;                         // [kTileRows][dim]
+  float* k_s = q_s + kTileRows * dim;        // [kTileKeys][dim + 1]
+  float* v_s = k_s + kTileKeys * (dim + 1);  // [kTileKeys][dim]
   const int64_t j = blockIdx.x / row_tiles;
   const int64_t row0 = (blockIdx.x - j * row_tiles) * kTileRows;
   const int64_t k = blockIdx.y;
@@ -199,10 +199,10 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) DqKernel(KernelBackwardArgs a, int64_t row_tiles) {
   extern __shared__ float smem[];
   const int dim = static_cast<int>(a.head_dim);
-  float* q_s = smem;                          // [kTileRows][dim]
-  float* do_s = q_s + kTileRows * dim;        // [kTileRows][dim]
-  float* k_s = do_s + kTileRows * dim;        // [kTileKeys][dim + 1]
-  float* v_s = k_s + kTileKeys * (dim + 1);   // [kTileKeys][dim + 1]
+  float* q_s = smem;                         // [kTileRows][dim]
+  float* do_s = q_s + kTileRows * dim;       // [kTileRows][dim]
+  float* k_s = do_s + kTileRows * dim;       // [kTileKeys][dim + 1]
+  float* v_s = k_s + kTileKeys * (dim + 1);  // [kTileKeys][dim + 1]
   const int64_t j = blockIdx.x / row_tiles;
   const int64_t row0 = (blockIdx.x - j * row_tiles) * kTileRows;
   const int64_t k = blockIdx.y;
@@ -278,10 +278,10 @@ template <typename T>
 __global__ void __launch_bounds__(kThreads) DkdvKernel(KernelBackwardArgs a, int64_t key_tiles) {
   extern __shared__ float smem[];
   const int dim = static_cast<int>(a.head_dim);
-  float* k_s = smem;                           // [kTileRows][dim]
-  float* v_s = k_s + kTileRows * dim;          // [kTileRows][dim]
-  float* q_s = v_s + kTileRows * dim;          // [kTileKeys][dim + 1]
-  float* do_s = q_s + kTileKeys * (dim + 1);   // [kTileKeys][dim + 1]
+  float* k_s = smem;                            // [kTileRows][dim]
+  float* v_s = k_s + kTileRows * dim;           // [kTileRows][dim]
+  float* q_s = v_s + kTileRows * dim;           // [kTileKeys][dim + 1]
+  float* do_s = q_s + kTileKeys * (dim + 1);    // [kTileKeys][dim + 1]
   float* lse_s = do_s + kTileKeys * (dim + 1);  // [kTileKeys]
   float* delta_s = lse_s + kTileKeys;           // [kTileKeys]
   const int64_t j = blockIdx.x / key_tiles;

@@ -54,8 +54,8 @@ struct KernelBackwardArgs {
 };
 
 // dv = P^T dout; ds = P * (dout v^T - delta); dq = scale ds k; dk = scale ds^T q. Three launches
-// (row sums, dq by query tiles, dk/dv by key tiles): no atomics, deterministic. FLOPs about 2.5x the
-// forward's plus the recomputation of the scores twice.
+// (row sums, dq by query tiles, dk/dv by key tiles): no atomics, deterministic. FLOPs about 2.5x
+// the forward's plus the recomputation of the scores twice.
 cudaError_t LaunchAttentionBackward(const KernelBackwardArgs& args, cudaStream_t stream);
 
 }  // namespace cuda

@@ -4,10 +4,11 @@
 // rows of every full segment form one "block" of S = SelectedCount(w, o, r) rows; all full segments
 // (of every batch item, when the layout allows) are folded into one batch dimension with a constant
 // stride, and the partial last segments of all batch items form one more call. Each such batched
-// attention is a BlockCall: fused attention (cuDNN) or our own kernel reads the rows in place through
-// the strides, never gathering them. The plan also fixes the order of the calls, which calls write the
-// outputs directly and which go through scratch, and the scratch each call needs: the memory planner
-// and the backend use the same plan, so the planned workspace is what the backend allocates.
+// attention is a BlockCall: fused attention (cuDNN) or our own kernel reads the rows in place
+// through the strides, never gathering them. The plan also fixes the order of the calls, which
+// calls write the outputs directly and which go through scratch, and the scratch each call needs:
+// the memory planner and the backend use the same plan, so the planned workspace is what the
+// backend allocates.
 //
 // Everything here is host-only arithmetic on the spec and the shape (no CUDA): pure functions,
 // thread-safe, unit-tested without a GPU.
@@ -40,15 +41,16 @@ struct HeadGroup {
 };
 
 // The head groups of pattern `pattern`: grouped mode, the pattern's own group (offset i mod r_i);
-// mixture mode, one group per distinct offset (modulo: heads o, o+r, ...; blocked: a contiguous run).
+// mixture mode, one group per distinct offset (modulo: heads o, o+r, ...; blocked: a contiguous
+// run).
 std::vector<HeadGroup> PatternHeadGroups(const AttentionSpec& spec, int pattern, int64_t num_heads);
 
-// `count` blocks of `rows` selected rows each, for the heads of `group`. Block j's first selected row
-// is at flat position first_flat + j * block_step (flat = b * N + p); row s of a block is `rate`
-// positions after row s - 1. steps_batches: block j is batch item b0 + j at the same in-batch
-// position (the partial-segment call; block_step == N). Otherwise blocks are consecutive segments,
-// possibly running on into the next batch item, which is only planned when every tensor's batch
-// stride equals N times its position stride.
+// `count` blocks of `rows` selected rows each, for the heads of `group`. Block j's first selected
+// row is at flat position first_flat + j * block_step (flat = b * N + p); row s of a block is
+// `rate` positions after row s - 1. steps_batches: block j is batch item b0 + j at the same
+// in-batch position (the partial-segment call; block_step == N). Otherwise blocks are consecutive
+// segments, possibly running on into the next batch item, which is only planned when every tensor's
+// batch stride equals N times its position stride.
 struct BlockCall {
   int pattern = 0;
   int64_t segment = 0;  // w
@@ -64,7 +66,8 @@ struct BlockCall {
 };
 
 // Element offsets of a call's view into one (B, N, H, D) tensor with element strides (sb, sn, sh):
-// element (j, k, s, d) of the call is at base + j * fold + k * head + s * seq + d * (channel stride).
+// element (j, k, s, d) of the call is at base + j * fold + k * head + s * seq + d * (channel
+// stride).
 struct CallView {
   int64_t base = 0;
   int64_t fold = 0;
@@ -83,25 +86,26 @@ std::vector<BlockCall> EnumerateBlockCalls(const AttentionSpec& spec, const Prob
 // What a call does with its result.
 enum class CallRole {
   kDirect,  // Writes out (forward) or dq/dk/dv (backward) in place through strided views.
-  kMerge,   // Writes a packed scratch tile that a kernel merges (forward, mixture) or adds (backward).
+  kMerge,   // Writes a packed scratch tile that a kernel merges (forward, mixture) or adds
+            // (backward).
 };
 
 // Byte offsets of one call's scratch inside the call workspace (each part 256-byte aligned).
 struct CallScratch {
-  int64_t stats = -1;      // fp32 [count, heads, rows]: forward stats, or the gathered lse (backward)
-  int64_t delta = -1;      // fp32 [count, heads, rows]: backward row sums (own kernel), or cuDNN's
-                           // softmax_sum tensor
-  int64_t dq_accum = -1;   // fp32 [count, heads, rows, D]: cuDNN backward dQ accumulator
-  int64_t tile = -1;       // io dtype [count, heads, rows, D] (forward merge) or three of them
-                           // (dq, dk, dv; backward merge)
-  int64_t out_tile = -1;   // io dtype [count, heads, rows, D]: G * out rows for cuDNN's backward in
-                           // grouped mode (its row sums must see A, not A / G)
-  int64_t library = -1;    // cuDNN plan workspace
+  int64_t stats = -1;  // fp32 [count, heads, rows]: forward stats, or the gathered lse (backward)
+  int64_t delta = -1;  // fp32 [count, heads, rows]: backward row sums (own kernel), or cuDNN's
+                       // softmax_sum tensor
+  int64_t dq_accum = -1;  // fp32 [count, heads, rows, D]: cuDNN backward dQ accumulator
+  int64_t tile = -1;      // io dtype [count, heads, rows, D] (forward merge) or three of them
+                          // (dq, dk, dv; backward merge)
+  int64_t out_tile = -1;  // io dtype [count, heads, rows, D]: G * out rows for cuDNN's backward in
+                          // grouped mode (its row sums must see A, not A / G)
+  int64_t library = -1;   // cuDNN plan workspace
   int64_t total = 0;
 };
 
-// Layout of the scratch of one call. library_bytes: the cuDNN plan's own workspace (0 for our kernel).
-// scaled_out: a cuDNN backward call of grouped mode with G > 1 (needs out_tile).
+// Layout of the scratch of one call. library_bytes: the cuDNN plan's own workspace (0 for our
+// kernel). scaled_out: a cuDNN backward call of grouped mode with G > 1 (needs out_tile).
 CallScratch LayoutCallScratch(const BlockCall& call, CallRole role, bool backward, bool use_cudnn,
                               DType dtype, int64_t head_dim, int64_t library_bytes,
                               bool scaled_out = false);
@@ -109,16 +113,16 @@ CallScratch LayoutCallScratch(const BlockCall& call, CallRole role, bool backwar
 // Whether cuDNN backward calls of this spec need the G * out tile.
 bool NeedsScaledOut(const AttentionSpec& spec, bool backward, bool use_cudnn);
 
-// The planned library workspace the memory planner assumes for a cuDNN plan of this call (the backend
-// uses the real figure, queried from the plan). Calibrated on an H100 with cuDNN 9.19: see
+// The planned library workspace the memory planner assumes for a cuDNN plan of this call (the
+// backend uses the real figure, queried from the plan). Calibrated on an H100 with cuDNN 9.19: see
 // docs/PERFORMANCE.md.
 int64_t ModeledLibraryWorkspace(const BlockCall& call, bool backward, int64_t head_dim);
 
 struct PlanInputs {
   DType dtype = DType::kBFloat16;
   bool backward = false;
-  bool use_cudnn = true;      // cuDNN fused attention (16-bit types only) vs our own kernel.
-  bool fold_batches = true;   // see EnumerateBlockCalls
+  bool use_cudnn = true;        // cuDNN fused attention (16-bit types only) vs our own kernel.
+  bool fold_batches = true;     // see EnumerateBlockCalls
   int64_t workspace_limit = 0;  // bytes a call's scratch may use; 0: DefaultWorkspaceLimit
 };
 

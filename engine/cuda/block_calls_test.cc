@@ -1,7 +1,7 @@
 // The CUDA backend's call geometry against the oracle's independent derivation of the spec: every
-// selected (batch, position, head) of every pattern is covered by exactly one block row, nothing else
-// is, blocks stay inside one segment, views address the right elements for any strides, and the
-// chunked plan keeps each call's scratch under the limit.
+// selected (batch, position, head) of every pattern is covered by exactly one block row, nothing
+// else is, blocks stay inside one segment, views address the right elements for any strides, and
+// the chunked plan keeps each call's scratch under the limit.
 #include "engine/cuda/block_calls.h"
 
 #include <algorithm>
@@ -86,11 +86,11 @@ struct Case {
 
 std::vector<Case> Cases() {
   return {
-      {{4}, {1}, {1, 12, 2, 8}},                 // G = 1, r = 1: blockwise
-      {{4, 8}, {1, 2}, {2, 16, 4, 8}},            // N a multiple of every segment, B > 1
-      {{4, 8}, {1, 2}, {2, 13, 5, 8}},            // partial segments, H % G != 0
-      {{5, 7, 3}, {2, 3, 2}, {3, 20, 6, 8}},      // rates that divide no segment
-      {{64, 6}, {4, 5}, {2, 10, 3, 8}},           // a segment longer than N
+      {{4}, {1}, {1, 12, 2, 8}},                    // G = 1, r = 1: blockwise
+      {{4, 8}, {1, 2}, {2, 16, 4, 8}},              // N a multiple of every segment, B > 1
+      {{4, 8}, {1, 2}, {2, 13, 5, 8}},              // partial segments, H % G != 0
+      {{5, 7, 3}, {2, 3, 2}, {3, 20, 6, 8}},        // rates that divide no segment
+      {{64, 6}, {4, 5}, {2, 10, 3, 8}},             // a segment longer than N
       {{4, 4, 4, 4}, {1, 2, 4, 8}, {1, 16, 4, 8}},  // offsets past a short segment (r > w)
       {{3}, {2}, {2, 7, 9, 8}},
   };
@@ -190,15 +190,16 @@ TEST(BlockCallsTest, ChunkedPlanKeepsCoverageAndLimit) {
         int64_t max_scratch = 0;
         for (const PlannedCall& pc : plan.calls) {
           calls.push_back(pc.call);
-          const CallScratch s = LayoutCallScratch(
-              pc.call, pc.role, backward, cudnn, in.dtype, d.head_dim,
-              cudnn ? ModeledLibraryWorkspace(pc.call, backward, d.head_dim) : 0,
-              NeedsScaledOut(spec, backward, cudnn));
+          const CallScratch s =
+              LayoutCallScratch(pc.call, pc.role, backward, cudnn, in.dtype, d.head_dim,
+                                cudnn ? ModeledLibraryWorkspace(pc.call, backward, d.head_dim) : 0,
+                                NeedsScaledOut(spec, backward, cudnn));
           if (pc.call.count > 1) {
             EXPECT_LE(s.total, in.workspace_limit) << pc.call.DebugString();
           }
           max_scratch = std::max(max_scratch, s.total);
-          const bool direct = mode == AttentionMode::kGrouped || pc.call.pattern == plan.direct_pattern;
+          const bool direct =
+              mode == AttentionMode::kGrouped || pc.call.pattern == plan.direct_pattern;
           EXPECT_EQ(pc.role, direct ? CallRole::kDirect : CallRole::kMerge);
         }
         EXPECT_EQ(plan.workspace_bytes, max_scratch);
@@ -223,8 +224,8 @@ TEST(BlockCallsTest, MixtureWritesTheWidestPatternFirst) {
       EXPECT_NE(pc.call.pattern, plan.direct_pattern) << "direct calls come first";
     }
   }
-  const CallPlan grouped = PlanBlockCalls(MakeSpec({16, 8, 32}, {4, 1, 2}, AttentionMode::kGrouped),
-                                          d, in);
+  const CallPlan grouped =
+      PlanBlockCalls(MakeSpec({16, 8, 32}, {4, 1, 2}, AttentionMode::kGrouped), d, in);
   EXPECT_EQ(grouped.direct_pattern, -1);
 }
 

@@ -269,7 +269,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
     // Grouped mode's 1/G goes into the fused call (probabilities scaled before P V) when cuDNN
     // takes that graph; otherwise a pass over the selected rows applies it.
     float p_scale = 1.0f;
-    if (grouped && g > 1 && options_.fuse_group_scale) {
+    if (grouped && g > 1 && options_.group_scale != CudaBackendOptions::GroupScale::kPass) {
       if (cudnn && p_scale_state_ == PScale::kUnknown && !plan.calls.empty()) {
         ProbePScale(spec, args, dims, plan.calls.front(), scale, 1.0f / g);
       }
@@ -344,9 +344,9 @@ class CudaBackendImpl : public CudaAttentionBackend {
         // other rows. That pass runs on the fill stream once this pattern is done, meanwhile the
         // next patterns attend (patterns come largest first, so the last pass is the smallest).
         DATTN_RETURN_IF_ERROR(After(fills, pattern));
-        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchFillRows(
-            args.out.data, et, space, GroupRule(spec, pattern, dims.num_heads), true, 1.0f / g,
-            fills));
+        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchFillRows(args.out.data, et, space,
+                                                        GroupRule(spec, pattern, dims.num_heads),
+                                                        true, 1.0f / g, fills));
       }
     }
     if (scale_pass) {
@@ -379,10 +379,9 @@ class CudaBackendImpl : public CudaAttentionBackend {
     in.dtype = dtype;
     in.backward = true;
     in.use_cudnn = cudnn;
-    in.fold_batches =
-        CanFoldBatches({&args.q, &args.k, &args.v, &args.out, &args.dout, &args.dq, &args.dk,
-                        &args.dv},
-                       dims.seq_len);
+    in.fold_batches = CanFoldBatches(
+        {&args.q, &args.k, &args.v, &args.out, &args.dout, &args.dq, &args.dk, &args.dv},
+        dims.seq_len);
     in.workspace_limit = options_.workspace_limit_bytes;
     const CallPlan plan = cuda::PlanBlockCalls(spec, dims, in);
     const int g = spec.num_patterns();
@@ -395,7 +394,8 @@ class CudaBackendImpl : public CudaAttentionBackend {
       CallExec e;
       e.planned = &pc;
       if (cudnn && BackwardReadable(args, dims, pc)) {
-        absl::StatusOr<int64_t> library = sdpa_->BackwardWorkspace(SdpaBackward(spec, args, dims, pc));
+        absl::StatusOr<int64_t> library =
+            sdpa_->BackwardWorkspace(SdpaBackward(spec, args, dims, pc));
         if (library.ok()) {
           e.cudnn = true;
           e.scratch = cuda::LayoutCallScratch(pc.call, pc.role, true, true, dtype, dims.head_dim,
@@ -405,8 +405,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
         }
       }
       if (!e.cudnn) {
-        e.scratch =
-            cuda::LayoutCallScratch(pc.call, pc.role, true, false, dtype, dims.head_dim, 0);
+        e.scratch = cuda::LayoutCallScratch(pc.call, pc.role, true, false, dtype, dims.head_dim, 0);
       }
       ws_bytes = std::max(ws_bytes, e.scratch.total);
       execs.push_back(e);
@@ -447,9 +446,9 @@ class CudaBackendImpl : public CudaAttentionBackend {
 
   absl::Status CheckDevice(const TensorView& q) const {
     if (q.device_index != options_.device) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("q is on cuda:", q.device_index, " but this CUDA backend runs on cuda:",
-                       options_.device, "; create one backend per device"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "q is on cuda:", q.device_index, " but this CUDA backend runs on cuda:", options_.device,
+          "; create one backend per device"));
     }
     return absl::OkStatus();
   }
@@ -618,8 +617,8 @@ class CudaBackendImpl : public CudaAttentionBackend {
     }
     if (merge) {
       DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchMergeTile(tile.ptr, ws.At<float>(s.stats),
-                                                       args.out.data, lse, ElemTypeOf(dtype),
-                                                       rows, space, stream_));
+                                                       args.out.data, lse, ElemTypeOf(dtype), rows,
+                                                       space, stream_));
     } else {
       DATTN_CUDA_RETURN_IF_ERROR(
           cuda::LaunchScatterStats(ws.At<float>(s.stats), lse, rows, space, stream_));
@@ -654,8 +653,8 @@ class CudaBackendImpl : public CudaAttentionBackend {
     // kernel scales its row sums by G. Mixture: P is normalised by the row's total lse, o = out.
     const float lse_add = grouped ? std::log(static_cast<float>(g)) : 0.0f;
     DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchGatherStats(static_cast<const float*>(args.lse.data),
-                                                       ws.At<float>(s.stats), lse_add, rows,
-                                                       space, stream_));
+                                                       ws.At<float>(s.stats), lse_add, rows, space,
+                                                       stream_));
     if (e.cudnn) {
       cuda::SdpaBackwardArgs a = SdpaBackward(spec, args, dims, pc);
       if (s.out_tile >= 0) {
@@ -668,7 +667,6 @@ class CudaBackendImpl : public CudaAttentionBackend {
       a.dk = grads[1].ptr;
       a.dv = grads[2].ptr;
       a.stats = ws.At<float>(s.stats);
-      a.delta_scale = 1.0f;
       a.softmax_sum = ws.At<float>(s.delta);
       a.dq_accum = ws.At<float>(s.dq_accum);
       DATTN_RETURN_IF_ERROR(sdpa_->Backward(a, ws.At<void>(s.library)));
@@ -697,9 +695,8 @@ class CudaBackendImpl : public CudaAttentionBackend {
       ++stats_.kernel_calls;
     }
     if (merge) {
-      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAccumulateTiles(ws.At<void>(s.tile), args.dq.data,
-                                                             args.dk.data, args.dv.data, et, rows,
-                                                             space, stream_));
+      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAccumulateTiles(
+          ws.At<void>(s.tile), args.dq.data, args.dk.data, args.dv.data, et, rows, space, stream_));
     }
     return absl::OkStatus();
   }
@@ -740,16 +737,15 @@ absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> NewCudaBackend(
         cudaGetErrorName(probe), ": ", cudaGetErrorString(probe), "), ", count, " devices"));
   }
   if (options.device < 0 || options.device >= count) {
-    return absl::UnavailableError(absl::StrCat("CUDA device ", options.device,
-                                               " does not exist; this machine has ", count));
+    return absl::UnavailableError(
+        absl::StrCat("CUDA device ", options.device, " does not exist; this machine has ", count));
   }
   cudaDeviceProp props;
   DATTN_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, options.device));
   if (props.major < 9) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("CUDA device ", options.device, " (", props.name, ") has compute capability ",
-                     props.major, ".", props.minor,
-                     "; the CUDA backend is built for Hopper (9.0) and newer"));
+    return absl::FailedPreconditionError(absl::StrCat(
+        "CUDA device ", options.device, " (", props.name, ") has compute capability ", props.major,
+        ".", props.minor, "; the CUDA backend is built for Hopper (9.0) and newer"));
   }
   DeviceGuard guard;
   DATTN_RETURN_IF_ERROR(guard.Enter(options.device));
@@ -773,7 +769,12 @@ absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> NewCudaBackend(
     DATTN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&r.stream, cudaStreamDefault));
     r.owns_stream = true;
   }
-  DATTN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&r.aux, cudaStreamDefault));
+  // The fill stream has the highest priority: its small memory-bound blocks are scheduled as soon
+  // as blocks of a running fused attention retire, instead of waiting for the whole grid.
+  int least_priority = 0, greatest_priority = 0;
+  DATTN_CUDA_RETURN_IF_ERROR(cudaDeviceGetStreamPriorityRange(&least_priority, &greatest_priority));
+  DATTN_CUDA_RETURN_IF_ERROR(
+      cudaStreamCreateWithPriority(&r.aux, cudaStreamDefault, greatest_priority));
   DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.fork, cudaEventDisableTiming));
   DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.join, cudaEventDisableTiming));
   cudaMemPoolProps pool_props = {};

@@ -2,24 +2,29 @@
 // backend (engine/attention.h, shared/ENGINE_SPEC.md).
 //
 // fp16 and bf16 run through cuDNN's fused flash attention on strided views of the dilated rows (no
-// gather, no copy of q, k, v; out, lse and the gradients are written in place); fp32 runs through our
-// own tiled kernel with TF32 off. D must be a multiple of 8, at most 256 (BackendCaps lists them).
-// A call that cuDNN cannot run (a layout it cannot read, a graph no engine takes) falls back to our
-// own kernel for that call, which is correct but slow; CudaBackendStats counts it.
+// gather, no copy of q, k, v; out, lse and the gradients are written in place); fp32 runs through
+// our own tiled kernel with TF32 off. D must be a multiple of 8, at most 256 (BackendCaps lists
+// them). A call that cuDNN cannot run (a layout it cannot read, a graph no engine takes) falls back
+// to our own kernel for that call, which is correct but slow; CudaBackendStats counts it.
 //
 // Context: a backend instance owns its cuDNN handle, a plan cache, a stream-ordered memory pool for
 // workspace, a second stream for fills that overlap the fused calls (always joined back into the
-// main stream with events) and (unless given one) its main CUDA stream. There is no global state: one instance per thread
-// is safe; one instance must not be used by two threads at once.
+// main stream with events) and (unless given one) its main CUDA stream. There is no global state:
+// one instance per thread is safe; one instance must not be used by two threads at once.
 //
 // Asynchrony: Forward and Backward validate, then enqueue their work on the instance's stream and
-// return without synchronizing the device (unless CudaBackendOptions::synchronize). The caller keeps
-// every tensor alive and unmodified until the stream has passed the work (Synchronize(), or an event
-// or a stream the caller orders after stream()). A device error can therefore surface at a later
-// call or at Synchronize(). Workspace is taken from the pool on the stream and returned on the
-// stream; the pool keeps freed memory for the next call (TrimPool() returns it to the device).
-// A call's device memory beyond its tensors is what PlanCudaAttentionMemory (cuda_memory_plan.h)
-// reports, within the cuDNN plan workspace it cannot know before the plan exists.
+// return without synchronizing the device (unless CudaBackendOptions::synchronize). The caller
+// keeps every tensor alive and unmodified until the stream has passed the work (Synchronize(), or
+// an event or a stream the caller orders after stream()). A device error can therefore surface at a
+// later call or at Synchronize(). Workspace is taken from the pool on the stream and returned on
+// the stream; the pool keeps freed memory for the next call (TrimPool() returns it to the device).
+// A call's device memory beyond its tensors is what PlanCudaMemory (cuda_memory_plan.h) reports,
+// within the cuDNN plan workspace it can only model before the plan exists.
+//
+// Errors: validation first (validate.h, INVALID_ARGUMENT naming the value; nothing is written),
+// then INVALID_ARGUMENT for tensors on another device than the backend's; CUDA and cuDNN errors as
+// cuda_status.h maps them (RESOURCE_EXHAUSTED for out of memory). After a device error the outputs
+// are unspecified.
 #ifndef DATTN_ENGINE_CUDA_CUDA_BACKEND_H_
 #define DATTN_ENGINE_CUDA_CUDA_BACKEND_H_
 
@@ -35,7 +40,7 @@
 namespace dattn {
 
 struct CudaBackendOptions {
-  int device = 0;                  // CUDA ordinal every tensor of a call must live on
+  int device = 0;  // CUDA ordinal every tensor of a call must live on
   // Not owned. nullptr: the backend creates and owns a blocking stream (ordered after the legacy
   // default stream, like cudaMemcpy). A caller's non-blocking stream orders nothing implicitly:
   // the caller then orders its producers of q, k, v before the call.
@@ -44,25 +49,29 @@ struct CudaBackendOptions {
   // max(5% of one (B, N, H, D) input tensor, 32 MiB) forward and max(5%, 256 MiB) backward (cuDNN's
   // backward accumulates dQ in fp32; cutting it finer costs more time than the memory is worth).
   int64_t workspace_limit_bytes = 0;
-  bool use_cudnn = true;           // false: our own kernel for every dtype (tests, fallback)
-  // Grouped mode: scale the probabilities by 1/G inside the fused call (when cuDNN takes that graph)
-  // instead of a pass over each pattern's rows overlapped with the next pattern's attention. Off by
-  // default: cuDNN 9.19 runs that graph 5-13% slower on an H100 (docs/PERFORMANCE.md).
-  bool fuse_group_scale = false;
-  // Clear unselected rows on a second stream of the backend, concurrently with the fused calls
-  // (they touch disjoint rows); joined back into stream() before the call's work ends.
+  bool use_cudnn = true;  // false: our own kernel for every dtype (tests, fallback)
+  // Grouped mode's 1/G: a pass over each pattern's rows after its fused calls (kPass, which also
+  // writes the zeros of the unselected rows), or inside the fused call's graph, scaling the
+  // probability tile before P V (kProbabilities; falls back to kPass where cuDNN does not take the
+  // graph). kPass is the default: on an H100 with cuDNN 9.19 the scaled graph runs about 6%
+  // slower, which costs more than the pass (docs/PERFORMANCE.md).
+  enum class GroupScale { kPass, kProbabilities };
+  GroupScale group_scale = GroupScale::kPass;
+  // Run the fills and passes on a second stream of the backend, concurrently with later fused calls
+  // where the GPU has room (they touch disjoint rows); joined back into stream() before the call's
+  // work ends.
   bool overlap_fills = true;
-  bool synchronize = false;        // true: each call waits for its work and reports device errors
+  bool synchronize = false;  // true: each call waits for its work and reports device errors
 };
 
 struct CudaBackendStats {
-  int64_t cudnn_calls = 0;          // fused attention calls run by cuDNN
-  int64_t kernel_calls = 0;         // fused attention calls run by our own kernel
-  int64_t cudnn_fallbacks = 0;      // calls cuDNN could not take that our kernel ran instead
+  int64_t cudnn_calls = 0;      // fused attention calls run by cuDNN
+  int64_t kernel_calls = 0;     // fused attention calls run by our own kernel
+  int64_t cudnn_fallbacks = 0;  // calls cuDNN could not take that our kernel ran instead
   int64_t cudnn_plans_built = 0;
-  int64_t p_scale_passes = 0;       // grouped forwards whose 1/G needed a separate pass
+  int64_t p_scale_passes = 0;         // grouped forwards whose 1/G was a pass (not in the graph)
   int64_t max_library_workspace = 0;  // the largest workspace a cuDNN plan asked for
-  int64_t last_workspace_bytes = 0;  // the workspace the last call allocated
+  int64_t last_workspace_bytes = 0;   // the workspace the last call allocated
 };
 
 class CudaAttentionBackend : public AttentionBackend {

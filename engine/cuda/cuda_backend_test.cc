@@ -2,9 +2,9 @@
 //
 // Every case of ENGINE_SPEC.md's list, both modes, forward and backward, fp32 / fp16 / bf16, fresh
 // random inputs per check (DATTN_TEST_SEED reproduces), outputs poisoned with NaN before each call.
-// Also: strided inputs (cuDNN reads them in place, or the fallback kernel does), the head dims cuDNN
-// takes, errors, one context per thread, no device synchronisation inside a call, and the memory
-// planner against the workspace pool's high-water mark.
+// Also: strided inputs (cuDNN reads them in place, or the fallback kernel does), the head dims
+// cuDNN takes, errors, one context per thread, no device synchronisation inside a call, and the
+// memory planner against the workspace pool's high-water mark.
 //
 // Without a GPU every test skips with the reason (cudaGetDeviceCount's answer).
 #include "engine/cuda/cuda_backend.h"
@@ -32,7 +32,8 @@ namespace {
 using testutil::HostTensor;
 using testutil::Layout;
 
-#define ASSERT_CUDA(expr) ASSERT_EQ((expr), cudaSuccess) << #expr << ": " << cudaGetErrorString(expr)
+#define ASSERT_CUDA(expr) \
+  ASSERT_EQ((expr), cudaSuccess) << #expr << ": " << cudaGetErrorString(expr)
 
 double Tolerance(DType dtype) {
   switch (dtype) {
@@ -154,15 +155,14 @@ struct Inputs {
 Inputs MakeInputs(const oracle::Shape& shape, DType dtype, Layout layout) {
   const std::vector<int64_t> dims = shape.Dims();
   const int64_t n = shape.NumElements();
-  return Inputs{
-      HostTensor::FromValues(dtype, dims, testutil::RandomValues(n, testutil::CheckSeed("q")),
-                             layout),
-      HostTensor::FromValues(dtype, dims, testutil::RandomValues(n, testutil::CheckSeed("k")),
-                             layout),
-      HostTensor::FromValues(dtype, dims, testutil::RandomValues(n, testutil::CheckSeed("v")),
-                             layout),
-      HostTensor::FromValues(dtype, dims, testutil::RandomValues(n, testutil::CheckSeed("dout")),
-                             layout)};
+  return Inputs{HostTensor::FromValues(dtype, dims,
+                                       testutil::RandomValues(n, testutil::CheckSeed("q")), layout),
+                HostTensor::FromValues(dtype, dims,
+                                       testutil::RandomValues(n, testutil::CheckSeed("k")), layout),
+                HostTensor::FromValues(dtype, dims,
+                                       testutil::RandomValues(n, testutil::CheckSeed("v")), layout),
+                HostTensor::FromValues(
+                    dtype, dims, testutil::RandomValues(n, testutil::CheckSeed("dout")), layout)};
 }
 
 // Forward (and backward) of `backend` on fresh inputs against the oracle.
@@ -170,8 +170,8 @@ void CheckAgainstOracle(CudaAttentionBackend* backend, const AttentionSpec& spec
                         const oracle::Shape& shape, DType dtype, bool backward,
                         Layout layout = Layout::kContiguous) {
   SCOPED_TRACE(testutil::ReproduceHint());
-  SCOPED_TRACE(spec.DebugString() + " B=" + std::to_string(shape.batch) + " N=" +
-               std::to_string(shape.seq_len) + " H=" + std::to_string(shape.num_heads) +
+  SCOPED_TRACE(spec.DebugString() + " B=" + std::to_string(shape.batch) +
+               " N=" + std::to_string(shape.seq_len) + " H=" + std::to_string(shape.num_heads) +
                " D=" + std::to_string(shape.head_dim) + " " + DTypeName(dtype) + " " +
                testutil::LayoutName(layout));
   const Inputs in = MakeInputs(shape, dtype, layout);
@@ -251,10 +251,9 @@ INSTANTIATE_TEST_SUITE_P(
 
 TEST_F(CudaBackendTest, MixtureBlockedOffsets) {
   for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
-    CheckAgainstOracle(backend_,
-                       MakeSpec({32, 64}, {2, 4}, AttentionMode::kMixture, true,
-                                HeadOffsets::kBlocked),
-                       {2, 192, 6, 64}, dtype, true);
+    CheckAgainstOracle(
+        backend_, MakeSpec({32, 64}, {2, 4}, AttentionMode::kMixture, true, HeadOffsets::kBlocked),
+        {2, 192, 6, 64}, dtype, true);
   }
 }
 
@@ -274,8 +273,26 @@ TEST_F(CudaBackendTest, KernelPathMatchesOracle) {
   EXPECT_GT((*kernel_only)->stats().kernel_calls, 0);
 }
 
-// Strided inputs the fused kernel cannot read (an odd padding per dimension): the backend falls back
-// to its own kernel for those calls and is still right.
+// Every way of applying grouped mode's 1/G (a pass, or inside cuDNN's graph) gives the same result.
+TEST_F(CudaBackendTest, GroupScaleVariantsMatchOracle) {
+  using GroupScale = CudaBackendOptions::GroupScale;
+  for (GroupScale mode : {GroupScale::kPass, GroupScale::kProbabilities}) {
+    CudaBackendOptions options;
+    options.group_scale = mode;
+    absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> backend = NewCudaBackend(options);
+    ASSERT_TRUE(backend.ok()) << backend.status();
+    for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+      CheckAgainstOracle(backend->get(),
+                         MakeSpec({32, 64, 128}, {1, 2, 4}, AttentionMode::kGrouped, true),
+                         {2, 256, 5, 64}, dtype, true);
+    }
+    EXPECT_EQ((*backend)->stats().cudnn_fallbacks, 0) << (*backend)->last_fallback_reason();
+    EXPECT_EQ((*backend)->stats().p_scale_passes > 0, mode == GroupScale::kPass);
+  }
+}
+
+// Strided inputs the fused kernel cannot read (an odd padding per dimension): the backend falls
+// back to its own kernel for those calls and is still right.
 TEST_F(CudaBackendTest, PaddedInputsFallBackCorrectly) {
   for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
     CheckAgainstOracle(backend_, MakeSpec({32, 64}, {1, 2}, AttentionMode::kGrouped, false),
@@ -285,8 +302,8 @@ TEST_F(CudaBackendTest, PaddedInputsFallBackCorrectly) {
   }
 }
 
-// q, k and v as slices of one packed (B, N, 3, H, D) projection: 16-byte aligned strides cuDNN reads
-// in place (no fallback).
+// q, k and v as slices of one packed (B, N, 3, H, D) projection: 16-byte aligned strides cuDNN
+// reads in place (no fallback).
 TEST_F(CudaBackendTest, PackedQkvSlicesRunOnCudnn) {
   const oracle::Shape shape{2, 256, 4, 64};
   const DType dtype = DType::kBFloat16;
@@ -317,10 +334,10 @@ TEST_F(CudaBackendTest, PackedQkvSlicesRunOnCudnn) {
   DeviceTensor out = Poisoned(dtype, shape.Dims());
   DeviceTensor lse = Poisoned(DType::kFloat32, shape.LseDims());
   const int64_t fallbacks = backend_->stats().cudnn_fallbacks;
-  ASSERT_TRUE(backend_
-                  ->Forward(spec, {device_views[0], device_views[1], device_views[2], out.view,
-                                   lse.view})
-                  .ok());
+  ASSERT_TRUE(
+      backend_
+          ->Forward(spec, {device_views[0], device_views[1], device_views[2], out.view, lse.view})
+          .ok());
   ASSERT_TRUE(backend_->Synchronize().ok());
   EXPECT_EQ(backend_->stats().cudnn_fallbacks, fallbacks) << backend_->last_fallback_reason();
   absl::StatusOr<oracle::ForwardResult> ref =
@@ -381,8 +398,8 @@ TEST_F(CudaBackendTest, OneContextPerThread) {
     absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> mine = NewCudaBackend();
     ASSERT_TRUE(mine.ok()) << mine.status();
     for (int i = 0; i < 3; ++i) {
-      CheckAgainstOracle(mine->get(), MakeSpec({32, 64}, {1, 2}, mode, i % 2 == 1),
-                         {1, 256, 4, 64}, DType::kBFloat16, true);
+      CheckAgainstOracle(mine->get(), MakeSpec({32, 64}, {1, 2}, mode, i % 2 == 1), {1, 256, 4, 64},
+                         DType::kBFloat16, true);
     }
   };
   std::thread a(run, AttentionMode::kGrouped);
@@ -443,7 +460,8 @@ TEST_F(CudaBackendTest, PlannerMatchesPoolHighWater) {
       }
       ASSERT_TRUE(backend_->Synchronize().ok());
       uint64_t used_high = 0;
-      ASSERT_CUDA(cudaMemPoolGetAttribute(backend_->pool(), cudaMemPoolAttrUsedMemHigh, &used_high));
+      ASSERT_CUDA(
+          cudaMemPoolGetAttribute(backend_->pool(), cudaMemPoolAttrUsedMemHigh, &used_high));
       absl::StatusOr<cuda::CudaMemoryPlan> plan =
           cuda::PlanCudaMemory(spec, shape.batch, shape.seq_len, shape.num_heads, shape.head_dim,
                                DType::kBFloat16, false);

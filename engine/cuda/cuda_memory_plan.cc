@@ -18,13 +18,13 @@ bool MulOverflows(int64_t a, int64_t b, int64_t* out) { return __builtin_mul_ove
 }  // namespace
 
 absl::StatusOr<CudaMemoryPlan> PlanCudaMemory(const AttentionSpec& spec, int64_t batch,
-                                              int64_t seq_len, int64_t num_heads,
-                                              int64_t head_dim, DType dtype, bool backward,
+                                              int64_t seq_len, int64_t num_heads, int64_t head_dim,
+                                              DType dtype, bool backward,
                                               int64_t workspace_limit_bytes) {
   if (batch < 1 || seq_len < 1 || num_heads < 1 || head_dim < 1) {
-    return absl::InvalidArgumentError(absl::StrCat("CUDA memory plan needs a non-empty shape, got B=",
-                                                   batch, " N=", seq_len, " H=", num_heads,
-                                                   " D=", head_dim));
+    return absl::InvalidArgumentError(
+        absl::StrCat("CUDA memory plan needs a non-empty shape, got B=", batch, " N=", seq_len,
+                     " H=", num_heads, " D=", head_dim));
   }
   if (dtype == DType::kFloat64) {
     return absl::InvalidArgumentError(
@@ -36,8 +36,8 @@ absl::StatusOr<CudaMemoryPlan> PlanCudaMemory(const AttentionSpec& spec, int64_t
       MulOverflows(elems, static_cast<int64_t>(DTypeSize(dtype)), &tensor) ||
       MulOverflows(rows, 4, &lse) || tensor > kMax / 8) {
     return absl::InvalidArgumentError(absl::StrCat("CUDA memory plan: byte counts of B=", batch,
-                                                   " N=", seq_len, " H=", num_heads, " D=",
-                                                   head_dim, " overflow int64"));
+                                                   " N=", seq_len, " H=", num_heads,
+                                                   " D=", head_dim, " overflow int64"));
   }
   const ProblemDims dims{batch, seq_len, num_heads, head_dim};
   PlanInputs in;

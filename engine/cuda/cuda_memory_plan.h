@@ -30,8 +30,8 @@ struct CudaMemoryPlan {
 // INVALID_ARGUMENT for an empty shape, a dtype the CUDA backend does not run (fp64), or byte counts
 // overflowing int64. workspace_limit_bytes as in CudaBackendOptions (0: the default).
 absl::StatusOr<CudaMemoryPlan> PlanCudaMemory(const AttentionSpec& spec, int64_t batch,
-                                              int64_t seq_len, int64_t num_heads,
-                                              int64_t head_dim, DType dtype, bool backward,
+                                              int64_t seq_len, int64_t num_heads, int64_t head_dim,
+                                              DType dtype, bool backward,
                                               int64_t workspace_limit_bytes = 0);
 
 }  // namespace cuda

@@ -81,8 +81,7 @@ TEST(CudaMemoryPlanTest, RejectsWhatTheBackendCannotRun) {
             absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(PlanCudaMemory(spec, 0, 1024, 4, 64, DType::kBFloat16, false).status().code(),
             absl::StatusCode::kInvalidArgument);
-  EXPECT_EQ(PlanCudaMemory(spec, int64_t{1} << 40, int64_t{1} << 40, 4, 64, DType::kBFloat16,
-                           false)
+  EXPECT_EQ(PlanCudaMemory(spec, int64_t{1} << 40, int64_t{1} << 40, 4, 64, DType::kBFloat16, false)
                 .status()
                 .code(),
             absl::StatusCode::kInvalidArgument);

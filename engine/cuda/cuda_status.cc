@@ -18,9 +18,9 @@ const char* ShortFile(const char* file) {
 }  // namespace
 
 absl::Status CudaErrorStatus(cudaError_t code, const char* call, const char* file, int line) {
-  std::string message = absl::StrCat(call, " failed: ", cudaGetErrorName(code), " (",
-                                     static_cast<int>(code), "): ", cudaGetErrorString(code), " [",
-                                     ShortFile(file), ":", line, "]");
+  std::string message =
+      absl::StrCat(call, " failed: ", cudaGetErrorName(code), " (", static_cast<int>(code),
+                   "): ", cudaGetErrorString(code), " [", ShortFile(file), ":", line, "]");
   switch (code) {
     case cudaErrorMemoryAllocation:
       return absl::ResourceExhaustedError(message);
@@ -35,9 +35,9 @@ absl::Status CudaErrorStatus(cudaError_t code, const char* call, const char* fil
 }
 
 absl::Status CudnnErrorStatus(cudnnStatus_t code, const char* call, const char* file, int line) {
-  std::string message = absl::StrCat(call, " failed: ", cudnnGetErrorString(code), " (",
-                                     static_cast<int>(code), ") [", ShortFile(file), ":", line,
-                                     "]");
+  std::string message =
+      absl::StrCat(call, " failed: ", cudnnGetErrorString(code), " (", static_cast<int>(code),
+                   ") [", ShortFile(file), ":", line, "]");
   char detail[1024] = {0};
   cudnnGetLastErrorString(detail, sizeof(detail));
   if (detail[0] != '\0') absl::StrAppend(&message, "; cuDNN says: ", detail);

@@ -1,9 +1,10 @@
 // CUDA runtime and cuDNN return codes as absl::Status, converted at the call site.
 //
-// Every CUDA or cuDNN call of the CUDA backend goes through one of the macros below, so that an error
-// names the call, the code and the place. Mapping: out of memory -> RESOURCE_EXHAUSTED (the worker's
-// out-of-memory recovery looks for it); no device, no driver or a driver too old -> UNAVAILABLE;
-// cuDNN "not supported" -> UNIMPLEMENTED; everything else -> INTERNAL. Pure functions; thread-safe.
+// Every CUDA or cuDNN call of the CUDA backend goes through one of the macros below, so that an
+// error names the call, the code and the place. Mapping: out of memory -> RESOURCE_EXHAUSTED (the
+// worker's out-of-memory recovery looks for it); no device, no driver or a driver too old ->
+// UNAVAILABLE; cuDNN "not supported" -> UNIMPLEMENTED; everything else -> INTERNAL. Pure functions;
+// thread-safe.
 #ifndef DATTN_ENGINE_CUDA_CUDA_STATUS_H_
 #define DATTN_ENGINE_CUDA_CUDA_STATUS_H_
 
@@ -15,7 +16,8 @@
 namespace dattn {
 namespace cuda {
 
-// "cudaMalloc(&p, bytes) failed: cudaErrorMemoryAllocation (2): out of memory [engine/cuda/x.cc:12]"
+// "cudaMalloc(&p, bytes) failed: cudaErrorMemoryAllocation (2): out of memory
+// [engine/cuda/x.cc:12]"
 absl::Status CudaErrorStatus(cudaError_t code, const char* call, const char* file, int line);
 
 // As above for cuDNN; appends cudnnGetLastErrorString when it has something to say.
@@ -24,13 +26,14 @@ absl::Status CudnnErrorStatus(cudnnStatus_t code, const char* call, const char* 
 }  // namespace cuda
 }  // namespace dattn
 
-// Evaluates a cudaError_t expression; returns the converted Status from the enclosing function on error.
-#define DATTN_CUDA_RETURN_IF_ERROR(expr)                                                    \
-  do {                                                                                      \
-    const cudaError_t dattn_cuda_code_ = (expr);                                            \
-    if (dattn_cuda_code_ != cudaSuccess) {                                                  \
-      return ::dattn::cuda::CudaErrorStatus(dattn_cuda_code_, #expr, __FILE__, __LINE__);   \
-    }                                                                                       \
+// Evaluates a cudaError_t expression; returns the converted Status from the enclosing function on
+// error.
+#define DATTN_CUDA_RETURN_IF_ERROR(expr)                                                  \
+  do {                                                                                    \
+    const cudaError_t dattn_cuda_code_ = (expr);                                          \
+    if (dattn_cuda_code_ != cudaSuccess) {                                                \
+      return ::dattn::cuda::CudaErrorStatus(dattn_cuda_code_, #expr, __FILE__, __LINE__); \
+    }                                                                                     \
   } while (0)
 
 // Evaluates a cudnnStatus_t expression; returns the converted Status on error.

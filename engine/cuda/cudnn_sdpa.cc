@@ -23,12 +23,15 @@ constexpr auto kPlanHandle = static_cast<cudnnBackendAttributeName_t>(400);
 
 using Desc = std::shared_ptr<void>;  // a cudnnBackendDescriptor_t with its destroyer
 
-cudnnBackendDescriptor_t Raw(const Desc& d) { return static_cast<cudnnBackendDescriptor_t>(d.get()); }
+cudnnBackendDescriptor_t Raw(const Desc& d) {
+  return static_cast<cudnnBackendDescriptor_t>(d.get());
+}
 
 absl::StatusOr<Desc> Make(cudnnBackendDescriptorType_t type) {
   cudnnBackendDescriptor_t d = nullptr;
   DATTN_CUDNN_RETURN_IF_ERROR(cudnnBackendCreateDescriptor(type, &d));
-  return Desc(d, [](void* p) { cudnnBackendDestroyDescriptor(static_cast<cudnnBackendDescriptor_t>(p)); });
+  return Desc(
+      d, [](void* p) { cudnnBackendDestroyDescriptor(static_cast<cudnnBackendDescriptor_t>(p)); });
 }
 
 absl::Status Set(const Desc& d, cudnnBackendAttributeName_t name, cudnnBackendAttributeType_t type,
@@ -149,7 +152,8 @@ class GraphBuilder {
     const cudnnDataType_t comp = CUDNN_DATA_FLOAT;
     DATTN_RETURN_IF_ERROR(
         Set(*red, CUDNN_ATTR_REDUCTION_OPERATOR, CUDNN_TYPE_REDUCTION_OPERATOR_TYPE, 1, &mode));
-    DATTN_RETURN_IF_ERROR(Set(*red, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp));
+    DATTN_RETURN_IF_ERROR(
+        Set(*red, CUDNN_ATTR_REDUCTION_COMP_TYPE, CUDNN_TYPE_DATA_TYPE, 1, &comp));
     DATTN_RETURN_IF_ERROR(Finalize(*red, "reduction"));
     absl::StatusOr<Desc> op = Make(CUDNN_BACKEND_OPERATION_REDUCTION_DESCRIPTOR);
     if (!op.ok()) return op.status();
@@ -229,9 +233,7 @@ Dims TransposedStrides(const SdpaStrides& st) { return {st.b, st.h, 1, st.s}; }
 Dims RowDims(const SdpaShape& s) { return {s.batch, s.heads, s.seq, 1}; }
 Dims RowStrides(const SdpaShape& s) { return {s.heads * s.seq, s.seq, 1, 1}; }
 Dims ScoreDims(const SdpaShape& s) { return {s.batch, s.heads, s.seq, s.seq}; }
-Dims ScoreStrides(const SdpaShape& s) {
-  return {s.heads * s.seq * s.seq, s.seq * s.seq, s.seq, 1};
-}
+Dims ScoreStrides(const SdpaShape& s) { return {s.heads * s.seq * s.seq, s.seq * s.seq, s.seq, 1}; }
 
 std::string StridesKey(const SdpaStrides& s) { return absl::StrCat(s.b, ",", s.h, ",", s.s); }
 
@@ -279,10 +281,12 @@ absl::StatusOr<std::unique_ptr<CudnnSdpa::Plan>> BuildPlan(cudnnHandle_t handle,
       continue;
     }
     int64_t count = 0;
-    DATTN_CUDNN_RETURN_IF_ERROR(cudnnBackendGetAttribute(
-        Raw(*heur), CUDNN_ATTR_ENGINEHEUR_RESULTS, CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count, nullptr));
+    DATTN_CUDNN_RETURN_IF_ERROR(cudnnBackendGetAttribute(Raw(*heur), CUDNN_ATTR_ENGINEHEUR_RESULTS,
+                                                         CUDNN_TYPE_BACKEND_DESCRIPTOR, 0, &count,
+                                                         nullptr));
     if (count <= 0) {
-      reasons.push_back(absl::StrCat("heuristics mode ", static_cast<int>(mode), " found no engine"));
+      reasons.push_back(
+          absl::StrCat("heuristics mode ", static_cast<int>(mode), " found no engine"));
       continue;
     }
     std::vector<Desc> configs;
@@ -369,10 +373,9 @@ absl::StatusOr<std::unique_ptr<CudnnSdpa>> CudnnSdpa::Create(cudaStream_t stream
 absl::StatusOr<CudnnSdpa::Plan*> CudnnSdpa::ForwardPlan(const SdpaForwardArgs& a) {
   const SdpaShape& sh = a.shape;
   const bool p_scaled = a.p_scale != 1.0f;
-  const std::string key =
-      absl::StrCat("fwd ", ShapeKey(sh), " q", StridesKey(a.q_strides), " k",
-                   StridesKey(a.k_strides), " v", StridesKey(a.v_strides), " o",
-                   StridesKey(a.o_strides), p_scaled ? " pscale" : "");
+  const std::string key = absl::StrCat("fwd ", ShapeKey(sh), " q", StridesKey(a.q_strides), " k",
+                                       StridesKey(a.k_strides), " v", StridesKey(a.v_strides), " o",
+                                       StridesKey(a.o_strides), p_scaled ? " p-scale" : "");
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
   if (auto it = failures_.find(key); it != failures_.end()) return it->second;
 
@@ -455,11 +458,11 @@ absl::StatusOr<CudnnSdpa::Plan*> CudnnSdpa::ForwardPlan(const SdpaForwardArgs& a
 
 absl::StatusOr<CudnnSdpa::Plan*> CudnnSdpa::BackwardPlan(const SdpaBackwardArgs& a) {
   const SdpaShape& sh = a.shape;
-  const std::string key = absl::StrCat(
-      "bwd ", ShapeKey(sh), " q", StridesKey(a.q_strides), " k", StridesKey(a.k_strides), " v",
-      StridesKey(a.v_strides), " o", StridesKey(a.o_strides), " do", StridesKey(a.do_strides),
-      " dq", StridesKey(a.dq_strides), " dk", StridesKey(a.dk_strides), " dv",
-      StridesKey(a.dv_strides));
+  const std::string key = absl::StrCat("bwd ", ShapeKey(sh), " q", StridesKey(a.q_strides), " k",
+                                       StridesKey(a.k_strides), " v", StridesKey(a.v_strides), " o",
+                                       StridesKey(a.o_strides), " do", StridesKey(a.do_strides),
+                                       " dq", StridesKey(a.dq_strides), " dk",
+                                       StridesKey(a.dk_strides), " dv", StridesKey(a.dv_strides));
   if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
   if (auto it = failures_.find(key); it != failures_.end()) return it->second;
 
@@ -489,7 +492,10 @@ absl::StatusOr<CudnnSdpa::Plan*> CudnnSdpa::BackwardPlan(const SdpaBackwardArgs&
                           &softmax_sum, &dq_accum}) {
       if (!d->ok()) return d->status();
     }
-    // softmax_sum = c * rowsum(dO * O)
+    // softmax_sum = rowsum(dO * O) * 1. The multiplication by one is the frontend's topology (it
+    // carries dropout's 1 - p when there is dropout); the fusion engine does not honour another
+    // value there (seen with cuDNN 9.19 on an H100: gradients came out wrong), so it stays 1 and
+    // callers scale O instead.
     absl::StatusOr<Desc> prod = g.Virtual(f32, dims, packed);
     absl::StatusOr<Desc> rowsum = g.Virtual(f32, rd, rs);
     if (!prod.ok() || !rowsum.ok()) return absl::InternalError("virtual tensor");
@@ -583,8 +589,8 @@ absl::Status CudnnSdpa::Forward(const SdpaForwardArgs& a, void* workspace) {
   float neg_inf = std::numeric_limits<float>::lowest();
   float p_scale = a.p_scale;
   std::vector<int64_t> uids = {kQ, kK, kV, kO, kStats, kScale};
-  std::vector<void*> ptrs = {const_cast<void*>(a.q), const_cast<void*>(a.k),
-                             const_cast<void*>(a.v), a.o, a.stats, &scale};
+  std::vector<void*> ptrs = {
+      const_cast<void*>(a.q), const_cast<void*>(a.k), const_cast<void*>(a.v), a.o, a.stats, &scale};
   if (a.shape.causal) {
     uids.push_back(kNegInf);
     ptrs.push_back(&neg_inf);
@@ -603,16 +609,22 @@ absl::Status CudnnSdpa::Backward(const SdpaBackwardArgs& a, void* workspace) {
   absl::StatusOr<Plan*> plan = BackwardPlan(a);
   if (!plan.ok()) return plan.status();
   float scale = a.scale;
-  float delta_scale = a.delta_scale;
+  float delta_scale = 1.0f;
   float neg_inf = std::numeric_limits<float>::lowest();
-  std::vector<int64_t> uids = {kQ,  kK,  kV,     kO,          kDO,         kStats,     kDQ,
+  std::vector<int64_t> uids = {kQ,  kK,  kV,     kO,          kDO,         kStats,  kDQ,
                                kDK, kDV, kScale, kDeltaScale, kSoftmaxSum, kDQAccum};
-  std::vector<void*> ptrs = {const_cast<void*>(a.q),    const_cast<void*>(a.k),
-                             const_cast<void*>(a.v),    const_cast<void*>(a.o),
-                             const_cast<void*>(a.dout), const_cast<float*>(a.stats),
-                             a.dq,                      a.dk,
-                             a.dv,                      &scale,
-                             &delta_scale,              a.softmax_sum,
+  std::vector<void*> ptrs = {const_cast<void*>(a.q),
+                             const_cast<void*>(a.k),
+                             const_cast<void*>(a.v),
+                             const_cast<void*>(a.o),
+                             const_cast<void*>(a.dout),
+                             const_cast<float*>(a.stats),
+                             a.dq,
+                             a.dk,
+                             a.dv,
+                             &scale,
+                             &delta_scale,
+                             a.softmax_sum,
                              a.dq_accum};
   if (a.shape.causal) {
     uids.push_back(kNegInf);

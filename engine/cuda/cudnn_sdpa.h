@@ -2,18 +2,19 @@
 //
 // cudnn-frontend is not available here, so the operation graphs that cuDNN's runtime fusion engine
 // recognises as scaled-dot-product attention are built with raw cudnnBackend* descriptors:
-//   forward:  S = Q K^T, S *= scale, [causal: S = row >= col ? S : -inf], softmax with its log-sum-exp
-//             written as Stats, [P *= p_scale], O = P V;
-//   backward: softmax_sum = c * rowsum(dO * O); P = exp(scale Q K^T - Stats) [causal mask];
+//   forward:  S = Q K^T; S *= scale; [causal: S = row >= col ? S : -inf]; softmax, its log-sum-exp
+//             written as Stats; [P *= c]; O = P V (Stats unscaled; cuDNN 9.19 takes no variant
+//             that divides by sum / c instead);
+//   backward: softmax_sum = rowsum(dO * O); P = exp(scale Q K^T - Stats) [causal mask];
 //             dV = P^T dO; dS = P * (dO V^T - softmax_sum) * scale; dQ = dS K (fp32 accumulator);
-//             dK = dS^T Q.
-// Q, K, V, O, dO, dQ, dK, dV are [b, h, s, d] tensors with any element strides whose channel stride is
-// 1 (the batch, head and sequence strides are what let the engine read dilated rows in place); Stats
-// is a packed fp32 [b, h, s, 1] tensor. fp16 and bf16 only; d a multiple of 8.
+//             dK = dS^T Q. (The fusion engine ignores a scale on softmax_sum: scale O instead.)
+// Q, K, V, O, dO, dQ, dK, dV are [b, h, s, d] tensors with any element strides whose channel stride
+// is 1 (the batch, head and sequence strides are what let the engine read dilated rows in place);
+// Stats is a packed fp32 [b, h, s, 1] tensor. fp16 and bf16 only; d a multiple of 8.
 //
-// A CudnnSdpa owns one cuDNN handle bound to one stream and a cache of built execution plans keyed by
-// shape, strides, dtype and options (plans are built on first use; building takes milliseconds to
-// seconds). Not thread-safe: one instance per thread (the CUDA backend owns one per instance).
+// A CudnnSdpa owns one cuDNN handle bound to one stream and a cache of built execution plans keyed
+// by shape, strides, dtype and options (plans are built on first use; building takes milliseconds
+// to seconds). Not thread-safe: one instance per thread (the CUDA backend owns one per instance).
 // Execution is asynchronous on the stream; nothing here synchronizes the device.
 #ifndef DATTN_ENGINE_CUDA_CUDNN_SDPA_H_
 #define DATTN_ENGINE_CUDA_CUDNN_SDPA_H_
@@ -76,7 +77,6 @@ struct SdpaBackwardArgs {
   void* dv = nullptr;
   const float* stats = nullptr;  // packed fp32 [b, h, s]: the log-sum-exp P is normalised by
   float scale = 1.0f;
-  float delta_scale = 1.0f;      // c in softmax_sum = c * rowsum(dO * O)
   // Scratch the graph needs as tensors of its own, both in device memory the caller owns:
   float* softmax_sum = nullptr;  // fp32 [b, h, s]
   float* dq_accum = nullptr;     // fp32 [b, h, s, d]
@@ -92,8 +92,9 @@ struct SdpaCounters {
 
 class CudnnSdpa {
  public:
-  // A handle on the current device, bound to `stream` (not owned). Errors: UNAVAILABLE/INTERNAL from
-  // cudnnCreate (for example no device); FAILED_PRECONDITION if the loaded cuDNN is older than 9.0.
+  // A handle on the current device, bound to `stream` (not owned). Errors: UNAVAILABLE/INTERNAL
+  // from cudnnCreate (for example no device); FAILED_PRECONDITION if the loaded cuDNN is older
+  // than 9.0.
   static absl::StatusOr<std::unique_ptr<CudnnSdpa>> Create(cudaStream_t stream);
   ~CudnnSdpa();
   CudnnSdpa(const CudnnSdpa&) = delete;

@@ -88,7 +88,8 @@ __global__ void CountNonFiniteKernel(const T* x, int64_t n, unsigned long long* 
 }
 
 unsigned Blocks(int64_t n) {
-  return static_cast<unsigned>(std::max<int64_t>(1, std::min(kMaxBlocks, (n + kThreads - 1) / kThreads)));
+  return static_cast<unsigned>(
+      std::max<int64_t>(1, std::min(kMaxBlocks, (n + kThreads - 1) / kThreads)));
 }
 
 }  // namespace
@@ -99,15 +100,15 @@ cudaError_t LaunchFillRandom(void* x, ElemType type, int64_t n, uint64_t seed, f
   switch (type) {
     case ElemType::kF32:
       FillRandomKernel<<<Blocks(n), kThreads, 0, stream>>>(static_cast<float*>(x), n, seed,
-                                                            magnitude);
+                                                           magnitude);
       break;
     case ElemType::kF16:
       FillRandomKernel<<<Blocks(n), kThreads, 0, stream>>>(static_cast<__half*>(x), n, seed,
-                                                            magnitude);
+                                                           magnitude);
       break;
     case ElemType::kBF16:
-      FillRandomKernel<<<Blocks(n), kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(x), n,
-                                                            seed, magnitude);
+      FillRandomKernel<<<Blocks(n), kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(x), n, seed,
+                                                           magnitude);
       break;
   }
   return cudaGetLastError();
@@ -123,28 +124,27 @@ cudaError_t LaunchFillValue(void* x, ElemType type, int64_t n, float value, cuda
       FillValueKernel<<<Blocks(n), kThreads, 0, stream>>>(static_cast<__half*>(x), n, value);
       break;
     case ElemType::kBF16:
-      FillValueKernel<<<Blocks(n), kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(x), n,
-                                                           value);
+      FillValueKernel<<<Blocks(n), kThreads, 0, stream>>>(static_cast<__nv_bfloat16*>(x), n, value);
       break;
   }
   return cudaGetLastError();
 }
 
-cudaError_t LaunchCountNonFinite(const void* x, ElemType type, int64_t n,
-                                 unsigned long long* count, cudaStream_t stream) {
+cudaError_t LaunchCountNonFinite(const void* x, ElemType type, int64_t n, unsigned long long* count,
+                                 cudaStream_t stream) {
   if (n <= 0) return cudaSuccess;
   switch (type) {
     case ElemType::kF32:
       CountNonFiniteKernel<<<Blocks(n), kThreads, 0, stream>>>(static_cast<const float*>(x), n,
-                                                                count);
+                                                               count);
       break;
     case ElemType::kF16:
       CountNonFiniteKernel<<<Blocks(n), kThreads, 0, stream>>>(static_cast<const __half*>(x), n,
-                                                                count);
+                                                               count);
       break;
     case ElemType::kBF16:
-      CountNonFiniteKernel<<<Blocks(n), kThreads, 0, stream>>>(
-          static_cast<const __nv_bfloat16*>(x), n, count);
+      CountNonFiniteKernel<<<Blocks(n), kThreads, 0, stream>>>(static_cast<const __nv_bfloat16*>(x),
+                                                               n, count);
       break;
   }
   return cudaGetLastError();

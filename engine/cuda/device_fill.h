@@ -1,7 +1,7 @@
 // Device-side fills and checks for tests and benchmarks of the CUDA backend: random inputs that are
 // never zero (shared/ENGINE_SPEC.md: never test on zeros), poison, and a count of non-finite
-// elements (an unwritten poisoned output shows up as NaN). Launchers enqueue on `stream`, return the
-// launch's cudaError_t and never synchronize.
+// elements (an unwritten poisoned output shows up as NaN). Launchers enqueue on `stream`, return
+// the launch's cudaError_t and never synchronize.
 #ifndef DATTN_ENGINE_CUDA_DEVICE_FILL_H_
 #define DATTN_ENGINE_CUDA_DEVICE_FILL_H_
 
@@ -23,8 +23,8 @@ cudaError_t LaunchFillRandom(void* x, ElemType type, int64_t n, uint64_t seed, f
 cudaError_t LaunchFillValue(void* x, ElemType type, int64_t n, float value, cudaStream_t stream);
 
 // *count += number of NaN or infinite elements of x[0, n); *count is device memory. Bytes: reads n.
-cudaError_t LaunchCountNonFinite(const void* x, ElemType type, int64_t n,
-                                 unsigned long long* count, cudaStream_t stream);
+cudaError_t LaunchCountNonFinite(const void* x, ElemType type, int64_t n, unsigned long long* count,
+                                 cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace dattn

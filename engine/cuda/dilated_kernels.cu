@@ -4,8 +4,8 @@
 // touches each byte it needs once. Indexing avoids per-row integer division: a block owns one
 // (block j, head k) tile of a call, or one chunk of one segment, so that positions and rows follow
 // from loop counters by multiply-adds (one division per thread block). Rows are moved by groups of
-// lanes with 16-byte vectors (a row of D = 64 bf16 channels is 8 lanes x 16 bytes, so a warp moves 4
-// rows at a time). 64-bit indices throughout.
+// lanes with 16-byte vectors (a row of D = 64 bf16 channels is 8 lanes x 16 bytes, so a warp moves
+// 4 rows at a time). 64-bit indices throughout.
 #include "engine/cuda/dilated_kernels.h"
 
 #include <cuda_bf16.h>
@@ -122,7 +122,7 @@ __global__ void __launch_bounds__(kThreads)
   const int64_t seg_len = Min64(rule.segment, sp.seq_len - start);
   const int64_t heads = rule.head_end - rule.head_begin;
   const int64_t units_per_head_run = unit_heads * sp.dim / U::kElems;  // units of one row unit
-  const int64_t row_units = heads / unit_heads;                      // row units per position
+  const int64_t row_units = heads / unit_heads;                        // row units per position
   const int lane_in = threadIdx.x % group;
   const int gid = threadIdx.x / group;
   const int groups = kThreads / group;
@@ -177,9 +177,9 @@ __global__ void __launch_bounds__(kThreads)
 
 struct CallBlock {
   int64_t j, k, tile;
-  int64_t flat_j;   // flat position of the block's first row
-  int64_t lse_j;    // lse index of the block's first row
-  int64_t head;     // the head
+  int64_t flat_j;  // flat position of the block's first row
+  int64_t lse_j;   // lse index of the block's first row
+  int64_t head;    // the head
 };
 
 __device__ __forceinline__ CallBlock BlockOf(const CallRows& c, const RowSpace& sp, int64_t tiles) {
@@ -195,8 +195,8 @@ __device__ __forceinline__ CallBlock BlockOf(const CallRows& c, const RowSpace& 
 }
 
 __global__ void __launch_bounds__(kThreads)
-    MoveStatsKernel(const float* src, float* dst, float add, CallRows c, RowSpace sp,
-                    int64_t tiles, bool scatter) {
+    MoveStatsKernel(const float* src, float* dst, float add, CallRows c, RowSpace sp, int64_t tiles,
+                    bool scatter) {
   const CallBlock cb = BlockOf(c, sp, tiles);
   const int64_t s = cb.tile * kThreads + threadIdx.x;
   if (s >= c.rows) return;
@@ -410,8 +410,7 @@ cudaError_t LaunchFillLse(float* lse, const RowSpace& space, const HeadRule& rul
   const int64_t p_chunks = (space.seq_len + kThreads - 1) / kThreads;
   const int64_t blocks = space.batch * heads * p_chunks;
   if (blocks > INT_MAX) return cudaErrorInvalidConfiguration;
-  FillLseKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(lse, space, rule,
-                                                                       p_chunks);
+  FillLseKernel<<<static_cast<unsigned>(blocks), kThreads, 0, stream>>>(lse, space, rule, p_chunks);
   return cudaGetLastError();
 }
 

@@ -1,8 +1,8 @@
-// The small kernels around the fused attention calls of the CUDA backend: clearing the rows a pattern
-// does not select (with the 1/G of grouped mode on the rows it does, where the fused call could not
-// apply it), moving per-call log-sum-exp rows between packed scratch and the (B, H, N) lse tensor,
-// copying scaled rows into a packed tile, merging one pattern's partial result into the mixture-mode
-// output, and adding per-pattern gradients.
+// The small kernels around the fused attention calls of the CUDA backend: clearing the rows a
+// pattern does not select (with the 1/G of grouped mode on the rows it does, where the fused call
+// could not apply it), moving per-call log-sum-exp rows between packed scratch and the (B, H, N)
+// lse tensor, copying scaled rows into a packed tile, merging one pattern's partial result into the
+// mixture-mode output, and adding per-pattern gradients.
 //
 // Tensors are the backend's contiguous outputs: x is (B, N, H, D), lse is (B, H, N) fp32. Packed
 // scratch is [count, heads, rows] (stats) or [count, heads, rows, D] (tiles) in the order of the
@@ -60,8 +60,7 @@ cudaError_t LaunchMergeTile(const void* tile, const float* stats, void* x, float
 // follow each other in `tiles` (tile i at tiles + i * count * heads * rows * D elements).
 // Bytes: 9 * D * elem per row.
 cudaError_t LaunchAccumulateTiles(const void* tiles, void* dq, void* dk, void* dv, ElemType type,
-                                  const CallRows& rows, const RowSpace& space,
-                                  cudaStream_t stream);
+                                  const CallRows& rows, const RowSpace& space, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace dattn

@@ -23,7 +23,8 @@ struct KernelTensor {
 
 // The rows of one batched call in the (B, N, H) row space: block j, head k, row s is flat position
 // first_flat + j * block_step + s * rate (flat = b * N + p; a block never crosses a batch item) and
-// head head0 + k * head_step. Its row index is flat * H + head; its lse index (b * H + head) * N + p.
+// head head0 + k * head_step. Its row index is flat * H + head; its lse index (b * H + head) * N +
+// p.
 struct CallRows {
   int64_t first_flat = 0;
   int64_t block_step = 0;

@@ -1,20 +1,22 @@
 // What the ring driver needs from a device: block attention with log-sum-exp merging, its backward,
 // and packing of dilated rows. One implementation per device (CPU: cpu_block_kernels.h; CUDA: to be
-// written on top of engine/cuda's kernels), so the ring driver (ring_attention.h) is device-agnostic.
+// written on top of engine/cuda's kernels), so the ring driver (ring_attention.h) is
+// device-agnostic.
 //
 // The ring keeps the running result in the caller's own output tensors: `out` holds the merged,
 // normalised attention rows and `lse` their log-sum-exp, starting from 0 / -inf. Merging a block's
 // partial result (O_b, l_b) into a row is out := out e^(lse - l') + O_b e^(l_b - l'), lse := l' =
-// log(e^lse + e^l_b). Since mixture mode is exactly that merge over patterns, and grouped mode is that
-// merge over one pattern's blocks, both modes share the code; grouped mode's 1/G is applied at the
-// end. Backward is flash style from the final lse (recomputing scores), with Delta = rowsum(dout * out).
+// log(e^lse + e^l_b). Since mixture mode is exactly that merge over patterns, and grouped mode is
+// that merge over one pattern's blocks, both modes share the code; grouped mode's 1/G is applied at
+// the end. Backward is flash style from the final lse (recomputing scores), with Delta =
+// rowsum(dout * out).
 //
-// Tensors are this rank's shards: q, k, v, out, dout, dq, dk, dv (B, L, H, D) and lse (B, H, L) as in
-// attention.h (outputs row-major contiguous). Packed blocks follow ring_geometry.h's layout; packed
-// dK/dV partial sums use RingGeometry::dkv_dtype().
+// Tensors are this rank's shards: q, k, v, out, dout, dq, dk, dv (B, L, H, D) and lse (B, H, L) as
+// in attention.h (outputs row-major contiguous). Packed blocks follow ring_geometry.h's layout;
+// packed dK/dV partial sums use RingGeometry::dkv_dtype().
 //
-// Ordering: every call is queued on stream() (CPU: runs on the calling thread and returns when done).
-// Threads: one thread drives an instance at a time.
+// Ordering: every call is queued on stream() (CPU: runs on the calling thread and returns when
+// done). Threads: one thread drives an instance at a time.
 #ifndef DATTN_ENGINE_RING_BLOCK_KERNELS_H_
 #define DATTN_ENGINE_RING_BLOCK_KERNELS_H_
 

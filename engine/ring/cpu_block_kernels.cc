@@ -104,8 +104,8 @@ Mat<T> TensorRows(const View4<const T>& v, int64_t b, int64_t h, int64_t p0, int
 
 // C (n x d rows, `ld` apart) += alpha op(A) op(B); through scratch when ld exceeds BLAS's int.
 template <typename T>
-void GemmAccumulate(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t d, int64_t k, T alpha,
-                    Mat<T> a, Mat<T> b, T* c, int64_t ld, T* scratch) {
+void GemmAccumulate(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t d, int64_t k,
+                    T alpha, Mat<T> a, Mat<T> b, T* c, int64_t ld, T* scratch) {
   if (n == 1 || ld <= INT_MAX) {
     Gemm<T>(ta, tb, n, d, k, alpha, a.ptr, a.ld, b.ptr, b.ld, T(1), c, n == 1 ? d : ld);
     return;
@@ -141,11 +141,11 @@ struct Scratch {
 
 // Where one (task, batch item, head) finds its rows.
 struct PairGeo {
-  int64_t q_local0 = 0;  // Shard-local position of the first query row.
-  int64_t k_local0 = 0;  // Own K/V: shard-local position of the first key row.
-  int64_t step = 1;      // Positions between consecutive rows (the rate r).
-  RowRange qr, kr;       // Selected indices of the query and key rows.
-  int64_t packed_row0 = 0;    // Packed K/V: row of the first key row within the K section.
+  int64_t q_local0 = 0;        // Shard-local position of the first query row.
+  int64_t k_local0 = 0;        // Own K/V: shard-local position of the first key row.
+  int64_t step = 1;            // Positions between consecutive rows (the rate r).
+  RowRange qr, kr;             // Selected indices of the query and key rows.
+  int64_t packed_row0 = 0;     // Packed K/V: row of the first key row within the K section.
   int64_t packed_section = 0;  // Packed: elements of the K section (the V section follows).
 };
 
@@ -222,8 +222,8 @@ class Kernel {
   }
 
  private:
-  // False when the pair has no work (no query rows here, no key rows there, or causal with every key
-  // after every query).
+  // False when the pair has no work (no query rows here, no key rows there, or causal with every
+  // key after every query).
   bool Locate(const BlockTask& task, int64_t m, int64_t b, int slot, PairGeo* pg) const {
     const int self = geo_.rank();
     pg->qr = geo_.Rows(task.pattern, m, self, slot);
@@ -268,8 +268,7 @@ class Kernel {
   }
   T& Lse(int64_t b, int64_t h, int64_t p) const { return lse_[(b * heads_ + h) * l_ + p]; }
 
-  void ForwardPair(const BlockTask& task, const PairGeo& pg, int64_t b, int64_t h,
-                   Scratch<T>& s) {
+  void ForwardPair(const BlockTask& task, const PairGeo& pg, int64_t b, int64_t h, Scratch<T>& s) {
     const T neg_inf = -std::numeric_limits<T>::infinity();
     const int64_t nq_all = pg.qr.count();
     for (int64_t i0 = 0; i0 < nq_all; i0 += tq_) {
@@ -315,8 +314,7 @@ class Kernel {
             for (int64_t x = 0; x < d_; ++x) a[x] *= alpha;
           }
         }
-        Gemm<T>(CblasNoTrans, CblasNoTrans, nq, d_, nk, T(1), sc, nk, vm.ptr, vm.ld, T(1), acc,
-                d_);
+        Gemm<T>(CblasNoTrans, CblasNoTrans, nq, d_, nk, T(1), sc, nk, vm.ptr, vm.ld, T(1), acc, d_);
       }
       // Merge the tile's rows into out/lse.
       for (int64_t i = 0; i < nq; ++i) {
@@ -336,8 +334,7 @@ class Kernel {
     }
   }
 
-  void BackwardPair(const BlockTask& task, const PairGeo& pg, int64_t b, int64_t h,
-                    Scratch<T>& s) {
+  void BackwardPair(const BlockTask& task, const PairGeo& pg, int64_t b, int64_t h, Scratch<T>& s) {
     const T neg_inf = -std::numeric_limits<T>::infinity();
     const T c = static_cast<T>(geo_.pattern(task.pattern).factor);
     // Where dK/dV rows of this pair accumulate.
@@ -556,7 +553,8 @@ class CpuBlockKernels final : public BlockKernels {
   }
 
   // Calls fn(b, slot, first local position, rate, rows, packed element offset) for every (batch
-  // item, slot) of the rank's own chunk of (pattern, segment); K section offsets (V adds `section`).
+  // item, slot) of the rank's own chunk of (pattern, segment); K section offsets (V adds
+  // `section`).
   template <typename Fn>
   static void ForEachOwnRun(const RingGeometry& geo, int pattern, int64_t segment, Fn fn) {
     const int self = geo.rank();

@@ -1,8 +1,9 @@
-// The CPU block kernels against the float64 oracle, without any communication: P ranks are simulated
-// in one process. Each rank attends its query rows to every block its rows need (its own rows in place,
-// other ranks' rows packed from their shards), all in one call (so blocks that write the same output
-// rows meet in one call), and the merged result must equal the oracle's shard. Backward: partial dK/dV
-// of other ranks' rows go into packed buffers that are then added into the owners' dk/dv.
+// The CPU block kernels against the float64 oracle, without any communication: P ranks are
+// simulated in one process. Each rank attends its query rows to every block its rows need (its own
+// rows in place, other ranks' rows packed from their shards), all in one call (so blocks that write
+// the same output rows meet in one call), and the merged result must equal the oracle's shard.
+// Backward: partial dK/dV of other ranks' rows go into packed buffers that are then added into the
+// owners' dk/dv.
 #include "engine/ring/cpu_block_kernels.h"
 
 #include <memory>
@@ -39,8 +40,7 @@ void RunCase(const testing::RingCase& c, Layout layout, int threads) {
       return HostTensor::FromValues(c.dtype, c.ShardDims(), testing::ShardOf(c, x, r), layout);
     };
     ranks.push_back(Rank{*geo, input(full->q), input(full->k), input(full->v), input(full->dout),
-                         HostTensor(c.dtype, c.ShardDims()),
-                         HostTensor(c.dtype, c.ShardLseDims()),
+                         HostTensor(c.dtype, c.ShardDims()), HostTensor(c.dtype, c.ShardLseDims()),
                          HostTensor(c.dtype, c.ShardDims()), HostTensor(c.dtype, c.ShardDims()),
                          HostTensor(c.dtype, c.ShardDims())});
   }
@@ -70,10 +70,10 @@ void RunCase(const testing::RingCase& c, Layout layout, int threads) {
             const int64_t e = geo.BlockElements(i, m, o);
             n.kv.resize(e);
             n.dkv.assign(e, 0.0);
-            EXPECT_TRUE(kernels
-                            ->PackKv(ranks[o].geo, i, m, ranks[o].k.view(), ranks[o].v.view(),
-                                     n.kv.data())
-                            .ok());
+            EXPECT_TRUE(
+                kernels
+                    ->PackKv(ranks[o].geo, i, m, ranks[o].k.view(), ranks[o].v.view(), n.kv.data())
+                    .ok());
           }
           needs.push_back(std::move(n));
         }
@@ -95,8 +95,7 @@ void RunCase(const testing::RingCase& c, Layout layout, int threads) {
     ASSERT_TRUE(kernels->Forward(rk.geo, fwd_args(rk), tasks).ok());
     ASSERT_TRUE(kernels->EndForward(rk.geo, fwd_args(rk)).ok());
     EXPECT_TRUE(testutil::RelativelyNear(absl::StrCat("out rank ", r), rk.out.ToDoubles(),
-                                         testing::ShardOf(c, full->forward.out, r),
-                                         c.Tolerance()));
+                                         testing::ShardOf(c, full->forward.out, r), c.Tolerance()));
     EXPECT_TRUE(testutil::LseNear(absl::StrCat("lse rank ", r), rk.lse.ToDoubles(),
                                   testing::LseShardOf(c, full->forward.lse, r), c.Tolerance()));
   }
@@ -106,17 +105,16 @@ void RunCase(const testing::RingCase& c, Layout layout, int threads) {
     std::vector<BlockTask> tasks;
     for (Need& n : needs[r]) {
       const bool own = n.origin == r;
-      tasks.push_back({n.pattern, n.segment, n.segment + 1, n.origin,
-                       own ? nullptr : n.kv.data(), own ? nullptr : n.dkv.data(), !own});
+      tasks.push_back({n.pattern, n.segment, n.segment + 1, n.origin, own ? nullptr : n.kv.data(),
+                       own ? nullptr : n.dkv.data(), !own});
     }
     ASSERT_TRUE(kernels->Backward(rk.geo, bwd_args(rk), tasks).ok());
     for (Need& n : needs[r]) {
       if (n.origin == r) continue;
       Rank& owner = ranks[n.origin];
-      ASSERT_TRUE(kernels
-                      ->AddPackedToOwn(owner.geo, n.pattern, n.segment, n.dkv.data(),
-                                       bwd_args(owner))
-                      .ok());
+      ASSERT_TRUE(
+          kernels->AddPackedToOwn(owner.geo, n.pattern, n.segment, n.dkv.data(), bwd_args(owner))
+              .ok());
     }
   }
   for (int r = 0; r < c.ranks; ++r) {

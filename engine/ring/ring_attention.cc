@@ -37,7 +37,7 @@ RingAttention::RingAttention(comm::Communicator* comm, BlockKernels* kernels, Ri
 PlanOptions RingAttention::PlanOptionsFor() const {
   PlanOptions p;
   p.mode = options_.mode;
-  p.cost = options_.cost.has_value() ? *options_.cost
+  p.cost = options_.cost.has_value()                  ? *options_.cost
            : kernels_->caps().device == Device::kCuda ? CostModel::ForCuda()
                                                       : CostModel::ForCpu();
   return p;
@@ -46,10 +46,10 @@ PlanOptions RingAttention::PlanOptionsFor() const {
 absl::StatusOr<RingGeometry> RingAttention::Geometry(const AttentionSpec& spec, int64_t seq_len,
                                                      const TensorView& q) const {
   if (comm_->device() != kernels_->caps().device) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "ring: the ", comm_->name(), " communicator works on ", DeviceName(comm_->device()),
-        " memory but the ", kernels_->caps().name, " kernels on ",
-        DeviceName(kernels_->caps().device)));
+    return absl::FailedPreconditionError(
+        absl::StrCat("ring: the ", comm_->name(), " communicator works on ",
+                     DeviceName(comm_->device()), " memory but the ", kernels_->caps().name,
+                     " kernels on ", DeviceName(kernels_->caps().device)));
   }
   const int p = comm_->size();
   if (q.rank() != 4) {
@@ -57,8 +57,8 @@ absl::StatusOr<RingGeometry> RingAttention::Geometry(const AttentionSpec& spec, 
         absl::StrCat("ring: q must be (B, N/P, H, D), got ", q.DebugString()));
   }
   if (seq_len < 1 || seq_len % p != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ring: sequence length N = ", seq_len, " is not divisible by the ring size P = ", p));
+    return absl::InvalidArgumentError(absl::StrCat("ring: sequence length N = ", seq_len,
+                                                   " is not divisible by the ring size P = ", p));
   }
   if (q.shape[1] != seq_len / p) {
     return absl::InvalidArgumentError(absl::StrCat("ring: the shard holds ", q.shape[1],
@@ -86,8 +86,8 @@ absl::Status RingAttention::CheckAgreement(const RingGeometry& geo, bool backwar
       backward ? "bwd" : "fwd", "|", AttentionModeName(spec.mode), "|",
       HeadOffsetsName(spec.head_offsets), "|", spec.causal, "|", scale_bits, "|",
       absl::StrJoin(spec.segment_lengths, ","), "|", absl::StrJoin(spec.dilation_rates, ","), "|",
-      s.batch, ",", s.seq_len, ",", s.num_heads, ",", s.head_dim, "|", DTypeName(geo.dtype()),
-      "|", ExchangeModeName(options_.mode));
+      s.batch, ",", s.seq_len, ",", s.num_heads, ",", s.head_dim, "|", DTypeName(geo.dtype()), "|",
+      ExchangeModeName(options_.mode));
   const uint64_t mine = Fnv1a(call);
   const int p = comm_->size();
   const int64_t bytes = 8 * (p + 1);
@@ -100,13 +100,16 @@ absl::Status RingAttention::CheckAgreement(const RingGeometry& geo, bool backwar
       !st.ok()) {
     return st;
   }
+  // The communicator waits for the all-gather (NCCL: with its deadline, breaking itself if a peer
+  // is gone, so that the survivors can shrink) before the kernels copy the result back.
+  if (absl::Status st = comm_->Synchronize(kernels_->stream()); !st.ok()) return st;
   std::vector<uint64_t> all(p);
   if (absl::Status st = kernels_->Download(all.data(), base + 8, 8 * p); !st.ok()) return st;
   for (int r = 0; r < p; ++r) {
     if (all[r] != mine) {
-      return absl::FailedPreconditionError(absl::StrCat(
-          "ring: rank ", r, " called with different arguments than rank ", comm_->rank(),
-          " (this rank: ", call, ")"));
+      return absl::FailedPreconditionError(
+          absl::StrCat("ring: rank ", r, " called with different arguments than rank ",
+                       comm_->rank(), " (this rank: ", call, ")"));
     }
   }
   return absl::OkStatus();
@@ -216,8 +219,8 @@ absl::Status RingAttention::Backward(const AttentionSpec& spec, int64_t seq_len,
   if (!geo.ok()) return geo.status();
   if (options_.check_agreement) {
     if (absl::Status s = CheckAgreement(*geo, true); !s.ok()) {
-      return WithContext(s, absl::StrCat("ring backward on rank ", geo->rank(), " of ", geo->ranks(),
-                                         ", agreement check"));
+      return WithContext(s, absl::StrCat("ring backward on rank ", geo->rank(), " of ",
+                                         geo->ranks(), ", agreement check"));
     }
   }
   const RingPlan plan = PlanRing(*geo, true, PlanOptionsFor());

@@ -1,28 +1,29 @@
 // Sequence-parallel dilated attention: P ranks, each holding a contiguous shard of N/P positions of
 // q, k, v, compute together the attention that one device would compute on the whole sequence; each
-// rank ends with exactly its shard of out and lse (forward) and of dq, dk, dv (backward), equal to the
-// single-device result on those positions within ENGINE_SPEC.md's tolerances.
+// rank ends with exactly its shard of out and lse (forward) and of dq, dk, dv (backward), equal to
+// the single-device result on those positions within ENGINE_SPEC.md's tolerances.
 //
 // Per call the driver plans the exchange (ring_plan.h), packs this rank's blocks, and runs the plan
 // phase by phase: post the phase's sends and receives on the communicator (they progress on the
-// communicator's own stream or threads), compute the phase's blocks on the kernels' stream, wait for
-// the transfers, fold in arrived dK/dV partial sums. Memory beyond the caller's shards is the plan's
-// buffers: a few packed blocks of (N/P)/r_i rows per spanning segment (RingPlan::buffer_bytes).
+// communicator's own stream or threads), compute the phase's blocks on the kernels' stream, wait
+// for the transfers, fold in arrived dK/dV partial sums. Memory beyond the caller's shards is the
+// plan's buffers: a few packed blocks of (N/P)/r_i rows per spanning segment
+// (RingPlan::buffer_bytes).
 //
-// Collective contract: every rank of the communicator calls Forward (or Backward) with the same spec,
-// the same global N and same-shaped shards, in the same order. With check_agreement (the default) a
-// small all-gather of a fingerprint of the call turns a disagreement into FAILED_PRECONDITION on every
-// rank instead of a hang or a wrong answer.
+// Collective contract: every rank of the communicator calls Forward (or Backward) with the same
+// spec, the same global N and same-shaped shards, in the same order. With check_agreement (the
+// default) a small all-gather of a fingerprint of the call turns a disagreement into
+// FAILED_PRECONDITION on every rank instead of a hang or a wrong answer.
 //
-// Errors: INVALID_ARGUMENT for the shapes and values of validate.h (on the shard) and for N not equal
-// to P times the shard length (naming N and P); FAILED_PRECONDITION when the communicator's device and
-// the kernels' differ or ranks disagree; the communicator's errors (UNAVAILABLE, DEADLINE_EXCEEDED,
-// ABORTED, naming the peer) prefixed with the call, rank and phase. After a communicator error the
-// outputs are unspecified and the communicator is broken (communicator.h); the caller decides whether
-// to shrink the ring.
+// Errors: INVALID_ARGUMENT for the shapes and values of validate.h (on the shard) and for N not
+// equal to P times the shard length (naming N and P); FAILED_PRECONDITION when the communicator's
+// device and the kernels' differ or ranks disagree; the communicator's errors (UNAVAILABLE,
+// DEADLINE_EXCEEDED, ABORTED, naming the peer) prefixed with the call, rank and phase. After a
+// communicator error the outputs are unspecified and the communicator is broken (communicator.h);
+// the caller decides whether to shrink the ring.
 //
-// Thread-safety: one call at a time per instance; the communicator and kernels are borrowed and must
-// outlive it.
+// Thread-safety: one call at a time per instance; the communicator and kernels are borrowed and
+// must outlive it.
 #ifndef DATTN_ENGINE_RING_RING_ATTENTION_H_
 #define DATTN_ENGINE_RING_RING_ATTENTION_H_
 

@@ -1,9 +1,10 @@
-// Sequence-parallel dilated attention on CPU ranks that are real processes talking Gloo over loopback.
+// Sequence-parallel dilated attention on CPU ranks that are real processes talking Gloo over
+// loopback.
 //
 // Every rank derives the full inputs from one seed, runs the ring on its shard, and checks its out,
-// lse, dq, dk, dv against the float64 oracle's answer on the whole sequence, sliced to its shard, with
-// ENGINE_SPEC.md's tolerances; it also checks that the bytes its communicator counted equal the
-// plan's. A rank that is SIGKILLed mid-call must turn into an error on the others within the
+// lse, dq, dk, dv against the float64 oracle's answer on the whole sequence, sliced to its shard,
+// with ENGINE_SPEC.md's tolerances; it also checks that the bytes its communicator counted equal
+// the plan's. A rank that is SIGKILLed mid-call must turn into an error on the others within the
 // communicator's timeout, after which the survivors shrink the ring and compute correctly again.
 #include "engine/ring/ring_attention.h"
 
@@ -72,11 +73,14 @@ std::string RunAndCheck(const testing::RingCase& c, uint64_t seed, comm::Communi
   const double tol = c.Tolerance();
   check(testutil::RelativelyNear("out", out.ToDoubles(), testing::ShardOf(c, full->forward.out, r),
                                  tol));
-  check(testutil::LseNear("lse", lse.ToDoubles(), testing::LseShardOf(c, full->forward.lse, r),
-                          tol));
-  check(testutil::RelativelyNear("dq", dq.ToDoubles(), testing::ShardOf(c, full->grads.dq, r), tol));
-  check(testutil::RelativelyNear("dk", dk.ToDoubles(), testing::ShardOf(c, full->grads.dk, r), tol));
-  check(testutil::RelativelyNear("dv", dv.ToDoubles(), testing::ShardOf(c, full->grads.dv, r), tol));
+  check(
+      testutil::LseNear("lse", lse.ToDoubles(), testing::LseShardOf(c, full->forward.lse, r), tol));
+  check(
+      testutil::RelativelyNear("dq", dq.ToDoubles(), testing::ShardOf(c, full->grads.dq, r), tol));
+  check(
+      testutil::RelativelyNear("dk", dk.ToDoubles(), testing::ShardOf(c, full->grads.dk, r), tol));
+  check(
+      testutil::RelativelyNear("dv", dv.ToDoubles(), testing::ShardOf(c, full->grads.dv, r), tol));
 
   // The bytes counted by the communicator are the plan's, pass by pass and peer by peer.
   for (bool backward : {false, true}) {
@@ -89,8 +93,8 @@ std::string RunAndCheck(const testing::RingCase& c, uint64_t seed, comm::Communi
         b.p2p_bytes_received - a.p2p_bytes_received != plan->bytes_received) {
       absl::StrAppend(&failures, "  ", pass, ": counted ", b.p2p_bytes_sent - a.p2p_bytes_sent,
                       " sent / ", b.p2p_bytes_received - a.p2p_bytes_received,
-                      " received bytes, plan says ", plan->bytes_sent, " / ",
-                      plan->bytes_received, "\n");
+                      " received bytes, plan says ", plan->bytes_sent, " / ", plan->bytes_received,
+                      "\n");
     }
     for (int peer = 0; peer < comm.size(); ++peer) {
       if (b.p2p_bytes_sent_to[peer] - a.p2p_bytes_sent_to[peer] != plan->bytes_sent_to[peer] ||
@@ -112,7 +116,10 @@ ExchangeMode ParseMode(const std::string& s) {
 // Child: every standard case for this ring size, in the exchange modes given.
 int CasesChild(const ChildContext& ctx) {
   uint64_t seed = 0;
-  absl::SimpleAtoi(ctx.Arg("seed"), &seed);
+  if (!absl::SimpleAtoi(ctx.Arg("seed"), &seed)) {
+    std::fprintf(stderr, "rank %d: bad seed \"%s\"\n", ctx.rank, ctx.Arg("seed").c_str());
+    return 2;
+  }
   absl::StatusOr<std::unique_ptr<comm::Communicator>> comm =
       Join(ctx.store_address, ctx.rank, ctx.size, absl::Seconds(20));
   if (!comm.ok()) {

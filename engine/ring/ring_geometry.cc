@@ -14,8 +14,8 @@ int64_t CeilDiv(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
 }  // namespace
 
-absl::StatusOr<RingGeometry> RingGeometry::Create(const AttentionSpec& spec,
-                                                  const RingShape& shape, int rank, DType dtype) {
+absl::StatusOr<RingGeometry> RingGeometry::Create(const AttentionSpec& spec, const RingShape& shape,
+                                                  int rank, DType dtype) {
   if (shape.ranks < 1) {
     return absl::InvalidArgumentError(absl::StrCat("ring size P = ", shape.ranks, " is below 1"));
   }
@@ -25,14 +25,14 @@ absl::StatusOr<RingGeometry> RingGeometry::Create(const AttentionSpec& spec,
   }
   if (absl::Status s = ValidateSpec(spec); !s.ok()) return s;
   if (shape.batch < 1 || shape.seq_len < 1 || shape.num_heads < 1 || shape.head_dim < 1) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "ring shape (B, N, H, D) = (", shape.batch, ", ", shape.seq_len, ", ", shape.num_heads,
-        ", ", shape.head_dim, ") has a dimension below 1"));
+    return absl::InvalidArgumentError(absl::StrCat("ring shape (B, N, H, D) = (", shape.batch, ", ",
+                                                   shape.seq_len, ", ", shape.num_heads, ", ",
+                                                   shape.head_dim, ") has a dimension below 1"));
   }
   if (shape.seq_len % shape.ranks != 0) {
-    return absl::InvalidArgumentError(absl::StrCat("sequence length N = ", shape.seq_len,
-                                                   " is not divisible by the ring size P = ",
-                                                   shape.ranks));
+    return absl::InvalidArgumentError(
+        absl::StrCat("sequence length N = ", shape.seq_len,
+                     " is not divisible by the ring size P = ", shape.ranks));
   }
   const int g = spec.num_patterns();
   if (spec.mode == AttentionMode::kGrouped && shape.num_heads < g) {

@@ -1,5 +1,5 @@
-// Where the dilated rows of each segment live when a sequence of N positions is cut into P contiguous
-// shards of L = N/P positions (rank q holds positions [q L, (q+1) L)).
+// Where the dilated rows of each segment live when a sequence of N positions is cut into P
+// contiguous shards of L = N/P positions (rank q holds positions [q L, (q+1) L)).
 //
 // Vocabulary (docs/RING.md has pictures):
 //   chunk    the part of segment m of pattern i that lies in rank q's shard: positions
@@ -13,9 +13,9 @@
 //   member   a rank whose chunk of a segment has at least one selected row (for some head); only
 //            members take part in the segment's exchange.
 //
-// A RingGeometry is an immutable value computed from the spec, the global shape and this rank; every
-// function is pure arithmetic (no allocation beyond the object), thread-safe, and agrees on every
-// rank, which is what lets ranks plan the same exchange without talking.
+// A RingGeometry is an immutable value computed from the spec, the global shape and this rank;
+// every function is pure arithmetic (no allocation beyond the object), thread-safe, and agrees on
+// every rank, which is what lets ranks plan the same exchange without talking.
 #ifndef DATTN_ENGINE_RING_RING_GEOMETRY_H_
 #define DATTN_ENGINE_RING_RING_GEOMETRY_H_
 
@@ -57,13 +57,14 @@ class RingGeometry {
     int64_t w = 0;         // Segment length, capped at N.
     int64_t r = 1;         // Dilation rate.
     int64_t segments = 0;  // ceil(N / w).
-    std::vector<int64_t> heads;    // Heads that use the pattern, ascending; a head's slot is its index.
+    std::vector<int64_t>
+        heads;  // Heads that use the pattern, ascending; a head's slot is its index.
     std::vector<int64_t> offsets;  // Offset of each slot's head.
     double factor = 1;             // Output factor: 1/G in grouped mode, 1 in mixture mode.
   };
 
-  // INVALID_ARGUMENT when P < 1, P does not divide N, a dimension is < 1, `rank` is outside [0, P), or
-  // the spec is invalid for H (validate.h's checks).
+  // INVALID_ARGUMENT when P < 1, P does not divide N, a dimension is < 1, `rank` is outside [0, P),
+  // or the spec is invalid for H (validate.h's checks).
   static absl::StatusOr<RingGeometry> Create(const AttentionSpec& spec, const RingShape& shape,
                                              int rank, DType dtype);
 

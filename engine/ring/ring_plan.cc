@@ -34,17 +34,22 @@ const char* ScheduleName(Schedule schedule) {
 
 CostModel CostModel::ForCpu() {
   CostModel c;
-  c.latency_s = 60e-6;             // Gloo over loopback TCP, one small message.
-  c.bandwidth_bytes_per_s = 2e9;   // Loopback TCP, one stream.
-  c.flops_per_s = 20e9;            // fp32 attention on a few AVX2 cores.
+  // Measured on the 2-core dev machine (docs/RING.md): a small Gloo exchange over loopback takes
+  // 35-60 us when the machine is quiet, 16 MiB moves at 1.2-1.9 GB/s, and one fp32 block of
+  // 1024 x 1024 rows (D = 64) runs at 19 GFLOP/s on one core.
+  c.latency_s = 60e-6;
+  c.bandwidth_bytes_per_s = 1.5e9;
+  c.flops_per_s = 20e9;
   return c;
 }
 
 CostModel CostModel::ForCuda() {
   CostModel c;
-  c.latency_s = 15e-6;              // NCCL p2p launch and handshake on NVLink.
-  c.bandwidth_bytes_per_s = 150e9;  // H100 NVLink, one direction, as NCCL p2p reaches it.
-  c.flops_per_s = 300e12;           // bf16 fused attention on H100.
+  // Estimates for H100 SXM over NVLink, not yet measured here: NCCL p2p launch and handshake,
+  // the one-direction bandwidth NCCL p2p reaches, bf16 fused attention (docs/RING.md).
+  c.latency_s = 15e-6;
+  c.bandwidth_bytes_per_s = 150e9;
+  c.flops_per_s = 300e12;
   c.allgather_memory_limit = int64_t{2} << 30;
   return c;
 }
@@ -94,21 +99,21 @@ void ChooseSchedule(const RingGeometry& geo, bool backward, const PlanOptions& o
     }
   }
   const double n = static_cast<double>(g->members.size());
-  double block_flops = 4.0 * geo.shape().batch * p.heads.size() * double(rows) * double(rows) *
-                       geo.shape().head_dim;
+  double block_flops =
+      4.0 * geo.shape().batch * p.heads.size() * double(rows) * double(rows) * geo.shape().head_dim;
   if (backward) block_flops *= 2.5;
   const double compute = block_flops / c.flops_per_s;
   const double diagonal = causal ? compute / 2 : compute;
   const double kv_bytes = double(g->max_block_elements) * ElementBytes(geo, BufferKind::kKv);
   const double dkv_bytes =
       backward ? double(g->max_block_elements) * ElementBytes(geo, BufferKind::kDkv) : 0.0;
-  const double per_step = c.latency_s * (backward ? 2 : 1) +
-                          (kv_bytes + dkv_bytes) / c.bandwidth_bytes_per_s;
+  const double per_step =
+      c.latency_s * (backward ? 2 : 1) + (kv_bytes + dkv_bytes) / c.bandwidth_bytes_per_s;
   g->ring_seconds = diagonal + (n - 1) * std::max(compute, per_step);
   g->allgather_seconds =
       std::max(diagonal, c.latency_s + (n - 1) * kv_bytes / c.bandwidth_bytes_per_s) +
-      (n - 1) * compute + (backward ? c.latency_s + (n - 1) * dkv_bytes / c.bandwidth_bytes_per_s
-                                    : 0.0);
+      (n - 1) * compute +
+      (backward ? c.latency_s + (n - 1) * dkv_bytes / c.bandwidth_bytes_per_s : 0.0);
   const double allgather_memory = (n - 1) * (kv_bytes + 2 * dkv_bytes);
   bool allgather = false;
   switch (options.mode) {
@@ -140,8 +145,7 @@ class Builder {
     return static_cast<int>(plan_->buffers.size()) - 1;
   }
 
-  void Move(size_t phase, bool send, int peer, int buffer, BufferKind kind, int group,
-            int origin) {
+  void Move(size_t phase, bool send, int peer, int buffer, BufferKind kind, int group, int origin) {
     const Group& g = plan_->groups[group];
     Transfer t;
     t.send = send;
@@ -299,8 +303,8 @@ void AddLocalWork(const RingGeometry& geo, RingPlan* plan) {
     const int64_t first = geo.FirstSegmentOf(i, self);
     const int64_t last = geo.LastSegmentOf(i, self);
     const int64_t begin = local(i, first) ? first : first + 1;
-    const int64_t end = first == last ? begin + (begin == first ? 1 : 0)
-                                      : (local(i, last) ? last + 1 : last);
+    const int64_t end =
+        first == last ? begin + (begin == first ? 1 : 0) : (local(i, last) ? last + 1 : last);
     if (begin >= end) continue;
     ComputeStep c;
     c.pattern = i;
@@ -336,15 +340,16 @@ RingPlan PlanRing(const RingGeometry& geo, bool backward, const PlanOptions& opt
       (t.send ? plan.bytes_sent_to : plan.bytes_received_from)[t.peer] += bytes;
     }
   }
-  for (const BufferSpec& b : plan.buffers) plan.buffer_bytes += b.elements * ElementBytes(geo, b.kind);
+  for (const BufferSpec& b : plan.buffers)
+    plan.buffer_bytes += b.elements * ElementBytes(geo, b.kind);
   return plan;
 }
 
 std::string RingPlan::DebugString() const {
-  std::string out = absl::StrCat(backward ? "backward" : "forward", " plan: ", groups.size(),
-                                 " groups, ", phases.size(), " phases, sends ", bytes_sent,
-                                 " B, receives ", bytes_received, " B, buffers ", buffer_bytes,
-                                 " B\n");
+  std::string out =
+      absl::StrCat(backward ? "backward" : "forward", " plan: ", groups.size(), " groups, ",
+                   phases.size(), " phases, sends ", bytes_sent, " B, receives ", bytes_received,
+                   " B, buffers ", buffer_bytes, " B\n");
   for (size_t i = 0; i < groups.size(); ++i) {
     const Group& g = groups[i];
     absl::StrAppend(&out, "  group ", i, ": pattern ", g.pattern, " segment ", g.segment,
@@ -361,8 +366,8 @@ std::string RingPlan::DebugString() const {
                       t.send ? " to " : " from ", t.peer, ", buf ", t.buffer, ")");
     }
     for (const ComputeStep& c : ph.computes) {
-      absl::StrAppend(&out, " compute(p", c.pattern, " seg ", c.segment_begin, "..",
-                      c.segment_end, " kv of ", c.origin, c.kv_buffer < 0 ? " local" : "",
+      absl::StrAppend(&out, " compute(p", c.pattern, " seg ", c.segment_begin, "..", c.segment_end,
+                      " kv of ", c.origin, c.kv_buffer < 0 ? " local" : "",
                       c.dkv_buffer >= 0 ? absl::StrCat(" -> buf ", c.dkv_buffer) : "", ")");
     }
     for (const AddStep& a : ph.adds) {

@@ -1,10 +1,10 @@
 // The ring plan: what one rank computes, sends and receives, phase by phase, for one forward or
 // backward call of sequence-parallel dilated attention (docs/RING.md explains the algorithm).
 //
-// Segments that lie in one shard (or whose selected rows all lie in one shard) are computed locally,
-// without communication. A segment whose selected rows lie in several shards forms a group of its
-// member ranks; a group exchanges only the packed dilated K/V rows of its members' chunks (a block),
-// on one of three schedules chosen per group:
+// Segments that lie in one shard (or whose selected rows all lie in one shard) are computed
+// locally, without communication. A segment whose selected rows lie in several shards forms a group
+// of its member ranks; a group exchanges only the packed dilated K/V rows of its members' chunks (a
+// block), on one of three schedules chosen per group:
 //   kRing       non-causal: each phase every member forwards the block it holds to the next member
 //               (neighbours only, two receive buffers) while computing on it. Backward: dK/dV
 //               accumulators ride along with the blocks and reach their owner on the last hop.
@@ -17,9 +17,9 @@
 //               everything is computed; backward returns every partial dK/dV in one more phase.
 //               Chosen when the cost model says it is faster and its buffers fit the limit.
 // The plan is a pure function of (spec, global shape, rank, dtype, options): every rank derives the
-// same groups and schedules, which is what makes its sends and its peers' receives match (ops between
-// two ranks are posted in the same order on both sides: phase by phase, group by group, blocks before
-// dK/dV). The byte counts below are what the communicator must count for this rank.
+// same groups and schedules, which is what makes its sends and its peers' receives match (ops
+// between two ranks are posted in the same order on both sides: phase by phase, group by group,
+// blocks before dK/dV). The byte counts below are what the communicator must count for this rank.
 #ifndef DATTN_ENGINE_RING_RING_PLAN_H_
 #define DATTN_ENGINE_RING_RING_PLAN_H_
 
@@ -41,9 +41,9 @@ const char* ScheduleName(Schedule schedule);  // "ring" | "shift" | "allgather"
 
 // The figures the ring-vs-all-gather choice uses. Estimates, not measurements of the call.
 struct CostModel {
-  double latency_s = 50e-6;              // Per message (posting, matching, first byte).
-  double bandwidth_bytes_per_s = 2e9;    // Per rank and direction.
-  double flops_per_s = 20e9;             // One rank's attention FLOP rate.
+  double latency_s = 50e-6;            // Per message (posting, matching, first byte).
+  double bandwidth_bytes_per_s = 2e9;  // Per rank and direction.
+  double flops_per_s = 20e9;           // One rank's attention FLOP rate.
   // Bytes of receive buffers all-gather may use for one group on one rank (the ring needs two).
   int64_t allgather_memory_limit = int64_t{256} << 20;
 
@@ -99,13 +99,13 @@ struct ComputeStep {
   int64_t segment_begin = 0;
   int64_t segment_end = 0;
   int origin = 0;
-  int kv_buffer = -1;   // -1: the rank's own K/V tensors.
-  int dkv_buffer = -1;  // Backward: -1 accumulates into the rank's own dK/dV tensors.
+  int kv_buffer = -1;     // -1: the rank's own K/V tensors.
+  int dkv_buffer = -1;    // Backward: -1 accumulates into the rank's own dK/dV tensors.
   bool zero_dkv = false;  // Backward: clear dkv_buffer first.
 };
 
-// After the phase's transfers complete: dst += src (packed dK/dV); dst -1 means the rank's own dK/dV
-// rows of the group's segment.
+// After the phase's transfers complete: dst += src (packed dK/dV); dst -1 means the rank's own
+// dK/dV rows of the group's segment.
 struct AddStep {
   int group = 0;
   int dst_buffer = -1;

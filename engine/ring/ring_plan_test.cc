@@ -1,9 +1,9 @@
-// The ring plan, checked without any arithmetic on tensors: the plans of all P ranks are run together
-// symbolically (buffers hold "which block" and "whose contributions", transfers are matched between
-// ranks in posting order as a communicator matches them), and the end state must be exactly what
-// the spec requires: every rank computes every block its queries need once, sees the right block in
-// the buffer it reads, every partial dK/dV reaches its owner once, no buffer is written while it is in
-// use, and the bytes each rank sends are the bytes its peers receive.
+// The ring plan, checked without any arithmetic on tensors: the plans of all P ranks are run
+// together symbolically (buffers hold "which block" and "whose contributions", transfers are
+// matched between ranks in posting order as a communicator matches them), and the end state must be
+// exactly what the spec requires: every rank computes every block its queries need once, sees the
+// right block in the buffer it reads, every partial dK/dV reaches its owner once, no buffer is
+// written while it is in use, and the bytes each rank sends are the bytes its peers receive.
 #include "engine/ring/ring_plan.h"
 
 #include <algorithm>
@@ -193,8 +193,9 @@ std::string Simulate(const Case& c, bool backward, ExchangeMode mode) {
       }
     }
     for (const auto& [key, q] : wire) {
-      if (!q.empty()) fail(absl::StrCat("phase ", s, ": send ", key.first, " -> ", key.second,
-                                        " never received"));
+      if (!q.empty())
+        fail(
+            absl::StrCat("phase ", s, ": send ", key.first, " -> ", key.second, " never received"));
     }
     // Adds after the phase's transfers.
     for (int r = 0; r < p; ++r) {
@@ -229,8 +230,8 @@ std::string Simulate(const Case& c, bool backward, ExchangeMode mode) {
       const std::pair<int, int> key{static_cast<int>(g), m[a]};
       if (computed[key] != need) {
         fail(absl::StrCat("group ", g, " rank ", m[a], " computed {",
-                          absl::StrJoin(computed[key], ","), "}, needs {",
-                          absl::StrJoin(need, ","), "}"));
+                          absl::StrJoin(computed[key], ","), "}, needs {", absl::StrJoin(need, ","),
+                          "}"));
       }
       if (backward && own[key] != from) {
         fail(absl::StrCat("group ", g, " rank ", m[a], " got dK/dV from {",
@@ -247,7 +248,8 @@ std::string Simulate(const Case& c, bool backward, ExchangeMode mode) {
       }
     }
   }
-  // Local work: each segment with selected rows is computed by exactly one rank alone, or is a group.
+  // Local work: each segment with selected rows is computed by exactly one rank alone, or is a
+  // group.
   const RingGeometry& g0 = geos[0];
   for (int i = 0; i < g0.num_patterns(); ++i) {
     std::vector<int> count(g0.pattern(i).segments, 0);
@@ -281,11 +283,11 @@ std::string Simulate(const Case& c, bool backward, ExchangeMode mode) {
 std::vector<Case> Sweep() {
   std::vector<Case> cases;
   const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> patterns = {
-      {{8, 32, 64}, {1, 2, 4}},     // Local, spanning two and four shards.
-      {{24}, {1}},                  // Segments straddling boundaries: overlapping groups.
-      {{8, 24, 64}, {2, 3, 4}},     // Rates that divide no segment.
-      {{1000}, {1}},                // One segment longer than N.
-      {{64, 48}, {20, 7}},          // Rates near or above the shard: empty chunks.
+      {{8, 32, 64}, {1, 2, 4}},  // Local, spanning two and four shards.
+      {{24}, {1}},               // Segments straddling boundaries: overlapping groups.
+      {{8, 24, 64}, {2, 3, 4}},  // Rates that divide no segment.
+      {{1000}, {1}},             // One segment longer than N.
+      {{64, 48}, {20, 7}},       // Rates near or above the shard: empty chunks.
       {{12, 40}, {5, 3}},
   };
   for (int p : {1, 2, 3, 4, 5}) {
@@ -338,9 +340,9 @@ TEST(RingPlanTest, SchedulesFollowCausalityAndMode) {
   }
 }
 
-// One segment over all of N, r = 1: non-causal, every rank sends P-1 blocks of B*H*L*D elements of K
-// and of V; the backward pass moves as many dK/dV partial sums too. Causal halves it on average and
-// the shift schedule spreads it evenly: every rank moves P-1 blocks in total (in + out).
+// One segment over all of N, r = 1: non-causal, every rank sends P-1 blocks of B*H*L*D elements of
+// K and of V; the backward pass moves as many dK/dV partial sums too. Causal halves it on average
+// and the shift schedule spreads it evenly: every rank moves P-1 blocks in total (in + out).
 TEST(RingPlanTest, VolumesMatchTheClosedForm) {
   Case c;
   c.w = {64};

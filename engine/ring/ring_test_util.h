@@ -1,6 +1,6 @@
-// Shared pieces of the ring tests: a case (spec + global shape + ring size + dtype), its full inputs
-// drawn from a seed (so every rank process derives the same tensors), the float64 oracle's answer,
-// and slicing of full tensors into one rank's shard. Testing only.
+// Shared pieces of the ring tests: a case (spec + global shape + ring size + dtype), its full
+// inputs drawn from a seed (so every rank process derives the same tensors), the float64 oracle's
+// answer, and slicing of full tensors into one rank's shard. Testing only.
 #ifndef DATTN_ENGINE_RING_RING_TEST_UTIL_H_
 #define DATTN_ENGINE_RING_RING_TEST_UTIL_H_
 
@@ -42,8 +42,9 @@ struct FullProblem {
   oracle::Gradients grads;
 };
 
-// Inputs from `seed` (the same on every process), then the oracle's forward and backward. The oracle
-// errors (never expected) abort the test binary's child with a message; in-process tests check ok().
+// Inputs from `seed` (the same on every process), then the oracle's forward and backward. The
+// oracle errors (never expected) abort the test binary's child with a message; in-process tests
+// check ok().
 absl::StatusOr<FullProblem> MakeProblem(const RingCase& c, uint64_t seed);
 
 // Rank `rank`'s slice of a full (B, N, H, D) tensor, or of a (B, H, N) lse.

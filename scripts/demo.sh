@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# The main job: a coordinator and two CPU workers on loopback with a data directory, a real attention
+# job submitted through the dattn CLI and watched to completion, its result, and where the metrics are.
+#
+#   scripts/demo.sh          run the demo, then shut everything down gracefully (SIGTERM)
+#   scripts/demo.sh --keep   leave the daemons running until Ctrl-C
+#
+# Environment: DATTN_DEMO_DIR (data + logs; default ./dattn-demo), DATTN_DEMO_PORT (gRPC, default
+# 7070; metrics on the next port).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+keep=0
+for arg in "$@"; do
+  case "$arg" in
+    --keep) keep=1 ;;
+    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    *) echo "demo.sh: unknown argument '$arg' (expected --keep)" >&2; exit 2 ;;
+  esac
+done
+
+scripts/setup.sh
+echo "== building dattn (bazel build //server:dattn-coordinator //worker:dattn-worker //client:dattn)"
+bazel build //server:dattn-coordinator //worker:dattn-worker //client:dattn 2>&1 | tail -1
+
+dir=${DATTN_DEMO_DIR:-$PWD/dattn-demo}
+port=${DATTN_DEMO_PORT:-7070}
+metrics_port=$((port + 1))
+mkdir -p "$dir"
+bin=bazel-bin
+export DATTN_COORDINATOR=127.0.0.1:$port
+
+pids=()
+stop_all() {
+  # Workers first (they report their running tasks), then the coordinator (it flushes its store).
+  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
+  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+}
+trap stop_all EXIT
+trap 'exit 130' INT TERM
+
+echo "== starting dattn-coordinator on 127.0.0.1:$port (store in $dir/data, log $dir/coordinator.log)"
+"$bin/server/dattn-coordinator" --listen="127.0.0.1:$port" --metrics-listen="127.0.0.1:$metrics_port" \
+  --data-dir="$dir/data" 2>"$dir/coordinator.log" &
+pids+=($!)
+for _ in $(seq 100); do
+  grep -q "listening on" "$dir/coordinator.log" && break
+  kill -0 "${pids[0]}" 2>/dev/null || { cat "$dir/coordinator.log"; exit 1; }
+  sleep 0.1
+done
+
+threads=$(( $(nproc) / 2 )); [ "$threads" -ge 1 ] || threads=1
+for i in 0 1; do
+  echo "== starting dattn-worker cpu-$i ($threads engine threads, log $dir/worker-$i.log)"
+  "$bin/worker/dattn-worker" --coordinator="$DATTN_COORDINATOR" --name="cpu-$i" \
+    --threads="$threads" 2>"$dir/worker-$i.log" &
+  pids+=($!)
+done
+for _ in $(seq 100); do
+  [ "$("$bin/client/dattn" workers --json 2>/dev/null | grep -c WORKER_STATE_READY)" -ge 2 ] && break
+  sleep 0.1
+done
+"$bin/client/dattn" workers
+
+echo
+echo "== submitting a grouped-mode dilated attention job (forward + backward, fp32) and watching it"
+set -x
+"$bin/client/dattn" submit --name=demo --seq-len=16384 --heads=8 --head-dim=64 \
+  --segments=1024,2048,4096 --rates=1,2,4 --dtype=fp32 --pass=fwd-bwd --iterations=4 --seed=42 \
+  --watch
+{ set +x; } 2>/dev/null
+echo
+echo "== all jobs"
+"$bin/client/dattn" list
+echo
+echo "== metrics: http://127.0.0.1:$metrics_port/metrics (Prometheus text); a few of them:"
+curl -sf "http://127.0.0.1:$metrics_port/metrics" |
+  grep -E '^dattn_(jobs|attention_tokens_total|attention_flops_total|workers)\b' | head -12 || true
+
+if [ "$keep" = 1 ]; then
+  echo
+  echo "== running; try: DATTN_COORDINATOR=$DATTN_COORDINATOR $bin/client/dattn list   (Ctrl-C stops)"
+  wait
+fi

@@ -1,0 +1,279 @@
+// End-to-end tests of multi-rank (ring) attention jobs: the real dattn-coordinator, dattn-worker
+// and dattn binaries on loopback, CPU workers forming Gloo rings of 2 and 4 ranks through the
+// coordinator's rendezvous stores.
+//
+// - Ring jobs submitted and watched through the CLI give what the single-rank job of the same spec
+//   and seed gives: checksums to fp64 rounding and the returned output to 1e-12 (ENGINE_SPEC.md's
+//   fp64 tolerance), for patterns whose segments span ranks, both modes, causal or not, backward.
+// - A worker killed (SIGKILL) while its rank runs: the job's history names it, and the job runs
+//   again on the survivors.
+// - A rank that never arrives (its worker frozen with SIGSTOP before the ring forms): the formation
+//   fails within the formation timeout with an event naming the rank and its worker; never a hang.
+#include <grpcpp/grpcpp.h>
+#include <signal.h>
+
+#include <chrono>
+#include <cmath>
+#include <fstream>
+#include <iterator>
+#include <memory>
+#include <regex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "dattn/v1/job_service.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "tests/cluster.h"
+
+namespace dattn::testing {
+namespace {
+
+using std::chrono::seconds;
+
+std::string JobIdFrom(const std::string& text) {
+  std::smatch m;
+  std::regex re("(j-[0-9a-f]+)");
+  if (std::regex_search(text, m, re)) return m[1].str();
+  return "";
+}
+
+std::string EventsText(const dattn::v1::Job& job) {
+  std::string s;
+  for (const auto& e : job.events()) s += e.kind() + ": " + e.message() + "\n";
+  return s;
+}
+
+bool HasEvent(const dattn::v1::Job& job, const std::string& kind) {
+  for (const auto& e : job.events()) {
+    if (e.kind() == kind) return true;
+  }
+  return false;
+}
+
+std::vector<char> ReadFile(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::vector<char>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+}
+
+// One spec, as CLI flags: B = 2, N = 96, H = 3 (H % G != 0), D = 8, fp64, forward and backward, two
+// steps. With w = [16, 64] the 64-segments cross the shard boundaries of 2 and of 4 ranks, and the
+// 16-segments those of 4 ranks (at positions 24 and 72).
+struct Case {
+  std::string mode;
+  bool causal = false;
+  int ranks = 2;
+  int seed = 0;
+};
+
+std::vector<std::string> CaseFlags(const Case& c, int ranks) {
+  return {"--batch=2",        "--seq-len=96",
+          "--heads=3",        "--head-dim=8",
+          "--segments=16,64", "--rates=1,2",
+          "--mode=" + c.mode, c.causal ? "--causal" : "--no-causal",
+          "--dtype=fp64",     "--pass=fwd-bwd",
+          "--iterations=2",   "--seed=" + std::to_string(c.seed),
+          "--device=cpu",     "--ranks=" + std::to_string(ranks)};
+}
+
+class RingE2E : public ::testing::Test {
+ protected:
+  void StartCluster(int workers, ClusterOptions options = {}) {
+    options.name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    cluster_ = std::make_unique<Cluster>(options);
+    std::string error;
+    ASSERT_TRUE(cluster_->StartCoordinator(&error)) << error;
+    for (int i = 0; i < workers; ++i) {
+      ASSERT_GE(cluster_->AddWorker(1, &error), 0) << error;
+    }
+    ASSERT_TRUE(cluster_->WaitForReadyWorkers(workers, seconds(30))) << cluster_->Logs();
+  }
+
+  // Submits through the CLI with `extra` flags; returns the job id.
+  std::string Submit(const std::vector<std::string>& flags,
+                     const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {"submit"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.insert(args.end(), extra.begin(), extra.end());
+    ProcessResult r = cluster_->Cli(args, seconds(60));
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err << cluster_->Logs();
+    const std::string id = JobIdFrom(r.out);
+    EXPECT_FALSE(id.empty()) << r.out;
+    last_out_ = r.out;
+    return id;
+  }
+
+  dattn::v1::Job Finished(const std::string& id) {
+    dattn::v1::Job job;
+    EXPECT_TRUE(cluster_->WaitForJobEnd(id, seconds(60), &job)) << cluster_->Logs();
+    return job;
+  }
+
+  std::unique_ptr<Cluster> cluster_;
+  std::string last_out_;
+};
+
+TEST_F(RingE2E, RingJobsThroughTheCliEqualTheSingleRankJob) {
+  StartCluster(4);
+  const std::vector<Case> cases = {{"grouped", false, 2, 11},
+                                   {"mixture", true, 2, 12},
+                                   {"grouped", true, 4, 13},
+                                   {"mixture", false, 4, 14}};
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.mode + (c.causal ? " causal" : "") + " x" + std::to_string(c.ranks));
+    const std::string dir = cluster_->dir() + "/" + c.mode + std::to_string(c.ranks);
+    const std::string single_file = dir + "-single.bin", ring_file = dir + "-ring.bin";
+    const std::string single = Submit(CaseFlags(c, 1), {"--output-file=" + single_file});
+    // The ring job is followed live, as a user would: progress and the end show in the stream.
+    const std::string ring =
+        Submit(CaseFlags(c, c.ranks), {"--output-file=" + ring_file, "--watch"});
+    EXPECT_NE(last_out_.find("progress"), std::string::npos) << last_out_;
+    EXPECT_NE(last_out_.find("succeeded"), std::string::npos) << last_out_;
+    EXPECT_NE(last_out_.find("of " + std::to_string(c.ranks) + " ranks succeeded"),
+              std::string::npos)
+        << last_out_;
+
+    const dattn::v1::Job a = Finished(single), b = Finished(ring);
+    ASSERT_EQ(a.state(), dattn::v1::JOB_STATE_SUCCEEDED) << a.state_reason();
+    ASSERT_EQ(b.state(), dattn::v1::JOB_STATE_SUCCEEDED) << b.state_reason() << EventsText(b);
+    const auto& one = a.result().attention();
+    const auto& many = b.result().attention();
+    ASSERT_EQ(many.ranks_size(), c.ranks);
+    for (int r = 0; r < c.ranks; ++r) {
+      EXPECT_EQ(many.ranks(r).rank(), r);
+      EXPECT_GT(many.ranks(r).ring_formation_seconds(), 0.0);
+      EXPECT_GT(many.ranks(r).tflops(), 0.0);
+    }
+    EXPECT_EQ(b.worker_ids_size(), c.ranks);
+    EXPECT_EQ(b.progress().steps_done(), 2);
+    EXPECT_DOUBLE_EQ(many.flops_per_step(), one.flops_per_step());
+    EXPECT_GT(many.tflops(), 0.0);
+    // fp64 end to end: sums of squares to rounding; plain sums relative to their scale.
+    EXPECT_NEAR(many.out_sum_squares(), one.out_sum_squares(), 1e-11 * one.out_sum_squares());
+    EXPECT_NEAR(many.grad_sum_squares(), one.grad_sum_squares(), 1e-11 * one.grad_sum_squares());
+    EXPECT_NEAR(many.out_sum(), one.out_sum(), 1e-10 * std::sqrt(one.out_sum_squares()));
+    EXPECT_NEAR(many.grad_sum(), one.grad_sum(), 1e-10 * std::sqrt(one.grad_sum_squares()));
+
+    // The returned outputs: the ring's is assembled from its ranks' shards, the same tensor.
+    const std::vector<char> x = ReadFile(single_file), y = ReadFile(ring_file);
+    ASSERT_EQ(x.size(), size_t{2 * 96 * 3 * 8 * 8});
+    ASSERT_EQ(y.size(), x.size());
+    const double* p = reinterpret_cast<const double*>(x.data());
+    const double* q = reinterpret_cast<const double*>(y.data());
+    double err = 0, norm = 0;
+    for (size_t i = 0; i < x.size() / 8; ++i) {
+      err += (p[i] - q[i]) * (p[i] - q[i]);
+      norm += p[i] * p[i];
+    }
+    ASSERT_GT(norm, 1.0);
+    EXPECT_LE(std::sqrt(err / norm), 1e-12);
+  }
+  // The metrics saw the rings form.
+  ProcessOptions curl;
+  curl.name = "curl";
+  curl.log_dir = cluster_->dir();
+  curl.argv = {"/usr/bin/curl", "-sf", "http://" + cluster_->metrics_address() + "/metrics"};
+  ProcessResult m = RunCommand(curl, seconds(10));
+  ASSERT_EQ(m.exit_code, 0) << m.err;
+  EXPECT_NE(m.out.find("dattn_ring_formations_total{backend=\"gloo\",outcome=\"formed\"} 4"),
+            std::string::npos)
+      << m.out;
+  EXPECT_NE(m.out.find("dattn_worker_rank_step_seconds_count{worker=\"worker-"), std::string::npos);
+}
+
+// kill -9 of a worker whose rank runs: its peer sees the connection drop, the job's history names
+// the lost worker, and the job runs again on the survivors.
+TEST_F(RingE2E, KilledWorkerDuringARingRunIsRecoveredOnTheSurvivors) {
+  ClusterOptions options;
+  options.dead_after_ms = 1500;
+  options.max_attempts = 4;
+  StartCluster(4, options);
+  // Seconds per step on one thread, for ever: it runs until cancelled.
+  const std::string id =
+      Submit({"--batch=1", "--seq-len=4096", "--heads=4", "--head-dim=32", "--segments=512,2048",
+              "--rates=1,2", "--dtype=fp32", "--pass=fwd-bwd", "--iterations=1000000",
+              "--device=cpu", "--ranks=2"});
+  dattn::v1::Job job;
+  ASSERT_TRUE(cluster_->WaitForJobState(id, dattn::v1::JOB_STATE_RUNNING, seconds(30), &job))
+      << EventsText(job) << cluster_->Logs();
+  // Both ranks are in the run: the job's progress is the slower rank's.
+  const auto running = std::chrono::steady_clock::now() + seconds(30);
+  while (job.progress().steps_done() < 2 && std::chrono::steady_clock::now() < running) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_TRUE(cluster_->WaitForJobState(id, dattn::v1::JOB_STATE_RUNNING, seconds(5), &job));
+  }
+  ASSERT_GE(job.progress().steps_done(), 2) << EventsText(job) << cluster_->Logs();
+  ASSERT_EQ(job.worker_ids_size(), 2);
+  const std::string victim = cluster_->WorkerName(job.worker_ids(1));
+  const int index = cluster_->WorkerIndex(victim);
+  ASSERT_GE(index, 0) << victim;
+  cluster_->worker(index).Signal(SIGKILL);
+  ASSERT_TRUE(cluster_->worker(index).Wait(seconds(10)).has_value());
+
+  // Recovered: a later attempt runs on two workers, neither of them the victim.
+  const auto deadline = std::chrono::steady_clock::now() + seconds(60);
+  bool recovered = false;
+  while (!recovered && std::chrono::steady_clock::now() < deadline) {
+    ASSERT_TRUE(cluster_->WaitForJobState(id, dattn::v1::JOB_STATE_RUNNING, seconds(60), &job))
+        << EventsText(job) << cluster_->Logs();
+    recovered = job.attempt() >= 2 && job.worker_ids_size() == 2 &&
+                cluster_->WorkerName(job.worker_ids(0)) != victim &&
+                cluster_->WorkerName(job.worker_ids(1)) != victim;
+    if (!recovered) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  ASSERT_TRUE(recovered) << EventsText(job) << cluster_->Logs();
+  bool named = false;
+  for (const auto& e : job.events()) {
+    if ((e.kind() == "ring_failed" || e.kind() == "worker_lost") &&
+        e.message().find(victim) != std::string::npos) {
+      named = true;
+    }
+  }
+  EXPECT_TRUE(named) << EventsText(job);
+  EXPECT_TRUE(HasEvent(job, "requeued")) << EventsText(job);
+
+  ProcessResult c = cluster_->Cli({"cancel", id});
+  EXPECT_EQ(c.exit_code, 0) << c.out << c.err;
+  job = Finished(id);
+  EXPECT_EQ(job.state(), dattn::v1::JOB_STATE_CANCELLED) << EventsText(job);
+}
+
+// A worker frozen before its rank can arrive: the other rank's formation times out, and the job
+// fails (one attempt allowed here) with an event naming the missing rank and its worker.
+TEST_F(RingE2E, ARankThatNeverArrivesFailsTheFormationNamingIt) {
+  ClusterOptions options;
+  options.dead_after_ms = 60000;  // The frozen worker stays "alive": only the ring can tell.
+  options.max_attempts = 1;
+  options.ring_formation_timeout_ms = 1500;
+  StartCluster(2, options);
+  cluster_->worker(1).Signal(SIGSTOP);
+  const auto start = std::chrono::steady_clock::now();
+  const std::string id = Submit({"--seq-len=96", "--heads=3", "--head-dim=8", "--segments=16,64",
+                                 "--rates=1,2", "--dtype=fp64", "--device=cpu", "--ranks=2"});
+  dattn::v1::Job job = Finished(id);
+  const auto took = std::chrono::steady_clock::now() - start;
+  cluster_->worker(1).Signal(SIGCONT);
+  EXPECT_LT(took, seconds(20));
+  EXPECT_EQ(job.state(), dattn::v1::JOB_STATE_FAILED) << EventsText(job);
+  ASSERT_TRUE(HasEvent(job, "ring_formation_failed")) << EventsText(job);
+  int frozen_rank = -1;
+  for (int r = 0; r < job.worker_ids_size(); ++r) {
+    if (cluster_->WorkerName(job.worker_ids(r)) == "worker-1") frozen_rank = r;
+  }
+  ASSERT_GE(frozen_rank, 0);
+  for (const auto& e : job.events()) {
+    if (e.kind() != "ring_formation_failed") continue;
+    EXPECT_NE(e.message().find("rank " + std::to_string(frozen_rank) + " on "), std::string::npos)
+        << e.message();
+    EXPECT_NE(e.message().find("(worker-1)"), std::string::npos) << e.message();
+    EXPECT_NE(e.message().find("never arrived"), std::string::npos) << e.message();
+  }
+  EXPECT_NE(job.state_reason().find("worker-1"), std::string::npos) << job.state_reason();
+  // The CLI shows the reason too.
+  ProcessResult status = cluster_->Cli({"status", id, "--events"});
+  EXPECT_EQ(status.exit_code, 0) << status.err;
+  EXPECT_NE(status.out.find("ring_formation_failed"), std::string::npos) << status.out;
+}
+
+}  // namespace
+}  // namespace dattn::testing

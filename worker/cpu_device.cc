@@ -1,0 +1,99 @@
+#include "worker/cpu_device.h"
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/comm/gloo_communicator.h"
+#include "engine/cpu_backend.h"
+#include "engine/memory_plan.h"
+#include "engine/ring/cpu_block_kernels.h"
+#include "worker/host_info.h"
+
+namespace dattn {
+namespace worker {
+namespace {
+
+class CpuDevice final : public TaskDevice {
+ public:
+  CpuDevice(CpuDeviceOptions options, BackendCaps caps, std::string name, int64_t total)
+      : options_(std::move(options)),
+        caps_(std::move(caps)),
+        name_(std::move(name)),
+        total_(total) {}
+
+  const BackendCaps& caps() const override { return caps_; }
+  std::string device_name() const override { return name_; }
+  int device_index() const override { return 0; }
+  int64_t total_memory_bytes() const override { return total_; }
+  absl::StatusOr<int64_t> FreeMemoryBytes() const override {
+    return ReadMeminfoBytes("MemAvailable");
+  }
+  std::vector<std::string> ring_backends() const override { return {"gloo"}; }
+
+  bool host_memory() const override { return true; }
+
+  absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes, const std::string& what) override {
+    const size_t rounded = (static_cast<size_t>(std::max<int64_t>(bytes, 1)) + 63) & ~size_t{63};
+    void* p = std::aligned_alloc(64, rounded);
+    if (p == nullptr) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("allocating ", what, " (", FormatBytes(bytes), ") of host memory failed"));
+    }
+    return DeviceBuffer(p, [](void* q) { std::free(q); });
+  }
+  absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override {
+    std::memcpy(dst, src, static_cast<size_t>(bytes));
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override {
+    std::memcpy(dst, src, static_cast<size_t>(bytes));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> NewBackend(int threads) override {
+    CpuBackendOptions options;
+    options.num_threads = threads;
+    return NewCpuBackend(options);
+  }
+  absl::Status Finish(AttentionBackend*) override { return absl::OkStatus(); }
+  absl::StatusOr<std::unique_ptr<ring::BlockKernels>> NewRingKernels(int threads) override {
+    ring::CpuBlockKernelOptions options;
+    options.num_threads = threads;
+    return ring::NewCpuBlockKernels(options);
+  }
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> NewCommunicator(
+      const std::string& backend, std::shared_ptr<comm::Store> store, int rank, int size,
+      const std::string& prefix, absl::Duration timeout) override {
+    if (backend != "gloo") {
+      return absl::FailedPreconditionError(
+          absl::StrCat("a CPU worker forms gloo rings only; the ring asks for \"", backend, "\""));
+    }
+    comm::GlooOptions options;
+    options.hostname = options_.ring_address;
+    options.timeout = timeout;
+    options.prefix = prefix;
+    return comm::CreateGlooCommunicator(std::move(store), rank, size, options);
+  }
+
+ private:
+  const CpuDeviceOptions options_;
+  const BackendCaps caps_;
+  const std::string name_;
+  const int64_t total_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TaskDevice>> NewCpuDevice(const CpuDeviceOptions& options) {
+  absl::StatusOr<int64_t> total = ReadMeminfoBytes("MemTotal");
+  if (!total.ok()) return total.status();
+  const BackendCaps caps = NewCpuBackend(CpuBackendOptions{1})->caps();
+  return std::unique_ptr<TaskDevice>(
+      std::make_unique<CpuDevice>(options, caps, ReadCpuModel(), *total));
+}
+
+}  // namespace worker
+}  // namespace dattn

@@ -1,0 +1,140 @@
+#include "worker/cuda_device.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "engine/comm/nccl_communicator.h"
+#include "engine/cuda/cuda_backend.h"
+#include "engine/cuda/cuda_status.h"
+#include "engine/memory_plan.h"
+#include "engine/ring/cuda_block_kernels.h"
+
+namespace dattn {
+namespace worker {
+namespace {
+
+class CudaDevice final : public TaskDevice {
+ public:
+  CudaDevice(int device, std::string name, int64_t total)
+      : device_(device), caps_(CudaBackendCaps()), name_(std::move(name)), total_(total) {}
+
+  const BackendCaps& caps() const override { return caps_; }
+  std::string device_name() const override { return name_; }
+  int device_index() const override { return device_; }
+  int64_t total_memory_bytes() const override { return total_; }
+
+  absl::StatusOr<int64_t> FreeMemoryBytes() const override {
+    DATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    size_t free_bytes = 0, total_bytes = 0;
+    DATTN_CUDA_RETURN_IF_ERROR(cudaMemGetInfo(&free_bytes, &total_bytes));
+    return static_cast<int64_t>(free_bytes);
+  }
+
+  std::vector<std::string> ring_backends() const override { return {"nccl"}; }
+
+  bool host_memory() const override { return false; }
+
+  absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes, const std::string& what) override {
+    DATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    void* p = nullptr;
+    const cudaError_t code = cudaMalloc(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1)));
+    if (code != cudaSuccess) {
+      cudaGetLastError();  // cudaMalloc's error is not sticky; clear it for the next call.
+      absl::Status s = cuda::CudaErrorStatus(code, "cudaMalloc", __FILE__, __LINE__);
+      return absl::Status(s.code(), absl::StrCat("allocating ", what, " (", FormatBytes(bytes),
+                                                 ") on GPU ", device_, ": ", s.message()));
+    }
+    const int device = device_;
+    return DeviceBuffer(p, [device](void* q) {
+      cudaSetDevice(device);
+      cudaFree(q);
+    });
+  }
+  absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override {
+    DATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    DATTN_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyHostToDevice));
+    return absl::OkStatus();
+  }
+  absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override {
+    DATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    DATTN_CUDA_RETURN_IF_ERROR(
+        cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost));
+    return absl::OkStatus();
+  }
+
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> NewBackend(int) override {
+    CudaBackendOptions options;
+    options.device = device_;
+    absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> backend = NewCudaBackend(options);
+    if (!backend.ok()) return backend.status();
+    return std::unique_ptr<AttentionBackend>(std::move(*backend));
+  }
+
+  absl::Status Finish(AttentionBackend* backend) override {
+    auto* cuda_backend = dynamic_cast<CudaAttentionBackend*>(backend);
+    if (cuda_backend == nullptr) {
+      return absl::InvalidArgumentError("CudaDevice::Finish: not a backend of this device");
+    }
+    return cuda_backend->Synchronize();
+  }
+
+  absl::StatusOr<std::unique_ptr<ring::BlockKernels>> NewRingKernels(int) override {
+    ring::CudaBlockKernelOptions options;
+    options.device = device_;
+    absl::StatusOr<std::unique_ptr<ring::CudaBlockKernels>> kernels =
+        ring::NewCudaBlockKernels(options);
+    if (!kernels.ok()) return kernels.status();
+    return std::unique_ptr<ring::BlockKernels>(std::move(*kernels));
+  }
+
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> NewCommunicator(
+      const std::string& backend, std::shared_ptr<comm::Store> store, int rank, int size,
+      const std::string& prefix, absl::Duration timeout) override {
+    if (backend != "nccl") {
+      return absl::FailedPreconditionError(
+          absl::StrCat("a GPU worker forms nccl rings only; the ring asks for \"", backend, "\""));
+    }
+    comm::NcclOptions options;
+    options.device = device_;
+    options.timeout = timeout;
+    options.prefix = prefix;
+    return comm::CreateNcclCommunicator(std::move(store), rank, size, options);
+  }
+
+ private:
+  const int device_;
+  const BackendCaps caps_;
+  const std::string name_;
+  const int64_t total_;
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TaskDevice>> NewCudaDevice(const CudaDeviceOptions& options) {
+  int count = 0;
+  const cudaError_t code = cudaGetDeviceCount(&count);
+  if (code != cudaSuccess || count == 0) {
+    return absl::UnavailableError(
+        absl::StrCat("no CUDA device: cudaGetDeviceCount returned ",
+                     code != cudaSuccess
+                         ? absl::StrCat(cudaGetErrorName(code), " (", cudaGetErrorString(code), ")")
+                         : std::string("0 devices")));
+  }
+  if (options.device < 0 || options.device >= count) {
+    return absl::UnavailableError(absl::StrCat("GPU ", options.device,
+                                               " does not exist: CUDA sees ", count,
+                                               count == 1 ? " device" : " devices"));
+  }
+  DATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
+  cudaDeviceProp props{};
+  DATTN_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, options.device));
+  return std::unique_ptr<TaskDevice>(std::make_unique<CudaDevice>(
+      options.device, props.name, static_cast<int64_t>(props.totalGlobalMem)));
+}
+
+}  // namespace worker
+}  // namespace dattn

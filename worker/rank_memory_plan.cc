@@ -1,0 +1,155 @@
+#include "worker/rank_memory_plan.h"
+
+#include <algorithm>
+#include <limits>
+#include <thread>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cuda/cuda_memory_plan.h"
+#include "engine/ring/ring_geometry.h"
+#include "engine/ring/ring_plan.h"
+
+namespace dattn {
+namespace worker {
+namespace {
+
+constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+
+// The tile sizes of engine/ring/cpu_block_kernels.cc (kTileQ, kTileK, kMaxTileElements): rows of
+// one query and one key tile, capped so that a tile of rows holds at most 2^20 elements.
+int64_t CpuRingTileRows(int64_t head_dim) {
+  return std::max<int64_t>(1, std::min<int64_t>(128, (int64_t{1} << 20) / head_dim));
+}
+
+absl::Status Overflow(const char* what) {
+  return absl::InvalidArgumentError(absl::StrCat("rank memory plan: ", what, " overflows int64"));
+}
+
+// The shard's tensors and workspace on one device, without the ring's buffers.
+absl::StatusOr<MemoryPlan> PlanShard(const RankProblem& p, BackendKind backend, int cpu_threads) {
+  const int64_t shard_len = p.seq_len / p.ranks;
+  if (backend == BackendKind::kCuda) {
+    absl::StatusOr<cuda::CudaMemoryPlan> c = cuda::PlanCudaMemory(
+        p.spec, p.batch, shard_len, p.num_heads, p.head_dim, p.dtype, p.backward);
+    if (!c.ok()) return c.status();
+    MemoryPlan plan;
+    plan.inputs_bytes = c->inputs_bytes;
+    plan.outputs_bytes = c->outputs_bytes;
+    plan.lse_bytes = c->lse_bytes;
+    plan.workspace_bytes = c->workspace_bytes;
+    return plan;
+  }
+  const int threads = cpu_threads > 0
+                          ? cpu_threads
+                          : std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
+  PlanOptions options;
+  options.backend = BackendKind::kCpu;
+  options.dtype = p.dtype;
+  options.backward = p.backward;
+  options.num_threads = threads;
+  absl::StatusOr<MemoryPlan> plan = PlanAttentionMemory(
+      p.spec, ProblemShape{p.batch, shard_len, p.num_heads, p.head_dim}, options);
+  if (!plan.ok()) return plan.status();
+  if (p.ranks > 1) {
+    // A ring rank runs the ring's block kernels, not the single-device backend.
+    const int64_t per_thread = CpuRingKernelScratchBytes(p.dtype, p.head_dim);
+    if (per_thread > kMax / threads) return Overflow("ring kernel scratch");
+    plan->workspace_bytes = per_thread * threads;
+  }
+  return plan;
+}
+
+// Bytes of the ring's exchange buffers on `rank` (the larger of the forward and backward calls,
+// which allocate and free their own) plus the agreement check's P + 1 fingerprints.
+absl::StatusOr<int64_t> RingBytes(const RankProblem& p, int rank, BackendKind backend) {
+  if (p.ranks == 1) return int64_t{0};
+  ring::RingShape shape{p.batch, p.seq_len, p.num_heads, p.head_dim, p.ranks};
+  absl::StatusOr<ring::RingGeometry> geo = ring::RingGeometry::Create(p.spec, shape, rank, p.dtype);
+  if (!geo.ok()) return geo.status();
+  ring::PlanOptions options;
+  options.mode = ring::ExchangeMode::kAuto;
+  options.cost =
+      backend == BackendKind::kCuda ? ring::CostModel::ForCuda() : ring::CostModel::ForCpu();
+  int64_t bytes = ring::PlanRing(*geo, /*backward=*/false, options).buffer_bytes;
+  if (p.backward) {
+    bytes = std::max(bytes, ring::PlanRing(*geo, /*backward=*/true, options).buffer_bytes);
+  }
+  const int64_t agreement = 8 * (static_cast<int64_t>(p.ranks) + 1);
+  return bytes + agreement;
+}
+
+absl::Status CheckProblem(const RankProblem& p) {
+  if (p.ranks < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank memory plan: ring size must be >= 1, got ", p.ranks));
+  }
+  if (p.seq_len < 1 || p.seq_len % p.ranks != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "rank memory plan: ", p.ranks, " ranks must divide the sequence length ", p.seq_len));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string RankMemoryPlan::DebugString() const {
+  const MemoryPlan& s = shard;
+  return absl::StrCat(
+      "inputs ", FormatBytes(s.inputs_bytes), " + outputs ", FormatBytes(s.outputs_bytes),
+      " + lse ", FormatBytes(s.lse_bytes), " + workspace ", FormatBytes(s.workspace_bytes),
+      ring_bytes > 0 ? absl::StrCat(" + ring buffers ", FormatBytes(ring_bytes)) : std::string(),
+      " = ", FormatBytes(total_bytes()));
+}
+
+int64_t CpuRingKernelScratchBytes(DType dtype, int64_t head_dim) {
+  const int64_t d = std::max<int64_t>(1, head_dim);
+  const int64_t t = CpuRingTileRows(d);
+  // Scores and probabilities (2 t^2), accumulator, dQ and dO tiles (3 t d), row max and sum (2 t),
+  // dK and dV tiles (2 t d), one transposition tile (t d): Scratch<T>::Size in
+  // cpu_block_kernels.cc.
+  const int64_t elements = 2 * t * t + 6 * t * d + 2 * t;
+  return elements * static_cast<int64_t>(
+                        DTypeSize(dtype == DType::kFloat64 ? DType::kFloat64 : DType::kFloat32));
+}
+
+absl::StatusOr<RankMemoryPlan> PlanRankMemory(const RankProblem& problem, int rank,
+                                              BackendKind backend, int cpu_threads) {
+  if (absl::Status s = CheckProblem(problem); !s.ok()) return s;
+  if (rank < 0 || rank >= problem.ranks) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("rank memory plan: rank ", rank, " is outside [0, ", problem.ranks, ")"));
+  }
+  absl::StatusOr<MemoryPlan> shard = PlanShard(problem, backend, cpu_threads);
+  if (!shard.ok()) return shard.status();
+  absl::StatusOr<int64_t> ring = RingBytes(problem, rank, backend);
+  if (!ring.ok()) return ring.status();
+  RankMemoryPlan plan;
+  plan.rank = rank;
+  plan.shard = *shard;
+  plan.ring_bytes = *ring;
+  if (plan.shard.total_bytes() < 0 || plan.ring_bytes > kMax - plan.shard.total_bytes()) {
+    return Overflow("the rank's total");
+  }
+  return plan;
+}
+
+absl::StatusOr<RankMemoryPlan> PlanLargestRankMemory(const RankProblem& problem,
+                                                     BackendKind backend, int cpu_threads) {
+  if (absl::Status s = CheckProblem(problem); !s.ok()) return s;
+  absl::StatusOr<RankMemoryPlan> best = PlanRankMemory(problem, 0, backend, cpu_threads);
+  if (!best.ok()) return best.status();
+  // The shard part is the same on every rank; only the exchange buffers differ.
+  for (int r = 1; r < problem.ranks; ++r) {
+    absl::StatusOr<int64_t> ring = RingBytes(problem, r, backend);
+    if (!ring.ok()) return ring.status();
+    if (*ring > best->ring_bytes) {
+      if (*ring > kMax - best->shard.total_bytes()) return Overflow("the rank's total");
+      best->ring_bytes = *ring;
+      best->rank = r;
+    }
+  }
+  return best;
+}
+
+}  // namespace worker
+}  // namespace dattn

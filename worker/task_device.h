@@ -1,0 +1,80 @@
+// The device a worker runs its ranks on: its identity and memory, and the engine pieces a rank
+// uses there.
+//
+// A worker process serves one device, chosen at start-up by what the host offers: CpuDevice
+// (cpu_device.h) on any host, CudaDevice (cuda_device.h, built into dattn-worker-gpu only) for one
+// GPU. The worker registers with the device's name, memory and capabilities and heartbeats its free
+// memory; each task asks it for tensor memory and either an engine backend (single-rank tasks) or
+// ring kernels and a communicator (ranks of a sequence-parallel ring). Everything that differs
+// between devices is behind this interface, so the task runner (attention_task.h) is written once.
+//
+// Thread-safety: every method may be called from any thread at any time. The objects the factories
+// return belong to the caller and are driven by one thread at a time (their own contracts).
+#ifndef DATTN_WORKER_TASK_DEVICE_H_
+#define DATTN_WORKER_TASK_DEVICE_H_
+
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "engine/attention.h"
+#include "engine/comm/communicator.h"
+#include "engine/comm/store.h"
+#include "engine/ring/block_kernels.h"
+
+namespace dattn {
+namespace worker {
+
+// Device memory for one tensor; freed when destroyed.
+using DeviceBuffer = std::unique_ptr<void, std::function<void(void*)>>;
+
+class TaskDevice {
+ public:
+  virtual ~TaskDevice() = default;
+
+  // What the engine runs here (dtypes, head dims, and Device::kCpu or kCuda).
+  virtual const BackendCaps& caps() const = 0;
+  // "NVIDIA H100 80GB HBM3" or the CPU model.
+  virtual std::string device_name() const = 0;
+  // CUDA ordinal; 0 on CPU.
+  virtual int device_index() const = 0;
+  // Device memory (GPU) or host memory (CPU) in all.
+  virtual int64_t total_memory_bytes() const = 0;
+  // Free now: cudaMemGetInfo on a GPU, MemAvailable on the host. UNAVAILABLE if it cannot be read.
+  virtual absl::StatusOr<int64_t> FreeMemoryBytes() const = 0;
+  // Communicators this device forms rings with ("gloo", "nccl"): those for which it also has ring
+  // kernels. Empty: single-rank tasks only.
+  virtual std::vector<std::string> ring_backends() const = 0;
+
+  // Whether tensor memory is host memory (then inputs are generated in place, without a copy).
+  virtual bool host_memory() const = 0;
+  // Memory for `bytes` bytes of tensor `what`, 64-byte aligned. RESOURCE_EXHAUSTED naming `what`
+  // and the size when the device has no room.
+  virtual absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes, const std::string& what) = 0;
+  // Copies between host memory and memory from Allocate; they return once the copy is complete.
+  virtual absl::Status CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) = 0;
+  virtual absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) = 0;
+
+  // The single-device engine with `threads` CPU threads (ignored on a GPU).
+  virtual absl::StatusOr<std::unique_ptr<AttentionBackend>> NewBackend(int threads) = 0;
+  // Waits for the work `backend` (from NewBackend) has queued and returns its first error: a step's
+  // time is measured to here. Immediate on the CPU, whose backend returns when done.
+  virtual absl::Status Finish(AttentionBackend* backend) = 0;
+  // The ring's block kernels for this device. UNIMPLEMENTED where none exist.
+  virtual absl::StatusOr<std::unique_ptr<ring::BlockKernels>> NewRingKernels(int threads) = 0;
+  // Joins a ring as `rank` of `size` through `store`, over communicator `backend` (one of
+  // ring_backends()), with every key under `prefix` and `timeout` the longest wait for a peer.
+  // FAILED_PRECONDITION for a backend this device does not form; the communicator's own errors.
+  virtual absl::StatusOr<std::unique_ptr<comm::Communicator>> NewCommunicator(
+      const std::string& backend, std::shared_ptr<comm::Store> store, int rank, int size,
+      const std::string& prefix, absl::Duration timeout) = 0;
+};
+
+}  // namespace worker
+}  // namespace dattn
+
+#endif  // DATTN_WORKER_TASK_DEVICE_H_

@@ -189,6 +189,18 @@ if [ "$mode" = "smoke" ]; then
     "fp32-output|-n 1024 --heads 4 --head-dim 32 --segments 128,512 --rates 1,2 --dtype fp32 --pass fwd --iterations 2 --seed 3 --return-output"
   )
 fi
+# Engine time inside a job against the standalone engine benchmark on the same card (issue 6's
+# benchmark): a 1-GPU job with exactly the benchmark's row (bench/cuda_bench, --suite=parity).
+parity_flags="-n 1048576 --heads 16 --head-dim 64 --segments 2048,4096,8192,16384 --rates 1,2,4,8 --dtype bf16 --pass fwd --iterations 20 --seed 4"
+parity_bench=""
+if [ "$mode" != "smoke" ] && [ -x .device/cuda_attention_bench ]; then
+  # shellcheck disable=SC2086
+  run_job "parity-p1" $parity_flags --ranks 1
+  echo "== standalone: .device/cuda_attention_bench --suite=parity"
+  .device/cuda_attention_bench --suite=parity 2>&1 | tee "$out/parity-bench.txt"
+  parity_bench=$(sed -n 's/^parity grouped fwd N=2^20 H=16 D=64 *dattn *\([0-9.]*\) ms.*/\1/p' "$out/parity-bench.txt" | head -1)
+fi
+
 ranks_list=""
 for p in ${RANKS:-2 4}; do
   if [ "$p" -le "$gpus" ]; then ranks_list="$ranks_list $p"; else echo "skipping $p ranks: $gpus GPUs"; fi
@@ -205,10 +217,24 @@ for c in "${cases[@]}"; do
 done
 
 # The table: each ring against its single-GPU job.
-python3 - "$out" "$ranks_list" "${cases[@]}" <<'PY' | tee "$out/table.txt"
-import base64, json, math, os, struct, sys
+PARITY_BENCH_MS="$parity_bench" python3 - "$out" "$ranks_list" "${cases[@]}" <<'PY' | tee "$out/table.txt"
+import base64, datetime, json, math, os, struct, sys
 out, ranks = sys.argv[1], [int(r) for r in sys.argv[2].split()]
 labels = [c.split("|", 1)[0] for c in sys.argv[3:]]
+
+def seconds(ts):
+    # protobuf JSON timestamps: RFC 3339 with a Z and up to 9 fractional digits.
+    base, _, frac = ts.rstrip("Z").partition(".")
+    t = datetime.datetime.strptime(base, "%Y-%m-%dT%H:%M:%S").replace(tzinfo=datetime.timezone.utc)
+    return t.timestamp() + (float("0." + frac) if frac else 0.0)
+
+def start_latency(job):
+    # Submit (create_time) to the first engine step (start_time: the first rank's STARTED report,
+    # sent once its ring is formed and its inputs exist, right before step 1).
+    try:
+        return seconds(job["start_time"]) - seconds(job["create_time"])
+    except (KeyError, ValueError):
+        return float("nan")
 tol = {"DTYPE_BF16": 1e-2, "DTYPE_FP16": 2e-3, "DTYPE_FP32": 1e-5}
 
 def load(name):
@@ -237,9 +263,9 @@ def output(job):
         return None
     return struct.unpack("<%df" % (len(data) // 4), data)
 
-print("%-22s %5s %-10s %10s %9s %12s %12s %12s %s" % (
-    "case", "ranks", "state", "ms/step", "TFLOP/s", "out_sq diff", "grad_sq diff", "output err",
-    "verdict"))
+print("%-22s %5s %-10s %10s %9s %8s %12s %12s %12s %s" % (
+    "case", "ranks", "state", "ms/step", "TFLOP/s", "start s", "out_sq diff", "grad_sq diff",
+    "output err", "verdict"))
 failed = unavailable = False
 for label in labels:
     base = load(label + "-p1")
@@ -284,8 +310,20 @@ for label in labels:
             verdict = "FAIL: no single-GPU result to compare with"
         if verdict != "PASS":
             failed = True
-        print("%-22s %5d %-10s %10.3f %9.2f %12s %12s %12s %s" % (
-            label, p, state, ms, tf, d_out, d_grad, d_o, verdict))
+        print("%-22s %5d %-10s %10.3f %9.2f %8.2f %12s %12s %12s %s" % (
+            label, p, state, ms, tf, start_latency(job), d_out, d_grad, d_o, verdict))
+parity = load("parity-p1")
+bench_ms = os.environ.get("PARITY_BENCH_MS", "")
+if parity is not None and bench_ms:
+    job_ms = 1e3 * float(parity.get("result", {}).get("attention", {}).get("seconds_per_step", 0))
+    if parity.get("state") == "JOB_STATE_SUCCEEDED" and job_ms > 0:
+        ratio = float(bench_ms) / job_ms
+        print("engine parity (N=2^20 bf16 grouped fwd, 1 GPU): standalone %.3f ms, inside a job "
+              "%.3f ms/step: %.1f%% of the standalone speed (target >= 95%%), submit -> first step "
+              "%.2f s" % (float(bench_ms), job_ms, 100 * ratio, start_latency(parity)))
+    else:
+        print("engine parity job did not succeed: %s" % parity.get("state_reason", "")[:160])
+        failed = True
 sys.exit(1 if failed else 3 if unavailable else 0)
 PY
 status=${PIPESTATUS[0]}

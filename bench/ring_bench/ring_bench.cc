@@ -1,5 +1,6 @@
 // Weak-scaling benchmark of the sequence-parallel ring on GPUs (issue 5): one process per GPU, NCCL
-// between them, the CUDA block kernels on each, against the single-GPU CUDA backend in the same run.
+// between them, the CUDA block kernels on each, against the single-GPU CUDA backend in the same
+// run.
 //
 // Spec (the issue's): 2^20 tokens per GPU (N = P * 2^20), B = 1, H = 16, D = 64, bf16, grouped,
 // w = [4096, 16384, 65536, N], r = [1, 2, 8, 256] (the last pattern's only segment spans every
@@ -17,6 +18,10 @@
 // footprint: the backend's tensors at N = P * 2^20 plus its pool's high water after one call
 // (measured once per P, with the non-causal forward).
 //
+// Where the time goes (forward rows): every ring process also times the same call without the
+// agreement check, and its kernels alone on its local blocks (BeginForward, phase 0's in-place
+// blocks, EndForward) with CUDA events; a second table shows them.
+//
 // --longest: forward on P GPUs at growing shard lengths (--longest_shards, tokens per GPU); each
 // row says whether the call ran and its outputs are finite.
 //
@@ -27,9 +32,9 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
-#include <cmath>
 #include <map>
 #include <memory>
 #include <optional>
@@ -65,22 +70,22 @@ AttentionSpec BenchSpec(int64_t n, bool causal) {
   return spec;
 }
 
-#define CHILD_CUDA(expr)                                                              \
-  do {                                                                                \
-    const cudaError_t e_ = (expr);                                                    \
-    if (e_ != cudaSuccess) {                                                          \
+#define CHILD_CUDA(expr)                                                           \
+  do {                                                                             \
+    const cudaError_t e_ = (expr);                                                 \
+    if (e_ != cudaSuccess) {                                                       \
       std::printf("ERROR rank %d: %s: %s\n", rank, #expr, cudaGetErrorString(e_)); \
-      return 1;                                                                       \
-    }                                                                                 \
+      return 1;                                                                    \
+    }                                                                              \
   } while (0)
 
-#define CHILD_OK(expr)                                                                    \
-  do {                                                                                    \
-    const absl::Status s_ = (expr);                                                       \
-    if (!s_.ok()) {                                                                       \
-      std::printf("ERROR rank %d: %s: %s\n", rank, #expr, s_.ToString().c_str());        \
-      return 1;                                                                           \
-    }                                                                                     \
+#define CHILD_OK(expr)                                                            \
+  do {                                                                            \
+    const absl::Status s_ = (expr);                                               \
+    if (!s_.ok()) {                                                               \
+      std::printf("ERROR rank %d: %s: %s\n", rank, #expr, s_.ToString().c_str()); \
+      return 1;                                                                   \
+    }                                                                             \
   } while (0)
 
 int64_t UsedDeviceBytes() {
@@ -126,8 +131,8 @@ cudaError_t MakeProblem(Problem* p, int64_t len, bool backward, int device, uint
   uint64_t s = seed;
   for (Buffer* b : {&p->q, &p->k, &p->v, &p->dout}) {
     if (b->ptr == nullptr) continue;
-    if (cudaError_t e = cuda::LaunchFillRandom(b->ptr, cuda::ElemType::kBF16, elems, ++s, 1.0f,
-                                               nullptr);
+    if (cudaError_t e =
+            cuda::LaunchFillRandom(b->ptr, cuda::ElemType::kBF16, elems, ++s, 1.0f, nullptr);
         e != cudaSuccess) {
       return e;
     }
@@ -177,7 +182,8 @@ int RingChild(const ChildContext& ctx) {
   CHILD_CUDA(cudaSetDevice(rank));
   CHILD_CUDA(cudaFree(nullptr));
   const int64_t used_context = UsedDeviceBytes();
-  absl::StatusOr<std::unique_ptr<comm::TcpStore>> store = comm::TcpStore::Connect(ctx.store_address);
+  absl::StatusOr<std::unique_ptr<comm::TcpStore>> store =
+      comm::TcpStore::Connect(ctx.store_address);
   CHILD_OK(store.status());
   comm::NcclOptions nopt;
   nopt.device = rank;
@@ -233,8 +239,8 @@ int RingChild(const ChildContext& ctx) {
     std::vector<ring::BlockTask> tasks;
     for (const ring::ComputeStep& c : plan->phases[0].computes) {
       if (c.kv_buffer >= 0) continue;
-      tasks.push_back({c.pattern, c.segment_begin, c.segment_end, c.origin, nullptr, nullptr,
-                       false});
+      tasks.push_back(
+          {c.pattern, c.segment_begin, c.segment_end, c.origin, nullptr, nullptr, false});
     }
     cudaStream_t s = (*kernels)->cuda_stream();
     cudaEvent_t ev[4];
@@ -271,8 +277,8 @@ int RingChild(const ChildContext& ctx) {
       static_cast<long long>(plan->bytes_sent), static_cast<long long>(st.cudnn_calls),
       static_cast<long long>(st.kernel_calls), static_cast<long long>(st.cudnn_fallbacks),
       nocheck_times.empty() ? "-" : nocheck_times.c_str(),
-      begin_times.empty() ? "-" : begin_times.c_str(), local_times.empty() ? "-" : local_times.c_str(),
-      end_times.empty() ? "-" : end_times.c_str());
+      begin_times.empty() ? "-" : begin_times.c_str(),
+      local_times.empty() ? "-" : local_times.c_str(), end_times.empty() ? "-" : end_times.c_str());
   std::fflush(stdout);
   return bad == 0 ? 0 : 1;
 }
@@ -372,9 +378,9 @@ double Median(std::vector<double> v) {
 struct Measured {
   bool ok = false;
   std::string error;
-  double ms = -1;            // median over iterations of the slowest rank's time
-  int64_t rank_bytes = -1;   // max over ranks: tensors + pool high water
-  int64_t used_bytes = -1;   // max over ranks: cudaMemGetInfo's used
+  double ms = -1;           // median over iterations of the slowest rank's time
+  int64_t rank_bytes = -1;  // max over ranks: tensors + pool high water
+  int64_t used_bytes = -1;  // max over ranks: cudaMemGetInfo's used
   int64_t nonfinite = 0;
   int64_t plan_bytes_sent = -1;
   int64_t fallbacks = 0;
@@ -505,11 +511,14 @@ int main(int argc, char** argv) {
   };
   if (weak) {
     table.push_back(
-        "| pass | causal | P | ms (median, slowest rank) | eff. TFLOP/s per GPU | efficiency vs 1 GPU "
-        "| per-rank MiB (tensors + pool) | single-device MiB / P | ratio | used MiB (cudaMemGetInfo) "
+        "| pass | causal | P | ms (median, slowest rank) | eff. TFLOP/s per GPU | efficiency vs 1 "
+        "GPU "
+        "| per-rank MiB (tensors + pool) | single-device MiB / P | ratio | used MiB "
+        "(cudaMemGetInfo) "
         "| bytes sent per rank |");
     table.push_back("|---|---|---|---|---|---|---|---|---|---|---|");
-    for (bool backward : with_backward ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
+    for (bool backward :
+         with_backward ? std::vector<bool>{false, true} : std::vector<bool>{false}) {
       for (bool causal : {false, true}) {
         std::map<std::string, std::string> args = {{"shard", absl::StrCat(shard)},
                                                    {"causal", causal ? "1" : "0"},
@@ -518,20 +527,20 @@ int main(int argc, char** argv) {
                                                    {"warmup", absl::StrCat(warmup)}};
         const char* pass = backward ? "fwd+bwd" : "fwd";
         const Measured base = Launch("backend", 1, args, absl::Seconds(300));
-        const double base_tflops = base.ms > 0 ? flops(shard, causal, backward) / (base.ms * 1e9) : 0;
+        const double base_tflops =
+            base.ms > 0 ? flops(shard, causal, backward) / (base.ms * 1e9) : 0;
         std::printf("backend %s causal=%d N=%lld: %.3f ms, %.1f TFLOP/s %s\n", pass, causal,
                     static_cast<long long>(shard), base.ms, base_tflops,
                     base.ok ? "" : base.error.c_str());
         failed = failed || !base.ok;
         table.push_back(absl::StrFormat(
-            "| %s | %d | 1 GPU backend | %.3f | %.1f | 1.000 | %.0f | %.0f | 1.000 | %.0f | 0 |", pass,
-            causal, base.ms, base_tflops, Mib(base.rank_bytes), Mib(base.rank_bytes),
+            "| %s | %d | 1 GPU backend | %.3f | %.1f | 1.000 | %.0f | %.0f | 1.000 | %.0f | 0 |",
+            pass, causal, base.ms, base_tflops, Mib(base.rank_bytes), Mib(base.rank_bytes),
             Mib(base.used_bytes)));
-        csv_rows.push_back(absl::StrFormat("%s,%d,backend,1,%.4f,%.2f,1.0,%lld,%lld,%lld", pass,
-                                           causal, base.ms, base_tflops,
-                                           static_cast<long long>(base.rank_bytes),
-                                           static_cast<long long>(base.rank_bytes),
-                                           static_cast<long long>(base.used_bytes)));
+        csv_rows.push_back(absl::StrFormat(
+            "%s,%d,backend,1,%.4f,%.2f,1.0,%lld,%lld,%lld", pass, causal, base.ms, base_tflops,
+            static_cast<long long>(base.rank_bytes), static_cast<long long>(base.rank_bytes),
+            static_cast<long long>(base.used_bytes)));
         for (int p : ranks) {
           if (p > gpus) {
             table.push_back(absl::StrFormat("| %s | %d | %d | not run: %d GPUs | | | | | | | |",
@@ -559,9 +568,9 @@ int main(int argc, char** argv) {
                       m.ok ? "ok" : m.error.c_str());
           failed = failed || !m.ok;
           if (!backward) {
-            breakdown.push_back(absl::StrFormat("| %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |",
-                                                causal, p, m.ms, m.nocheck_ms, m.begin_ms,
-                                                m.local_ms, m.end_ms, base.ms));
+            breakdown.push_back(
+                absl::StrFormat("| %d | %d | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f |", causal, p,
+                                m.ms, m.nocheck_ms, m.begin_ms, m.local_ms, m.end_ms, base.ms));
           }
           table.push_back(absl::StrFormat(
               "| %s | %d | %d | %.3f | %.1f | %.3f | %.0f | %.0f%s | %.3f | %.0f | %lld |", pass,
@@ -581,13 +590,15 @@ int main(int argc, char** argv) {
   if (longest) {
     const int p = std::min(gpus, ranks.empty() ? 4 : *std::max_element(ranks.begin(), ranks.end()));
     for (int64_t len : longest_shards) {
-      std::map<std::string, std::string> args = {
-          {"shard", absl::StrCat(len)}, {"causal", "0"}, {"backward", "0"},
-          {"iters", "1"},               {"warmup", "1"}};
+      std::map<std::string, std::string> args = {{"shard", absl::StrCat(len)},
+                                                 {"causal", "0"},
+                                                 {"backward", "0"},
+                                                 {"iters", "1"},
+                                                 {"warmup", "1"}};
       const Measured m = Launch("ring", p, args, absl::Seconds(300));
       const std::string line = absl::StrFormat(
-          "| longest fwd | P=%d | N=%lld (%lld per GPU) | %s | %.1f ms | used %.0f MiB per rank |", p,
-          static_cast<long long>(len * p), static_cast<long long>(len),
+          "| longest fwd | P=%d | N=%lld (%lld per GPU) | %s | %.1f ms | used %.0f MiB per rank |",
+          p, static_cast<long long>(len * p), static_cast<long long>(len),
           m.ok ? "ran, finite" : "FAILED", m.ms, Mib(m.used_bytes));
       std::printf("%s %s\n", line.c_str(), m.ok ? "" : m.error.c_str());
       table.push_back(line);
@@ -596,8 +607,9 @@ int main(int argc, char** argv) {
   }
   if (!csv.empty()) {
     if (FILE* f = std::fopen(csv.c_str(), "w")) {
-      std::fprintf(f, "pass,causal,kind,P,ms,tflops_per_gpu,efficiency,rank_bytes,single_bytes_per_p,"
-                      "used_bytes\n");
+      std::fprintf(f,
+                   "pass,causal,kind,P,ms,tflops_per_gpu,efficiency,rank_bytes,single_bytes_per_p,"
+                   "used_bytes\n");
       for (const std::string& r : csv_rows) std::fprintf(f, "%s\n", r.c_str());
       std::fclose(f);
     }

@@ -1,6 +1,6 @@
 // What the ring driver needs from a device: block attention with log-sum-exp merging, its backward,
-// and packing of dilated rows. One implementation per device (CPU: cpu_block_kernels.h; CUDA: to be
-// written on top of engine/cuda's kernels), so the ring driver (ring_attention.h) is
+// and packing of dilated rows. One implementation per device (CPU: cpu_block_kernels.h; CUDA:
+// cuda_block_kernels.h, on top of engine/cuda's kernels), so the ring driver (ring_attention.h) is
 // device-agnostic.
 //
 // The ring keeps the running result in the caller's own output tensors: `out` holds the merged,

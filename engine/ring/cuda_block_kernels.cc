@@ -35,7 +35,6 @@ constexpr int64_t kMaxSpanElements = (int64_t{1} << 31) - 1;
 // The modeled cuDNN plan workspace per call (engine/cuda/block_calls.h), for chunking.
 constexpr int64_t kAlign = 256;
 
-
 ElemType ElemTypeOf(DType dtype) {
   switch (dtype) {
     case DType::kFloat16:
@@ -188,9 +187,8 @@ class Scratch {
         &p, static_cast<size_t>(std::max<int64_t>(bytes, 1)), pool_, stream_);
     if (e != cudaSuccess) {
       cudaGetLastError();
-      return absl::ResourceExhaustedError(absl::StrCat("ring: cannot take ", bytes,
-                                                       " bytes of device scratch: ",
-                                                       cudaGetErrorString(e)));
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "ring: cannot take ", bytes, " bytes of device scratch: ", cudaGetErrorString(e)));
     }
     ptrs_.push_back(p);
     return static_cast<char*>(p);
@@ -205,8 +203,7 @@ class Scratch {
 class CudaBlockKernelsImpl final : public CudaBlockKernels {
  public:
   CudaBlockKernelsImpl(const CudaBlockKernelOptions& options, cudaStream_t stream, bool owns_stream,
-                       cudaMemPool_t pool, cudaEvent_t event,
-                       std::unique_ptr<cuda::CudnnSdpa> sdpa)
+                       cudaMemPool_t pool, cudaEvent_t event, std::unique_ptr<cuda::CudnnSdpa> sdpa)
       : options_(options),
         caps_(CudaBackendCaps()),
         stream_(stream),
@@ -257,9 +254,9 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
         &p, static_cast<size_t>(std::max<int64_t>(bytes, 1)), pool_, stream_);
     if (e != cudaSuccess) {
       cudaGetLastError();
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "ring: cannot allocate ", bytes, " bytes on cuda:", options_.device,
-          " for ring buffers: ", cudaGetErrorString(e)));
+      return absl::ResourceExhaustedError(
+          absl::StrCat("ring: cannot allocate ", bytes, " bytes on cuda:", options_.device,
+                       " for ring buffers: ", cudaGetErrorString(e)));
     }
     return p;
   }
@@ -309,9 +306,8 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     }
     DATTN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(
         args.out.data, 0, args.out.NumElements() * DTypeSize(geo.dtype()), stream_));
-    DATTN_CUDA_RETURN_IF_ERROR(cudak::LaunchFillF32(lse, args.lse.NumElements(),
-                                                    -std::numeric_limits<float>::infinity(),
-                                                    stream_));
+    DATTN_CUDA_RETURN_IF_ERROR(cudak::LaunchFillF32(
+        lse, args.lse.NumElements(), -std::numeric_limits<float>::infinity(), stream_));
     return absl::OkStatus();
   }
 
@@ -338,12 +334,12 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
       return absl::OkStatus();
     }
     // Unselected rows are zero: scaling every row is the same.
-    RowMap all = PackedRows(0, 1, args.out.NumElements() / geo.shape().head_dim,
-                            geo.shape().head_dim);
-    DATTN_CUDA_RETURN_IF_ERROR(cudak::LaunchCopyRows(
-        args.out.data, et, all, args.out.data, et, all, 1, 1,
-        args.out.NumElements() / geo.shape().head_dim, geo.shape().head_dim, scale, false,
-        stream_));
+    RowMap all =
+        PackedRows(0, 1, args.out.NumElements() / geo.shape().head_dim, geo.shape().head_dim);
+    DATTN_CUDA_RETURN_IF_ERROR(cudak::LaunchCopyRows(args.out.data, et, all, args.out.data, et, all,
+                                                     1, 1,
+                                                     args.out.NumElements() / geo.shape().head_dim,
+                                                     geo.shape().head_dim, scale, false, stream_));
     return absl::OkStatus();
   }
 
@@ -383,9 +379,8 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     (void)geo;
     DeviceScope scope;
     DATTN_RETURN_IF_ERROR(scope.Enter(options_.device));
-    DATTN_CUDA_RETURN_IF_ERROR(cudak::LaunchAddF32(static_cast<float*>(dst),
-                                                   static_cast<const float*>(src), elements,
-                                                   stream_));
+    DATTN_CUDA_RETURN_IF_ERROR(cudak::LaunchAddF32(
+        static_cast<float*>(dst), static_cast<const float*>(src), elements, stream_));
     return absl::OkStatus();
   }
 
@@ -439,8 +434,8 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
       }
       if (absl::Now() >= deadline) {
         return absl::DeadlineExceededError(absl::StrCat(
-            "ring kernels on cuda:", options_.device, ": ", what, ": the stream did not drain within ",
-            absl::FormatDuration(options_.sync_timeout),
+            "ring kernels on cuda:", options_.device, ": ", what,
+            ": the stream did not drain within ", absl::FormatDuration(options_.sync_timeout),
             " (is a peer of the ring dead or stuck?)"));
       }
       absl::SleepFor(absl::Microseconds(10));
@@ -650,8 +645,8 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
         v.push_back(ViewTensor(*t, c, l));
       }
     } else {
-      for (const TensorView* t : {&bwd->q, &bwd->k, &bwd->v, &bwd->out, &bwd->dout, &bwd->dq,
-                                  &bwd->dk, &bwd->dv}) {
+      for (const TensorView* t :
+           {&bwd->q, &bwd->k, &bwd->v, &bwd->out, &bwd->dout, &bwd->dq, &bwd->dk, &bwd->dv}) {
         v.push_back(ViewTensor(*t, c, l));
       }
     }
@@ -675,10 +670,10 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
                               : cuda::DefaultWorkspaceLimit(dims, geo.dtype(), backward);
     BlockCall one = call;
     one.count = 1;
-    const int64_t per_block = std::max<int64_t>(
-        1, cuda::LayoutCallScratch(one, role, backward, cudnn, geo.dtype(), s.head_dim, kAlign,
-                                   scaled_out)
-               .total);
+    const int64_t per_block =
+        std::max<int64_t>(1, cuda::LayoutCallScratch(one, role, backward, cudnn, geo.dtype(),
+                                                     s.head_dim, kAlign, scaled_out)
+                                 .total);
     int64_t chunk = std::max<int64_t>(1, limit / per_block);
     if (cudnn) {
       const std::vector<KernelTensor> views = LocalViews(fwd, bwd, one, l);
@@ -743,8 +738,8 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     a.q_strides = StridesOf(q);
     a.k_strides = StridesOf(k);
     a.v_strides = StridesOf(v);
-    a.o_strides = merge ? StridesOf(PackedTensor(nullptr, c.group.heads, c.rows, s.head_dim))
-                        : StridesOf(o);
+    a.o_strides =
+        merge ? StridesOf(PackedTensor(nullptr, c.group.heads, c.rows, s.head_dim)) : StridesOf(o);
     a.q = q.ptr;
     a.k = k.ptr;
     a.v = v.ptr;
@@ -853,10 +848,9 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
         NoteFallback(ws.status());
       }
     }
-    const CallScratch layout =
-        cuda::LayoutCallScratch(c, role, true, cudnn, dtype, s.head_dim,
-                                cudnn ? std::max<int64_t>(library, 1) : 0,
-                                cudnn && scaled_out_needed);
+    const CallScratch layout = cuda::LayoutCallScratch(c, role, true, cudnn, dtype, s.head_dim,
+                                                       cudnn ? std::max<int64_t>(library, 1) : 0,
+                                                       cudnn && scaled_out_needed);
     Scratch scratch(pool_, stream_);
     absl::StatusOr<char*> ws = scratch.Take(layout.total);
     if (!ws.ok()) return ws.status();
@@ -865,8 +859,8 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     const int64_t tile_bytes = c.count * c.group.heads * c.rows * s.head_dim * esize;
     if (merge) {
       for (int i = 0; i < 3; ++i) {
-        grads[i] = PackedTensor(*ws + layout.tile + i * tile_bytes, c.group.heads, c.rows,
-                                s.head_dim);
+        grads[i] =
+            PackedTensor(*ws + layout.tile + i * tile_bytes, c.group.heads, c.rows, s.head_dim);
       }
     }
     float* stats = reinterpret_cast<float*>(*ws + layout.stats);
@@ -875,9 +869,8 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
                                                        stats, lse_add, rows, space, stream_));
     if (cudnn) {
       if (scaled_out_needed) {
-        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchGatherRows(args.out.data, *ws + layout.out_tile,
-                                                          static_cast<float>(g), et, rows, space,
-                                                          stream_));
+        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchGatherRows(
+            args.out.data, *ws + layout.out_tile, static_cast<float>(g), et, rows, space, stream_));
         a.o = *ws + layout.out_tile;
       }
       a.dq = grads[0].ptr;
@@ -913,9 +906,8 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     }
     ++stats_.local_calls;
     if (merge) {
-      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAccumulateTiles(*ws + layout.tile, args.dq.data,
-                                                             args.dk.data, args.dv.data, et, rows,
-                                                             space, stream_));
+      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAccumulateTiles(
+          *ws + layout.tile, args.dq.data, args.dk.data, args.dv.data, et, rows, space, stream_));
     }
     return absl::OkStatus();
   }
@@ -1033,9 +1025,9 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     if (c.pad() > c.nq) {
       DATTN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(tile, 0, b * k * c.pad() * d * esize, stream_));
     }
-    DATTN_CUDA_RETURN_IF_ERROR(cudak::LaunchCopyRows(
-        src.data, et, ShardRows(geo, src, c, c.p_q), tile, et, PackedRows(0, k, c.pad(), d), b, k,
-        c.nq, d, scale, false, stream_));
+    DATTN_CUDA_RETURN_IF_ERROR(cudak::LaunchCopyRows(src.data, et, ShardRows(geo, src, c, c.p_q),
+                                                     tile, et, PackedRows(0, k, c.pad(), d), b, k,
+                                                     c.nq, d, scale, false, stream_));
     return absl::OkStatus();
   }
 
@@ -1071,16 +1063,16 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     const RowMap out_map = ShardRows(geo, args.out, c, c.p_q);
     DATTN_CUDA_RETURN_IF_ERROR(cudak::LaunchMergeRows(
         *ot, PackedRows(0, k, pad, d), reinterpret_cast<float*>(*st), StatsMap{b, k, c.nk},
-        args.out.data, out_map, static_cast<float*>(args.lse.data), LseRows(geo, c), et, b, k,
-        c.nq, d, c.direct, stream_));
+        args.out.data, out_map, static_cast<float*>(args.lse.data), LseRows(geo, c), et, b, k, c.nq,
+        d, c.direct, stream_));
     return absl::OkStatus();
   }
 
   // One square forward call: cuDNN where it takes the graph, the own kernel otherwise.
   absl::Status AttendForward(DType dtype, int64_t count, int64_t heads, int64_t rows, int64_t d,
-                             bool causal, float scale, const KernelTensor& q,
-                             const KernelTensor& k, const KernelTensor& v, const KernelTensor& o,
-                             float* stats, Scratch& scratch) {
+                             bool causal, float scale, const KernelTensor& q, const KernelTensor& k,
+                             const KernelTensor& v, const KernelTensor& o, float* stats,
+                             Scratch& scratch) {
     if (sdpa_ != nullptr && IsHalf(dtype) && CudnnReadable(q) && CudnnReadable(k) &&
         CudnnReadable(v) && CudnnReadable(o)) {
       cuda::SdpaForwardArgs a;
@@ -1157,10 +1149,10 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
         GatherTile(geo, args.out, c, grouped ? static_cast<float>(g) : 1.0f, *ot));
     float* stats = reinterpret_cast<float*>(*st);
     if (pad > c.nq) DATTN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(stats, 0, b * k * pad * 4, stream_));
-    DATTN_CUDA_RETURN_IF_ERROR(cudak::LaunchGatherLse(
-        static_cast<const float*>(args.lse.data), LseRows(geo, c),
-        grouped ? std::log(static_cast<float>(g)) : 0.0f, stats, StatsMap{b, k, c.nk}, b, k, c.nq,
-        stream_));
+    DATTN_CUDA_RETURN_IF_ERROR(
+        cudak::LaunchGatherLse(static_cast<const float*>(args.lse.data), LseRows(geo, c),
+                               grouped ? std::log(static_cast<float>(g)) : 0.0f, stats,
+                               StatsMap{b, k, c.nk}, b, k, c.nq, stream_));
     const KernelTensor kv_k = BlockView(c, 0, d, esize), kv_v = BlockView(c, 1, d, esize);
     for (int64_t t = 0; t < chunks; ++t) {
       const int64_t shift = t * c.nk * d;
@@ -1174,8 +1166,7 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
       v.dk = PackedTensor(*dkt + t * block_tile, k, c.nk, d);
       v.dv = PackedTensor(*dvt + t * block_tile, k, c.nk, d);
       DATTN_RETURN_IF_ERROR(AttendBackward(dtype, b, k, c.nk, d, c.masked, scale, v,
-                                           stats + t * b * k * c.nk,
-                                           reinterpret_cast<float*>(*sum),
+                                           stats + t * b * k * c.nk, reinterpret_cast<float*>(*sum),
                                            reinterpret_cast<float*>(*acc), scratch));
     }
     if (pad != c.nq || chunks > 1) ++stats_.padded_calls;
@@ -1195,9 +1186,9 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
           dst.sb = c.kv_batch;
           dst.sk = c.nk * d;
           dst.si = d;
-          DATTN_CUDA_RETURN_IF_ERROR(cudak::LaunchCopyRows(
-              src + t * block_tile, et, PackedRows(0, k, c.nk, d), c.dkv, ElemType::kF32, dst, b,
-              k, c.nk, d, 1.0f, !assign, stream_));
+          DATTN_CUDA_RETURN_IF_ERROR(
+              cudak::LaunchCopyRows(src + t * block_tile, et, PackedRows(0, k, c.nk, d), c.dkv,
+                                    ElemType::kF32, dst, b, k, c.nk, d, 1.0f, !assign, stream_));
         } else {
           const TensorView& own = part == 0 ? args.dk : args.dv;
           DATTN_CUDA_RETURN_IF_ERROR(cudak::LaunchCopyRows(
@@ -1303,8 +1294,8 @@ absl::StatusOr<std::unique_ptr<CudaBlockKernels>> NewCudaBlockKernels(
                                                cudaGetErrorName(probe), "), ", count, " devices"));
   }
   if (options.device < 0 || options.device >= count) {
-    return absl::UnavailableError(absl::StrCat("CUDA device ", options.device,
-                                               " does not exist; this machine has ", count));
+    return absl::UnavailableError(
+        absl::StrCat("CUDA device ", options.device, " does not exist; this machine has ", count));
   }
   cudaDeviceProp props;
   DATTN_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, options.device));
@@ -1348,7 +1339,7 @@ absl::StatusOr<std::unique_ptr<CudaBlockKernels>> NewCudaBlockKernels(
     sdpa = std::move(*made);
   }
   auto kernels = std::make_unique<CudaBlockKernelsImpl>(options, r.stream, r.owns_stream, r.pool,
-                                                         r.event, std::move(sdpa));
+                                                        r.event, std::move(sdpa));
   r = Partial();  // now owned by the kernels
   return std::unique_ptr<CudaBlockKernels>(std::move(kernels));
 }

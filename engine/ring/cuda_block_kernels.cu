@@ -1,8 +1,8 @@
 // Memory-bound kernels of the ring's CUDA block kernels (contracts in cuda_block_kernels_launch.h).
 //
-// Two kinds. The row movers (CopyRows, MergeRows, GatherLse) serve packed blocks and the query tiles
-// of segments shared by several ranks: O((N/P)/r) rows per pattern, a small fraction of the shard,
-// so they are plain grid-stride loops with 64-bit index arithmetic. The fills (InitRows,
+// Two kinds. The row movers (CopyRows, MergeRows, GatherLse) serve packed blocks and the query
+// tiles of segments shared by several ranks: O((N/P)/r) rows per pattern, a small fraction of the
+// shard, so they are plain grid-stride loops with 64-bit index arithmetic. The fills (InitRows,
 // ScaleSelected) sweep whole shards (2 GiB per tensor at 2^20 tokens, H = 16, D = 64, bf16), so
 // they move rows with 16-byte vectors by lane groups, and one lane per row decides (32-bit
 // divisions) and broadcasts the decision with a shuffle.
@@ -57,7 +57,8 @@ __device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) {
 }
 
 int BlocksFor(int64_t work) {
-  return static_cast<int>(std::max<int64_t>(1, std::min(kMaxBlocks, (work + kThreads - 1) / kThreads)));
+  return static_cast<int>(
+      std::max<int64_t>(1, std::min(kMaxBlocks, (work + kThreads - 1) / kThreads)));
 }
 
 __device__ __forceinline__ int64_t Offset(const RowMap& m, int64_t b, int64_t k, int64_t i) {
@@ -259,8 +260,8 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ unsigned char act[kFastPositions * kFastMaxHeads];
   const int64_t b = blockIdx.x / chunks;
   const int64_t p0 = (blockIdx.x - b * chunks) * kFastPositions;
-  const int npos = static_cast<int>(
-      p0 + kFastPositions <= P.shard_len ? kFastPositions : P.shard_len - p0);
+  const int npos =
+      static_cast<int>(p0 + kFastPositions <= P.shard_len ? kFastPositions : P.shard_len - p0);
   const int heads = P.heads;
   for (int idx = threadIdx.x; idx < heads * kFastPositions; idx += kThreads) {
     const int h = idx / kFastPositions, pl = idx - h * kFastPositions;
@@ -311,19 +312,20 @@ cudaError_t LaunchRows(void* x, float* lse, const FillParams& params, float scal
   const int units = vec ? params.dim / static_cast<int>(16 / sizeof(T)) : params.dim;
   if (vec && params.heads <= kFastMaxHeads && kThreads % (params.heads * units) == 0) {
     const int64_t chunks = (params.shard_len + kFastPositions - 1) / kFastPositions;
-    RowsFastKernel<T, kScale><<<static_cast<unsigned>(params.batch * chunks), kThreads, 0, stream>>>(
-        static_cast<T*>(x), lse, params, scale, chunks);
+    RowsFastKernel<T, kScale>
+        <<<static_cast<unsigned>(params.batch * chunks), kThreads, 0, stream>>>(
+            static_cast<T*>(x), lse, params, scale, chunks);
     return cudaGetLastError();
   }
   const int group = std::min(32, NextPow2(std::max(1, units)));
   const int64_t lanes = total * group;
   const int blocks = BlocksFor(lanes);
   if (vec) {
-    RowsKernel<T, true, kScale><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(x), lse, params,
-                                                                  scale, group, total);
+    RowsKernel<T, true, kScale>
+        <<<blocks, kThreads, 0, stream>>>(static_cast<T*>(x), lse, params, scale, group, total);
   } else {
-    RowsKernel<T, false, kScale><<<blocks, kThreads, 0, stream>>>(static_cast<T*>(x), lse, params,
-                                                                   scale, group, total);
+    RowsKernel<T, false, kScale>
+        <<<blocks, kThreads, 0, stream>>>(static_cast<T*>(x), lse, params, scale, group, total);
   }
   return cudaGetLastError();
 }

@@ -5,10 +5,10 @@
 // types), and engine/cuda/attention_kernels.h's own kernel for fp32 and for anything cuDNN will not
 // take. Two ways in:
 //   - Segments whose selected rows all lie on this rank ("local") are batched attentions over
-//     strided views of the shards, exactly as the single-GPU backend cuts them (full segments folded
-//     into one call, chunked to a workspace limit and to cuDNN's 2^31-element views). Grouped mode
-//     writes out / lse (backward: dq, dk, dv) in place, since such a row has no other contribution;
-//     mixture mode writes a tile that is merged by log-sum-exp (backward: added).
+//     strided views of the shards, exactly as the single-GPU backend cuts them (full segments
+//     folded into one call, chunked to a workspace limit and to cuDNN's 2^31-element views).
+//     Grouped mode writes out / lse (backward: dq, dk, dv) in place, since such a row has no other
+//     contribution; mixture mode writes a tile that is merged by log-sum-exp (backward: added).
 //   - Segments shared with other ranks: this rank's query rows of the chunk are gathered into a
 //     packed tile (dO and G * out too, backward) and attend the packed K/V block (the received one,
 //     or this rank's own chunk packed on the spot) as one square call: cuDNN's graphs take one

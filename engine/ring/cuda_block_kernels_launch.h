@@ -2,8 +2,8 @@
 // dilated rows between a rank's (B, L, H, D) shards and packed blocks or tiles, merging a block's
 // partial result into out/lse by log-sum-exp, and the fills of BeginForward / BeginBackward /
 // EndForward. Attention itself is cuDNN's (engine/cuda/cudnn_sdpa.h) or the CUDA backend's own
-// kernel (engine/cuda/attention_kernels.h); the strided-view helpers of engine/cuda/dilated_kernels.h
-// serve the local segments.
+// kernel (engine/cuda/attention_kernels.h); the strided-view helpers of
+// engine/cuda/dilated_kernels.h serve the local segments.
 //
 // Internal to engine/ring (no absl, so that nvcc and the host compiler both include it). Launchers
 // enqueue on `stream`, return the launch's cudaError_t (cudaSuccess for empty work) and never
@@ -69,9 +69,9 @@ cudaError_t LaunchAddF32(float* dst, const float* src, int64_t n, cudaStream_t s
 cudaError_t LaunchFillF32(float* dst, int64_t n, float value, cudaStream_t stream);
 
 // Grouped mode's row classes on one rank. Pattern p's heads [head_begin, head_end) select global
-// positions g with (g mod w) >= o and ((g mod w) - o) mod r == 0. Rows in `chunk` ranges (shard-local
-// positions of the segments whose rows several ranks hold) are accumulated by the ring, every
-// other selected row is written once. All values fit 32 bits (the caller checks).
+// positions g with (g mod w) >= o and ((g mod w) - o) mod r == 0. Rows in `chunk` ranges
+// (shard-local positions of the segments whose rows several ranks hold) are accumulated by the
+// ring, every other selected row is written once. All values fit 32 bits (the caller checks).
 constexpr int kMaxFillPatterns = 16;
 struct FillPattern {
   int32_t head_begin = 0;
@@ -99,8 +99,8 @@ cudaError_t LaunchInitRows(void* x, cuda::ElemType type, float* lse, const FillP
                            cudaStream_t stream);
 
 // Selected rows of x *= scale. Bytes: reads and writes the selected rows.
-cudaError_t LaunchScaleSelected(void* x, cuda::ElemType type, const FillParams& params,
-                                float scale, cudaStream_t stream);
+cudaError_t LaunchScaleSelected(void* x, cuda::ElemType type, const FillParams& params, float scale,
+                                cudaStream_t stream);
 
 }  // namespace cudak
 }  // namespace ring

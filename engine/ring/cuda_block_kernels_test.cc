@@ -101,10 +101,9 @@ class CudaBlockKernelsTest : public ::testing::Test {
               n.kv = std::make_unique<DeviceBuffer>(e * esize);
               n.dkv = std::make_unique<DeviceBuffer>(e * 4);
               ASSERT_TRUE(n.kv->ok() && n.dkv->ok());
-              ASSERT_TRUE(kernels
-                              .PackKv(ranks[o].geo, i, m, ranks[o].k.view, ranks[o].v.view,
-                                      n.kv->get())
-                              .ok());
+              ASSERT_TRUE(
+                  kernels.PackKv(ranks[o].geo, i, m, ranks[o].k.view, ranks[o].v.view, n.kv->get())
+                      .ok());
             }
             needs[r].push_back(std::move(n));
           }
@@ -137,16 +136,15 @@ class CudaBlockKernelsTest : public ::testing::Test {
       std::vector<BlockTask> tasks;
       for (Need& n : needs[r]) {
         const bool own = n.origin == r;
-        tasks.push_back({n.pattern, n.segment, n.segment + 1, n.origin,
-                         own ? nullptr : n.kv->get(), own ? nullptr : n.dkv->get(), !own});
+        tasks.push_back({n.pattern, n.segment, n.segment + 1, n.origin, own ? nullptr : n.kv->get(),
+                         own ? nullptr : n.dkv->get(), !own});
       }
       absl::Status s = kernels.Backward(rk.geo, bwd_args(rk), tasks);
       ASSERT_TRUE(s.ok()) << s;
       for (Need& n : needs[r]) {
         if (n.origin == r) continue;
         Rank& owner = ranks[n.origin];
-        s = kernels.AddPackedToOwn(owner.geo, n.pattern, n.segment, n.dkv->get(),
-                                   bwd_args(owner));
+        s = kernels.AddPackedToOwn(owner.geo, n.pattern, n.segment, n.dkv->get(), bwd_args(owner));
         ASSERT_TRUE(s.ok()) << s;
       }
     }

@@ -256,8 +256,9 @@ void RunRanks(int p, const std::string& cases) {
       if (at != std::string::npos) {
         const size_t line = r.log.rfind('\n', at);
         const size_t end = r.log.find('\n', at);
-        std::fprintf(stderr, "%s\n",
-                     r.log.substr(line == std::string::npos ? 0 : line + 1, end - line - 1).c_str());
+        std::fprintf(
+            stderr, "%s\n",
+            r.log.substr(line == std::string::npos ? 0 : line + 1, end - line - 1).c_str());
       }
     }
   }

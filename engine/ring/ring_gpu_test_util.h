@@ -1,7 +1,7 @@
 // Shared pieces of the ring's GPU tests (cuda_block_kernels_test, ring_attention_gpu_test): device
 // tensors made from host values, poisoned outputs, the spec's tolerances per dtype, and the GPU
-// cases (ring_test_util.h's standard cases in fp32 / fp16 / bf16, plus larger bf16 / fp16 ones whose
-// blocks are wide enough for cuDNN's batched and padded calls). Testing only.
+// cases (ring_test_util.h's standard cases in fp32 / fp16 / bf16, plus larger bf16 / fp16 ones
+// whose blocks are wide enough for cuDNN's batched and padded calls). Testing only.
 #ifndef DATTN_ENGINE_RING_RING_GPU_TEST_UTIL_H_
 #define DATTN_ENGINE_RING_RING_GPU_TEST_UTIL_H_
 

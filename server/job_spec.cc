@@ -336,56 +336,6 @@ absl::StatusOr<v1::Tensor> AssembleOutput(const AttentionJobInfo& info,
   return out;
 }
 
-absl::StatusOr<DType> ToEngineDType(v1::DType dtype, const std::string& field) {
-  switch (dtype) {
-    case v1::DTYPE_FP16:
-      return DType::kFloat16;
-    case v1::DTYPE_BF16:
-      return DType::kBFloat16;
-    case v1::DTYPE_FP32:
-      return DType::kFloat32;
-    case v1::DTYPE_FP64:
-      return DType::kFloat64;
-    default:
-      return Invalid(field, absl::StrCat("unknown value ", static_cast<int>(dtype),
-                                         " (choose fp16, bf16, fp32 or fp64)"));
-  }
-}
-
-absl::StatusOr<AttentionSpec> ToEngineSpec(const v1::AttentionSpec& spec, const std::string& path) {
-  AttentionSpec out;
-  out.segment_lengths.assign(spec.segment_lengths().begin(), spec.segment_lengths().end());
-  out.dilation_rates.assign(spec.dilation_rates().begin(), spec.dilation_rates().end());
-  if (spec.has_scale()) out.scale = spec.scale();
-  out.causal = spec.causal();
-  switch (spec.mode()) {
-    case v1::ATTENTION_MODE_UNSPECIFIED:
-    case v1::ATTENTION_MODE_GROUPED:
-      out.mode = AttentionMode::kGrouped;
-      break;
-    case v1::ATTENTION_MODE_MIXTURE:
-      out.mode = AttentionMode::kMixture;
-      break;
-    default:
-      return Invalid(path + ".mode", absl::StrCat("unknown value ", static_cast<int>(spec.mode()),
-                                                  " (choose GROUPED or MIXTURE)"));
-  }
-  switch (spec.head_offsets()) {
-    case v1::HEAD_OFFSETS_UNSPECIFIED:
-    case v1::HEAD_OFFSETS_MODULO:
-      out.head_offsets = HeadOffsets::kModulo;
-      break;
-    case v1::HEAD_OFFSETS_BLOCKED:
-      out.head_offsets = HeadOffsets::kBlocked;
-      break;
-    default:
-      return Invalid(path + ".head_offsets",
-                     absl::StrCat("unknown value ", static_cast<int>(spec.head_offsets()),
-                                  " (choose MODULO or BLOCKED)"));
-  }
-  return out;
-}
-
 absl::StatusOr<AttentionJobInfo> ValidateSubmitJobRequest(const v1::SubmitJobRequest& request) {
   const std::string& key = request.idempotency_key();
   if (key.empty() || key.size() > kMaxIdempotencyKeyLength) {

@@ -22,6 +22,7 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "api/engine_convert.h"
 #include "dattn/v1/job.pb.h"
 #include "dattn/v1/job_service.pb.h"
 #include "engine/attention_spec.h"
@@ -72,11 +73,9 @@ struct AttentionJobInfo {
   std::vector<DeviceVariant> variants;
 };
 
-// The engine's dtype for an API dtype, or INVALID_ARGUMENT naming `field` and the value.
-absl::StatusOr<DType> ToEngineDType(v1::DType dtype, const std::string& field);
-// The engine's spec for an API spec (enum conversion only; validation is separate), or
-// INVALID_ARGUMENT for enum values outside the API's, naming the field under `path`.
-absl::StatusOr<AttentionSpec> ToEngineSpec(const v1::AttentionSpec& spec, const std::string& path);
+// v1 <-> engine conversions (api/engine_convert.h), shared with the workers.
+using api::ToEngineDType;
+using api::ToEngineSpec;
 
 // Checks every field of a submit request (key, name, tenant, priority, the attention work) and
 // derives the job's info. See the top of this file for the errors.

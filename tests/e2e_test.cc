@@ -1,6 +1,6 @@
-// End-to-end tests of the control plane: the real dattn-coordinator, dattn-worker and dattn binaries
-// on loopback, driven through the CLI and raw gRPC. Each test builds its own cluster (own data dir,
-// ephemeral ports), so tests are independent and may run in parallel.
+// End-to-end tests of the control plane: the real dattn-coordinator, dattn-worker and dattn
+// binaries on loopback, driven through the CLI and raw gRPC. Each test builds its own cluster (own
+// data dir, ephemeral ports), so tests are independent and may run in parallel.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
@@ -29,16 +29,23 @@ using std::chrono::seconds;
 // A job small enough for a few milliseconds per step on one CPU thread.
 std::vector<std::string> SmallJobFlags(const std::string& pass = "fwd-bwd", int seed = 7,
                                        int iterations = 1) {
-  return {"--seq-len=96",  "--heads=3", "--head-dim=8", "--segments=16,32", "--rates=1,2",
-          "--dtype=fp64", "--pass=" + pass, "--seed=" + std::to_string(seed),
+  return {"--seq-len=96",
+          "--heads=3",
+          "--head-dim=8",
+          "--segments=16,32",
+          "--rates=1,2",
+          "--dtype=fp64",
+          "--pass=" + pass,
+          "--seed=" + std::to_string(seed),
           "--iterations=" + std::to_string(iterations)};
 }
 
 // A job that runs for many seconds (cancel and kill tests): a long sequence, many iterations.
 std::vector<std::string> LongJobFlags(int iterations = 100000) {
-  return {"--seq-len=8192", "--heads=4",        "--head-dim=64",  "--segments=1024,2048",
-          "--rates=1,2",    "--dtype=fp32",     "--pass=fwd-bwd",
-          "--iterations=" + std::to_string(iterations)};
+  return {"--seq-len=8192", "--heads=4",
+          "--head-dim=64",  "--segments=1024,2048",
+          "--rates=1,2",    "--dtype=fp32",
+          "--pass=fwd-bwd", "--iterations=" + std::to_string(iterations)};
 }
 
 std::string JobIdFrom(const std::string& text) {
@@ -242,8 +249,8 @@ TEST_F(E2E, IdempotentResubmit) {
   EXPECT_EQ(resp.jobs_size(), 1);
 }
 
-// kill -9 of the coordinator with queued and running jobs: after a restart on the same data dir every
-// acknowledged job is there, and all of them finish.
+// kill -9 of the coordinator with queued and running jobs: after a restart on the same data dir
+// every acknowledged job is there, and all of them finish.
 TEST_F(E2E, CoordinatorKill9LosesNothing) {
   StartCluster(1);
   const std::string running = Submit(LongJobFlags());
@@ -311,8 +318,8 @@ TEST_F(E2E, WorkerKill9IsRecordedAndRecovered) {
   EXPECT_NE(workers.out.find("DEAD"), std::string::npos) << workers.out;
 }
 
-// Every malformed request class is refused with INVALID_ARGUMENT and a message naming the field; the
-// coordinator stays healthy throughout.
+// Every malformed request class is refused with INVALID_ARGUMENT and a message naming the field;
+// the coordinator stays healthy throughout.
 TEST_F(E2E, MalformedRequestsGetClearErrors) {
   StartCluster(1);
   auto valid = [] {
@@ -339,7 +346,9 @@ TEST_F(E2E, MalformedRequestsGetClearErrors) {
       {"no key", [](auto* r) { r->clear_idempotency_key(); }, "idempotency_key"},
       {"no work", [](auto* r) { r->mutable_spec()->clear_attention(); }, "attention"},
       {"empty segments",
-       [](auto* r) { r->mutable_spec()->mutable_attention()->mutable_attention()->clear_segment_lengths(); },
+       [](auto* r) {
+         r->mutable_spec()->mutable_attention()->mutable_attention()->clear_segment_lengths();
+       },
        "segment"},
       {"zero segment",
        [](auto* r) {
@@ -363,7 +372,9 @@ TEST_F(E2E, MalformedRequestsGetClearErrors) {
        [](auto* r) { r->mutable_spec()->mutable_attention()->mutable_shape()->set_batch(0); },
        "batch"},
       {"no dtype",
-       [](auto* r) { r->mutable_spec()->mutable_attention()->set_dtype(dattn::v1::DTYPE_UNSPECIFIED); },
+       [](auto* r) {
+         r->mutable_spec()->mutable_attention()->set_dtype(dattn::v1::DTYPE_UNSPECIFIED);
+       },
        "dtype"},
       {"H < G",
        [](auto* r) {
@@ -385,9 +396,7 @@ TEST_F(E2E, MalformedRequestsGetClearErrors) {
        },
        "overflow"},
       {"bad scale",
-       [](auto* r) {
-         r->mutable_spec()->mutable_attention()->mutable_attention()->set_scale(-1);
-       },
+       [](auto* r) { r->mutable_spec()->mutable_attention()->mutable_attention()->set_scale(-1); },
        "scale"},
   };
   int index = 0;
@@ -398,8 +407,8 @@ TEST_F(E2E, MalformedRequestsGetClearErrors) {
     grpc::ClientContext ctx;
     dattn::v1::SubmitJobResponse resp;
     grpc::Status s = cluster_->jobs().SubmitJob(&ctx, req, &resp);
-    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << c.name << ": "
-                                                                  << s.error_message();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+        << c.name << ": " << s.error_message();
     EXPECT_NE(s.error_message().find(c.must_mention), std::string::npos)
         << c.name << ": " << s.error_message();
   }
@@ -422,8 +431,8 @@ TEST_F(E2E, MalformedRequestsGetClearErrors) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT) << s.error_message();
   }
   // Bad CLI flags are usage errors naming the flag; nothing is sent.
-  ProcessResult bad = cluster_->Cli({"submit", "--seq-len=abc", "--heads=1", "--head-dim=8",
-                                     "--segments=4", "--rates=1"});
+  ProcessResult bad = cluster_->Cli(
+      {"submit", "--seq-len=abc", "--heads=1", "--head-dim=8", "--segments=4", "--rates=1"});
   EXPECT_EQ(bad.exit_code, 2) << bad.out << bad.err;
   EXPECT_NE(bad.err.find("seq-len"), std::string::npos) << bad.err;
 
@@ -453,10 +462,9 @@ TEST_F(E2E, MetricsPassPromtool) {
   curl.argv = {"/usr/bin/curl", "-sf", "http://" + cluster_->metrics_address() + "/metrics"};
   ProcessResult m = RunCommand(curl, seconds(10));
   ASSERT_EQ(m.exit_code, 0) << m.err;
-  for (const char* family :
-       {"dattn_jobs", "dattn_queue_depth", "dattn_job_duration_seconds",
-        "dattn_job_queue_wait_seconds", "dattn_attention_tokens_total",
-        "dattn_attention_flops_total", "dattn_workers", "dattn_rpc_total"}) {
+  for (const char* family : {"dattn_jobs", "dattn_queue_depth", "dattn_job_duration_seconds",
+                             "dattn_job_queue_wait_seconds", "dattn_attention_tokens_total",
+                             "dattn_attention_flops_total", "dattn_workers", "dattn_rpc_total"}) {
     EXPECT_NE(m.out.find(family), std::string::npos) << family << "\n" << m.out;
   }
   const std::string metrics_file = cluster_->dir() + "/metrics.txt";
@@ -476,8 +484,8 @@ TEST_F(E2E, MetricsPassPromtool) {
 // restart serves the finished job.
 TEST_F(E2E, HealthAndGracefulShutdown) {
   StartCluster(1);
-  std::optional<std::string> worker_health = cluster_->worker(0).WaitForStderr(
-      "health endpoint on ([0-9.]+:[0-9]+)", seconds(10));
+  std::optional<std::string> worker_health =
+      cluster_->worker(0).WaitForStderr("health endpoint on ([0-9.]+:[0-9]+)", seconds(10));
   ASSERT_TRUE(worker_health.has_value()) << cluster_->Logs();
   for (const std::string& address : {cluster_->address(), *worker_health}) {
     auto health = grpc::health::v1::Health::NewStub(

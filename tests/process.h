@@ -1,8 +1,9 @@
-// Child processes for multi-process tests: start a binary, read what it printed, signal it, reap it.
+// Child processes for multi-process tests: start a binary, read what it printed, signal it, reap
+// it.
 //
 // A Process owns one child. Its stdout and stderr go to files under the test's temp dir so that a
-// failing test can print them. The destructor SIGKILLs and reaps a child still running, so a test that
-// fails half-way leaves no stray daemon behind. Not thread-safe; one test thread drives it.
+// failing test can print them. The destructor SIGKILLs and reaps a child still running, so a test
+// that fails half-way leaves no stray daemon behind. Not thread-safe; one test thread drives it.
 #ifndef DATTN_TESTS_PROCESS_H_
 #define DATTN_TESTS_PROCESS_H_
 
@@ -17,18 +18,18 @@
 namespace dattn::testing {
 
 struct ProcessOptions {
-  std::vector<std::string> argv;               // argv[0] is the binary's path.
-  std::map<std::string, std::string> env;      // Added to (or replacing in) the test's environment.
-  std::string log_dir;                         // Where NAME.stdout / NAME.stderr go.
-  std::string name;                            // Used for log file names and messages.
+  std::vector<std::string> argv;           // argv[0] is the binary's path.
+  std::map<std::string, std::string> env;  // Added to (or replacing in) the test's environment.
+  std::string log_dir;                     // Where NAME.stdout / NAME.stderr go.
+  std::string name;                        // Used for log file names and messages.
 };
 
 // The result of a child that ran to completion.
 struct ProcessResult {
-  int exit_code = -1;   // -1 when killed by a signal.
-  int signal = 0;       // The signal that killed it, or 0.
-  std::string out;      // Everything it wrote to stdout.
-  std::string err;      // Everything it wrote to stderr.
+  int exit_code = -1;  // -1 when killed by a signal.
+  int signal = 0;      // The signal that killed it, or 0.
+  std::string out;     // Everything it wrote to stdout.
+  std::string err;     // Everything it wrote to stderr.
 };
 
 class Process {
@@ -51,8 +52,8 @@ class Process {
 
   std::string ReadStdout() const;
   std::string ReadStderr() const;
-  // Polls stderr until it contains a match of the ECMAScript regex `pattern` (returns capture group 1,
-  // or the whole match without groups) or the timeout passes or the child dies (nullopt).
+  // Polls stderr until it contains a match of the ECMAScript regex `pattern` (returns capture group
+  // 1, or the whole match without groups) or the timeout passes or the child dies (nullopt).
   std::optional<std::string> WaitForStderr(const std::string& pattern,
                                            std::chrono::milliseconds timeout);
   const std::string& name() const { return options_.name; }
@@ -65,14 +66,15 @@ class Process {
   std::string stderr_path_;
 };
 
-// Runs a command to completion (stdin closed) and returns what it printed; the child is killed if it
-// outlives `timeout` (exit_code -1, signal SIGKILL).
+// Runs a command to completion (stdin closed) and returns what it printed; the child is killed if
+// it outlives `timeout` (exit_code -1, signal SIGKILL).
 ProcessResult RunCommand(const ProcessOptions& options, std::chrono::milliseconds timeout);
 
 // The test's scratch directory ($TEST_TMPDIR, else /tmp), plus a unique subfolder for `name`.
 std::string MakeTestDir(const std::string& name);
 
-// The absolute path of a data dependency given as a workspace-relative path ("server/dattn-coordinator").
+// The absolute path of a data dependency given as a workspace-relative path
+// ("server/dattn-coordinator").
 std::string RunfilePath(const std::string& workspace_relative);
 
 }  // namespace dattn::testing

@@ -34,6 +34,7 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "api/engine_convert.h"
 #include "dattn/v1/worker.pb.h"
 #include "engine/attention.h"
 #include "engine/attention_spec.h"
@@ -52,11 +53,10 @@ constexpr int64_t kMaxReturnedOutputBytes = int64_t{64} << 20;
 // Largest `iterations` a job may ask for.
 constexpr int64_t kMaxIterations = 1000000;
 
-// v1 -> engine conversions. INVALID_ARGUMENT naming the value for an enum value outside the v1 API
-// (and for DTYPE_UNSPECIFIED, which the API rejects). The spec is converted, not validated.
-absl::StatusOr<AttentionSpec> ToEngineSpec(const v1::AttentionSpec& spec);
-absl::StatusOr<DType> ToEngineDType(v1::DType dtype);
-v1::DType ToApiDType(DType dtype);
+// v1 <-> engine conversions (api/engine_convert.h), shared with the coordinator.
+using api::ToApiDType;
+using api::ToEngineDType;
+using api::ToEngineSpec;
 
 // Everything RunAttentionTask decides before it allocates: the worker uses it to account memory.
 struct AttentionTaskPlan {

@@ -1,6 +1,7 @@
-// Durable SubmitJob throughput and latency: C concurrent clients, each on its own connection, submit
-// attention jobs with fresh idempotency keys as fast as the coordinator acknowledges them, for a fixed
-// time. Every acknowledgement means the job is committed to the store (fsync'ed). Prints one table.
+// Durable SubmitJob throughput and latency: C concurrent clients, each on its own connection,
+// submit attention jobs with fresh idempotency keys as fast as the coordinator acknowledges them,
+// for a fixed time. Every acknowledgement means the job is committed to the store (fsync'ed).
+// Prints one table.
 //
 //   submit_bench --coordinator=127.0.0.1:7070 [--clients=8] [--seconds=10]
 //
@@ -28,8 +29,9 @@ struct ClientStats {
 
 dattn::v1::SubmitJobRequest MakeRequest(int client, int64_t i) {
   dattn::v1::SubmitJobRequest req;
-  req.set_idempotency_key("bench-" + std::to_string(client) + "-" + std::to_string(i) + "-" +
-                          std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
+  req.set_idempotency_key(
+      "bench-" + std::to_string(client) + "-" + std::to_string(i) + "-" +
+      std::to_string(std::chrono::steady_clock::now().time_since_epoch().count()));
   auto* spec = req.mutable_spec();
   spec->set_name("submit-bench");
   spec->set_tenant("bench-" + std::to_string(client % 4));
@@ -75,8 +77,10 @@ int main(int argc, char** argv) {
     } else if (const char* v = value("--seconds")) {
       seconds = std::atof(v);
     } else {
-      std::fprintf(stderr, "unknown argument %s\nusage: %s --coordinator=HOST:PORT [--clients=N] "
-                   "[--seconds=S]\n", argv[i], argv[0]);
+      std::fprintf(stderr,
+                   "unknown argument %s\nusage: %s --coordinator=HOST:PORT [--clients=N] "
+                   "[--seconds=S]\n",
+                   argv[i], argv[0]);
       return 2;
     }
   }
@@ -119,7 +123,8 @@ int main(int argc, char** argv) {
   const auto start = std::chrono::steady_clock::now();
   go = true;
   for (auto& t : threads) t.join();
-  const double elapsed = std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  const double elapsed =
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
 
   std::vector<double> all;
   int64_t errors = 0;
@@ -133,7 +138,8 @@ int main(int argc, char** argv) {
   const double p50 = Percentile(copy, 0.50);
   const double p99 = Percentile(copy, 0.99);
   const double max = all.empty() ? 0 : *std::max_element(all.begin(), all.end());
-  std::printf("| clients | seconds | acknowledged | errors | submits/s | p50 ms | p99 ms | max ms |\n");
+  std::printf(
+      "| clients | seconds | acknowledged | errors | submits/s | p50 ms | p99 ms | max ms |\n");
   std::printf("|---|---|---|---|---|---|---|---|\n");
   std::printf("| %d | %.1f | %zu | %lld | %.0f | %.2f | %.2f | %.2f |\n", clients, elapsed,
               all.size(), static_cast<long long>(errors), rate, p50, p99, max);

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <memory>
+#include <optional>
 #include <thread>
 
 #include "absl/base/thread_annotations.h"
@@ -147,7 +148,9 @@ WatchResult WatchJob(v1::JobService::StubInterface* stub, const std::string& job
   };
 
   int64_t last_seq = 0;
-  absl::Time last_success = absl::Now();
+  // When the stream last broke after being healthy: a stream may stay quiet for long (a queued job,
+  // a long step), so the reconnect budget counts from the break, not from the last event.
+  std::optional<absl::Time> broken_since;
   absl::Duration backoff = kFirstBackoff;
   bool ended = false;
   bool have_final_job = false;
@@ -161,7 +164,7 @@ WatchResult WatchJob(v1::JobService::StubInterface* stub, const std::string& job
         stub->WatchJob(&context, request);
     v1::JobEvent event;
     while (reader->Read(&event)) {
-      last_success = absl::Now();
+      broken_since.reset();
       backoff = kFirstBackoff;
       if (event.seq() <= last_seq) continue;  // Replayed by a server that ignored after_seq.
       last_seq = event.seq();
@@ -177,7 +180,6 @@ WatchResult WatchJob(v1::JobService::StubInterface* stub, const std::string& job
     if (ended) break;
     if (status.ok()) {
       // The stream closed without an end event; the job itself says whether it is over.
-      last_success = absl::Now();
       grpc::Status read = ReadJob(stub, job_id, options.rpc_timeout, &job);
       if (read.ok() && IsTerminal(job.state())) {
         ended = true;
@@ -191,7 +193,8 @@ WatchResult WatchJob(v1::JobService::StubInterface* stub, const std::string& job
       result.status = status;
       return result;
     }
-    if (absl::Now() - last_success >= options.reconnect_for) {
+    if (!broken_since.has_value()) broken_since = absl::Now();
+    if (absl::Now() - *broken_since >= options.reconnect_for) {
       if (line) line->Finish();
       result.status = grpc::Status(
           grpc::StatusCode::UNAVAILABLE,

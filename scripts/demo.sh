@@ -21,7 +21,12 @@ done
 
 scripts/setup.sh
 echo "== building dattn (bazel build //server:dattn-coordinator //worker:dattn-worker //client:dattn)"
-bazel build //server:dattn-coordinator //worker:dattn-worker //client:dattn 2>&1 | tail -1
+if ! build_log=$(bazel build //server:dattn-coordinator //worker:dattn-worker //client:dattn 2>&1); then
+  echo "$build_log"
+  echo "demo.sh: the build failed (output above)" >&2
+  exit 1
+fi
+echo "$build_log" | tail -1
 
 dir=${DATTN_DEMO_DIR:-$PWD/dattn-demo}
 port=${DATTN_DEMO_PORT:-7070}
@@ -32,9 +37,14 @@ export DATTN_COORDINATOR=127.0.0.1:$port
 
 pids=()
 stop_all() {
-  # Workers first (they report their running tasks), then the coordinator (it flushes its store).
-  for ((i = ${#pids[@]} - 1; i >= 0; i--)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  # Workers first, and wait for them (they deliver their tasks' final reports), then the coordinator
+  # (it flushes its store). pids[0] is the coordinator.
+  for ((i = 1; i < ${#pids[@]}; i++)); do kill -TERM "${pids[$i]}" 2>/dev/null || true; done
+  for ((i = 1; i < ${#pids[@]}; i++)); do wait "${pids[$i]}" 2>/dev/null || true; done
+  if [ ${#pids[@]} -gt 0 ]; then
+    kill -TERM "${pids[0]}" 2>/dev/null || true
+    wait "${pids[0]}" 2>/dev/null || true
+  fi
 }
 trap stop_all EXIT
 trap 'exit 130' INT TERM

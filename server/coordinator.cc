@@ -466,8 +466,11 @@ absl::Status Coordinator::FlushOne(const Ticket& ticket) {
     absl::MutexLock lock(&mu_);
     if (!seq.ok()) {
       writer->error = seq.status();
+      // Sticky (unready until a restart) only when the store itself says it is broken: a
+      // transient lock conflict (BEGIN IMMEDIATE while another process holds jobs.db) is also
+      // UNAVAILABLE, and the store stays usable after it.
       if (absl::IsUnavailable(seq.status())) {
-        if (store_error_.ok()) store_error_ = seq.status();
+        if (store_error_.ok() && !store_->Health().ok()) store_error_ = seq.status();
       } else {
         Log(absl::StrCat("internal error: store rejected an update of job ", write.job.job_id(),
                          " (", write.event.kind(), "): ", seq.status().message()));
@@ -960,7 +963,10 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   response.set_created(outcome->created);
   if (outcome->created) metrics_->JobSubmitted(JobKind(outcome->job.spec()));
   const std::string& id = outcome->job.job_id();
-  if (FindJobLocked(id) == nullptr && outcome->job.state() == v1::JOB_STATE_QUEUED) {
+  // Only the call that created the job adopts it. A retry that found the stored row may race with
+  // that job ending (cancel, feasibility failure) and would bring back a stale QUEUED copy.
+  if (outcome->created && FindJobLocked(id) == nullptr &&
+      outcome->job.state() == v1::JOB_STATE_QUEUED) {
     StoredJob stored{outcome->job, outcome->submit_seq};
     AdoptLocked(stored, *info, checked);
   }
@@ -1282,8 +1288,40 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
     response.set_reregister(true);
     return response;
   }
-  worker->last_heartbeat = absl::Now();
+  // A worker runs at most max_ranks tasks and lists them until their final reports are taken; far
+  // more is not a worker's heartbeat, and each unknown id would queue a CancelTask.
+  const int max_listed = 4 * std::max(1, worker->info.capabilities().max_ranks()) + 64;
+  if (request.tasks_size() > max_listed) {
+    return absl::InvalidArgumentError(absl::StrCat("tasks: a heartbeat lists at most ", max_listed,
+                                                   " tasks for worker ", worker->info.name(),
+                                                   ", got ", request.tasks_size()));
+  }
+  const absl::Time now = absl::Now();
+  worker->last_heartbeat = now;
   worker->info.set_free_memory_bytes(std::max<int64_t>(0, request.free_memory_bytes()));
+  std::set<std::string> listed;
+  for (const v1::RunningTask& task : request.tasks()) listed.insert(task.task_id());
+  // An assignment written to a stream that broke right after may never have reached the worker:
+  // one it neither started nor lists two heartbeats after it was sent is sent again (workers ignore
+  // a task id they already run or ran).
+  for (const std::string& task_id : worker->task_ids) {
+    auto it = tasks_.find(task_id);
+    if (it == tasks_.end() || !it->second.dispatched || it->second.started ||
+        listed.count(task_id) > 0 ||
+        now - it->second.dispatched_at < 2 * options_.heartbeat_interval) {
+      continue;
+    }
+    const ActiveJob* job = FindJobLocked(it->second.job_id);
+    if (job == nullptr || job->terminal) continue;
+    // Without an open stream the assignment still waits in the outbox; it goes out when one opens.
+    if (worker->streams == 0) continue;
+    const bool queued =
+        std::any_of(worker->outbox.begin(), worker->outbox.end(), [&](const v1::WorkerCommand& c) {
+          return c.has_assign() && c.assign().task_id() == task_id;
+        });
+    it->second.dispatched_at = now;
+    if (!queued) PushCommandLocked(worker, AssignmentLocked(*job, it->second));
+  }
   for (const v1::RunningTask& task : request.tasks()) {
     auto it = tasks_.find(task.task_id());
     if (it != tasks_.end() && it->second.worker_id == worker->info.worker_id()) {
@@ -1497,6 +1535,18 @@ absl::StatusOr<v1::ReportTaskResponse> Coordinator::ReportTask(const v1::TaskRep
                             job->task_ids.end());
         EraseTaskLocked(task_id, /*cancel=*/false, "");
         if (!job->task_ids.empty()) break;
+        // Every rank has ended. With a cancel in flight some of them may have ended CANCELLED (a
+        // ring's ranks race the cancel): a job succeeds only with every rank's result; otherwise
+        // the cancel wins and the partial results are dropped.
+        if (static_cast<int>(job->results.size()) < job->info.num_ranks) {
+          const size_t finished = job->results.size();
+          ReleaseTasksLocked(job, /*cancel_tasks=*/false, "");
+          tickets.push_back(
+              TransitionLocked(job, v1::JOB_STATE_CANCELLED, "cancelled",
+                               absl::StrCat("cancelled: ", job->cancel_reason, " (", finished,
+                                            " of ", job->info.num_ranks, " ranks had finished)")));
+          break;
+        }
         const bool return_output = job->job.spec().attention().return_output();
         v1::Tensor output;
         std::string output_problem;
@@ -1757,27 +1807,32 @@ void Coordinator::SchedulePass() {
       if (it == tasks_.end() || it->second.dispatched) continue;
       WorkerEntry* worker = FindWorkerLocked(it->second.worker_id);
       if (worker == nullptr || worker->state == scheduler::WorkerState::kDead) continue;
-      v1::WorkerCommand command;
-      v1::TaskAssignment* assign = command.mutable_assign();
-      assign->set_task_id(task_id);
-      assign->set_job_id(job_id);
-      assign->set_attempt(it->second.attempt);
-      assign->set_rank(it->second.rank);
-      *assign->mutable_spec() = job->job.spec();
-      if (job->ring != nullptr) {
-        v1::RingInfo* ring = assign->mutable_ring();
-        ring->set_ring_id(job->ring->id);
-        ring->set_rank(it->second.rank);
-        ring->set_size(job->info.num_ranks);
-        ring->set_backend(job->ring->backend);
-        ring->set_store_address(job->ring->address);
-        ring->set_formation_timeout_ms(absl::ToInt64Milliseconds(options_.ring_formation_timeout));
-        ring->set_comm_timeout_ms(absl::ToInt64Milliseconds(options_.ring_comm_timeout));
-      }
       it->second.dispatched = true;
-      PushCommandLocked(worker, std::move(command));
+      it->second.dispatched_at = absl::Now();
+      PushCommandLocked(worker, AssignmentLocked(*job, it->second));
     }
   }
+}
+
+v1::WorkerCommand Coordinator::AssignmentLocked(const ActiveJob& job, const TaskEntry& task) const {
+  v1::WorkerCommand command;
+  v1::TaskAssignment* assign = command.mutable_assign();
+  assign->set_task_id(task.task_id);
+  assign->set_job_id(task.job_id);
+  assign->set_attempt(task.attempt);
+  assign->set_rank(task.rank);
+  *assign->mutable_spec() = job.job.spec();
+  if (job.ring != nullptr) {
+    v1::RingInfo* ring = assign->mutable_ring();
+    ring->set_ring_id(job.ring->id);
+    ring->set_rank(task.rank);
+    ring->set_size(job.info.num_ranks);
+    ring->set_backend(job.ring->backend);
+    ring->set_store_address(job.ring->address);
+    ring->set_formation_timeout_ms(absl::ToInt64Milliseconds(options_.ring_formation_timeout));
+    ring->set_comm_timeout_ms(absl::ToInt64Milliseconds(options_.ring_comm_timeout));
+  }
+  return command;
 }
 
 void Coordinator::SchedulerLoop() {

@@ -164,9 +164,10 @@ class Coordinator {
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
   // QUEUED (or PLACED but not yet handed to a worker): CANCELLED now. PLACED/RUNNING: a
   // "cancel_requested" event is stored and each worker is sent CancelTask; the job ends CANCELLED
-  // when every rank confirms, fails or its worker is lost (a rank that succeeds first wins: the job
-  // then SUCCEEDS). CANCELLED: OK, unchanged. SUCCEEDED/FAILED: FAILED_PRECONDITION. Returns the
-  // job as it is after the call.
+  // when every rank confirms, fails or its worker is lost; if every rank succeeds before the
+  // cancel reaches it, the job SUCCEEDS (a ring with only some ranks finished ends CANCELLED and
+  // drops their results). CANCELLED: OK, unchanged. SUCCEEDED/FAILED: FAILED_PRECONDITION. Returns
+  // the job as it is after the call.
   absl::StatusOr<v1::Job> CancelJob(const v1::CancelJobRequest& request);
   // Emits the job's committed events with seq > after_seq, then each new one as it commits, until
   // the terminal event was emitted (OK), `emit` returns false or `cancelled` returns true
@@ -254,6 +255,7 @@ class Coordinator {
     int rank = 0;
     int64_t memory_bytes = 0;  // Reserved on the worker while the task lives.
     bool dispatched = false;   // The assignment was queued for the worker's stream.
+    absl::Time dispatched_at;  // When it was last queued (heartbeats re-send a lost one).
     bool started = false;
     int64_t steps_done = 0;
     v1::RankPhase phase = v1::RANK_PHASE_UNSPECIFIED;  // As the worker last reported it.
@@ -290,6 +292,10 @@ class Coordinator {
     bool terminal = false;  // Ended; kept until its last write commits.
     std::shared_ptr<JobWriter> writer = std::make_shared<JobWriter>();
   };
+
+  // The assignment command of `task` (a task of `job`'s current attempt).
+  v1::WorkerCommand AssignmentLocked(const ActiveJob& job, const TaskEntry& task) const
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   struct WorkerEntry {
     v1::Worker info;  // Fields as ListWorkers shows them (task_ids and times are filled on read).

@@ -96,6 +96,11 @@ class FakeWorker {
         v1::HeartbeatRequest request;
         request.set_worker_id(id_);
         request.set_free_memory_bytes(int64_t{1} << 30);
+        {
+          // Like a real worker: every task received and not yet finished is listed.
+          absl::MutexLock lock(&mu_);
+          for (const std::string& task : held_) request.add_tasks()->set_task_id(task);
+        }
         coordinator_->Heartbeat(request).IgnoreError();
         absl::SleepFor(absl::Milliseconds(25));
       }
@@ -124,6 +129,7 @@ class FakeWorker {
           [this](const v1::WorkerCommand& command) {
             absl::MutexLock lock(&mu_);
             commands_.push_back(command);
+            if (command.has_assign()) held_.insert(command.assign().task_id());
             return true;
           },
           [this] { return stop_.load(); });
@@ -172,6 +178,7 @@ class FakeWorker {
 
   absl::StatusOr<v1::ReportTaskResponse> Report(const std::string& task_id, v1::TaskState state,
                                                 int64_t steps = 0) {
+    if (state == v1::TASK_STATE_SUCCEEDED || state == v1::TASK_STATE_CANCELLED) Drop(task_id);
     v1::TaskReport report;
     report.set_worker_id(id_);
     report.set_task_id(task_id);
@@ -190,6 +197,7 @@ class FakeWorker {
 
   absl::StatusOr<v1::ReportTaskResponse> Fail(const std::string& task_id, absl::StatusCode code,
                                               const std::string& error) {
+    Drop(task_id);
     v1::TaskReport report;
     report.set_worker_id(id_);
     report.set_task_id(task_id);
@@ -197,6 +205,12 @@ class FakeWorker {
     report.set_error(error);
     report.set_error_code(static_cast<int>(code));
     return coordinator_->ReportTask(report);
+  }
+
+  // Forgets a task, as a worker does once its final report is taken.
+  void Drop(const std::string& task_id) {
+    absl::MutexLock lock(&mu_);
+    held_.erase(task_id);
   }
 
  private:
@@ -209,6 +223,7 @@ class FakeWorker {
   std::atomic<bool> beating_{true};
   absl::Mutex mu_;
   std::deque<v1::WorkerCommand> commands_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> held_ ABSL_GUARDED_BY(mu_);  // Tasks received and not yet finished.
   absl::Status stream_status_ ABSL_GUARDED_BY(mu_);
   bool stream_ended_ ABSL_GUARDED_BY(mu_) = false;
 };
@@ -687,6 +702,28 @@ TEST_F(CoordinatorTest, CancelQueuedJob) {
   // A worker arriving later gets nothing.
   FakeWorker* worker = AddWorker("late");
   EXPECT_FALSE(worker->Next(absl::Milliseconds(200)).has_value());
+}
+
+// An assignment written to a stream that broke right after never reached the worker: its
+// heartbeats do not list the task, so the coordinator sends it again (same task id), and the job
+// does not sit PLACED forever.
+TEST_F(CoordinatorTest, AssignmentLostInTransitIsSentAgain) {
+  FakeWorker* worker = AddWorker("cpu-0");
+  const std::string id = Submit(ValidRequest("lost")).job_id();
+  std::optional<v1::WorkerCommand> first = worker->Next();
+  ASSERT_TRUE(first.has_value());
+  ASSERT_TRUE(first->has_assign());
+  const std::string task = first->assign().task_id();
+  worker->Drop(task);  // The worker never saw it.
+  std::optional<v1::WorkerCommand> again = worker->Next(absl::Seconds(2));
+  ASSERT_TRUE(again.has_value()) << "the lost assignment was not sent again";
+  ASSERT_TRUE(again->has_assign());
+  EXPECT_EQ(again->assign().task_id(), task);
+  ASSERT_TRUE(worker->Report(task, v1::TASK_STATE_STARTED).ok());
+  ASSERT_TRUE(worker->Report(task, v1::TASK_STATE_SUCCEEDED).ok());
+  EXPECT_EQ(Get(id).state(), v1::JOB_STATE_SUCCEEDED);
+  // A task the worker lists is not sent again.
+  EXPECT_FALSE(worker->Next(absl::Milliseconds(300)).has_value());
 }
 
 TEST_F(CoordinatorTest, CancelRunningJobWaitsForTheWorker) {

@@ -200,6 +200,9 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string&
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
   int port = 0;
+  // gRPC enables SO_REUSEPORT by default; then a second coordinator on the same address would bind
+  // too and take half the calls. A port in use must be an error.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
   builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
   builder.SetMaxSendMessageSize(kMaxMessageBytes);
@@ -208,6 +211,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string&
   builder.RegisterService(&server->services_->admin);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || port == 0) {
+    // Nothing to shut down: the destructor must not touch a server that never started.
+    server->shut_down_ = true;
     return absl::UnavailableError(
         absl::StrCat("cannot listen for gRPC on ", address, " (address in use or not local?)"));
   }

@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstdlib>
 #include <fstream>
 #include <iterator>
 #include <memory>
@@ -175,9 +176,11 @@ TEST_F(RingE2E, RingJobsThroughTheCliEqualTheSingleRankJob) {
   curl.argv = {"/usr/bin/curl", "-sf", "http://" + cluster_->metrics_address() + "/metrics"};
   ProcessResult m = RunCommand(curl, seconds(10));
   ASSERT_EQ(m.exit_code, 0) << m.err;
-  EXPECT_NE(m.out.find("dattn_ring_formations_total{backend=\"gloo\",outcome=\"formed\"} 4"),
-            std::string::npos)
-      << m.out;
+  // At least the four rings above formed (a formation retried on a loaded machine adds more).
+  const std::string formed = "dattn_ring_formations_total{backend=\"gloo\",outcome=\"formed\"} ";
+  const size_t at = m.out.find(formed);
+  ASSERT_NE(at, std::string::npos) << m.out;
+  EXPECT_GE(std::atof(m.out.c_str() + at + formed.size()), 4.0) << m.out;
   EXPECT_NE(m.out.find("dattn_worker_rank_step_seconds_count{worker=\"worker-"), std::string::npos);
 }
 

@@ -123,6 +123,16 @@ int main(int argc, char** argv) {
   options.shutdown_report_deadline = absl::Seconds(shutdown_timeout_s);
   options.ring_address = ring_address.empty() ? listen_address : ring_address;
 
+  // SIGTERM and SIGINT are taken synchronously by sigwait below: block them before any thread
+  // (CUDA's driver threads and gRPC's included) starts, so that every thread inherits the mask.
+  sigset_t signals;
+  sigemptyset(&signals);
+  sigaddset(&signals, SIGTERM);
+  sigaddset(&signals, SIGINT);
+  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
+  // A coordinator connection that breaks mid-write must not kill the process.
+  signal(SIGPIPE, SIG_IGN);
+
   // The device, before anything else starts: a worker that cannot have its device does not run.
   if (gpu) {
 #ifdef DATTN_WORKER_WITH_CUDA
@@ -138,21 +148,15 @@ int main(int argc, char** argv) {
     return 2;
 #endif
   }
-  // SIGTERM and SIGINT are taken synchronously by sigwait below: block them before any thread
-  // (gRPC's included) starts, so that every thread inherits the mask.
-  sigset_t signals;
-  sigemptyset(&signals);
-  sigaddset(&signals, SIGTERM);
-  sigaddset(&signals, SIGINT);
-  pthread_sigmask(SIG_BLOCK, &signals, nullptr);
-  // A coordinator connection that breaks mid-write must not kill the process.
-  signal(SIGPIPE, SIG_IGN);
 
   // grpc.health.v1 is gRPC's default health service. gRPC adds it only once the server starts, and
   // the builder refuses a server with no method of its own: this callback generic service (which
   // answers UNIMPLEMENTED to any other method) gives it one without a completion queue to drive.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
+  // gRPC enables SO_REUSEPORT by default: a second worker on the same --health-port would then
+  // bind too and share the probes. A port in use must be an error.
+  builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   grpc::CallbackGenericService unimplemented;
   builder.RegisterCallbackGenericService(&unimplemented);
   int bound_port = 0;

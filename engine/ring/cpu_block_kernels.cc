@@ -116,7 +116,10 @@ void GemmAccumulate(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t d
   }
 }
 
+// log(exp(a) + exp(b)) without overflow; -inf when both are -inf, NaN when either is NaN (NaN in
+// the inputs propagates, as in ordinary attention: ENGINE_SPEC.md).
 inline double LogAddExp(double a, double b) {
+  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<double>::quiet_NaN();
   const double m = std::max(a, b);
   if (m == -std::numeric_limits<double>::infinity()) return m;
   return m + std::log1p(std::exp(-std::fabs(a - b)));
@@ -295,7 +298,10 @@ class Kernel {
           T* row = sc + i * nk;
           const int64_t lim = KeyLimit(jq0 + i, kb_abs, nk);
           T row_max = mx[i];
-          for (int64_t x = 0; x < lim; ++x) row_max = std::max(row_max, row[x]);
+          // std::max drops a NaN argument; a NaN score must reach the row instead.
+          for (int64_t x = 0; x < lim; ++x) {
+            row_max = std::isnan(row[x]) ? row[x] : std::max(row_max, row[x]);
+          }
           if (row_max == neg_inf) {
             std::fill(row, row + nk, T(0));
             continue;
@@ -318,7 +324,7 @@ class Kernel {
       }
       // Merge the tile's rows into out/lse.
       for (int64_t i = 0; i < nq; ++i) {
-        if (!(l[i] > T(0))) continue;  // No visible key: contributes nothing.
+        if (l[i] == T(0)) continue;  // No visible key: contributes nothing (NaN sums merge).
         const int64_t p = pg.q_local0 + (i0 + i) * pg.step;
         T* dst = OutRow(out_, b, p, h);
         T& lse = Lse(b, h, p);

@@ -6,6 +6,8 @@
 // owners' dk/dv.
 #include "engine/ring/cpu_block_kernels.h"
 
+#include <cmath>
+#include <limits>
 #include <memory>
 
 #include "absl/strings/str_cat.h"
@@ -156,6 +158,94 @@ TEST(CpuBlockKernelsTest, BlocksLongerThanOneTile) {
     c.ranks = 2;
     c.dtype = DType::kFloat32;
     RunCase(c, Layout::kPadded, 2);
+  }
+}
+
+}  // namespace
+}  // namespace ring
+}  // namespace dattn
+
+namespace dattn {
+namespace ring {
+namespace {
+
+// NaN in an input propagates like ordinary attention (ENGINE_SPEC.md): a NaN key on rank 0 inside a
+// segment that spans both ranks must turn into NaN output rows on rank 1 too (a block merge that
+// dropped the NaN would leave them finite: a silent wrong answer), exactly where the oracle has
+// NaN.
+TEST(CpuBlockKernelsTest, NanInAnotherRanksKeyPropagates) {
+  for (AttentionMode mode : {AttentionMode::kGrouped, AttentionMode::kMixture}) {
+    testing::RingCase c;
+    c.name = "nan";
+    c.spec.segment_lengths = {32, 8};
+    c.spec.dilation_rates = {1, 2};
+    c.spec.mode = mode;
+    c.batch = 1;
+    c.heads = 2;
+    c.head_dim = 4;
+    c.shard_len = 16;
+    c.ranks = 2;
+    absl::StatusOr<testing::FullProblem> full = testing::MakeProblem(c, 11);
+    ASSERT_TRUE(full.ok()) << full.status();
+    const oracle::Shape shape = c.FullShape();
+    full->k[shape.Index(0, 3, 0, 1)] = std::numeric_limits<double>::quiet_NaN();
+    absl::StatusOr<oracle::ForwardResult> ref =
+        oracle::Forward(c.spec, shape, full->q, full->k, full->v);
+    ASSERT_TRUE(ref.ok()) << ref.status();
+
+    std::unique_ptr<BlockKernels> kernels = NewCpuBlockKernels({1});
+    const RingShape ring_shape{c.batch, c.seq_len(), c.heads, c.head_dim, c.ranks};
+    std::vector<RingGeometry> geos;
+    std::vector<HostTensor> q, k, v, out, lse;
+    for (int r = 0; r < c.ranks; ++r) {
+      absl::StatusOr<RingGeometry> geo = RingGeometry::Create(c.spec, ring_shape, r, c.dtype);
+      ASSERT_TRUE(geo.ok()) << geo.status();
+      geos.push_back(*geo);
+      auto shard = [&](const std::vector<double>& x) {
+        return HostTensor::FromValues(c.dtype, c.ShardDims(), testing::ShardOf(c, x, r),
+                                      Layout::kContiguous);
+      };
+      q.push_back(shard(full->q));
+      k.push_back(shard(full->k));
+      v.push_back(shard(full->v));
+      out.emplace_back(c.dtype, c.ShardDims());
+      lse.emplace_back(c.dtype, c.ShardLseDims());
+    }
+    int nan_rows_rank1 = 0;
+    for (int r = 0; r < c.ranks; ++r) {
+      const ForwardArgs args{q[r].view(), k[r].view(), v[r].view(), out[r].view(), lse[r].view()};
+      std::vector<std::vector<double>> packed;
+      std::vector<BlockTask> tasks;
+      for (int i = 0; i < geos[r].num_patterns(); ++i) {
+        for (int64_t m = geos[r].FirstSegmentOf(i, r); m <= geos[r].LastSegmentOf(i, r); ++m) {
+          for (int o : geos[r].Members(i, m)) {
+            const double* kv = nullptr;
+            if (o != r) {
+              packed.emplace_back(geos[o].BlockElements(i, m, o));
+              ASSERT_TRUE(
+                  kernels->PackKv(geos[o], i, m, k[o].view(), v[o].view(), packed.back().data())
+                      .ok());
+              kv = packed.back().data();
+            }
+            tasks.push_back({i, m, m + 1, o, kv, nullptr, false});
+          }
+        }
+      }
+      ASSERT_TRUE(kernels->BeginForward(geos[r], args).ok());
+      ASSERT_TRUE(kernels->Forward(geos[r], args, tasks).ok());
+      ASSERT_TRUE(kernels->EndForward(geos[r], args).ok());
+      const std::vector<double> got = out[r].ToDoubles();
+      const std::vector<double> want = testing::ShardOf(c, ref->out, r);
+      ASSERT_EQ(got.size(), want.size());
+      for (size_t x = 0; x < got.size(); ++x) {
+        ASSERT_EQ(std::isnan(got[x]), std::isnan(want[x]))
+            << AttentionModeName(mode) << " rank " << r << " element " << x << ": got " << got[x]
+            << ", oracle " << want[x];
+        if (r == 1 && std::isnan(got[x])) ++nan_rows_rank1;
+      }
+    }
+    EXPECT_GT(nan_rows_rank1, 0)
+        << "the NaN never reached rank 1: the case does not test the merge";
   }
 }
 

@@ -41,7 +41,10 @@ def cuda_library(name, srcs, hdrs = [], cu_deps_hdrs = [], deps = [], nvcc_flags
             fail("cuda_library srcs must be .cu files, got " + src)
         base = src[:-len(".cu")].replace("/", "_")
         obj = "_nvcc_%s/%s.pic.o" % (name, base)
-        cmd = " ".join(
+        # nvcc names its temporary files after its process id; in Bazel's sandbox every action has
+        # its own PID namespace, so two nvcc runs in parallel would share names in /tmp. Each run
+        # gets a private temporary folder.
+        cmd = "tmp=$$(mktemp -d) && TMPDIR=$$tmp " + " ".join(
             [NVCC] + NVCC_FLAGS + nvcc_flags + [
                 "-I.",
                 "-I$(GENDIR)",
@@ -49,7 +52,7 @@ def cuda_library(name, srcs, hdrs = [], cu_deps_hdrs = [], deps = [], nvcc_flags
                 "-o $@",
                 "$(location %s)" % src,
             ],
-        )
+        ) + "; status=$$?; rm -rf $$tmp; exit $$status"
         native.genrule(
             name = "%s_%s_nvcc" % (name, base),
             srcs = [src] + hdrs + cu_deps_hdrs,

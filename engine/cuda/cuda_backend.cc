@@ -15,6 +15,7 @@
 #include "engine/cuda/block_calls.h"
 #include "engine/cuda/cuda_status.h"
 #include "engine/cuda/cudnn_sdpa.h"
+#include "engine/cuda/device_scope.h"
 #include "engine/cuda/dilated_kernels.h"
 #include "engine/validate.h"
 
@@ -25,45 +26,15 @@ using cuda::BlockCall;
 using cuda::CallPlan;
 using cuda::CallRole;
 using cuda::CallScratch;
+using cuda::DeviceScope;
 using cuda::ElemType;
+using cuda::ElemTypeOf;
 using cuda::HeadRule;
+using cuda::IsHalfType;
 using cuda::KernelTensor;
 using cuda::PlannedCall;
 using cuda::ProblemDims;
 using cuda::RowSpace;
-
-ElemType ElemTypeOf(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat16:
-      return ElemType::kF16;
-    case DType::kBFloat16:
-      return ElemType::kBF16;
-    default:
-      return ElemType::kF32;
-  }
-}
-
-bool IsHalfType(DType dtype) { return dtype == DType::kFloat16 || dtype == DType::kBFloat16; }
-
-// Restores the caller's current device when the call returns.
-class DeviceGuard {
- public:
-  absl::Status Enter(int device) {
-    DATTN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous_));
-    if (previous_ != device) {
-      DATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-      switched_ = true;
-    }
-    return absl::OkStatus();
-  }
-  ~DeviceGuard() {
-    if (switched_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool switched_ = false;
-};
 
 // The view of one call into a (B, N, H, D) tensor.
 KernelTensor ViewTensor(const TensorView& t, const BlockCall& call, int64_t seq_len) {
@@ -206,7 +177,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
         sdpa_(std::move(r.sdpa)) {}
 
   ~CudaBackendImpl() override {
-    DeviceGuard guard;
+    DeviceScope guard;
     (void)guard.Enter(options_.device);
     cudaStreamSynchronize(stream_);
     cudaStreamSynchronize(aux_);
@@ -234,7 +205,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
   }
 
   absl::Status Synchronize() override {
-    DeviceGuard guard;
+    DeviceScope guard;
     DATTN_RETURN_IF_ERROR(guard.Enter(options_.device));
     DATTN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
     return absl::OkStatus();
@@ -249,7 +220,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
   absl::Status Forward(const AttentionSpec& spec, const ForwardArgs& args) override {
     DATTN_RETURN_IF_ERROR(ValidateForward(spec, args, caps_));
     DATTN_RETURN_IF_ERROR(CheckDevice(args.q));
-    DeviceGuard guard;
+    DeviceScope guard;
     DATTN_RETURN_IF_ERROR(guard.Enter(options_.device));
 
     const ProblemDims dims{args.q.shape[0], args.q.shape[1], args.q.shape[2], args.q.shape[3]};
@@ -369,7 +340,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
   absl::Status Backward(const AttentionSpec& spec, const BackwardArgs& args) override {
     DATTN_RETURN_IF_ERROR(ValidateBackward(spec, args, caps_));
     DATTN_RETURN_IF_ERROR(CheckDevice(args.q));
-    DeviceGuard guard;
+    DeviceScope guard;
     DATTN_RETURN_IF_ERROR(guard.Enter(options_.device));
 
     const ProblemDims dims{args.q.shape[0], args.q.shape[1], args.q.shape[2], args.q.shape[3]};
@@ -747,7 +718,7 @@ absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> NewCudaBackend(
         "CUDA device ", options.device, " (", props.name, ") has compute capability ", props.major,
         ".", props.minor, "; the CUDA backend is built for Hopper (9.0) and newer"));
   }
-  DeviceGuard guard;
+  DeviceScope guard;
   DATTN_RETURN_IF_ERROR(guard.Enter(options.device));
   // Everything created so far is released if a later step fails.
   struct Partial {

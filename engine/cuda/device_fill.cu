@@ -1,5 +1,6 @@
 // Fills and checks for tests and benchmarks (see device_fill.h). Memory-bound, grid-stride loops,
 // 64-bit indices; FLOPs negligible (a 64-bit mix per element for random fills).
+#include "engine/cuda/elem_convert.h"
 #include "engine/cuda/device_fill.h"
 
 #include <cuda_bf16.h>
@@ -14,36 +15,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 8192;
-
-template <typename T>
-__device__ __forceinline__ T FromF(float v);
-template <>
-__device__ __forceinline__ float FromF<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half FromF<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
-
-template <typename T>
-__device__ __forceinline__ float ToF(T v);
-template <>
-__device__ __forceinline__ float ToF<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ float ToF<__half>(__half v) {
-  return __half2float(v);
-}
-template <>
-__device__ __forceinline__ float ToF<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
 
 // SplitMix64 finalizer of seed + index: independent uniform bits per element.
 __device__ __forceinline__ uint64_t Mix(uint64_t z) {

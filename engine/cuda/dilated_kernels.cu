@@ -6,6 +6,7 @@
 // from loop counters by multiply-adds (one division per thread block). Rows are moved by groups of
 // lanes with 16-byte vectors (a row of D = 64 bf16 channels is 8 lanes x 16 bytes, so a warp moves
 // 4 rows at a time). 64-bit indices throughout.
+#include "engine/cuda/elem_convert.h"
 #include "engine/cuda/dilated_kernels.h"
 
 #include <cuda_bf16.h>
@@ -22,36 +23,6 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kRowIters = 4;  // rows per lane group per block
-
-template <typename T>
-__device__ __forceinline__ float ToF(T v);
-template <>
-__device__ __forceinline__ float ToF<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ float ToF<__half>(__half v) {
-  return __half2float(v);
-}
-template <>
-__device__ __forceinline__ float ToF<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-
-template <typename T>
-__device__ __forceinline__ T FromF(float v);
-template <>
-__device__ __forceinline__ float FromF<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half FromF<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 // The unit a lane moves: 16 bytes of T (vectorized) or one T.
 template <typename T, bool kVec>

@@ -16,6 +16,7 @@
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_status.h"
 #include "engine/cuda/cudnn_sdpa.h"
+#include "engine/cuda/device_scope.h"
 #include "engine/cuda/dilated_kernels.h"
 #include "engine/ring/cuda_block_kernels_launch.h"
 
@@ -26,7 +27,10 @@ namespace {
 using cuda::BlockCall;
 using cuda::CallRole;
 using cuda::CallScratch;
+using cuda::DeviceScope;
 using cuda::ElemType;
+using cuda::ElemTypeOf;
+using cuda::IsHalfType;
 using cuda::KernelTensor;
 using cudak::RowMap;
 using cudak::StatsMap;
@@ -34,39 +38,6 @@ using cudak::StatsMap;
 constexpr int64_t kMaxSpanElements = (int64_t{1} << 31) - 1;
 // The modeled cuDNN plan workspace per call (engine/cuda/block_calls.h), for chunking.
 constexpr int64_t kAlign = 256;
-
-ElemType ElemTypeOf(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat16:
-      return ElemType::kF16;
-    case DType::kBFloat16:
-      return ElemType::kBF16;
-    default:
-      return ElemType::kF32;
-  }
-}
-
-bool IsHalf(DType dtype) { return dtype == DType::kFloat16 || dtype == DType::kBFloat16; }
-
-// Sets the instance's device for the scope and restores the caller's.
-class DeviceScope {
- public:
-  absl::Status Enter(int device) {
-    DATTN_CUDA_RETURN_IF_ERROR(cudaGetDevice(&previous_));
-    if (previous_ != device) {
-      DATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device));
-      switched_ = true;
-    }
-    return absl::OkStatus();
-  }
-  ~DeviceScope() {
-    if (switched_) cudaSetDevice(previous_);
-  }
-
- private:
-  int previous_ = 0;
-  bool switched_ = false;
-};
 
 // cuDNN reads a view when channels are contiguous and every row starts 16-byte aligned.
 bool CudnnReadable(const KernelTensor& t) {
@@ -662,7 +633,7 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     const bool backward = bwd != nullptr;
     const bool grouped = geo.spec().mode == AttentionMode::kGrouped;
     const CallRole role = grouped ? CallRole::kDirect : CallRole::kMerge;
-    const bool cudnn = sdpa_ != nullptr && IsHalf(geo.dtype());
+    const bool cudnn = sdpa_ != nullptr && IsHalfType(geo.dtype());
     const bool scaled_out = cuda::NeedsScaledOut(geo.spec(), backward, cudnn);
     const cuda::ProblemDims dims{s.batch, l, s.num_heads, s.head_dim};
     const int64_t limit = options_.workspace_limit_bytes > 0
@@ -746,7 +717,7 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     a.scale = scale;
     bool cudnn = false;
     int64_t library = 0;
-    if (sdpa_ != nullptr && IsHalf(dtype) && CudnnReadable(q) && CudnnReadable(k) &&
+    if (sdpa_ != nullptr && IsHalfType(dtype) && CudnnReadable(q) && CudnnReadable(k) &&
         CudnnReadable(v) && (merge || CudnnReadable(o))) {
       absl::StatusOr<int64_t> ws = sdpa_->ForwardWorkspace(a);
       if (ws.ok()) {
@@ -834,7 +805,7 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     a.scale = scale;
     bool cudnn = false;
     int64_t library = 0;
-    bool readable = sdpa_ != nullptr && IsHalf(dtype);
+    bool readable = sdpa_ != nullptr && IsHalfType(dtype);
     for (const KernelTensor* t : {&q, &k, &v, &o, &d_o}) readable = readable && CudnnReadable(*t);
     if (!merge) {
       for (const KernelTensor& t : grads) readable = readable && CudnnReadable(t);
@@ -1073,7 +1044,7 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
                              bool causal, float scale, const KernelTensor& q, const KernelTensor& k,
                              const KernelTensor& v, const KernelTensor& o, float* stats,
                              Scratch& scratch) {
-    if (sdpa_ != nullptr && IsHalf(dtype) && CudnnReadable(q) && CudnnReadable(k) &&
+    if (sdpa_ != nullptr && IsHalfType(dtype) && CudnnReadable(q) && CudnnReadable(k) &&
         CudnnReadable(v) && CudnnReadable(o)) {
       cuda::SdpaForwardArgs a;
       a.shape = {dtype, count, heads, rows, d, causal};
@@ -1209,7 +1180,7 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
   absl::Status AttendBackward(DType dtype, int64_t count, int64_t heads, int64_t rows, int64_t d,
                               bool causal, float scale, const Views& v, const float* stats,
                               float* softmax_sum, float* dq_accum, Scratch& scratch) {
-    bool readable = sdpa_ != nullptr && IsHalf(dtype);
+    bool readable = sdpa_ != nullptr && IsHalfType(dtype);
     for (const KernelTensor* t : {&v.q, &v.k, &v.v, &v.o, &v.dout, &v.dq, &v.dk, &v.dv}) {
       readable = readable && CudnnReadable(*t);
     }

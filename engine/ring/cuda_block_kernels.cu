@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <type_traits>
 
+#include "engine/cuda/elem_convert.h"
 #include "engine/ring/cuda_block_kernels_launch.h"
 
 namespace dattn {
@@ -22,39 +23,11 @@ namespace cudak {
 namespace {
 
 using cuda::ElemType;
+using cuda::FromF;
+using cuda::ToF;
 
 constexpr int kThreads = 256;
 constexpr int64_t kMaxBlocks = 16384;
-
-template <typename T>
-__device__ __forceinline__ float ToF(T v);
-template <>
-__device__ __forceinline__ float ToF<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ float ToF<__half>(__half v) {
-  return __half2float(v);
-}
-template <>
-__device__ __forceinline__ float ToF<__nv_bfloat16>(__nv_bfloat16 v) {
-  return __bfloat162float(v);
-}
-
-template <typename T>
-__device__ __forceinline__ T FromF(float v);
-template <>
-__device__ __forceinline__ float FromF<float>(float v) {
-  return v;
-}
-template <>
-__device__ __forceinline__ __half FromF<__half>(float v) {
-  return __float2half_rn(v);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromF<__nv_bfloat16>(float v) {
-  return __float2bfloat16_rn(v);
-}
 
 int BlocksFor(int64_t work) {
   return static_cast<int>(

@@ -215,11 +215,18 @@ absl::Status Coordinator::Recover() {
   for (const StoredJob& stored : *active) {
     const v1::JobState state = stored.job.state();
     // A cancel requested before the restart still holds: such jobs end rather than run again.
+    // A job placed before (attempt > 0) also gets back what its history says about earlier runs.
     bool cancel_requested = false;
-    if (IsActiveRun(state)) {
+    bool placed_before = false;
+    int free_requeues = 0;
+    if (IsActiveRun(state) || stored.job.attempt() > 0) {
       absl::StatusOr<std::vector<v1::JobEvent>> events = store_->Events(stored.job.job_id(), 0, 0);
       if (!events.ok()) return events.status();
-      for (const v1::JobEvent& e : *events) cancel_requested |= e.kind() == "cancel_requested";
+      for (const v1::JobEvent& e : *events) {
+        cancel_requested |= e.kind() == "cancel_requested";
+        placed_before |= e.kind() == "placed";
+        free_requeues += e.kind() == "coordinator_restarted" || e.kind() == "coordinator_stopped";
+      }
     }
     absl::MutexLock lock(&mu_);
     absl::StatusOr<AttentionJobInfo> info = AnalyzeJobSpec(stored.job.spec());
@@ -239,6 +246,8 @@ absl::Status Coordinator::Recover() {
       continue;
     }
     raw->info = *std::move(info);
+    raw->placed_before = placed_before;
+    raw->free_requeues = free_requeues;
     if (state == v1::JOB_STATE_QUEUED) {
       EnqueueLocked(raw);
       continue;
@@ -254,6 +263,7 @@ absl::Status Coordinator::Recover() {
       continue;
     }
     metrics_->CountRecovery("coordinator_restarted");
+    ++raw->free_requeues;
     RequeueLocked(raw, "coordinator_restarted",
                   absl::StrCat("the coordinator restarted while the job was ", StateName(state),
                                " (", where, "); requeued as attempt ", raw->job.attempt() + 1),
@@ -311,7 +321,8 @@ absl::Status Coordinator::Drain(absl::Duration timeout) {
         tickets.push_back(TransitionLocked(job, v1::JOB_STATE_CANCELLED, "cancelled",
                                            absl::StrCat("cancelled: ", job->cancel_reason)));
       } else {
-        RequeueLocked(job, "requeued",
+        ++job->free_requeues;
+        RequeueLocked(job, "coordinator_stopped",
                       absl::StrCat(why, "; requeued as attempt ", job->job.attempt() + 1),
                       &tickets);
       }
@@ -664,6 +675,11 @@ void Coordinator::CheckQueuedJobsLocked(absl::Time now, Tickets* tickets) {
             absl::StrCat(f.reason, " (memory plan per rank: ", variant.memory_plan, ")"));
       }
     }
+    if (!fits.has_value() && job->placed_before) {
+      // It ran on this cluster before: the workers it needs may not have re-registered yet (after
+      // a restart they come back as their cancelled tasks stop). It waits, unchecked.
+      continue;
+    }
     scheduler_.Remove(job->job.job_id()).IgnoreError();
     if (!fits.has_value()) {
       tickets->push_back(TransitionLocked(
@@ -853,7 +869,8 @@ void Coordinator::RecoverJobLocked(ActiveJob* job, FailureKind failure, const st
   input.micro_batch_size = 1;
   input.dtype = DTypeName(job->info.dtype);
   input.needs_gpu = variant.gpu;
-  input.attempts = job->job.attempt();
+  // Runs that ended because the coordinator restarted or stopped were not the job's failures.
+  input.attempts = std::max(1, job->job.attempt() - job->free_requeues);
   input.max_attempts = options_.max_attempts;
   // An attention job's shape, precision and ring size are what the user asked to measure: only a
   // rerun of the same job is a faithful recovery.
@@ -1728,7 +1745,7 @@ absl::StatusOr<v1::Worker> Coordinator::DrainWorker(const v1::DrainWorkerRequest
 void Coordinator::SchedulePass() {
   ReapStores();
   Tickets tickets;
-  std::vector<std::string> placed;
+  std::vector<std::pair<std::string, Ticket>> placed;  // Each job with its "placed" write.
   {
     absl::MutexLock lock(&mu_);
     if (phase_ != Phase::kServing || !store_error_.ok()) return;
@@ -1745,6 +1762,7 @@ void Coordinator::SchedulePass() {
       ActiveJob* job = FindJobLocked(placement.job_id);
       if (job == nullptr || job->terminal || job->job.state() != v1::JOB_STATE_QUEUED) continue;
       if (job->job.attempt() == 0) job->job.set_attempt(1);
+      job->placed_before = true;
       if (job->info.num_ranks > 1) {
         if (absl::Status s = StartRingLocked(job); !s.ok()) {
           // Back in the queue, in its place, for the next pass (once a second).
@@ -1787,18 +1805,21 @@ void Coordinator::SchedulePass() {
         where = absl::StrCat(DescribeRanksLocked(*job), " (", job->ring->backend, " ring ",
                              job->ring->id, ", rendezvous ", job->ring->address, ")");
       }
-      tickets.push_back(
+      Ticket ticket =
           TransitionLocked(job, v1::JOB_STATE_PLACED, "placed",
-                           absl::StrCat("attempt ", job->job.attempt(), " placed on ", where)));
-      placed.push_back(job->job.job_id());
+                           absl::StrCat("attempt ", job->job.attempt(), " placed on ", where));
+      tickets.push_back(ticket);
+      placed.emplace_back(job->job.job_id(), std::move(ticket));
     }
     UpdateGaugesLocked();
   }
   // Workers hear of a placement only once it is durable: after a crash in between, the restarted
-  // coordinator neither loses the job nor has a worker running a placement it does not know.
-  if (!Flush(tickets).ok()) return;
+  // coordinator neither loses the job nor has a worker running a placement it does not know. One
+  // job's failed write (logged by FlushOne) holds back that job only, not the rest of the pass.
+  Flush(tickets).IgnoreError();
   absl::MutexLock lock(&mu_);
-  for (const std::string& job_id : placed) {
+  for (const auto& [job_id, ticket] : placed) {
+    if (ticket.first != nullptr && ticket.first->durable < ticket.second) continue;
     ActiveJob* job = FindJobLocked(job_id);
     // Cancelled, or its worker lost, meanwhile: those paths released the tasks.
     if (job == nullptr || job->terminal || job->job.state() != v1::JOB_STATE_PLACED) continue;

@@ -286,6 +286,12 @@ class Coordinator {
     std::unique_ptr<RingState> ring;      // Multi-rank jobs while an attempt is placed.
     // Checked against a non-empty set of ready workers (see "Unchecked jobs" above).
     bool checked = false;
+    // It was placed before (a "placed" event exists): it fitted this cluster once, so a feasibility
+    // check against a partly re-registered cluster after a restart never fails it.
+    bool placed_before = false;
+    // Requeues that were not the job's doing (coordinator restarts and shutdowns): they do not
+    // count against max_attempts.
+    int free_requeues = 0;
     bool cancel_requested = false;
     std::string cancel_reason;
     absl::Time last_progress_write = absl::InfinitePast();

@@ -28,6 +28,7 @@ namespace dattn {
 namespace server {
 namespace {
 
+using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
@@ -931,6 +932,28 @@ TEST_F(CoordinatorTest, DrainedWorkerGetsNoNewWorkAndItsStreamEnds) {
 
 // -------------------------------------------------------------------------------------------------
 // Restart recovery.
+
+// Runs ended by coordinator restarts are not the job's failures: after two restarts mid-run, the
+// job's first real failure (a retryable one) still requeues it under max_attempts = 2.
+TEST_F(CoordinatorTest, RestartsDoNotUseUpTheRetryBudget) {
+  options_.max_attempts = 2;
+  Restart();
+  const std::string id = Submit(ValidRequest("budget")).job_id();
+  std::string task;
+  for (int run = 0; run < 3; ++run) {
+    FakeWorker* worker = AddWorker(absl::StrCat("cpu-", run));
+    std::optional<v1::WorkerCommand> assign = worker->Next();
+    ASSERT_TRUE(assign.has_value()) << "run " << run;
+    task = assign->assign().task_id();
+    ASSERT_TRUE(worker->Report(task, v1::TASK_STATE_STARTED).ok());
+    if (run < 2) Restart();
+  }
+  EXPECT_EQ(Get(id).attempt(), 3);
+  ASSERT_TRUE(workers_.back()->Fail(task, absl::StatusCode::kUnavailable, "peer went away").ok());
+  v1::Job job = Get(id, true);
+  EXPECT_NE(job.state(), v1::JOB_STATE_FAILED) << job.state_reason();
+  EXPECT_THAT(EventKinds(job), Contains("requeued"));
+}
 
 TEST_F(CoordinatorTest, RestartRequeuesRunningJobsAndKeepsQueuedOrder) {
   FakeWorker* worker = AddWorker("cpu-0");

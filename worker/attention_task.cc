@@ -67,7 +67,6 @@ double Median(std::vector<double> values) {
 
 }  // namespace
 
-
 absl::StatusOr<AttentionTaskPlan> PlanAttentionTask(const v1::TaskAssignment& task,
                                                     const BackendCaps& caps, int num_threads) {
   if (!task.spec().has_attention()) {
@@ -193,6 +192,7 @@ absl::Status PrepareTensors(const AttentionTaskPlan& plan, TaskDevice* device,
                   const char* what) -> absl::StatusOr<TensorView> {
     absl::StatusOr<DeviceBuffer> buffer = device->Allocate(bytes, what);
     if (!buffer.ok()) return buffer.status();
+    if (options.on_allocated) options.on_allocated(bytes);
     t->buffers.push_back(*std::move(buffer));
     return TensorView::Contiguous(t->buffers.back().get(), dtype, std::move(dims), caps.device,
                                   device->device_index());
@@ -317,7 +317,9 @@ absl::StatusOr<AttentionTaskResult> RunAttentionTask(const v1::TaskAssignment& t
 
   int64_t available = options.available_memory_bytes;
   if (available < 0) {
-    absl::StatusOr<int64_t> free_bytes = device->FreeMemoryBytes();
+    absl::StatusOr<int64_t> free_bytes = options.reserve_memory
+                                             ? options.reserve_memory(plan.memory.total_bytes())
+                                             : device->FreeMemoryBytes();
     if (!free_bytes.ok()) return free_bytes.status();
     available = *free_bytes;
   }

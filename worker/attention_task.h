@@ -86,8 +86,20 @@ absl::StatusOr<AttentionTaskPlan> PlanAttentionTask(const v1::TaskAssignment& ta
 struct AttentionTaskOptions {
   // Engine threads (CPU backend or ring kernels) and threads that generate inputs.
   int num_threads = 1;
-  // Device bytes the task may use; negative means what the device reports free now.
+  // Device bytes the task may use; negative means what the device reports free now (or what
+  // reserve_memory answers, when set).
   int64_t available_memory_bytes = -1;
+  // With available_memory_bytes negative: called once, after planning and before anything is
+  // allocated, with the plan's total bytes; returns the bytes this task may use, and the task fails
+  // with RESOURCE_EXHAUSTED when its plan exceeds them. A caller running several tasks on one
+  // device answers the device's free bytes less what its other tasks have planned but not yet
+  // allocated, and records this plan as reserved in the same step when it fits (worker.h), so that
+  // two tasks never both count the same free bytes. Errors end the task unchanged. Absent: the
+  // device's FreeMemoryBytes().
+  std::function<absl::StatusOr<int64_t>(int64_t planned_bytes)> reserve_memory;
+  // Called after each of the task's tensors (inputs, outputs, lse) is allocated, with its planned
+  // bytes: from then on the device's free figure shows them in use.
+  std::function<void(int64_t bytes)> on_allocated;
   // Stored in the ring's store when this rank arrives (who it is, for diagnostics).
   std::string member_name;
   // Longest wait for a ring peer when the assignment's RingInfo leaves it 0.
@@ -127,6 +139,7 @@ struct AttentionTaskResult {
 // Runs `task` on `device` (not owned; must outlive the call).
 // Errors: those of PlanAttentionTask; RESOURCE_EXHAUSTED when the memory plan exceeds the available
 // bytes (the message carries the plan's DebugString and the free bytes) or an allocation fails;
+// those of options.reserve_memory;
 // those of JoinRing (ring_join.h); CANCELLED (saying after how many steps) when cancelled; any
 // engine or communicator error, ring ones prefixed with the ring, rank and step.
 absl::StatusOr<AttentionTaskResult> RunAttentionTask(const v1::TaskAssignment& task,

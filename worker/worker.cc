@@ -94,13 +94,16 @@ struct Worker::Task {
   int64_t steps_total = 1;
   int64_t reserved_bytes = 0;  // Planned bytes counted in reserved_bytes_.
   int64_t budget_bytes = -1;   // Passed to RunAttentionTask; -1: what the device has free.
+  // Guarded by Worker::mu_. Without a memory budget: from admission until the task finishes, its
+  // plan less the tensors allocated so far (worker.h, Memory); 0 otherwise.
+  int64_t claimed_bytes = 0;
   std::atomic<bool> cancel{false};
   std::atomic<bool> silent{false};  // Report nothing more (the coordinator has given up on it).
   std::atomic<int64_t> steps_done{0};
   std::atomic<int> phase{v1::RANK_PHASE_PREPARING};
   std::atomic<double> ring_formation_seconds{0};
   // The ring communicator while the task has one; a cancel aborts it so that a step waiting for
-  // peers ends at once. Set and cleared by the task thread.
+  // peers ends at once. Set and cleared by the task thread. Never locked together with mu_.
   absl::Mutex comm_mu;
   comm::Communicator* comm ABSL_GUARDED_BY(comm_mu) = nullptr;
   std::thread thread;
@@ -227,15 +230,17 @@ absl::Status Worker::Start() {
 
 void Worker::Stop() {
   absl::MutexLock stop_lock(&stop_mu_);
+  std::vector<std::shared_ptr<Task>> to_abort;
   {
     absl::MutexLock lock(&mu_);
     if (!started_ || stopped_) return;
     stopping_ = true;
     UpdateReadyLocked();
     if (stream_context_ != nullptr) stream_context_->TryCancel();
-    CancelAllLocked(/*silent=*/false, "worker shutting down");
+    CancelAllLocked(/*silent=*/false, "worker shutting down", &to_abort);
     cv_.SignalAll();
   }
+  AbortComms(to_abort, "worker shutting down");
   NotifyReady();
   LogEvent("stopping: no new work, running tasks cancelled");
   stream_thread_.join();
@@ -313,13 +318,18 @@ void Worker::SessionLoop() {
   while (!stop_session_) {
     if (worker_id_.empty() || reregister_) {
       if (reregister_) {
-        CancelAllLocked(/*silent=*/true, "coordinator asked this worker to re-register");
+        const char* why = "coordinator asked this worker to re-register";
+        std::vector<std::shared_ptr<Task>> to_abort;
+        CancelAllLocked(/*silent=*/true, why, &to_abort);
         worker_id_.clear();
         reregister_ = false;
         draining_ = false;
         UpdateReadyLocked();
         if (stream_context_ != nullptr) stream_context_->TryCancel();
         cv_.SignalAll();
+        mu_.Unlock();
+        AbortComms(to_abort, why);
+        mu_.Lock();
         // A cancelled task stops only after its current engine step. Registering before it has
         // would advertise a slot that is still busy, and the coordinator's next assignment would
         // bounce off it; so the new registration waits until every slot is really free.
@@ -597,21 +607,44 @@ void Worker::HandleAssign(const v1::TaskAssignment& assign) {
 }
 
 void Worker::HandleCancel(const v1::CancelTask& cancel) {
-  absl::MutexLock lock(&mu_);
-  auto it = tasks_.find(cancel.task_id());
-  if (it == tasks_.end() || it->second->done) {
-    LogEvent("cancel for task ", cancel.task_id(), " which is not running here; ignored");
-    return;
-  }
   const std::string why = cancel.reason().empty() ? "no reason given" : cancel.reason();
-  CancelTaskNow(it->second.get(), why);
+  std::shared_ptr<Task> task;
+  {
+    absl::MutexLock lock(&mu_);
+    auto it = tasks_.find(cancel.task_id());
+    if (it == tasks_.end() || it->second->done) {
+      LogEvent("cancel for task ", cancel.task_id(), " which is not running here; ignored");
+      return;
+    }
+    task = it->second;
+    task->cancel = true;
+    absl::MutexLock comm_lock(&task->comm_mu);
+    if (task->comm != nullptr) task->comm->Abort(why);
+  }
   LogEvent("task ", cancel.task_id(), " cancel requested: ", why);
 }
 
-void Worker::CancelTaskNow(Task* task, const std::string& why) {
-  task->cancel = true;
-  absl::MutexLock lock(&task->comm_mu);
-  if (task->comm != nullptr) task->comm->Abort(absl::StrCat("the task was cancelled: ", why));
+void Worker::AbortComms(const std::vector<std::shared_ptr<Task>>& tasks, const std::string& why) {
+  for (const std::shared_ptr<Task>& task : tasks) {
+    // The task thread clears `comm` under comm_mu before destroying it, so it lives until here.
+    absl::MutexLock lock(&task->comm_mu);
+    if (task->comm != nullptr) task->comm->Abort(absl::StrCat("the task was cancelled: ", why));
+  }
+}
+
+absl::StatusOr<int64_t> Worker::ReserveMemory(Task* task, int64_t planned_bytes) {
+  // The device is read under mu_: a figure read before another task's admission or allocations
+  // were accounted would let both count the same bytes.
+  absl::MutexLock lock(&mu_);
+  absl::StatusOr<int64_t> free_bytes = device_->FreeMemoryBytes();
+  if (!free_bytes.ok()) return free_bytes.status();
+  int64_t claimed = 0;
+  for (const auto& entry : tasks_) {
+    if (entry.second.get() != task) claimed += entry.second->claimed_bytes;
+  }
+  const int64_t available = std::max<int64_t>(0, *free_bytes - claimed);
+  if (planned_bytes <= available) task->claimed_bytes = planned_bytes;
+  return available;
 }
 
 void Worker::RefuseTask(const std::string& task_id, absl::Status why) {
@@ -624,11 +657,13 @@ void Worker::RefuseTask(const std::string& task_id, absl::Status why) {
   Enqueue(std::move(report), /*final=*/true);
 }
 
-void Worker::CancelAllLocked(bool silent, const char* why) {
+void Worker::CancelAllLocked(bool silent, const char* why,
+                             std::vector<std::shared_ptr<Task>>* to_abort) {
   for (auto& entry : tasks_) {
     Task& task = *entry.second;
     if (task.done) continue;
-    CancelTaskNow(&task, why);
+    task.cancel = true;
+    to_abort->push_back(entry.second);
     LogEvent("task ", entry.first, " cancelled: ", why);
     if (silent) {
       task.silent = true;
@@ -675,6 +710,15 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
   AttentionTaskOptions run_options;
   run_options.num_threads = threads_per_task_;
   run_options.available_memory_bytes = task->budget_bytes;
+  if (false) {
+    run_options.reserve_memory = [this, &task](int64_t planned_bytes) {
+      return ReserveMemory(task.get(), planned_bytes);
+    };
+    run_options.on_allocated = [this, &task](int64_t bytes) {
+      absl::MutexLock lock(&mu_);
+      task->claimed_bytes = std::max<int64_t>(0, task->claimed_bytes - bytes);
+    };
+  }
   run_options.member_name = absl::StrCat(options_.name, " (", worker_id(), ")");
   run_options.default_comm_timeout = options_.default_comm_timeout;
   run_options.on_phase = [&](v1::RankPhase phase) { task->phase = phase; };
@@ -724,6 +768,7 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
   {
     absl::MutexLock lock(&mu_);
     reserved_bytes_ -= task->reserved_bytes;
+    task->claimed_bytes = 0;
     if (!task->silent) unreported_[id] = task->steps_done.load();
     finished_.insert(id);
     finished_order_.push_back(id);
@@ -813,13 +858,20 @@ void Worker::ReporterLoop() {
                  " report with stop; stopping it and reporting it no more");
         silenced_.insert(id);
         unreported_.erase(id);
+        std::shared_ptr<Task> task;
         auto it = tasks_.find(id);
         if (it != tasks_.end() && !it->second->done) {
-          it->second->silent = true;
-          CancelTaskNow(it->second.get(), "the coordinator no longer wants it");
+          task = it->second;
+          task->silent = true;
+          task->cancel = true;
         }
         for (auto r = reports_.begin(); r != reports_.end();) {
           r = r->report.task_id() == id ? reports_.erase(r) : std::next(r);
+        }
+        if (task != nullptr) {
+          mu_.Unlock();
+          AbortComms({task}, "the coordinator no longer wants it");
+          mu_.Lock();
         }
       } else if (pending.final) {
         LogEvent("task ", id, ": ", state, " report delivered");

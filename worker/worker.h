@@ -23,6 +23,21 @@
 // host (CPU backend, Gloo rings) unless WorkerOptions::device says otherwise (a GPU). Heartbeats
 // list every task with its steps and phase (preparing, forming its ring, running, finished).
 //
+// Memory. With WorkerOptions::memory_bytes, a task's budget is that figure less the plans of the
+// tasks assigned before it. Without it, a task checks its plan (rank_memory_plan.h) when it starts,
+// against the device's free bytes (MemAvailable, cudaMemGetInfo) less the claims of the worker's
+// other tasks. A task's claim is its plan less the tensors it has allocated so far: from admission
+// (its plan fitted) until it finishes. The free figure already shows allocated tensors, but not the
+// rest of a plan (engine workspace and ring buffers, which come and go within each step), so that
+// rest stays claimed while the task runs. The read of free bytes, the sum of claims and the
+// admission happen in one step under the worker's lock, so the plans admitted never add up to more
+// than was free. A plan that does not fit is refused at once (FAILED, RESOURCE_EXHAUSTED naming
+// the plan and the bytes left for it), never queued.
+//
+// Cancels mark a task under the worker's lock but abort its ring communicator after releasing it
+// (under the task's own communicator lock): an abort (ncclCommAbort) can take seconds, and must
+// not hold up heartbeats, reports or assignments meanwhile.
+//
 // Thread-safety: every public method may be called from any thread. Callbacks in WorkerOptions run
 // on the worker's threads and must not call Stop().
 #ifndef DATTN_WORKER_WORKER_H_
@@ -145,11 +160,18 @@ class Worker {
   // Queues a report; PROGRESS replaces a queued PROGRESS of the same task.
   void Enqueue(v1::TaskReport report, bool final) ABSL_LOCKS_EXCLUDED(mu_);
   void RefuseTask(const std::string& task_id, absl::Status why) ABSL_LOCKS_EXCLUDED(mu_);
-  // Cancels every running task; `silent` ones send no further report.
-  void CancelAllLocked(bool silent, const char* why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // Marks every running task cancelled; `silent` ones send no further report. The caller passes
+  // `to_abort` to AbortComms once it has released mu_.
+  void CancelAllLocked(bool silent, const char* why, std::vector<std::shared_ptr<Task>>* to_abort)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void ReapLocked(std::vector<std::thread>* to_join) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Marks the task cancelled and aborts its ring communicator, if it has one.
-  static void CancelTaskNow(Task* task, const std::string& why);
+  // Aborts the ring communicator of each task, if it has one, under the task's comm_mu (which keeps
+  // the communicator alive meanwhile). Without mu_: an abort may take seconds on a GPU.
+  void AbortComms(const std::vector<std::shared_ptr<Task>>& tasks, const std::string& why)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  // AttentionTaskOptions::reserve_memory of `task`: the device's free bytes less the claims of the
+  // other tasks (see Memory above); admits `task` with `planned_bytes` when they fit.
+  absl::StatusOr<int64_t> ReserveMemory(Task* task, int64_t planned_bytes) ABSL_LOCKS_EXCLUDED(mu_);
   int64_t FreeMemoryBytes() const ABSL_LOCKS_EXCLUDED(mu_);
   // Sleeps up to `d` with mu_ released, returning early once `wake` (checked on every signal of
   // cv_, with mu_ held) is true.

@@ -14,11 +14,14 @@
 #include <string>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
 #include "dattn/v1/worker.grpc.pb.h"
+#include "engine/comm/tcp_store.h"
+#include "engine/memory_plan.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "worker/attention_task.h"
@@ -109,6 +112,150 @@ v1::WorkerCommand Cancel(const std::string& task_id) {
   command.mutable_cancel()->set_task_id(task_id);
   command.mutable_cancel()->set_reason("test cancels it");
   return command;
+}
+
+// A communicator whose Abort waits at the device's abort gate before aborting (a slow
+// ncclCommAbort); everything else goes to the wrapped one.
+class GatedAbortComm;
+
+// The host device with a memory of `capacity` bytes of which "free" is what its live allocations
+// leave, and two gates: one that holds every tensor allocation, and one that holds every Abort of
+// its communicators.
+class GatedDevice final : public TaskDevice {
+ public:
+  explicit GatedDevice(int64_t capacity) : capacity_(capacity) {
+    absl::StatusOr<std::unique_ptr<TaskDevice>> host = NewCpuDevice();
+    EXPECT_TRUE(host.ok()) << host.status();
+    host_ = *std::move(host);
+  }
+
+  void HoldAllocations(bool hold) {
+    absl::MutexLock lock(&mu_);
+    hold_allocations_ = hold;
+  }
+  void HoldAborts(bool hold) {
+    absl::MutexLock lock(&mu_);
+    hold_aborts_ = hold;
+  }
+  // Waits up to 10 s for `pred` (called with mu_ held).
+  bool WaitFor(const std::function<bool()>& pred) {
+    absl::MutexLock lock(&mu_);
+    return mu_.AwaitWithTimeout(absl::Condition(&pred, &std::function<bool()>::operator()),
+                                absl::Seconds(10));
+  }
+  int allocations_started() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return allocations_; }
+  int aborts_started() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return aborts_; }
+
+  // Called by GatedAbortComm::Abort before it aborts.
+  void AbortGate() {
+    absl::MutexLock lock(&mu_);
+    ++aborts_;
+    mu_.Await(absl::Condition(
+        +[](bool* hold) { return !*hold; }, &hold_aborts_));
+  }
+
+  const BackendCaps& caps() const override { return host_->caps(); }
+  std::string device_name() const override { return host_->device_name(); }
+  int device_index() const override { return 0; }
+  int64_t total_memory_bytes() const override { return capacity_; }
+  absl::StatusOr<int64_t> FreeMemoryBytes() const override {
+    absl::MutexLock lock(&mu_);
+    return capacity_ - allocated_;
+  }
+  std::vector<std::string> ring_backends() const override { return host_->ring_backends(); }
+  bool host_memory() const override { return true; }
+  absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes, const std::string& what) override {
+    {
+      absl::MutexLock lock(&mu_);
+      ++allocations_;
+      mu_.Await(absl::Condition(
+          +[](bool* hold) { return !*hold; }, &hold_allocations_));
+    }
+    absl::StatusOr<DeviceBuffer> buffer = host_->Allocate(bytes, what);
+    if (!buffer.ok()) return buffer.status();
+    std::function<void(void*)> free_host = buffer->get_deleter();
+    absl::MutexLock lock(&mu_);
+    allocated_ += bytes;
+    return DeviceBuffer(buffer->release(), [this, free_host, bytes](void* p) {
+      free_host(p);
+      absl::MutexLock lock(&mu_);
+      allocated_ -= bytes;
+    });
+  }
+  absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override {
+    return host_->CopyToDevice(dst, src, bytes);
+  }
+  absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override {
+    return host_->CopyToHost(dst, src, bytes);
+  }
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> NewBackend(int threads) override {
+    return host_->NewBackend(threads);
+  }
+  absl::Status Finish(AttentionBackend* backend) override { return host_->Finish(backend); }
+  absl::StatusOr<std::unique_ptr<ring::BlockKernels>> NewRingKernels(int threads) override {
+    return host_->NewRingKernels(threads);
+  }
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> NewCommunicator(
+      const std::string& backend, std::shared_ptr<comm::Store> store, int rank, int size,
+      const std::string& prefix, absl::Duration timeout) override;
+
+ private:
+  std::unique_ptr<TaskDevice> host_;
+  const int64_t capacity_;
+  mutable absl::Mutex mu_;
+  int64_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
+  bool hold_allocations_ ABSL_GUARDED_BY(mu_) = false;
+  bool hold_aborts_ ABSL_GUARDED_BY(mu_) = false;
+  int allocations_ ABSL_GUARDED_BY(mu_) = 0;
+  int aborts_ ABSL_GUARDED_BY(mu_) = 0;
+};
+
+class GatedAbortComm final : public comm::Communicator {
+ public:
+  GatedAbortComm(GatedDevice* device, std::unique_ptr<comm::Communicator> inner)
+      : device_(device), inner_(std::move(inner)) {}
+  int rank() const override { return inner_->rank(); }
+  int size() const override { return inner_->size(); }
+  Device device() const override { return inner_->device(); }
+  const char* name() const override { return inner_->name(); }
+  absl::Duration timeout() const override { return inner_->timeout(); }
+  absl::StatusOr<std::unique_ptr<comm::Work>> StartGroup(absl::Span<const comm::P2POp> ops,
+                                                         comm::Stream after) override {
+    return inner_->StartGroup(ops, after);
+  }
+  absl::Status AllGather(const void* send, void* recv, int64_t count, DType dtype,
+                         comm::Stream stream) override {
+    return inner_->AllGather(send, recv, count, dtype, stream);
+  }
+  absl::Status AllReduce(const void* send, void* recv, int64_t count, DType dtype,
+                         comm::ReduceOp op, comm::Stream stream) override {
+    return inner_->AllReduce(send, recv, count, dtype, op, stream);
+  }
+  absl::Status Barrier() override { return inner_->Barrier(); }
+  absl::Status Synchronize(comm::Stream stream) override { return inner_->Synchronize(stream); }
+  void Abort(const std::string& reason) override {
+    device_->AbortGate();
+    inner_->Abort(reason);
+  }
+  absl::Status health() const override { return inner_->health(); }
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> Shrink(
+      absl::Span<const int> exclude) override {
+    return inner_->Shrink(exclude);
+  }
+  comm::CommStats stats() const override { return inner_->stats(); }
+
+ private:
+  GatedDevice* const device_;
+  std::unique_ptr<comm::Communicator> inner_;
+};
+
+absl::StatusOr<std::unique_ptr<comm::Communicator>> GatedDevice::NewCommunicator(
+    const std::string& backend, std::shared_ptr<comm::Store> store, int rank, int size,
+    const std::string& prefix, absl::Duration timeout) {
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> inner =
+      host_->NewCommunicator(backend, std::move(store), rank, size, prefix, timeout);
+  if (!inner.ok()) return inner.status();
+  return std::make_unique<GatedAbortComm>(this, *std::move(inner));
 }
 
 TEST(WorkerTest, RegistersWithItsCapabilitiesAndHeartbeats) {
@@ -390,6 +537,117 @@ TEST(WorkerTest, StopCancelsRunningTasksAndReportsThem) {
   absl::MutexLock lock(&fake.mu_);
   std::vector<v1::TaskReport> reports = fake.ReportsOfLocked("j-9/1/0");
   EXPECT_EQ(reports.back().state(), v1::TASK_STATE_CANCELLED);
+}
+
+// Two slots, a device whose free memory fits one plan and not two. The first task is admitted and
+// held before it allocates anything (the device still shows all its memory free); the second must
+// not count the same free bytes: it is refused at once, naming its plan and the bytes left for it.
+TEST(WorkerTest, TwoTasksNeverCountTheSameFreeMemory) {
+  const std::string address = "unix:" + SocketPath("memory");
+  FakeCoordinator coordinator(address);
+  ASSERT_TRUE(coordinator.ok());
+  FakeRegistry& fake = coordinator.registry();
+  const v1::WorkerCommand first = Assign("j-10/1/0", 2);
+  auto plan_device = std::make_shared<GatedDevice>(0);
+  absl::StatusOr<AttentionTaskPlan> plan =
+      PlanAttentionTask(first.assign(), plan_device->caps(), /*num_threads=*/1);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const int64_t planned = plan->memory.total_bytes();
+  const int64_t capacity = planned + planned / 2;
+  auto device = std::make_shared<GatedDevice>(capacity);
+  device->HoldAllocations(true);
+  WorkerOptions options = TestOptions(address);
+  options.max_ranks = 2;
+  options.device = device;
+  Worker worker(options);
+  // Opens the gate before the worker's destructor waits for its tasks, whatever happens above.
+  auto open = absl::MakeCleanup([&] { device->HoldAllocations(false); });
+  ASSERT_TRUE(worker.Start().ok());
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+
+  fake.Push(first);
+  ASSERT_TRUE(device->WaitFor([&]() { return device->allocations_started() >= 1; }))
+      << "the first task never started allocating";
+  fake.Push(Assign("j-11/1/0", 2));
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-11/1/0"); }))
+      << "the second task was admitted on memory the first has planned";
+  const v1::TaskReport refused = fake.ReportsOf("j-11/1/0").back();
+  EXPECT_EQ(refused.state(), v1::TASK_STATE_FAILED);
+  EXPECT_EQ(refused.error_code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_NE(refused.error().find(plan->memory.DebugString()), std::string::npos) << refused.error();
+  EXPECT_NE(refused.error().find(absl::StrCat("only ", FormatBytes(capacity - planned), " of")),
+            std::string::npos)
+      << refused.error();
+
+  device->HoldAllocations(false);
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-10/1/0"); }));
+  EXPECT_EQ(fake.ReportsOf("j-10/1/0").back().state(), v1::TASK_STATE_SUCCEEDED)
+      << fake.ReportsOf("j-10/1/0").back().error();
+  // The first task's claim ends with it: the same plan fits again.
+  fake.Push(Assign("j-12/1/0", 2));
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-12/1/0"); }));
+  EXPECT_EQ(fake.ReportsOf("j-12/1/0").back().state(), v1::TASK_STATE_SUCCEEDED)
+      << fake.ReportsOf("j-12/1/0").back().error();
+}
+
+// A rank of a two-rank ring is cancelled while both run on this worker, and its communicator's
+// abort hangs (as ncclCommAbort may for seconds): the worker keeps heartbeating meanwhile, and the
+// cancel completes once the abort returns.
+TEST(WorkerTest, HeartbeatsGoOnWhileACancelledRingRankAborts) {
+  const std::string address = "unix:" + SocketPath("abort");
+  FakeCoordinator coordinator(address);
+  ASSERT_TRUE(coordinator.ok());
+  FakeRegistry& fake = coordinator.registry();
+  absl::StatusOr<std::unique_ptr<comm::TcpStoreServer>> store = comm::TcpStoreServer::Start();
+  ASSERT_TRUE(store.ok()) << store.status();
+  auto device = std::make_shared<GatedDevice>(int64_t{1} << 30);
+  WorkerOptions options = TestOptions(address);
+  options.max_ranks = 2;
+  options.device = device;
+  Worker worker(options);
+  auto open = absl::MakeCleanup([&] { device->HoldAborts(false); });
+  ASSERT_TRUE(worker.Start().ok());
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+
+  for (int rank = 0; rank < 2; ++rank) {
+    v1::WorkerCommand command = Assign(absl::StrCat("j-20/1/", rank), 1000000);
+    v1::TaskAssignment* task = command.mutable_assign();
+    task->set_job_id("j-20");
+    task->set_rank(rank);
+    task->mutable_spec()->mutable_attention()->set_num_ranks(2);
+    v1::RingInfo* ring = task->mutable_ring();
+    ring->set_ring_id("j-20/1");
+    ring->set_rank(rank);
+    ring->set_size(2);
+    ring->set_backend("gloo");
+    ring->set_store_address((*store)->address());
+    ring->set_formation_timeout_ms(10000);
+    ring->set_comm_timeout_ms(5000);
+    fake.Push(command);
+  }
+  ASSERT_TRUE(fake.WaitFor([&]() {
+    return fake.HasStateLocked("j-20/1/0", v1::TASK_STATE_STARTED) &&
+           fake.HasStateLocked("j-20/1/1", v1::TASK_STATE_STARTED);
+  })) << "the ring did not start";
+
+  device->HoldAborts(true);
+  fake.Push(Cancel("j-20/1/0"));
+  ASSERT_TRUE(device->WaitFor([&]() { return device->aborts_started() >= 1; }))
+      << "the cancel did not abort the rank's communicator";
+  const size_t seen = [&]() {
+    absl::MutexLock lock(&fake.mu_);
+    return fake.heartbeats_.size();
+  }();
+  EXPECT_TRUE(fake.WaitFor([&]() { return fake.heartbeats_.size() >= seen + 3; }, absl::Seconds(3)))
+      << "heartbeats stalled while a communicator was aborting";
+
+  device->HoldAborts(false);
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-20/1/0"); }));
+  EXPECT_EQ(fake.ReportsOf("j-20/1/0").back().state(), v1::TASK_STATE_CANCELLED)
+      << fake.ReportsOf("j-20/1/0").back().error();
+  // Its peer loses the ring and fails.
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-20/1/1"); }));
+  EXPECT_EQ(fake.ReportsOf("j-20/1/1").back().state(), v1::TASK_STATE_FAILED);
 }
 
 TEST(WorkerTest, RejectsBadOptions) {

@@ -9,6 +9,7 @@
 
 #include <algorithm>
 #include <cerrno>
+#include <climits>
 #include <cstring>
 #include <utility>
 
@@ -36,8 +37,15 @@ absl::StatusOr<bool> PollUntil(int fd, short events, absl::Time deadline) {
     const absl::Duration left = deadline - absl::Now();
     if (left <= absl::ZeroDuration()) return false;
     pollfd p{fd, events, 0};
-    const int ms =
-        static_cast<int>(std::min<int64_t>(absl::ToInt64Milliseconds(left) + 1, 1 << 30));
+    // An infinite wait blocks in poll (-1); ToInt64Milliseconds saturates there and the + 1 that
+    // keeps poll from waking just before the deadline would overflow. Finite waits beyond poll's
+    // int range wake at INT_MAX ms and poll again.
+    int ms = -1;
+    if (left != absl::InfiniteDuration()) {
+      ms = left >= absl::Milliseconds(INT_MAX - 1)
+               ? INT_MAX
+               : static_cast<int>(absl::ToInt64Milliseconds(left)) + 1;
+    }
     const int rv = ::poll(&p, 1, ms);
     if (rv > 0) return true;
     if (rv == 0) continue;

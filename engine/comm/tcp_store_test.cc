@@ -1,5 +1,7 @@
 #include "engine/comm/tcp_store.h"
 
+#include <time.h>
+
 #include <atomic>
 #include <thread>
 
@@ -50,6 +52,55 @@ TEST(TcpStoreTest, GetWaitsForALaterSet) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(*got, "here");
   EXPECT_GE(absl::Now() - start, absl::Milliseconds(150));
+}
+
+// CPU time of the calling thread: a wait that blocks in poll uses almost none, one that spins
+// through poll(0) uses about as much as it waits.
+absl::Duration ThreadCpuTime() {
+  timespec ts{};
+  clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return absl::DurationFromTimespec(ts);
+}
+
+// Sets `key` from another client after `delay`.
+std::thread SetLater(TcpStore* client, const std::string& key, absl::Duration delay) {
+  return std::thread([client, key, delay] {
+    absl::SleepFor(delay);
+    EXPECT_TRUE(client->Set(key, "here").ok());
+  });
+}
+
+TEST(TcpStoreTest, GetWithoutATimeoutBlocksUntilTheSet) {
+  auto server = StartServer();
+  auto a = Client(*server);
+  auto b = Client(*server);
+  std::thread setter = SetLater(b.get(), "late", absl::Milliseconds(400));
+  const absl::Time start = absl::Now();
+  const absl::Duration cpu_start = ThreadCpuTime();
+  absl::StatusOr<std::string> got = a->Get("late", absl::InfiniteDuration());
+  const absl::Duration cpu = ThreadCpuTime() - cpu_start;
+  setter.join();
+  ASSERT_TRUE(got.ok()) << got.status();
+  EXPECT_EQ(*got, "here");
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(350));
+  EXPECT_LT(cpu, absl::Milliseconds(100)) << "the wait spun instead of blocking";
+}
+
+TEST(TcpStoreTest, WaitWithoutATimeoutBlocksUntilTheSet) {
+  auto server = StartServer();
+  auto a = Client(*server);
+  auto b = Client(*server);
+  ASSERT_TRUE(b->Set("early", "").ok());
+  std::thread setter = SetLater(b.get(), "late", absl::Milliseconds(400));
+  const absl::Time start = absl::Now();
+  const absl::Duration cpu_start = ThreadCpuTime();
+  absl::Status s = a->Wait({"early", "late"}, absl::InfiniteDuration());
+  const absl::Duration cpu = ThreadCpuTime() - cpu_start;
+  setter.join();
+  ASSERT_TRUE(s.ok()) << s;
+  EXPECT_EQ(*a->Get("late", absl::ZeroDuration()), "here");
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(350));
+  EXPECT_LT(cpu, absl::Milliseconds(100)) << "the wait spun instead of blocking";
 }
 
 TEST(TcpStoreTest, GetTimesOutNamingTheKey) {

@@ -82,12 +82,19 @@ absl::Status RingAttention::CheckAgreement(const RingGeometry& geo, bool backwar
   const double scale = spec.ScaleFor(s.head_dim);
   uint64_t scale_bits = 0;
   std::memcpy(&scale_bits, &scale, sizeof(scale));
+  // The schedule of every group, not the mode: under kAuto it follows from each rank's own cost
+  // model, and ranks that choose differently post sends and receives that never match. The plan is
+  // rank-independent in its groups and schedules, so any difference here is a configuration one.
+  const RingPlan plan = PlanRing(geo, backward, PlanOptionsFor());
+  std::vector<const char*> schedules;
+  schedules.reserve(plan.groups.size());
+  for (const Group& g : plan.groups) schedules.push_back(ScheduleName(g.schedule));
   const std::string call = absl::StrCat(
       backward ? "bwd" : "fwd", "|", AttentionModeName(spec.mode), "|",
       HeadOffsetsName(spec.head_offsets), "|", spec.causal, "|", scale_bits, "|",
       absl::StrJoin(spec.segment_lengths, ","), "|", absl::StrJoin(spec.dilation_rates, ","), "|",
       s.batch, ",", s.seq_len, ",", s.num_heads, ",", s.head_dim, "|", DTypeName(geo.dtype()), "|",
-      ExchangeModeName(options_.mode));
+      ExchangeModeName(options_.mode), "|schedules ", absl::StrJoin(schedules, ","));
   const uint64_t mine = Fnv1a(call);
   const int p = comm_->size();
   const int64_t bytes = 8 * (p + 1);

@@ -11,8 +11,9 @@
 // (RingPlan::buffer_bytes).
 //
 // Collective contract: every rank of the communicator calls Forward (or Backward) with the same
-// spec, the same global N and same-shaped shards, in the same order. With check_agreement (the
-// default) a small all-gather of a fingerprint of the call turns a disagreement into
+// spec, the same global N and same-shaped shards, in the same order, and with options that lead to
+// the same schedules (RingOptions::cost under kAuto). With check_agreement (the default) a small
+// all-gather of a fingerprint of the call (the schedules chosen included) turns a disagreement into
 // FAILED_PRECONDITION on every rank instead of a hang or a wrong answer.
 //
 // Errors: INVALID_ARGUMENT for the shapes and values of validate.h (on the shard) and for N not

@@ -366,6 +366,64 @@ TEST(RingAttentionTest, RanksThatDisagreeOnTheCallFailTogether) {
   }
 }
 
+// Under ExchangeMode::kAuto each rank picks a group's schedule from its own cost model: a rank
+// whose model differs would post all-gather transfers against its peers' ring ones.
+TEST(RingAttentionTest, RanksWhoseCostModelsChooseDifferentSchedulesFailTogether) {
+  constexpr int kRanks = 3;
+  absl::StatusOr<std::unique_ptr<comm::TcpStoreServer>> server = comm::TcpStoreServer::Start();
+  ASSERT_TRUE(server.ok());
+  // Rank 1 sees messages as expensive and compute as free, so all-gather (one message instead of
+  // P - 1) wins; the others may not give all-gather any memory, so they keep the ring.
+  auto options_for = [](int r) {
+    RingOptions options;
+    options.mode = ExchangeMode::kAuto;
+    CostModel cost = CostModel::ForCpu();
+    if (r == 1) {
+      cost.latency_s = 1.0;
+      cost.flops_per_s = 1e18;
+    } else {
+      cost.allgather_memory_limit = 0;
+    }
+    options.cost = cost;
+    return options;
+  };
+  std::vector<absl::Status> results(kRanks);
+  std::vector<std::vector<Schedule>> chosen(kRanks);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < kRanks; ++r) {
+    threads.emplace_back([&, r] {
+      absl::StatusOr<std::unique_ptr<comm::Communicator>> comm =
+          Join((*server)->address(), r, kRanks, absl::Seconds(3));
+      if (!comm.ok()) {
+        results[r] = comm.status();
+        return;
+      }
+      std::unique_ptr<BlockKernels> kernels = NewCpuBlockKernels({1});
+      testing::RingCase c = DeadPeerCase(kRanks, /*causal=*/false);
+      HostTensor q(c.dtype, c.ShardDims()), out(c.dtype, c.ShardDims());
+      HostTensor lse(c.dtype, c.ShardLseDims());
+      q.Fill(0.25);
+      RingAttention ring(comm->get(), kernels.get(), options_for(r));
+      absl::StatusOr<RingPlan> plan = ring.Plan(c.spec, c.seq_len(), q.view(), false);
+      if (plan.ok()) {
+        for (const Group& g : plan->groups) chosen[r].push_back(g.schedule);
+      }
+      results[r] = ring.Forward(c.spec, c.seq_len(),
+                                ForwardArgs{q.view(), q.view(), q.view(), out.view(), lse.view()});
+    });
+  }
+  for (auto& t : threads) t.join();
+  // The case must really make the ranks choose differently, or it tests nothing.
+  ASSERT_FALSE(chosen[0].empty());
+  ASSERT_EQ(chosen[0], chosen[2]);
+  ASSERT_NE(chosen[0], chosen[1]);
+  for (int r = 0; r < kRanks; ++r) {
+    EXPECT_TRUE(absl::IsFailedPrecondition(results[r])) << "rank " << r << ": " << results[r];
+    EXPECT_NE(results[r].message().find(absl::StrCat("rank ", r == 1 ? 0 : 1)), std::string::npos)
+        << results[r];
+  }
+}
+
 }  // namespace
 }  // namespace ring
 }  // namespace dattn

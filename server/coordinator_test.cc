@@ -1490,6 +1490,25 @@ TEST_F(CoordinatorTest, ACheckedJobWaitsWhenWorkersGoAway) {
   EXPECT_THAT(EventKinds(job), ElementsAre("submitted"));
 }
 
+// After a restart, workers re-register one by one (each once its cancelled tasks stop). A ring that
+// was running before is not failed by the feasibility check while only part of its cluster is back.
+TEST_F(CoordinatorTest, ARingPlacedBeforeARestartWaitsForItsWorkers) {
+  options_.feasibility_settle = absl::Milliseconds(50);
+  Restart();
+  std::vector<FakeWorker*> workers = {AddWorker("a"), AddWorker("b")};
+  const std::string ring = Submit(RingRequest("ring", 2)).job_id();
+  ASSERT_TRUE(WaitState(ring, v1::JOB_STATE_PLACED));
+  Restart();
+  FakeWorker* back = AddWorker("a");
+  absl::SleepFor(absl::Milliseconds(400));  // Well past the settle time, one worker of two back.
+  v1::Job job = Get(ring, true);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED) << job.state_reason();
+  FakeWorker* other = AddWorker("b");
+  ASSERT_TRUE(WaitState(ring, v1::JOB_STATE_PLACED)) << Get(ring).state_reason();
+  EXPECT_TRUE(back->Next().has_value());
+  EXPECT_TRUE(other->Next().has_value());
+}
+
 TEST_F(CoordinatorTest, AWorkerWhoseStreamBrokeGetsNoNewRanks) {
   FakeWorker* worker = AddWorker("flaky");
   worker->StopStream();  // The worker's connection goes away; it still heartbeats.

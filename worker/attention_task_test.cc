@@ -332,6 +332,52 @@ TEST(AttentionTaskTest, RefusesAPlanThatDoesNotFit) {
   EXPECT_TRUE(RunAttentionTask(task, host.get(), options).ok());
 }
 
+// Without a fixed budget, the caller's reserve_memory decides what is free: it is asked once, with
+// the plan's total, before anything is allocated; on_allocated then reports every tensor.
+TEST(AttentionTaskTest, ReserveMemoryDecidesAndAllocationsAreReported) {
+  v1::TaskAssignment task = SmallTask(v1::DTYPE_FP64, v1::PASS_FORWARD_BACKWARD, 1);
+  std::unique_ptr<TaskDevice> host = Host();
+  absl::StatusOr<AttentionTaskPlan> plan = PlanAttentionTask(task, host->caps(), 1);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  const int64_t planned = plan->memory.total_bytes();
+
+  AttentionTaskOptions options;
+  std::vector<int64_t> asked;
+  int64_t allocated = 0;
+  options.reserve_memory = [&](int64_t bytes) -> absl::StatusOr<int64_t> {
+    asked.push_back(bytes);
+    EXPECT_EQ(allocated, 0) << "asked after allocating";
+    return planned - 1;
+  };
+  options.on_allocated = [&](int64_t bytes) { allocated += bytes; };
+  absl::StatusOr<AttentionTaskResult> result = RunAttentionTask(task, host.get(), options);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted) << result.status();
+  EXPECT_NE(result.status().message().find(plan->memory.DebugString()), absl::string_view::npos)
+      << result.status();
+  EXPECT_NE(result.status().message().find(FormatBytes(planned - 1)), absl::string_view::npos)
+      << result.status();
+  EXPECT_EQ(asked, std::vector<int64_t>{planned});
+  EXPECT_EQ(allocated, 0);
+
+  // Its errors end the task unchanged.
+  options.reserve_memory = [](int64_t) -> absl::StatusOr<int64_t> {
+    return absl::UnavailableError("free memory unreadable");
+  };
+  result = RunAttentionTask(task, host.get(), options);
+  EXPECT_EQ(result.status(), absl::UnavailableError("free memory unreadable"));
+
+  asked.clear();
+  options.reserve_memory = [&](int64_t bytes) -> absl::StatusOr<int64_t> {
+    asked.push_back(bytes);
+    return bytes;
+  };
+  result = RunAttentionTask(task, host.get(), options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(asked, std::vector<int64_t>{planned});
+  const MemoryPlan& m = plan->memory.shard;
+  EXPECT_EQ(allocated, m.inputs_bytes + m.outputs_bytes + m.lse_bytes);
+}
+
 TEST(AttentionTaskTest, DefaultsOfUnspecifiedEnums) {
   v1::AttentionSpec api;
   api.add_segment_lengths(8);

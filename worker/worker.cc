@@ -618,10 +618,9 @@ void Worker::HandleCancel(const v1::CancelTask& cancel) {
     }
     task = it->second;
     task->cancel = true;
-    absl::MutexLock comm_lock(&task->comm_mu);
-    if (task->comm != nullptr) task->comm->Abort(why);
   }
   LogEvent("task ", cancel.task_id(), " cancel requested: ", why);
+  AbortComms({task}, why);
 }
 
 void Worker::AbortComms(const std::vector<std::shared_ptr<Task>>& tasks, const std::string& why) {
@@ -710,7 +709,7 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
   AttentionTaskOptions run_options;
   run_options.num_threads = threads_per_task_;
   run_options.available_memory_bytes = task->budget_bytes;
-  if (false) {
+  if (task->budget_bytes < 0) {
     run_options.reserve_memory = [this, &task](int64_t planned_bytes) {
       return ReserveMemory(task.get(), planned_bytes);
     };

@@ -45,7 +45,33 @@ absl::StatusOr<JobRequest> JobQueue::Dispatch(const std::string& job_id) {
   JobRequest job = it->second;
   Erase(job);
   last_served_[job.tenant] = ++serve_clock_;
+  PruneLastServed();
   return job;
+}
+
+void JobQueue::PruneLastServed() {
+  // Tenant names come from clients, so the record must not grow with every name ever served. When
+  // it holds more than twice the tenants with queued jobs (plus slack), the longest-idle tenants
+  // with nothing queued are forgotten, down to half that; a forgotten tenant that returns counts as
+  // never served (it may go before tenants waiting then: the price of a bounded record).
+  absl::flat_hash_map<std::string, bool> queued;
+  for (const auto& [priority, tenants] : by_priority_) {
+    (void)priority;
+    for (const auto& [tenant, fifo] : tenants) {
+      if (!fifo.empty()) queued[tenant] = true;
+    }
+  }
+  const size_t cap = 2 * queued.size() + 64;
+  if (last_served_.size() <= cap) return;
+  std::vector<std::pair<uint64_t, std::string>> idle;
+  for (const auto& [tenant, served] : last_served_) {
+    if (!queued.contains(tenant)) idle.emplace_back(served, tenant);
+  }
+  std::sort(idle.begin(), idle.end());
+  const size_t keep = queued.size() + 32;
+  for (size_t k = 0; k < idle.size() && last_served_.size() > keep; ++k) {
+    last_served_.erase(idle[k].second);
+  }
 }
 
 const JobRequest* JobQueue::Find(const std::string& job_id) const {

@@ -10,9 +10,11 @@
 //      Fairness counts jobs, not ranks or device time: a tenant of 8-rank jobs and one of 1-rank
 //      jobs alternate jobs.
 //   3. Within one tenant and priority: FIFO by submit_seq, ties by job_id.
-// Only Dispatch() counts as serving a tenant; Remove() (a cancel) does not. The "last served"
-// record is kept per tenant for the queue's lifetime (it is not persisted: a restarted coordinator
-// starts with every tenant unserved, which only affects the order of the first turns).
+// Only Dispatch() counts as serving a tenant; Remove() (a cancel) does not. The record of when
+// tenants were served is bounded: beyond twice the tenants with queued jobs (+64), the longest-idle
+// tenants with nothing queued are forgotten and count as never served if they return. The "last
+// served" record is kept per tenant for the queue's lifetime (it is not persisted: a restarted
+// coordinator starts with every tenant unserved, which only affects the order of the first turns).
 //
 // Thread-safety: none. A JobQueue is a plain object; the owner serialises all calls (the
 // coordinator holds its lock around them).
@@ -62,6 +64,8 @@ class JobQueue {
   bool Contains(const std::string& job_id) const { return Find(job_id) != nullptr; }
 
   size_t size() const { return jobs_.size(); }
+  // Tenants whose last service is remembered (bounded; see PruneLastServed).
+  size_t remembered_tenants() const { return last_served_.size(); }
   bool empty() const { return jobs_.empty(); }
 
   // Every queued job in the order described at the top of this file (a snapshot; O(n log n)).
@@ -79,6 +83,10 @@ class JobQueue {
 
   absl::flat_hash_map<std::string, JobRequest> jobs_;
   std::map<int, TenantQueues, std::greater<int>> by_priority_;  // Highest priority first.
+  // Drops last_served_ entries that no longer matter (see the .cc), keeping it bounded by the
+  // number of tenants with queued jobs rather than by every tenant name ever served.
+  void PruneLastServed();
+
   // Tenant -> value of serve_clock_ at its last Dispatch; absent means never served.
   absl::flat_hash_map<std::string, uint64_t> last_served_;
   uint64_t serve_clock_ = 0;

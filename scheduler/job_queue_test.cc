@@ -249,3 +249,43 @@ TEST(JobQueueRandomTest, OrderMatchesTheContract) {
 }  // namespace
 }  // namespace scheduler
 }  // namespace dattn
+
+namespace dattn {
+namespace scheduler {
+namespace {
+
+// Tenant names come from clients: the "last served" record stays bounded however many tenants have
+// come and gone, and the order of the tenants still queued is unchanged by the pruning.
+TEST(JobQueueTest, LastServedRecordStaysBounded) {
+  JobQueue q;
+  int64_t seq = 0;
+  auto job = [&](const std::string& id, const std::string& tenant) {
+    JobRequest r;
+    r.job_id = id;
+    r.tenant = tenant;
+    r.submit_seq = ++seq;
+    r.num_ranks = 1;
+    r.memory_per_rank_bytes = 1;
+    r.dtype = "fp32";
+    return r;
+  };
+  ASSERT_TRUE(q.Enqueue(job("stay-1", "stay")).ok());
+  ASSERT_TRUE(q.Enqueue(job("stay-2", "stay")).ok());
+  ASSERT_TRUE(q.Dispatch("stay-1").ok());
+  for (int i = 0; i < 5000; ++i) {
+    const std::string tenant = "t" + std::to_string(i);
+    ASSERT_TRUE(q.Enqueue(job("j" + std::to_string(i), tenant)).ok());
+    ASSERT_TRUE(q.Dispatch("j" + std::to_string(i)).ok());
+  }
+  EXPECT_LE(q.remembered_tenants(), 2u * 1u + 64u + 1u);
+  // A never-served tenant goes before a served one, pruning or not.
+  ASSERT_TRUE(q.Enqueue(job("fresh-1", "fresh")).ok());
+  std::vector<JobRequest> order = q.Ordered();
+  ASSERT_EQ(order.size(), 2u);
+  EXPECT_EQ(order[0].job_id, "fresh-1");
+  EXPECT_EQ(order[1].job_id, "stay-2");
+}
+
+}  // namespace
+}  // namespace scheduler
+}  // namespace dattn

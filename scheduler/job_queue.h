@@ -12,9 +12,9 @@
 //   3. Within one tenant and priority: FIFO by submit_seq, ties by job_id.
 // Only Dispatch() counts as serving a tenant; Remove() (a cancel) does not. The record of when
 // tenants were served is bounded: beyond twice the tenants with queued jobs (+64), the longest-idle
-// tenants with nothing queued are forgotten and count as never served if they return. The "last
-// served" record is kept per tenant for the queue's lifetime (it is not persisted: a restarted
-// coordinator starts with every tenant unserved, which only affects the order of the first turns).
+// tenants with nothing queued are forgotten and count as never served if they return. The record is
+// not persisted: a restarted coordinator starts with every tenant unserved, which only affects the
+// order of the first turns.
 //
 // Thread-safety: none. A JobQueue is a plain object; the owner serialises all calls (the
 // coordinator holds its lock around them).

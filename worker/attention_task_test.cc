@@ -19,6 +19,7 @@
 #include "gtest/gtest.h"
 #include "worker/cpu_device.h"
 #include "worker/random_inputs.h"
+#include "worker/ring_join.h"
 
 namespace dattn {
 namespace worker {
@@ -559,6 +560,36 @@ TEST(AttentionTaskRingTest, ACancelIsSeenWhileWaitingForPeers) {
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
   EXPECT_EQ(phases,
             (std::vector<v1::RankPhase>{v1::RANK_PHASE_PREPARING, v1::RANK_PHASE_FORMING_RING}));
+}
+
+// A peer that passed the arrival barrier and then died leaves this rank inside the communicator's
+// own rendezvous (Gloo waits for the peer's address in the store, up to the communicator timeout):
+// a cancel still ends the rank promptly.
+TEST(AttentionTaskRingTest, ACancelIsSeenWhileFormingTheCommunicator) {
+  absl::StatusOr<std::unique_ptr<comm::TcpStoreServer>> server = comm::TcpStoreServer::Start();
+  ASSERT_TRUE(server.ok()) << server.status();
+  absl::StatusOr<std::unique_ptr<comm::TcpStore>> peer =
+      comm::TcpStore::Connect((*server)->address());
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  // Rank 1 "arrives" and is never heard of again.
+  ASSERT_TRUE((*peer)->Set(JoinedKey("r-dead", 1), "a peer that died after arriving").ok());
+  absl::StatusOr<std::unique_ptr<TaskDevice>> device = NewCpuDevice();
+  ASSERT_TRUE(device.ok()) << device.status();
+  v1::RingInfo ring;
+  ring.set_ring_id("r-dead");
+  ring.set_rank(0);
+  ring.set_size(2);
+  ring.set_backend("gloo");
+  ring.set_store_address((*server)->address());
+  ring.set_formation_timeout_ms(10000);
+  ring.set_comm_timeout_ms(60000);
+  RingJoinOptions options;
+  options.member_name = "rank 0";
+  const absl::Time start = absl::Now();
+  options.is_cancelled = [start] { return absl::Now() - start > absl::Milliseconds(500); };
+  absl::StatusOr<RingMembership> joined = JoinRing(ring, device->get(), options);
+  EXPECT_EQ(joined.status().code(), absl::StatusCode::kCancelled) << joined.status();
+  EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "waited for the communicator timeout";
 }
 
 // A cancel aborts the rank's communicator mid-step (the worker does it from another thread); its

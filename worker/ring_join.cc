@@ -2,6 +2,9 @@
 
 #include <algorithm>
 #include <chrono>
+#include <functional>
+#include <memory>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -41,6 +44,51 @@ absl::Status Validate(const v1::RingInfo& ring) {
   }
   return absl::OkStatus();
 }
+
+// The communicator's own rendezvous (Gloo's address exchange, NCCL's unique id) goes through the
+// ring's store and can block for the whole communicator timeout when a peer dies after the arrival
+// barrier. This view of the store waits in slices and gives up with CANCELLED as soon as the task
+// is cancelled, so neither a CancelTask nor the worker's Stop() waits for that timeout.
+class CancellableStore : public comm::Store {
+ public:
+  CancellableStore(std::shared_ptr<comm::Store> store, std::function<bool()> cancelled)
+      : store_(std::move(store)), cancelled_(std::move(cancelled)) {}
+
+  absl::Status Set(const std::string& key, const std::string& value) override {
+    return store_->Set(key, value);
+  }
+  absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) override {
+    return store_->Add(key, delta);
+  }
+  absl::StatusOr<std::string> Get(const std::string& key, absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    for (;;) {
+      const absl::Duration left = deadline - absl::Now();
+      absl::StatusOr<std::string> got = store_->Get(key, std::min(kPollSlice, left));
+      if (!absl::IsDeadlineExceeded(got.status()) || left <= kPollSlice) return got;
+      if (Cancelled()) return Cancel(key);
+    }
+  }
+  absl::Status Wait(const std::vector<std::string>& keys, absl::Duration timeout) override {
+    const absl::Time deadline = absl::Now() + timeout;
+    for (;;) {
+      const absl::Duration left = deadline - absl::Now();
+      absl::Status waited = store_->Wait(keys, std::min(kPollSlice, left));
+      if (!absl::IsDeadlineExceeded(waited) || left <= kPollSlice) return waited;
+      if (Cancelled()) return Cancel(absl::StrJoin(keys, ", "));
+    }
+  }
+
+ private:
+  bool Cancelled() const { return cancelled_ && cancelled_(); }
+  static absl::Status Cancel(const std::string& what) {
+    return absl::CancelledError(
+        absl::StrCat("cancelled while forming the communicator (waiting for ", what, ")"));
+  }
+
+  std::shared_ptr<comm::Store> store_;
+  std::function<bool()> cancelled_;
+};
 
 }  // namespace
 
@@ -121,10 +169,17 @@ absl::StatusOr<RingMembership> JoinRing(const v1::RingInfo& ring, TaskDevice* de
   const absl::Duration comm_timeout = ring.comm_timeout_ms() > 0
                                           ? absl::Milliseconds(ring.comm_timeout_ms())
                                           : options.default_comm_timeout;
+  auto comm_store = std::make_shared<CancellableStore>(store, options.is_cancelled);
   absl::StatusOr<std::unique_ptr<comm::Communicator>> comm =
-      device->NewCommunicator(ring.backend(), store, ring.rank(), ring.size(),
+      device->NewCommunicator(ring.backend(), comm_store, ring.rank(), ring.size(),
                               absl::StrCat(ring.ring_id(), "/comm"), comm_timeout);
-  if (!comm.ok()) return Prefixed(comm.status(), where);
+  if (!comm.ok()) {
+    if (cancelled()) {
+      return absl::CancelledError(absl::StrCat(
+          where, "cancelled while forming the communicator: ", comm.status().message()));
+    }
+    return Prefixed(comm.status(), where);
+  }
   RingMembership membership;
   membership.store = std::move(store);
   membership.comm = std::move(*comm);

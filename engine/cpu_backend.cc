@@ -29,6 +29,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu_attention_kernels.h"
+#include "engine/cpu_strided_blas.h"
 #include "engine/cpu_thread_pool.h"
 #include "engine/cpu_tiling.h"
 #include "engine/cpu_vector_math.h"
@@ -47,99 +48,12 @@ constexpr int64_t kTileK = 256;
 // Scratch per thread is bounded even for a huge head dim: the query tile shrinks instead.
 constexpr int64_t kMaxTileElements = int64_t{1} << 22;
 
-template <typename T>
-struct Blas;
-
-template <>
-struct Blas<float> {
-  static void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k,
-                   float alpha, const float* a, int64_t lda, const float* b, int64_t ldb,
-                   float beta, float* c, int64_t ldc) {
-    cblas_sgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
-                beta, c, static_cast<int>(ldc));
-  }
-};
-
-template <>
-struct Blas<double> {
-  static void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k,
-                   double alpha, const double* a, int64_t lda, const double* b, int64_t ldb,
-                   double beta, double* c, int64_t ldc) {
-    cblas_dgemm(CblasRowMajor, ta, tb, static_cast<int>(m), static_cast<int>(n),
-                static_cast<int>(k), alpha, a, static_cast<int>(lda), b, static_cast<int>(ldb),
-                beta, c, static_cast<int>(ldc));
-  }
-};
-
-// A (B, N, H, D) tensor seen through its strides.
-template <typename T>
-struct View4 {
-  T* data = nullptr;
-  int64_t sb = 0, sn = 0, sh = 0, sd = 0;
-
-  View4() = default;
-  explicit View4(const TensorView& v)
-      : data(static_cast<T*>(v.data)),
-        sb(v.strides[0]),
-        sn(v.strides[1]),
-        sh(v.strides[2]),
-        sd(v.strides[3]) {}
-  T* At(int64_t b, int64_t p, int64_t h) const { return data + b * sb + p * sn + h * sh; }
-};
-
-// A row-major matrix as BLAS takes it.
-template <typename T>
-struct Mat {
-  const T* ptr;
-  int64_t ld;
-};
-
-// Rows p0, p0 + r, ..., p0 + (n-1) r of head h, batch b, as a matrix of n x d. Direct when BLAS can
-// step over the view (unit channel stride, row stride in [d, INT_MAX]); otherwise gathered into
-// `scratch` (n x d).
-template <typename T>
-Mat<T> Rows(const View4<const T>& v, int64_t b, int64_t h, int64_t p0, int64_t r, int64_t n,
-            int64_t d, T* scratch) {
-  const T* first = v.At(b, p0, h);
-  if (v.sd == 1) {
-    if (n == 1) return {first, d};
-    int64_t ld = 0;
-    if (!__builtin_mul_overflow(r, v.sn, &ld) && ld >= d && ld <= INT_MAX) return {first, ld};
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    const T* src = v.At(b, p0 + i * r, h);
-    T* dst = scratch + i * d;
-    for (int64_t c = 0; c < d; ++c) dst[c] = src[c * v.sd];
-  }
-  return {scratch, d};
-}
-
-// C rows p0, p0 + r, ... (n x d, contiguous tensor with row stride `row_stride`) += alpha op(A)
-// op(B), directly when the stride fits BLAS's int, through `scratch` (n x d) otherwise.
-template <typename T>
-void GemmAccumulateRows(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t d, int64_t k,
-                        T alpha, Mat<T> a, Mat<T> b, T* c, int64_t row_stride, T* scratch) {
-  if (n == 1 || row_stride <= INT_MAX) {
-    Blas<T>::Gemm(ta, tb, n, d, k, alpha, a.ptr, a.ld, b.ptr, b.ld, T(1), c,
-                  n == 1 ? d : row_stride);
-    return;
-  }
-  Blas<T>::Gemm(ta, tb, n, d, k, alpha, a.ptr, a.ld, b.ptr, b.ld, T(0), scratch, d);
-  for (int64_t i = 0; i < n; ++i) {
-    T* dst = c + i * row_stride;
-    const T* src = scratch + i * d;
-    for (int64_t x = 0; x < d; ++x) dst[x] += src[x];
-  }
-}
-
-// log(exp(a) + exp(b)) without overflow; -inf when both are -inf, NaN when either is NaN.
-inline double LogAddExp(double a, double b) {
-  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<double>::quiet_NaN();
-  const double m = std::max(a, b);
-  if (m == -std::numeric_limits<double>::infinity()) return m;
-  return m + std::log1p(std::exp(-std::fabs(a - b)));
-}
+using cpu::Blas;
+using cpu::GemmAccumulateRows;
+using cpu::LogAddExp;
+using cpu::Mat;
+using cpu::Rows;
+using cpu::View4;
 
 // One pattern's geometry for this call.
 struct PatternGeo {

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cpu_strided_blas.h"
 
 namespace dattn {
 namespace ring {
@@ -24,26 +25,6 @@ namespace {
 constexpr int64_t kTileQ = 128;
 constexpr int64_t kTileK = 128;
 constexpr int64_t kMaxTileElements = int64_t{1} << 20;
-
-template <typename T>
-void Gemm(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k, T alpha,
-          const T* a, int64_t lda, const T* b, int64_t ldb, T beta, T* c, int64_t ldc);
-
-template <>
-void Gemm<float>(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k,
-                 float alpha, const float* a, int64_t lda, const float* b, int64_t ldb, float beta,
-                 float* c, int64_t ldc) {
-  cblas_sgemm(CblasRowMajor, ta, tb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta,
-              c, int(ldc));
-}
-
-template <>
-void Gemm<double>(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t m, int64_t n, int64_t k,
-                  double alpha, const double* a, int64_t lda, const double* b, int64_t ldb,
-                  double beta, double* c, int64_t ldc) {
-  cblas_dgemm(CblasRowMajor, ta, tb, int(m), int(n), int(k), alpha, a, int(lda), b, int(ldb), beta,
-              c, int(ldc));
-}
 
 // Runs body(item, thread) for item in [0, n) on up to `threads` threads (the caller is thread 0).
 void ParallelFor(int threads, int64_t n, const std::function<void(int64_t, int)>& body) {
@@ -62,68 +43,9 @@ void ParallelFor(int threads, int64_t n, const std::function<void(int64_t, int)>
   for (std::thread& w : workers) w.join();
 }
 
-// A (B, L, H, D) tensor through its strides.
-template <typename T>
-struct View4 {
-  T* data = nullptr;
-  int64_t sb = 0, sn = 0, sh = 0, sd = 0;
-  View4() = default;
-  explicit View4(const TensorView& v)
-      : data(static_cast<T*>(v.data)),
-        sb(v.strides[0]),
-        sn(v.strides[1]),
-        sh(v.strides[2]),
-        sd(v.strides[3]) {}
-  T* At(int64_t b, int64_t p, int64_t h) const { return data + b * sb + p * sn + h * sh; }
-};
-
-template <typename T>
-struct Mat {
-  const T* ptr;
-  int64_t ld;
-};
-
-// Rows p0, p0 + step, ... (n of them) of head h, batch b: direct when BLAS can stride over them,
-// gathered into scratch (n x d) otherwise.
-template <typename T>
-Mat<T> TensorRows(const View4<const T>& v, int64_t b, int64_t h, int64_t p0, int64_t step,
-                  int64_t n, int64_t d, T* scratch) {
-  const T* first = v.At(b, p0, h);
-  if (v.sd == 1) {
-    if (n == 1) return {first, d};
-    int64_t ld = 0;
-    if (!__builtin_mul_overflow(step, v.sn, &ld) && ld >= d && ld <= INT_MAX) return {first, ld};
-  }
-  for (int64_t i = 0; i < n; ++i) {
-    const T* src = v.At(b, p0 + i * step, h);
-    T* dst = scratch + i * d;
-    for (int64_t c = 0; c < d; ++c) dst[c] = src[c * v.sd];
-  }
-  return {scratch, d};
-}
-
-// C (n x d rows, `ld` apart) += alpha op(A) op(B); through scratch when ld exceeds BLAS's int.
-template <typename T>
-void GemmAccumulate(CBLAS_TRANSPOSE ta, CBLAS_TRANSPOSE tb, int64_t n, int64_t d, int64_t k,
-                    T alpha, Mat<T> a, Mat<T> b, T* c, int64_t ld, T* scratch) {
-  if (n == 1 || ld <= INT_MAX) {
-    Gemm<T>(ta, tb, n, d, k, alpha, a.ptr, a.ld, b.ptr, b.ld, T(1), c, n == 1 ? d : ld);
-    return;
-  }
-  Gemm<T>(ta, tb, n, d, k, alpha, a.ptr, a.ld, b.ptr, b.ld, T(0), scratch, d);
-  for (int64_t i = 0; i < n; ++i) {
-    for (int64_t x = 0; x < d; ++x) c[i * ld + x] += scratch[i * d + x];
-  }
-}
-
-// log(exp(a) + exp(b)) without overflow; -inf when both are -inf, NaN when either is NaN (NaN in
-// the inputs propagates, as in ordinary attention: ENGINE_SPEC.md).
-inline double LogAddExp(double a, double b) {
-  if (std::isnan(a) || std::isnan(b)) return std::numeric_limits<double>::quiet_NaN();
-  const double m = std::max(a, b);
-  if (m == -std::numeric_limits<double>::infinity()) return m;
-  return m + std::log1p(std::exp(-std::fabs(a - b)));
-}
+using cpu::LogAddExp;
+using cpu::Mat;
+using cpu::View4;
 
 template <typename T>
 struct Scratch {
@@ -251,8 +173,8 @@ class Kernel {
                int64_t nk, Scratch<T>& s, Mat<T>* km, Mat<T>* vm) const {
     if (task.kv == nullptr) {
       const int64_t p0 = pg.k_local0 + kb * pg.step;
-      *km = TensorRows(k_, b, h, p0, pg.step, nk, d_, s.gk.data());
-      *vm = TensorRows(v_, b, h, p0, pg.step, nk, d_, s.gv.data());
+      *km = cpu::Rows(k_, b, h, p0, pg.step, nk, d_, s.gk.data());
+      *vm = cpu::Rows(v_, b, h, p0, pg.step, nk, d_, s.gv.data());
       return;
     }
     const T* base = static_cast<const T*>(task.kv) + (pg.packed_row0 + kb) * d_;
@@ -278,7 +200,7 @@ class Kernel {
       const int64_t nq = std::min(tq_, nq_all - i0);
       const int64_t jq0 = pg.qr.begin + i0;  // Absolute index of the tile's first query.
       const Mat<T> qm =
-          TensorRows(q_, b, h, pg.q_local0 + i0 * pg.step, pg.step, nq, d_, s.gq.data());
+          cpu::Rows(q_, b, h, pg.q_local0 + i0 * pg.step, pg.step, nq, d_, s.gq.data());
       T* acc = s.acc.data();
       T* mx = s.m.data();
       T* l = s.l.data();
@@ -292,8 +214,8 @@ class Kernel {
         Mat<T> km, vm;
         KeyRows(task, pg, b, h, kb_abs - pg.kr.begin, nk, s, &km, &vm);
         T* sc = s.s.data();
-        Gemm<T>(CblasNoTrans, CblasTrans, nq, nk, d_, scale_, qm.ptr, qm.ld, km.ptr, km.ld, T(0),
-                sc, nk);
+        cpu::Blas<T>::Gemm(CblasNoTrans, CblasTrans, nq, nk, d_, scale_, qm.ptr, qm.ld, km.ptr,
+                           km.ld, T(0), sc, nk);
         for (int64_t i = 0; i < nq; ++i) {
           T* row = sc + i * nk;
           const int64_t lim = KeyLimit(jq0 + i, kb_abs, nk);
@@ -320,7 +242,8 @@ class Kernel {
             for (int64_t x = 0; x < d_; ++x) a[x] *= alpha;
           }
         }
-        Gemm<T>(CblasNoTrans, CblasNoTrans, nq, d_, nk, T(1), sc, nk, vm.ptr, vm.ld, T(1), acc, d_);
+        cpu::Blas<T>::Gemm(CblasNoTrans, CblasNoTrans, nq, d_, nk, T(1), sc, nk, vm.ptr, vm.ld,
+                           T(1), acc, d_);
       }
       // Merge the tile's rows into out/lse.
       for (int64_t i = 0; i < nq; ++i) {
@@ -361,8 +284,8 @@ class Kernel {
       const int64_t nq = std::min(tq_, nq_all - i0);
       const int64_t jq0 = pg.qr.begin + i0;
       const int64_t p0 = pg.q_local0 + i0 * pg.step;
-      const Mat<T> qm = TensorRows(q_, b, h, p0, pg.step, nq, d_, s.gq.data());
-      const Mat<T> dom = TensorRows(do_, b, h, p0, pg.step, nq, d_, s.gdo.data());
+      const Mat<T> qm = cpu::Rows(q_, b, h, p0, pg.step, nq, d_, s.gq.data());
+      const Mat<T> dom = cpu::Rows(do_, b, h, p0, pg.step, nq, d_, s.gdo.data());
       T* lse = s.m.data();
       T* delta = s.l.data();
       for (int64_t i = 0; i < nq; ++i) {
@@ -384,8 +307,8 @@ class Kernel {
         KeyRows(task, pg, b, h, kb, nk, s, &km, &vm);
         T* pm = s.s.data();
         T* dp = s.p2.data();
-        Gemm<T>(CblasNoTrans, CblasTrans, nq, nk, d_, scale_, qm.ptr, qm.ld, km.ptr, km.ld, T(0),
-                pm, nk);
+        cpu::Blas<T>::Gemm(CblasNoTrans, CblasTrans, nq, nk, d_, scale_, qm.ptr, qm.ld, km.ptr,
+                           km.ld, T(0), pm, nk);
         for (int64_t i = 0; i < nq; ++i) {
           T* row = pm + i * nk;
           const int64_t lim = KeyLimit(jq0 + i, kb_abs, nk);
@@ -397,21 +320,21 @@ class Kernel {
           std::fill(row + lim, row + nk, T(0));
         }
         // dV += c P^T dO.
-        GemmAccumulate<T>(CblasTrans, CblasNoTrans, nk, d_, nq, c, {pm, nk}, dom, dv0 + kb * dld,
-                          dld, s.tmp.data());
+        cpu::GemmAccumulateRows<T>(CblasTrans, CblasNoTrans, nk, d_, nq, c, {pm, nk}, dom,
+                                   dv0 + kb * dld, dld, s.tmp.data());
         // dP = c dO V^T; dS = P (dP - Delta), in place.
-        Gemm<T>(CblasNoTrans, CblasTrans, nq, nk, d_, c, dom.ptr, dom.ld, vm.ptr, vm.ld, T(0), dp,
-                nk);
+        cpu::Blas<T>::Gemm(CblasNoTrans, CblasTrans, nq, nk, d_, c, dom.ptr, dom.ld, vm.ptr, vm.ld,
+                           T(0), dp, nk);
         for (int64_t i = 0; i < nq; ++i) {
           const T* prow = pm + i * nk;
           T* drow = dp + i * nk;
           for (int64_t x = 0; x < nk; ++x) drow[x] = prow[x] * (drow[x] - delta[i]);
         }
         // dQ += scale dS K; dK += scale dS^T Q.
-        Gemm<T>(CblasNoTrans, CblasNoTrans, nq, d_, nk, scale_, dp, nk, km.ptr, km.ld, T(1), dq_acc,
-                d_);
-        GemmAccumulate<T>(CblasTrans, CblasNoTrans, nk, d_, nq, scale_, {dp, nk}, qm,
-                          dk0 + kb * dld, dld, s.tmp.data());
+        cpu::Blas<T>::Gemm(CblasNoTrans, CblasNoTrans, nq, d_, nk, scale_, dp, nk, km.ptr, km.ld,
+                           T(1), dq_acc, d_);
+        cpu::GemmAccumulateRows<T>(CblasTrans, CblasNoTrans, nk, d_, nq, scale_, {dp, nk}, qm,
+                                   dk0 + kb * dld, dld, s.tmp.data());
       }
       for (int64_t i = 0; i < nq; ++i) {
         T* dst = OutRow(dq_, b, p0 + i * pg.step, h);

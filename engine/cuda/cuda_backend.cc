@@ -700,24 +700,7 @@ BackendCaps CudaBackendCaps() {
 
 absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> NewCudaBackend(
     const CudaBackendOptions& options) {
-  int count = 0;
-  const cudaError_t probe = cudaGetDeviceCount(&count);
-  if (probe != cudaSuccess || count == 0) {
-    return absl::UnavailableError(absl::StrCat(
-        "no CUDA device: cudaGetDeviceCount returned ", static_cast<int>(probe), " (",
-        cudaGetErrorName(probe), ": ", cudaGetErrorString(probe), "), ", count, " devices"));
-  }
-  if (options.device < 0 || options.device >= count) {
-    return absl::UnavailableError(
-        absl::StrCat("CUDA device ", options.device, " does not exist; this machine has ", count));
-  }
-  cudaDeviceProp props;
-  DATTN_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, options.device));
-  if (props.major < 9) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        "CUDA device ", options.device, " (", props.name, ") has compute capability ", props.major,
-        ".", props.minor, "; the CUDA backend is built for Hopper (9.0) and newer"));
-  }
+  DATTN_RETURN_IF_ERROR(cuda::CheckHopperDevice(options.device, "the CUDA backend"));
   DeviceScope guard;
   DATTN_RETURN_IF_ERROR(guard.Enter(options.device));
   // Everything created so far is released if a later step fails.

@@ -18,10 +18,10 @@ mode="${1:-run}"
 if [ "$mode" = "stage" ]; then
   set -e
   bazel build //engine/cuda:cuda_backend_test //engine/cuda:cuda_vs_cpu_test \
-    //bench/cuda_bench:cuda_attention_bench
+    //worker:cuda_device_test //bench/cuda_bench:cuda_attention_bench
   mkdir -p .device/lib
   cp -fL bazel-bin/engine/cuda/cuda_backend_test bazel-bin/engine/cuda/cuda_vs_cpu_test \
-    bazel-bin/bench/cuda_bench/cuda_attention_bench .device/
+    bazel-bin/worker/cuda_device_test bazel-bin/bench/cuda_bench/cuda_attention_bench .device/
   # The CPU reference backend's OpenBLAS (and its Fortran runtime), which the GPU image lacks.
   for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
     cp -fL "/usr/lib/x86_64-linux-gnu/$lib" .device/lib/
@@ -77,6 +77,12 @@ if have test; then
   timeout "${TEST_TIMEOUT:-$step_timeout}" .device/cuda_vs_cpu_test \
     --gtest_filter="${GTEST_FILTER:-*}" >"$out/test.cpu.tmp" 2>&1 &
   pids+=($!)
+  # The GPU worker's device (inputs generated on the GPU against the host generator).
+  if [ -x .device/cuda_device_test ]; then
+    timeout "${TEST_TIMEOUT:-$step_timeout}" .device/cuda_device_test \
+      --gtest_filter="${GTEST_FILTER:-*}" >"$out/test.worker.tmp" 2>&1 &
+    pids+=($!)
+  fi
   rc=0
   for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
   end=$(date +%s)

@@ -197,9 +197,6 @@ absl::Status PrepareTensors(const AttentionTaskPlan& plan, TaskDevice* device,
     return TensorView::Contiguous(t->buffers.back().get(), dtype, std::move(dims), caps.device,
                                   device->device_index());
   };
-  // A device that is not host memory gets its inputs through one host tensor, reused.
-  std::vector<char> staging;
-  if (!device->host_memory()) staging.resize(static_cast<size_t>(plan.tensor_bytes));
   const char* kNames[] = {"q", "k", "v", "dout"};
   const int num_inputs = plan.backward ? 4 : 3;
   for (int i = 0; i < num_inputs; ++i) {
@@ -210,19 +207,9 @@ absl::Status PrepareTensors(const AttentionTaskPlan& plan, TaskDevice* device,
     absl::StatusOr<TensorView> view = make(plan.dtype, shape, plan.tensor_bytes, kNames[i]);
     if (!view.ok()) return view.status();
     t->inputs[i] = *view;
-    TensorView host = *view;
-    if (!device->host_memory()) {
-      host = TensorView::Contiguous(staging.data(), plan.dtype, shape);
-    }
-    absl::Status filled = FillStandardNormal(plan.seed, static_cast<InputTensor>(i), plan.full,
-                                             plan.positions, host, options.num_threads);
+    absl::Status filled = device->FillInput(plan.seed, static_cast<InputTensor>(i), plan.full,
+                                            plan.positions, *view, options.num_threads);
     if (!filled.ok()) return filled;
-    if (!device->host_memory()) {
-      if (absl::Status s = device->CopyToDevice(view->data, staging.data(), plan.tensor_bytes);
-          !s.ok()) {
-        return s;
-      }
-    }
   }
   const char* kOutNames[] = {"out", "dq", "dk", "dv"};
   const int num_outputs = plan.backward ? 4 : 1;

@@ -9,7 +9,7 @@
 //      on a ring, the exchange buffers) and refuses to allocate a plan that does not fit;
 //   3. allocates its shard of q, k, v (and dout) and fills it from the job's seed
 //      (random_inputs.h), so every rank and every rerun sees its slice of the single-rank inputs
-//      (on a GPU the shard is generated on the host in the job's dtype and copied over);
+//      (TaskDevice::FillInput: in place on the host, by a kernel on a GPU);
 //   4. on a ring (num_ranks P > 1): joins its ring (ring_join.h) and runs the ring driver
 //      (engine/ring/ring_attention.h) on the device's ring kernels; otherwise runs the device's
 //      single-device backend;

@@ -44,6 +44,10 @@ class CpuDevice final : public TaskDevice {
     }
     return DeviceBuffer(p, [](void* q) { std::free(q); });
   }
+  absl::Status FillInput(uint64_t seed, InputTensor tensor, const FullShape& full,
+                         PositionRange positions, const TensorView& out, int threads) override {
+    return FillStandardNormal(seed, tensor, full, positions, out, threads);
+  }
   absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override {
     std::memcpy(dst, src, static_cast<size_t>(bytes));
     return absl::OkStatus();

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "engine/comm/nccl_communicator.h"
@@ -11,6 +12,8 @@
 #include "engine/cuda/cuda_status.h"
 #include "engine/memory_plan.h"
 #include "engine/ring/cuda_block_kernels.h"
+#include "worker/normal_generator.h"
+#include "worker/random_inputs_cuda.h"
 
 namespace dattn {
 namespace worker {
@@ -52,6 +55,48 @@ class CudaDevice final : public TaskDevice {
       cudaSetDevice(device);
       cudaFree(q);
     });
+  }
+  absl::Status FillInput(uint64_t seed, InputTensor tensor, const FullShape& full,
+                         PositionRange positions, const TensorView& out, int /*threads*/) override {
+    const std::vector<int64_t> want = {full.batch, positions.size(), full.num_heads, full.head_dim};
+    if (out.shape != want || !out.IsContiguous() || out.data == nullptr ||
+        out.device != Device::kCuda || out.device_index != device_) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "random inputs: ", out.DebugString(), " must be a contiguous (", full.batch, ", ",
+          positions.size(), ", ", full.num_heads, ", ", full.head_dim, ") view on cuda:", device_));
+    }
+    if (positions.begin < 0 || positions.end > full.seq_len || positions.begin > positions.end) {
+      return absl::InvalidArgumentError(absl::StrCat("random inputs: positions [", positions.begin,
+                                                     ", ", positions.end, ") outside [0, ",
+                                                     full.seq_len, ")"));
+    }
+    GpuElem type;
+    switch (out.dtype) {
+      case DType::kFloat32:
+        type = GpuElem::kF32;
+        break;
+      case DType::kFloat16:
+        type = GpuElem::kF16;
+        break;
+      case DType::kBFloat16:
+        type = GpuElem::kBF16;
+        break;
+      default:
+        return absl::InvalidArgumentError(absl::StrCat(
+            "random inputs: dtype ", DTypeName(out.dtype), " is not generated on a GPU"));
+    }
+    DATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    // A stream of its own: the legacy default stream would also wait for other tasks' work.
+    cudaStream_t stream = nullptr;
+    DATTN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    cudaError_t code = LaunchFillStandardNormal(
+        normal_generator::StreamKey(seed, static_cast<uint32_t>(tensor)), full.batch, full.seq_len,
+        positions.begin, positions.size(), full.num_heads * full.head_dim, type, out.data, stream);
+    const cudaError_t synced = cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+    if (code == cudaSuccess) code = synced;
+    DATTN_CUDA_RETURN_IF_ERROR(code);
+    return absl::OkStatus();
   }
   absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override {
     DATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));

@@ -7,34 +7,16 @@
 
 #include "absl/strings/str_cat.h"
 #include "worker/half_float.h"
+#include "worker/normal_generator.h"
 
 namespace dattn {
 namespace worker {
 namespace {
 
-constexpr uint64_t kGolden = 0x9E3779B97F4A7C15ull;
-constexpr double kTwoPi = 6.283185307179586476925286766559;
-constexpr double kTwoPow53Inv = 1.0 / 9007199254740992.0;  // 2^-53
-
-uint64_t Mix(uint64_t z) {
-  z ^= z >> 30;
-  z *= 0xBF58476D1CE4E5B9ull;
-  z ^= z >> 27;
-  z *= 0x94D049BB133111EBull;
-  z ^= z >> 31;
-  return z;
-}
+using normal_generator::NormalFromKey;
 
 uint64_t StreamKey(uint64_t seed, InputTensor tensor) {
-  return Mix(seed + kGolden * (static_cast<uint64_t>(tensor) + 1));
-}
-
-double NormalFromKey(uint64_t key, uint64_t index) {
-  const uint64_t z0 = Mix(key + kGolden * (2 * index + 1));
-  const uint64_t z1 = Mix(key + kGolden * (2 * index + 2));
-  const double u1 = static_cast<double>((z0 >> 11) + 1) * kTwoPow53Inv;
-  const double u2 = static_cast<double>(z1 >> 11) * kTwoPow53Inv;
-  return std::sqrt(-2.0 * std::log(u1)) * std::cos(kTwoPi * u2);
+  return normal_generator::StreamKey(seed, static_cast<uint32_t>(tensor));
 }
 
 // Element storage of each dtype, rounded once from the double.

@@ -19,7 +19,12 @@
 // computed in double and rounded once to the tensor's dtype. i is the element's row-major flat
 // index in the FULL (B, N, H, D) tensor: ((b * N + n) * H + h) * D + d, whatever shard is being
 // generated. Values are bit-identical wherever the same libm is used; across libm versions they
-// agree to about an ulp of fp64 (log, cos and sqrt are the only inexact steps).
+// agree to about an ulp of fp64 (log, cos and sqrt are the only inexact steps). GPU workers run the
+// same code (normal_generator.h) with CUDA's log and cos (within 1-2 ulp of fp64): their 16-bit
+// inputs match a host fill bit for bit except where the double lands within those ulps of a
+// rounding midpoint (about 2^-43 of elements), their fp32 inputs except for about 2^-28 of elements
+// (one fp32 ulp apart). Every rank of a ring generates with the same kind of device, so a ring and
+// the single-rank job of one kind of device see the same numbers.
 //
 // All functions are pure and thread-safe.
 #ifndef DATTN_WORKER_RANDOM_INPUTS_H_

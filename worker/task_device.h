@@ -25,6 +25,7 @@
 #include "engine/comm/communicator.h"
 #include "engine/comm/store.h"
 #include "engine/ring/block_kernels.h"
+#include "worker/random_inputs.h"
 
 namespace dattn {
 namespace worker {
@@ -50,11 +51,18 @@ class TaskDevice {
   // kernels. Empty: single-rank tasks only.
   virtual std::vector<std::string> ring_backends() const = 0;
 
-  // Whether tensor memory is host memory (then inputs are generated in place, without a copy).
+  // Whether tensor memory is host memory (outputs are then read in place, without a copy).
   virtual bool host_memory() const = 0;
   // Memory for `bytes` bytes of tensor `what`, 64-byte aligned. RESOURCE_EXHAUSTED naming `what`
   // and the size when the device has no room.
   virtual absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes, const std::string& what) = 0;
+  // Writes input `tensor` of a job (random_inputs.h: seed, full shape, this rank's positions) into
+  // `out`, a contiguous (B, positions.size(), H, D) view of memory from Allocate: in place on the
+  // host (`threads` CPU threads), by a kernel on a GPU (no host staging, no copy). Returns once
+  // written. INVALID_ARGUMENT naming the value for a shape, range or dtype mismatch; device errors
+  // as cuda_status.h maps them.
+  virtual absl::Status FillInput(uint64_t seed, InputTensor tensor, const FullShape& full,
+                                 PositionRange positions, const TensorView& out, int threads) = 0;
   // Copies between host memory and memory from Allocate; they return once the copy is complete.
   virtual absl::Status CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) = 0;
   virtual absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) = 0;

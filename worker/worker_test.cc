@@ -182,6 +182,10 @@ class GatedDevice final : public TaskDevice {
       allocated_ -= bytes;
     });
   }
+  absl::Status FillInput(uint64_t seed, InputTensor tensor, const FullShape& full,
+                         PositionRange positions, const TensorView& out, int threads) override {
+    return host_->FillInput(seed, tensor, full, positions, out, threads);
+  }
   absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override {
     return host_->CopyToDevice(dst, src, bytes);
   }

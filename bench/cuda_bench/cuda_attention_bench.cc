@@ -405,8 +405,8 @@ int main(int argc, char** argv) {
     if (suite == "parity") {
       // The standalone figure that scripts/gpu-ring-check.sh compares a 1-GPU service job with.
       if (h == 16) {
-        rows.push_back({"parity grouped fwd N=2^20" + hd, AttentionMode::kGrouped, big, h, d,
-                        false, false, 20});
+        rows.push_back({"parity grouped fwd N=2^20" + hd, AttentionMode::kGrouped, big, h, d, false,
+                        false, 20});
       }
       continue;
     }
@@ -421,9 +421,8 @@ int main(int argc, char** argv) {
                     false, 50, true});
     rows.push_back(
         {"mixture fwd N=2^20" + hd, AttentionMode::kMixture, big, h, d, false, false, 10, true});
-    rows.push_back(
-        {"mixture fwd+bwd N=2^16" + hd, AttentionMode::kMixture, small, h, d, true, false, 30,
-         true});
+    rows.push_back({"mixture fwd+bwd N=2^16" + hd, AttentionMode::kMixture, small, h, d, true,
+                    false, 30, true});
     rows.push_back(
         {"grouped causal fwd N=2^20" + hd, AttentionMode::kGrouped, big, h, d, false, true});
   }
@@ -529,9 +528,9 @@ int main(int argc, char** argv) {
     std::printf("| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.3f |\n",
                 r.config.name.c_str(), r.dattn_ms, r.strided_plain_ms, r.strided_ms, r.prob_ms,
                 r.nooverlap_ms, r.unchunked_ms,
-                r.config.backward ? absl::StrFormat("%.3f (%s)", r.ws5_ms,
-                                                    dattn::Mib(r.ws5_workspace)).c_str()
-                                  : "-",
+                r.config.backward
+                    ? absl::StrFormat("%.3f (%s)", r.ws5_ms, dattn::Mib(r.ws5_workspace)).c_str()
+                    : "-",
                 r.floor_ms);
   }
   for (const RowResult& r : longest_rows) {

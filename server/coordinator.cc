@@ -476,18 +476,25 @@ absl::Status Coordinator::FlushOne(const Ticket& ticket) {
     metrics_->ObserveStoreCommit(absl::ToDoubleSeconds(absl::Now() - start));
     absl::MutexLock lock(&mu_);
     if (!seq.ok()) {
-      writer->error = seq.status();
-      // Sticky (unready until a restart) only when the store itself says it is broken: a
-      // transient lock conflict (BEGIN IMMEDIATE while another process holds jobs.db) is also
-      // UNAVAILABLE, and the store stays usable after it.
+      absl::Status failed = absl::UnavailableError(
+          absl::StrCat("cannot record job ", write.job.job_id(), ": ", seq.status().message()));
       if (absl::IsUnavailable(seq.status())) {
+        // Transient, or the store is broken: the write stays first in line (nothing decided is
+        // lost) and is tried again by the next flush of this job and by the monitor. Unready
+        // until a restart only when the store itself says it is broken; a lock held by another
+        // process past the busy timeout is UNAVAILABLE too, and the store stays usable after it.
+        writer->pending.push_front(std::move(write));
+        if (std::find(stalled_writers_.begin(), stalled_writers_.end(), ticket.first) ==
+            stalled_writers_.end()) {
+          stalled_writers_.push_back(ticket.first);
+        }
         if (store_error_.ok() && !store_->Health().ok()) store_error_ = seq.status();
       } else {
+        writer->error = seq.status();
         Log(absl::StrCat("internal error: store rejected an update of job ", write.job.job_id(),
                          " (", write.event.kind(), "): ", seq.status().message()));
       }
-      return absl::UnavailableError(
-          absl::StrCat("cannot record job ", write.job.job_id(), ": ", seq.status().message()));
+      return failed;
     }
     ++writer->durable;
     write.event.set_seq(*seq);
@@ -1870,6 +1877,7 @@ void Coordinator::SchedulerLoop() {
 
 void Coordinator::MonitorPass() {
   ReapStores();
+  RetryStalledWrites();
   Tickets tickets;
   {
     absl::MutexLock lock(&mu_);
@@ -1898,6 +1906,32 @@ void Coordinator::MonitorPass() {
     }
   }
   Flush(tickets).IgnoreError();  // A failed write is sticky in store_error_ and shows in Health().
+}
+
+void Coordinator::RetryStalledWrites() {
+  std::vector<std::pair<Ticket, std::string>> stalled;  // with the job's id, for the log
+  {
+    absl::MutexLock lock(&mu_);
+    if (phase_ == Phase::kNew || phase_ == Phase::kClosed) return;
+    for (const std::shared_ptr<JobWriter>& writer : stalled_writers_) {
+      stalled.push_back({{writer, writer->enqueued},
+                         writer->pending.empty() ? "" : writer->pending.front().job.job_id()});
+    }
+  }
+  for (const auto& [ticket, job_id] : stalled) {
+    absl::Status s = FlushOne(ticket);
+    absl::MutexLock lock(&mu_);
+    if (s.ok() || !ticket.first->error.ok()) {
+      stalled_writers_.erase(
+          std::remove(stalled_writers_.begin(), stalled_writers_.end(), ticket.first),
+          stalled_writers_.end());
+      if (s.ok()) Log(absl::StrCat("job ", job_id, ": the writes that had failed are recorded"));
+    } else {
+      // Still failing: the others most likely would too, and each try can wait the store's busy
+      // timeout; the next pass goes on.
+      break;
+    }
+  }
 }
 
 void Coordinator::MonitorLoop() {

@@ -242,7 +242,11 @@ class Coordinator {
     std::deque<PendingWrite> pending;
     uint64_t enqueued = 0;  // Writes ever queued; a caller's ticket is the count after its own.
     uint64_t durable = 0;   // Writes committed, in order.
-    absl::Status error;     // The write that failed, if one did.
+    // A write the store refused for good (anything but UNAVAILABLE: a coordinator bug); every later
+    // flush of this job fails with it. A transient failure (UNAVAILABLE: a lock held by another
+    // process past the busy timeout, a full disk, an I/O error) leaves the write first in line
+    // instead, for the next flush of the job or the monitor's retry.
+    absl::Status error;
   };
   using Ticket = std::pair<std::shared_ptr<JobWriter>, uint64_t>;
   using Tickets = std::vector<Ticket>;
@@ -406,6 +410,8 @@ class Coordinator {
   void SchedulerLoop();
   // One monitor pass: dead workers, forgetting old dead workers.
   void MonitorPass() ABSL_LOCKS_EXCLUDED(mu_);
+  // Flushes the writers whose writes failed transiently, in order, until one still fails.
+  void RetryStalledWrites() ABSL_LOCKS_EXCLUDED(mu_);
   void MonitorLoop();
 
   const CoordinatorOptions options_;
@@ -421,6 +427,8 @@ class Coordinator {
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status close_status_ ABSL_GUARDED_BY(mu_);
   absl::Status store_error_ ABSL_GUARDED_BY(mu_);  // Sticky: the first failed write.
+  // Writers whose head write failed transiently; the monitor flushes them again each pass.
+  std::vector<std::shared_ptr<JobWriter>> stalled_writers_ ABSL_GUARDED_BY(mu_);
   scheduler::Scheduler scheduler_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, std::unique_ptr<ActiveJob>> jobs_ ABSL_GUARDED_BY(mu_);
   absl::flat_hash_map<std::string, TaskEntry> tasks_ ABSL_GUARDED_BY(mu_);

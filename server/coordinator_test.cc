@@ -1,5 +1,6 @@
 #include "server/coordinator.h"
 
+#include <sqlite3.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -1015,6 +1016,35 @@ TEST_F(CoordinatorTest, RestartHonoursARequestedCancel) {
   v1::Job job = Get(id);
   EXPECT_EQ(job.state(), v1::JOB_STATE_CANCELLED);
   EXPECT_THAT(job.state_reason(), HasSubstr("restarted"));
+}
+
+// A write that fails because another process holds the store's lock past the busy timeout is not
+// lost and does not wedge the job: the cancel's RPC fails UNAVAILABLE, the monitor records the
+// write once the lock is gone (no further request needed), and the coordinator stays ready.
+TEST_F(CoordinatorTest, AWriteThatFailedTransientlyIsRetried) {
+  ASSERT_TRUE(coordinator_->Close().ok());
+  coordinator_.reset();
+  options_.store.busy_timeout = absl::Milliseconds(50);
+  Open();
+  const std::string id = Submit(ValidRequest("locked")).job_id();
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open((options_.data_dir + "/jobs.db").c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  absl::StatusOr<v1::Job> cancelled = Cancel(id, "while locked");
+  EXPECT_EQ(cancelled.status().code(), absl::StatusCode::kUnavailable) << cancelled.status();
+  EXPECT_THAT(std::string(cancelled.status().message()), HasSubstr(id));
+  absl::SleepFor(absl::Milliseconds(300));  // several monitor passes fail meanwhile
+  ASSERT_EQ(sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(other);
+  EXPECT_TRUE(WaitState(id, v1::JOB_STATE_CANCELLED));
+  EXPECT_THAT(EventKinds(Get(id, true)), ElementsAre("submitted", "cancelled"));
+  EXPECT_TRUE(coordinator_->Health().ok()) << coordinator_->Health();
+  absl::StatusOr<v1::Job> again = Cancel(id, "again");
+  ASSERT_TRUE(again.ok()) << again.status();
+  EXPECT_THAT(again->state_reason(), HasSubstr("while locked"));
+  // Later jobs are written as usual.
+  const std::string next = Submit(ValidRequest("after")).job_id();
+  EXPECT_EQ(Get(next).state(), v1::JOB_STATE_QUEUED);
 }
 
 TEST_F(CoordinatorTest, SecondCoordinatorOnTheSameDataDirIsRefused) {

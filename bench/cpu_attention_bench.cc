@@ -36,6 +36,7 @@
 #include "absl/strings/str_split.h"
 #include "engine/attention_spec.h"
 #include "engine/cpu_backend.h"
+#include "engine/openblas_core.h"
 #include "engine/validate.h"
 
 namespace dattn {
@@ -314,14 +315,8 @@ int Main(int argc, char** argv) {
     }
   }
 
-  std::printf("OpenBLAS: %s (core %s)\n", openblas_get_config(), openblas_get_corename());
-  if (std::getenv("OPENBLAS_CORETYPE") == nullptr && __builtin_cpu_supports("avx2") &&
-      std::strcmp(openblas_get_corename(), "Prescott") == 0) {
-    std::printf(
-        "note: OpenBLAS did not recognise this CPU and runs its SSE3 (Prescott) kernels; set "
-        "OPENBLAS_CORETYPE=%s for the kernels this CPU supports\n",
-        __builtin_cpu_supports("avx512f") ? "SkylakeX" : "Haswell");
-  }
+  std::printf("OpenBLAS: %s (core %s%s)\n", openblas_get_config(), openblas_get_corename(),
+              std::getenv("OPENBLAS_CORETYPE") != nullptr ? ", from OPENBLAS_CORETYPE" : "");
   std::printf("threads: %d; load average before the run: %s", f.threads, LoadAverage().c_str());
   Sgemm sgemm(f.sgemm_size, f.threads);
   std::printf(
@@ -355,4 +350,8 @@ int Main(int argc, char** argv) {
 }  // namespace
 }  // namespace dattn
 
-int main(int argc, char** argv) { return dattn::Main(argc, argv); }
+int main(int argc, char** argv) {
+  // Off OpenBLAS's generic kernels where it did not recognise the CPU (as the CPU workers do).
+  dattn::ReexecWithBestOpenBlasCore("cpu_attention_bench", argv);
+  return dattn::Main(argc, argv);
+}

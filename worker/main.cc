@@ -33,6 +33,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "engine/openblas_core.h"
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
@@ -64,6 +65,8 @@ std::string DefaultCoordinator() {
 }  // namespace
 
 int main(int argc, char** argv) {
+  // CPU ranks run on OpenBLAS: off its generic kernels where it did not recognise the CPU.
+  dattn::ReexecWithBestOpenBlasCore("dattn-worker", argv);
   dattn::worker::WorkerOptions options;
   options.coordinator_address = DefaultCoordinator();
   options.name = DefaultName();

@@ -169,7 +169,13 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   bool status_events = false;
   std::string status_output;
   status->add_option("JOB_ID", status_job, "The job")->required();
-  status->add_flag("--events", status_events, "Include the job's event history");
+  int status_max_events = 0;
+  status->add_flag("--events", status_events, "Include the job's event history (the latest 1000)");
+  status
+      ->add_option("--max-events", status_max_events,
+                   "With --events: show the latest N events (1 to 10000; default 1000)")
+      ->type_name("N")
+      ->check(CLI::Range(1, 10000));
   status
       ->add_option("--output-file", status_output,
                    "Save the job's returned output tensor to PATH as raw bytes")
@@ -282,7 +288,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       return Commands(global, out, err, env).Submit(args);
     }
     if (status->parsed()) {
-      return Commands(global, out, err, env).Status(status_job, status_events, status_output);
+      return Commands(global, out, err, env)
+          .Status(status_job, status_events, status_max_events, status_output);
     }
     if (list->parsed()) {
       if (!list_states.empty()) {

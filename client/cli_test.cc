@@ -109,7 +109,15 @@ class FakeJobService final : public v1::JobService::Service {
                           absl::StrCat("job ", request->job_id(), " does not exist"));
     }
     *response = it->second;
-    if (!request->include_events()) response->clear_events();
+    if (!request->include_events()) {
+      response->clear_events();
+    } else {
+      // The coordinator's rule: the latest max_events (0 = 1000), and how many were left out.
+      const int keep = request->max_events() == 0 ? 1000 : request->max_events();
+      const int drop = std::max(0, response->events_size() - keep);
+      response->mutable_events()->DeleteSubrange(0, drop);
+      response->set_events_omitted(drop);
+    }
     return grpc::Status::OK;
   }
 
@@ -776,6 +784,32 @@ TEST_F(CliTest, StatusShowsJobAndResultAndJson) {
   r = Run({"status", "j-missing"});
   EXPECT_EQ(r.code, kExitNotFound);
   EXPECT_THAT(r.err, HasSubstr("j-missing does not exist"));
+}
+
+TEST_F(CliTest, StatusShowsTheLatestEventsAndSaysHowManyAreLeftOut) {
+  v1::Job job = RunningJob("j-long");
+  *job.add_events() = Event("j-long", 1, v1::JOB_STATE_QUEUED, "submitted");
+  for (int i = 2; i <= 6; ++i) {
+    *job.add_events() = Event("j-long", i, v1::JOB_STATE_RUNNING, "progress", i, 10,
+                              absl::StrCat("step ", i, " of 10"));
+  }
+  jobs_.AddJob(job);
+  Result r = Run({"status", "j-long", "--events", "--max-events", "2"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(jobs_.gets().back().max_events(), 2);
+  EXPECT_THAT(r.out, HasSubstr("(4 earlier events not shown"));
+  EXPECT_THAT(r.out, HasSubstr("dattn watch j-long"));
+  EXPECT_THAT(r.out, HasSubstr("step 6 of 10"));
+  EXPECT_THAT(r.out, Not(HasSubstr("step 4 of 10")));
+
+  r = Run({"status", "j-long", "--events"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(jobs_.gets().back().max_events(), 0);  // The coordinator's default.
+  EXPECT_THAT(r.out, Not(HasSubstr("earlier events not shown")));
+
+  r = Run({"status", "j-long", "--events", "--max-events", "0"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("--max-events"));
 }
 
 TEST_F(CliTest, ListTablePagingFiltersAndJson) {

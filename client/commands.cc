@@ -173,10 +173,12 @@ int Commands::SaveOutput(const v1::Job& job, const std::string& path) {
   return kExitOk;
 }
 
-int Commands::Status(const std::string& job_id, bool events, const std::string& output_file) {
+int Commands::Status(const std::string& job_id, bool events, int max_events,
+                     const std::string& output_file) {
   v1::GetJobRequest request;
   request.set_job_id(job_id);
   request.set_include_events(events);
+  request.set_max_events(events ? max_events : 0);
   v1::Job job;
   grpc::Status status = jobs_->GetJob(NewContext().get(), request, &job);
   if (!status.ok()) return RpcFailed(status, "get job " + job_id);

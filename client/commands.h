@@ -50,7 +50,9 @@ class Commands {
   Commands(GlobalArgs args, std::ostream& out, std::ostream& err, const CliEnvironment& env);
 
   int Submit(const SubmitArgs& args);
-  int Status(const std::string& job_id, bool events, const std::string& output_file);
+  // max_events: with events, how many of the latest to ask for (0: the coordinator's default).
+  int Status(const std::string& job_id, bool events, int max_events,
+             const std::string& output_file);
   int List(const ListArgs& args);
   int Watch(const std::string& job_id, absl::Duration reconnect_for);
   int Cancel(const std::string& job_id, const std::string& reason);

@@ -250,6 +250,10 @@ void PrintJob(const v1::Job& job, absl::Time now, std::ostream& out) {
   }
   if (job.events_size() > 0) {
     out << "\nEvents\n";
+    if (job.events_omitted() > 0) {
+      out << "(" << job.events_omitted() << " earlier events not shown: --max-events N shows more, "
+          << "`dattn watch " << job.job_id() << "` replays them all)\n";
+    }
     EventsTable(job.events()).Print(out);
   }
 }

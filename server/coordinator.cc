@@ -1020,6 +1020,11 @@ void Coordinator::AdoptLocked(const StoredJob& stored, const AttentionJobInfo& i
 
 absl::StatusOr<v1::Job> Coordinator::GetJob(const v1::GetJobRequest& request) {
   if (absl::Status s = ValidateJobId(request.job_id()); !s.ok()) return s;
+  if (request.max_events() < 0 || request.max_events() > kMaxEvents) {
+    return absl::InvalidArgumentError(absl::StrCat("max_events: must be 0 (the default, ",
+                                                   kDefaultMaxEvents, ") to ", kMaxEvents, ", got ",
+                                                   request.max_events()));
+  }
   v1::Job job;
   bool found = false;
   {
@@ -1036,8 +1041,12 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const v1::GetJobRequest& request) {
     job = std::move(stored->job);
   }
   if (request.include_events()) {
-    absl::StatusOr<std::vector<v1::JobEvent>> events = store_->Events(request.job_id(), 0, 0);
+    const int limit = request.max_events() == 0 ? kDefaultMaxEvents : request.max_events();
+    absl::StatusOr<std::vector<v1::JobEvent>> events =
+        store_->LatestEvents(request.job_id(), limit);
     if (!events.ok()) return events.status();
+    // Sequence numbers count a job's events from 1 without gaps.
+    if (!events->empty()) job.set_events_omitted(events->front().seq() - 1);
     for (v1::JobEvent& e : *events) *job.add_events() = std::move(e);
   }
   return job;

@@ -131,6 +131,10 @@ using WorkerCommandSink = std::function<bool(const v1::WorkerCommand&)>;
 // Polled while a stream waits; true ends the stream with CANCELLED (the client cancelled).
 using CancelledFn = std::function<bool()>;
 
+// GetJob's event limits (GetJobRequest.max_events).
+inline constexpr int kDefaultMaxEvents = 1000;
+inline constexpr int kMaxEvents = 10000;
+
 class Coordinator {
  public:
   // A coordinator that is not started: every call but Start(), Health() and Close() answers

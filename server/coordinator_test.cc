@@ -516,6 +516,11 @@ TEST_F(CoordinatorTest, OtherRequestValidation) {
   v1::GetJobRequest get;
   get.set_job_id("j-0000000000000000");
   EXPECT_EQ(coordinator_->GetJob(get).status().code(), absl::StatusCode::kNotFound);
+  get.set_max_events(10001);
+  EXPECT_THAT(std::string(coordinator_->GetJob(get).status().message()),
+              HasSubstr("max_events: must be 0 (the default, 1000) to 10000, got 10001"));
+  get.set_max_events(-1);
+  EXPECT_EQ(coordinator_->GetJob(get).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(Cancel("j-1", std::string(257, 'r')).status().message()),
               HasSubstr("reason: must be at most 256 characters, got 257"));
   EXPECT_EQ(Cancel("j-missing").status().code(), absl::StatusCode::kNotFound);
@@ -667,6 +672,35 @@ TEST_F(CoordinatorTest, SubmitPlaceReportSucceeded) {
   EXPECT_THAT(text, HasSubstr("dattn_attention_tokens_total 1024"));  // B*N*iterations = 1*256*4.
   EXPECT_THAT(text, HasSubstr("dattn_job_queue_wait_seconds_count{kind=\"attention\"} 1"));
   EXPECT_THAT(text, HasSubstr("dattn_job_duration_seconds_count{kind=\"attention\"} 1"));
+}
+
+// A long history: GetJob returns the latest max_events, oldest first, and counts the rest.
+TEST_F(CoordinatorTest, GetJobReturnsTheLatestEventsAndCountsTheRest) {
+  FakeWorker* worker = AddWorker("cpu-0");
+  v1::SubmitJobRequest request = ValidRequest("long");
+  request.mutable_spec()->mutable_attention()->set_iterations(100);
+  const std::string id = Submit(request).job_id();
+  std::optional<v1::WorkerCommand> command = worker->Next();
+  ASSERT_TRUE(command.has_value() && command->has_assign());
+  const std::string task = command->assign().task_id();
+  ASSERT_TRUE(worker->Report(task, v1::TASK_STATE_STARTED).ok());
+  for (int step = 1; step <= 6; ++step) {
+    ASSERT_TRUE(worker->Report(task, v1::TASK_STATE_PROGRESS, step).ok());
+  }
+  v1::GetJobRequest some;
+  some.set_job_id(id);
+  some.set_include_events(true);
+  some.set_max_events(2);
+  absl::StatusOr<v1::Job> latest = coordinator_->GetJob(some);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  EXPECT_THAT(EventKinds(*latest), ElementsAre("progress", "progress"));
+  EXPECT_EQ(latest->events(0).progress().steps_done(), 5);
+  EXPECT_EQ(latest->events(1).progress().steps_done(), 6);
+  const v1::Job all = Get(id, true);  // max_events 0: up to 1000
+  EXPECT_EQ(all.events_size(), 9);    // submitted, placed, started, 6 x progress
+  EXPECT_EQ(all.events_omitted(), 0);
+  EXPECT_EQ(latest->events_omitted(), 7);
+  EXPECT_EQ(all.events(0).kind(), "submitted");
 }
 
 TEST_F(CoordinatorTest, WorkerSlotsAndMemoryLimitPlacement) {

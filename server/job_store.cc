@@ -1077,12 +1077,28 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(absl::string_view job
     return absl::InvalidArgumentError(absl::StrCat("after_seq ", after_seq, " must be >= 0"));
   }
   if (limit < 0) return absl::InvalidArgumentError(absl::StrCat("limit ", limit, " must be >= 0"));
+  return ReadEvents(job_id, after_seq, limit, /*latest=*/false);
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> JobStore::LatestEvents(absl::string_view job_id,
+                                                                 int limit) {
+  if (limit < 1) return absl::InvalidArgumentError(absl::StrCat("limit ", limit, " must be >= 1"));
+  return ReadEvents(job_id, 0, limit, /*latest=*/true);
+}
+
+absl::StatusOr<std::vector<v1::JobEvent>> JobStore::ReadEvents(absl::string_view job_id,
+                                                               int64_t after_seq, int limit,
+                                                               bool latest) {
   absl::StatusOr<SqliteDb*> db = TakeReader();
   if (!db.ok()) return db.status();
   auto give_back = absl::MakeCleanup([this, d = *db] { GiveBack(d); });
   std::vector<v1::JobEvent> events;
   {
-    Query q(*db, "SELECT event FROM events WHERE job_id = ?1 AND seq > ?2 ORDER BY seq LIMIT ?3");
+    // The latest `limit`: the newest first from the (job_id, seq) key, reordered below.
+    Query q(*db, latest ? "SELECT event FROM events WHERE job_id = ?1 AND seq > ?2 "
+                          "ORDER BY seq DESC LIMIT ?3"
+                        : "SELECT event FROM events WHERE job_id = ?1 AND seq > ?2 "
+                          "ORDER BY seq LIMIT ?3");
     q.Text(job_id).Int(after_seq).Int(limit == 0 ? -1 : limit);
     for (;;) {
       absl::StatusOr<bool> row = q.Step();
@@ -1102,6 +1118,7 @@ absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(absl::string_view job
     if (!row.ok()) return row.status();
     if (!*row) return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" not found"));
   }
+  if (latest) std::reverse(events.begin(), events.end());
   return events;
 }
 

@@ -164,6 +164,8 @@ class JobStore {
   // NOT_FOUND naming the id for an unknown job; INVALID_ARGUMENT for a negative after_seq or limit.
   absl::StatusOr<std::vector<v1::JobEvent>> Events(absl::string_view job_id, int64_t after_seq,
                                                    int limit);
+  // The job's latest `limit` events (limit >= 1), in seq order. Errors as Events'.
+  absl::StatusOr<std::vector<v1::JobEvent>> LatestEvents(absl::string_view job_id, int limit);
 
   // One page of the jobs that match `filter`, newest first. page_size 1 .. 1000 (0 means 50).
   // page_token is empty for the first page, else a next_page_token of an earlier List; pages stay
@@ -210,6 +212,10 @@ class JobStore {
   absl::Status ApplySubmit(store_internal::WriteOp* op, int64_t* next_submit_seq);
   absl::Status ApplyUpdate(store_internal::WriteOp* op);
 
+  // Events' and LatestEvents' query: after `after_seq`, at most `limit` (0 = all), the first ones
+  // or (latest) the last ones, in seq order either way.
+  absl::StatusOr<std::vector<v1::JobEvent>> ReadEvents(absl::string_view job_id, int64_t after_seq,
+                                                       int limit, bool latest);
   // Lends a read connection, or UNAVAILABLE when closed; GiveBack returns it.
   absl::StatusOr<store_internal::SqliteDb*> TakeReader();
   void GiveBack(store_internal::SqliteDb* db);

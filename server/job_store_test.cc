@@ -366,6 +366,15 @@ TEST(JobStoreTest, UpdateAppendsEventsAndChecksTransitions) {
   ASSERT_EQ(window->size(), 2u);
   EXPECT_EQ((*window)[0].seq(), 3);
   EXPECT_EQ((*window)[1].seq(), 4);
+  // The latest two, oldest first; more than there are gives them all.
+  absl::StatusOr<std::vector<v1::JobEvent>> latest = store->LatestEvents("j-1", 2);
+  ASSERT_TRUE(latest.ok()) << latest.status();
+  ASSERT_EQ(latest->size(), 2u);
+  EXPECT_EQ((*latest)[0].seq(), 4);
+  EXPECT_EQ((*latest)[1].seq(), 5);
+  EXPECT_EQ(store->LatestEvents("j-1", 100)->size(), 5u);
+  EXPECT_EQ(store->LatestEvents("j-1", 0).status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(store->LatestEvents("j-nope", 3).status().code(), absl::StatusCode::kNotFound);
 
   // Terminal is final; nothing is appended by a refused update.
   job.set_state(v1::JOB_STATE_RUNNING);

@@ -3,12 +3,10 @@
 #include <cblas.h>
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
-#include <functional>
 #include <limits>
 #include <new>
 #include <thread>
@@ -16,6 +14,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cpu_strided_blas.h"
+#include "engine/cpu_thread_pool.h"
 
 namespace dattn {
 namespace ring {
@@ -25,23 +24,6 @@ namespace {
 constexpr int64_t kTileQ = 128;
 constexpr int64_t kTileK = 128;
 constexpr int64_t kMaxTileElements = int64_t{1} << 20;
-
-// Runs body(item, thread) for item in [0, n) on up to `threads` threads (the caller is thread 0).
-void ParallelFor(int threads, int64_t n, const std::function<void(int64_t, int)>& body) {
-  const int used = static_cast<int>(std::min<int64_t>(threads, n));
-  if (used <= 1) {
-    for (int64_t i = 0; i < n; ++i) body(i, 0);
-    return;
-  }
-  std::atomic<int64_t> next{0};
-  auto run = [&](int t) {
-    for (int64_t i = next++; i < n; i = next++) body(i, t);
-  };
-  std::vector<std::thread> workers;
-  for (int t = 1; t < used; ++t) workers.emplace_back(run, t);
-  run(0);
-  for (std::thread& w : workers) w.join();
-}
 
 using cpu::LogAddExp;
 using cpu::Mat;
@@ -96,13 +78,13 @@ class Kernel {
     for (auto& s : scratch_) s.Size(tq_, tk_, d_);
   }
 
-  void Forward(const ForwardArgs& args, absl::Span<const BlockTask> tasks, int threads) {
+  void Forward(const ForwardArgs& args, absl::Span<const BlockTask> tasks, cpu::ThreadPool& pool) {
     q_ = View4<const T>(args.q);
     k_ = View4<const T>(args.k);
     v_ = View4<const T>(args.v);
     out_ = static_cast<T*>(args.out.data);
     lse_ = static_cast<T*>(args.lse.data);
-    ParallelFor(threads, batch_ * heads_, [&](int64_t item, int t) {
+    pool.ParallelFor(batch_ * heads_, [&](int64_t item, int t) {
       const int64_t b = item / heads_, h = item % heads_;
       for (const BlockTask& task : tasks) {
         const int slot = slot_of_[task.pattern][h];
@@ -116,7 +98,8 @@ class Kernel {
     });
   }
 
-  void Backward(const BackwardArgs& args, absl::Span<const BlockTask> tasks, int threads) {
+  void Backward(const BackwardArgs& args, absl::Span<const BlockTask> tasks,
+                cpu::ThreadPool& pool) {
     q_ = View4<const T>(args.q);
     k_ = View4<const T>(args.k);
     v_ = View4<const T>(args.v);
@@ -132,7 +115,7 @@ class Kernel {
         std::memset(task.dkv, 0, n * sizeof(T));
       }
     }
-    ParallelFor(threads, batch_ * heads_, [&](int64_t item, int t) {
+    pool.ParallelFor(batch_ * heads_, [&](int64_t item, int t) {
       const int64_t b = item / heads_, h = item % heads_;
       for (const BlockTask& task : tasks) {
         const int slot = slot_of_[task.pattern][h];
@@ -360,7 +343,7 @@ class Kernel {
 
 class CpuBlockKernels final : public BlockKernels {
  public:
-  explicit CpuBlockKernels(int threads) : threads_(threads), f32_(threads), f64_(threads) {
+  explicit CpuBlockKernels(int threads) : pool_(threads), f32_(threads), f64_(threads) {
     caps_.name = "cpu";
     caps_.device = Device::kCpu;
     caps_.dtypes = {DType::kFloat32, DType::kFloat64};
@@ -410,9 +393,9 @@ class CpuBlockKernels final : public BlockKernels {
                        absl::Span<const BlockTask> tasks) override {
     openblas_set_num_threads(1);
     if (geo.dtype() == DType::kFloat64) {
-      Kernel<double>(geo, f64_).Forward(args, tasks, threads_);
+      Kernel<double>(geo, f64_).Forward(args, tasks, pool_);
     } else {
-      Kernel<float>(geo, f32_).Forward(args, tasks, threads_);
+      Kernel<float>(geo, f32_).Forward(args, tasks, pool_);
     }
     return absl::OkStatus();
   }
@@ -443,9 +426,9 @@ class CpuBlockKernels final : public BlockKernels {
                         absl::Span<const BlockTask> tasks) override {
     openblas_set_num_threads(1);
     if (geo.dtype() == DType::kFloat64) {
-      Kernel<double>(geo, f64_).Backward(args, tasks, threads_);
+      Kernel<double>(geo, f64_).Backward(args, tasks, pool_);
     } else {
-      Kernel<float>(geo, f32_).Backward(args, tasks, threads_);
+      Kernel<float>(geo, f32_).Backward(args, tasks, pool_);
     }
     return absl::OkStatus();
   }
@@ -548,7 +531,7 @@ class CpuBlockKernels final : public BlockKernels {
   }
 
   BackendCaps caps_;
-  const int threads_;
+  cpu::ThreadPool pool_;  // the (batch, head) pairs of a call; per-thread scratch below
   std::vector<Scratch<float>> f32_;
   std::vector<Scratch<double>> f64_;
 };

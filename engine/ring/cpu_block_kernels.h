@@ -5,7 +5,8 @@
 // the channel stride is 1, and works in tiles of query x key rows with an online softmax, so
 // scratch is O(threads x tile) whatever the segment length. Every output row, dq row and dK/dV row
 // belongs to one (batch, head) pair, so running pairs on different threads needs no locking,
-// whichever tasks a call holds.
+// whichever tasks a call holds. The threads are the kernels' own (engine/cpu_thread_pool.h, the CPU
+// backend's pool), started once; one call at a time, as BlockKernels requires.
 #ifndef DATTN_ENGINE_RING_CPU_BLOCK_KERNELS_H_
 #define DATTN_ENGINE_RING_CPU_BLOCK_KERNELS_H_
 
@@ -17,7 +18,8 @@ namespace dattn {
 namespace ring {
 
 struct CpuBlockKernelOptions {
-  // Threads per call (the calling thread included); 0 means std::thread::hardware_concurrency().
+  // Threads per call (the calling thread included), kept for the kernels' life; 0 means
+  // std::thread::hardware_concurrency().
   int num_threads = 0;
 };
 

@@ -17,6 +17,7 @@
 #include "engine/cuda/cudnn_sdpa.h"
 #include "engine/cuda/device_scope.h"
 #include "engine/cuda/dilated_kernels.h"
+#include "engine/cuda/stream_scratch.h"
 #include "engine/validate.h"
 
 namespace dattn {
@@ -114,36 +115,28 @@ HeadRule MixtureRule(const AttentionSpec& spec, int pattern, int64_t num_heads) 
   return rule;
 }
 
-// One call's device scratch, taken from the pool on the stream and given back on the stream.
+// One call's device scratch: one block from the pool (cuda::StreamScratch) holding the parts a
+// cuda::CallScratch layout places at offsets.
 class Workspace {
  public:
-  Workspace(cudaMemPool_t pool, cudaStream_t stream) : pool_(pool), stream_(stream) {}
-  ~Workspace() {
-    if (ptr_ != nullptr) cudaFreeAsync(ptr_, stream_);
-  }
+  Workspace(cudaMemPool_t pool, cudaStream_t stream) : scratch_(pool, stream) {}
   absl::Status Reserve(int64_t bytes) {
-    if (bytes <= bytes_) return absl::OkStatus();
-    if (ptr_ != nullptr) {
-      DATTN_CUDA_RETURN_IF_ERROR(cudaFreeAsync(ptr_, stream_));
-      ptr_ = nullptr;
-      bytes_ = 0;
-    }
-    DATTN_CUDA_RETURN_IF_ERROR(
-        cudaMallocFromPoolAsync(&ptr_, static_cast<size_t>(bytes), pool_, stream_));
-    bytes_ = bytes;
+    if (bytes <= 0) return absl::OkStatus();  // a call that needs none takes none
+    absl::StatusOr<char*> p = scratch_.Take(bytes);
+    if (!p.ok()) return p.status();
+    base_ = *p;
     return absl::OkStatus();
   }
+  // The part at `offset`; nullptr for a part the layout lacks (a negative offset).
   template <typename T>
   T* At(int64_t offset) const {
-    return offset < 0 ? nullptr : reinterpret_cast<T*>(static_cast<char*>(ptr_) + offset);
+    return offset < 0 ? nullptr : reinterpret_cast<T*>(base_ + offset);
   }
-  int64_t bytes() const { return bytes_; }
+  int64_t bytes() const { return scratch_.taken_bytes(); }
 
  private:
-  cudaMemPool_t pool_;
-  cudaStream_t stream_;
-  void* ptr_ = nullptr;
-  int64_t bytes_ = 0;
+  cuda::StreamScratch scratch_;
+  char* base_ = nullptr;
 };
 
 // How one planned call runs: which engine and where its scratch lies.
@@ -731,15 +724,9 @@ absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> NewCudaBackend(
       cudaStreamCreateWithPriority(&r.aux, cudaStreamDefault, greatest_priority));
   DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.fork, cudaEventDisableTiming));
   DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.join, cudaEventDisableTiming));
-  cudaMemPoolProps pool_props = {};
-  pool_props.allocType = cudaMemAllocationTypePinned;
-  pool_props.location.type = cudaMemLocationTypeDevice;
-  pool_props.location.id = options.device;
-  DATTN_CUDA_RETURN_IF_ERROR(cudaMemPoolCreate(&r.pool, &pool_props));
-  // Keep freed workspace for the next call instead of returning it at every synchronization.
-  uint64_t keep = std::numeric_limits<uint64_t>::max();
-  DATTN_CUDA_RETURN_IF_ERROR(
-      cudaMemPoolSetAttribute(r.pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  absl::StatusOr<cudaMemPool_t> pool = cuda::NewScratchPool(options.device);
+  if (!pool.ok()) return pool.status();
+  r.pool = *pool;
   if (options.use_cudnn) {
     absl::StatusOr<std::unique_ptr<cuda::CudnnSdpa>> made = cuda::CudnnSdpa::Create(r.stream);
     if (!made.ok()) return made.status();

@@ -18,6 +18,7 @@
 #include "engine/cuda/cudnn_sdpa.h"
 #include "engine/cuda/device_scope.h"
 #include "engine/cuda/dilated_kernels.h"
+#include "engine/cuda/stream_scratch.h"
 #include "engine/ring/cuda_block_kernels_launch.h"
 
 namespace dattn {
@@ -145,31 +146,7 @@ std::vector<SlotGroup> SlotGroups(const RingGeometry& geo, int pattern) {
   return groups;
 }
 
-// Stream-ordered scratch from the pool, returned on the stream when the scope ends.
-class Scratch {
- public:
-  Scratch(cudaMemPool_t pool, cudaStream_t stream) : pool_(pool), stream_(stream) {}
-  ~Scratch() {
-    for (void* p : ptrs_) cudaFreeAsync(p, stream_);
-  }
-  absl::StatusOr<char*> Take(int64_t bytes) {
-    void* p = nullptr;
-    const cudaError_t e = cudaMallocFromPoolAsync(
-        &p, static_cast<size_t>(std::max<int64_t>(bytes, 1)), pool_, stream_);
-    if (e != cudaSuccess) {
-      cudaGetLastError();
-      return absl::ResourceExhaustedError(absl::StrCat(
-          "ring: cannot take ", bytes, " bytes of device scratch: ", cudaGetErrorString(e)));
-    }
-    ptrs_.push_back(p);
-    return static_cast<char*>(p);
-  }
-
- private:
-  cudaMemPool_t pool_;
-  cudaStream_t stream_;
-  std::vector<void*> ptrs_;
-};
+using Scratch = cuda::StreamScratch;
 
 class CudaBlockKernelsImpl final : public CudaBlockKernels {
  public:
@@ -1277,14 +1254,9 @@ absl::StatusOr<std::unique_ptr<CudaBlockKernels>> NewCudaBlockKernels(
     r.owns_stream = true;
   }
   DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.event, cudaEventDisableTiming));
-  cudaMemPoolProps pool_props = {};
-  pool_props.allocType = cudaMemAllocationTypePinned;
-  pool_props.location.type = cudaMemLocationTypeDevice;
-  pool_props.location.id = options.device;
-  DATTN_CUDA_RETURN_IF_ERROR(cudaMemPoolCreate(&r.pool, &pool_props));
-  uint64_t keep = std::numeric_limits<uint64_t>::max();
-  DATTN_CUDA_RETURN_IF_ERROR(
-      cudaMemPoolSetAttribute(r.pool, cudaMemPoolAttrReleaseThreshold, &keep));
+  absl::StatusOr<cudaMemPool_t> pool = cuda::NewScratchPool(options.device);
+  if (!pool.ok()) return pool.status();
+  r.pool = *pool;
   std::unique_ptr<cuda::CudnnSdpa> sdpa;
   if (options.use_cudnn) {
     absl::StatusOr<std::unique_ptr<cuda::CudnnSdpa>> made = cuda::CudnnSdpa::Create(r.stream);

@@ -8,21 +8,16 @@
 #include <string>
 
 #include "absl/strings/str_cat.h"
+#include "engine/testing/test_util.h"
 #include "gtest/gtest.h"
 
 namespace dattn {
 namespace {
 
-std::string ProbePath() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir != nullptr ? srcdir : ".", "/",
-                      workspace != nullptr ? workspace : "dattn", "/engine/openblas_core_probe");
-}
-
 // The probe's output line, run under `env` with `env_args` (e.g. "-u OPENBLAS_CORETYPE").
 std::string RunProbe(const std::string& env_args) {
-  const std::string command = absl::StrCat("env ", env_args, " ", ProbePath());
+  const std::string command =
+      absl::StrCat("env ", env_args, " ", testutil::RunfilePath("engine/openblas_core_probe"));
   FILE* pipe = popen(command.c_str(), "r");
   if (pipe == nullptr) return "popen failed";
   std::string out;

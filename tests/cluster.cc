@@ -1,4 +1,5 @@
 #include "tests/cluster.h"
+#include "engine/testing/test_util.h"
 
 #include <grpcpp/grpcpp.h>
 
@@ -31,7 +32,7 @@ bool Cluster::StartCoordinator(std::string* error) {
   ProcessOptions o;
   o.name = "coordinator-" + std::to_string(coordinator_starts_++);
   o.log_dir = dir_;
-  o.argv = {RunfilePath("server/dattn-coordinator"),
+  o.argv = {testutil::RunfilePath("server/dattn-coordinator"),
             "--listen=" + listen,
             "--metrics-listen=" + metrics,
             "--data-dir=" + data_dir_,
@@ -73,7 +74,7 @@ int Cluster::AddWorker(int threads, std::string* error, const std::string& name,
   ProcessOptions o;
   o.name = name.empty() ? "worker-" + std::to_string(index) : name;
   o.log_dir = dir_;
-  o.argv = {RunfilePath("worker/dattn-worker"),
+  o.argv = {testutil::RunfilePath("worker/dattn-worker"),
             "--coordinator=" + address_,
             "--name=" + o.name,
             "--threads=" + std::to_string(threads),
@@ -127,7 +128,7 @@ ProcessResult Cluster::Cli(const std::vector<std::string>& args,
   ProcessOptions o;
   o.name = "cli";
   o.log_dir = dir_;
-  o.argv = {RunfilePath("client/dattn")};
+  o.argv = {testutil::RunfilePath("client/dattn")};
   o.argv.insert(o.argv.end(), args.begin(), args.end());
   o.env["DATTN_COORDINATOR"] = address_;
   return RunCommand(o, timeout);

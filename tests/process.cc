@@ -184,13 +184,4 @@ std::string MakeTestDir(const std::string& name) {
   return dir;
 }
 
-std::string RunfilePath(const std::string& workspace_relative) {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  if (srcdir != nullptr) {
-    return std::string(srcdir) + "/" + (workspace ? workspace : "dattn") + "/" + workspace_relative;
-  }
-  return workspace_relative;
-}
-
 }  // namespace dattn::testing

@@ -73,10 +73,6 @@ ProcessResult RunCommand(const ProcessOptions& options, std::chrono::millisecond
 // The test's scratch directory ($TEST_TMPDIR, else /tmp), plus a unique subfolder for `name`.
 std::string MakeTestDir(const std::string& name);
 
-// The absolute path of a data dependency given as a workspace-relative path
-// ("server/dattn-coordinator").
-std::string RunfilePath(const std::string& workspace_relative);
-
 }  // namespace dattn::testing
 
 #endif  // DATTN_TESTS_PROCESS_H_

@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "engine/testing/test_util.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
@@ -22,13 +23,6 @@
 namespace dattn {
 namespace worker {
 namespace {
-
-std::string BinaryPath() {
-  const char* srcdir = std::getenv("TEST_SRCDIR");
-  const char* workspace = std::getenv("TEST_WORKSPACE");
-  return absl::StrCat(srcdir != nullptr ? srcdir : ".", "/",
-                      workspace != nullptr ? workspace : "dattn", "/worker/dattn-worker");
-}
 
 // A fresh directory under /tmp, not TEST_TMPDIR: a unix socket path must fit in 107 characters, and
 // concurrent runs of this test (same pid inside their sandboxes) must not share a socket.
@@ -66,7 +60,7 @@ int FreePort() {
 class WorkerProcess {
  public:
   explicit WorkerProcess(std::vector<std::string> args) {
-    args.insert(args.begin(), BinaryPath());
+    args.insert(args.begin(), testutil::RunfilePath("worker/dattn-worker"));
     pid_ = fork();
     if (pid_ == 0) {
       std::vector<char*> argv;

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 
+#include "engine/cuda/elem_convert.h"
 #include "worker/normal_generator.h"
 
 namespace dattn {
@@ -15,21 +16,6 @@ namespace worker {
 namespace {
 
 constexpr int kThreads = 256;
-
-template <typename T>
-__device__ __forceinline__ T FromDouble(double x);
-template <>
-__device__ __forceinline__ float FromDouble<float>(double x) {
-  return static_cast<float>(x);  // round to nearest even, like the host's cast
-}
-template <>
-__device__ __forceinline__ __half FromDouble<__half>(double x) {
-  return __double2half(x);
-}
-template <>
-__device__ __forceinline__ __nv_bfloat16 FromDouble<__nv_bfloat16>(double x) {
-  return __double2bfloat16(x);
-}
 
 template <typename T>
 __global__ void __launch_bounds__(kThreads)
@@ -43,7 +29,7 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t b = row / local_n;
     const int64_t n = row - b * local_n;
     const uint64_t global = static_cast<uint64_t>((b * seq_len + begin + n) * row_elems + e);
-    out[i] = FromDouble<T>(normal_generator::NormalFromKey(key, global));
+    out[i] = cuda::FromD<T>(normal_generator::NormalFromKey(key, global));
   }
 }
 

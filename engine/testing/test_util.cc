@@ -402,5 +402,13 @@ double Dot(const std::vector<double>& a, const std::vector<double>& b) {
   return sum;
 }
 
+std::string RunfilePath(const std::string& workspace_relative) {
+  const char* srcdir = std::getenv("TEST_SRCDIR");
+  const char* workspace = std::getenv("TEST_WORKSPACE");
+  if (srcdir == nullptr) return workspace_relative;
+  return std::string(srcdir) + "/" + (workspace != nullptr ? workspace : "dattn") + "/" +
+         workspace_relative;
+}
+
 }  // namespace testutil
 }  // namespace dattn

@@ -115,6 +115,10 @@ uint64_t CheckSeed(const std::string& label);
 // it in a SCOPED_TRACE so that every failure prints it.
 std::string ReproduceHint();
 
+// The path of a file of the workspace among a test's runfiles (a binary in `data`), e.g.
+// "worker/dattn-worker"; the relative path itself outside Bazel.
+std::string RunfilePath(const std::string& workspace_relative);
+
 // ---------------------------------------------------------------------------------------------------
 // Comparisons.
 

@@ -35,9 +35,12 @@ absl::StatusOr<char*> StreamScratch::Take(int64_t bytes) {
   const cudaError_t e =
       cudaMallocFromPoolAsync(&p, static_cast<size_t>(std::max<int64_t>(bytes, 1)), pool_, stream_);
   if (e != cudaSuccess) {
-    cudaGetLastError();  // not sticky: clear it for the next call
-    return absl::ResourceExhaustedError(absl::StrCat(
-        "cannot take ", bytes, " bytes of device scratch from the pool: ", cudaGetErrorString(e)));
+    if (e == cudaErrorMemoryAllocation) cudaGetLastError();  // not sticky: clear it
+    // Out of memory is RESOURCE_EXHAUSTED (what the recovery acts on); a device error keeps its own
+    // code, so that it is not mistaken for a full device.
+    const absl::Status s = CudaErrorStatus(e, "cudaMallocFromPoolAsync", __FILE__, __LINE__);
+    return absl::Status(
+        s.code(), absl::StrCat("cannot take ", bytes, " bytes of device scratch: ", s.message()));
   }
   ptrs_.push_back(p);
   taken_ += bytes;

@@ -30,7 +30,8 @@ class StreamScratch {
   StreamScratch& operator=(const StreamScratch&) = delete;
 
   // `bytes` (at least 1) of device memory for work enqueued on the stream after this call.
-  // RESOURCE_EXHAUSTED naming the size when the pool cannot grow (the CUDA error is cleared).
+  // RESOURCE_EXHAUSTED naming the size when the pool cannot grow (that CUDA error is cleared);
+  // other CUDA errors as cuda_status.h maps them.
   absl::StatusOr<char*> Take(int64_t bytes);
   // What the scope has taken so far.
   int64_t taken_bytes() const { return taken_; }

@@ -173,7 +173,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   status->add_flag("--events", status_events, "Include the job's event history (the latest 1000)");
   status
       ->add_option("--max-events", status_max_events,
-                   "With --events: show the latest N events (1 to 10000; default 1000)")
+                   "Show the latest N events (1 to 10000; implies --events, which shows 1000)")
       ->type_name("N")
       ->check(CLI::Range(1, 10000));
   status
@@ -289,7 +289,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     }
     if (status->parsed()) {
       return Commands(global, out, err, env)
-          .Status(status_job, status_events, status_max_events, status_output);
+          .Status(status_job, status_events || status_max_events > 0, status_max_events,
+                  status_output);
     }
     if (list->parsed()) {
       if (!list_states.empty()) {

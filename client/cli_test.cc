@@ -807,6 +807,11 @@ TEST_F(CliTest, StatusShowsTheLatestEventsAndSaysHowManyAreLeftOut) {
   EXPECT_EQ(jobs_.gets().back().max_events(), 0);  // The coordinator's default.
   EXPECT_THAT(r.out, Not(HasSubstr("earlier events not shown")));
 
+  r = Run({"status", "j-long", "--max-events", "1"});  // implies --events
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_TRUE(jobs_.gets().back().include_events());
+  EXPECT_THAT(r.out, HasSubstr("(5 earlier events not shown"));
+
   r = Run({"status", "j-long", "--events", "--max-events", "0"});
   EXPECT_EQ(r.code, kExitUsage);
   EXPECT_THAT(r.err, HasSubstr("--max-events"));

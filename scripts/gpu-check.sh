@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# GPU check of the CUDA engine (issue 4). Builds nothing on the GPU machine.
+# GPU check of the CUDA engine (issue 4) and of the GPU worker's device (inputs generated on the
+# GPU). Builds nothing on the GPU machine.
 #
 #   scripts/gpu-check.sh stage        (here, no GPU needed) build the GPU test and benchmark binaries
 #                                     with Bazel and copy them into .device/ (git-ignored)

@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/attention_kernels.h"
 #include "engine/cuda/block_calls.h"
+#include "engine/cuda/call_views.h"
 #include "engine/cuda/cuda_status.h"
 #include "engine/cuda/cudnn_sdpa.h"
 #include "engine/cuda/device_scope.h"
@@ -26,62 +27,21 @@ namespace {
 using cuda::BlockCall;
 using cuda::CallPlan;
 using cuda::CallRole;
+using cuda::CallRowsOf;
 using cuda::CallScratch;
+using cuda::CudnnReadable;
 using cuda::DeviceScope;
 using cuda::ElemType;
 using cuda::ElemTypeOf;
 using cuda::HeadRule;
 using cuda::IsHalfType;
 using cuda::KernelTensor;
+using cuda::PackedTensor;
 using cuda::PlannedCall;
 using cuda::ProblemDims;
 using cuda::RowSpace;
-
-// The view of one call into a (B, N, H, D) tensor.
-KernelTensor ViewTensor(const TensorView& t, const BlockCall& call, int64_t seq_len) {
-  const cuda::CallView v = cuda::ViewOf(call, seq_len, t.strides[0], t.strides[1], t.strides[2]);
-  KernelTensor k;
-  k.ptr = static_cast<char*>(t.data) + v.base * static_cast<int64_t>(DTypeSize(t.dtype));
-  k.fold = v.fold;
-  k.head = v.head;
-  k.seq = v.seq;
-  k.chan = t.strides[3];
-  return k;
-}
-
-// A packed [count, heads, rows, D] scratch tile.
-KernelTensor TileTensor(void* ptr, const BlockCall& call, int64_t dim) {
-  KernelTensor k;
-  k.ptr = ptr;
-  k.seq = dim;
-  k.head = call.rows * dim;
-  k.fold = call.group.heads * call.rows * dim;
-  k.chan = 1;
-  return k;
-}
-
-cuda::CallRows CallRowsOf(const BlockCall& call) {
-  cuda::CallRows r;
-  r.first_flat = call.first_flat;
-  r.block_step = call.block_step;
-  r.rate = call.rate;
-  r.head0 = call.group.head0;
-  r.head_step = call.group.head_step;
-  r.count = call.count;
-  r.heads = call.group.heads;
-  r.rows = call.rows;
-  return r;
-}
-
-// cuDNN reads a view when channels are contiguous and every row starts 16-byte aligned.
-bool CudnnReadable(const KernelTensor& t) {
-  constexpr int64_t kElems16 = 8;  // 16 bytes of a 16-bit type
-  return t.chan == 1 && t.fold >= 0 && t.head >= 0 && t.seq >= 0 && t.fold % kElems16 == 0 &&
-         t.head % kElems16 == 0 && t.seq % kElems16 == 0 &&
-         reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0;
-}
-
-cuda::SdpaStrides StridesOf(const KernelTensor& t) { return {t.fold, t.head, t.seq}; }
+using cuda::StridesOf;
+using cuda::ViewTensor;
 
 // Full segments of different batch items share one call only if every tensor's batch stride is N
 // times its position stride.
@@ -496,8 +456,9 @@ class CudaBackendImpl : public CudaAttentionBackend {
     const KernelTensor q = ViewTensor(args.q, c, dims.seq_len);
     const KernelTensor k = ViewTensor(args.k, c, dims.seq_len);
     const KernelTensor v = ViewTensor(args.v, c, dims.seq_len);
-    const KernelTensor o = pc.role == CallRole::kMerge ? TileTensor(nullptr, c, dims.head_dim)
-                                                       : ViewTensor(args.out, c, dims.seq_len);
+    const KernelTensor o = pc.role == CallRole::kMerge
+                               ? PackedTensor(nullptr, c.group.heads, c.rows, dims.head_dim)
+                               : ViewTensor(args.out, c, dims.seq_len);
     cuda::SdpaForwardArgs a;
     a.shape = {args.q.dtype, c.count, c.group.heads, c.rows, dims.head_dim, spec.causal};
     a.q_strides = StridesOf(q);
@@ -518,7 +479,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
                                       const ProblemDims& dims, const PlannedCall& pc) const {
     const BlockCall& c = pc.call;
     const bool merge = pc.role == CallRole::kMerge;
-    const KernelTensor packed = TileTensor(nullptr, c, dims.head_dim);
+    const KernelTensor packed = PackedTensor(nullptr, c.group.heads, c.rows, dims.head_dim);
     cuda::SdpaBackwardArgs a;
     a.shape = {args.q.dtype, c.count, c.group.heads, c.rows, dims.head_dim, spec.causal};
     const KernelTensor q = ViewTensor(args.q, c, dims.seq_len);
@@ -554,7 +515,8 @@ class CudaBackendImpl : public CudaAttentionBackend {
     const cuda::CallRows rows = CallRowsOf(c);
     const CallScratch& s = e.scratch;
     float* lse = static_cast<float*>(args.lse.data);
-    const KernelTensor tile = TileTensor(ws.At<void>(s.tile), c, dims.head_dim);
+    const KernelTensor tile =
+        PackedTensor(ws.At<void>(s.tile), c.group.heads, c.rows, dims.head_dim);
     if (e.cudnn) {
       cuda::SdpaForwardArgs a = SdpaForward(spec, args, dims, pc, scale, p_scale);
       if (merge) a.o = tile.ptr;
@@ -609,7 +571,8 @@ class CudaBackendImpl : public CudaAttentionBackend {
                              ViewTensor(args.dv, c, dims.seq_len)};
     if (merge) {
       for (int i = 0; i < 3; ++i) {
-        grads[i] = TileTensor(ws.At<char>(s.tile) + i * tile_bytes, c, dims.head_dim);
+        grads[i] = PackedTensor(ws.At<char>(s.tile) + i * tile_bytes, c.group.heads, c.rows,
+                                dims.head_dim);
       }
     }
     // Grouped: out = A / G. P is normalised by lse + log G (so dV comes out for A / G), and the row

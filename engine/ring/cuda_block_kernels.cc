@@ -13,6 +13,7 @@
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/attention_kernels.h"
 #include "engine/cuda/block_calls.h"
+#include "engine/cuda/call_views.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_status.h"
 #include "engine/cuda/cudnn_sdpa.h"
@@ -27,12 +28,17 @@ namespace {
 
 using cuda::BlockCall;
 using cuda::CallRole;
+using cuda::CallRowsOf;
 using cuda::CallScratch;
+using cuda::CudnnReadable;
 using cuda::DeviceScope;
 using cuda::ElemType;
 using cuda::ElemTypeOf;
 using cuda::IsHalfType;
 using cuda::KernelTensor;
+using cuda::PackedTensor;
+using cuda::StridesOf;
+using cuda::ViewTensor;
 using cudak::RowMap;
 using cudak::StatsMap;
 
@@ -40,60 +46,15 @@ constexpr int64_t kMaxSpanElements = (int64_t{1} << 31) - 1;
 // The modeled cuDNN plan workspace per call (engine/cuda/block_calls.h), for chunking.
 constexpr int64_t kAlign = 256;
 
-// cuDNN reads a view when channels are contiguous and every row starts 16-byte aligned.
-bool CudnnReadable(const KernelTensor& t) {
-  constexpr int64_t kElems16 = 8;
-  return t.chan == 1 && t.fold >= 0 && t.head >= 0 && t.seq >= 0 && t.fold % kElems16 == 0 &&
-         t.head % kElems16 == 0 && t.seq % kElems16 == 0 &&
-         reinterpret_cast<uintptr_t>(t.ptr) % 16 == 0;
-}
-
 // Elements between the first and the last element a [count, heads, rows, D] view touches, + 1.
 int64_t Span(const KernelTensor& t, int64_t count, int64_t heads, int64_t rows, int64_t dim) {
   return (count - 1) * t.fold + (heads - 1) * t.head + (rows - 1) * t.seq + (dim - 1) * t.chan + 1;
-}
-
-cuda::SdpaStrides StridesOf(const KernelTensor& t) { return {t.fold, t.head, t.seq}; }
-
-KernelTensor ViewTensor(const TensorView& t, const BlockCall& call, int64_t shard_len) {
-  const cuda::CallView v = cuda::ViewOf(call, shard_len, t.strides[0], t.strides[1], t.strides[2]);
-  KernelTensor k;
-  k.ptr = static_cast<char*>(t.data) + v.base * static_cast<int64_t>(DTypeSize(t.dtype));
-  k.fold = v.fold;
-  k.head = v.head;
-  k.seq = v.seq;
-  k.chan = t.strides[3];
-  return k;
-}
-
-// A packed [count, heads, rows, D] tile.
-KernelTensor PackedTensor(void* ptr, int64_t heads, int64_t rows, int64_t dim) {
-  KernelTensor k;
-  k.ptr = ptr;
-  k.seq = dim;
-  k.head = rows * dim;
-  k.fold = heads * rows * dim;
-  k.chan = 1;
-  return k;
 }
 
 // A view with its base moved by `elements` of `esize` bytes.
 KernelTensor Shifted(KernelTensor t, int64_t elements, int64_t esize) {
   t.ptr = static_cast<char*>(t.ptr) + elements * esize;
   return t;
-}
-
-cuda::CallRows CallRowsOf(const BlockCall& call) {
-  cuda::CallRows r;
-  r.first_flat = call.first_flat;
-  r.block_step = call.block_step;
-  r.rate = call.rate;
-  r.head0 = call.group.head0;
-  r.head_step = call.group.head_step;
-  r.count = call.count;
-  r.heads = call.group.heads;
-  r.rows = call.rows;
-  return r;
 }
 
 // The rows of one (batch item, head) of a tensor: element offset of row i of head k of batch b is

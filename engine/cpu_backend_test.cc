@@ -31,7 +31,6 @@ using testutil::RandomValues;
 using testutil::RelativelyNear;
 
 // ENGINE_SPEC.md: fp64 1e-12, fp32 (CPU) 1e-5, relative Frobenius error.
-double Tolerance(DType dtype) { return dtype == DType::kFloat64 ? 1e-12 : 1e-5; }
 
 // attention.h: lse is fp64 for fp64 inputs, fp32 otherwise.
 DType LseTypeFor(DType dtype) {
@@ -188,7 +187,7 @@ TEST_P(CpuBackendOracleTest, ForwardMatchesOracle) {
 
   Outputs o(p.c.shape, p.dtype);
   ASSERT_EQ(backend_->Forward(spec_, FwdArgs(in, o)), absl::OkStatus());
-  const double tol = Tolerance(p.dtype);
+  const double tol = testutil::SpecTolerance(p.dtype);
   EXPECT_TRUE(RelativelyNear("out", o.out.ToDoubles(), ref->out, tol));
   EXPECT_TRUE(LseNear("lse", o.lse.ToDoubles(), ref->lse, tol));
 }
@@ -204,7 +203,7 @@ TEST_P(CpuBackendOracleTest, BackwardMatchesOracle) {
   Outputs o(p.c.shape, p.dtype);
   ASSERT_EQ(backend_->Forward(spec_, FwdArgs(in, o)), absl::OkStatus());
   ASSERT_EQ(backend_->Backward(spec_, BwdArgs(in, o)), absl::OkStatus());
-  const double tol = Tolerance(p.dtype);
+  const double tol = testutil::SpecTolerance(p.dtype);
   EXPECT_TRUE(RelativelyNear("dq", o.dq.ToDoubles(), ref->dq, tol));
   EXPECT_TRUE(RelativelyNear("dk", o.dk.ToDoubles(), ref->dk, tol));
   EXPECT_TRUE(RelativelyNear("dv", o.dv.ToDoubles(), ref->dv, tol));
@@ -271,7 +270,7 @@ TEST_P(CpuBackendStridedTest, MatchesContiguousAndOracle) {
   ASSERT_EQ(backend->Backward(spec, args), absl::OkStatus());
   ASSERT_EQ(backend->Backward(spec, BwdArgs(contiguous, b)), absl::OkStatus());
 
-  const double tol = Tolerance(p.dtype);
+  const double tol = testutil::SpecTolerance(p.dtype);
   EXPECT_TRUE(RelativelyNear("out vs contiguous", a.out.ToDoubles(), b.out.ToDoubles(), tol));
   EXPECT_TRUE(LseNear("lse vs contiguous", a.lse.ToDoubles(), b.lse.ToDoubles(), tol));
   EXPECT_TRUE(RelativelyNear("dq vs contiguous", a.dq.ToDoubles(), b.dq.ToDoubles(), tol));
@@ -376,7 +375,8 @@ TEST_P(CpuBackendNanTest, NanInQueryPropagatesToItsRowOnly) {
     }
   }
   EXPECT_EQ(nan_mismatches, 0);
-  EXPECT_TRUE(RelativelyNear("out (non-NaN rows)", got_finite, want_finite, Tolerance(dtype)));
+  EXPECT_TRUE(RelativelyNear("out (non-NaN rows)", got_finite, want_finite,
+                             testutil::SpecTolerance(dtype)));
 
   ASSERT_EQ(backend->Backward(spec, BwdArgs(in, o)), absl::OkStatus());
   const std::vector<double> dq = o.dq.ToDoubles();
@@ -388,11 +388,12 @@ TEST_P(CpuBackendNanTest, NanInQueryPropagatesToItsRowOnly) {
   auto later = [&](const std::vector<double>& x) {
     return std::vector<double>(x.begin() + batch_elems, x.end());
   };
-  EXPECT_TRUE(RelativelyNear("dq (b>0)", later(dq), later(ref_grads->dq), Tolerance(dtype)));
   EXPECT_TRUE(
-      RelativelyNear("dk (b>0)", later(o.dk.ToDoubles()), later(ref_grads->dk), Tolerance(dtype)));
-  EXPECT_TRUE(
-      RelativelyNear("dv (b>0)", later(o.dv.ToDoubles()), later(ref_grads->dv), Tolerance(dtype)));
+      RelativelyNear("dq (b>0)", later(dq), later(ref_grads->dq), testutil::SpecTolerance(dtype)));
+  EXPECT_TRUE(RelativelyNear("dk (b>0)", later(o.dk.ToDoubles()), later(ref_grads->dk),
+                             testutil::SpecTolerance(dtype)));
+  EXPECT_TRUE(RelativelyNear("dv (b>0)", later(o.dv.ToDoubles()), later(ref_grads->dv),
+                             testutil::SpecTolerance(dtype)));
 }
 
 INSTANTIATE_TEST_SUITE_P(All, CpuBackendNanTest,

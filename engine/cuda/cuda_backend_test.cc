@@ -35,22 +35,6 @@ using testutil::Layout;
 #define ASSERT_CUDA(expr) \
   ASSERT_EQ((expr), cudaSuccess) << #expr << ": " << cudaGetErrorString(expr)
 
-double Tolerance(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return 1e-5;
-    case DType::kFloat16:
-      return 2e-3;
-    case DType::kBFloat16:
-      return 1e-2;
-    default:
-      return 1e-12;
-  }
-}
-
-// lse is fp32 whatever the inputs; it sees only rounding of the inputs, which the oracle shares.
-double LseTolerance(DType dtype) { return dtype == DType::kFloat32 ? 1e-5 : 1e-4; }
-
 // Device memory holding a copy of a host tensor's whole storage (gaps included), or fresh memory.
 class DeviceBuffer {
  public:
@@ -186,8 +170,9 @@ void CheckAgainstOracle(CudaAttentionBackend* backend, const AttentionSpec& spec
   const std::vector<double> qd = in.q.ToDoubles(), kd = in.k.ToDoubles(), vd = in.v.ToDoubles();
   absl::StatusOr<oracle::ForwardResult> ref = oracle::Forward(spec, shape, qd, kd, vd);
   ASSERT_TRUE(ref.ok()) << ref.status();
-  EXPECT_TRUE(testutil::RelativelyNear("out", Download(out), ref->out, Tolerance(dtype)));
-  EXPECT_TRUE(testutil::LseNear("lse", Download(lse), ref->lse, LseTolerance(dtype)));
+  EXPECT_TRUE(
+      testutil::RelativelyNear("out", Download(out), ref->out, testutil::SpecTolerance(dtype)));
+  EXPECT_TRUE(testutil::LseNear("lse", Download(lse), ref->lse, testutil::GpuLseTolerance(dtype)));
   if (!backward) return;
 
   DeviceTensor dq = Poisoned(dtype, shape.Dims()), dk = Poisoned(dtype, shape.Dims()),
@@ -199,9 +184,12 @@ void CheckAgainstOracle(CudaAttentionBackend* backend, const AttentionSpec& spec
   absl::StatusOr<oracle::Gradients> grads =
       oracle::Backward(spec, shape, qd, kd, vd, in.dout.ToDoubles());
   ASSERT_TRUE(grads.ok()) << grads.status();
-  EXPECT_TRUE(testutil::RelativelyNear("dq", Download(dq), grads->dq, Tolerance(dtype)));
-  EXPECT_TRUE(testutil::RelativelyNear("dk", Download(dk), grads->dk, Tolerance(dtype)));
-  EXPECT_TRUE(testutil::RelativelyNear("dv", Download(dv), grads->dv, Tolerance(dtype)));
+  EXPECT_TRUE(
+      testutil::RelativelyNear("dq", Download(dq), grads->dq, testutil::SpecTolerance(dtype)));
+  EXPECT_TRUE(
+      testutil::RelativelyNear("dk", Download(dk), grads->dk, testutil::SpecTolerance(dtype)));
+  EXPECT_TRUE(
+      testutil::RelativelyNear("dv", Download(dv), grads->dv, testutil::SpecTolerance(dtype)));
 }
 
 // ENGINE_SPEC.md "Cases that every backend must pass", at sizes the oracle handles quickly.
@@ -343,8 +331,9 @@ TEST_F(CudaBackendTest, PackedQkvSlicesRunOnCudnn) {
   absl::StatusOr<oracle::ForwardResult> ref =
       oracle::Forward(spec, shape, values[0], values[1], values[2]);
   ASSERT_TRUE(ref.ok());
-  EXPECT_TRUE(testutil::RelativelyNear("out", Download(out), ref->out, Tolerance(dtype)));
-  EXPECT_TRUE(testutil::LseNear("lse", Download(lse), ref->lse, LseTolerance(dtype)));
+  EXPECT_TRUE(
+      testutil::RelativelyNear("out", Download(out), ref->out, testutil::SpecTolerance(dtype)));
+  EXPECT_TRUE(testutil::LseNear("lse", Download(lse), ref->lse, testutil::GpuLseTolerance(dtype)));
 }
 
 // Every D the backend accepts, forward and backward; prints which path ran (cuDNN or the fallback).

@@ -23,8 +23,6 @@ namespace {
 
 using testutil::HostTensor;
 
-double Tolerance(DType dtype) { return dtype == DType::kFloat16 ? 2e-3 : 1e-2; }
-
 struct Device {
   void* ptr = nullptr;
   explicit Device(size_t bytes) {
@@ -109,7 +107,7 @@ TEST_P(CudaVsCpuTest, ForwardAndBackwardMatchCpuFp64) {
                            lse_ref.view(), wide[3].view(), dq.view(), dk.view(), dv.view()});
   ASSERT_TRUE(s.ok()) << s;
 
-  const double tol = Tolerance(dtype);
+  const double tol = testutil::SpecTolerance(dtype);
   EXPECT_TRUE(
       testutil::RelativelyNear("out", Fetch(outs[0]->ptr, dtype, dims), out.ToDoubles(), tol));
   EXPECT_TRUE(testutil::LseNear("lse", Fetch(lse.ptr, DType::kFloat32, lse_dims),

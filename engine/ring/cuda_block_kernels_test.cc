@@ -110,7 +110,7 @@ class CudaBlockKernelsTest : public ::testing::Test {
         }
       }
     }
-    const double tol = testing::GpuTolerance(c.dtype);
+    const double tol = testutil::SpecTolerance(c.dtype);
     for (int r = 0; r < c.ranks; ++r) {
       Rank& rk = ranks[r];
       ASSERT_TRUE(kernels.BeginForward(rk.geo, fwd_args(rk)).ok());
@@ -128,7 +128,7 @@ class CudaBlockKernelsTest : public ::testing::Test {
                                            testing::ShardOf(c, full->forward.out, r), tol));
       EXPECT_TRUE(testutil::LseNear(absl::StrCat("lse rank ", r), testing::FromDevice(rk.lse),
                                     testing::LseShardOf(c, full->forward.lse, r),
-                                    testing::GpuLseTolerance(c.dtype)));
+                                    testutil::GpuLseTolerance(c.dtype)));
     }
     for (Rank& rk : ranks) ASSERT_TRUE(kernels.BeginBackward(rk.geo, bwd_args(rk)).ok());
     for (int r = 0; r < c.ranks; ++r) {

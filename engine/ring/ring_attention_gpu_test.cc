@@ -110,7 +110,7 @@ std::string RunAndCheck(const testing::RingCase& c, uint64_t seed, comm::Communi
   if (absl::Status s = ring.Backward(c.spec, c.seq_len(), t.Bwd()); !s.ok()) return s.ToString();
   const comm::CommStats after = comm.stats();
 
-  const double tol = testing::GpuTolerance(c.dtype), lse_tol = testing::GpuLseTolerance(c.dtype);
+  const double tol = testutil::SpecTolerance(c.dtype), lse_tol = testutil::GpuLseTolerance(c.dtype);
   const std::vector<double> out = testing::FromDevice(t.out), lse = testing::FromDevice(t.lse);
   const std::vector<double> dq = testing::FromDevice(t.dq), dk = testing::FromDevice(t.dk),
                             dv = testing::FromDevice(t.dv);

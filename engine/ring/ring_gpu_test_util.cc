@@ -62,21 +62,6 @@ std::vector<double> FromDevice(const DeviceTensor& t) {
   return host.ToDoubles();
 }
 
-double GpuTolerance(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return 1e-5;
-    case DType::kFloat16:
-      return 2e-3;
-    case DType::kBFloat16:
-      return 1e-2;
-    default:
-      return 1e-12;
-  }
-}
-
-double GpuLseTolerance(DType dtype) { return dtype == DType::kFloat32 ? 1e-5 : 1e-4; }
-
 std::vector<RingCase> GpuStandardCases(int ranks) {
   std::vector<RingCase> cases;
   for (RingCase c : StandardCases(ranks)) {

@@ -46,11 +46,6 @@ DeviceTensor PoisonedTensor(DType dtype, const std::vector<int64_t>& shape, int 
 // The tensor's values (synchronizes the device).
 std::vector<double> FromDevice(const DeviceTensor& t);
 
-// ENGINE_SPEC.md: fp32 1e-5, fp16 2e-3, bf16 1e-2; lse (fp32 on GPUs) 1e-5 for fp32 inputs, 1e-4
-// otherwise.
-double GpuTolerance(DType dtype);
-double GpuLseTolerance(DType dtype);
-
 // StandardCases(ranks) with fp32, fp16 and bf16 in place of fp64 / fp32 (D = 8).
 std::vector<RingCase> GpuStandardCases(int ranks);
 // Larger 16-bit cases (D = 64): local segments folded into batched cuDNN calls, a pattern spanning

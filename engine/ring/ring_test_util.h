@@ -31,7 +31,7 @@ struct RingCase {
   oracle::Shape FullShape() const { return {batch, seq_len(), heads, head_dim}; }
   std::vector<int64_t> ShardDims() const { return {batch, shard_len, heads, head_dim}; }
   std::vector<int64_t> ShardLseDims() const { return {batch, heads, shard_len}; }
-  double Tolerance() const { return dtype == DType::kFloat64 ? 1e-12 : 1e-5; }
+  double Tolerance() const { return testutil::SpecTolerance(dtype); }
   std::string Describe() const;  // name, spec, shape, P, dtype
 };
 

@@ -402,6 +402,22 @@ double Dot(const std::vector<double>& a, const std::vector<double>& b) {
   return sum;
 }
 
+double SpecTolerance(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat64:
+      return 1e-12;
+    case DType::kFloat32:
+      return 1e-5;
+    case DType::kFloat16:
+      return 2e-3;
+    case DType::kBFloat16:
+      return 1e-2;
+  }
+  return 1e-12;
+}
+
+double GpuLseTolerance(DType dtype) { return dtype == DType::kFloat32 ? 1e-5 : 1e-4; }
+
 std::string RunfilePath(const std::string& workspace_relative) {
   const char* srcdir = std::getenv("TEST_SRCDIR");
   const char* workspace = std::getenv("TEST_WORKSPACE");

@@ -115,6 +115,13 @@ uint64_t CheckSeed(const std::string& label);
 // it in a SCOPED_TRACE so that every failure prints it.
 std::string ReproduceHint();
 
+// shared/ENGINE_SPEC.md's bound on ||out - ref|| / ||ref|| (and on dq, dk, dv) for a backend's
+// results in `dtype`: fp64 1e-12, fp32 1e-5, fp16 2e-3, bf16 1e-2.
+double SpecTolerance(DType dtype);
+// The bound the tests put on the log-sum-exp on a GPU, where it is fp32 whatever the inputs: 1e-5
+// for fp32 inputs, 1e-4 for 16-bit ones (it sees only their rounding, which the oracle shares).
+double GpuLseTolerance(DType dtype);
+
 // The path of a file of the workspace among a test's runfiles (a binary in `data`), e.g.
 // "worker/dattn-worker"; the relative path itself outside Bazel.
 std::string RunfilePath(const std::string& workspace_relative);

@@ -297,30 +297,16 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
                               const void* src, const BackwardArgs& args) override {
     DeviceScope scope;
     DATTN_RETURN_IF_ERROR(scope.Enter(options_.device));
-    const int self = geo.rank();
-    const RingGeometry::Pattern& p = geo.pattern(pattern);
-    const int64_t d = geo.shape().head_dim;
-    const int64_t chunk_rows = geo.ChunkRows(pattern, segment, self);
-    const int64_t section = geo.shape().batch * chunk_rows * d;
     const ElemType et = ElemTypeOf(geo.dtype());
-    for (size_t s = 0; s < p.heads.size(); ++s) {
-      const RowRange rr = geo.Rows(pattern, segment, self, static_cast<int>(s));
-      if (rr.count() == 0) continue;
-      const int64_t p0 = RowPosition(geo, pattern, segment, static_cast<int>(s), rr.begin);
-      RowMap packed;
-      packed.base = geo.SlotRowOffset(pattern, segment, self, static_cast<int>(s)) * d;
-      packed.sb = chunk_rows * d;
-      packed.si = d;
-      for (int part = 0; part < 2; ++part) {
-        const TensorView& dst = part == 0 ? args.dk : args.dv;
-        RowMap src_map = packed;
-        src_map.base += part * section;
-        DATTN_CUDA_RETURN_IF_ERROR(cudak::LaunchCopyRows(
-            src, ElemType::kF32, src_map, dst.data, et, TensorRows(dst, p0, p.heads[s], 0, p.r),
-            geo.shape().batch, 1, rr.count(), d, 1.0f, true, stream_));
-      }
-    }
-    return absl::OkStatus();
+    return ForOwnChunkRows(
+        geo, pattern, segment,
+        [&](int part, const RowMap& packed, int64_t p0, int64_t head, int64_t rows) {
+          const TensorView& dst = part == 0 ? args.dk : args.dv;
+          return cudak::LaunchCopyRows(src, ElemType::kF32, packed, dst.data, et,
+                                       TensorRows(dst, p0, head, 0, geo.pattern(pattern).r),
+                                       geo.shape().batch, 1, rows, geo.shape().head_dim, 1.0f, true,
+                                       stream_);
+        });
   }
 
  private:
@@ -402,12 +388,27 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
 
   absl::Status PackOwn(const RingGeometry& geo, int pattern, int64_t segment, const TensorView& k,
                        const TensorView& v, void* dst) {
+    const ElemType et = ElemTypeOf(geo.dtype());
+    return ForOwnChunkRows(
+        geo, pattern, segment,
+        [&](int part, const RowMap& packed, int64_t p0, int64_t head, int64_t rows) {
+          const TensorView& src = part == 0 ? k : v;
+          return cudak::LaunchCopyRows(
+              src.data, et, TensorRows(src, p0, head, 0, geo.pattern(pattern).r), dst, et, packed,
+              geo.shape().batch, 1, rows, geo.shape().head_dim, 1.0f, false, stream_);
+        });
+  }
+
+  // This rank's chunk of (pattern, segment) in the packed K/V layout a peer receives: for each
+  // head slot with rows and each part (0: K or dK, 1: V or dV), calls
+  // copy(part, packed rows, first position, head, row count), which returns a cudaError_t.
+  template <typename Copy>
+  absl::Status ForOwnChunkRows(const RingGeometry& geo, int pattern, int64_t segment, Copy copy) {
     const int self = geo.rank();
     const RingGeometry::Pattern& p = geo.pattern(pattern);
     const int64_t d = geo.shape().head_dim;
     const int64_t chunk_rows = geo.ChunkRows(pattern, segment, self);
     const int64_t section = geo.shape().batch * chunk_rows * d;
-    const ElemType et = ElemTypeOf(geo.dtype());
     for (size_t s = 0; s < p.heads.size(); ++s) {
       const RowRange rr = geo.Rows(pattern, segment, self, static_cast<int>(s));
       if (rr.count() == 0) continue;
@@ -417,12 +418,9 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
       packed.sb = chunk_rows * d;
       packed.si = d;
       for (int part = 0; part < 2; ++part) {
-        const TensorView& src = part == 0 ? k : v;
-        RowMap dst_map = packed;
-        dst_map.base += part * section;
-        DATTN_CUDA_RETURN_IF_ERROR(cudak::LaunchCopyRows(
-            src.data, et, TensorRows(src, p0, p.heads[s], 0, p.r), dst, et, dst_map,
-            geo.shape().batch, 1, rr.count(), d, 1.0f, false, stream_));
+        RowMap map = packed;
+        map.base += part * section;
+        DATTN_CUDA_RETURN_IF_ERROR(copy(part, map, p0, p.heads[s], rr.count()));
       }
     }
     return absl::OkStatus();

@@ -33,6 +33,22 @@ bool CudnnReadable(const KernelTensor& t) {
 
 SdpaStrides StridesOf(const KernelTensor& t) { return {t.fold, t.head, t.seq}; }
 
+SdpaForwardArgs SdpaForwardOn(const SdpaShape& shape, const KernelTensor& q, const KernelTensor& k,
+                              const KernelTensor& v, const KernelTensor& o, float scale) {
+  SdpaForwardArgs a;
+  a.shape = shape;
+  a.q_strides = StridesOf(q);
+  a.k_strides = StridesOf(k);
+  a.v_strides = StridesOf(v);
+  a.o_strides = StridesOf(o);
+  a.q = q.ptr;
+  a.k = k.ptr;
+  a.v = v.ptr;
+  a.o = o.ptr;
+  a.scale = scale;
+  return a;
+}
+
 CallRows CallRowsOf(const BlockCall& call) {
   CallRows r;
   r.first_flat = call.first_flat;

@@ -26,6 +26,11 @@ bool CudnnReadable(const KernelTensor& t);
 // The view's batch, head and sequence strides, as cuDNN takes them (channel stride 1).
 SdpaStrides StridesOf(const KernelTensor& t);
 
+// A cuDNN forward call on these views: shape, strides, pointers and scale (stats, p_scale and the
+// workspace are the caller's).
+SdpaForwardArgs SdpaForwardOn(const SdpaShape& shape, const KernelTensor& q, const KernelTensor& k,
+                              const KernelTensor& v, const KernelTensor& o, float scale);
+
 // The rows of `call` in the (B, N, H) row space, as the small kernels walk them.
 CallRows CallRowsOf(const BlockCall& call);
 

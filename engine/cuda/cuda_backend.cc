@@ -459,17 +459,9 @@ class CudaBackendImpl : public CudaAttentionBackend {
     const KernelTensor o = pc.role == CallRole::kMerge
                                ? PackedTensor(nullptr, c.group.heads, c.rows, dims.head_dim)
                                : ViewTensor(args.out, c, dims.seq_len);
-    cuda::SdpaForwardArgs a;
-    a.shape = {args.q.dtype, c.count, c.group.heads, c.rows, dims.head_dim, spec.causal};
-    a.q_strides = StridesOf(q);
-    a.k_strides = StridesOf(k);
-    a.v_strides = StridesOf(v);
-    a.o_strides = StridesOf(o);
-    a.q = q.ptr;
-    a.k = k.ptr;
-    a.v = v.ptr;
-    a.o = o.ptr;
-    a.scale = scale;
+    cuda::SdpaForwardArgs a = cuda::SdpaForwardOn(
+        {args.q.dtype, c.count, c.group.heads, c.rows, dims.head_dim, spec.causal}, q, k, v, o,
+        scale);
     a.p_scale = p_scale;
     return a;
   }

@@ -640,17 +640,10 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     const float scale = static_cast<float>(geo.spec().ScaleFor(s.head_dim));
     const KernelTensor q = ViewTensor(args.q, c, l), k = ViewTensor(args.k, c, l),
                        v = ViewTensor(args.v, c, l), o = ViewTensor(args.out, c, l);
-    cuda::SdpaForwardArgs a;
-    a.shape = {dtype, c.count, c.group.heads, c.rows, s.head_dim, geo.spec().causal};
-    a.q_strides = StridesOf(q);
-    a.k_strides = StridesOf(k);
-    a.v_strides = StridesOf(v);
-    a.o_strides =
-        merge ? StridesOf(PackedTensor(nullptr, c.group.heads, c.rows, s.head_dim)) : StridesOf(o);
-    a.q = q.ptr;
-    a.k = k.ptr;
-    a.v = v.ptr;
-    a.scale = scale;
+    // The merged output's tile is placed later; only its strides matter for the plan.
+    cuda::SdpaForwardArgs a = cuda::SdpaForwardOn(
+        {dtype, c.count, c.group.heads, c.rows, s.head_dim, geo.spec().causal}, q, k, v,
+        merge ? PackedTensor(nullptr, c.group.heads, c.rows, s.head_dim) : o, scale);
     bool cudnn = false;
     int64_t library = 0;
     if (sdpa_ != nullptr && IsHalfType(dtype) && CudnnReadable(q) && CudnnReadable(k) &&
@@ -982,18 +975,9 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
                              Scratch& scratch) {
     if (sdpa_ != nullptr && IsHalfType(dtype) && CudnnReadable(q) && CudnnReadable(k) &&
         CudnnReadable(v) && CudnnReadable(o)) {
-      cuda::SdpaForwardArgs a;
-      a.shape = {dtype, count, heads, rows, d, causal};
-      a.q_strides = StridesOf(q);
-      a.k_strides = StridesOf(k);
-      a.v_strides = StridesOf(v);
-      a.o_strides = StridesOf(o);
-      a.q = q.ptr;
-      a.k = k.ptr;
-      a.v = v.ptr;
-      a.o = o.ptr;
+      cuda::SdpaForwardArgs a =
+          cuda::SdpaForwardOn({dtype, count, heads, rows, d, causal}, q, k, v, o, scale);
       a.stats = stats;
-      a.scale = scale;
       absl::StatusOr<int64_t> ws = sdpa_->ForwardWorkspace(a);
       if (ws.ok()) {
         absl::StatusOr<char*> lib = scratch.Take(*ws);

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <array>
 #include <cstdint>
+#include <functional>
 #include <limits>
 #include <utility>
 
@@ -370,15 +371,31 @@ absl::StatusOr<std::unique_ptr<CudnnSdpa>> CudnnSdpa::Create(cudaStream_t stream
   return sdpa;
 }
 
+absl::StatusOr<CudnnSdpa::Plan*> CudnnSdpa::CachedPlan(
+    const std::string& key, const std::function<absl::StatusOr<std::unique_ptr<Plan>>()>& build) {
+  if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
+  if (auto it = failures_.find(key); it != failures_.end()) return it->second;
+  absl::StatusOr<std::unique_ptr<Plan>> built = build();
+  if (!built.ok()) {
+    ++counters_.plan_failures;
+    absl::Status failure(built.status().code(),
+                         absl::StrCat(built.status().message(), " [", key, "]"));
+    failures_.emplace(key, failure);
+    return failure;
+  }
+  ++counters_.plans_built;
+  counters_.max_workspace = std::max(counters_.max_workspace, (*built)->workspace);
+  Plan* raw = built->get();
+  plans_.emplace(key, std::move(*built));
+  return raw;
+}
+
 absl::StatusOr<CudnnSdpa::Plan*> CudnnSdpa::ForwardPlan(const SdpaForwardArgs& a) {
   const SdpaShape& sh = a.shape;
   const bool p_scaled = a.p_scale != 1.0f;
   const std::string key = absl::StrCat("fwd ", ShapeKey(sh), " q", StridesKey(a.q_strides), " k",
                                        StridesKey(a.k_strides), " v", StridesKey(a.v_strides), " o",
                                        StridesKey(a.o_strides), p_scaled ? " p-scale" : "");
-  if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
-  if (auto it = failures_.find(key); it != failures_.end()) return it->second;
-
   auto build = [&]() -> absl::StatusOr<std::unique_ptr<Plan>> {
     GraphBuilder g;
     const cudnnDataType_t io = CudnnType(sh.dtype);
@@ -441,19 +458,7 @@ absl::StatusOr<CudnnSdpa::Plan*> CudnnSdpa::ForwardPlan(const SdpaForwardArgs& a
     DATTN_RETURN_IF_ERROR(g.Matmul(p, *v, *o));
     return BuildPlan(static_cast<cudnnHandle_t>(handle_), g, "forward");
   };
-  absl::StatusOr<std::unique_ptr<Plan>> built = build();
-  if (!built.ok()) {
-    ++counters_.plan_failures;
-    absl::Status failure(built.status().code(),
-                         absl::StrCat(built.status().message(), " [", key, "]"));
-    failures_.emplace(key, failure);
-    return failure;
-  }
-  ++counters_.plans_built;
-  counters_.max_workspace = std::max(counters_.max_workspace, (*built)->workspace);
-  Plan* raw = built->get();
-  plans_.emplace(key, std::move(*built));
-  return raw;
+  return CachedPlan(key, build);
 }
 
 absl::StatusOr<CudnnSdpa::Plan*> CudnnSdpa::BackwardPlan(const SdpaBackwardArgs& a) {
@@ -463,9 +468,6 @@ absl::StatusOr<CudnnSdpa::Plan*> CudnnSdpa::BackwardPlan(const SdpaBackwardArgs&
                                        StridesKey(a.o_strides), " do", StridesKey(a.do_strides),
                                        " dq", StridesKey(a.dq_strides), " dk",
                                        StridesKey(a.dk_strides), " dv", StridesKey(a.dv_strides));
-  if (auto it = plans_.find(key); it != plans_.end()) return it->second.get();
-  if (auto it = failures_.find(key); it != failures_.end()) return it->second;
-
   auto build = [&]() -> absl::StatusOr<std::unique_ptr<Plan>> {
     GraphBuilder g;
     const cudnnDataType_t io = CudnnType(sh.dtype);
@@ -555,19 +557,7 @@ absl::StatusOr<CudnnSdpa::Plan*> CudnnSdpa::BackwardPlan(const SdpaBackwardArgs&
         g.Pointwise(CUDNN_POINTWISE_IDENTITY, f32, *dq_accum, nullptr, nullptr, *dq));
     return BuildPlan(static_cast<cudnnHandle_t>(handle_), g, "backward");
   };
-  absl::StatusOr<std::unique_ptr<Plan>> built = build();
-  if (!built.ok()) {
-    ++counters_.plan_failures;
-    absl::Status failure(built.status().code(),
-                         absl::StrCat(built.status().message(), " [", key, "]"));
-    failures_.emplace(key, failure);
-    return failure;
-  }
-  ++counters_.plans_built;
-  counters_.max_workspace = std::max(counters_.max_workspace, (*built)->workspace);
-  Plan* raw = built->get();
-  plans_.emplace(key, std::move(*built));
-  return raw;
+  return CachedPlan(key, build);
 }
 
 absl::StatusOr<int64_t> CudnnSdpa::ForwardWorkspace(const SdpaForwardArgs& args) {

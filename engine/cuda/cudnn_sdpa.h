@@ -22,6 +22,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <string>
@@ -117,6 +118,9 @@ class CudnnSdpa {
 
  private:
   explicit CudnnSdpa(void* handle);
+  // The plan cached under `key`, or the cached failure; otherwise build() once and cache either.
+  absl::StatusOr<Plan*> CachedPlan(
+      const std::string& key, const std::function<absl::StatusOr<std::unique_ptr<Plan>>()>& build);
   absl::StatusOr<Plan*> ForwardPlan(const SdpaForwardArgs& args);
   absl::StatusOr<Plan*> BackwardPlan(const SdpaBackwardArgs& args);
 

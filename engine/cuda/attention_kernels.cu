@@ -405,13 +405,26 @@ cudaError_t Backward(const KernelBackwardArgs& a, cudaStream_t stream) {
   return cudaGetLastError();
 }
 
+// Whether a call's grid can be launched: an unsupported head dim or a grid past CUDA's limits is an
+// error; a call with nothing to compute sets *empty.
+cudaError_t CheckGeometry(int64_t head_dim, int64_t count, int64_t heads, int64_t rows,
+                          bool* empty) {
+  if (head_dim < 1 || head_dim > kKernelMaxHeadDim) return cudaErrorInvalidValue;
+  *empty = count == 0 || heads == 0 || rows == 0;
+  if (*empty) return cudaSuccess;
+  if (count * ((rows + kTileRows - 1) / kTileRows) > INT_MAX || heads > 65535) {
+    return cudaErrorInvalidConfiguration;
+  }
+  return cudaSuccess;
+}
+
 }  // namespace
 
 cudaError_t LaunchAttentionForward(const KernelForwardArgs& args, cudaStream_t stream) {
-  if (args.head_dim < 1 || args.head_dim > kKernelMaxHeadDim) return cudaErrorInvalidValue;
-  if (args.count == 0 || args.heads == 0 || args.rows == 0) return cudaSuccess;
-  if (args.count * ((args.rows + kTileRows - 1) / kTileRows) > INT_MAX || args.heads > 65535) {
-    return cudaErrorInvalidConfiguration;
+  bool empty = false;
+  if (cudaError_t e = CheckGeometry(args.head_dim, args.count, args.heads, args.rows, &empty);
+      e != cudaSuccess || empty) {
+    return e;
   }
   switch (args.type) {
     case ElemType::kF32:
@@ -425,10 +438,10 @@ cudaError_t LaunchAttentionForward(const KernelForwardArgs& args, cudaStream_t s
 }
 
 cudaError_t LaunchAttentionBackward(const KernelBackwardArgs& args, cudaStream_t stream) {
-  if (args.head_dim < 1 || args.head_dim > kKernelMaxHeadDim) return cudaErrorInvalidValue;
-  if (args.count == 0 || args.heads == 0 || args.rows == 0) return cudaSuccess;
-  if (args.count * ((args.rows + kTileRows - 1) / kTileRows) > INT_MAX || args.heads > 65535) {
-    return cudaErrorInvalidConfiguration;
+  bool empty = false;
+  if (cudaError_t e = CheckGeometry(args.head_dim, args.count, args.heads, args.rows, &empty);
+      e != cudaSuccess || empty) {
+    return e;
   }
   switch (args.type) {
     case ElemType::kF32:

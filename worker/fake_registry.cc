@@ -1,6 +1,9 @@
 #include "worker/fake_registry.h"
 
+#include <stdlib.h>
+
 #include <chrono>
+#include <cstdio>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -143,6 +146,22 @@ FakeCoordinator::~FakeCoordinator() {
   if (server_ != nullptr) {
     server_->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
   }
+}
+
+std::string TestSocketPath(const char* name) {
+  struct Paths {
+    std::vector<std::string> paths;  // A socket, then its directory.
+    ~Paths() {
+      for (const std::string& p : paths) ::remove(p.c_str());
+    }
+  };
+  static Paths created;
+  char dir[] = "/tmp/dattn-worker-test-XXXXXX";
+  if (mkdtemp(dir) == nullptr) return absl::StrCat("/tmp/dattn-worker-test-", name, ".sock");
+  const std::string path = absl::StrCat(dir, "/", name, ".sock");
+  created.paths.push_back(path);
+  created.paths.push_back(dir);
+  return path;
 }
 
 }  // namespace worker

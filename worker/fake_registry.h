@@ -88,6 +88,12 @@ class FakeCoordinator {
   std::unique_ptr<grpc::Server> server_;
 };
 
+// A unix socket path for a FakeCoordinator (or a worker's health endpoint) in a fresh directory
+// under /tmp, not TEST_TMPDIR: a socket path must fit in 107 characters, and concurrent runs of a
+// test (same pid inside their sandboxes) must not share a socket. Each socket lives in a directory
+// of its own, removed (with the socket) when the test binary exits.
+std::string TestSocketPath(const char* name);
+
 }  // namespace worker
 }  // namespace dattn
 

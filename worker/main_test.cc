@@ -24,25 +24,6 @@ namespace dattn {
 namespace worker {
 namespace {
 
-// A fresh directory under /tmp, not TEST_TMPDIR: a unix socket path must fit in 107 characters, and
-// concurrent runs of this test (same pid inside their sandboxes) must not share a socket.
-// Each socket lives in a directory of its own, removed (with the socket) when the binary exits.
-std::string SocketPath(const char* name) {
-  struct Paths {
-    std::vector<std::string> paths;  // A socket, then its directory.
-    ~Paths() {
-      for (const std::string& p : paths) ::remove(p.c_str());
-    }
-  };
-  static Paths created;
-  char dir[] = "/tmp/dattn-worker-test-XXXXXX";
-  if (mkdtemp(dir) == nullptr) return absl::StrCat("/tmp/dattn-worker-test-", name, ".sock");
-  const std::string path = absl::StrCat(dir, "/", name, ".sock");
-  created.paths.push_back(path);
-  created.paths.push_back(dir);
-  return path;
-}
-
 // A TCP port that was free a moment ago.
 int FreePort() {
   const int fd = socket(AF_INET, SOCK_STREAM, 0);
@@ -130,7 +111,7 @@ std::shared_ptr<grpc::Channel> HealthChannel(int port) {
 }
 
 TEST(WorkerMainTest, ServesHealthRegistersAndShutsDownCleanlyOnSigterm) {
-  const std::string address = "unix:" + SocketPath("main");
+  const std::string address = "unix:" + TestSocketPath("main");
   FakeCoordinator coordinator(address);
   ASSERT_TRUE(coordinator.ok());
   FakeRegistry& fake = coordinator.registry();
@@ -181,7 +162,7 @@ TEST(WorkerMainTest, ServesHealthRegistersAndShutsDownCleanlyOnSigterm) {
 }
 
 TEST(WorkerMainTest, LiveButNotReadyWithoutACoordinatorAndStillExitsOnSigint) {
-  const std::string address = "unix:" + SocketPath("nobody");
+  const std::string address = "unix:" + TestSocketPath("nobody");
   const int port = FreePort();
   ASSERT_GT(port, 0);
   WorkerProcess worker({"--coordinator", address, "--health-port", std::to_string(port),

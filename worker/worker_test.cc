@@ -33,25 +33,6 @@ namespace dattn {
 namespace worker {
 namespace {
 
-// A fresh directory under /tmp, not TEST_TMPDIR: a unix socket path must fit in 107 characters, and
-// concurrent runs of this test (same pid inside their sandboxes) must not share a socket.
-// Each socket lives in a directory of its own, removed (with the socket) when the binary exits.
-std::string SocketPath(const char* name) {
-  struct Paths {
-    std::vector<std::string> paths;  // A socket, then its directory.
-    ~Paths() {
-      for (const std::string& p : paths) ::remove(p.c_str());
-    }
-  };
-  static Paths created;
-  char dir[] = "/tmp/dattn-worker-test-XXXXXX";
-  if (mkdtemp(dir) == nullptr) return absl::StrCat("/tmp/dattn-worker-test-", name, ".sock");
-  const std::string path = absl::StrCat(dir, "/", name, ".sock");
-  created.paths.push_back(path);
-  created.paths.push_back(dir);
-  return path;
-}
-
 WorkerOptions TestOptions(const std::string& address) {
   WorkerOptions options;
   options.coordinator_address = address;
@@ -263,7 +244,7 @@ absl::StatusOr<std::unique_ptr<comm::Communicator>> GatedDevice::NewCommunicator
 }
 
 TEST(WorkerTest, RegistersWithItsCapabilitiesAndHeartbeats) {
-  const std::string address = "unix:" + SocketPath("register");
+  const std::string address = "unix:" + TestSocketPath("register");
   FakeCoordinator coordinator(address);
   ASSERT_TRUE(coordinator.ok());
   WorkerOptions options = TestOptions(address);
@@ -314,7 +295,7 @@ TEST(WorkerTest, RegistersWithItsCapabilitiesAndHeartbeats) {
 }
 
 TEST(WorkerTest, AdvertisesMemTotalWithoutAnOverride) {
-  const std::string address = "unix:" + SocketPath("memtotal");
+  const std::string address = "unix:" + TestSocketPath("memtotal");
   FakeCoordinator coordinator(address);
   ASSERT_TRUE(coordinator.ok());
   Worker worker(TestOptions(address));
@@ -329,7 +310,7 @@ TEST(WorkerTest, AdvertisesMemTotalWithoutAnOverride) {
 }
 
 TEST(WorkerTest, AssignmentRunsToASucceededReportWithItsResult) {
-  const std::string address = "unix:" + SocketPath("succeed");
+  const std::string address = "unix:" + TestSocketPath("succeed");
   FakeCoordinator coordinator(address);
   ASSERT_TRUE(coordinator.ok());
   Worker worker(TestOptions(address));
@@ -386,7 +367,7 @@ TEST(WorkerTest, AssignmentRunsToASucceededReportWithItsResult) {
 }
 
 TEST(WorkerTest, CancelMidRunEndsWithACancelledReport) {
-  const std::string address = "unix:" + SocketPath("cancel");
+  const std::string address = "unix:" + TestSocketPath("cancel");
   FakeCoordinator coordinator(address);
   ASSERT_TRUE(coordinator.ok());
   Worker worker(TestOptions(address));
@@ -420,7 +401,7 @@ TEST(WorkerTest, CancelMidRunEndsWithACancelledReport) {
 }
 
 TEST(WorkerTest, SlotsAreLimitedAndStopFromReportTaskEndsATaskSilently) {
-  const std::string address = "unix:" + SocketPath("slots");
+  const std::string address = "unix:" + TestSocketPath("slots");
   FakeCoordinator coordinator(address);
   ASSERT_TRUE(coordinator.ok());
   Worker worker(TestOptions(address));  // max_ranks = 1
@@ -448,7 +429,7 @@ TEST(WorkerTest, SlotsAreLimitedAndStopFromReportTaskEndsATaskSilently) {
 }
 
 TEST(WorkerTest, DrainRefusesNewWork) {
-  const std::string address = "unix:" + SocketPath("drain");
+  const std::string address = "unix:" + TestSocketPath("drain");
   FakeCoordinator coordinator(address);
   ASSERT_TRUE(coordinator.ok());
   Worker worker(TestOptions(address));
@@ -470,7 +451,7 @@ TEST(WorkerTest, DrainRefusesNewWork) {
 }
 
 TEST(WorkerTest, KeepsRetryingUntilTheCoordinatorStarts) {
-  const std::string address = "unix:" + SocketPath("late");
+  const std::string address = "unix:" + TestSocketPath("late");
   Worker worker(TestOptions(address));
   ASSERT_TRUE(worker.Start().ok());
   absl::SleepFor(absl::Milliseconds(800));  // Several failed attempts (backoff 20 .. 200 ms).
@@ -489,7 +470,7 @@ TEST(WorkerTest, KeepsRetryingUntilTheCoordinatorStarts) {
 }
 
 TEST(WorkerTest, SurvivesACoordinatorRestartAndDeliversTheFinalReport) {
-  const std::string address = "unix:" + SocketPath("restart");
+  const std::string address = "unix:" + TestSocketPath("restart");
   Worker worker(TestOptions(address));
   ASSERT_TRUE(worker.Start().ok());
   v1::WorkerCommand command = LongAssign("j-8/1/0");
@@ -525,7 +506,7 @@ TEST(WorkerTest, SurvivesACoordinatorRestartAndDeliversTheFinalReport) {
 }
 
 TEST(WorkerTest, StopCancelsRunningTasksAndReportsThem) {
-  const std::string address = "unix:" + SocketPath("stop");
+  const std::string address = "unix:" + TestSocketPath("stop");
   FakeCoordinator coordinator(address);
   ASSERT_TRUE(coordinator.ok());
   FakeRegistry& fake = coordinator.registry();
@@ -547,7 +528,7 @@ TEST(WorkerTest, StopCancelsRunningTasksAndReportsThem) {
 // held before it allocates anything (the device still shows all its memory free); the second must
 // not count the same free bytes: it is refused at once, naming its plan and the bytes left for it.
 TEST(WorkerTest, TwoTasksNeverCountTheSameFreeMemory) {
-  const std::string address = "unix:" + SocketPath("memory");
+  const std::string address = "unix:" + TestSocketPath("memory");
   FakeCoordinator coordinator(address);
   ASSERT_TRUE(coordinator.ok());
   FakeRegistry& fake = coordinator.registry();
@@ -598,7 +579,7 @@ TEST(WorkerTest, TwoTasksNeverCountTheSameFreeMemory) {
 // abort hangs (as ncclCommAbort may for seconds): the worker keeps heartbeating meanwhile, and the
 // cancel completes once the abort returns.
 TEST(WorkerTest, HeartbeatsGoOnWhileACancelledRingRankAborts) {
-  const std::string address = "unix:" + SocketPath("abort");
+  const std::string address = "unix:" + TestSocketPath("abort");
   FakeCoordinator coordinator(address);
   ASSERT_TRUE(coordinator.ok());
   FakeRegistry& fake = coordinator.registry();

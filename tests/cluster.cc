@@ -1,9 +1,11 @@
 #include "tests/cluster.h"
-#include "engine/testing/test_util.h"
 
 #include <grpcpp/grpcpp.h>
 
+#include <regex>
 #include <thread>
+
+#include "engine/testing/test_util.h"
 
 namespace dattn::testing {
 namespace {
@@ -106,6 +108,18 @@ std::string Cluster::WorkerName(const std::string& worker_id) {
   return "";
 }
 
+bool Cluster::Start(int workers, std::string* error) {
+  if (!StartCoordinator(error)) return false;
+  for (int i = 0; i < workers; ++i) {
+    if (AddWorker(1, error) < 0) return false;
+  }
+  if (workers > 0 && !WaitForReadyWorkers(workers, std::chrono::seconds(30))) {
+    *error = std::to_string(workers) + " workers not READY within 30 s\n" + Logs();
+    return false;
+  }
+  return true;
+}
+
 bool Cluster::WaitForReadyWorkers(int count, std::chrono::milliseconds timeout) {
   auto deadline = std::chrono::steady_clock::now() + timeout;
   while (std::chrono::steady_clock::now() < deadline) {
@@ -181,6 +195,26 @@ std::string Cluster::Logs() {
   if (coordinator_) all += "--- coordinator stderr ---\n" + coordinator_->ReadStderr();
   for (auto& w : workers_) all += "--- " + w->name() + " stderr ---\n" + w->ReadStderr();
   return all;
+}
+
+std::string JobIdFrom(const std::string& text) {
+  std::smatch m;
+  std::regex re("(j-[0-9a-f]+)");
+  if (std::regex_search(text, m, re)) return m[1].str();
+  return "";
+}
+
+std::string EventsText(const dattn::v1::Job& job) {
+  std::string s;
+  for (const auto& e : job.events()) s += e.kind() + ": " + e.message() + "\n";
+  return s;
+}
+
+bool HasEvent(const dattn::v1::Job& job, const std::string& kind) {
+  for (const auto& e : job.events()) {
+    if (e.kind() == kind) return true;
+  }
+  return false;
 }
 
 }  // namespace dattn::testing

@@ -36,6 +36,9 @@ class Cluster {
 
   // Starts (or restarts, on the same data dir and port) the coordinator; false + *error on failure.
   bool StartCoordinator(std::string* error);
+  // The coordinator and `workers` one-thread workers, waiting (up to 30 s) until all are READY;
+  // false + *error (with the daemons' logs) on failure.
+  bool Start(int workers, std::string* error);
   // Adds a worker with `threads` engine threads (and `flags` more); returns its index. Its name is
   // `name`, or "worker-INDEX".
   int AddWorker(int threads, std::string* error, const std::string& name = "",
@@ -83,6 +86,13 @@ class Cluster {
   std::unique_ptr<dattn::v1::JobService::Stub> jobs_;
   std::unique_ptr<dattn::v1::AdminService::Stub> admin_;
 };
+
+// The first job id ("j-" + hex) in a CLI's output, or "".
+std::string JobIdFrom(const std::string& text);
+// Whether the job's events include one of `kind`.
+bool HasEvent(const dattn::v1::Job& job, const std::string& kind);
+// A job's events, one "kind: message" line each, for failure messages.
+std::string EventsText(const dattn::v1::Job& job);
 
 }  // namespace dattn::testing
 

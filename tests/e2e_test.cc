@@ -48,39 +48,13 @@ std::vector<std::string> LongJobFlags(int iterations = 100000) {
           "--pass=fwd-bwd", "--iterations=" + std::to_string(iterations)};
 }
 
-std::string JobIdFrom(const std::string& text) {
-  std::smatch m;
-  std::regex re("(j-[0-9a-f]+)");
-  if (std::regex_search(text, m, re)) return m[1].str();
-  return "";
-}
-
-bool HasEvent(const dattn::v1::Job& job, const std::string& kind) {
-  for (const auto& e : job.events()) {
-    if (e.kind() == kind) return true;
-  }
-  return false;
-}
-
-std::string EventsText(const dattn::v1::Job& job) {
-  std::string s;
-  for (const auto& e : job.events()) s += e.kind() + ": " + e.message() + "\n";
-  return s;
-}
-
 class E2E : public ::testing::Test {
  protected:
   void StartCluster(int workers, ClusterOptions options = {}) {
     options.name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
     cluster_ = std::make_unique<Cluster>(options);
     std::string error;
-    ASSERT_TRUE(cluster_->StartCoordinator(&error)) << error;
-    for (int i = 0; i < workers; ++i) {
-      ASSERT_GE(cluster_->AddWorker(1, &error), 0) << error;
-    }
-    if (workers > 0) {
-      ASSERT_TRUE(cluster_->WaitForReadyWorkers(workers, seconds(30))) << cluster_->Logs();
-    }
+    ASSERT_TRUE(cluster_->Start(workers, &error)) << error;
   }
 
   std::string Submit(const std::vector<std::string>& flags) {

@@ -32,26 +32,6 @@ namespace {
 
 using std::chrono::seconds;
 
-std::string JobIdFrom(const std::string& text) {
-  std::smatch m;
-  std::regex re("(j-[0-9a-f]+)");
-  if (std::regex_search(text, m, re)) return m[1].str();
-  return "";
-}
-
-std::string EventsText(const dattn::v1::Job& job) {
-  std::string s;
-  for (const auto& e : job.events()) s += e.kind() + ": " + e.message() + "\n";
-  return s;
-}
-
-bool HasEvent(const dattn::v1::Job& job, const std::string& kind) {
-  for (const auto& e : job.events()) {
-    if (e.kind() == kind) return true;
-  }
-  return false;
-}
-
 std::vector<char> ReadFile(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
   return std::vector<char>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
@@ -83,11 +63,7 @@ class RingE2E : public ::testing::Test {
     options.name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
     cluster_ = std::make_unique<Cluster>(options);
     std::string error;
-    ASSERT_TRUE(cluster_->StartCoordinator(&error)) << error;
-    for (int i = 0; i < workers; ++i) {
-      ASSERT_GE(cluster_->AddWorker(1, &error), 0) << error;
-    }
-    ASSERT_TRUE(cluster_->WaitForReadyWorkers(workers, seconds(30))) << cluster_->Logs();
+    ASSERT_TRUE(cluster_->Start(workers, &error)) << error;
   }
 
   // Submits through the CLI with `extra` flags; returns the job id.

@@ -89,6 +89,34 @@ std::vector<RingCase> StandardCases(int ranks) {
   return cases;
 }
 
+std::string CountedBytesMatchPlan(const RingAttention& ring, const RingCase& c, const TensorView& q,
+                                  int ranks, const comm::CommStats& before,
+                                  const comm::CommStats& mid, const comm::CommStats& after) {
+  std::string failures;
+  for (bool backward : {false, true}) {
+    absl::StatusOr<RingPlan> plan = ring.Plan(c.spec, c.seq_len(), q, backward);
+    if (!plan.ok()) return plan.status().ToString();
+    const comm::CommStats& a = backward ? mid : before;
+    const comm::CommStats& b = backward ? after : mid;
+    const char* pass = backward ? "backward" : "forward";
+    if (b.p2p_bytes_sent - a.p2p_bytes_sent != plan->bytes_sent ||
+        b.p2p_bytes_received - a.p2p_bytes_received != plan->bytes_received) {
+      absl::StrAppend(&failures, "  ", pass, ": counted ", b.p2p_bytes_sent - a.p2p_bytes_sent,
+                      " sent / ", b.p2p_bytes_received - a.p2p_bytes_received,
+                      " received bytes, plan says ", plan->bytes_sent, " / ", plan->bytes_received,
+                      "\n");
+    }
+    for (int peer = 0; peer < ranks; ++peer) {
+      if (b.p2p_bytes_sent_to[peer] - a.p2p_bytes_sent_to[peer] != plan->bytes_sent_to[peer] ||
+          b.p2p_bytes_received_from[peer] - a.p2p_bytes_received_from[peer] !=
+              plan->bytes_received_from[peer]) {
+        absl::StrAppend(&failures, "  ", pass, ": bytes with peer ", peer, " differ from plan\n");
+      }
+    }
+  }
+  return failures;
+}
+
 }  // namespace testing
 }  // namespace ring
 }  // namespace dattn

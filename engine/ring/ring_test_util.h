@@ -9,6 +9,8 @@
 #include <vector>
 
 #include "engine/attention_spec.h"
+#include "engine/comm/communicator.h"
+#include "engine/ring/ring_attention.h"
 #include "engine/tensor.h"
 #include "engine/testing/oracle.h"
 #include "engine/testing/test_util.h"
@@ -56,6 +58,13 @@ std::vector<double> LseShardOf(const RingCase& c, const std::vector<double>& ful
 // divide no segment, a segment longer than N, chunks without selected rows (r >= L), partial last
 // segments (P = 3), both modes, causal and not, fp64 and fp32.
 std::vector<RingCase> StandardCases(int ranks);
+
+// The bytes the communicator counted from `before` to `mid` (the forward) and from `mid` to `after`
+// (the backward) against `ring`'s plan of each pass, in total and per peer of `ranks`: "" when they
+// agree, else one line per difference (or the plan's error).
+std::string CountedBytesMatchPlan(const RingAttention& ring, const RingCase& c, const TensorView& q,
+                                  int ranks, const comm::CommStats& before,
+                                  const comm::CommStats& mid, const comm::CommStats& after);
 
 }  // namespace testing
 }  // namespace ring

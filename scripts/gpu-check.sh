@@ -8,7 +8,8 @@
 #                                     run the copied binaries and print a pass/fail table last.
 #
 # steps: comma-separated subset of test,bench,ref,longest (default: test,bench,ref,longest).
-# Environment: GTEST_FILTER (test step), BENCH_SUITE=issue|quick, STEP_TIMEOUT seconds per step
+# Environment: GTEST_FILTER (test step), BENCH_SUITE=issue|quick|grouped-fwd, BENCH_ARGS (more
+# flags for the benchmark, e.g. --longest), STEP_TIMEOUT seconds per step
 # (TEST_TIMEOUT, BENCH_TIMEOUT, REF_TIMEOUT, LONGEST_TIMEOUT override it per step),
 # OUT (a folder for logs; a temporary one otherwise). cuDNN: PyTorch's bundled cuDNN 9.19 if present
 # (the headers we build against are 9.19), else the system's.
@@ -103,8 +104,9 @@ fi
 
 if have bench; then
   echo "== bench: cuda_attention_bench --suite=${BENCH_SUITE:-issue} =="
+  # shellcheck disable=SC2086  # BENCH_ARGS is a list of flags
   timeout "${BENCH_TIMEOUT:-$step_timeout}" .device/cuda_attention_bench --suite="${BENCH_SUITE:-issue}" \
-    --csv="$out/bench.csv" >"$out/bench.log" 2>&1
+    ${BENCH_ARGS:-} --csv="$out/bench.csv" >"$out/bench.log" 2>&1
   rc=$?
   grep -vE '^\|' "$out/bench.log" | tail -30
   [ "$rc" -eq 0 ] && result[bench]=PASS || result[bench]="FAIL (exit $rc)"

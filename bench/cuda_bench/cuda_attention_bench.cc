@@ -9,7 +9,8 @@
 // allocations + the workspace pool's high-water mark + any other device memory the call left
 // taken).
 //
-// Usage: cuda_attention_bench [--suite=issue|quick] [--rows=a,b,...] [--longest] [--csv=path]
+// Usage: cuda_attention_bench [--suite=issue|quick|grouped-fwd|parity|none] [--longest]
+//        [--csv=path]
 // Prints one line per row and a table last. Exit status 0 unless a CUDA/cuDNN error occurred.
 #include <cuda_runtime_api.h>
 
@@ -76,6 +77,7 @@ struct RowResult {
   // chunking.
   double strided_ms = 0, strided_plain_ms = 0, nooverlap_ms = 0, unchunked_ms = 0;
   double prob_ms = 0;
+  double own_ms = 0;  // dattn with our own Hopper forward kernel instead of cuDNN's
   // Backward rows at a workspace limit of 5% of an input, and the workspace that took.
   double ws5_ms = 0;
   int64_t ws5_workspace = 0;
@@ -410,6 +412,11 @@ int main(int argc, char** argv) {
       }
       continue;
     }
+    if (suite == "grouped-fwd") {
+      rows.push_back(
+          {"grouped fwd N=2^20" + hd, AttentionMode::kGrouped, big, h, d, false, false, 20, true});
+      continue;
+    }
     if (suite == "quick") {
       rows.push_back({"grouped fwd N=2^16" + hd, AttentionMode::kGrouped, small, h, d, false});
       rows.push_back({"grouped fwd+bwd N=2^14" + hd, AttentionMode::kGrouped, 1 << 14, h, d, true});
@@ -438,8 +445,9 @@ int main(int argc, char** argv) {
     }
     if (s.ok() && c.breakdown) {
       using GroupScale = dattn::CudaBackendOptions::GroupScale;
-      dattn::CudaBackendOptions prob, nooverlap, unchunked, ws5;
+      dattn::CudaBackendOptions prob, nooverlap, unchunked, ws5, own;
       prob.group_scale = GroupScale::kProbabilities;
+      own.forward_kernel = dattn::CudaBackendOptions::ForwardKernel::kOwnHopper;
       nooverlap.overlap_fills = false;
       unchunked.workspace_limit_bytes = int64_t{1} << 32;
       ws5.workspace_limit_bytes = std::max<int64_t>(1, r.one_input / 20);
@@ -448,10 +456,13 @@ int main(int argc, char** argv) {
       scratch.config.breakdown = false;
       for (auto [opts, out] : {std::pair<dattn::CudaBackendOptions*, double*>{&prob, &r.prob_ms},
                                {&nooverlap, &r.nooverlap_ms},
-                               {&unchunked, &r.unchunked_ms}}) {
+                               {&unchunked, &r.unchunked_ms},
+                               {&own, &r.own_ms}}) {
         absl::Status vs = dattn::RunRow(scratch, false, *opts, out);
         if (!vs.ok()) std::printf("  variant failed: %s\n", std::string(vs.message()).c_str());
       }
+      std::printf("  own Hopper forward kernel: %.3f ms (dattn %.3f, floor %.3f, ratio %.3f)\n",
+                  r.own_ms, r.dattn_ms, r.floor_ms, r.floor_ms > 0 ? r.own_ms / r.floor_ms : 0.0);
       if (c.backward) {
         absl::Status vs = dattn::RunRow(scratch, false, ws5, &r.ws5_ms, &r.ws5_workspace);
         if (!vs.ok()) std::printf("  variant failed: %s\n", std::string(vs.message()).c_str());
@@ -521,17 +532,17 @@ int main(int argc, char** argv) {
   std::printf(
       "\n| breakdown (ms) | dattn | fused calls alone, on dattn's strided views | same, "
       "1/G on P in the graph | dattn, 1/G on P in the graph | dattn, fills not overlapped | "
-      "dattn, unchunked | dattn at a 5%% workspace limit (workspace MiB) | floor "
-      "|\n|---|---|---|---|---|---|---|---|---|\n");
+      "dattn, unchunked | dattn at a 5%% workspace limit (workspace MiB) | dattn, own Hopper "
+      "forward kernel | floor |\n|---|---|---|---|---|---|---|---|---|---|\n");
   for (const RowResult& r : results) {
     if (!r.config.breakdown || !r.error.empty()) continue;
-    std::printf("| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.3f |\n",
+    std::printf("| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.3f | %.3f |\n",
                 r.config.name.c_str(), r.dattn_ms, r.strided_plain_ms, r.strided_ms, r.prob_ms,
                 r.nooverlap_ms, r.unchunked_ms,
                 r.config.backward
                     ? absl::StrFormat("%.3f (%s)", r.ws5_ms, dattn::Mib(r.ws5_workspace)).c_str()
                     : "-",
-                r.floor_ms);
+                r.own_ms, r.floor_ms);
   }
   for (const RowResult& r : longest_rows) {
     std::printf("| %s | %s | - | - | - | %s | %s | %s | |\n", r.config.name.c_str(),

@@ -18,6 +18,7 @@
 #include "engine/cuda/cudnn_sdpa.h"
 #include "engine/cuda/device_scope.h"
 #include "engine/cuda/dilated_kernels.h"
+#include "engine/cuda/hopper_attention.h"
 #include "engine/cuda/stream_scratch.h"
 #include "engine/validate.h"
 
@@ -103,6 +104,7 @@ class Workspace {
 struct CallExec {
   const PlannedCall* planned = nullptr;
   bool cudnn = false;
+  bool own_hopper = false;  // forward: our own Hopper kernel (else cuDNN or the CUDA-core kernel)
   CallScratch scratch;
 };
 
@@ -116,6 +118,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
     cudaEvent_t join = nullptr;
     cudaMemPool_t pool = nullptr;
     std::unique_ptr<cuda::CudnnSdpa> sdpa;
+    bool sm90 = false;  // compute capability 9.0: the own Hopper kernel's sm_90a code runs
   };
 
   CudaBackendImpl(const CudaBackendOptions& options, Resources r)
@@ -127,7 +130,8 @@ class CudaBackendImpl : public CudaAttentionBackend {
         fork_(r.fork),
         join_(r.join),
         pool_(r.pool),
-        sdpa_(std::move(r.sdpa)) {}
+        sdpa_(std::move(r.sdpa)),
+        sm90_(r.sm90) {}
 
   ~CudaBackendImpl() override {
     DeviceScope guard;
@@ -190,16 +194,22 @@ class CudaBackendImpl : public CudaAttentionBackend {
     const int g = spec.num_patterns();
     const bool grouped = spec.mode == AttentionMode::kGrouped;
 
-    // Grouped mode's 1/G goes into the fused call (probabilities scaled before P V) when cuDNN
-    // takes that graph; otherwise a pass over the selected rows applies it.
+    // Grouped mode's 1/G: in our own Hopper kernel's epilogue where it runs (calls it cannot take
+    // get a pass over their own rows); else in the fused call (probabilities scaled before P V)
+    // when cuDNN takes that graph; otherwise a pass over each pattern's selected rows.
+    const bool own_hopper =
+        options_.forward_kernel == CudaBackendOptions::ForwardKernel::kOwnHopper && sm90_ &&
+        IsHalfType(dtype);
+    const bool scale_per_call = grouped && g > 1 && own_hopper;
     float p_scale = 1.0f;
-    if (grouped && g > 1 && options_.group_scale != CudaBackendOptions::GroupScale::kPass) {
+    if (grouped && g > 1 && !own_hopper &&
+        options_.group_scale != CudaBackendOptions::GroupScale::kPass) {
       if (cudnn && p_scale_state_ == PScale::kUnknown && !plan.calls.empty()) {
         ProbePScale(spec, args, dims, plan.calls.front(), scale, 1.0f / g);
       }
       if (p_scale_state_ != PScale::kUnsupported) p_scale = 1.0f / g;
     }
-    const bool scale_pass = grouped && g > 1 && p_scale == 1.0f;
+    const bool scale_pass = grouped && g > 1 && p_scale == 1.0f && !scale_per_call;
 
     // Engines and scratch of every call first (plans are built here, on the host), so that the
     // workspace is taken once, at its final size.
@@ -209,7 +219,16 @@ class CudaBackendImpl : public CudaAttentionBackend {
       CallExec e;
       e.planned = &pc;
       cuda::SdpaForwardArgs a = SdpaForward(spec, args, dims, pc, scale, p_scale);
-      if (cudnn && ForwardReadable(args, dims, pc)) {
+      if (own_hopper) {
+        // The scratch pointers are not known yet; placeholders let the check see them.
+        char* const placeholder = reinterpret_cast<char*>(uintptr_t{256});
+        e.own_hopper = cuda::HopperForwardSupported(
+            KernelForward(spec, args, dims, pc, scale, 1.0f, placeholder, placeholder));
+      }
+      if (e.own_hopper) {
+        e.scratch =
+            cuda::LayoutCallScratch(pc.call, pc.role, false, false, dtype, dims.head_dim, 0);
+      } else if (cudnn && ForwardReadable(args, dims, pc)) {
         absl::StatusOr<int64_t> library = sdpa_->ForwardWorkspace(a);
         if (library.ok()) {
           e.cudnn = true;
@@ -219,7 +238,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
           NoteFallback(library.status());
         }
       }
-      if (!e.cudnn) {
+      if (!e.cudnn && !e.own_hopper) {
         e.scratch =
             cuda::LayoutCallScratch(pc.call, pc.role, false, false, dtype, dims.head_dim, 0);
       }
@@ -259,7 +278,12 @@ class CudaBackendImpl : public CudaAttentionBackend {
         DATTN_RETURN_IF_ERROR(Join(fills));
         joined = true;
       }
-      DATTN_RETURN_IF_ERROR(EnqueueForward(spec, args, dims, e, scale, p_scale, ws));
+      DATTN_RETURN_IF_ERROR(EnqueueForward(
+          spec, args, dims, e, scale, scale_per_call && e.own_hopper ? 1.0f / g : p_scale, ws));
+      if (scale_per_call && !e.own_hopper) {
+        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchScaleRows(
+            args.out.data, 1.0f / g, et, CallRowsOf(e.planned->call), space, stream_));
+      }
       const int pattern = e.planned->call.pattern;
       const bool pattern_done =
           i + 1 == execs.size() || execs[i + 1].planned->call.pattern != pattern;
@@ -466,6 +490,30 @@ class CudaBackendImpl : public CudaAttentionBackend {
     return a;
   }
 
+  // The arguments of our own kernels for a forward call: stats (and, for a merge call, the packed
+  // tile it writes) in the call's scratch.
+  cuda::KernelForwardArgs KernelForward(const AttentionSpec& spec, const ForwardArgs& args,
+                                        const ProblemDims& dims, const PlannedCall& pc, float scale,
+                                        float p_scale, void* stats, void* tile) const {
+    const BlockCall& c = pc.call;
+    cuda::KernelForwardArgs a;
+    a.type = ElemTypeOf(args.q.dtype);
+    a.q = ViewTensor(args.q, c, dims.seq_len);
+    a.k = ViewTensor(args.k, c, dims.seq_len);
+    a.v = ViewTensor(args.v, c, dims.seq_len);
+    a.o = pc.role == CallRole::kMerge ? PackedTensor(tile, c.group.heads, c.rows, dims.head_dim)
+                                      : ViewTensor(args.out, c, dims.seq_len);
+    a.stats = static_cast<float*>(stats);
+    a.count = c.count;
+    a.heads = c.group.heads;
+    a.rows = c.rows;
+    a.head_dim = dims.head_dim;
+    a.scale = scale;
+    a.p_scale = p_scale;
+    a.causal = spec.causal;
+    return a;
+  }
+
   // The cuDNN arguments of a backward call, without the scratch pointers.
   cuda::SdpaBackwardArgs SdpaBackward(const AttentionSpec& spec, const BackwardArgs& args,
                                       const ProblemDims& dims, const PlannedCall& pc) const {
@@ -516,22 +564,15 @@ class CudaBackendImpl : public CudaAttentionBackend {
       DATTN_RETURN_IF_ERROR(sdpa_->Forward(a, ws.At<void>(s.library)));
       ++stats_.cudnn_calls;
     } else {
-      cuda::KernelForwardArgs a;
-      a.type = ElemTypeOf(dtype);
-      a.q = ViewTensor(args.q, c, dims.seq_len);
-      a.k = ViewTensor(args.k, c, dims.seq_len);
-      a.v = ViewTensor(args.v, c, dims.seq_len);
-      a.o = merge ? tile : ViewTensor(args.out, c, dims.seq_len);
-      a.stats = ws.At<float>(s.stats);
-      a.count = c.count;
-      a.heads = c.group.heads;
-      a.rows = c.rows;
-      a.head_dim = dims.head_dim;
-      a.scale = scale;
-      a.p_scale = p_scale;
-      a.causal = spec.causal;
-      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAttentionForward(a, stream_));
-      ++stats_.kernel_calls;
+      const cuda::KernelForwardArgs a =
+          KernelForward(spec, args, dims, pc, scale, p_scale, ws.At<float>(s.stats), tile.ptr);
+      if (e.own_hopper) {
+        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchHopperForward(a, stream_));
+        ++stats_.own_hopper_calls;
+      } else {
+        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAttentionForward(a, stream_));
+        ++stats_.kernel_calls;
+      }
     }
     if (merge) {
       DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchMergeTile(tile.ptr, ws.At<float>(s.stats),
@@ -629,6 +670,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
   cudaEvent_t join_;
   cudaMemPool_t pool_;
   std::unique_ptr<cuda::CudnnSdpa> sdpa_;
+  const bool sm90_;
   CudaBackendStats stats_;
   PScale p_scale_state_ = PScale::kUnknown;
   std::string last_fallback_;
@@ -679,6 +721,12 @@ absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> NewCudaBackend(
       cudaStreamCreateWithPriority(&r.aux, cudaStreamDefault, greatest_priority));
   DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.fork, cudaEventDisableTiming));
   DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.join, cudaEventDisableTiming));
+  int major = 0, minor = 0;
+  DATTN_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, options.device));
+  DATTN_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, options.device));
+  r.sm90 = major == 9 && minor == 0;
   absl::StatusOr<cudaMemPool_t> pool = cuda::NewScratchPool(options.device);
   if (!pool.ok()) return pool.status();
   r.pool = *pool;

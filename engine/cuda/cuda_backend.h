@@ -57,6 +57,12 @@ struct CudaBackendOptions {
   // slower, which costs more than the pass (docs/PERFORMANCE.md).
   enum class GroupScale { kPass, kProbabilities };
   GroupScale group_scale = GroupScale::kPass;
+  // The forward fused calls of bf16/fp16: cuDNN (kCudnn), or our own wgmma + TMA kernel
+  // (kOwnHopper, hopper_attention.h: D = 64 or 128 on a compute capability 9.0 device), which
+  // applies grouped mode's 1/G in its epilogue, so that no pass rereads the selected rows. Calls it
+  // cannot take run as under kCudnn, with the 1/G as a pass over their own rows.
+  enum class ForwardKernel { kCudnn, kOwnHopper };
+  ForwardKernel forward_kernel = ForwardKernel::kCudnn;
   // Run the fills and passes on a second stream of the backend, concurrently with later fused calls
   // where the GPU has room (they touch disjoint rows); joined back into stream() before the call's
   // work ends.
@@ -69,6 +75,7 @@ struct CudaBackendStats {
   int64_t kernel_calls = 0;     // fused attention calls run by our own kernel
   int64_t cudnn_fallbacks = 0;  // calls cuDNN could not take that our kernel ran instead
   int64_t cudnn_plans_built = 0;
+  int64_t own_hopper_calls = 0;       // forward calls run by our own Hopper kernel
   int64_t p_scale_passes = 0;         // grouped forwards whose 1/G was a pass (not in the graph)
   int64_t max_library_workspace = 0;  // the largest workspace a cuDNN plan asked for
   int64_t last_workspace_bytes = 0;   // the workspace the last call allocated

@@ -237,6 +237,72 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Range(0, 7), ::testing::Bool()),
     MatrixName);
 
+// Our own Hopper forward kernel (CudaBackendOptions::ForwardKernel::kOwnHopper) on every case of
+// ENGINE_SPEC.md, plus blocks of several 128-row tiles (full and partial, causal across tiles),
+// D = 128, and a D it does not take (96: those calls run on cuDNN with the 1/G as a pass per call).
+const std::vector<SpecCase>& OwnHopperCases() {
+  static const std::vector<SpecCase>* cases = [] {
+    auto* v = new std::vector<SpecCase>(SpecCases());
+    v->push_back({"several_tiles_d128", {512, 1024}, {1, 3}, {1, 2048, 4, 128}});
+    v->push_back({"partial_tiles_batch2", {384, 200}, {1, 1}, {2, 700, 2, 64}});
+    v->push_back({"unsupported_d96", {32, 64}, {1, 2}, {1, 128, 4, 96}});
+    return v;
+  }();
+  return *cases;
+}
+
+class OwnHopperKernelTest : public ::testing::TestWithParam<MatrixParam> {
+ protected:
+  static void SetUpTestSuite() {
+    CudaBackendOptions options;
+    options.forward_kernel = CudaBackendOptions::ForwardKernel::kOwnHopper;
+    absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> made = NewCudaBackend(options);
+    if (made.ok()) {
+      backend_ = made->release();
+    } else {
+      skip_reason_ = std::string(made.status().message());
+    }
+  }
+  static void TearDownTestSuite() {
+    delete backend_;
+    backend_ = nullptr;
+  }
+  void SetUp() override {
+    if (backend_ == nullptr) GTEST_SKIP() << skip_reason_;
+  }
+  static CudaAttentionBackend* backend_;
+  static std::string skip_reason_;
+};
+
+CudaAttentionBackend* OwnHopperKernelTest::backend_ = nullptr;
+std::string OwnHopperKernelTest::skip_reason_;
+
+TEST_P(OwnHopperKernelTest, ForwardAndBackwardMatchOracle) {
+  const auto [dtype, mode, index, causal] = GetParam();
+  const SpecCase& c = OwnHopperCases()[index];
+  const int64_t before = backend_->stats().own_hopper_calls;
+  CheckAgainstOracle(backend_, MakeSpec(c.w, c.r, mode, causal), c.shape, dtype,
+                     /*backward=*/true);
+  int major = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  const bool takes = major == 9 && (c.shape.head_dim == 64 || c.shape.head_dim == 128);
+  EXPECT_EQ(backend_->stats().own_hopper_calls > before, takes);
+}
+
+std::string OwnHopperName(const ::testing::TestParamInfo<MatrixParam>& info) {
+  const auto [dtype, mode, index, causal] = info.param;
+  return std::string(DTypeName(dtype)) + "_" + AttentionModeName(mode) + "_" +
+         OwnHopperCases()[index].name + (causal ? "_causal" : "");
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    EngineSpecCases, OwnHopperKernelTest,
+    ::testing::Combine(::testing::Values(DType::kBFloat16, DType::kFloat16),
+                       ::testing::Values(AttentionMode::kGrouped, AttentionMode::kMixture),
+                       ::testing::Range(0, static_cast<int>(OwnHopperCases().size())),
+                       ::testing::Bool()),
+    OwnHopperName);
+
 TEST_F(CudaBackendTest, MixtureBlockedOffsets) {
   for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
     CheckAgainstOracle(

@@ -6,8 +6,8 @@
 // from loop counters by multiply-adds (one division per thread block). Rows are moved by groups of
 // lanes with 16-byte vectors (a row of D = 64 bf16 channels is 8 lanes x 16 bytes, so a warp moves
 // 4 rows at a time). 64-bit indices throughout.
-#include "engine/cuda/elem_convert.h"
 #include "engine/cuda/dilated_kernels.h"
+#include "engine/cuda/elem_convert.h"
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -180,7 +180,7 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-enum class RowOp { kGather, kMerge, kAccumulate };
+enum class RowOp { kGather, kScale, kMerge, kAccumulate };
 
 template <typename T, bool kVec, RowOp kOp>
 __global__ void __launch_bounds__(kThreads)
@@ -207,6 +207,14 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int q = 0; q < U::kElems; ++q) val.v()[q] = FromF<T>(ToF<T>(val.v()[q]) * scale);
         out[e] = val;
+      }
+    } else if (kOp == RowOp::kScale) {
+      U* xr = reinterpret_cast<U*>(x + row * sp.dim);
+      for (int64_t e = lane_in; e < units; e += group) {
+        U val = xr[e];
+#pragma unroll
+        for (int q = 0; q < U::kElems; ++q) val.v()[q] = FromF<T>(ToF<T>(val.v()[q]) * scale);
+        xr[e] = val;
       }
     } else if (kOp == RowOp::kMerge) {
       const int64_t li = cb.lse_j + s * c.rate;
@@ -399,6 +407,12 @@ cudaError_t LaunchGatherRows(const void* x, void* tile, float scale, ElemType ty
                              const CallRows& rows, const RowSpace& space, cudaStream_t stream) {
   return RowsByType<RowOp::kGather>(type, tile, const_cast<void*>(x), nullptr, nullptr, nullptr,
                                     nullptr, scale, rows, space, stream);
+}
+
+cudaError_t LaunchScaleRows(void* x, float scale, ElemType type, const CallRows& rows,
+                            const RowSpace& space, cudaStream_t stream) {
+  return RowsByType<RowOp::kScale>(type, nullptr, x, nullptr, nullptr, nullptr, nullptr, scale,
+                                   rows, space, stream);
 }
 
 cudaError_t LaunchMergeTile(const void* tile, const float* stats, void* x, float* lse,

@@ -49,6 +49,10 @@ cudaError_t LaunchGatherStats(const float* lse, float* stats, float add, const C
 cudaError_t LaunchGatherRows(const void* x, void* tile, float scale, ElemType type,
                              const CallRows& rows, const RowSpace& space, cudaStream_t stream);
 
+// x[row(j, k, s), :] *= scale for every row of the call, in place. Bytes: 2 * D * elem per row.
+cudaError_t LaunchScaleRows(void* x, float scale, ElemType type, const CallRows& rows,
+                            const RowSpace& space, cudaStream_t stream);
+
 // Mixture merge of one pattern's tile into the running output: with L = logaddexp(lse, l),
 // x := x * exp(lse - L) + tile * exp(l - L) and lse := L, row by row (l = stats[j, k, s]).
 // Bytes: reads tile and x rows, writes x rows (3 * D * elem per row) plus 12 per row of lse/stats.

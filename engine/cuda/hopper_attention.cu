@@ -1,0 +1,750 @@
+// Our own Hopper forward attention (see hopper_attention.h for the contract).
+//
+// Work: 4 * rows^2 * D FLOPs per (block, head) attention (halved when causal), on the tensor cores
+// through wgmma; q, k, v each read once per 128-row query tile by TMA (k and v re-read from L2 by
+// the other query tiles of the same block), o written once. Shaped after FlashAttention-2/3:
+//   - one CTA = one 128-row query tile of one (block j, head k): three warpgroups, the first a
+//     producer whose single thread issues TMA loads of q (once) and of k/v tiles of 128 keys into a
+//     two-stage ring of shared-memory buffers; the other two are consumers, 64 query rows each;
+//   - a consumer computes S = q k^T with wgmma from shared memory (both operands K-major, 128-byte
+//     swizzled as TMA wrote them), keeps the online softmax in registers (row max and sum, in the
+//     log2 domain), feeds P to the second wgmma straight from registers (the accumulator layout of
+//     S is the A-operand layout of P V) and reads v transposed from shared memory (N-major);
+//   - the epilogue divides by the row sum, applies out_scale (grouped mode's 1/G, free here),
+//   writes
+//     o rows in place through their strides and the log-sum-exp of each row.
+// The producer gives registers back (setmaxnreg) so that the consumers can hold S (64 floats),
+// O (D/2 floats) and P (32 words) per thread without spilling.
+#include "engine/cuda/hopper_attention.h"
+
+#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+
+#include <algorithm>
+#include <climits>
+#include <cmath>
+#include <cstdint>
+
+namespace dattn {
+namespace cuda {
+namespace {
+
+constexpr int kBlockM = 128;      // query rows per CTA (two consumer warpgroups of 64)
+constexpr int kBlockN = 128;      // keys per k/v tile
+constexpr int kThreads = 384;     // producer warpgroup + two consumer warpgroups
+constexpr int kSwizzleCols = 64;  // 16-bit columns per 128-byte swizzled row: TMA box width
+
+// Shared memory of one CTA for head dimension D: q, then kStages k tiles, then kStages v tiles,
+// each [D / 64 column blocks][rows][64] in TMA's 128-byte swizzle (1024-byte aligned), then the
+// barriers. As many k/v stages as fit (the loads of later tiles hide behind the tensor cores).
+template <int D>
+struct Smem {
+  static constexpr int kStages = D == 64 ? 4 : 3;
+  static constexpr int kQBytes = kBlockM * D * 2;
+  static constexpr int kKvBytes = kBlockN * D * 2;
+  static constexpr int kQ = 0;
+  static constexpr int kK = kQ + kQBytes;
+  static constexpr int kV = kK + kStages * kKvBytes;
+  static constexpr int kBarriers = kV + kStages * kKvBytes;
+  // q_full, q_empty, k_full[stages], v_full[stages], k_empty[stages], v_empty[stages]
+  static constexpr int kBytes = kBarriers + 8 * (2 + 4 * kStages);
+  static constexpr int kAlloc = kBytes + 1024;  // room to align the base to 1024 bytes
+};
+
+// ---------------------------------------------------------------------------------------------
+// PTX wrappers: mbarriers, TMA, wgmma. Only the sm_90a pass of nvcc compiles them (the compute_90
+// PTX has no wgmma; its kernel body traps).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+
+__device__ __forceinline__ uint32_t SmemAddr(const void* p) {
+  return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+__device__ __forceinline__ void BarrierInit(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+}
+
+__device__ __forceinline__ void BarrierExpectTx(uint32_t bar, uint32_t bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes));
+}
+
+__device__ __forceinline__ void BarrierArrive(uint32_t bar) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar));
+}
+
+__device__ __forceinline__ void BarrierWait(uint32_t bar, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred done;\n"
+      "WAIT_%=:\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
+      "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
+      "r"(parity));
+}
+
+// A box of 64 columns x 128 rows of a 4-D tensor map {D, rows, heads, count} into shared memory;
+// completion is counted in bytes on `bar`.
+__device__ __forceinline__ void TmaLoad(const CUtensorMap* map, uint32_t dst, uint32_t bar, int c0,
+                                        int c1, int c2, int c3) {
+  asm volatile(
+      "cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes"
+      " [%0], [%1, {%3, %4, %5, %6}], [%2];\n" ::"r"(dst),
+      "l"(reinterpret_cast<uint64_t>(map)), "r"(bar), "r"(c0), "r"(c1), "r"(c2), "r"(c3)
+      : "memory");
+}
+
+__device__ __forceinline__ void WgmmaFence() {
+  asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+}
+__device__ __forceinline__ void WgmmaCommit() {
+  asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+}
+// Waits until at most `kPending` committed groups of this warpgroup are still running.
+template <int kPending>
+__device__ __forceinline__ void WgmmaWait() {
+  asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(kPending) : "memory");
+}
+
+// Pins registers that an in-flight wgmma reads or writes: the compiler neither moves their uses
+// across this point nor reuses them (it knows nothing of wgmma's asynchrony). Emits no instruction.
+template <int N>
+__device__ __forceinline__ void FenceRegs(float (&r)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(r[i])::"memory");
+}
+__device__ __forceinline__ void FenceRegs(uint32_t (&r)[8][4]) {
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+#pragma unroll
+    for (int x = 0; x < 4; ++x) asm volatile("" : "+r"(r[i][x])::"memory");
+  }
+}
+
+// Named barriers 1 and 2 (0 is __syncthreads) over the 256 consumer threads: one warpgroup waits
+// on its own, the other arrives on it.
+__device__ __forceinline__ void NamedSync(int id) {
+  asm volatile("bar.sync %0, 256;\n" ::"r"(id) : "memory");
+}
+__device__ __forceinline__ void NamedArrive(int id) {
+  asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory");
+}
+
+// 2^x on the special-function unit (flush-to-zero; -inf gives 0).
+__device__ __forceinline__ float Exp2(float x) {
+  float y;
+  asm("ex2.approx.ftz.f32 %0, %1;\n" : "=f"(y) : "f"(x));
+  return y;
+}
+
+// Shared-memory matrix descriptor, 128-byte swizzle: start address, leading and stride byte
+// offsets (16-byte units). K-major operands: 8-row core groups 1024 bytes apart (stride), the
+// leading offset unused. N-major (v): 8-key groups 1024 bytes apart, 64-column blocks `lead` bytes
+// apart.
+__device__ __forceinline__ uint64_t Desc(uint32_t addr, uint32_t lead) {
+  return static_cast<uint64_t>((addr & 0x3FFFF) >> 4) | (static_cast<uint64_t>(lead >> 4) << 16) |
+         (static_cast<uint64_t>(1024 >> 4) << 32) | (uint64_t{1} << 62);
+}
+
+// d (+)= a b^T, a and b K-major in shared memory (descriptors); accumulate == 0 overwrites d.
+__device__ __forceinline__ void WgmmaSS_m64n128k16_bf16(float (&d)[64], uint64_t a, uint64_t b,
+                                                        int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// d += a b, a in registers (the accumulator layout of the scores, packed), b N-major in shared
+// memory.
+__device__ __forceinline__ void WgmmaRS_m64n64k16_bf16(float (&d)[32], const uint32_t (&a)[4],
+                                                       uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, "
+      "1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+// d += a b, a in registers (the accumulator layout of the scores, packed), b N-major in shared
+// memory.
+__device__ __forceinline__ void WgmmaRS_m64n128k16_bf16(float (&d)[64], const uint32_t (&a)[4],
+                                                        uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+// d (+)= a b^T, a and b K-major in shared memory (descriptors); accumulate == 0 overwrites d.
+__device__ __forceinline__ void WgmmaSS_m64n128k16_f16(float (&d)[64], uint64_t a, uint64_t b,
+                                                       int accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "l"(a), "l"(b), "r"(accumulate));
+}
+
+// d += a b, a in registers (the accumulator layout of the scores, packed), b N-major in shared
+// memory.
+__device__ __forceinline__ void WgmmaRS_m64n64k16_f16(float (&d)[32], const uint32_t (&a)[4],
+                                                      uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, "
+      "1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+// d += a b, a in registers (the accumulator layout of the scores, packed), b N-major in shared
+// memory.
+__device__ __forceinline__ void WgmmaRS_m64n128k16_f16(float (&d)[64], const uint32_t (&a)[4],
+                                                       uint64_t b) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.eq.u32 p, 1, 1;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k16.f32.f16.f16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, "
+      "%20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, "
+      "%38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, "
+      "%56, %57, %58, %59, %60, %61, %62, %63}, {%64, %65, %66, %67}, %68, p, 1, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]),
+        "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]),
+        "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]),
+        "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]),
+        "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]),
+        "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]),
+        "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+        "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]),
+        "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]),
+        "+f"(d[63])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b));
+}
+
+// The tensor-core operations of one element type: S = q k^T (m64n128k16, both from shared
+// memory), O += P v (m64nDk16, P from registers), and the packing of two floats into the A operand.
+template <typename T>
+struct Mma;
+
+template <>
+struct Mma<__nv_bfloat16> {
+  static __device__ __forceinline__ void S(float (&d)[64], uint64_t a, uint64_t b, int acc) {
+    WgmmaSS_m64n128k16_bf16(d, a, b, acc);
+  }
+  static __device__ __forceinline__ void PV(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+    WgmmaRS_m64n64k16_bf16(d, a, b);
+  }
+  static __device__ __forceinline__ void PV(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+    WgmmaRS_m64n128k16_bf16(d, a, b);
+  }
+  static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+    __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+
+template <>
+struct Mma<__half> {
+  static __device__ __forceinline__ void S(float (&d)[64], uint64_t a, uint64_t b, int acc) {
+    WgmmaSS_m64n128k16_f16(d, a, b, acc);
+  }
+  static __device__ __forceinline__ void PV(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+    WgmmaRS_m64n64k16_f16(d, a, b);
+  }
+  static __device__ __forceinline__ void PV(float (&d)[64], const uint32_t (&a)[4], uint64_t b) {
+    WgmmaRS_m64n128k16_f16(d, a, b);
+  }
+  static __device__ __forceinline__ uint32_t Pack(float lo, float hi) {
+    __half2 v = __floats2half2_rn(lo, hi);
+    return *reinterpret_cast<uint32_t*>(&v);
+  }
+};
+#endif  // __CUDA_ARCH_FEAT_SM90_ALL
+
+// What a CTA needs besides the tensor maps of q, k, v.
+struct Geometry {
+  void* o = nullptr;
+  int64_t o_fold = 0, o_head = 0, o_seq = 0;  // element strides of o
+  float* stats = nullptr;                     // packed [count, heads, rows]
+  int rows = 0;
+  int heads = 0;
+  int count = 0;
+  int tiles = 0;           // query tiles per (block, head)
+  int items = 0;           // tiles * count * heads: the work items
+  float scale_log2 = 0.f;  // scale * log2(e): scores are kept in the log2 domain
+  float out_scale = 1.f;
+  int causal = 0;
+};
+
+template <typename T, int D>
+__global__ void __launch_bounds__(kThreads, 1)
+    HopperForwardKernel(const __grid_constant__ CUtensorMap tq,
+                        const __grid_constant__ CUtensorMap tk,
+                        const __grid_constant__ CUtensorMap tv, const Geometry g) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  using L = Smem<D>;
+  constexpr int kStages = L::kStages;
+  constexpr bool kLatePack = D == 128;
+  extern __shared__ uint8_t smem_raw[];
+  const uint32_t base = (SmemAddr(smem_raw) + 1023) & ~1023u;
+  const uint32_t bar_q_full = base + L::kBarriers;
+  const uint32_t bar_q_empty = bar_q_full + 8;
+  auto bar_k_full = [&](int s) { return bar_q_full + 8 * (2 + s); };
+  auto bar_v_full = [&](int s) { return bar_q_full + 8 * (2 + kStages + s); };
+  auto bar_k_empty = [&](int s) { return bar_q_full + 8 * (2 + 2 * kStages + s); };
+  auto bar_v_empty = [&](int s) { return bar_q_full + 8 * (2 + 3 * kStages + s); };
+  const int wg = static_cast<int>(threadIdx.x / 128);
+
+  if (threadIdx.x == 0) {
+    BarrierInit(bar_q_full, 1);
+    BarrierInit(bar_q_empty, 256);  // every consumer thread releases a buffer
+    for (int s = 0; s < kStages; ++s) {
+      BarrierInit(bar_k_full(s), 1);
+      BarrierInit(bar_v_full(s), 1);
+      BarrierInit(bar_k_empty(s), 256);
+      BarrierInit(bar_v_empty(s), 256);
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
+  }
+  __syncthreads();
+
+  // Work item w (persistent CTAs take w = blockIdx.x, + gridDim.x, ...): query tile w % tiles of
+  // block (w / tiles) % count, head w / (tiles * count); consecutive items share k and v in L2.
+  struct Item {
+    int tile, j, head, key_tiles;
+  };
+  auto item_of = [&](int w) {
+    Item it;
+    it.tile = w % g.tiles;
+    const int rest = w / g.tiles;
+    it.j = rest % g.count;
+    it.head = rest / g.count;
+    const int all = (g.rows + kBlockN - 1) / kBlockN;
+    // Causal (kBlockM == kBlockN): the tile's rows see keys of tiles 0..tile only.
+    it.key_tiles = g.causal ? min(all, it.tile + 1) : all;
+    return it;
+  };
+
+  if (wg == 0) {
+    // Producer: one thread issues every load, running ahead into the next item while the
+    // consumers finish the current one; the warpgroup's registers go to the consumers.
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    if (threadIdx.x == 0) {
+      int kv = 0;  // k/v tiles loaded so far (all items): stage kv % kStages, use kv / kStages
+      int items = 0;
+      for (int w = blockIdx.x; w < g.items; w += gridDim.x, ++items) {
+        const Item it = item_of(w);
+        if (items > 0) BarrierWait(bar_q_empty, (items - 1) & 1);
+        BarrierExpectTx(bar_q_full, L::kQBytes);
+        for (int c = 0; c < D / kSwizzleCols; ++c) {
+          TmaLoad(&tq, base + L::kQ + c * kBlockM * 128, bar_q_full, c * kSwizzleCols,
+                  it.tile * kBlockM, it.head, it.j);
+        }
+        for (int n = 0; n < it.key_tiles; ++n, ++kv) {
+          const int s = kv % kStages;
+          const uint32_t reuse = ((kv / kStages) - 1) & 1;
+          if (kv >= kStages) BarrierWait(bar_k_empty(s), reuse);
+          BarrierExpectTx(bar_k_full(s), L::kKvBytes);
+          for (int c = 0; c < D / kSwizzleCols; ++c) {
+            TmaLoad(&tk, base + L::kK + s * L::kKvBytes + c * kBlockN * 128, bar_k_full(s),
+                    c * kSwizzleCols, n * kBlockN, it.head, it.j);
+          }
+          if (kv >= kStages) BarrierWait(bar_v_empty(s), reuse);
+          BarrierExpectTx(bar_v_full(s), L::kKvBytes);
+          for (int c = 0; c < D / kSwizzleCols; ++c) {
+            TmaLoad(&tv, base + L::kV + s * L::kKvBytes + c * kBlockN * 128, bar_v_full(s),
+                    c * kSwizzleCols, n * kBlockN, it.head, it.j);
+          }
+        }
+      }
+    }
+    return;
+  }
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+
+  // Consumer warpgroup cw owns query rows 64 cw .. + 63 of the tile. In the accumulator layout a
+  // thread holds rows r0 and r0 + 8, columns 8 n + col and + 1 of every 8-column block n.
+  const int cw = wg - 1;
+  const int t = static_cast<int>(threadIdx.x % 128);
+  const int lane = t % 32;
+  const int row_in_tile = cw * 64 + (t / 32) * 16 + lane / 4;
+  const int col = 2 * (lane % 4);
+  const uint32_t q_base = base + L::kQ + cw * 64 * 128;
+
+  float o[D / 2];
+  // Running row max (log2 domain) and this thread's part of the row sum.
+  float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
+  float corr[2];
+  float sc[64];       // scores of the tile being turned into probabilities
+  uint32_t pa[8][4];  // probabilities of the tile whose P V runs
+  uint32_t pn[8][4];  // probabilities of the next tile, computed while P V runs
+
+  // Issues S = q k^T from the k tile loaded kv-th (waits for it); the caller waits.
+  auto issue_scores = [&](int kv) {
+    BarrierWait(bar_k_full(kv % kStages), (kv / kStages) & 1);
+    FenceRegs(sc);
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < D / 16; ++kk) {
+      const uint32_t k_base = base + L::kK + (kv % kStages) * L::kKvBytes;
+      Mma<T>::S(sc, Desc(q_base + (kk / 4) * kBlockM * 128 + (kk % 4) * 32, 16),
+                Desc(k_base + (kk / 4) * kBlockN * 128 + (kk % 4) * 32, 16), kk > 0);
+    }
+    WgmmaCommit();
+  };
+  // Issues O += P v from `pa` and the v tile loaded kv-th (waits for it); the caller waits.
+  auto issue_pv = [&](int kv, uint32_t(&p)[8][4]) {
+    BarrierWait(bar_v_full(kv % kStages), (kv / kStages) & 1);
+    FenceRegs(o);
+    WgmmaFence();
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      const uint32_t v_base = base + L::kV + (kv % kStages) * L::kKvBytes;
+      Mma<T>::PV(o, p[kk], Desc(v_base + kk * 16 * 128, kBlockN * 128));
+    }
+    WgmmaCommit();
+    FenceRegs(o);
+  };
+  // Online softmax of the scores of key tile n of `it` into `p`; corr := o's rescaling factor.
+  auto softmax_exp = [&](const Item& it, int n) {
+    // Scores in the log2 domain; keys past the block (last tile) and, causal, after the row (the
+    // diagonal tile) are -inf.
+    const int key0 = n * kBlockN;
+    const int row = it.tile * kBlockM + row_in_tile;
+    const bool mask = key0 + kBlockN > g.rows || (g.causal && n == it.tile);
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      sc[i] *= g.scale_log2;
+      if (mask) {
+        const int key = key0 + 8 * (i / 4) + col + (i & 1);
+        if (key >= g.rows || (g.causal && key > row + 8 * ((i >> 1) & 1))) sc[i] = -INFINITY;
+      }
+    }
+    float mx[2] = {m_run[0], m_run[1]};
+#pragma unroll
+    for (int i = 0; i < 64; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sc[i]);
+    float ref[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
+      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
+      ref[h] = mx[h] == -INFINITY ? 0.f : mx[h];  // a row with every key masked so far
+      corr[h] = Exp2(m_run[h] - ref[h]);
+      m_run[h] = mx[h];
+      l_run[h] *= corr[h];
+    }
+#pragma unroll
+    for (int i = 0; i < 64; ++i) {
+      sc[i] = Exp2(sc[i] - ref[(i >> 1) & 1]);
+      l_run[(i >> 1) & 1] += sc[i];
+    }
+  };
+  // The probabilities in `sc` packed into the A-operand registers `p`.
+  auto pack = [&](uint32_t(&p)[8][4]) {
+#pragma unroll
+    for (int kk = 0; kk < 8; ++kk) {
+      p[kk][0] = Mma<T>::Pack(sc[8 * kk + 0], sc[8 * kk + 1]);
+      p[kk][1] = Mma<T>::Pack(sc[8 * kk + 2], sc[8 * kk + 3]);
+      p[kk][2] = Mma<T>::Pack(sc[8 * kk + 4], sc[8 * kk + 5]);
+      p[kk][3] = Mma<T>::Pack(sc[8 * kk + 6], sc[8 * kk + 7]);
+    }
+  };
+
+  // Ping-pong (as in FlashAttention-3): the two warpgroups take turns issuing their matrix
+  // products, so that one's softmax runs on the ALUs and special-function units while the other's
+  // products run on the tensor cores. Both pass through the same number of turns per item.
+  auto take_turn = [&] { NamedSync(1 + cw); };
+  auto pass_turn = [&] { NamedArrive(2 - cw); };
+  if (cw == 1) pass_turn();  // warpgroup 0 goes first
+
+  int kv = 0;  // k/v tiles consumed so far, as the producer counts them
+  int items = 0;
+  for (int w = blockIdx.x; w < g.items; w += gridDim.x, ++items) {
+    const Item it = item_of(w);
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
+    m_run[0] = m_run[1] = -INFINITY;
+    l_run[0] = l_run[1] = 0.f;
+
+    BarrierWait(bar_q_full, items & 1);
+    take_turn();
+    issue_scores(kv);
+    pass_turn();
+    WgmmaWait<0>();
+    FenceRegs(sc);
+    BarrierArrive(bar_k_empty(kv % kStages));
+    if (it.key_tiles == 1) BarrierArrive(bar_q_empty);
+    softmax_exp(it, 0);
+    pack(pa);
+    FenceRegs(o);
+    FenceRegs(pa);
+    // Software pipeline: while P V of tile n runs on the tensor cores, the scores of tile n + 1
+    // are computed and turned into probabilities (their rescaling of o waits for P V to finish).
+    // `cur` holds the probabilities of tile n, `nxt` receives those of tile n + 1; the two
+    // register sets swap roles from one tile to the next (a copy between them makes ptxas
+    // serialize the tensor-core work).
+    auto step = [&](int n, uint32_t(&cur)[8][4], uint32_t(&nxt)[8][4]) {
+      take_turn();
+      issue_scores(kv + n + 1);
+      issue_pv(kv + n, cur);
+      pass_turn();
+      WgmmaWait<1>();  // the scores of tile n + 1; P V of tile n may still run
+      FenceRegs(sc);
+      BarrierArrive(bar_k_empty((kv + n + 1) % kStages));
+      if (n + 2 == it.key_tiles) BarrierArrive(bar_q_empty);  // q is read no more
+      softmax_exp(it, n + 1);
+      pack(nxt);
+      WgmmaWait<0>();
+      FenceRegs(o);
+      FenceRegs(cur);
+      BarrierArrive(bar_v_empty((kv + n) % kStages));
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[i] *= corr[(i >> 1) & 1];
+      FenceRegs(o);  // rescaled here, not sunk between the next two issues
+    };
+    // With D = 128 the registers of a second probability tile would spill: the probabilities of
+    // tile n + 1 stay in `sc` as floats while P V of tile n runs and are packed into `pa` once
+    // it is done.
+    auto step_late_pack = [&](int n) {
+      take_turn();
+      issue_scores(kv + n + 1);
+      issue_pv(kv + n, pa);
+      pass_turn();
+      WgmmaWait<1>();
+      FenceRegs(sc);
+      BarrierArrive(bar_k_empty((kv + n + 1) % kStages));
+      if (n + 2 == it.key_tiles) BarrierArrive(bar_q_empty);
+      softmax_exp(it, n + 1);
+      WgmmaWait<0>();
+      FenceRegs(o);
+      FenceRegs(pa);
+      BarrierArrive(bar_v_empty((kv + n) % kStages));
+#pragma unroll
+      for (int i = 0; i < D / 2; ++i) o[i] *= corr[(i >> 1) & 1];
+      pack(pa);
+      FenceRegs(o);
+      FenceRegs(pa);
+    };
+    auto last = [&](uint32_t(&cur)[8][4]) {
+      take_turn();
+      issue_pv(kv + it.key_tiles - 1, cur);
+      pass_turn();
+      WgmmaWait<0>();
+      FenceRegs(o);
+      BarrierArrive(bar_v_empty((kv + it.key_tiles - 1) % kStages));
+    };
+    // The last tile is peeled off so that every step commits the same groups.
+    if constexpr (kLatePack) {
+      for (int n = 0; n + 1 < it.key_tiles; ++n) step_late_pack(n);
+      last(pa);
+    } else {
+      int n = 0;
+      for (; n + 2 < it.key_tiles; n += 2) {
+        step(n, pa, pn);
+        step(n + 1, pn, pa);
+      }
+      if (n + 1 < it.key_tiles) {
+        step(n, pa, pn);
+        last(pn);
+      } else {
+        last(pa);
+      }
+    }
+    kv += it.key_tiles;
+
+    // Epilogue: o / rowsum * out_scale in place, and the row's log-sum-exp (natural log).
+    T* out = static_cast<T*>(g.o);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      float l = l_run[h];
+      l += __shfl_xor_sync(0xffffffffu, l, 1);
+      l += __shfl_xor_sync(0xffffffffu, l, 2);
+      const int row = it.tile * kBlockM + row_in_tile + 8 * h;
+      if (row >= g.rows) continue;
+      const float inv = l > 0.f ? g.out_scale / l : 0.f;
+      T* dst = out + it.j * g.o_fold + it.head * g.o_head + row * g.o_seq + col;
+#pragma unroll
+      for (int b = 0; b < D / 8; ++b) {
+        *reinterpret_cast<uint32_t*>(dst + 8 * b) =
+            Mma<T>::Pack(o[4 * b + 2 * h] * inv, o[4 * b + 2 * h + 1] * inv);
+      }
+      if (lane % 4 == 0) {
+        const float lse = l > 0.f ? m_run[h] * 0.69314718055994531f + logf(l) : -INFINITY;
+        g.stats[(static_cast<int64_t>(it.j) * g.heads + it.head) * g.rows + row] = lse;
+      }
+    }
+  }
+#else
+  __trap();  // built without sm_90a: HopperForwardSupported() keeps such devices away
+#endif
+}
+
+// cuTensorMapEncodeTiled from the driver, found once through the runtime (no -lcuda link).
+PFN_cuTensorMapEncodeTiled_v12000 EncodeTiled() {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void* p = nullptr;
+    cudaDriverEntryPointQueryResult q = cudaDriverEntryPointSymbolNotFound;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault,
+                                         &q) != cudaSuccess ||
+        q != cudaDriverEntryPointSuccess) {
+      cudaGetLastError();
+      return static_cast<PFN_cuTensorMapEncodeTiled_v12000>(nullptr);
+    }
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  return fn;
+}
+
+// A 4-D map {D, rows, heads, count} of a strided view, boxes of 64 columns x 128 rows, 128-byte
+// swizzle; rows past `rows` read as zeros. A dimension of extent 1 gets a harmless stride.
+bool EncodeView(CUtensorMap* map, const KernelTensor& t, ElemType type, int64_t count,
+                int64_t heads, int64_t rows, int64_t dim) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = EncodeTiled();
+  if (encode == nullptr) return false;
+  const int64_t row_bytes = t.seq * 2;
+  const cuuint64_t dims[4] = {static_cast<cuuint64_t>(dim), static_cast<cuuint64_t>(rows),
+                              static_cast<cuuint64_t>(heads), static_cast<cuuint64_t>(count)};
+  const cuuint64_t strides[3] = {
+      static_cast<cuuint64_t>(row_bytes),
+      static_cast<cuuint64_t>(heads > 1 ? t.head * 2 : row_bytes * rows),
+      static_cast<cuuint64_t>(count > 1 ? t.fold * 2 : row_bytes * rows)};
+  const cuuint32_t box[4] = {kSwizzleCols, kBlockM, 1, 1};
+  const cuuint32_t elem_strides[4] = {1, 1, 1, 1};
+  const CUresult r = encode(
+      map,
+      type == ElemType::kBF16 ? CU_TENSOR_MAP_DATA_TYPE_BFLOAT16 : CU_TENSOR_MAP_DATA_TYPE_FLOAT16,
+      4, t.ptr, dims, strides, box, elem_strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  return r == CUDA_SUCCESS;
+}
+
+template <typename T, int D>
+cudaError_t Launch(const KernelForwardArgs& a, cudaStream_t stream) {
+  CUtensorMap mq, mk, mv;
+  if (!EncodeView(&mq, a.q, a.type, a.count, a.heads, a.rows, D) ||
+      !EncodeView(&mk, a.k, a.type, a.count, a.heads, a.rows, D) ||
+      !EncodeView(&mv, a.v, a.type, a.count, a.heads, a.rows, D)) {
+    return cudaErrorInvalidValue;
+  }
+  Geometry g;
+  g.o = a.o.ptr;
+  g.o_fold = a.o.fold;
+  g.o_head = a.o.head;
+  g.o_seq = a.o.seq;
+  g.stats = a.stats;
+  g.rows = static_cast<int>(a.rows);
+  g.heads = static_cast<int>(a.heads);
+  g.count = static_cast<int>(a.count);
+  g.tiles = static_cast<int>((a.rows + kBlockM - 1) / kBlockM);
+  g.items = g.tiles * g.count * g.heads;
+  g.scale_log2 = a.scale * 1.4426950408889634f;
+  g.out_scale = a.p_scale;
+  g.causal = a.causal ? 1 : 0;
+  auto kernel = HopperForwardKernel<T, D>;
+  cudaError_t e =
+      cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<D>::kAlloc);
+  if (e != cudaSuccess) return e;
+  // Persistent: one CTA per SM (at most one fits), each taking every gridDim-th work item.
+  int device = 0, sms = 0;
+  e = cudaGetDevice(&device);
+  if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
+  if (e != cudaSuccess) return e;
+  const unsigned grid = static_cast<unsigned>(std::min(g.items, sms));
+  kernel<<<grid, kThreads, Smem<D>::kAlloc, stream>>>(mq, mk, mv, g);
+  return cudaGetLastError();
+}
+
+bool Aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace
+
+bool HopperForwardSupported(const KernelForwardArgs& a) {
+  if (a.type != ElemType::kBF16 && a.type != ElemType::kF16) return false;
+  if (a.head_dim != 64 && a.head_dim != 128) return false;
+  if (a.count < 1 || a.heads < 1 || a.rows < 1 || a.stats == nullptr) return false;
+  if (a.heads > 65535 || a.rows > INT_MAX / 2) return false;
+  const int64_t tiles = (a.rows + kBlockM - 1) / kBlockM;
+  if (a.count > INT_MAX / tiles / a.heads) return false;  // work items fit an int
+  for (const KernelTensor* t : {&a.q, &a.k, &a.v}) {
+    // TMA: 16-byte aligned base, strides multiples of 16 bytes below 2^40.
+    if (t->ptr == nullptr || t->chan != 1 || !Aligned(t->ptr, 16)) return false;
+    for (int64_t s : {t->seq, t->head, t->fold}) {
+      if (s < 0 || (s * 2) % 16 != 0 || s * 2 >= (int64_t{1} << 40)) return false;
+    }
+    if (t->seq == 0 || (a.heads > 1 && t->head == 0) || (a.count > 1 && t->fold == 0)) return false;
+  }
+  // o is written two elements (4 bytes) at a time.
+  if (a.o.ptr == nullptr || a.o.chan != 1 || !Aligned(a.o.ptr, 4)) return false;
+  for (int64_t s : {a.o.seq, a.o.head, a.o.fold}) {
+    if (s % 2 != 0) return false;
+  }
+  return true;
+}
+
+cudaError_t LaunchHopperForward(const KernelForwardArgs& a, cudaStream_t stream) {
+  if (!HopperForwardSupported(a)) return cudaErrorInvalidValue;
+  if (a.type == ElemType::kBF16) {
+    return a.head_dim == 64 ? Launch<__nv_bfloat16, 64>(a, stream)
+                            : Launch<__nv_bfloat16, 128>(a, stream);
+  }
+  return a.head_dim == 64 ? Launch<__half, 64>(a, stream) : Launch<__half, 128>(a, stream);
+}
+
+}  // namespace cuda
+}  // namespace dattn

@@ -1,0 +1,36 @@
+// Our own forward attention for Hopper (sm_90a): tensor cores through wgmma, tiles loaded by TMA
+// straight from the strided views of the dilated rows, flash-style online softmax, the output
+// scale (grouped mode's 1/G) applied in the epilogue where it costs nothing.
+//
+// It computes what LaunchAttentionForward (attention_kernels.h) computes, for bf16 and fp16 with
+// D = 64 or 128: o = p_scale * softmax(scale q k^T) v per (block, head), causal optional, and the
+// packed log-sum-exp of every row in `stats`. The CUDA backend uses it instead of cuDNN where
+// CudaBackendOptions asks for it and HopperForwardSupported() holds.
+//
+// Launch: enqueues on `stream`, never synchronizes, needs no scratch. The binary carries this
+// kernel for sm_90a only: call it on a device of compute capability 9.0 (the backend checks).
+#ifndef DATTN_ENGINE_CUDA_HOPPER_ATTENTION_H_
+#define DATTN_ENGINE_CUDA_HOPPER_ATTENTION_H_
+
+#include <cuda_runtime_api.h>
+
+#include "engine/cuda/attention_kernels.h"
+#include "engine/cuda/kernel_types.h"
+
+namespace dattn {
+namespace cuda {
+
+// Whether the kernel takes these arguments: bf16 or fp16, D in {64, 128}, unit channel stride,
+// q/k/v 16-byte aligned with strides that are multiples of 16 bytes (what TMA reads), o 4-byte
+// aligned with even strides, stats given, sizes within the launch grid. Host-only; no device
+// needed.
+bool HopperForwardSupported(const KernelForwardArgs& args);
+
+// cudaErrorInvalidValue when !HopperForwardSupported(args) or the driver cannot describe a view as
+// a tensor map; otherwise the launch's error.
+cudaError_t LaunchHopperForward(const KernelForwardArgs& args, cudaStream_t stream);
+
+}  // namespace cuda
+}  // namespace dattn
+
+#endif  // DATTN_ENGINE_CUDA_HOPPER_ATTENTION_H_

@@ -1,10 +1,13 @@
 // Benchmark of the CUDA backend on one GPU: dattn against its floor, with the memory planner's
 // prediction against the measured peak.
 //
-// For each row: the dattn call (strided views, in-place outputs, all of its small kernels), and the
+// For each row: the dattn call (strided views, in-place outputs, all of its small kernels), the
 // floor: the same cuDNN fused attention (our own graph, same plans' shapes) run on the same blocks
 // already gathered into contiguous tensors, i.e. exactly the attention work with no dilation
-// overhead. Times are medians of CUDA-event timings of single calls after warm-up. Memory: the
+// overhead, and dattn with our own Hopper forward kernel (CudaBackendOptions::forward_kernel).
+// The three are timed in turn, five rounds, each a median of CUDA-event timings of single calls
+// after warm-up; times are medians over rounds and ratios medians of per-round ratios (clocks
+// drift by several percent between seconds on these cards). Memory: the
 // planner's predicted total (inputs + outputs + lse + workspace) against the measured peak (tensor
 // allocations + the workspace pool's high-water mark + any other device memory the call left
 // taken).
@@ -77,7 +80,10 @@ struct RowResult {
   // chunking.
   double strided_ms = 0, strided_plain_ms = 0, nooverlap_ms = 0, unchunked_ms = 0;
   double prob_ms = 0;
-  double own_ms = 0;  // dattn with our own Hopper forward kernel instead of cuDNN's
+  double ratio = 0;      // median over paired rounds of dattn / floor
+  double own_ms = 0;     // dattn with our own Hopper forward kernel instead of cuDNN's
+  double own_ratio = 0;  // median over paired rounds of that / floor
+  int64_t own_calls = 0;
   // Backward rows at a workspace limit of 5% of an input, and the workspace that took.
   double ws5_ms = 0;
   int64_t ws5_workspace = 0;
@@ -144,15 +150,44 @@ absl::StatusOr<double> TimeIt(cudaStream_t stream, int warmup, int iters, Fn fn)
   return Median(ms);
 }
 
-// The plan's fused calls alone. tensors == nullptr: the floor, on contiguous copies of the blocks
-// (contents random; timing does not depend on them beyond not being zero), unchunked. Otherwise
-// dattn's own tensors (q, k, v, out, dout, dq, dk, dv of shape (1, N, H, D)) read through the same
-// strided views and chunks dattn uses, with the probabilities scaled by p_scale.
-absl::StatusOr<double> TimeFused(const AttentionSpec& spec, const RowConfig& c, DType dtype,
-                                 cudaStream_t stream, const std::vector<void*>* tensors,
-                                 float p_scale) {
-  absl::StatusOr<std::unique_ptr<cuda::CudnnSdpa>> sdpa = cuda::CudnnSdpa::Create(stream);
-  if (!sdpa.ok()) return sdpa.status();
+// The plan's fused calls alone, ready to run again and again: it owns its cuDNN handle, plans,
+// tensors and workspace.
+struct FusedRunner {
+  struct Call {
+    cuda::SdpaForwardArgs fwd;
+    cuda::SdpaBackwardArgs bwd;
+  };
+  std::unique_ptr<cuda::CudnnSdpa> sdpa;
+  DeviceMemory mem;
+  std::vector<Call> calls;
+  void* ws = nullptr;
+  bool backward = false;
+  absl::Status Run() {
+    for (const Call& call : calls) {
+      BENCH_OK(sdpa->Forward(call.fwd, ws));
+      if (backward) BENCH_OK(sdpa->Backward(call.bwd, ws));
+    }
+    return absl::OkStatus();
+  }
+};
+
+// tensors == nullptr: the floor, on contiguous copies of the blocks (contents random; timing does
+// not depend on them beyond not being zero), unchunked. Otherwise dattn's own tensors (q, k, v,
+// out, dout, dq, dk, dv of shape (1, N, H, D)) read through the same strided views and chunks
+// dattn uses, with the probabilities scaled by p_scale.
+absl::StatusOr<std::unique_ptr<FusedRunner>> PrepareFused(const AttentionSpec& spec,
+                                                          const RowConfig& c, DType dtype,
+                                                          cudaStream_t stream,
+                                                          const std::vector<void*>* tensors,
+                                                          float p_scale) {
+  auto runner = std::make_unique<FusedRunner>();
+  runner->backward = c.backward;
+  {
+    absl::StatusOr<std::unique_ptr<cuda::CudnnSdpa>> sdpa = cuda::CudnnSdpa::Create(stream);
+    if (!sdpa.ok()) return sdpa.status();
+    runner->sdpa = std::move(*sdpa);
+  }
+  cuda::CudnnSdpa* sdpa = runner->sdpa.get();
   const cuda::ProblemDims dims{1, c.n, c.heads, c.dim};
   cuda::PlanInputs in;
   in.dtype = dtype;
@@ -160,12 +195,7 @@ absl::StatusOr<double> TimeFused(const AttentionSpec& spec, const RowConfig& c, 
   // The floor runs unchunked (its best); the strided variant chunks as dattn does.
   in.workspace_limit = tensors == nullptr ? std::numeric_limits<int64_t>::max() / 4 : 0;
   const cuda::CallPlan plan = cuda::PlanBlockCalls(spec, dims, in);
-  struct Call {
-    cuda::SdpaForwardArgs fwd;
-    cuda::SdpaBackwardArgs bwd;
-  };
-  DeviceMemory mem;
-  std::vector<Call> calls;
+  DeviceMemory& mem = runner->mem;
   int64_t max_ws = 0;
   const float scale = static_cast<float>(spec.ScaleFor(c.dim));
   for (const cuda::PlannedCall& pc : plan.calls) {
@@ -188,7 +218,7 @@ absl::StatusOr<double> TimeFused(const AttentionSpec& spec, const RowConfig& c, 
         t.push_back(*p);
       }
     }
-    Call call;
+    FusedRunner::Call call;
     call.fwd.shape = {dtype, b.count, b.group.heads, b.rows, c.dim, c.causal};
     call.fwd.q_strides = call.fwd.k_strides = call.fwd.v_strides = call.fwd.o_strides = packed;
     call.fwd.p_scale = p_scale;
@@ -200,7 +230,7 @@ absl::StatusOr<double> TimeFused(const AttentionSpec& spec, const RowConfig& c, 
     call.fwd.o = t[3];
     call.fwd.stats = static_cast<float*>(*stats);
     call.fwd.scale = scale;
-    absl::StatusOr<int64_t> ws = (*sdpa)->ForwardWorkspace(call.fwd);
+    absl::StatusOr<int64_t> ws = sdpa->ForwardWorkspace(call.fwd);
     if (!ws.ok()) return ws.status();
     max_ws = std::max(max_ws, *ws);
     if (c.backward) {
@@ -223,26 +253,27 @@ absl::StatusOr<double> TimeFused(const AttentionSpec& spec, const RowConfig& c, 
       if (!sum.ok() || !acc.ok()) return absl::ResourceExhaustedError("floor scratch");
       a.softmax_sum = static_cast<float*>(*sum);
       a.dq_accum = static_cast<float*>(*acc);
-      absl::StatusOr<int64_t> bws = (*sdpa)->BackwardWorkspace(a);
+      absl::StatusOr<int64_t> bws = sdpa->BackwardWorkspace(a);
       if (!bws.ok()) return bws.status();
       max_ws = std::max(max_ws, *bws);
     }
-    calls.push_back(call);
+    runner->calls.push_back(call);
   }
-  void* ws = nullptr;
   if (max_ws > 0) {
     absl::StatusOr<void*> p = mem.Alloc(max_ws);
     if (!p.ok()) return p.status();
-    ws = *p;
+    runner->ws = *p;
   }
-  cuda::CudnnSdpa* s = sdpa->get();
-  return TimeIt(stream, 3, c.iters, [&]() -> absl::Status {
-    for (const Call& call : calls) {
-      BENCH_OK(s->Forward(call.fwd, ws));
-      if (c.backward) BENCH_OK(s->Backward(call.bwd, ws));
-    }
-    return absl::OkStatus();
-  });
+  return runner;
+}
+
+absl::StatusOr<double> TimeFused(const AttentionSpec& spec, const RowConfig& c, DType dtype,
+                                 cudaStream_t stream, const std::vector<void*>* tensors,
+                                 float p_scale) {
+  absl::StatusOr<std::unique_ptr<FusedRunner>> runner =
+      PrepareFused(spec, c, dtype, stream, tensors, p_scale);
+  if (!runner.ok()) return runner.status();
+  return TimeIt(stream, 3, c.iters, [&] { return (*runner)->Run(); });
 }
 
 absl::Status RunRow(RowResult& r, bool with_floor, const CudaBackendOptions& options = {},
@@ -288,7 +319,32 @@ absl::Status RunRow(RowResult& r, bool with_floor, const CudaBackendOptions& opt
     if (c.backward) BENCH_OK(be.Backward(spec, ba));
     return absl::OkStatus();
   };
-  // Warm-up builds the plans; then measure the steady state.
+  constexpr int kRounds = 5;
+  const int iters = std::max(5, c.iters / 2);
+  std::unique_ptr<FusedRunner> floor;
+  if (with_floor) {
+    absl::StatusOr<std::unique_ptr<FusedRunner>> made_floor =
+        PrepareFused(spec, c, dtype, stream, nullptr, 1.0f);
+    if (!made_floor.ok()) return made_floor.status();
+    floor = std::move(*made_floor);
+  }
+  std::unique_ptr<CudaAttentionBackend> own;
+  if (with_floor) {
+    CudaBackendOptions own_options = options;
+    own_options.stream = stream;
+    own_options.forward_kernel = CudaBackendOptions::ForwardKernel::kOwnHopper;
+    absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> made_own = NewCudaBackend(own_options);
+    if (!made_own.ok()) return made_own.status();
+    own = std::move(*made_own);
+  }
+  auto own_call = [&]() -> absl::Status {
+    BENCH_OK(own->Forward(spec, fa));
+    if (c.backward) BENCH_OK(own->Backward(spec, ba));
+    return absl::OkStatus();
+  };
+  // Warm-up builds the plans (and the floor's and own kernel's memory is taken before the
+  // memory snapshot below, which is dattn's alone); then measure the steady state.
+  if (own != nullptr) BENCH_OK(own_call());
   BENCH_OK(call());
   BENCH_OK(be.Synchronize());
   uint64_t zero = 0;
@@ -298,9 +354,9 @@ absl::Status RunRow(RowResult& r, bool with_floor, const CudaBackendOptions& opt
   BENCH_CUDA(cudaMemGetInfo(&free1, &total));
   uint64_t reserved1 = 0;
   BENCH_CUDA(cudaMemPoolGetAttribute(be.pool(), cudaMemPoolAttrReservedMemCurrent, &reserved1));
-  absl::StatusOr<double> ms = TimeIt(stream, 2, c.iters, call);
-  if (!ms.ok()) return ms.status();
   if (time_only != nullptr) {  // a variant of the backend: its time (and workspace) is all we want
+    absl::StatusOr<double> ms = TimeIt(stream, 2, c.iters, call);
+    if (!ms.ok()) return ms.status();
     *time_only = *ms;
     if (workspace_only != nullptr) {
       uint64_t high = 0;
@@ -309,6 +365,34 @@ absl::Status RunRow(RowResult& r, bool with_floor, const CudaBackendOptions& opt
     }
     return absl::OkStatus();
   }
+  // Paired rounds: dattn, the floor and dattn with our own Hopper forward kernel, one after the
+  // other, kRounds times; each figure is the median over rounds of per-round medians, and each
+  // ratio the median of the per-round ratios. Clocks drift by several percent over seconds on
+  // these cards (power and temperature), so only figures taken side by side are compared.
+  std::vector<double> t_dattn, t_floor, t_own, q_dattn, q_own;
+  for (int round = 0; round < kRounds; ++round) {
+    absl::StatusOr<double> ms = TimeIt(stream, 2, iters, call);
+    if (!ms.ok()) return ms.status();
+    t_dattn.push_back(*ms);
+    if (!with_floor) continue;
+    absl::StatusOr<double> fl = TimeIt(stream, 2, iters, [&] { return floor->Run(); });
+    if (!fl.ok()) return fl.status();
+    t_floor.push_back(*fl);
+    absl::StatusOr<double> ow = TimeIt(stream, 2, iters, own_call);
+    if (!ow.ok()) return ow.status();
+    t_own.push_back(*ow);
+    q_dattn.push_back(*ms / *fl);
+    q_own.push_back(*ow / *fl);
+  }
+  r.dattn_ms = Median(t_dattn);
+  if (with_floor) {
+    r.floor_ms = Median(t_floor);
+    r.own_ms = Median(t_own);
+    r.ratio = Median(q_dattn);
+    r.own_ratio = Median(q_own);
+    r.own_calls = own->stats().own_hopper_calls;
+  }
+  floor.reset();
   if (c.breakdown) {
     const float inv_g = c.mode == AttentionMode::kGrouped ? 1.0f / 4 : 1.0f;
     absl::StatusOr<double> strided = TimeFused(spec, c, dtype, stream, &t, inv_g);
@@ -343,7 +427,6 @@ absl::Status RunRow(RowResult& r, bool with_floor, const CudaBackendOptions& opt
     return absl::InternalError(absl::StrCat(host_bad, " non-finite output elements"));
   }
 
-  r.dattn_ms = *ms;
   r.pool_used_high = static_cast<int64_t>(used_high);
   r.pool_reserved_high = static_cast<int64_t>(reserved_high);
   // Device memory the timed calls took outside the pool (cuDNN, module loads): normally none.
@@ -373,12 +456,6 @@ absl::Status RunRow(RowResult& r, bool with_floor, const CudaBackendOptions& opt
   r.tflops = flops / (r.dattn_ms * 1e-3) / 1e12;
   r.ran = true;
   (void)free0;
-  if (with_floor) {
-    t.clear();
-    absl::StatusOr<double> floor = TimeFused(spec, c, dtype, stream, nullptr, 1.0f);
-    if (!floor.ok()) return floor.status();
-    r.floor_ms = *floor;
-  }
   return absl::OkStatus();
 }
 
@@ -445,9 +522,8 @@ int main(int argc, char** argv) {
     }
     if (s.ok() && c.breakdown) {
       using GroupScale = dattn::CudaBackendOptions::GroupScale;
-      dattn::CudaBackendOptions prob, nooverlap, unchunked, ws5, own;
+      dattn::CudaBackendOptions prob, nooverlap, unchunked, ws5;
       prob.group_scale = GroupScale::kProbabilities;
-      own.forward_kernel = dattn::CudaBackendOptions::ForwardKernel::kOwnHopper;
       nooverlap.overlap_fills = false;
       unchunked.workspace_limit_bytes = int64_t{1} << 32;
       ws5.workspace_limit_bytes = std::max<int64_t>(1, r.one_input / 20);
@@ -456,24 +532,23 @@ int main(int argc, char** argv) {
       scratch.config.breakdown = false;
       for (auto [opts, out] : {std::pair<dattn::CudaBackendOptions*, double*>{&prob, &r.prob_ms},
                                {&nooverlap, &r.nooverlap_ms},
-                               {&unchunked, &r.unchunked_ms},
-                               {&own, &r.own_ms}}) {
+                               {&unchunked, &r.unchunked_ms}}) {
         absl::Status vs = dattn::RunRow(scratch, false, *opts, out);
         if (!vs.ok()) std::printf("  variant failed: %s\n", std::string(vs.message()).c_str());
       }
-      std::printf("  own Hopper forward kernel: %.3f ms (dattn %.3f, floor %.3f, ratio %.3f)\n",
-                  r.own_ms, r.dattn_ms, r.floor_ms, r.floor_ms > 0 ? r.own_ms / r.floor_ms : 0.0);
       if (c.backward) {
         absl::Status vs = dattn::RunRow(scratch, false, ws5, &r.ws5_ms, &r.ws5_workspace);
         if (!vs.ok()) std::printf("  variant failed: %s\n", std::string(vs.message()).c_str());
       }
     }
     std::printf(
-        "%-36s dattn %8.3f ms  floor %8.3f ms  ratio %5.3f  %6.1f TFLOP/s  ws %s MiB (%.2f%% "
+        "%-36s dattn %8.3f ms  floor %8.3f ms  ratio %5.3f  own kernel %8.3f ms ratio %5.3f "
+        "(%lld calls)  %6.1f TFLOP/s  ws %s MiB (%.2f%% "
         "of an input; pool reserved %s, other %s)  planned %s / measured %s MiB  cudnn "
         "calls %lld, fallbacks %lld, 1/G passes %lld, max plan ws %lld B %s\n",
-        c.name.c_str(), r.dattn_ms, r.floor_ms, r.floor_ms > 0 ? r.dattn_ms / r.floor_ms : 0.0,
-        r.tflops, dattn::Mib(r.pool_used_high + r.other_growth).c_str(),
+        c.name.c_str(), r.dattn_ms, r.floor_ms, r.ratio, r.own_ms, r.own_ratio,
+        static_cast<long long>(r.own_calls), r.tflops,
+        dattn::Mib(r.pool_used_high + r.other_growth).c_str(),
         r.one_input > 0 ? 100.0 * (r.pool_used_high + r.other_growth) / r.one_input : 0.0,
         dattn::Mib(r.pool_reserved_high).c_str(), dattn::Mib(r.other_growth).c_str(),
         dattn::Mib(r.planned_total).c_str(), dattn::Mib(r.measured_total).c_str(),
@@ -514,8 +589,9 @@ int main(int argc, char** argv) {
   std::printf("\n== CUDA engine benchmark: %s, cuDNN %lld, %s ==\n", props.name,
               static_cast<long long>(dattn::cuda::CudnnSdpa::LoadedVersion()), date);
   std::printf(
-      "| row | dattn ms | floor ms | dattn/floor | TFLOP/s | workspace MiB (%% of input) | "
-      "planned MiB | measured MiB | plan err |\n|---|---|---|---|---|---|---|---|---|\n");
+      "| row | dattn ms | floor ms | dattn/floor | own kernel ms | own/floor | TFLOP/s | "
+      "workspace MiB (%% of input) | planned MiB | measured MiB | plan err "
+      "|\n|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const RowResult& r : results) {
     if (!r.error.empty()) {
       std::printf("| %s | error: %s |\n", r.config.name.c_str(), r.error.c_str());
@@ -523,8 +599,8 @@ int main(int argc, char** argv) {
     }
     const int64_t ws = r.pool_used_high + r.other_growth;
     std::printf(
-        "| %s | %.3f | %.3f | %.3f | %.1f | %s (%.2f%%) | %s | %s | %+.1f%% |\n",
-        r.config.name.c_str(), r.dattn_ms, r.floor_ms, r.dattn_ms / r.floor_ms, r.tflops,
+        "| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f | %s (%.2f%%) | %s | %s | %+.1f%% |\n",
+        r.config.name.c_str(), r.dattn_ms, r.floor_ms, r.ratio, r.own_ms, r.own_ratio, r.tflops,
         dattn::Mib(ws).c_str(), 100.0 * ws / r.one_input, dattn::Mib(r.planned_total).c_str(),
         dattn::Mib(r.measured_total).c_str(),
         100.0 * (static_cast<double>(r.planned_total) - r.measured_total) / r.measured_total);
@@ -532,17 +608,17 @@ int main(int argc, char** argv) {
   std::printf(
       "\n| breakdown (ms) | dattn | fused calls alone, on dattn's strided views | same, "
       "1/G on P in the graph | dattn, 1/G on P in the graph | dattn, fills not overlapped | "
-      "dattn, unchunked | dattn at a 5%% workspace limit (workspace MiB) | dattn, own Hopper "
-      "forward kernel | floor |\n|---|---|---|---|---|---|---|---|---|---|\n");
+      "dattn, unchunked | dattn at a 5%% workspace limit (workspace MiB) | floor "
+      "|\n|---|---|---|---|---|---|---|---|---|\n");
   for (const RowResult& r : results) {
     if (!r.config.breakdown || !r.error.empty()) continue;
-    std::printf("| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.3f | %.3f |\n",
+    std::printf("| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %s | %.3f |\n",
                 r.config.name.c_str(), r.dattn_ms, r.strided_plain_ms, r.strided_ms, r.prob_ms,
                 r.nooverlap_ms, r.unchunked_ms,
                 r.config.backward
                     ? absl::StrFormat("%.3f (%s)", r.ws5_ms, dattn::Mib(r.ws5_workspace)).c_str()
                     : "-",
-                r.own_ms, r.floor_ms);
+                r.floor_ms);
   }
   for (const RowResult& r : longest_rows) {
     std::printf("| %s | %s | - | - | - | %s | %s | %s | |\n", r.config.name.c_str(),
@@ -553,15 +629,17 @@ int main(int argc, char** argv) {
   if (!csv.empty()) {
     if (FILE* f = std::fopen(csv.c_str(), "w")) {
       std::fprintf(f,
-                   "row,dattn_ms,floor_ms,tflops,workspace_bytes,planned_total,measured_total,"
+                   "row,dattn_ms,floor_ms,ratio,own_ms,own_ratio,tflops,workspace_bytes,planned_"
+                   "total,measured_total,"
                    "tensor_bytes,pool_reserved_high,error\n");
       for (const RowResult& r : results) {
-        std::fprintf(
-            f, "%s,%.4f,%.4f,%.2f,%lld,%lld,%lld,%lld,%lld,%s\n", r.config.name.c_str(), r.dattn_ms,
-            r.floor_ms, r.tflops, static_cast<long long>(r.pool_used_high + r.other_growth),
-            static_cast<long long>(r.planned_total), static_cast<long long>(r.measured_total),
-            static_cast<long long>(r.tensor_bytes), static_cast<long long>(r.pool_reserved_high),
-            r.error.c_str());
+        std::fprintf(f, "%s,%.4f,%.4f,%.4f,%.4f,%.4f,%.2f,%lld,%lld,%lld,%lld,%lld,%s\n",
+                     r.config.name.c_str(), r.dattn_ms, r.floor_ms, r.ratio, r.own_ms, r.own_ratio,
+                     r.tflops, static_cast<long long>(r.pool_used_high + r.other_growth),
+                     static_cast<long long>(r.planned_total),
+                     static_cast<long long>(r.measured_total),
+                     static_cast<long long>(r.tensor_bytes),
+                     static_cast<long long>(r.pool_reserved_high), r.error.c_str());
       }
       std::fclose(f);
     }

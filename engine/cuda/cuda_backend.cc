@@ -105,6 +105,10 @@ struct CallExec {
   const PlannedCall* planned = nullptr;
   bool cudnn = false;
   bool own_hopper = false;  // forward: our own Hopper kernel (else cuDNN or the CUDA-core kernel)
+  // Grouped mode, own Hopper kernel: the unselected rows it can clear next to its own (and clears,
+  // when `own_zeros` is set for every call of the pattern).
+  cuda::UnselectedRows zeros;
+  bool zeros_ok = false;
   CallScratch scratch;
 };
 
@@ -222,8 +226,13 @@ class CudaBackendImpl : public CudaAttentionBackend {
       if (own_hopper) {
         // The scratch pointers are not known yet; placeholders let the check see them.
         char* const placeholder = reinterpret_cast<char*>(uintptr_t{256});
-        e.own_hopper = cuda::HopperForwardSupported(
-            KernelForward(spec, args, dims, pc, scale, 1.0f, placeholder, placeholder));
+        const cuda::KernelForwardArgs k =
+            KernelForward(spec, args, dims, pc, scale, 1.0f, placeholder, placeholder);
+        e.own_hopper = cuda::HopperForwardSupported(k);
+        if (e.own_hopper && grouped && pc.role == CallRole::kDirect && pc.call.rate > 1) {
+          e.zeros = GroupZeros(pc.call, dims.seq_len, k.o.seq);
+          e.zeros_ok = cuda::HopperForwardSupported(k, e.zeros);
+        }
       }
       if (e.own_hopper) {
         e.scratch =
@@ -245,6 +254,26 @@ class CudaBackendImpl : public CudaAttentionBackend {
       ws_bytes = std::max(ws_bytes, e.scratch.total);
       execs.push_back(e);
     }
+    // A group's zeros come from our kernel when every call of its pattern clears its own
+    // unselected rows and every segment has a call (a segment whose selection is empty has none).
+    std::vector<bool> kernel_zeros(g, false);
+    if (grouped && own_hopper) {
+      for (int i = 0; i < g; ++i) {
+        const int64_t w = spec.segment_lengths[i], r = spec.dilation_rates[i], o = i % r;
+        const int64_t partial = dims.seq_len % w;
+        bool all = r > 1 && w > o && (partial == 0 || partial > o);
+        bool any = false;
+        for (const CallExec& e : execs) {
+          if (e.planned->call.pattern != i) continue;
+          any = true;
+          all = all && e.zeros_ok;
+        }
+        kernel_zeros[i] = all && any;
+      }
+      for (CallExec& e : execs) {
+        if (!kernel_zeros[e.planned->call.pattern]) e.zeros = cuda::UnselectedRows();
+      }
+    }
     Workspace ws(pool_, stream_);
     DATTN_RETURN_IF_ERROR(ws.Reserve(ws_bytes));
 
@@ -258,7 +287,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
     if (grouped) {
       for (int i = 0; i < g; ++i) {
         const HeadRule rule = GroupRule(spec, i, dims.num_heads);
-        if (!scale_pass) {
+        if (!scale_pass && !kernel_zeros[i]) {
           DATTN_CUDA_RETURN_IF_ERROR(
               cuda::LaunchFillRows(args.out.data, et, space, rule, false, 1.0f, fills));
         }
@@ -490,6 +519,20 @@ class CudaBackendImpl : public CudaAttentionBackend {
     return a;
   }
 
+  // Grouped mode: the unselected rows around a direct call's blocks (the offset before the first
+  // selected row, the rate - 1 after each one, up to the segment's end; a steps_batches call holds
+  // each batch item's partial last segment).
+  static cuda::UnselectedRows GroupZeros(const BlockCall& c, int64_t seq_len, int64_t out_seq) {
+    const int64_t seg_len = c.steps_batches ? seq_len - (seq_len / c.segment) * c.segment
+                                            : std::min(c.segment, seq_len);
+    cuda::UnselectedRows z;
+    z.rate = c.rate;
+    z.lead = c.group.offset;
+    z.span = seg_len - c.group.offset;
+    z.pos_stride = out_seq / c.rate;
+    return z;
+  }
+
   // The arguments of our own kernels for a forward call: stats (and, for a merge call, the packed
   // tile it writes) in the call's scratch.
   cuda::KernelForwardArgs KernelForward(const AttentionSpec& spec, const ForwardArgs& args,
@@ -567,7 +610,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
       const cuda::KernelForwardArgs a =
           KernelForward(spec, args, dims, pc, scale, p_scale, ws.At<float>(s.stats), tile.ptr);
       if (e.own_hopper) {
-        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchHopperForward(a, stream_));
+        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchHopperForward(a, e.zeros, stream_));
         ++stats_.own_hopper_calls;
       } else {
         DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAttentionForward(a, stream_));

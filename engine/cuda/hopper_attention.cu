@@ -36,20 +36,23 @@ constexpr int kBlockN = 128;      // keys per k/v tile
 constexpr int kThreads = 384;     // producer warpgroup + two consumer warpgroups
 constexpr int kSwizzleCols = 64;  // 16-bit columns per 128-byte swizzled row: TMA box width
 
-// Shared memory of one CTA for head dimension D: q, then kStages k tiles, then kStages v tiles,
-// each [D / 64 column blocks][rows][64] in TMA's 128-byte swizzle (1024-byte aligned), then the
-// barriers. As many k/v stages as fit (the loads of later tiles hide behind the tensor cores).
+// Shared memory of one CTA for head dimension D: kQBuffers q tiles, then kStages k tiles, then
+// kStages v tiles, each [D / 64 column blocks][rows][64] in TMA's 128-byte swizzle (1024-byte
+// aligned), then the barriers. As many k/v stages as fit (the loads of later tiles hide behind
+// the tensor cores); with D = 64 a second q buffer lets the next item's q arrive early.
 template <int D>
 struct Smem {
   static constexpr int kStages = D == 64 ? 4 : 3;
+  static constexpr int kQBuffers = D == 64 ? 2 : 1;
   static constexpr int kQBytes = kBlockM * D * 2;
   static constexpr int kKvBytes = kBlockN * D * 2;
   static constexpr int kQ = 0;
-  static constexpr int kK = kQ + kQBytes;
+  static constexpr int kK = kQ + kQBuffers * kQBytes;
   static constexpr int kV = kK + kStages * kKvBytes;
   static constexpr int kBarriers = kV + kStages * kKvBytes;
-  // q_full, q_empty, k_full[stages], v_full[stages], k_empty[stages], v_empty[stages]
-  static constexpr int kBytes = kBarriers + 8 * (2 + 4 * kStages);
+  // q_full[q buffers], q_empty[q buffers], k_full[stages], v_full[stages], k_empty[stages],
+  // v_empty[stages]
+  static constexpr int kBytes = kBarriers + 8 * (2 * kQBuffers + 4 * kStages);
   static constexpr int kAlloc = kBytes + 1024;  // room to align the base to 1024 bytes
 };
 
@@ -329,6 +332,9 @@ struct Geometry {
   float scale_log2 = 0.f;  // scale * log2(e): scores are kept in the log2 domain
   float out_scale = 1.f;
   int causal = 0;
+  // Unselected rows to clear (grouped mode), see UnselectedRows; rate 0: none.
+  int zero_rate = 0, zero_lead = 0, zero_span = 0;
+  int64_t o_pos = 0;  // element stride of o between consecutive positions
 };
 
 template <typename T, int D>
@@ -339,20 +345,24 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Smem<D>;
   constexpr int kStages = L::kStages;
-  constexpr bool kLatePack = D == 128;
+  constexpr bool kLatePack = true;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (SmemAddr(smem_raw) + 1023) & ~1023u;
-  const uint32_t bar_q_full = base + L::kBarriers;
-  const uint32_t bar_q_empty = bar_q_full + 8;
-  auto bar_k_full = [&](int s) { return bar_q_full + 8 * (2 + s); };
-  auto bar_v_full = [&](int s) { return bar_q_full + 8 * (2 + kStages + s); };
-  auto bar_k_empty = [&](int s) { return bar_q_full + 8 * (2 + 2 * kStages + s); };
-  auto bar_v_empty = [&](int s) { return bar_q_full + 8 * (2 + 3 * kStages + s); };
+  constexpr int kQBuffers = L::kQBuffers;
+  const uint32_t bars = base + L::kBarriers;
+  auto bar_q_full = [&](int b) { return bars + 8 * b; };
+  auto bar_q_empty = [&](int b) { return bars + 8 * (kQBuffers + b); };
+  auto bar_k_full = [&](int s) { return bars + 8 * (2 * kQBuffers + s); };
+  auto bar_v_full = [&](int s) { return bars + 8 * (2 * kQBuffers + kStages + s); };
+  auto bar_k_empty = [&](int s) { return bars + 8 * (2 * kQBuffers + 2 * kStages + s); };
+  auto bar_v_empty = [&](int s) { return bars + 8 * (2 * kQBuffers + 3 * kStages + s); };
   const int wg = static_cast<int>(threadIdx.x / 128);
 
   if (threadIdx.x == 0) {
-    BarrierInit(bar_q_full, 1);
-    BarrierInit(bar_q_empty, 256);  // every consumer thread releases a buffer
+    for (int b = 0; b < kQBuffers; ++b) {
+      BarrierInit(bar_q_full(b), 1);
+      BarrierInit(bar_q_empty(b), 256);  // every consumer thread releases a buffer
+    }
     for (int s = 0; s < kStages; ++s) {
       BarrierInit(bar_k_full(s), 1);
       BarrierInit(bar_v_full(s), 1);
@@ -389,11 +399,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       int items = 0;
       for (int w = blockIdx.x; w < g.items; w += gridDim.x, ++items) {
         const Item it = item_of(w);
-        if (items > 0) BarrierWait(bar_q_empty, (items - 1) & 1);
-        BarrierExpectTx(bar_q_full, L::kQBytes);
+        const int qb = items % kQBuffers;
+        if (items >= kQBuffers) BarrierWait(bar_q_empty(qb), ((items / kQBuffers) - 1) & 1);
+        BarrierExpectTx(bar_q_full(qb), L::kQBytes);
         for (int c = 0; c < D / kSwizzleCols; ++c) {
-          TmaLoad(&tq, base + L::kQ + c * kBlockM * 128, bar_q_full, c * kSwizzleCols,
-                  it.tile * kBlockM, it.head, it.j);
+          TmaLoad(&tq, base + L::kQ + qb * L::kQBytes + c * kBlockM * 128, bar_q_full(qb),
+                  c * kSwizzleCols, it.tile * kBlockM, it.head, it.j);
         }
         for (int n = 0; n < it.key_tiles; ++n, ++kv) {
           const int s = kv % kStages;
@@ -424,15 +435,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int lane = t % 32;
   const int row_in_tile = cw * 64 + (t / 32) * 16 + lane / 4;
   const int col = 2 * (lane % 4);
-  const uint32_t q_base = base + L::kQ + cw * 64 * 128;
+  uint32_t q_base = 0;  // this warpgroup's 64 rows of the current item's q buffer
 
   float o[D / 2];
   // Running row max (log2 domain) and this thread's part of the row sum.
   float m_run[2] = {-INFINITY, -INFINITY}, l_run[2] = {0.f, 0.f};
-  float corr[2];
-  float sc[64];       // scores of the tile being turned into probabilities
-  uint32_t pa[8][4];  // probabilities of the tile whose P V runs
-  uint32_t pn[8][4];  // probabilities of the next tile, computed while P V runs
+  float corr[2] = {1.f, 1.f};  // o's rescaling factor for the tile last turned into probabilities
+  float sc[64];                // scores of the tile being turned into probabilities
+  uint32_t pa[8][4];           // probabilities of the tile whose P V runs
+  uint32_t pn[8][4];           // probabilities of the next tile, computed while P V runs
 
   // Issues S = q k^T from the k tile loaded kv-th (waits for it); the caller waits.
   auto issue_scores = [&](int kv) {
@@ -460,38 +471,71 @@ __global__ void __launch_bounds__(kThreads, 1)
     WgmmaCommit();
     FenceRegs(o);
   };
+  // o *= corr row by row. (Skipping it when no row max of the warp moved, decided by a warp vote,
+  // measured no faster on H100 and H200, 2026-11-26.)
+  auto rescale = [&] {
+#pragma unroll
+    for (int i = 0; i < D / 2; ++i) o[i] *= corr[(i >> 1) & 1];
+  };
   // Online softmax of the scores of key tile n of `it` into `p`; corr := o's rescaling factor.
   auto softmax_exp = [&](const Item& it, int n) {
-    // Scores in the log2 domain; keys past the block (last tile) and, causal, after the row (the
-    // diagonal tile) are -inf.
+    // Keys past the block (last tile) and, causal, after the row (the diagonal tile) are -inf.
     const int key0 = n * kBlockN;
-    const int row = it.tile * kBlockM + row_in_tile;
-    const bool mask = key0 + kBlockN > g.rows || (g.causal && n == it.tile);
+    if (key0 + kBlockN > g.rows || (g.causal && n == it.tile)) {
+      const int row = it.tile * kBlockM + row_in_tile;
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      sc[i] *= g.scale_log2;
-      if (mask) {
+      for (int i = 0; i < 64; ++i) {
         const int key = key0 + 8 * (i / 4) + col + (i & 1);
         if (key >= g.rows || (g.causal && key > row + 8 * ((i >> 1) & 1))) sc[i] = -INFINITY;
       }
     }
-    float mx[2] = {m_run[0], m_run[1]};
+    // With a positive scale the row max of the raw scores gives the max of the scaled ones, and
+    // each probability is one FFMA and one exp2 (FlashAttention's trick); otherwise the scores are
+    // scaled first.
+    const bool raw = g.scale_log2 > 0.f;
+    if (!raw) {
 #pragma unroll
-    for (int i = 0; i < 64; ++i) mx[(i >> 1) & 1] = fmaxf(mx[(i >> 1) & 1], sc[i]);
+      for (int i = 0; i < 64; ++i) sc[i] *= g.scale_log2;
+    }
+    const float mul = raw ? g.scale_log2 : 1.f;
+    // Row max and row sum over eight independent partials each, partial c holding 8-column blocks
+    // c and c + 8 (a single running value would be a 32-long chain of dependent instructions per
+    // row, stalling on their latency).
+    float part[2][8];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int c = 0; c < 8; ++c) part[h][c] = fmaxf(sc[4 * c + 2 * h], sc[4 * c + 2 * h + 1]);
+    }
+#pragma unroll
+    for (int i = 32; i < 64; ++i) {
+      part[(i >> 1) & 1][(i >> 2) & 7] = fmaxf(part[(i >> 1) & 1][(i >> 2) & 7], sc[i]);
+    }
     float ref[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 1));
-      mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
-      ref[h] = mx[h] == -INFINITY ? 0.f : mx[h];  // a row with every key masked so far
+      float mx = fmaxf(fmaxf(fmaxf(part[h][0], part[h][1]), fmaxf(part[h][2], part[h][3])),
+                       fmaxf(fmaxf(part[h][4], part[h][5]), fmaxf(part[h][6], part[h][7])));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 1));
+      mx = fmaxf(mx, __shfl_xor_sync(0xffffffffu, mx, 2));
+      mx = fmaxf(m_run[h], mx * mul);       // log2 domain
+      ref[h] = mx == -INFINITY ? 0.f : mx;  // a row with every key masked so far
       corr[h] = Exp2(m_run[h] - ref[h]);
-      m_run[h] = mx[h];
-      l_run[h] *= corr[h];
+      m_run[h] = mx;
     }
 #pragma unroll
-    for (int i = 0; i < 64; ++i) {
-      sc[i] = Exp2(sc[i] - ref[(i >> 1) & 1]);
-      l_run[(i >> 1) & 1] += sc[i];
+    for (int i = 0; i < 64; ++i) sc[i] = Exp2(fmaf(sc[i], mul, -ref[(i >> 1) & 1]));
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+#pragma unroll
+      for (int c = 0; c < 8; ++c) part[h][c] = sc[4 * c + 2 * h] + sc[4 * c + 2 * h + 1];
+    }
+#pragma unroll
+    for (int i = 32; i < 64; ++i) part[(i >> 1) & 1][(i >> 2) & 7] += sc[i];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      l_run[h] = l_run[h] * corr[h] + (((part[h][0] + part[h][1]) + (part[h][2] + part[h][3])) +
+                                       ((part[h][4] + part[h][5]) + (part[h][6] + part[h][7])));
     }
   };
   // The probabilities in `sc` packed into the A-operand registers `p`.
@@ -521,14 +565,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     m_run[0] = m_run[1] = -INFINITY;
     l_run[0] = l_run[1] = 0.f;
 
-    BarrierWait(bar_q_full, items & 1);
+    const int qb = items % kQBuffers;
+    q_base = base + L::kQ + qb * L::kQBytes + cw * 64 * 128;
+    BarrierWait(bar_q_full(qb), (items / kQBuffers) & 1);
     take_turn();
     issue_scores(kv);
     pass_turn();
     WgmmaWait<0>();
     FenceRegs(sc);
     BarrierArrive(bar_k_empty(kv % kStages));
-    if (it.key_tiles == 1) BarrierArrive(bar_q_empty);
+    if (it.key_tiles == 1) BarrierArrive(bar_q_empty(qb));
     softmax_exp(it, 0);
     pack(pa);
     FenceRegs(o);
@@ -546,15 +592,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       WgmmaWait<1>();  // the scores of tile n + 1; P V of tile n may still run
       FenceRegs(sc);
       BarrierArrive(bar_k_empty((kv + n + 1) % kStages));
-      if (n + 2 == it.key_tiles) BarrierArrive(bar_q_empty);  // q is read no more
+      if (n + 2 == it.key_tiles) BarrierArrive(bar_q_empty(qb));  // q is read no more
       softmax_exp(it, n + 1);
       pack(nxt);
       WgmmaWait<0>();
       FenceRegs(o);
       FenceRegs(cur);
       BarrierArrive(bar_v_empty((kv + n) % kStages));
-#pragma unroll
-      for (int i = 0; i < D / 2; ++i) o[i] *= corr[(i >> 1) & 1];
+      rescale();
       FenceRegs(o);  // rescaled here, not sunk between the next two issues
     };
     // With D = 128 the registers of a second probability tile would spill: the probabilities of
@@ -568,14 +613,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       WgmmaWait<1>();
       FenceRegs(sc);
       BarrierArrive(bar_k_empty((kv + n + 1) % kStages));
-      if (n + 2 == it.key_tiles) BarrierArrive(bar_q_empty);
+      if (n + 2 == it.key_tiles) BarrierArrive(bar_q_empty(qb));
       softmax_exp(it, n + 1);
       WgmmaWait<0>();
       FenceRegs(o);
       FenceRegs(pa);
       BarrierArrive(bar_v_empty((kv + n) % kStages));
-#pragma unroll
-      for (int i = 0; i < D / 2; ++i) o[i] *= corr[(i >> 1) & 1];
+      rescale();
       pack(pa);
       FenceRegs(o);
       FenceRegs(pa);
@@ -628,6 +672,37 @@ __global__ void __launch_bounds__(kThreads, 1)
         g.stats[(static_cast<int64_t>(it.j) * g.heads + it.head) * g.rows + row] = lse;
       }
     }
+    if (g.zero_rate > 0) {
+      // The positions between this tile's selected rows (the r - 1 after each, within the
+      // segment), and before the first selected row for the first tile, are zero for this head:
+      // 16-byte stores, D / 8 per row; a consumer thread keeps one 16-byte column and walks rows
+      // `step` apart (no division per store: the gap index advances by carries).
+      constexpr int kVecs = D / 8;
+      constexpr int kStep = 256 / kVecs;
+      const int r1 = g.zero_rate - 1;
+      const int s0 = it.tile * kBlockM;
+      const int gaps = (min(s0 + kBlockM, g.rows) - s0) * r1;
+      const int slot = (cw * 128 + t) / kVecs;
+      T* first = out + it.j * g.o_fold + it.head * g.o_head + ((cw * 128 + t) % kVecs) * 8;
+      const uint4 zero = make_uint4(0, 0, 0, 0);
+      const int s_step = kStep / r1, k_step = kStep % r1;
+      int s = s0 + slot / r1, k = slot % r1;  // gap row: position s * r + 1 + k
+      for (int rv = slot; rv < gaps; rv += kStep) {
+        const int q = s * g.zero_rate + 1 + k;  // relative to the block's first selected row
+        if (q < g.zero_span) *reinterpret_cast<uint4*>(first + q * g.o_pos) = zero;
+        s += s_step;
+        k += k_step;
+        if (k >= r1) {
+          k -= r1;
+          ++s;
+        }
+      }
+      if (it.tile == 0) {
+        for (int i = slot; i < g.zero_lead; i += kStep) {
+          *reinterpret_cast<uint4*>(first + (i - g.zero_lead) * g.o_pos) = zero;
+        }
+      }
+    }
   }
 #else
   __trap();  // built without sm_90a: HopperForwardSupported() keeps such devices away
@@ -675,7 +750,7 @@ bool EncodeView(CUtensorMap* map, const KernelTensor& t, ElemType type, int64_t 
 }
 
 template <typename T, int D>
-cudaError_t Launch(const KernelForwardArgs& a, cudaStream_t stream) {
+cudaError_t Launch(const KernelForwardArgs& a, const UnselectedRows& zeros, cudaStream_t stream) {
   CUtensorMap mq, mk, mv;
   if (!EncodeView(&mq, a.q, a.type, a.count, a.heads, a.rows, D) ||
       !EncodeView(&mk, a.k, a.type, a.count, a.heads, a.rows, D) ||
@@ -696,6 +771,10 @@ cudaError_t Launch(const KernelForwardArgs& a, cudaStream_t stream) {
   g.scale_log2 = a.scale * 1.4426950408889634f;
   g.out_scale = a.p_scale;
   g.causal = a.causal ? 1 : 0;
+  g.zero_rate = static_cast<int>(zeros.rate);
+  g.zero_lead = static_cast<int>(zeros.lead);
+  g.zero_span = static_cast<int>(zeros.span);
+  g.o_pos = zeros.pos_stride;
   auto kernel = HopperForwardKernel<T, D>;
   cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<D>::kAlloc);
@@ -714,7 +793,7 @@ bool Aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(
 
 }  // namespace
 
-bool HopperForwardSupported(const KernelForwardArgs& a) {
+bool HopperForwardSupported(const KernelForwardArgs& a, const UnselectedRows& zeros) {
   if (a.type != ElemType::kBF16 && a.type != ElemType::kF16) return false;
   if (a.head_dim != 64 && a.head_dim != 128) return false;
   if (a.count < 1 || a.heads < 1 || a.rows < 1 || a.stats == nullptr) return false;
@@ -734,16 +813,27 @@ bool HopperForwardSupported(const KernelForwardArgs& a) {
   for (int64_t s : {a.o.seq, a.o.head, a.o.fold}) {
     if (s % 2 != 0) return false;
   }
+  if (zeros.rate > 0) {
+    // 16-byte stores of whole rows; positions addressed with 32-bit offsets.
+    if (zeros.rate == 1 || zeros.rate > INT_MAX / kBlockM || zeros.lead < 0 ||
+        zeros.lead >= zeros.rate || zeros.span < 1 || zeros.span > INT_MAX ||
+        zeros.pos_stride < 1 || zeros.pos_stride * 2 % 16 != 0 || !Aligned(a.o.ptr, 16) ||
+        a.o.fold * 2 % 16 != 0 || a.o.head * 2 % 16 != 0) {
+      return false;
+    }
+  }
   return true;
 }
 
-cudaError_t LaunchHopperForward(const KernelForwardArgs& a, cudaStream_t stream) {
-  if (!HopperForwardSupported(a)) return cudaErrorInvalidValue;
+cudaError_t LaunchHopperForward(const KernelForwardArgs& a, const UnselectedRows& zeros,
+                                cudaStream_t stream) {
+  if (!HopperForwardSupported(a, zeros)) return cudaErrorInvalidValue;
   if (a.type == ElemType::kBF16) {
-    return a.head_dim == 64 ? Launch<__nv_bfloat16, 64>(a, stream)
-                            : Launch<__nv_bfloat16, 128>(a, stream);
+    return a.head_dim == 64 ? Launch<__nv_bfloat16, 64>(a, zeros, stream)
+                            : Launch<__nv_bfloat16, 128>(a, zeros, stream);
   }
-  return a.head_dim == 64 ? Launch<__half, 64>(a, stream) : Launch<__half, 128>(a, stream);
+  return a.head_dim == 64 ? Launch<__half, 64>(a, zeros, stream)
+                          : Launch<__half, 128>(a, zeros, stream);
 }
 
 }  // namespace cuda

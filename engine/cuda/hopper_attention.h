@@ -20,15 +20,28 @@
 namespace dattn {
 namespace cuda {
 
+// Grouped mode's zeros, written by the kernel next to the rows it computes: for each block, the
+// `rate` - 1 positions after every selected row that lie within the segment (`span` positions from
+// the block's first selected row on), and the `lead` positions before the first selected row.
+// pos_stride: element stride of o between consecutive positions (o.seq / rate). rate 0: none.
+struct UnselectedRows {
+  int64_t rate = 0;
+  int64_t lead = 0;
+  int64_t span = 0;
+  int64_t pos_stride = 0;
+};
+
 // Whether the kernel takes these arguments: bf16 or fp16, D in {64, 128}, unit channel stride,
 // q/k/v 16-byte aligned with strides that are multiples of 16 bytes (what TMA reads), o 4-byte
-// aligned with even strides, stats given, sizes within the launch grid. Host-only; no device
-// needed.
-bool HopperForwardSupported(const KernelForwardArgs& args);
+// aligned with even strides, stats given, sizes within the launch grid; with zeros, 1 < rate,
+// 0 <= lead < rate, o 16-byte aligned with strides (pos_stride too) that are multiples of 16
+// bytes. Host-only; no device needed.
+bool HopperForwardSupported(const KernelForwardArgs& args, const UnselectedRows& zeros = {});
 
-// cudaErrorInvalidValue when !HopperForwardSupported(args) or the driver cannot describe a view as
+// cudaErrorInvalidValue when !HopperForwardSupported(args, zeros) or the driver cannot describe a view as
 // a tensor map; otherwise the launch's error.
-cudaError_t LaunchHopperForward(const KernelForwardArgs& args, cudaStream_t stream);
+cudaError_t LaunchHopperForward(const KernelForwardArgs& args, const UnselectedRows& zeros,
+                                cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace dattn

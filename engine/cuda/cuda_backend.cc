@@ -287,7 +287,8 @@ class CudaBackendImpl : public CudaAttentionBackend {
     if (grouped) {
       for (int i = 0; i < g; ++i) {
         const HeadRule rule = GroupRule(spec, i, dims.num_heads);
-        if (!scale_pass && !kernel_zeros[i]) {
+        // Rate 1 selects every position: nothing to clear.
+        if (!scale_pass && !kernel_zeros[i] && rule.rate > 1) {
           DATTN_CUDA_RETURN_IF_ERROR(
               cuda::LaunchFillRows(args.out.data, et, space, rule, false, 1.0f, fills));
         }

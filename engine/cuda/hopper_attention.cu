@@ -361,13 +361,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (threadIdx.x == 0) {
     for (int b = 0; b < kQBuffers; ++b) {
       BarrierInit(bar_q_full(b), 1);
-      BarrierInit(bar_q_empty(b), 256);  // every consumer thread releases a buffer
+      BarrierInit(bar_q_empty(b), 8);  // lane 0 of every consumer warp releases a buffer
     }
     for (int s = 0; s < kStages; ++s) {
       BarrierInit(bar_k_full(s), 1);
       BarrierInit(bar_v_full(s), 1);
-      BarrierInit(bar_k_empty(s), 256);
-      BarrierInit(bar_v_empty(s), 256);
+      BarrierInit(bar_k_empty(s), 8);
+      BarrierInit(bar_v_empty(s), 8);
     }
     asm volatile("fence.mbarrier_init.release.cluster;\n" ::: "memory");
   }
@@ -436,6 +436,13 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int row_in_tile = cw * 64 + (t / 32) * 16 + lane / 4;
   const int col = 2 * (lane % 4);
   uint32_t q_base = 0;  // this warpgroup's 64 rows of the current item's q buffer
+
+  // A buffer this warp no longer reads goes back to the producer: one arrival per warp (its
+  // wgmma reads are complete once the warp has passed the wait of their group).
+  auto release = [&](uint32_t bar) {
+    __syncwarp();
+    if (lane == 0) BarrierArrive(bar);
+  };
 
   float o[D / 2];
   // Running row max (log2 domain) and this thread's part of the row sum.
@@ -573,8 +580,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     pass_turn();
     WgmmaWait<0>();
     FenceRegs(sc);
-    BarrierArrive(bar_k_empty(kv % kStages));
-    if (it.key_tiles == 1) BarrierArrive(bar_q_empty(qb));
+    release(bar_k_empty(kv % kStages));
+    if (it.key_tiles == 1) release(bar_q_empty(qb));
     softmax_exp(it, 0);
     pack(pa);
     FenceRegs(o);
@@ -591,14 +598,14 @@ __global__ void __launch_bounds__(kThreads, 1)
       pass_turn();
       WgmmaWait<1>();  // the scores of tile n + 1; P V of tile n may still run
       FenceRegs(sc);
-      BarrierArrive(bar_k_empty((kv + n + 1) % kStages));
-      if (n + 2 == it.key_tiles) BarrierArrive(bar_q_empty(qb));  // q is read no more
+      release(bar_k_empty((kv + n + 1) % kStages));
+      if (n + 2 == it.key_tiles) release(bar_q_empty(qb));  // q is read no more
       softmax_exp(it, n + 1);
       pack(nxt);
       WgmmaWait<0>();
       FenceRegs(o);
       FenceRegs(cur);
-      BarrierArrive(bar_v_empty((kv + n) % kStages));
+      release(bar_v_empty((kv + n) % kStages));
       rescale();
       FenceRegs(o);  // rescaled here, not sunk between the next two issues
     };
@@ -612,13 +619,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       pass_turn();
       WgmmaWait<1>();
       FenceRegs(sc);
-      BarrierArrive(bar_k_empty((kv + n + 1) % kStages));
-      if (n + 2 == it.key_tiles) BarrierArrive(bar_q_empty(qb));
+      release(bar_k_empty((kv + n + 1) % kStages));
+      if (n + 2 == it.key_tiles) release(bar_q_empty(qb));
       softmax_exp(it, n + 1);
       WgmmaWait<0>();
       FenceRegs(o);
       FenceRegs(pa);
-      BarrierArrive(bar_v_empty((kv + n) % kStages));
+      release(bar_v_empty((kv + n) % kStages));
       rescale();
       pack(pa);
       FenceRegs(o);
@@ -630,7 +637,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       pass_turn();
       WgmmaWait<0>();
       FenceRegs(o);
-      BarrierArrive(bar_v_empty((kv + it.key_tiles - 1) % kStages));
+      release(bar_v_empty((kv + it.key_tiles - 1) % kStages));
     };
     // The last tile is peeled off so that every step commits the same groups.
     if constexpr (kLatePack) {

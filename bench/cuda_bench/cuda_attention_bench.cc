@@ -4,8 +4,9 @@
 // For each row: the dattn call (strided views, in-place outputs, all of its small kernels), the
 // floor: the same cuDNN fused attention (our own graph, same plans' shapes) run on the same blocks
 // already gathered into contiguous tensors, i.e. exactly the attention work with no dilation
-// overhead, and dattn with our own Hopper forward kernel (CudaBackendOptions::forward_kernel).
-// The three are timed in turn, five rounds, each a median of CUDA-event timings of single calls
+// overhead, and dattn with its forward's fused calls forced onto cuDNN and onto our own Hopper
+// kernel (CudaBackendOptions::forward_kernel; the default picks per mode). The four are timed in
+// turn, five rounds, each a median of CUDA-event timings of single calls
 // after warm-up; times are medians over rounds and ratios medians of per-round ratios (clocks
 // drift by several percent between seconds on these cards). Memory: the
 // planner's predicted total (inputs + outputs + lse + workspace) against the measured peak (tensor
@@ -80,9 +81,11 @@ struct RowResult {
   // chunking.
   double strided_ms = 0, strided_plain_ms = 0, nooverlap_ms = 0, unchunked_ms = 0;
   double prob_ms = 0;
-  double ratio = 0;      // median over paired rounds of dattn / floor
-  double own_ms = 0;     // dattn with our own Hopper forward kernel instead of cuDNN's
-  double own_ratio = 0;  // median over paired rounds of that / floor
+  double ratio = 0;        // median over paired rounds of dattn / floor
+  double cudnn_ms = 0;     // dattn with every forward fused call on cuDNN
+  double cudnn_ratio = 0;  // median over paired rounds of that / floor
+  double own_ms = 0;       // dattn with our own Hopper forward kernel wherever it runs
+  double own_ratio = 0;    // median over paired rounds of that / floor
   int64_t own_calls = 0;
   // Backward rows at a workspace limit of 5% of an input, and the workspace that took.
   double ws5_ms = 0;
@@ -328,23 +331,32 @@ absl::Status RunRow(RowResult& r, bool with_floor, const CudaBackendOptions& opt
     if (!made_floor.ok()) return made_floor.status();
     floor = std::move(*made_floor);
   }
-  std::unique_ptr<CudaAttentionBackend> own;
+  // The same call with the forward's fused calls forced onto cuDNN and onto our own kernel.
+  std::unique_ptr<CudaAttentionBackend> cudnn_be, own_be;
   if (with_floor) {
-    CudaBackendOptions own_options = options;
-    own_options.stream = stream;
-    own_options.forward_kernel = CudaBackendOptions::ForwardKernel::kOwnHopper;
-    absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> made_own = NewCudaBackend(own_options);
-    if (!made_own.ok()) return made_own.status();
-    own = std::move(*made_own);
+    for (auto [kernel, dst] :
+         {std::pair<CudaBackendOptions::ForwardKernel, std::unique_ptr<CudaAttentionBackend>*>{
+              CudaBackendOptions::ForwardKernel::kCudnn, &cudnn_be},
+          {CudaBackendOptions::ForwardKernel::kOwnHopper, &own_be}}) {
+      CudaBackendOptions o = options;
+      o.stream = stream;
+      o.forward_kernel = kernel;
+      absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> made_other = NewCudaBackend(o);
+      if (!made_other.ok()) return made_other.status();
+      *dst = std::move(*made_other);
+    }
   }
-  auto own_call = [&]() -> absl::Status {
-    BENCH_OK(own->Forward(spec, fa));
-    if (c.backward) BENCH_OK(own->Backward(spec, ba));
+  auto call_on = [&](CudaAttentionBackend* b) -> absl::Status {
+    BENCH_OK(b->Forward(spec, fa));
+    if (c.backward) BENCH_OK(b->Backward(spec, ba));
     return absl::OkStatus();
   };
-  // Warm-up builds the plans (and the floor's and own kernel's memory is taken before the
+  // Warm-up builds the plans (and the floor's and other backends' memory is taken before the
   // memory snapshot below, which is dattn's alone); then measure the steady state.
-  if (own != nullptr) BENCH_OK(own_call());
+  if (with_floor) {
+    BENCH_OK(call_on(cudnn_be.get()));
+    BENCH_OK(call_on(own_be.get()));
+  }
   BENCH_OK(call());
   BENCH_OK(be.Synchronize());
   uint64_t zero = 0;
@@ -365,11 +377,12 @@ absl::Status RunRow(RowResult& r, bool with_floor, const CudaBackendOptions& opt
     }
     return absl::OkStatus();
   }
-  // Paired rounds: dattn, the floor and dattn with our own Hopper forward kernel, one after the
-  // other, kRounds times; each figure is the median over rounds of per-round medians, and each
-  // ratio the median of the per-round ratios. Clocks drift by several percent over seconds on
-  // these cards (power and temperature), so only figures taken side by side are compared.
-  std::vector<double> t_dattn, t_floor, t_own, q_dattn, q_own;
+  // Paired rounds: dattn, the floor, and dattn forced onto cuDNN and onto our own kernel, one
+  // after the other, kRounds times; each figure is the median over rounds of per-round medians,
+  // and each ratio the median of the per-round ratios. Clocks drift by several percent over
+  // seconds on these cards (power and temperature), so only figures taken side by side are
+  // compared.
+  std::vector<double> t_dattn, t_floor, t_cudnn, t_own, q_dattn, q_cudnn, q_own;
   for (int round = 0; round < kRounds; ++round) {
     absl::StatusOr<double> ms = TimeIt(stream, 2, iters, call);
     if (!ms.ok()) return ms.status();
@@ -378,19 +391,25 @@ absl::Status RunRow(RowResult& r, bool with_floor, const CudaBackendOptions& opt
     absl::StatusOr<double> fl = TimeIt(stream, 2, iters, [&] { return floor->Run(); });
     if (!fl.ok()) return fl.status();
     t_floor.push_back(*fl);
-    absl::StatusOr<double> ow = TimeIt(stream, 2, iters, own_call);
+    absl::StatusOr<double> cu = TimeIt(stream, 2, iters, [&] { return call_on(cudnn_be.get()); });
+    if (!cu.ok()) return cu.status();
+    t_cudnn.push_back(*cu);
+    absl::StatusOr<double> ow = TimeIt(stream, 2, iters, [&] { return call_on(own_be.get()); });
     if (!ow.ok()) return ow.status();
     t_own.push_back(*ow);
     q_dattn.push_back(*ms / *fl);
+    q_cudnn.push_back(*cu / *fl);
     q_own.push_back(*ow / *fl);
   }
   r.dattn_ms = Median(t_dattn);
   if (with_floor) {
     r.floor_ms = Median(t_floor);
+    r.cudnn_ms = Median(t_cudnn);
     r.own_ms = Median(t_own);
     r.ratio = Median(q_dattn);
+    r.cudnn_ratio = Median(q_cudnn);
     r.own_ratio = Median(q_own);
-    r.own_calls = own->stats().own_hopper_calls;
+    r.own_calls = own_be->stats().own_hopper_calls;
   }
   floor.reset();
   if (c.breakdown) {
@@ -542,12 +561,12 @@ int main(int argc, char** argv) {
       }
     }
     std::printf(
-        "%-36s dattn %8.3f ms  floor %8.3f ms  ratio %5.3f  own kernel %8.3f ms ratio %5.3f "
-        "(%lld calls)  %6.1f TFLOP/s  ws %s MiB (%.2f%% "
+        "%-36s dattn %8.3f ms  floor %8.3f ms  ratio %5.3f  cuDNN %8.3f ms ratio %5.3f  own "
+        "kernel %8.3f ms ratio %5.3f (%lld calls)  %6.1f TFLOP/s  ws %s MiB (%.2f%% "
         "of an input; pool reserved %s, other %s)  planned %s / measured %s MiB  cudnn "
         "calls %lld, fallbacks %lld, 1/G passes %lld, max plan ws %lld B %s\n",
-        c.name.c_str(), r.dattn_ms, r.floor_ms, r.ratio, r.own_ms, r.own_ratio,
-        static_cast<long long>(r.own_calls), r.tflops,
+        c.name.c_str(), r.dattn_ms, r.floor_ms, r.ratio, r.cudnn_ms, r.cudnn_ratio, r.own_ms,
+        r.own_ratio, static_cast<long long>(r.own_calls), r.tflops,
         dattn::Mib(r.pool_used_high + r.other_growth).c_str(),
         r.one_input > 0 ? 100.0 * (r.pool_used_high + r.other_growth) / r.one_input : 0.0,
         dattn::Mib(r.pool_reserved_high).c_str(), dattn::Mib(r.other_growth).c_str(),
@@ -589,9 +608,9 @@ int main(int argc, char** argv) {
   std::printf("\n== CUDA engine benchmark: %s, cuDNN %lld, %s ==\n", props.name,
               static_cast<long long>(dattn::cuda::CudnnSdpa::LoadedVersion()), date);
   std::printf(
-      "| row | dattn ms | floor ms | dattn/floor | own kernel ms | own/floor | TFLOP/s | "
-      "workspace MiB (%% of input) | planned MiB | measured MiB | plan err "
-      "|\n|---|---|---|---|---|---|---|---|---|---|---|\n");
+      "| row | dattn ms | floor ms | dattn/floor | cuDNN fwd ms | cuDNN/floor | own kernel ms | "
+      "own/floor | TFLOP/s | workspace MiB (%% of input) | planned MiB | measured MiB | plan err "
+      "|\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n");
   for (const RowResult& r : results) {
     if (!r.error.empty()) {
       std::printf("| %s | error: %s |\n", r.config.name.c_str(), r.error.c_str());
@@ -599,10 +618,11 @@ int main(int argc, char** argv) {
     }
     const int64_t ws = r.pool_used_high + r.other_growth;
     std::printf(
-        "| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f | %s (%.2f%%) | %s | %s | %+.1f%% |\n",
-        r.config.name.c_str(), r.dattn_ms, r.floor_ms, r.ratio, r.own_ms, r.own_ratio, r.tflops,
-        dattn::Mib(ws).c_str(), 100.0 * ws / r.one_input, dattn::Mib(r.planned_total).c_str(),
-        dattn::Mib(r.measured_total).c_str(),
+        "| %s | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.3f | %.1f | %s (%.2f%%) | %s | %s | "
+        "%+.1f%% |\n",
+        r.config.name.c_str(), r.dattn_ms, r.floor_ms, r.ratio, r.cudnn_ms, r.cudnn_ratio, r.own_ms,
+        r.own_ratio, r.tflops, dattn::Mib(ws).c_str(), 100.0 * ws / r.one_input,
+        dattn::Mib(r.planned_total).c_str(), dattn::Mib(r.measured_total).c_str(),
         100.0 * (static_cast<double>(r.planned_total) - r.measured_total) / r.measured_total);
   }
   std::printf(

@@ -201,9 +201,11 @@ class CudaBackendImpl : public CudaAttentionBackend {
     // Grouped mode's 1/G: in our own Hopper kernel's epilogue where it runs (calls it cannot take
     // get a pass over their own rows); else in the fused call (probabilities scaled before P V)
     // when cuDNN takes that graph; otherwise a pass over each pattern's selected rows.
-    const bool own_hopper =
-        options_.forward_kernel == CudaBackendOptions::ForwardKernel::kOwnHopper && sm90_ &&
-        IsHalfType(dtype);
+    using ForwardKernel = CudaBackendOptions::ForwardKernel;
+    const bool own_hopper = sm90_ && IsHalfType(dtype) &&
+                            (options_.forward_kernel == ForwardKernel::kOwnHopper ||
+                             (options_.forward_kernel == ForwardKernel::kAuto &&
+                              options_.use_cudnn && grouped && !spec.causal));
     const bool scale_per_call = grouped && g > 1 && own_hopper;
     float p_scale = 1.0f;
     if (grouped && g > 1 && !own_hopper &&

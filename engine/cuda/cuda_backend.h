@@ -59,10 +59,14 @@ struct CudaBackendOptions {
   GroupScale group_scale = GroupScale::kPass;
   // The forward fused calls of bf16/fp16: cuDNN (kCudnn), or our own wgmma + TMA kernel
   // (kOwnHopper, hopper_attention.h: D = 64 or 128 on a compute capability 9.0 device), which
-  // applies grouped mode's 1/G in its epilogue, so that no pass rereads the selected rows. Calls it
-  // cannot take run as under kCudnn, with the 1/G as a pass over their own rows.
-  enum class ForwardKernel { kCudnn, kOwnHopper };
-  ForwardKernel forward_kernel = ForwardKernel::kCudnn;
+  // applies grouped mode's 1/G and writes the zeros of unselected rows in its epilogue, so that no
+  // pass rereads the output. kAuto (the default) takes our kernel for non-causal grouped mode and
+  // cuDNN elsewhere (causal: our kernel's static schedule balances the triangular work badly;
+  // mixture: no better than cuDNN), as measured on an H100 (docs/PERFORMANCE.md); with use_cudnn
+  // false it leaves everything to the CUDA-core kernel. Calls our kernel cannot take run as under
+  // kCudnn, with the 1/G as a pass over their own rows.
+  enum class ForwardKernel { kAuto, kCudnn, kOwnHopper };
+  ForwardKernel forward_kernel = ForwardKernel::kAuto;
   // Run the fills and passes on a second stream of the backend, concurrently with later fused calls
   // where the GPU has room (they touch disjoint rows); joined back into stream() before the call's
   // work ends.

@@ -306,6 +306,27 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Bool()),
     OwnHopperName);
 
+// The default (ForwardKernel::kAuto) runs non-causal grouped forwards on our own Hopper kernel
+// (on a compute capability 9.0 device) and causal or mixture ones on cuDNN.
+TEST_F(CudaBackendTest, DefaultPicksTheForwardKernelByMode) {
+  int major = 0, minor = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
+  for (AttentionMode mode : {AttentionMode::kGrouped, AttentionMode::kMixture}) {
+    for (bool causal : {false, true}) {
+      const CudaBackendStats before = backend_->stats();
+      CheckAgainstOracle(backend_, MakeSpec({64, 128}, {1, 2}, mode, causal), {1, 256, 4, 64},
+                         DType::kBFloat16, /*backward=*/false);
+      const CudaBackendStats after = backend_->stats();
+      const bool own = major == 9 && minor == 0 && mode == AttentionMode::kGrouped && !causal;
+      EXPECT_EQ(after.own_hopper_calls > before.own_hopper_calls, own)
+          << AttentionModeName(mode) << (causal ? " causal" : "");
+      EXPECT_EQ(after.cudnn_calls > before.cudnn_calls, !own)
+          << AttentionModeName(mode) << (causal ? " causal" : "");
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, MixtureBlockedOffsets) {
   for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
     CheckAgainstOracle(

@@ -123,6 +123,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
     cudaMemPool_t pool = nullptr;
     std::unique_ptr<cuda::CudnnSdpa> sdpa;
     bool sm90 = false;  // compute capability 9.0: the own Hopper kernel's sm_90a code runs
+    unsigned* item_counter = nullptr;  // device: the own Hopper kernel's work-item counter
   };
 
   CudaBackendImpl(const CudaBackendOptions& options, Resources r)
@@ -135,7 +136,8 @@ class CudaBackendImpl : public CudaAttentionBackend {
         join_(r.join),
         pool_(r.pool),
         sdpa_(std::move(r.sdpa)),
-        sm90_(r.sm90) {}
+        sm90_(r.sm90),
+        item_counter_(r.item_counter) {}
 
   ~CudaBackendImpl() override {
     DeviceScope guard;
@@ -144,6 +146,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
     cudaStreamSynchronize(aux_);
     sdpa_.reset();
     cudaMemPoolDestroy(pool_);
+    cudaFree(item_counter_);
     cudaEventDestroy(fork_);
     cudaEventDestroy(join_);
     for (cudaEvent_t e : pattern_events_) cudaEventDestroy(e);
@@ -202,10 +205,10 @@ class CudaBackendImpl : public CudaAttentionBackend {
     // get a pass over their own rows); else in the fused call (probabilities scaled before P V)
     // when cuDNN takes that graph; otherwise a pass over each pattern's selected rows.
     using ForwardKernel = CudaBackendOptions::ForwardKernel;
-    const bool own_hopper = sm90_ && IsHalfType(dtype) &&
-                            (options_.forward_kernel == ForwardKernel::kOwnHopper ||
-                             (options_.forward_kernel == ForwardKernel::kAuto &&
-                              options_.use_cudnn && grouped && !spec.causal));
+    const bool own_hopper =
+        sm90_ && IsHalfType(dtype) &&
+        (options_.forward_kernel == ForwardKernel::kOwnHopper ||
+         (options_.forward_kernel == ForwardKernel::kAuto && options_.use_cudnn && grouped));
     const bool scale_per_call = grouped && g > 1 && own_hopper;
     float p_scale = 1.0f;
     if (grouped && g > 1 && !own_hopper &&
@@ -613,7 +616,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
       const cuda::KernelForwardArgs a =
           KernelForward(spec, args, dims, pc, scale, p_scale, ws.At<float>(s.stats), tile.ptr);
       if (e.own_hopper) {
-        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchHopperForward(a, e.zeros, stream_));
+        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchHopperForward(a, e.zeros, item_counter_, stream_));
         ++stats_.own_hopper_calls;
       } else {
         DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAttentionForward(a, stream_));
@@ -717,6 +720,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
   cudaMemPool_t pool_;
   std::unique_ptr<cuda::CudnnSdpa> sdpa_;
   const bool sm90_;
+  unsigned* const item_counter_;
   CudaBackendStats stats_;
   PScale p_scale_state_ = PScale::kUnknown;
   std::string last_fallback_;
@@ -745,6 +749,7 @@ absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> NewCudaBackend(
     ~Partial() {
       r.sdpa.reset();
       if (r.pool != nullptr) cudaMemPoolDestroy(r.pool);
+      if (r.item_counter != nullptr) cudaFree(r.item_counter);
       if (r.fork != nullptr) cudaEventDestroy(r.fork);
       if (r.join != nullptr) cudaEventDestroy(r.join);
       if (r.aux != nullptr) cudaStreamDestroy(r.aux);
@@ -773,6 +778,8 @@ absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> NewCudaBackend(
   DATTN_CUDA_RETURN_IF_ERROR(
       cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, options.device));
   r.sm90 = major == 9 && minor == 0;
+  DATTN_CUDA_RETURN_IF_ERROR(
+      cudaMalloc(reinterpret_cast<void**>(&r.item_counter), sizeof(unsigned)));
   absl::StatusOr<cudaMemPool_t> pool = cuda::NewScratchPool(options.device);
   if (!pool.ok()) return pool.status();
   r.pool = *pool;

@@ -306,8 +306,8 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Bool()),
     OwnHopperName);
 
-// The default (ForwardKernel::kAuto) runs non-causal grouped forwards on our own Hopper kernel
-// (on a compute capability 9.0 device) and causal or mixture ones on cuDNN.
+// The default (ForwardKernel::kAuto) runs grouped forwards on our own Hopper kernel (on a compute
+// capability 9.0 device) and mixture ones on cuDNN.
 TEST_F(CudaBackendTest, DefaultPicksTheForwardKernelByMode) {
   int major = 0, minor = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
@@ -318,7 +318,7 @@ TEST_F(CudaBackendTest, DefaultPicksTheForwardKernelByMode) {
       CheckAgainstOracle(backend_, MakeSpec({64, 128}, {1, 2}, mode, causal), {1, 256, 4, 64},
                          DType::kBFloat16, /*backward=*/false);
       const CudaBackendStats after = backend_->stats();
-      const bool own = major == 9 && minor == 0 && mode == AttentionMode::kGrouped && !causal;
+      const bool own = major == 9 && minor == 0 && mode == AttentionMode::kGrouped;
       EXPECT_EQ(after.own_hopper_calls > before.own_hopper_calls, own)
           << AttentionModeName(mode) << (causal ? " causal" : "");
       EXPECT_EQ(after.cudnn_calls > before.cudnn_calls, !own)

@@ -52,7 +52,9 @@ struct Smem {
   static constexpr int kBarriers = kV + kStages * kKvBytes;
   // q_full[q buffers], q_empty[q buffers], k_full[stages], v_full[stages], k_empty[stages],
   // v_empty[stages]
-  static constexpr int kBytes = kBarriers + 8 * (2 * kQBuffers + 4 * kStages);
+  // then the work item of each q buffer (the producer hands them to the consumers)
+  static constexpr int kItems = kBarriers + 8 * (2 * kQBuffers + 4 * kStages);
+  static constexpr int kBytes = kItems + 4 * kQBuffers;
   static constexpr int kAlloc = kBytes + 1024;  // room to align the base to 1024 bytes
 };
 
@@ -66,15 +68,16 @@ __device__ __forceinline__ uint32_t SmemAddr(const void* p) {
 }
 
 __device__ __forceinline__ void BarrierInit(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count));
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(bar), "r"(count) : "memory");
 }
 
 __device__ __forceinline__ void BarrierExpectTx(uint32_t bar, uint32_t bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes));
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;\n" ::"r"(bar), "r"(bytes)
+               : "memory");
 }
 
 __device__ __forceinline__ void BarrierArrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar));
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(bar) : "memory");
 }
 
 __device__ __forceinline__ void BarrierWait(uint32_t bar, uint32_t parity) {
@@ -83,7 +86,8 @@ __device__ __forceinline__ void BarrierWait(uint32_t bar, uint32_t parity) {
       "WAIT_%=:\n"
       "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
       "@!done bra WAIT_%=;\n}\n" ::"r"(bar),
-      "r"(parity));
+      "r"(parity)
+      : "memory");
 }
 
 // A box of 64 columns x 128 rows of a 4-D tensor map {D, rows, heads, count} into shared memory;
@@ -327,9 +331,10 @@ struct Geometry {
   int rows = 0;
   int heads = 0;
   int count = 0;
-  int tiles = 0;           // query tiles per (block, head)
-  int items = 0;           // tiles * count * heads: the work items
-  float scale_log2 = 0.f;  // scale * log2(e): scores are kept in the log2 domain
+  int tiles = 0;                  // query tiles per (block, head)
+  int items = 0;                  // tiles * count * heads: the work items
+  unsigned* next_item = nullptr;  // zeroed before the launch; the producers draw items from it
+  float scale_log2 = 0.f;         // scale * log2(e): scores are kept in the log2 domain
   float out_scale = 1.f;
   int causal = 0;
   // Unselected rows to clear (grouped mode), see UnselectedRows; rate 0: none.
@@ -373,14 +378,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   }
   __syncthreads();
 
-  // Work item w (persistent CTAs take w = blockIdx.x, + gridDim.x, ...): query tile w % tiles of
-  // block (w / tiles) % count, head w / (tiles * count); consecutive items share k and v in L2.
+  // Work item w (drawn in order by the persistent CTAs' producers from a global counter, so that a
+  // CTA that finishes early takes more): query tile w % tiles of block (w / tiles) % count, head
+  // w / (tiles * count); consecutive items share k and v in L2. Causal tiles are handed out from
+  // the last (the most keys) to the first, so that the short ones fill in at the end.
   struct Item {
     int tile, j, head, key_tiles;
   };
+  int* const item_slot = reinterpret_cast<int*>(smem_raw + (base - SmemAddr(smem_raw)) + L::kItems);
   auto item_of = [&](int w) {
     Item it;
-    it.tile = w % g.tiles;
+    it.tile = g.causal ? g.tiles - 1 - w % g.tiles : w % g.tiles;
     const int rest = w / g.tiles;
     it.j = rest % g.count;
     it.head = rest / g.count;
@@ -393,14 +401,20 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     // Producer: one thread issues every load, running ahead into the next item while the
     // consumers finish the current one; the warpgroup's registers go to the consumers.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 24;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n");
     if (threadIdx.x == 0) {
       int kv = 0;  // k/v tiles loaded so far (all items): stage kv % kStages, use kv / kStages
-      int items = 0;
-      for (int w = blockIdx.x; w < g.items; w += gridDim.x, ++items) {
-        const Item it = item_of(w);
+      for (int items = 0;; ++items) {
+        const int w = static_cast<int>(atomicAdd(g.next_item, 1u));
         const int qb = items % kQBuffers;
         if (items >= kQBuffers) BarrierWait(bar_q_empty(qb), ((items / kQBuffers) - 1) & 1);
+        // The arrival below releases the slot to the consumers that wait on the barrier.
+        item_slot[qb] = w;
+        if (w >= g.items) {  // no work left: tell the consumers, with no bytes to wait for
+          BarrierArrive(bar_q_full(qb));
+          break;
+        }
+        const Item it = item_of(w);
         BarrierExpectTx(bar_q_full(qb), L::kQBytes);
         for (int c = 0; c < D / kSwizzleCols; ++c) {
           TmaLoad(&tq, base + L::kQ + qb * L::kQBytes + c * kBlockM * 128, bar_q_full(qb),
@@ -426,7 +440,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
 
   // Consumer warpgroup cw owns query rows 64 cw .. + 63 of the tile. In the accumulator layout a
   // thread holds rows r0 and r0 + 8, columns 8 n + col and + 1 of every 8-column block n.
@@ -564,17 +578,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (cw == 1) pass_turn();  // warpgroup 0 goes first
 
   int kv = 0;  // k/v tiles consumed so far, as the producer counts them
-  int items = 0;
-  for (int w = blockIdx.x; w < g.items; w += gridDim.x, ++items) {
+  for (int items = 0;; ++items) {
+    const int qb = items % kQBuffers;
+    BarrierWait(bar_q_full(qb), (items / kQBuffers) & 1);
+    const int w = item_slot[qb];
+    if (w >= g.items) break;
     const Item it = item_of(w);
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.f;
     m_run[0] = m_run[1] = -INFINITY;
     l_run[0] = l_run[1] = 0.f;
-
-    const int qb = items % kQBuffers;
     q_base = base + L::kQ + qb * L::kQBytes + cw * 64 * 128;
-    BarrierWait(bar_q_full(qb), (items / kQBuffers) & 1);
     take_turn();
     issue_scores(kv);
     pass_turn();
@@ -757,7 +771,8 @@ bool EncodeView(CUtensorMap* map, const KernelTensor& t, ElemType type, int64_t 
 }
 
 template <typename T, int D>
-cudaError_t Launch(const KernelForwardArgs& a, const UnselectedRows& zeros, cudaStream_t stream) {
+cudaError_t Launch(const KernelForwardArgs& a, const UnselectedRows& zeros, unsigned* item_counter,
+                   cudaStream_t stream) {
   CUtensorMap mq, mk, mv;
   if (!EncodeView(&mq, a.q, a.type, a.count, a.heads, a.rows, D) ||
       !EncodeView(&mk, a.k, a.type, a.count, a.heads, a.rows, D) ||
@@ -782,6 +797,7 @@ cudaError_t Launch(const KernelForwardArgs& a, const UnselectedRows& zeros, cuda
   g.zero_lead = static_cast<int>(zeros.lead);
   g.zero_span = static_cast<int>(zeros.span);
   g.o_pos = zeros.pos_stride;
+  g.next_item = item_counter;
   auto kernel = HopperForwardKernel<T, D>;
   cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<D>::kAlloc);
@@ -792,6 +808,8 @@ cudaError_t Launch(const KernelForwardArgs& a, const UnselectedRows& zeros, cuda
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);
   if (e != cudaSuccess) return e;
   const unsigned grid = static_cast<unsigned>(std::min(g.items, sms));
+  e = cudaMemsetAsync(item_counter, 0, sizeof(unsigned), stream);
+  if (e != cudaSuccess) return e;
   kernel<<<grid, kThreads, Smem<D>::kAlloc, stream>>>(mq, mk, mv, g);
   return cudaGetLastError();
 }
@@ -833,14 +851,14 @@ bool HopperForwardSupported(const KernelForwardArgs& a, const UnselectedRows& ze
 }
 
 cudaError_t LaunchHopperForward(const KernelForwardArgs& a, const UnselectedRows& zeros,
-                                cudaStream_t stream) {
-  if (!HopperForwardSupported(a, zeros)) return cudaErrorInvalidValue;
+                                unsigned* item_counter, cudaStream_t stream) {
+  if (!HopperForwardSupported(a, zeros) || item_counter == nullptr) return cudaErrorInvalidValue;
   if (a.type == ElemType::kBF16) {
-    return a.head_dim == 64 ? Launch<__nv_bfloat16, 64>(a, zeros, stream)
-                            : Launch<__nv_bfloat16, 128>(a, zeros, stream);
+    return a.head_dim == 64 ? Launch<__nv_bfloat16, 64>(a, zeros, item_counter, stream)
+                            : Launch<__nv_bfloat16, 128>(a, zeros, item_counter, stream);
   }
-  return a.head_dim == 64 ? Launch<__half, 64>(a, zeros, stream)
-                          : Launch<__half, 128>(a, zeros, stream);
+  return a.head_dim == 64 ? Launch<__half, 64>(a, zeros, item_counter, stream)
+                          : Launch<__half, 128>(a, zeros, item_counter, stream);
 }
 
 }  // namespace cuda

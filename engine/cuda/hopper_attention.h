@@ -38,10 +38,12 @@ struct UnselectedRows {
 // bytes. Host-only; no device needed.
 bool HopperForwardSupported(const KernelForwardArgs& args, const UnselectedRows& zeros = {});
 
-// cudaErrorInvalidValue when !HopperForwardSupported(args, zeros) or the driver cannot describe a view as
-// a tensor map; otherwise the launch's error.
+// item_counter: 4 bytes of device memory (not shared with concurrent launches) through which the
+// persistent CTAs draw work items; the launch zeroes it on `stream` first. cudaErrorInvalidValue
+// when !HopperForwardSupported(args, zeros), item_counter is null or the driver cannot describe a
+// view as a tensor map; otherwise the launch's error.
 cudaError_t LaunchHopperForward(const KernelForwardArgs& args, const UnselectedRows& zeros,
-                                cudaStream_t stream);
+                                unsigned* item_counter, cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace dattn

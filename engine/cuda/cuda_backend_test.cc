@@ -351,12 +351,14 @@ TEST_F(CudaBackendTest, KernelPathMatchesOracle) {
   EXPECT_GT((*kernel_only)->stats().kernel_calls, 0);
 }
 
-// Every way of applying grouped mode's 1/G (a pass, or inside cuDNN's graph) gives the same result.
+// Every way of applying grouped mode's 1/G on the cuDNN path (a pass, or inside cuDNN's graph)
+// gives the same result.
 TEST_F(CudaBackendTest, GroupScaleVariantsMatchOracle) {
   using GroupScale = CudaBackendOptions::GroupScale;
   for (GroupScale mode : {GroupScale::kPass, GroupScale::kProbabilities}) {
     CudaBackendOptions options;
     options.group_scale = mode;
+    options.forward_kernel = CudaBackendOptions::ForwardKernel::kCudnn;  // our kernel needs neither
     absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> backend = NewCudaBackend(options);
     ASSERT_TRUE(backend.ok()) << backend.status();
     for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {

@@ -1,20 +1,29 @@
 // Our own Hopper forward attention (see hopper_attention.h for the contract).
 //
-// Work: 4 * rows^2 * D FLOPs per (block, head) attention (halved when causal), on the tensor cores
-// through wgmma; q, k, v each read once per 128-row query tile by TMA (k and v re-read from L2 by
-// the other query tiles of the same block), o written once. Shaped after FlashAttention-2/3:
-//   - one CTA = one 128-row query tile of one (block j, head k): three warpgroups, the first a
-//     producer whose single thread issues TMA loads of q (once) and of k/v tiles of 128 keys into a
-//     two-stage ring of shared-memory buffers; the other two are consumers, 64 query rows each;
+// Work: 4 * rows^2 * D FLOPs per (block, head) attention (about half when causal), on the tensor
+// cores through wgmma; q read once per 128-row query tile and k, v once per query tile (from L2
+// after the first tile of a block) by TMA; o written once, and in grouped mode the zeros of the
+// unselected rows between the selected ones (16-byte stores from the epilogue, so that no pass
+// rereads the output). Why it exists: cuDNN cannot apply the 1/G or write the zero rows (its
+// graph takes a scale only before the softmax; a multiply after P V sends the graph to engines
+// that fail to compile), and that pass cost 10-13% beside cuDNN on an H100; CUTLASS, which would
+// supply these pieces, is not packaged for the build. Shaped after FlashAttention-3:
+//   - persistent CTAs, one per SM, of three warpgroups: a producer whose single thread draws work
+//     items (a 128-row query tile of one block and head) from a global counter and issues the TMA
+//     loads of q (two buffers for D = 64) and of k/v tiles of 128 keys into a ring of stages (4 for
+//     D = 64, 3 for D = 128) with full/empty mbarriers; two consumers of 64 query rows each;
 //   - a consumer computes S = q k^T with wgmma from shared memory (both operands K-major, 128-byte
-//     swizzled as TMA wrote them), keeps the online softmax in registers (row max and sum, in the
-//     log2 domain), feeds P to the second wgmma straight from registers (the accumulator layout of
-//     S is the A-operand layout of P V) and reads v transposed from shared memory (N-major);
+//     swizzled as TMA wrote them) and O += P v with P from registers (the accumulator layout of S
+//     is the A-operand layout of P V) and v read N-major; the online softmax stays in registers
+//     (row max and sum in the log2 domain, one FFMA and one exp2 per score, reductions over eight
+//     partials);
+//   - overlap: within a warpgroup, S of the next tile is issued before P V of the current one and
+//     its softmax runs while P V is on the tensor cores; between the two, named barriers make them
+//     take turns issuing (ping-pong), so one's softmax runs while the other's products run;
 //   - the epilogue divides by the row sum, applies out_scale (grouped mode's 1/G, free here),
-//   writes
-//     o rows in place through their strides and the log-sum-exp of each row.
-// The producer gives registers back (setmaxnreg) so that the consumers can hold S (64 floats),
-// O (D/2 floats) and P (32 words) per thread without spilling.
+//     writes o rows in place through their strides, the log-sum-exp of each row, and the zeros.
+// The producer gives registers back (setmaxnreg 32 / 232) so that a consumer thread holds S (64
+// floats), O (D / 2) and P (32 words) without spilling (ptxas -v: no spills, no serialized wgmma).
 #include "engine/cuda/hopper_attention.h"
 
 #include <cuda.h>
@@ -802,7 +811,7 @@ cudaError_t Launch(const KernelForwardArgs& a, const UnselectedRows& zeros, unsi
   cudaError_t e =
       cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, Smem<D>::kAlloc);
   if (e != cudaSuccess) return e;
-  // Persistent: one CTA per SM (at most one fits), each taking every gridDim-th work item.
+  // Persistent: one CTA per SM (at most one fits); the items are drawn through item_counter.
   int device = 0, sms = 0;
   e = cudaGetDevice(&device);
   if (e == cudaSuccess) e = cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device);

@@ -1,14 +1,16 @@
 // Our own forward attention for Hopper (sm_90a): tensor cores through wgmma, tiles loaded by TMA
 // straight from the strided views of the dilated rows, flash-style online softmax, the output
-// scale (grouped mode's 1/G) applied in the epilogue where it costs nothing.
+// scale (grouped mode's 1/G) applied and the zeros of unselected rows written in its epilogue.
 //
 // It computes what LaunchAttentionForward (attention_kernels.h) computes, for bf16 and fp16 with
 // D = 64 or 128: o = p_scale * softmax(scale q k^T) v per (block, head), causal optional, and the
 // packed log-sum-exp of every row in `stats`. The CUDA backend uses it instead of cuDNN where
-// CudaBackendOptions asks for it and HopperForwardSupported() holds.
+// CudaBackendOptions::forward_kernel says so (by default for grouped mode) and
+// HopperForwardSupported() holds.
 //
-// Launch: enqueues on `stream`, never synchronizes, needs no scratch. The binary carries this
-// kernel for sm_90a only: call it on a device of compute capability 9.0 (the backend checks).
+// Launch: enqueues on `stream` (a 4-byte memset of item_counter, then the kernel), never
+// synchronizes, needs no other scratch. The binary carries this kernel for sm_90a only: call it on
+// a device of compute capability 9.0 (the backend checks). Not thread-safe per item_counter.
 #ifndef DATTN_ENGINE_CUDA_HOPPER_ATTENTION_H_
 #define DATTN_ENGINE_CUDA_HOPPER_ATTENTION_H_
 

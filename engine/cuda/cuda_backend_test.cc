@@ -106,11 +106,13 @@ AttentionSpec MakeSpec(std::vector<int64_t> w, std::vector<int64_t> r, Attention
   return spec;
 }
 
-// Shared by the tests of one binary: creating a backend (cuDNN handle) and building plans is slow.
-class CudaBackendTest : public ::testing::Test {
+// One backend shared by the tests of a suite: creating a backend (cuDNN handle) and building plans
+// is slow. Base: the gtest fixture base; Options::Make() the backend's options.
+template <typename Base, typename Options>
+class SharedBackendTest : public Base {
  protected:
   static void SetUpTestSuite() {
-    absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> made = NewCudaBackend();
+    absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> made = NewCudaBackend(Options::Make());
     if (made.ok()) {
       backend_ = made->release();
     } else {
@@ -129,8 +131,15 @@ class CudaBackendTest : public ::testing::Test {
   static std::string skip_reason_;
 };
 
-CudaAttentionBackend* CudaBackendTest::backend_ = nullptr;
-std::string CudaBackendTest::skip_reason_;
+template <typename Base, typename Options>
+CudaAttentionBackend* SharedBackendTest<Base, Options>::backend_ = nullptr;
+template <typename Base, typename Options>
+std::string SharedBackendTest<Base, Options>::skip_reason_;
+
+struct DefaultOptions {
+  static CudaBackendOptions Make() { return {}; }
+};
+using CudaBackendTest = SharedBackendTest<::testing::Test, DefaultOptions>;
 
 struct Inputs {
   HostTensor q, k, v, dout;
@@ -254,31 +263,15 @@ const std::vector<SpecCase>& OwnHopperCases() {
   return *cases;
 }
 
-class OwnHopperKernelTest : public ::testing::TestWithParam<MatrixParam> {
- protected:
-  static void SetUpTestSuite() {
+struct OwnHopperOptions {
+  static CudaBackendOptions Make() {
     CudaBackendOptions options;
     options.forward_kernel = CudaBackendOptions::ForwardKernel::kOwnHopper;
-    absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> made = NewCudaBackend(options);
-    if (made.ok()) {
-      backend_ = made->release();
-    } else {
-      skip_reason_ = std::string(made.status().message());
-    }
+    return options;
   }
-  static void TearDownTestSuite() {
-    delete backend_;
-    backend_ = nullptr;
-  }
-  void SetUp() override {
-    if (backend_ == nullptr) GTEST_SKIP() << skip_reason_;
-  }
-  static CudaAttentionBackend* backend_;
-  static std::string skip_reason_;
 };
-
-CudaAttentionBackend* OwnHopperKernelTest::backend_ = nullptr;
-std::string OwnHopperKernelTest::skip_reason_;
+using OwnHopperKernelTest =
+    SharedBackendTest<::testing::TestWithParam<MatrixParam>, OwnHopperOptions>;
 
 TEST_P(OwnHopperKernelTest, ForwardAndBackwardMatchOracle) {
   const auto [dtype, mode, index, causal] = GetParam();

@@ -314,7 +314,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   using L = Smem<D>;
   constexpr int kStages = L::kStages;
-  constexpr bool kLatePack = true;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (SmemAddr(smem_raw) + 1023) & ~1023u;
   constexpr int kQBuffers = L::kQBuffers;
@@ -428,7 +427,6 @@ __global__ void __launch_bounds__(kThreads, 1)
   float corr[2] = {1.f, 1.f};  // o's rescaling factor for the tile last turned into probabilities
   float sc[64];                // scores of the tile being turned into probabilities
   uint32_t pa[8][4];           // probabilities of the tile whose P V runs
-  uint32_t pn[8][4];           // probabilities of the next tile, computed while P V runs
 
   // Issues S = q k^T from the k tile loaded kv-th (waits for it); the caller waits.
   auto issue_scores = [&](int kv) {
@@ -444,14 +442,14 @@ __global__ void __launch_bounds__(kThreads, 1)
     WgmmaCommit();
   };
   // Issues O += P v from `pa` and the v tile loaded kv-th (waits for it); the caller waits.
-  auto issue_pv = [&](int kv, uint32_t(&p)[8][4]) {
+  auto issue_pv = [&](int kv) {
     BarrierWait(bar_v_full(kv % kStages), (kv / kStages) & 1);
     FenceRegs(o);
     WgmmaFence();
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
       const uint32_t v_base = base + L::kV + (kv % kStages) * L::kKvBytes;
-      Mma<T>::PV(o, p[kk], Desc(v_base + kk * 16 * 128, kBlockN * 128));
+      Mma<T>::PV(o, pa[kk], Desc(v_base + kk * 16 * 128, kBlockN * 128));
     }
     WgmmaCommit();
     FenceRegs(o);
@@ -523,14 +521,14 @@ __global__ void __launch_bounds__(kThreads, 1)
                                        ((part[h][4] + part[h][5]) + (part[h][6] + part[h][7])));
     }
   };
-  // The probabilities in `sc` packed into the A-operand registers `p`.
-  auto pack = [&](uint32_t(&p)[8][4]) {
+  // The probabilities in `sc` packed into the A-operand registers `pa`.
+  auto pack = [&] {
 #pragma unroll
     for (int kk = 0; kk < 8; ++kk) {
-      p[kk][0] = Mma<T>::Pack(sc[8 * kk + 0], sc[8 * kk + 1]);
-      p[kk][1] = Mma<T>::Pack(sc[8 * kk + 2], sc[8 * kk + 3]);
-      p[kk][2] = Mma<T>::Pack(sc[8 * kk + 4], sc[8 * kk + 5]);
-      p[kk][3] = Mma<T>::Pack(sc[8 * kk + 6], sc[8 * kk + 7]);
+      pa[kk][0] = Mma<T>::Pack(sc[8 * kk + 0], sc[8 * kk + 1]);
+      pa[kk][1] = Mma<T>::Pack(sc[8 * kk + 2], sc[8 * kk + 3]);
+      pa[kk][2] = Mma<T>::Pack(sc[8 * kk + 4], sc[8 * kk + 5]);
+      pa[kk][3] = Mma<T>::Pack(sc[8 * kk + 6], sc[8 * kk + 7]);
     }
   };
 
@@ -561,79 +559,40 @@ __global__ void __launch_bounds__(kThreads, 1)
     release(bar_k_empty(kv % kStages));
     if (it.key_tiles == 1) release(bar_q_empty(qb));
     softmax_exp(it, 0);
-    pack(pa);
+    pack();
     FenceRegs(o);
     FenceRegs(pa);
     // Software pipeline: while P V of tile n runs on the tensor cores, the scores of tile n + 1
-    // are computed and turned into probabilities (their rescaling of o waits for P V to finish).
-    // `cur` holds the probabilities of tile n, `nxt` receives those of tile n + 1; the two
-    // register sets swap roles from one tile to the next (a copy between them makes ptxas
-    // serialize the tensor-core work).
-    auto step = [&](int n, uint32_t(&cur)[8][4], uint32_t(&nxt)[8][4]) {
+    // are computed and turned into probabilities, kept in `sc` as floats; once P V is done, o is
+    // rescaled and they are packed into `pa` (a second set of P registers would spill at
+    // D = 128, and copying between two sets made ptxas serialize every wgmma).
+    auto step = [&](int n) {
       take_turn();
       issue_scores(kv + n + 1);
-      issue_pv(kv + n, cur);
+      issue_pv(kv + n);
       pass_turn();
       WgmmaWait<1>();  // the scores of tile n + 1; P V of tile n may still run
       FenceRegs(sc);
       release(bar_k_empty((kv + n + 1) % kStages));
       if (n + 2 == it.key_tiles) release(bar_q_empty(qb));  // q is read no more
       softmax_exp(it, n + 1);
-      pack(nxt);
-      WgmmaWait<0>();
-      FenceRegs(o);
-      FenceRegs(cur);
-      release(bar_v_empty((kv + n) % kStages));
-      rescale();
-      FenceRegs(o);  // rescaled here, not sunk between the next two issues
-    };
-    // With D = 128 the registers of a second probability tile would spill: the probabilities of
-    // tile n + 1 stay in `sc` as floats while P V of tile n runs and are packed into `pa` once
-    // it is done.
-    auto step_late_pack = [&](int n) {
-      take_turn();
-      issue_scores(kv + n + 1);
-      issue_pv(kv + n, pa);
-      pass_turn();
-      WgmmaWait<1>();
-      FenceRegs(sc);
-      release(bar_k_empty((kv + n + 1) % kStages));
-      if (n + 2 == it.key_tiles) release(bar_q_empty(qb));
-      softmax_exp(it, n + 1);
       WgmmaWait<0>();
       FenceRegs(o);
       FenceRegs(pa);
       release(bar_v_empty((kv + n) % kStages));
       rescale();
-      pack(pa);
-      FenceRegs(o);
+      pack();
+      FenceRegs(o);  // rescaled and packed here, not sunk between the next two issues
       FenceRegs(pa);
-    };
-    auto last = [&](uint32_t(&cur)[8][4]) {
-      take_turn();
-      issue_pv(kv + it.key_tiles - 1, cur);
-      pass_turn();
-      WgmmaWait<0>();
-      FenceRegs(o);
-      release(bar_v_empty((kv + it.key_tiles - 1) % kStages));
     };
     // The last tile is peeled off so that every step commits the same groups.
-    if constexpr (kLatePack) {
-      for (int n = 0; n + 1 < it.key_tiles; ++n) step_late_pack(n);
-      last(pa);
-    } else {
-      int n = 0;
-      for (; n + 2 < it.key_tiles; n += 2) {
-        step(n, pa, pn);
-        step(n + 1, pn, pa);
-      }
-      if (n + 1 < it.key_tiles) {
-        step(n, pa, pn);
-        last(pn);
-      } else {
-        last(pa);
-      }
-    }
+    for (int n = 0; n + 1 < it.key_tiles; ++n) step(n);
+    take_turn();
+    issue_pv(kv + it.key_tiles - 1);
+    pass_turn();
+    WgmmaWait<0>();
+    FenceRegs(o);
+    release(bar_v_empty((kv + it.key_tiles - 1) % kStages));
     kv += it.key_tiles;
 
     // Epilogue: o / rowsum * out_scale in place, and the row's log-sum-exp (natural log).

@@ -105,8 +105,9 @@ struct CallExec {
   const PlannedCall* planned = nullptr;
   bool cudnn = false;
   bool own_hopper = false;  // forward: our own Hopper kernel (else cuDNN or the CUDA-core kernel)
-  // Grouped mode, own Hopper kernel: the unselected rows it can clear next to its own (and clears,
-  // when `own_zeros` is set for every call of the pattern).
+  // Grouped mode, own Hopper kernel: the unselected rows around this call's rows, which the kernel
+  // clears when it can for every call of the pattern (zeros_ok); otherwise `zeros` is emptied and a
+  // fill pass clears the pattern's rows.
   cuda::UnselectedRows zeros;
   bool zeros_ok = false;
   CallScratch scratch;

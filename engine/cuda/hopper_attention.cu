@@ -368,12 +368,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       int kv = 0;  // k/v tiles loaded so far (all items): stage kv % kStages, use kv / kStages
       for (int items = 0;; ++items) {
-        const int w = static_cast<int>(atomicAdd(g.next_item, 1u));
+        // Past the last item the counter keeps counting (once per CTA): compare unsigned, and hand
+        // the consumers `items` itself as the end mark.
+        const unsigned drawn = atomicAdd(g.next_item, 1u);
+        const int w = drawn < static_cast<unsigned>(g.items) ? static_cast<int>(drawn) : g.items;
         const int qb = items % kQBuffers;
         if (items >= kQBuffers) BarrierWait(bar_q_empty(qb), ((items / kQBuffers) - 1) & 1);
         // The arrival below releases the slot to the consumers that wait on the barrier.
         item_slot[qb] = w;
-        if (w >= g.items) {  // no work left: tell the consumers, with no bytes to wait for
+        if (w == g.items) {  // no work left: tell the consumers, with no bytes to wait for
           BarrierArrive(bar_q_full(qb));
           break;
         }
@@ -544,7 +547,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     const int qb = items % kQBuffers;
     BarrierWait(bar_q_full(qb), (items / kQBuffers) & 1);
     const int w = item_slot[qb];
-    if (w >= g.items) break;
+    if (w == g.items) break;
     const Item it = item_of(w);
 #pragma unroll
     for (int i = 0; i < D / 2; ++i) o[i] = 0.f;

@@ -19,6 +19,7 @@
 #include "engine/cuda/cudnn_sdpa.h"
 #include "engine/cuda/device_scope.h"
 #include "engine/cuda/dilated_kernels.h"
+#include "engine/cuda/hopper_attention.h"
 #include "engine/cuda/stream_scratch.h"
 #include "engine/ring/cuda_block_kernels_launch.h"
 
@@ -112,14 +113,16 @@ using Scratch = cuda::StreamScratch;
 class CudaBlockKernelsImpl final : public CudaBlockKernels {
  public:
   CudaBlockKernelsImpl(const CudaBlockKernelOptions& options, cudaStream_t stream, bool owns_stream,
-                       cudaMemPool_t pool, cudaEvent_t event, std::unique_ptr<cuda::CudnnSdpa> sdpa)
+                       cudaMemPool_t pool, cudaEvent_t event, std::unique_ptr<cuda::CudnnSdpa> sdpa,
+                       unsigned* item_counter)
       : options_(options),
         caps_(CudaBackendCaps()),
         stream_(stream),
         owns_stream_(owns_stream),
         pool_(pool),
         event_(event),
-        sdpa_(std::move(sdpa)) {}
+        sdpa_(std::move(sdpa)),
+        item_counter_(item_counter) {}
 
   ~CudaBlockKernelsImpl() override {
     DeviceScope scope;
@@ -129,6 +132,7 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     (void)WaitStream("destroying the ring kernels");
     sdpa_.reset();
     cudaMemPoolDestroy(pool_);
+    cudaFree(item_counter_);
     cudaEventDestroy(event_);
     if (owns_stream_) cudaStreamDestroy(stream_);
   }
@@ -209,7 +213,21 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     const ElemType et = ElemTypeOf(geo.dtype());
     float* lse = static_cast<float*>(args.lse.data);
     cudak::FillParams params;
-    if (FillParamsOf(geo, &params)) {
+    const bool selective = FillParamsOf(geo, &params);
+    // Patterns whose rows on this rank all come from local calls get their 1/G per call (in our
+    // kernel's epilogue, or a pass over the call's rows); EndForward skips them. Only with the
+    // per-pattern EndForward (selective), whose head ranges can leave a pattern out.
+    scaled_in_call_.assign(geo.num_patterns(), false);
+    if (selective && item_counter_ != nullptr && IsHalfType(geo.dtype()) &&
+        geo.num_patterns() > 1) {
+      for (int i = 0; i < geo.num_patterns(); ++i) {
+        const int64_t first = geo.FirstSegmentOf(i, geo.rank()),
+                      last = geo.LastSegmentOf(i, geo.rank());
+        scaled_in_call_[i] = !geo.pattern(i).heads.empty() && first <= last &&
+                             !Shared(geo, i, first) && !Shared(geo, i, last);
+      }
+    }
+    if (selective) {
       DATTN_CUDA_RETURN_IF_ERROR(cudak::LaunchInitRows(args.out.data, et, lse, params, stream_));
       return absl::OkStatus();
     }
@@ -238,8 +256,18 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     const float scale = 1.0f / static_cast<float>(geo.num_patterns());
     cudak::FillParams params;
     if (FillParamsOf(geo, &params)) {
-      DATTN_CUDA_RETURN_IF_ERROR(
-          cudak::LaunchScaleSelected(args.out.data, et, params, scale, stream_));
+      bool any = false;
+      for (int i = 0; i < geo.num_patterns(); ++i) {
+        if (ScaledInCall(i)) {
+          params.p[i].head_begin = params.p[i].head_end = 0;  // scaled by its calls already
+        } else {
+          any = any || params.p[i].head_end > params.p[i].head_begin;
+        }
+      }
+      if (any) {
+        DATTN_CUDA_RETURN_IF_ERROR(
+            cudak::LaunchScaleSelected(args.out.data, et, params, scale, stream_));
+      }
       return absl::OkStatus();
     }
     // Unselected rows are zero: scaling every row is the same.
@@ -338,6 +366,12 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
   }
 
   // Grouped mode's selective fills need every value in 32 bits and few patterns.
+  // Whether pattern i's rows on this rank get grouped mode's 1/G in their local calls (set by
+  // BeginForward for the forward under way).
+  bool ScaledInCall(int pattern) const {
+    return pattern < static_cast<int>(scaled_in_call_.size()) && scaled_in_call_[pattern];
+  }
+
   bool FillParamsOf(const RingGeometry& geo, cudak::FillParams* out) const {
     if (geo.spec().mode != AttentionMode::kGrouped) return false;
     const RingShape& s = geo.shape();
@@ -591,7 +625,11 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
       }
       if (block_span > kMaxSpanElements) {
         // Even one block is too wide for cuDNN's 32-bit views: packed tiles, segment by segment.
-        return RunLocalPacked(geo, fwd, bwd, call);
+        DATTN_RETURN_IF_ERROR(RunLocalPacked(geo, fwd, bwd, call));
+        if (!backward && ScaledInCall(call.pattern)) {
+          DATTN_RETURN_IF_ERROR(ScaleCallRows(geo, *fwd, call));
+        }
+        return absl::OkStatus();
       }
       if (step > 0) chunk = std::min(chunk, 1 + (kMaxSpanElements - block_span) / step);
     }
@@ -630,6 +668,16 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     return absl::OkStatus();
   }
 
+  // Grouped mode's 1/G on the rows of one local call, in place.
+  absl::Status ScaleCallRows(const RingGeometry& geo, const ForwardArgs& args, const BlockCall& c) {
+    const RingShape& s = geo.shape();
+    const cuda::RowSpace space{s.batch, geo.shard_len(), s.num_heads, s.head_dim};
+    DATTN_CUDA_RETURN_IF_ERROR(
+        cuda::LaunchScaleRows(args.out.data, 1.0f / static_cast<float>(geo.num_patterns()),
+                              ElemTypeOf(geo.dtype()), CallRowsOf(c), space, stream_));
+    return absl::OkStatus();
+  }
+
   absl::Status LocalForward(const RingGeometry& geo, const ForwardArgs& args, const BlockCall& c,
                             CallRole role) {
     const RingShape& s = geo.shape();
@@ -644,9 +692,28 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     cuda::SdpaForwardArgs a = cuda::SdpaForwardOn(
         {dtype, c.count, c.group.heads, c.rows, s.head_dim, geo.spec().causal}, q, k, v,
         merge ? PackedTensor(nullptr, c.group.heads, c.rows, s.head_dim) : o, scale);
+    const bool scale_here = !merge && ScaledInCall(c.pattern);
+    const float inv_g = 1.0f / static_cast<float>(geo.num_patterns());
+    cuda::KernelForwardArgs ka;
+    ka.type = et;
+    ka.q = q;
+    ka.k = k;
+    ka.v = v;
+    ka.o = o;
+    ka.count = c.count;
+    ka.heads = c.group.heads;
+    ka.rows = c.rows;
+    ka.head_dim = s.head_dim;
+    ka.scale = scale;
+    ka.causal = geo.spec().causal;
+    bool own = false;
+    if (scale_here) {
+      ka.stats = reinterpret_cast<float*>(uintptr_t{256});  // placed below; checked for non-null
+      own = cuda::HopperForwardSupported(ka);
+    }
     bool cudnn = false;
     int64_t library = 0;
-    if (sdpa_ != nullptr && IsHalfType(dtype) && CudnnReadable(q) && CudnnReadable(k) &&
+    if (!own && sdpa_ != nullptr && IsHalfType(dtype) && CudnnReadable(q) && CudnnReadable(k) &&
         CudnnReadable(v) && (merge || CudnnReadable(o))) {
       absl::StatusOr<int64_t> ws = sdpa_->ForwardWorkspace(a);
       if (ws.ok()) {
@@ -663,28 +730,22 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     if (!ws.ok()) return ws.status();
     float* stats = reinterpret_cast<float*>(*ws + layout.stats);
     void* tile = merge ? *ws + layout.tile : nullptr;
-    if (cudnn) {
+    ka.stats = stats;
+    if (own) {
+      ka.p_scale = inv_g;
+      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchHopperForward(ka, {}, item_counter_, stream_));
+      ++stats_.own_hopper_calls;
+    } else if (cudnn) {
       a.o = merge ? tile : o.ptr;
       a.stats = stats;
       DATTN_RETURN_IF_ERROR(sdpa_->Forward(a, *ws + layout.library));
       ++stats_.cudnn_calls;
     } else {
-      cuda::KernelForwardArgs ka;
-      ka.type = et;
-      ka.q = q;
-      ka.k = k;
-      ka.v = v;
-      ka.o = merge ? PackedTensor(tile, c.group.heads, c.rows, s.head_dim) : o;
-      ka.stats = stats;
-      ka.count = c.count;
-      ka.heads = c.group.heads;
-      ka.rows = c.rows;
-      ka.head_dim = s.head_dim;
-      ka.scale = scale;
-      ka.causal = geo.spec().causal;
+      if (merge) ka.o = PackedTensor(tile, c.group.heads, c.rows, s.head_dim);
       DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAttentionForward(ka, stream_));
       ++stats_.kernel_calls;
     }
+    if (scale_here && !own) DATTN_RETURN_IF_ERROR(ScaleCallRows(geo, args, c));
     ++stats_.local_calls;
     const cuda::RowSpace space{s.batch, l, s.num_heads, s.head_dim};
     float* lse = static_cast<float*>(args.lse.data);
@@ -1168,6 +1229,10 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
   cudaMemPool_t pool_;
   cudaEvent_t event_;
   std::unique_ptr<cuda::CudnnSdpa> sdpa_;
+  // Device: our Hopper kernel's work counter; null where that kernel is not used (option off, or
+  // not a compute capability 9.0 device).
+  unsigned* const item_counter_;
+  std::vector<bool> scaled_in_call_;  // per pattern, for the forward under way (BeginForward)
   CudaBlockKernelStats stats_;
   std::string last_fallback_;
 };
@@ -1185,7 +1250,9 @@ absl::StatusOr<std::unique_ptr<CudaBlockKernels>> NewCudaBlockKernels(
     bool owns_stream = false;
     cudaMemPool_t pool = nullptr;
     cudaEvent_t event = nullptr;
+    unsigned* item_counter = nullptr;
     ~Partial() {
+      if (item_counter != nullptr) cudaFree(item_counter);
       if (pool != nullptr) cudaMemPoolDestroy(pool);
       if (event != nullptr) cudaEventDestroy(event);
       if (owns_stream && stream != nullptr) cudaStreamDestroy(stream);
@@ -1206,8 +1273,17 @@ absl::StatusOr<std::unique_ptr<CudaBlockKernels>> NewCudaBlockKernels(
     if (!made.ok()) return made.status();
     sdpa = std::move(*made);
   }
+  int major = 0, minor = 0;
+  DATTN_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, options.device));
+  DATTN_CUDA_RETURN_IF_ERROR(
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, options.device));
+  if (options.own_hopper_forward && options.use_cudnn && major == 9 && minor == 0) {
+    DATTN_CUDA_RETURN_IF_ERROR(
+        cudaMalloc(reinterpret_cast<void**>(&r.item_counter), sizeof(unsigned)));
+  }
   auto kernels = std::make_unique<CudaBlockKernelsImpl>(options, r.stream, r.owns_stream, r.pool,
-                                                        r.event, std::move(sdpa));
+                                                        r.event, std::move(sdpa), r.item_counter);
   r = Partial();  // now owned by the kernels
   return std::unique_ptr<CudaBlockKernels>(std::move(kernels));
 }

@@ -54,6 +54,12 @@ struct CudaBlockKernelOptions {
   // stream, as cudaMemcpy callers expect).
   cudaStream_t stream = nullptr;
   bool use_cudnn = true;  // false: the own kernel for every call (tests).
+  // Grouped mode: the forward's local blocks of a pattern with no shared segment on this rank run
+  // on our own Hopper kernel (engine/cuda/hopper_attention.h) where it takes them, with the 1/G in
+  // its epilogue, and EndForward leaves those patterns alone (their 1/G is then applied per call);
+  // false (or use_cudnn false, or not a compute capability 9.0 device): cuDNN and the EndForward
+  // pass, as before.
+  bool own_hopper_forward = true;
   // Scratch one local call may use (calls are chunked to fit); 0: the CUDA backend's default for
   // the shard (engine/cuda/block_calls.h DefaultWorkspaceLimit).
   int64_t workspace_limit_bytes = 0;
@@ -62,13 +68,14 @@ struct CudaBlockKernelOptions {
 };
 
 struct CudaBlockKernelStats {
-  int64_t cudnn_calls = 0;      // fused attention calls run by cuDNN
-  int64_t kernel_calls = 0;     // calls run by the own kernel (fp32, or cuDNN fallbacks)
-  int64_t cudnn_fallbacks = 0;  // calls cuDNN would not take
-  int64_t local_calls = 0;      // calls over strided views of local segments
-  int64_t shared_calls = 0;     // calls over packed tiles of shared segments
-  int64_t padded_calls = 0;     // shared calls whose query tile was padded or cut to the block
-  int64_t pool_high_water = 0;  // bytes: cudaMemPoolAttrReservedMemHigh of the instance's pool
+  int64_t cudnn_calls = 0;       // fused attention calls run by cuDNN
+  int64_t kernel_calls = 0;      // calls run by the own kernel (fp32, or cuDNN fallbacks)
+  int64_t own_hopper_calls = 0;  // local forward calls run by our own Hopper kernel
+  int64_t cudnn_fallbacks = 0;   // calls cuDNN would not take
+  int64_t local_calls = 0;       // calls over strided views of local segments
+  int64_t shared_calls = 0;      // calls over packed tiles of shared segments
+  int64_t padded_calls = 0;      // shared calls whose query tile was padded or cut to the block
+  int64_t pool_high_water = 0;   // bytes: cudaMemPoolAttrReservedMemHigh of the instance's pool
 };
 
 class CudaBlockKernels : public BlockKernels {

@@ -203,6 +203,28 @@ TEST_F(CudaBlockKernelsTest, OwnKernelForSixteenBitTypes) {
   kernels_ = saved;
 }
 
+// Grouped mode's local blocks of patterns with no shared segment on the rank run on our own Hopper
+// kernel (on a compute capability 9.0 device) with the 1/G in its epilogue; with the option off
+// they run on cuDNN and EndForward applies the 1/G. Both agree with the oracle.
+TEST_F(CudaBlockKernelsTest, OwnHopperKernelForLocalGroupedBlocks) {
+  const int64_t before = kernels_->stats().own_hopper_calls;
+  for (const testing::RingCase& c : testing::GpuWideCases(2)) RunCase(c);
+  int major = 0, minor = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
+  EXPECT_EQ(kernels_->stats().own_hopper_calls > before, major == 9 && minor == 0);
+
+  CudaBlockKernelOptions options;
+  options.own_hopper_forward = false;
+  absl::StatusOr<std::unique_ptr<CudaBlockKernels>> plain = NewCudaBlockKernels(options);
+  ASSERT_TRUE(plain.ok()) << plain.status();
+  CudaBlockKernels* saved = kernels_;
+  kernels_ = plain->get();
+  for (const testing::RingCase& c : testing::GpuWideCases(2)) RunCase(c);
+  kernels_ = saved;
+  EXPECT_EQ((*plain)->stats().own_hopper_calls, 0);
+}
+
 TEST_F(CudaBlockKernelsTest, CudnnRanTheSixteenBitCalls) {
   for (const testing::RingCase& c : testing::GpuWideCases(2)) RunCase(c);
   const CudaBlockKernelStats st = kernels_->stats();

@@ -365,13 +365,13 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     }
   }
 
-  // Grouped mode's selective fills need every value in 32 bits and few patterns.
   // Whether pattern i's rows on this rank get grouped mode's 1/G in their local calls (set by
   // BeginForward for the forward under way).
   bool ScaledInCall(int pattern) const {
     return pattern < static_cast<int>(scaled_in_call_.size()) && scaled_in_call_[pattern];
   }
 
+  // Grouped mode's selective fills need every value in 32 bits and few patterns.
   bool FillParamsOf(const RingGeometry& geo, cudak::FillParams* out) const {
     if (geo.spec().mode != AttentionMode::kGrouped) return false;
     const RingShape& s = geo.shape();

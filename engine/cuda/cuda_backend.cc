@@ -123,8 +123,8 @@ class CudaBackendImpl : public CudaAttentionBackend {
     cudaEvent_t join = nullptr;
     cudaMemPool_t pool = nullptr;
     std::unique_ptr<cuda::CudnnSdpa> sdpa;
-    bool sm90 = false;  // compute capability 9.0: the own Hopper kernel's sm_90a code runs
-    unsigned* item_counter = nullptr;  // device: the own Hopper kernel's work-item counter
+    // Device: the own Hopper kernel's work counter; null where that kernel does not run.
+    unsigned* item_counter = nullptr;
   };
 
   CudaBackendImpl(const CudaBackendOptions& options, Resources r)
@@ -137,7 +137,6 @@ class CudaBackendImpl : public CudaAttentionBackend {
         join_(r.join),
         pool_(r.pool),
         sdpa_(std::move(r.sdpa)),
-        sm90_(r.sm90),
         item_counter_(r.item_counter) {}
 
   ~CudaBackendImpl() override {
@@ -207,7 +206,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
     // when cuDNN takes that graph; otherwise a pass over each pattern's selected rows.
     using ForwardKernel = CudaBackendOptions::ForwardKernel;
     const bool own_hopper =
-        sm90_ && IsHalfType(dtype) &&
+        item_counter_ != nullptr && IsHalfType(dtype) &&
         (options_.forward_kernel == ForwardKernel::kOwnHopper ||
          (options_.forward_kernel == ForwardKernel::kAuto && options_.use_cudnn && grouped));
     const bool scale_per_call = grouped && g > 1 && own_hopper;
@@ -720,8 +719,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
   cudaEvent_t join_;
   cudaMemPool_t pool_;
   std::unique_ptr<cuda::CudnnSdpa> sdpa_;
-  const bool sm90_;
-  unsigned* const item_counter_;
+  unsigned* const item_counter_;  // null where our Hopper kernel does not run
   CudaBackendStats stats_;
   PScale p_scale_state_ = PScale::kUnknown;
   std::string last_fallback_;
@@ -773,14 +771,7 @@ absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> NewCudaBackend(
       cudaStreamCreateWithPriority(&r.aux, cudaStreamDefault, greatest_priority));
   DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.fork, cudaEventDisableTiming));
   DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.join, cudaEventDisableTiming));
-  int major = 0, minor = 0;
-  DATTN_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, options.device));
-  DATTN_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, options.device));
-  r.sm90 = major == 9 && minor == 0;
-  DATTN_CUDA_RETURN_IF_ERROR(
-      cudaMalloc(reinterpret_cast<void**>(&r.item_counter), sizeof(unsigned)));
+  DATTN_CUDA_RETURN_IF_ERROR(cuda::NewHopperItemCounter(options.device, &r.item_counter));
   absl::StatusOr<cudaMemPool_t> pool = cuda::NewScratchPool(options.device);
   if (!pool.ok()) return pool.status();
   r.pool = *pool;

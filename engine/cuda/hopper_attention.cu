@@ -776,6 +776,16 @@ bool HopperForwardSupported(const KernelForwardArgs& a, const UnselectedRows& ze
   return true;
 }
 
+cudaError_t NewHopperItemCounter(int device, unsigned** counter) {
+  *counter = nullptr;
+  int major = 0, minor = 0;
+  cudaError_t e = cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+  if (e == cudaSuccess)
+    e = cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+  if (e != cudaSuccess || major != 9 || minor != 0) return e;
+  return cudaMalloc(reinterpret_cast<void**>(counter), sizeof(unsigned));
+}
+
 cudaError_t LaunchHopperForward(const KernelForwardArgs& a, const UnselectedRows& zeros,
                                 unsigned* item_counter, cudaStream_t stream) {
   if (!HopperForwardSupported(a, zeros) || item_counter == nullptr) return cudaErrorInvalidValue;

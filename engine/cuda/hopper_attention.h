@@ -40,6 +40,11 @@ struct UnselectedRows {
 // bytes. Host-only; no device needed.
 bool HopperForwardSupported(const KernelForwardArgs& args, const UnselectedRows& zeros = {});
 
+// The work counter LaunchHopperForward needs, for the current device `device`: *counter := 4
+// bytes from cudaMalloc (the caller frees them with cudaFree) when the device runs this kernel
+// (compute capability 9.0), nullptr on any other device. Errors: the CUDA calls'.
+cudaError_t NewHopperItemCounter(int device, unsigned** counter);
+
 // item_counter: 4 bytes of device memory (not shared with concurrent launches) through which the
 // persistent CTAs draw work items; the launch zeroes it on `stream` first. cudaErrorInvalidValue
 // when !HopperForwardSupported(args, zeros), item_counter is null or the driver cannot describe a

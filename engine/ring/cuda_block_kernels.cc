@@ -1273,14 +1273,8 @@ absl::StatusOr<std::unique_ptr<CudaBlockKernels>> NewCudaBlockKernels(
     if (!made.ok()) return made.status();
     sdpa = std::move(*made);
   }
-  int major = 0, minor = 0;
-  DATTN_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, options.device));
-  DATTN_CUDA_RETURN_IF_ERROR(
-      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, options.device));
-  if (options.own_hopper_forward && options.use_cudnn && major == 9 && minor == 0) {
-    DATTN_CUDA_RETURN_IF_ERROR(
-        cudaMalloc(reinterpret_cast<void**>(&r.item_counter), sizeof(unsigned)));
+  if (options.own_hopper_forward && options.use_cudnn) {
+    DATTN_CUDA_RETURN_IF_ERROR(cuda::NewHopperItemCounter(options.device, &r.item_counter));
   }
   auto kernels = std::make_unique<CudaBlockKernelsImpl>(options, r.stream, r.owns_stream, r.pool,
                                                         r.event, std::move(sdpa), r.item_counter);

@@ -42,14 +42,8 @@ have() { [[ ",$steps," == *",$1,"* ]]; }
 
 # Libraries: cuDNN (and NVRTC, which cuDNN's runtime-compiled engines load) from PyTorch's wheels
 # when they exist, then the system's CUDA.
-py_site=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null || true)
-libs=""
-if [ -n "$py_site" ]; then
-  for d in "$py_site"/nvidia/cudnn/lib "$py_site"/nvidia/cuda_nvrtc/lib "$py_site"/nvidia/cu13/lib \
-           "$py_site"/nvidia/cublas/lib; do
-    [ -d "$d" ] && libs="$libs:$d"
-  done
-fi
+. scripts/gpu-libs.sh
+libs=$(wheel_lib_path cudnn cuda_nvrtc cu13 cublas)
 export LD_LIBRARY_PATH="${libs#:}:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}:$PWD/.device/lib"
 export CUDNN_LOGLEVEL_DBG="${CUDNN_LOGLEVEL_DBG:-1}"
 export CUDNN_LOGDEST_DBG="${CUDNN_LOGDEST_DBG:-$out/cudnn_errors.log}"

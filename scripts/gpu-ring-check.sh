@@ -86,14 +86,8 @@ seq_len="${SEQ_LEN:-65536}"
 
 # cuDNN and NVRTC from PyTorch's wheels when present (the build used cuDNN 9.19 headers), then the
 # system's CUDA and NCCL, then what stage copied.
-py_site=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null || true)
-libs=""
-if [ -n "$py_site" ]; then
-  for d in "$py_site"/nvidia/cudnn/lib "$py_site"/nvidia/cuda_nvrtc/lib "$py_site"/nvidia/cu13/lib \
-           "$py_site"/nvidia/cublas/lib; do
-    [ -d "$d" ] && libs="$libs:$d"
-  done
-fi
+. scripts/gpu-libs.sh
+libs=$(wheel_lib_path cudnn cuda_nvrtc cu13 cublas)
 libs="$libs:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu${bin:+:$bin/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH="${libs#:}"
 export NCCL_NVLS_ENABLE=0  # Never NVLink multicast on these machines.

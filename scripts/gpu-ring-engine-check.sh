@@ -42,14 +42,8 @@ timeout_of() {
 export NCCL_NVLS_ENABLE=0
 export TORCH_SYMM_MEM_DISABLE_MULTICAST=1
 export NVSHMEM_DISABLE_NVLS=1
-py_site=$(python3 -c 'import nvidia, os; print(os.path.dirname(nvidia.__path__[0]))' 2>/dev/null || true)
-libs=""
-if [ -n "$py_site" ]; then
-  for d in "$py_site"/nvidia/cudnn/lib "$py_site"/nvidia/nccl/lib "$py_site"/nvidia/cuda_nvrtc/lib \
-           "$py_site"/nvidia/cu13/lib "$py_site"/nvidia/cublas/lib; do
-    [ -d "$d" ] && libs="$libs:$d"
-  done
-fi
+. scripts/gpu-libs.sh
+libs=$(wheel_lib_path cudnn nccl cuda_nvrtc cu13 cublas)
 export LD_LIBRARY_PATH="${libs#:}:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}"
 
 gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU' || true)

@@ -18,6 +18,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/cluster.h"
+#include "tests/cluster_fixture.h"
 #include "worker/random_inputs.h"
 
 namespace dattn::testing {
@@ -48,27 +49,7 @@ std::vector<std::string> LongJobFlags(int iterations = 100000) {
           "--pass=fwd-bwd", "--iterations=" + std::to_string(iterations)};
 }
 
-class E2E : public ::testing::Test {
- protected:
-  void StartCluster(int workers, ClusterOptions options = {}) {
-    options.name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    cluster_ = std::make_unique<Cluster>(options);
-    std::string error;
-    ASSERT_TRUE(cluster_->Start(workers, &error)) << error;
-  }
-
-  std::string Submit(const std::vector<std::string>& flags) {
-    std::vector<std::string> args = {"submit"};
-    args.insert(args.end(), flags.begin(), flags.end());
-    ProcessResult r = cluster_->Cli(args);
-    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
-    std::string id = JobIdFrom(r.out);
-    EXPECT_FALSE(id.empty()) << r.out;
-    return id;
-  }
-
-  std::unique_ptr<Cluster> cluster_;
-};
+using E2E = ClusterTest;
 
 // Submit through the CLI, watch to completion, and check the reported result against the float64
 // oracle run here on the same generated inputs.

@@ -26,6 +26,7 @@
 #include "dattn/v1/job_service.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/cluster.h"
+#include "tests/cluster_fixture.h"
 
 namespace dattn::testing {
 namespace {
@@ -57,37 +58,13 @@ std::vector<std::string> CaseFlags(const Case& c, int ranks) {
           "--device=cpu",     "--ranks=" + std::to_string(ranks)};
 }
 
-class RingE2E : public ::testing::Test {
+class RingE2E : public ClusterTest {
  protected:
-  void StartCluster(int workers, ClusterOptions options = {}) {
-    options.name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
-    cluster_ = std::make_unique<Cluster>(options);
-    std::string error;
-    ASSERT_TRUE(cluster_->Start(workers, &error)) << error;
-  }
-
-  // Submits through the CLI with `extra` flags; returns the job id.
-  std::string Submit(const std::vector<std::string>& flags,
-                     const std::vector<std::string>& extra = {}) {
-    std::vector<std::string> args = {"submit"};
-    args.insert(args.end(), flags.begin(), flags.end());
-    args.insert(args.end(), extra.begin(), extra.end());
-    ProcessResult r = cluster_->Cli(args, seconds(60));
-    EXPECT_EQ(r.exit_code, 0) << r.out << r.err << cluster_->Logs();
-    const std::string id = JobIdFrom(r.out);
-    EXPECT_FALSE(id.empty()) << r.out;
-    last_out_ = r.out;
-    return id;
-  }
-
   dattn::v1::Job Finished(const std::string& id) {
     dattn::v1::Job job;
     EXPECT_TRUE(cluster_->WaitForJobEnd(id, seconds(60), &job)) << cluster_->Logs();
     return job;
   }
-
-  std::unique_ptr<Cluster> cluster_;
-  std::string last_out_;
 };
 
 TEST_F(RingE2E, RingJobsThroughTheCliEqualTheSingleRankJob) {

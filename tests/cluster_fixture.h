@@ -1,0 +1,46 @@
+// A gtest fixture around tests/cluster.h: one cluster per test, named after the test, and a
+// submit through the CLI that expects a job id.
+#ifndef DATTN_TESTS_CLUSTER_FIXTURE_H_
+#define DATTN_TESTS_CLUSTER_FIXTURE_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/cluster.h"
+
+namespace dattn::testing {
+
+class ClusterTest : public ::testing::Test {
+ protected:
+  // Starts a coordinator and `workers` workers (fails the test if they do not come up).
+  void StartCluster(int workers, ClusterOptions options = {}) {
+    options.name = ::testing::UnitTest::GetInstance()->current_test_info()->name();
+    cluster_ = std::make_unique<Cluster>(options);
+    std::string error;
+    ASSERT_TRUE(cluster_->Start(workers, &error)) << error;
+  }
+
+  // `dattn submit` with `flags` and then `extra`; expects exit 0 and a job id, which it returns.
+  // last_out_ keeps the CLI's output.
+  std::string Submit(const std::vector<std::string>& flags,
+                     const std::vector<std::string>& extra = {}) {
+    std::vector<std::string> args = {"submit"};
+    args.insert(args.end(), flags.begin(), flags.end());
+    args.insert(args.end(), extra.begin(), extra.end());
+    ProcessResult r = cluster_->Cli(args);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err << cluster_->Logs();
+    const std::string id = JobIdFrom(r.out);
+    EXPECT_FALSE(id.empty()) << r.out;
+    last_out_ = r.out;
+    return id;
+  }
+
+  std::unique_ptr<Cluster> cluster_;
+  std::string last_out_;
+};
+
+}  // namespace dattn::testing
+
+#endif  // DATTN_TESTS_CLUSTER_FIXTURE_H_

@@ -8,7 +8,7 @@
 #                                     run the copied binaries and print a pass/fail table last.
 #
 # steps: comma-separated subset of test,bench,ref,longest (default: test,bench,ref,longest).
-# Environment: GTEST_FILTER (test step), BENCH_SUITE=issue|quick|grouped-fwd, BENCH_ARGS (more
+# Environment: GTEST_FILTER (test step), BENCH_SUITE=issue|quick|grouped-fwd|fwd-bwd, BENCH_ARGS (more
 # flags for the benchmark, e.g. --longest), STEP_TIMEOUT seconds per step
 # (TEST_TIMEOUT, BENCH_TIMEOUT, REF_TIMEOUT, LONGEST_TIMEOUT override it per step),
 # OUT (a folder for logs; a temporary one otherwise). cuDNN: PyTorch's bundled cuDNN 9.19 if present

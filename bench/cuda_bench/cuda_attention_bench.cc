@@ -4,17 +4,16 @@
 // For each row: the dattn call (strided views, in-place outputs, all of its small kernels), the
 // floor: the same cuDNN fused attention (our own graph, same plans' shapes) run on the same blocks
 // already gathered into contiguous tensors, i.e. exactly the attention work with no dilation
-// overhead, and dattn with its forward's fused calls forced onto cuDNN and onto our own Hopper
-// kernel (CudaBackendOptions::forward_kernel; the default picks per mode). The four are timed in
-// turn, five rounds, each a median of CUDA-event timings of single calls
-// after warm-up; times are medians over rounds and ratios medians of per-round ratios (clocks
-// drift by several percent between seconds on these cards). Memory: the
-// planner's predicted total (inputs + outputs + lse + workspace) against the measured peak (tensor
-// allocations + the workspace pool's high-water mark + any other device memory the call left
-// taken).
+// overhead, and dattn with its fused calls forced onto cuDNN and onto our own Hopper kernels
+// (CudaBackendOptions::forward_kernel and backward_kernel; the default picks per mode). The four
+// are timed in turn, five rounds, each a median of CUDA-event timings of single calls after
+// warm-up; times are medians over rounds and ratios medians of per-round ratios (clocks drift by
+// several percent between seconds on these cards). Memory: the planner's predicted total (inputs +
+// outputs + lse + workspace) against the measured peak (tensor allocations + the workspace pool's
+// high-water mark + any other device memory the call left taken).
 //
-// Usage: cuda_attention_bench [--suite=issue|quick|grouped-fwd|parity|none] [--longest]
-//        [--csv=path]
+// Usage: cuda_attention_bench [--suite=issue|quick|grouped-fwd|fwd-bwd|parity|none] [--longest]
+//        [--only=substring of a row's name] [--csv=path]
 // Prints one line per row and a table last. Exit status 0 unless a CUDA/cuDNN error occurred.
 #include <cuda_runtime_api.h>
 
@@ -331,16 +330,19 @@ absl::Status RunRow(RowResult& r, bool with_floor, const CudaBackendOptions& opt
     if (!made_floor.ok()) return made_floor.status();
     floor = std::move(*made_floor);
   }
-  // The same call with the forward's fused calls forced onto cuDNN and onto our own kernel.
+  // The same call with the fused calls (forward and backward) forced onto cuDNN and onto our own
+  // kernels.
   std::unique_ptr<CudaAttentionBackend> cudnn_be, own_be;
   if (with_floor) {
-    for (auto [kernel, dst] :
-         {std::pair<CudaBackendOptions::ForwardKernel, std::unique_ptr<CudaAttentionBackend>*>{
-              CudaBackendOptions::ForwardKernel::kCudnn, &cudnn_be},
-          {CudaBackendOptions::ForwardKernel::kOwnHopper, &own_be}}) {
+    for (auto [own, dst] :
+         {std::pair<bool, std::unique_ptr<CudaAttentionBackend>*>{false, &cudnn_be},
+          {true, &own_be}}) {
       CudaBackendOptions o = options;
       o.stream = stream;
-      o.forward_kernel = kernel;
+      o.forward_kernel = own ? CudaBackendOptions::ForwardKernel::kOwnHopper
+                             : CudaBackendOptions::ForwardKernel::kCudnn;
+      o.backward_kernel = own ? CudaBackendOptions::BackwardKernel::kOwnHopper
+                              : CudaBackendOptions::BackwardKernel::kCudnn;
       absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> made_other = NewCudaBackend(o);
       if (!made_other.ok()) return made_other.status();
       *dst = std::move(*made_other);
@@ -487,13 +489,14 @@ int main(int argc, char** argv) {
   using dattn::AttentionMode;
   using dattn::RowConfig;
   using dattn::RowResult;
-  std::string suite = "issue", csv;
+  std::string suite = "issue", csv, only;
   bool longest = false;
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--suite=", 0) == 0) suite = a.substr(8);
     if (a.rfind("--csv=", 0) == 0) csv = a.substr(6);
     if (a == "--longest") longest = true;
+    if (a.rfind("--only=", 0) == 0) only = a.substr(7);
   }
   std::vector<RowConfig> rows;
   const int64_t big = int64_t{1} << 20, small = int64_t{1} << 16;
@@ -513,6 +516,15 @@ int main(int argc, char** argv) {
           {"grouped fwd N=2^20" + hd, AttentionMode::kGrouped, big, h, d, false, false, 20, true});
       continue;
     }
+    if (suite == "fwd-bwd") {
+      rows.push_back({"grouped fwd+bwd N=2^16" + hd, AttentionMode::kGrouped, small, h, d, true,
+                      false, 50, true});
+      rows.push_back({"mixture fwd+bwd N=2^16" + hd, AttentionMode::kMixture, small, h, d, true,
+                      false, 30, true});
+      rows.push_back({"grouped causal fwd+bwd N=2^16" + hd, AttentionMode::kGrouped, small, h, d,
+                      true, true, 50});
+      continue;
+    }
     if (suite == "quick") {
       rows.push_back({"grouped fwd N=2^16" + hd, AttentionMode::kGrouped, small, h, d, false});
       rows.push_back({"grouped fwd+bwd N=2^14" + hd, AttentionMode::kGrouped, 1 << 14, h, d, true});
@@ -528,6 +540,12 @@ int main(int argc, char** argv) {
                     false, 30, true});
     rows.push_back(
         {"grouped causal fwd N=2^20" + hd, AttentionMode::kGrouped, big, h, d, false, true});
+  }
+  if (!only.empty()) {
+    rows.erase(
+        std::remove_if(rows.begin(), rows.end(),
+                       [&](const RowConfig& c) { return c.name.find(only) == std::string::npos; }),
+        rows.end());
   }
   std::vector<RowResult> results;
   bool failed = false;

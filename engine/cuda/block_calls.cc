@@ -4,6 +4,7 @@
 #include <limits>
 
 #include "absl/strings/str_cat.h"
+#include "engine/cuda/kernel_types.h"
 
 namespace dattn {
 namespace cuda {
@@ -20,13 +21,14 @@ int64_t CoveredRows(const BlockCall& call) { return call.count * call.group.head
 
 // Scratch bytes of one block (count = 1) of a call, before alignment: the unit the chunking divides
 // the workspace limit by.
-int64_t BytesPerBlock(const BlockCall& call, CallRole role, bool backward, bool use_cudnn,
-                      DType dtype, int64_t head_dim, bool scaled_out) {
+int64_t BytesPerBlock(const BlockCall& call, CallRole role, const PlanInputs& in, int64_t head_dim,
+                      bool scaled_out) {
   BlockCall one = call;
   one.count = 1;
-  const CallScratch s = LayoutCallScratch(
-      one, role, backward, use_cudnn, dtype, head_dim,
-      use_cudnn ? ModeledLibraryWorkspace(one, backward, head_dim) : 0, scaled_out);
+  const CallScratch s =
+      LayoutCallScratch(one, role, in.backward, in.use_cudnn, in.dtype, head_dim,
+                        in.use_cudnn ? ModeledLibraryWorkspace(one, in.backward, head_dim) : 0,
+                        scaled_out, in.backward && in.hopper_backward);
   return s.total;
 }
 
@@ -132,8 +134,8 @@ bool NeedsScaledOut(const AttentionSpec& spec, bool backward, bool use_cudnn) {
 }
 
 CallScratch LayoutCallScratch(const BlockCall& call, CallRole role, bool backward, bool use_cudnn,
-                              DType dtype, int64_t head_dim, int64_t library_bytes,
-                              bool scaled_out) {
+                              DType dtype, int64_t head_dim, int64_t library_bytes, bool scaled_out,
+                              bool hopper_backward) {
   CallScratch s;
   const int64_t rows = call.count * call.group.heads * call.rows;
   const int64_t esize = static_cast<int64_t>(DTypeSize(dtype));
@@ -143,6 +145,10 @@ CallScratch LayoutCallScratch(const BlockCall& call, CallRole role, bool backwar
     return at;
   };
   s.stats = take(rows * 4);
+  if (backward && hopper_backward) {
+    s.delta = take(HopperRowTermsFloats(call.count, call.group.heads, call.rows) * 4);
+    return s;
+  }
   if (backward) {
     s.delta = take(rows * 4);
     if (use_cudnn) s.dq_accum = take(rows * head_dim * 4);
@@ -165,11 +171,14 @@ int64_t ModeledLibraryWorkspace(const BlockCall& call, bool backward, int64_t he
   return 256;
 }
 
-int64_t DefaultWorkspaceLimit(const ProblemDims& dims, DType dtype, bool backward) {
+int64_t DefaultWorkspaceLimit(const ProblemDims& dims, DType dtype, bool backward,
+                              bool hopper_backward) {
   const long double tensor = static_cast<long double>(dims.batch) * dims.seq_len * dims.num_heads *
                              dims.head_dim * DTypeSize(dtype);
   const long double five_percent = tensor * 0.05L;
-  const int64_t floor = backward ? int64_t{256} << 20 : int64_t{32} << 20;
+  const int64_t floor = !backward         ? int64_t{32} << 20
+                        : hopper_backward ? int64_t{1} << 20
+                                          : int64_t{256} << 20;
   if (five_percent >= static_cast<long double>(std::numeric_limits<int64_t>::max() / 2)) {
     return std::numeric_limits<int64_t>::max() / 2;
   }
@@ -180,7 +189,8 @@ CallPlan PlanBlockCalls(const AttentionSpec& spec, const ProblemDims& dims, cons
   CallPlan plan;
   const std::vector<BlockCall> all = EnumerateBlockCalls(spec, dims, in.fold_batches);
   const int64_t limit = in.workspace_limit > 0 ? in.workspace_limit
-                                               : DefaultWorkspaceLimit(dims, in.dtype, in.backward);
+                                               : DefaultWorkspaceLimit(dims, in.dtype, in.backward,
+                                                                       in.hopper_backward);
 
   // Mixture: the pattern covering the most (row, head) pairs writes directly.
   if (spec.mode == AttentionMode::kMixture) {
@@ -200,8 +210,8 @@ CallPlan PlanBlockCalls(const AttentionSpec& spec, const ProblemDims& dims, cons
   const bool scaled_out = NeedsScaledOut(spec, in.backward, in.use_cudnn);
   auto emit = [&](const BlockCall& c) {
     const CallRole role = role_of(c);
-    const int64_t per_block = std::max<int64_t>(
-        1, BytesPerBlock(c, role, in.backward, in.use_cudnn, in.dtype, dims.head_dim, scaled_out));
+    const int64_t per_block =
+        std::max<int64_t>(1, BytesPerBlock(c, role, in, dims.head_dim, scaled_out));
     int64_t chunk = std::max<int64_t>(1, limit / per_block);
     if (in.use_cudnn) {
       const int64_t block_span = c.block_step * dims.num_heads * dims.head_dim;
@@ -217,7 +227,7 @@ CallPlan PlanBlockCalls(const AttentionSpec& spec, const ProblemDims& dims, cons
       const CallScratch s = LayoutCallScratch(
           p.call, role, in.backward, in.use_cudnn, in.dtype, dims.head_dim,
           in.use_cudnn ? ModeledLibraryWorkspace(p.call, in.backward, dims.head_dim) : 0,
-          scaled_out);
+          scaled_out, in.backward && in.hopper_backward);
       plan.workspace_bytes = std::max(plan.workspace_bytes, s.total);
       plan.calls.push_back(p);
     }

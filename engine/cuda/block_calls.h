@@ -106,9 +106,12 @@ struct CallScratch {
 
 // Layout of the scratch of one call. library_bytes: the cuDNN plan's own workspace (0 for our
 // kernel). scaled_out: a cuDNN backward call of grouped mode with G > 1 (needs out_tile).
+// hopper_backward: a backward call of our own Hopper kernel (hopper_backward.h): the gathered lse
+// and its row terms (delta, HopperRowTermsFloats) only; a merge call adds into dq, dk, dv in place
+// (no tile).
 CallScratch LayoutCallScratch(const BlockCall& call, CallRole role, bool backward, bool use_cudnn,
                               DType dtype, int64_t head_dim, int64_t library_bytes,
-                              bool scaled_out = false);
+                              bool scaled_out = false, bool hopper_backward = false);
 
 // Whether cuDNN backward calls of this spec need the G * out tile.
 bool NeedsScaledOut(const AttentionSpec& spec, bool backward, bool use_cudnn);
@@ -124,6 +127,9 @@ struct PlanInputs {
   bool use_cudnn = true;        // cuDNN fused attention (16-bit types only) vs our own kernel.
   bool fold_batches = true;     // see EnumerateBlockCalls
   int64_t workspace_limit = 0;  // bytes a call's scratch may use; 0: DefaultWorkspaceLimit
+  // Backward calls run on our own Hopper kernel (see LayoutCallScratch); the backend still falls
+  // back per call where the kernel cannot read a view, growing the workspace if need be.
+  bool hopper_backward = false;
 };
 
 struct PlannedCall {
@@ -141,8 +147,11 @@ struct CallPlan {
   int64_t workspace_bytes = 0;
 };
 
-// max(5% of one (B, N, H, D) input tensor, 32 MiB) forward; max(5%, 256 MiB) backward.
-int64_t DefaultWorkspaceLimit(const ProblemDims& dims, DType dtype, bool backward);
+// max(5% of one (B, N, H, D) input tensor, 32 MiB) forward; max(5%, 256 MiB) backward on cuDNN
+// (its fp32 dQ accumulator: cut finer, its calls get too small to fill the GPU); max(5%, 1 MiB)
+// backward on our Hopper kernels (two floats per row: cutting costs a launch per 80 000 rows).
+int64_t DefaultWorkspaceLimit(const ProblemDims& dims, DType dtype, bool backward,
+                              bool hopper_backward = false);
 
 // The calls of one forward or backward pass, chunked so that each call's scratch fits the limit
 // (a single block may still exceed it) and, for cuDNN, so that no call spans 2^31 elements.

@@ -19,6 +19,7 @@
 #include "engine/cuda/device_scope.h"
 #include "engine/cuda/dilated_kernels.h"
 #include "engine/cuda/hopper_attention.h"
+#include "engine/cuda/hopper_backward.h"
 #include "engine/cuda/stream_scratch.h"
 #include "engine/validate.h"
 
@@ -104,7 +105,7 @@ class Workspace {
 struct CallExec {
   const PlannedCall* planned = nullptr;
   bool cudnn = false;
-  bool own_hopper = false;  // forward: our own Hopper kernel (else cuDNN or the CUDA-core kernel)
+  bool own_hopper = false;  // our own Hopper kernel(s) (else cuDNN or the CUDA-core kernel)
   // Grouped mode, own Hopper kernel: the unselected rows around this call's rows, which the kernel
   // clears when it can for every call of the pattern (zeros_ok); otherwise `zeros` is emptied and a
   // fill pass clears the pattern's rows.
@@ -366,6 +367,13 @@ class CudaBackendImpl : public CudaAttentionBackend {
         {&args.q, &args.k, &args.v, &args.out, &args.dout, &args.dq, &args.dk, &args.dv},
         dims.seq_len);
     in.workspace_limit = options_.workspace_limit_bytes;
+    using BackwardKernel = CudaBackendOptions::BackwardKernel;
+    const bool own_hopper =
+        item_counter_ != nullptr && IsHalfType(dtype) &&
+        (dims.head_dim == 64 || dims.head_dim == 128) &&
+        (options_.backward_kernel == BackwardKernel::kOwnHopper ||
+         (options_.backward_kernel == BackwardKernel::kAuto && options_.use_cudnn));
+    in.hopper_backward = own_hopper;
     const CallPlan plan = cuda::PlanBlockCalls(spec, dims, in);
     const int g = spec.num_patterns();
     const bool grouped = spec.mode == AttentionMode::kGrouped;
@@ -376,7 +384,16 @@ class CudaBackendImpl : public CudaAttentionBackend {
     for (const PlannedCall& pc : plan.calls) {
       CallExec e;
       e.planned = &pc;
-      if (cudnn && BackwardReadable(args, dims, pc)) {
+      if (own_hopper) {
+        // The scratch pointers are not known yet; placeholders let the check see them.
+        float* const placeholder = reinterpret_cast<float*>(uintptr_t{256});
+        e.own_hopper = cuda::HopperBackwardSupported(KernelBackward(
+            spec, args, dims, pc, DirectGrads(args, dims, pc), placeholder, placeholder));
+      }
+      if (e.own_hopper) {
+        e.scratch = cuda::LayoutCallScratch(pc.call, pc.role, true, false, dtype, dims.head_dim, 0,
+                                            false, /*hopper_backward=*/true);
+      } else if (cudnn && BackwardReadable(args, dims, pc)) {
         absl::StatusOr<int64_t> library =
             sdpa_->BackwardWorkspace(SdpaBackward(spec, args, dims, pc));
         if (library.ok()) {
@@ -387,7 +404,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
           NoteFallback(library.status());
         }
       }
-      if (!e.cudnn) {
+      if (!e.cudnn && !e.own_hopper) {
         e.scratch = cuda::LayoutCallScratch(pc.call, pc.role, true, false, dtype, dims.head_dim, 0);
       }
       ws_bytes = std::max(ws_bytes, e.scratch.total);
@@ -563,6 +580,48 @@ class CudaBackendImpl : public CudaAttentionBackend {
     return a;
   }
 
+  // The views of dq, dk, dv a backward call writes.
+  struct Grads {
+    KernelTensor t[3];
+  };
+  static Grads DirectGrads(const BackwardArgs& args, const ProblemDims& dims,
+                           const PlannedCall& pc) {
+    const BlockCall& c = pc.call;
+    return {{ViewTensor(args.dq, c, dims.seq_len), ViewTensor(args.dk, c, dims.seq_len),
+             ViewTensor(args.dv, c, dims.seq_len)}};
+  }
+
+  // The arguments of our own kernels for a backward call writing `grads`, with the gathered lse
+  // in `stats` and the row terms in `delta`. Grouped: out = A / G, so P is normalised by
+  // lse + log G (gathered so) and the row sums are taken with o = A = G * out.
+  static cuda::KernelBackwardArgs KernelBackward(const AttentionSpec& spec,
+                                                 const BackwardArgs& args, const ProblemDims& dims,
+                                                 const PlannedCall& pc, const Grads& grads,
+                                                 float* stats, float* delta) {
+    const BlockCall& c = pc.call;
+    cuda::KernelBackwardArgs a;
+    a.type = ElemTypeOf(args.q.dtype);
+    a.q = ViewTensor(args.q, c, dims.seq_len);
+    a.k = ViewTensor(args.k, c, dims.seq_len);
+    a.v = ViewTensor(args.v, c, dims.seq_len);
+    a.o = ViewTensor(args.out, c, dims.seq_len);
+    a.dout = ViewTensor(args.dout, c, dims.seq_len);
+    a.dq = grads.t[0];
+    a.dk = grads.t[1];
+    a.dv = grads.t[2];
+    a.stats = stats;
+    a.delta = delta;
+    a.count = c.count;
+    a.heads = c.group.heads;
+    a.rows = c.rows;
+    a.head_dim = dims.head_dim;
+    a.scale = static_cast<float>(spec.ScaleFor(dims.head_dim));
+    a.delta_scale =
+        spec.mode == AttentionMode::kGrouped ? static_cast<float>(spec.num_patterns()) : 1.0f;
+    a.causal = spec.causal;
+    return a;
+  }
+
   // The cuDNN arguments of a backward call, without the scratch pointers.
   cuda::SdpaBackwardArgs SdpaBackward(const AttentionSpec& spec, const BackwardArgs& args,
                                       const ProblemDims& dims, const PlannedCall& pc) const {
@@ -648,13 +707,14 @@ class CudaBackendImpl : public CudaAttentionBackend {
     const cuda::CallRows rows = CallRowsOf(c);
     const CallScratch& s = e.scratch;
     const int64_t tile_bytes = c.count * c.group.heads * c.rows * dims.head_dim * esize;
-    KernelTensor grads[3] = {ViewTensor(args.dq, c, dims.seq_len),
-                             ViewTensor(args.dk, c, dims.seq_len),
-                             ViewTensor(args.dv, c, dims.seq_len)};
-    if (merge) {
+    // Our Hopper kernels add a merge call's gradients in place; the others write a tile that is
+    // added afterwards.
+    const bool tiles = merge && !e.own_hopper;
+    Grads grads = DirectGrads(args, dims, pc);
+    if (tiles) {
       for (int i = 0; i < 3; ++i) {
-        grads[i] = PackedTensor(ws.At<char>(s.tile) + i * tile_bytes, c.group.heads, c.rows,
-                                dims.head_dim);
+        grads.t[i] = PackedTensor(ws.At<char>(s.tile) + i * tile_bytes, c.group.heads, c.rows,
+                                  dims.head_dim);
       }
     }
     // Grouped: out = A / G. P is normalised by lse + log G (so dV comes out for A / G), and the row
@@ -672,38 +732,27 @@ class CudaBackendImpl : public CudaAttentionBackend {
                                                           stream_));
         a.o = ws.At<void>(s.out_tile);
       }
-      a.dq = grads[0].ptr;
-      a.dk = grads[1].ptr;
-      a.dv = grads[2].ptr;
+      a.dq = grads.t[0].ptr;
+      a.dk = grads.t[1].ptr;
+      a.dv = grads.t[2].ptr;
       a.stats = ws.At<float>(s.stats);
       a.softmax_sum = ws.At<float>(s.delta);
       a.dq_accum = ws.At<float>(s.dq_accum);
       DATTN_RETURN_IF_ERROR(sdpa_->Backward(a, ws.At<void>(s.library)));
       ++stats_.cudnn_calls;
     } else {
-      cuda::KernelBackwardArgs a;
-      a.type = et;
-      a.q = ViewTensor(args.q, c, dims.seq_len);
-      a.k = ViewTensor(args.k, c, dims.seq_len);
-      a.v = ViewTensor(args.v, c, dims.seq_len);
-      a.o = ViewTensor(args.out, c, dims.seq_len);
-      a.dout = ViewTensor(args.dout, c, dims.seq_len);
-      a.dq = grads[0];
-      a.dk = grads[1];
-      a.dv = grads[2];
-      a.stats = ws.At<float>(s.stats);
-      a.delta = ws.At<float>(s.delta);
-      a.count = c.count;
-      a.heads = c.group.heads;
-      a.rows = c.rows;
-      a.head_dim = dims.head_dim;
-      a.scale = static_cast<float>(spec.ScaleFor(dims.head_dim));
-      a.delta_scale = grouped ? static_cast<float>(g) : 1.0f;
-      a.causal = spec.causal;
-      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAttentionBackward(a, stream_));
-      ++stats_.kernel_calls;
+      const cuda::KernelBackwardArgs a =
+          KernelBackward(spec, args, dims, pc, grads, ws.At<float>(s.stats), ws.At<float>(s.delta));
+      if (e.own_hopper) {
+        DATTN_CUDA_RETURN_IF_ERROR(
+            cuda::LaunchHopperBackward(a, /*accumulate=*/merge, item_counter_, stream_));
+        ++stats_.own_hopper_backward_calls;
+      } else {
+        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAttentionBackward(a, stream_));
+        ++stats_.kernel_calls;
+      }
     }
-    if (merge) {
+    if (tiles) {
       DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAccumulateTiles(
           ws.At<void>(s.tile), args.dq.data, args.dk.data, args.dv.data, et, rows, space, stream_));
     }

@@ -67,6 +67,14 @@ struct CudaBackendOptions {
   // rows.
   enum class ForwardKernel { kAuto, kCudnn, kOwnHopper };
   ForwardKernel forward_kernel = ForwardKernel::kAuto;
+  // The backward calls of bf16/fp16: cuDNN (kCudnn: its fp32 dQ accumulator takes 4 bytes per
+  // element of a call's rows, so calls are chunked to workspace_limit_bytes), or our own wgmma +
+  // TMA kernels (kOwnHopper, hopper_backward.h: D = 64 or 128 on a compute capability 9.0 device),
+  // which need two floats per row and add mixture mode's patterns into dq, dk, dv in place (no
+  // tiles). kAuto (the default) takes our kernels. With use_cudnn false everything goes to the
+  // CUDA-core kernel. Calls our kernels cannot read run as under kCudnn.
+  enum class BackwardKernel { kAuto, kCudnn, kOwnHopper };
+  BackwardKernel backward_kernel = BackwardKernel::kAuto;
   // Run the fills and passes on a second stream of the backend, concurrently with later fused calls
   // where the GPU has room (they touch disjoint rows); joined back into stream() before the call's
   // work ends.
@@ -79,7 +87,8 @@ struct CudaBackendStats {
   int64_t kernel_calls = 0;     // fused attention calls run by our own kernel
   int64_t cudnn_fallbacks = 0;  // calls cuDNN could not take that our kernel ran instead
   int64_t cudnn_plans_built = 0;
-  int64_t own_hopper_calls = 0;       // forward calls run by our own Hopper kernel
+  int64_t own_hopper_calls = 0;           // forward calls run by our own Hopper kernel
+  int64_t own_hopper_backward_calls = 0;  // backward calls run by our own Hopper kernels
   int64_t p_scale_passes = 0;         // grouped forwards whose 1/G was a pass (not in the graph)
   int64_t max_library_workspace = 0;  // the largest workspace a cuDNN plan asked for
   int64_t last_workspace_bytes = 0;   // the workspace the last call allocated

@@ -246,9 +246,10 @@ INSTANTIATE_TEST_SUITE_P(
                        ::testing::Range(0, 7), ::testing::Bool()),
     MatrixName);
 
-// Our own Hopper forward kernel (CudaBackendOptions::ForwardKernel::kOwnHopper) on every case of
+// Our own Hopper kernels (ForwardKernel::kOwnHopper, BackwardKernel::kOwnHopper) on every case of
 // ENGINE_SPEC.md, plus blocks of several 128-row tiles (full and partial, causal across tiles),
-// D = 128, and a D it does not take (96: those calls run on cuDNN with the 1/G as a pass per call).
+// D = 128, and a D they do not take (96: those calls run on cuDNN, with the 1/G as a pass per
+// call).
 const std::vector<SpecCase>& OwnHopperCases() {
   static const std::vector<SpecCase>* cases = [] {
     auto* v = new std::vector<SpecCase>(SpecCases());
@@ -267,6 +268,7 @@ struct OwnHopperOptions {
   static CudaBackendOptions Make() {
     CudaBackendOptions options;
     options.forward_kernel = CudaBackendOptions::ForwardKernel::kOwnHopper;
+    options.backward_kernel = CudaBackendOptions::BackwardKernel::kOwnHopper;
     return options;
   }
 };
@@ -276,13 +278,15 @@ using OwnHopperKernelTest =
 TEST_P(OwnHopperKernelTest, ForwardAndBackwardMatchOracle) {
   const auto [dtype, mode, index, causal] = GetParam();
   const SpecCase& c = OwnHopperCases()[index];
-  const int64_t before = backend_->stats().own_hopper_calls;
+  const CudaBackendStats before = backend_->stats();
   CheckAgainstOracle(backend_, MakeSpec(c.w, c.r, mode, causal), c.shape, dtype,
                      /*backward=*/true);
   int major = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
   const bool takes = major == 9 && (c.shape.head_dim == 64 || c.shape.head_dim == 128);
-  EXPECT_EQ(backend_->stats().own_hopper_calls > before, takes);
+  const CudaBackendStats after = backend_->stats();
+  EXPECT_EQ(after.own_hopper_calls > before.own_hopper_calls, takes);
+  EXPECT_EQ(after.own_hopper_backward_calls > before.own_hopper_backward_calls, takes);
 }
 
 std::string OwnHopperName(const ::testing::TestParamInfo<MatrixParam>& info) {
@@ -316,6 +320,57 @@ TEST_F(CudaBackendTest, DefaultPicksTheForwardKernelByMode) {
           << AttentionModeName(mode) << (causal ? " causal" : "");
       EXPECT_EQ(after.cudnn_calls > before.cudnn_calls, !own)
           << AttentionModeName(mode) << (causal ? " causal" : "");
+    }
+  }
+}
+
+// cuDNN's backward (BackwardKernel::kCudnn, and its forward) on every case of ENGINE_SPEC.md: the
+// path of devices other than compute capability 9.0, of D other than 64 and 128, and of views
+// our kernels cannot read.
+struct CudnnOptions {
+  static CudaBackendOptions Make() {
+    CudaBackendOptions options;
+    options.forward_kernel = CudaBackendOptions::ForwardKernel::kCudnn;
+    options.backward_kernel = CudaBackendOptions::BackwardKernel::kCudnn;
+    return options;
+  }
+};
+using CudnnBackwardTest = SharedBackendTest<::testing::TestWithParam<MatrixParam>, CudnnOptions>;
+
+TEST_P(CudnnBackwardTest, ForwardAndBackwardMatchOracle) {
+  const auto [dtype, mode, index, causal] = GetParam();
+  const SpecCase& c = SpecCases()[index];
+  const CudaBackendStats before = backend_->stats();
+  CheckAgainstOracle(backend_, MakeSpec(c.w, c.r, mode, causal), c.shape, dtype,
+                     /*backward=*/true);
+  const CudaBackendStats after = backend_->stats();
+  EXPECT_EQ(after.own_hopper_calls, before.own_hopper_calls);
+  EXPECT_EQ(after.own_hopper_backward_calls, before.own_hopper_backward_calls);
+  EXPECT_GT(after.cudnn_calls, before.cudnn_calls);
+}
+
+INSTANTIATE_TEST_SUITE_P(EngineSpecCases, CudnnBackwardTest,
+                         ::testing::Combine(::testing::Values(DType::kBFloat16, DType::kFloat16),
+                                            ::testing::Values(AttentionMode::kGrouped,
+                                                              AttentionMode::kMixture),
+                                            ::testing::Range(0, 7), ::testing::Bool()),
+                         MatrixName);
+
+// The default (BackwardKernel::kAuto) runs the backward of both modes on our own Hopper kernels
+// (on a compute capability 9.0 device, D = 64 or 128), and on cuDNN otherwise.
+TEST_F(CudaBackendTest, DefaultPicksTheBackwardKernel) {
+  int major = 0, minor = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
+  for (AttentionMode mode : {AttentionMode::kGrouped, AttentionMode::kMixture}) {
+    for (int64_t dim : {64, 96}) {
+      const CudaBackendStats before = backend_->stats();
+      CheckAgainstOracle(backend_, MakeSpec({64, 128}, {1, 2}, mode, false), {1, 256, 4, dim},
+                         DType::kBFloat16, /*backward=*/true);
+      const CudaBackendStats after = backend_->stats();
+      const bool own = major == 9 && minor == 0 && dim == 64;
+      EXPECT_EQ(after.own_hopper_backward_calls > before.own_hopper_backward_calls, own)
+          << AttentionModeName(mode) << " D=" << dim;
     }
   }
 }
@@ -525,6 +580,9 @@ TEST_F(CudaBackendTest, PlannerMatchesPoolHighWater) {
       uint64_t zero = 0;
       ASSERT_CUDA(cudaMemPoolSetAttribute(backend_->pool(), cudaMemPoolAttrUsedMemHigh, &zero));
       if (backward) {
+        // A training step: the plan's workspace is the larger of the forward's and the
+        // backward's.
+        ASSERT_TRUE(backend_->Forward(spec, {q.view, k.view, v.view, out.view, lse.view}).ok());
         ASSERT_TRUE(backend_
                         ->Backward(spec, {q.view, k.view, v.view, out.view, lse.view, dout.view,
                                           dq.view, dk.view, dv.view})

@@ -20,7 +20,7 @@ bool MulOverflows(int64_t a, int64_t b, int64_t* out) { return __builtin_mul_ove
 absl::StatusOr<CudaMemoryPlan> PlanCudaMemory(const AttentionSpec& spec, int64_t batch,
                                               int64_t seq_len, int64_t num_heads, int64_t head_dim,
                                               DType dtype, bool backward,
-                                              int64_t workspace_limit_bytes) {
+                                              int64_t workspace_limit_bytes, bool hopper_kernels) {
   if (batch < 1 || seq_len < 1 || num_heads < 1 || head_dim < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("CUDA memory plan needs a non-empty shape, got B=", batch, " N=", seq_len,
@@ -49,6 +49,8 @@ absl::StatusOr<CudaMemoryPlan> PlanCudaMemory(const AttentionSpec& spec, int64_t
   int64_t workspace = PlanBlockCalls(spec, dims, in).workspace_bytes;
   if (backward) {
     in.backward = true;
+    // What CudaBackendOptions::BackwardKernel::kAuto picks.
+    in.hopper_backward = hopper_kernels && in.use_cudnn && (head_dim == 64 || head_dim == 128);
     workspace = std::max(workspace, PlanBlockCalls(spec, dims, in).workspace_bytes);
   }
   CudaMemoryPlan plan;

@@ -46,14 +46,22 @@ TEST(CudaMemoryPlanTest, WorkspaceIsTheCallPlans) {
         in.use_cudnn = dtype != DType::kFloat32;
         in.backward = false;
         int64_t want = PlanBlockCalls(spec, {1, 1 << 16, 16, 64}, in).workspace_bytes;
+        int64_t want_cudnn = want;
         if (backward) {
           in.backward = true;
+          want_cudnn =
+              std::max(want, PlanBlockCalls(spec, {1, 1 << 16, 16, 64}, in).workspace_bytes);
+          in.hopper_backward = in.use_cudnn;  // our Hopper kernels take bf16 and fp16 at D = 64
           want = std::max(want, PlanBlockCalls(spec, {1, 1 << 16, 16, 64}, in).workspace_bytes);
         }
         absl::StatusOr<CudaMemoryPlan> plan =
             PlanCudaMemory(spec, 1, 1 << 16, 16, 64, dtype, backward);
         ASSERT_TRUE(plan.ok()) << plan.status();
         EXPECT_EQ(plan->workspace_bytes, want);
+        plan = PlanCudaMemory(spec, 1, 1 << 16, 16, 64, dtype, backward, 0,
+                              /*hopper_kernels=*/false);
+        ASSERT_TRUE(plan.ok()) << plan.status();
+        EXPECT_EQ(plan->workspace_bytes, want_cudnn);
       }
     }
   }
@@ -71,6 +79,26 @@ TEST(CudaMemoryPlanTest, ForwardWorkspaceWithinFivePercentOfAnInput) {
       const int64_t tensor = n * h * d * 2;
       EXPECT_LE(plan->workspace_bytes, tensor / 20)
           << AttentionModeName(mode) << " H=" << h << " D=" << d;
+    }
+  }
+}
+
+// The same target for the backward (N = 2^16, the forward + backward shape): our Hopper
+// kernels need two floats per row of a call, and a mixture merge adds in place; cuDNN's backward
+// (its fp32 dQ accumulator, tiles for the merges) needs far more by default.
+TEST(CudaMemoryPlanTest, HopperBackwardWorkspaceWithinFivePercentOfAnInput) {
+  for (AttentionMode mode : {AttentionMode::kGrouped, AttentionMode::kMixture}) {
+    for (auto [h, d] : {std::pair<int64_t, int64_t>{16, 64}, {8, 128}}) {
+      const int64_t n = int64_t{1} << 16;
+      const int64_t tensor = n * h * d * 2;
+      PlanInputs in;
+      in.backward = true;
+      in.hopper_backward = true;
+      const int64_t hopper = PlanBlockCalls(BenchSpec(mode), {1, n, h, d}, in).workspace_bytes;
+      EXPECT_LE(hopper, tensor / 20) << AttentionModeName(mode) << " H=" << h << " D=" << d;
+      in.hopper_backward = false;
+      const int64_t cudnn = PlanBlockCalls(BenchSpec(mode), {1, n, h, d}, in).workspace_bytes;
+      EXPECT_GT(cudnn, tensor / 2) << AttentionModeName(mode) << " H=" << h << " D=" << d;
     }
   }
 }

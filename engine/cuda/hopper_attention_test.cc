@@ -1,6 +1,9 @@
-// What our own Hopper forward kernel takes (host-only checks; no GPU needed, runs in CI). Its
-// numerics are checked on the GPU against the oracle (cuda_backend_test: OwnHopperKernelTest).
+// What our own Hopper forward and backward kernels take (host-only checks; no GPU needed, runs in
+// CI). Their numerics are checked on the GPU against the oracle (cuda_backend_test:
+// OwnHopperKernelTest).
 #include "engine/cuda/hopper_attention.h"
+
+#include "engine/cuda/hopper_backward.h"
 
 #include <cstdint>
 
@@ -110,6 +113,79 @@ TEST(HopperAttentionTest, LaunchRefusesBeforeTouchingTheDevice) {
   unsigned counter = 0;
   EXPECT_EQ(LaunchHopperForward(a, {}, &counter, nullptr), cudaErrorInvalidValue);
   EXPECT_EQ(LaunchHopperForward(ValidArgs(64), {}, nullptr, nullptr), cudaErrorInvalidValue);
+}
+
+// The backward call matching ValidArgs: dq, dk, dv and dout through the same views, the gathered
+// lse and the row terms in 256-byte aligned scratch.
+KernelBackwardArgs ValidBackwardArgs(int64_t dim) {
+  const KernelForwardArgs f = ValidArgs(dim);
+  KernelBackwardArgs a;
+  a.type = f.type;
+  a.q = a.k = a.v = a.o = a.dout = a.dq = a.dk = a.dv = f.q;
+  a.stats = f.stats;
+  a.delta = f.stats;
+  a.count = f.count;
+  a.heads = f.heads;
+  a.rows = f.rows;
+  a.head_dim = dim;
+  a.scale = f.scale;
+  a.delta_scale = 4.0f;
+  return a;
+}
+
+TEST(HopperBackwardTest, TakesBf16AndFp16AtD64AndD128) {
+  for (int64_t dim : {64, 128}) {
+    for (ElemType type : {ElemType::kBF16, ElemType::kF16}) {
+      KernelBackwardArgs a = ValidBackwardArgs(dim);
+      a.type = type;
+      EXPECT_TRUE(HopperBackwardSupported(a)) << dim;
+    }
+  }
+}
+
+TEST(HopperBackwardTest, RefusesWhatTmaOrTheKernelsCannotDo) {
+  const KernelBackwardArgs valid = ValidBackwardArgs(64);
+  KernelBackwardArgs a = valid;
+  a.type = ElemType::kF32;
+  EXPECT_FALSE(HopperBackwardSupported(a)) << "fp32";
+  a = valid;
+  a.head_dim = 96;
+  EXPECT_FALSE(HopperBackwardSupported(a)) << "D = 96";
+  a = valid;
+  a.dout.ptr = static_cast<char*>(a.dout.ptr) + 8;
+  EXPECT_FALSE(HopperBackwardSupported(a)) << "dout not 16-byte aligned";
+  a = valid;
+  a.q.seq += 4;  // 8 bytes more: not a multiple of 16 bytes
+  EXPECT_FALSE(HopperBackwardSupported(a)) << "row stride";
+  a = valid;
+  a.dk.seq += 1;
+  EXPECT_FALSE(HopperBackwardSupported(a)) << "odd gradient stride";
+  a = valid;
+  a.dv.chan = 2;
+  EXPECT_FALSE(HopperBackwardSupported(a)) << "gradient channel stride";
+  a = valid;
+  a.delta = nullptr;
+  EXPECT_FALSE(HopperBackwardSupported(a)) << "no row-term scratch";
+  a = valid;
+  a.delta = reinterpret_cast<float*>(static_cast<char*>(a.o.ptr) + 4);
+  EXPECT_FALSE(HopperBackwardSupported(a)) << "row terms not 16-byte aligned";
+  a = valid;
+  a.stats = nullptr;
+  EXPECT_FALSE(HopperBackwardSupported(a)) << "no lse";
+  a = valid;
+  a.heads = 70000;
+  EXPECT_FALSE(HopperBackwardSupported(a)) << "heads past the grid";
+  unsigned counter = 0;
+  a = valid;
+  a.head_dim = 96;
+  EXPECT_EQ(LaunchHopperBackward(a, false, &counter, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchHopperBackward(valid, false, nullptr, nullptr), cudaErrorInvalidValue);
+}
+
+TEST(HopperBackwardTest, RowTermsArePaddedToWholeStreamedTiles) {
+  EXPECT_EQ(HopperRowTermsFloats(1, 1, 1), 2 * 128);
+  EXPECT_EQ(HopperRowTermsFloats(4, 3, 2048), 2 * 4 * 3 * 2048);
+  EXPECT_EQ(HopperRowTermsFloats(2, 5, 700), 2 * 2 * 5 * 768);
 }
 
 }  // namespace

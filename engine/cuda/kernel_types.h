@@ -48,6 +48,13 @@ struct HeadRule {
   int64_t block = 1;         // kBlocked: ceil(H / r)
 };
 
+// Floats of the scratch our Hopper backward (hopper_backward.h) needs for `count` x `heads`
+// attentions of `rows` rows: the log-sum-exp and the row sum of dout * o of every row, each
+// (block, head) padded to a multiple of 128 rows (whole streamed tiles).
+inline int64_t HopperRowTermsFloats(int64_t count, int64_t heads, int64_t rows) {
+  return 2 * count * heads * ((rows + 127) / 128 * 128);
+}
+
 }  // namespace cuda
 }  // namespace dattn
 

@@ -260,26 +260,8 @@ class CudaBackendImpl : public CudaAttentionBackend {
       ws_bytes = std::max(ws_bytes, e.scratch.total);
       execs.push_back(e);
     }
-    // A group's zeros come from our kernel when every call of its pattern clears its own
-    // unselected rows and every segment has a call (a segment whose selection is empty has none).
-    std::vector<bool> kernel_zeros(g, false);
-    if (grouped && own_hopper) {
-      for (int i = 0; i < g; ++i) {
-        const int64_t w = spec.segment_lengths[i], r = spec.dilation_rates[i], o = i % r;
-        const int64_t partial = dims.seq_len % w;
-        bool all = r > 1 && w > o && (partial == 0 || partial > o);
-        bool any = false;
-        for (const CallExec& e : execs) {
-          if (e.planned->call.pattern != i) continue;
-          any = true;
-          all = all && e.zeros_ok;
-        }
-        kernel_zeros[i] = all && any;
-      }
-      for (CallExec& e : execs) {
-        if (!kernel_zeros[e.planned->call.pattern]) e.zeros = cuda::UnselectedRows();
-      }
-    }
+    const std::vector<bool> kernel_zeros =
+        grouped && own_hopper ? KernelZeroPatterns(spec, dims, execs) : std::vector<bool>(g, false);
     Workspace ws(pool_, stream_);
     DATTN_RETURN_IF_ERROR(ws.Reserve(ws_bytes));
 
@@ -387,8 +369,13 @@ class CudaBackendImpl : public CudaAttentionBackend {
       if (own_hopper) {
         // The scratch pointers are not known yet; placeholders let the check see them.
         float* const placeholder = reinterpret_cast<float*>(uintptr_t{256});
-        e.own_hopper = cuda::HopperBackwardSupported(KernelBackward(
-            spec, args, dims, pc, DirectGrads(args, dims, pc), placeholder, placeholder));
+        const cuda::KernelBackwardArgs k = KernelBackward(
+            spec, args, dims, pc, DirectGrads(args, dims, pc), placeholder, placeholder);
+        e.own_hopper = cuda::HopperBackwardSupported(k);
+        if (e.own_hopper && grouped && pc.call.rate > 1) {
+          e.zeros = GroupZeros(pc.call, dims.seq_len, k.dq.seq);
+          e.zeros_ok = cuda::HopperBackwardSupported(k, e.zeros);
+        }
       }
       if (e.own_hopper) {
         e.scratch = cuda::LayoutCallScratch(pc.call, pc.role, true, false, dtype, dims.head_dim, 0,
@@ -410,6 +397,9 @@ class CudaBackendImpl : public CudaAttentionBackend {
       ws_bytes = std::max(ws_bytes, e.scratch.total);
       execs.push_back(e);
     }
+    // Grouped: the groups whose zeros our kernels write next to their rows need no fill.
+    const std::vector<bool> kernel_zeros =
+        grouped && own_hopper ? KernelZeroPatterns(spec, dims, execs) : std::vector<bool>(g, false);
     Workspace ws(pool_, stream_);
     DATTN_RETURN_IF_ERROR(ws.Reserve(ws_bytes));
 
@@ -421,6 +411,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
     cudaStream_t fills = options_.overlap_fills ? aux_ : stream_;
     DATTN_RETURN_IF_ERROR(Fork(fills));
     for (int i = 0; i < (grouped ? g : 1); ++i) {
+      if (kernel_zeros[i]) continue;
       const HeadRule rule = grouped ? GroupRule(spec, i, dims.num_heads)
                                     : MixtureRule(spec, plan.direct_pattern, dims.num_heads);
       for (void* grad : grads) {
@@ -451,6 +442,32 @@ class CudaBackendImpl : public CudaAttentionBackend {
           "; create one backend per device"));
     }
     return absl::OkStatus();
+  }
+
+  // Grouped mode: whether our Hopper kernels write the zeros of pattern i's group, i.e. every call
+  // of the pattern clears its own unselected rows (zeros_ok) and every segment has a call (a
+  // segment whose selection is empty has none). The other calls' zeros are emptied: their
+  // patterns get a fill pass.
+  static std::vector<bool> KernelZeroPatterns(const AttentionSpec& spec, const ProblemDims& dims,
+                                              std::vector<CallExec>& execs) {
+    const int g = spec.num_patterns();
+    std::vector<bool> kernel_zeros(g, false);
+    for (int i = 0; i < g; ++i) {
+      const int64_t w = spec.segment_lengths[i], r = spec.dilation_rates[i], o = i % r;
+      const int64_t partial = dims.seq_len % w;
+      bool all = r > 1 && w > o && (partial == 0 || partial > o);
+      bool any = false;
+      for (const CallExec& e : execs) {
+        if (e.planned->call.pattern != i) continue;
+        any = true;
+        all = all && e.zeros_ok;
+      }
+      kernel_zeros[i] = all && any;
+    }
+    for (CallExec& e : execs) {
+      if (!kernel_zeros[e.planned->call.pattern]) e.zeros = cuda::UnselectedRows();
+    }
+    return kernel_zeros;
   }
 
   // Orders `fills` after the work enqueued so far on the main stream.
@@ -745,7 +762,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
           KernelBackward(spec, args, dims, pc, grads, ws.At<float>(s.stats), ws.At<float>(s.delta));
       if (e.own_hopper) {
         DATTN_CUDA_RETURN_IF_ERROR(
-            cuda::LaunchHopperBackward(a, /*accumulate=*/merge, item_counter_, stream_));
+            cuda::LaunchHopperBackward(a, /*accumulate=*/merge, e.zeros, item_counter_, stream_));
         ++stats_.own_hopper_backward_calls;
       } else {
         DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAttentionBackward(a, stream_));

@@ -46,8 +46,9 @@ struct CudaBackendOptions {
   // the caller then orders its producers of q, k, v before the call.
   cudaStream_t stream = nullptr;
   // Bytes of scratch one fused call may use; calls are cut into chunks to fit. 0: the default,
-  // max(5% of one (B, N, H, D) input tensor, 32 MiB) forward and max(5%, 256 MiB) backward (cuDNN's
-  // backward accumulates dQ in fp32; cutting it finer costs more time than the memory is worth).
+  // max(5% of one (B, N, H, D) input tensor, 32 MiB) forward; backward max(5%, 1 MiB) on our own
+  // Hopper kernels (two floats per row) and max(5%, 256 MiB) on cuDNN (its backward accumulates
+  // dQ in fp32; cutting it finer costs more time than the memory is worth).
   int64_t workspace_limit_bytes = 0;
   bool use_cudnn = true;  // false: our own kernel for every dtype (tests, fallback)
   // Grouped mode's 1/G: a pass over each pattern's rows after its fused calls (kPass, which also
@@ -67,11 +68,15 @@ struct CudaBackendOptions {
   // rows.
   enum class ForwardKernel { kAuto, kCudnn, kOwnHopper };
   ForwardKernel forward_kernel = ForwardKernel::kAuto;
-  // The backward calls of bf16/fp16: cuDNN (kCudnn: its fp32 dQ accumulator takes 4 bytes per
-  // element of a call's rows, so calls are chunked to workspace_limit_bytes), or our own wgmma +
-  // TMA kernels (kOwnHopper, hopper_backward.h: D = 64 or 128 on a compute capability 9.0 device),
-  // which need two floats per row and add mixture mode's patterns into dq, dk, dv in place (no
-  // tiles). kAuto (the default) takes our kernels. With use_cudnn false everything goes to the
+  // The backward calls of bf16/fp16: cuDNN (kCudnn), whose fp32 dQ accumulator takes 4 bytes per
+  // element of a call's rows (76% of an input beyond the tensors in grouped mode at N = 2^16, 200%
+  // in mixture mode, where the merges also need tiles), or our own wgmma + TMA kernels (kOwnHopper,
+  // hopper_backward.h: D = 64 or 128 on a compute capability 9.0 device), which need two floats
+  // per row (1-2% of an input), add mixture mode's patterns into dq, dk, dv in place and write
+  // grouped mode's zero rows themselves, but compute dq in a pass of its own (40% more products):
+  // on an H200 a forward + backward took 1.19x (D = 64) and 1.27x (D = 128) the floor on ours
+  // against 1.13x / 1.19x on cuDNN (docs/PERFORMANCE.md). kAuto (the default) takes our kernels:
+  // the memory is what lets a step fit at all. With use_cudnn false everything goes to the
   // CUDA-core kernel. Calls our kernels cannot read run as under kCudnn.
   enum class BackwardKernel { kAuto, kCudnn, kOwnHopper };
   BackwardKernel backward_kernel = BackwardKernel::kAuto;

@@ -398,35 +398,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     if (g.zero_rate > 0) {
-      // The positions between this tile's selected rows (the r - 1 after each, within the
-      // segment), and before the first selected row for the first tile, are zero for this head:
-      // 16-byte stores, D / 8 per row; a consumer thread keeps one 16-byte column and walks rows
-      // `step` apart (no division per store: the gap index advances by carries).
-      constexpr int kVecs = D / 8;
-      constexpr int kStep = 256 / kVecs;
-      const int r1 = g.zero_rate - 1;
-      const int s0 = it.tile * kBlockM;
-      const int gaps = (min(s0 + kBlockM, g.rows) - s0) * r1;
-      const int slot = (cw * 128 + t) / kVecs;
-      T* first = out + it.j * g.o_fold + it.head * g.o_head + ((cw * 128 + t) % kVecs) * 8;
-      const uint4 zero = make_uint4(0, 0, 0, 0);
-      const int s_step = kStep / r1, k_step = kStep % r1;
-      int s = s0 + slot / r1, k = slot % r1;  // gap row: position s * r + 1 + k
-      for (int rv = slot; rv < gaps; rv += kStep) {
-        const int q = s * g.zero_rate + 1 + k;  // relative to the block's first selected row
-        if (q < g.zero_span) *reinterpret_cast<uint4*>(first + q * g.o_pos) = zero;
-        s += s_step;
-        k += k_step;
-        if (k >= r1) {
-          k -= r1;
-          ++s;
-        }
-      }
-      if (it.tile == 0) {
-        for (int i = slot; i < g.zero_lead; i += kStep) {
-          *reinterpret_cast<uint4*>(first + (i - g.zero_lead) * g.o_pos) = zero;
-        }
-      }
+      ZeroUnselectedRows<D>(out + it.j * g.o_fold + it.head * g.o_head, g.zero_rate, g.zero_lead,
+                            g.zero_span, g.o_pos, it.tile * kBlockM, g.rows, cw * 128 + t);
     }
   }
 #else

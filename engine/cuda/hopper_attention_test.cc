@@ -178,8 +178,26 @@ TEST(HopperBackwardTest, RefusesWhatTmaOrTheKernelsCannotDo) {
   unsigned counter = 0;
   a = valid;
   a.head_dim = 96;
-  EXPECT_EQ(LaunchHopperBackward(a, false, &counter, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(LaunchHopperBackward(valid, false, nullptr, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchHopperBackward(a, false, {}, &counter, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchHopperBackward(valid, false, {}, nullptr, nullptr), cudaErrorInvalidValue);
+  // Zeros belong to grouped mode's direct calls; a call that adds into the gradients has none.
+  EXPECT_EQ(LaunchHopperBackward(valid, true, ValidZeros(64), &counter, nullptr),
+            cudaErrorInvalidValue);
+}
+
+TEST(HopperBackwardTest, WritesZeroRowsOnlyWhereItCanStoreWholeRows) {
+  const KernelBackwardArgs valid = ValidBackwardArgs(64);
+  EXPECT_TRUE(HopperBackwardSupported(valid, ValidZeros(64)));
+  UnselectedRows z = ValidZeros(64);
+  z.rate = 1;
+  EXPECT_FALSE(HopperBackwardSupported(valid, z)) << "rate 1 has no unselected rows";
+  z = ValidZeros(64);
+  z.rate = 3;  // the views' row stride is 2 positions
+  EXPECT_FALSE(HopperBackwardSupported(valid, z)) << "row stride not a whole number of positions";
+  KernelBackwardArgs a = valid;
+  a.dk.ptr = static_cast<char*>(a.dk.ptr) + 4;
+  EXPECT_TRUE(HopperBackwardSupported(a)) << "4-byte aligned dk is enough without zeros";
+  EXPECT_FALSE(HopperBackwardSupported(a, ValidZeros(64))) << "zeros need 16-byte aligned dk";
 }
 
 TEST(HopperBackwardTest, RowTermsArePaddedToWholeStreamedTiles) {

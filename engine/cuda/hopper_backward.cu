@@ -5,16 +5,22 @@
 // of a producer warpgroup whose single thread issues every TMA load, and two consumer warpgroups of
 // 64 rows each, wgmma on the tensor cores):
 //   - dk/dv: a CTA holds 128 keys (k and v tiles) and streams the query tiles (q, dout and the two
-//     row terms, 64 rows each): S^T = k q^T and dP^T = v dout^T from shared memory, P^T and
-//     dS^T = P^T (dP^T - delta) in registers (the accumulator layout is the A-operand layout of the
-//     next products, as in the forward), dv += P^T dout and dk += dS^T q: 4 products, 8 n^2 D
-//     FLOPs;
-//   - dq: a CTA holds 128 query rows (q and dout) and streams the key tiles (k, v, 64 rows each):
+//     row terms; 128 rows at D = 64, 64 at D = 128): S^T = k q^T and dP^T = v dout^T from shared
+//     memory, P^T and dS^T = P^T (dP^T - delta) in registers (the accumulator layout is the
+//     A-operand layout of the next products, as in the forward), dv += P^T dout and
+//     dk += dS^T q: 4 products, 8 n^2 D FLOPs;
+//   - dq: a CTA holds 128 query rows (q and dout) and streams the key tiles (k, v, 128 rows):
 //     S = q k^T, dP = dout v^T, dS = P (dP - delta), dq += dS k: 3 products, 6 n^2 D FLOPs.
 // 14 n^2 D FLOPs in all against the 10 n^2 D of a backward that accumulates dq across key tiles
 // (FlashAttention-2/3, cuDNN): the price of needing no fp32 dq buffer. Causal halves both.
 // Each gradient row is written once, by the CTA that owns it, 4-byte stores in place through its
-// strides (added to the old value under `accumulate`): no atomics, deterministic.
+// strides (added to the old value under `accumulate`): no atomics, deterministic. In grouped mode
+// the epilogues also write the zeros of the unselected rows around their rows (as the forward
+// does), so that no fill pass competes with the kernels for the SMs.
+// Tried and measured slower on an H200 (docs/PERFORMANCE.md): 64-row streamed tiles at D = 64
+// (10%); the two warpgroups taking turns on the tensor cores (3%); dq software-pipelined like the
+// forward (10%); dk/dv with one warpgroup per gradient on 64 keys, P handed over in shared memory
+// (2% at D = 128, 9% at D = 64).
 #include "engine/cuda/hopper_backward.h"
 
 #include <algorithm>
@@ -76,6 +82,7 @@ struct BackwardSmem {
 struct GradView {
   void* ptr = nullptr;
   int64_t fold = 0, head = 0, seq = 0;
+  int64_t pos = 0;  // element stride between consecutive positions (seq / rate; grouped zeros)
   float scale = 1.f;
 };
 
@@ -95,6 +102,8 @@ struct BackwardGeometry {
   float scale_log2 = 0.f;  // scale * log2(e)
   int causal = 0;
   int accumulate = 0;
+  // Unselected rows to clear in every gradient (grouped mode), see UnselectedRows; rate 0: none.
+  int zero_rate = 0, zero_lead = 0, zero_span = 0;
 };
 
 // lse2 := stats * log2(e) and delta := delta_scale * sum_d dout * o for every row of the call, in
@@ -428,9 +437,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     release(bar_fixed_empty(fb));
 
-    // Epilogue: this warpgroup's rows of the gradient(s).
+    // Epilogue: this warpgroup's rows of the gradient(s), then (grouped mode) the zeros between
+    // the tile's rows, written by both warpgroups.
     store(g.out0, acc0, it, it.tile * kFixedRows + cw * 64);
     if constexpr (kKeys) store(g.out1, acc1, it, it.tile * kFixedRows + cw * 64);
+    if (g.zero_rate > 0) {
+      auto zeros = [&](const GradView& v) {
+        ZeroUnselectedRows<D>(static_cast<T*>(v.ptr) + it.j * v.fold + it.head * v.head,
+                              g.zero_rate, g.zero_lead, g.zero_span, v.pos, it.tile * kFixedRows,
+                              g.rows, cw * 128 + t);
+      };
+      zeros(g.out0);
+      if constexpr (kKeys) zeros(g.out1);
+    }
   }
 #else
   __trap();  // built without sm_90a: the backend keeps such devices away
@@ -443,12 +462,13 @@ int64_t PitchOf(int64_t rows) {
   return (rows + kMaxStreamRows - 1) / kMaxStreamRows * kMaxStreamRows;
 }
 
-GradView GradOf(const KernelTensor& t, float scale) {
+GradView GradOf(const KernelTensor& t, float scale, const UnselectedRows& zeros) {
   GradView v;
   v.ptr = t.ptr;
   v.fold = t.fold;
   v.head = t.head;
   v.seq = t.seq;
+  v.pos = zeros.rate > 0 ? t.seq / zeros.rate : 0;
   v.scale = scale;
   return v;
 }
@@ -472,8 +492,8 @@ cudaError_t LaunchPass(const CUtensorMap& f0, const CUtensorMap& f1, const CUten
 }
 
 template <typename T, int D>
-cudaError_t Launch(const KernelBackwardArgs& a, bool accumulate, unsigned* item_counter,
-                   cudaStream_t stream) {
+cudaError_t Launch(const KernelBackwardArgs& a, bool accumulate, const UnselectedRows& zeros,
+                   unsigned* item_counter, cudaStream_t stream) {
   // Tensor maps: boxes of the fixed and streamed rows of each pass.
   constexpr int kQueryRows = StreamRows<D, Pass::kDkDv>();  // q, dout streamed by dk/dv
   constexpr int kKeyRows = StreamRows<D, Pass::kDq>();      // k, v streamed by dq
@@ -516,13 +536,16 @@ cudaError_t Launch(const KernelBackwardArgs& a, bool accumulate, unsigned* item_
   g.scale_log2 = a.scale * kLog2e;
   g.causal = a.causal ? 1 : 0;
   g.accumulate = accumulate ? 1 : 0;
+  g.zero_rate = static_cast<int>(zeros.rate);
+  g.zero_lead = static_cast<int>(zeros.lead);
+  g.zero_span = static_cast<int>(zeros.span);
 
-  g.out0 = GradOf(a.dk, a.scale);
-  g.out1 = GradOf(a.dv, 1.f);
+  g.out0 = GradOf(a.dk, a.scale, zeros);
+  g.out1 = GradOf(a.dv, 1.f, zeros);
   e = LaunchPass<T, D, Pass::kDkDv>(k_fixed, v_fixed, q_stream, do_stream, g, sms, item_counter,
                                     stream);
   if (e != cudaSuccess) return e;
-  g.out0 = GradOf(a.dq, a.scale);
+  g.out0 = GradOf(a.dq, a.scale, zeros);
   g.out1 = GradView();
   return LaunchPass<T, D, Pass::kDq>(q_fixed, do_fixed, k_stream, v_stream, g, sms, item_counter,
                                      stream);
@@ -532,7 +555,7 @@ bool Aligned(const void* p, int64_t bytes) { return reinterpret_cast<uintptr_t>(
 
 }  // namespace
 
-bool HopperBackwardSupported(const KernelBackwardArgs& a) {
+bool HopperBackwardSupported(const KernelBackwardArgs& a, const UnselectedRows& zeros) {
   if (a.type != ElemType::kBF16 && a.type != ElemType::kF16) return false;
   if (a.head_dim != 64 && a.head_dim != 128) return false;
   if (a.count < 1 || a.heads < 1 || a.rows < 1 || a.stats == nullptr || a.delta == nullptr) {
@@ -562,18 +585,36 @@ bool HopperBackwardSupported(const KernelBackwardArgs& a) {
       if (s % 2 != 0) return false;
     }
   }
+  if (zeros.rate > 0) {
+    // 16-byte stores of whole rows, positions seq / rate apart, addressed with 32-bit offsets.
+    if (zeros.rate == 1 || zeros.rate > INT_MAX / kFixedRows || zeros.lead < 0 ||
+        zeros.lead >= zeros.rate || zeros.span < 1 || zeros.span > INT_MAX) {
+      return false;
+    }
+    for (const KernelTensor* t : {&a.dq, &a.dk, &a.dv}) {
+      if (!Aligned(t->ptr, 16) || t->fold * 2 % 16 != 0 || t->head * 2 % 16 != 0 ||
+          t->seq % zeros.rate != 0 || t->seq / zeros.rate * 2 % 16 != 0) {
+        return false;
+      }
+    }
+  }
   return true;
 }
 
 cudaError_t LaunchHopperBackward(const KernelBackwardArgs& a, bool accumulate,
-                                 unsigned* item_counter, cudaStream_t stream) {
-  if (!HopperBackwardSupported(a) || item_counter == nullptr) return cudaErrorInvalidValue;
-  if (a.type == ElemType::kBF16) {
-    return a.head_dim == 64 ? Launch<__nv_bfloat16, 64>(a, accumulate, item_counter, stream)
-                            : Launch<__nv_bfloat16, 128>(a, accumulate, item_counter, stream);
+                                 const UnselectedRows& zeros, unsigned* item_counter,
+                                 cudaStream_t stream) {
+  if (!HopperBackwardSupported(a, zeros) || item_counter == nullptr ||
+      (accumulate && zeros.rate > 0)) {
+    return cudaErrorInvalidValue;
   }
-  return a.head_dim == 64 ? Launch<__half, 64>(a, accumulate, item_counter, stream)
-                          : Launch<__half, 128>(a, accumulate, item_counter, stream);
+  if (a.type == ElemType::kBF16) {
+    return a.head_dim == 64
+               ? Launch<__nv_bfloat16, 64>(a, accumulate, zeros, item_counter, stream)
+               : Launch<__nv_bfloat16, 128>(a, accumulate, zeros, item_counter, stream);
+  }
+  return a.head_dim == 64 ? Launch<__half, 64>(a, accumulate, zeros, item_counter, stream)
+                          : Launch<__half, 128>(a, accumulate, zeros, item_counter, stream);
 }
 
 }  // namespace cuda

@@ -31,6 +31,7 @@
 #include <cstdint>
 
 #include "engine/cuda/attention_kernels.h"
+#include "engine/cuda/hopper_attention.h"
 
 namespace dattn {
 namespace cuda {
@@ -39,15 +40,21 @@ namespace cuda {
 // q, k, v, dout, o 16-byte aligned with strides that are multiples of 16 bytes (what TMA and the
 // row pass read);
 // dq, dk, dv 4-byte aligned with even strides; stats and a 16-byte aligned delta given; sizes
-// within the launch grid. Host-only; no device needed.
-bool HopperBackwardSupported(const KernelBackwardArgs& args);
+// within the launch grid; with zeros, 1 < rate, 0 <= lead < rate, and dq, dk, dv 16-byte aligned
+// with fold and head strides that are multiples of 16 bytes and a row stride `rate` times a
+// position stride that is. Host-only; no device needed.
+bool HopperBackwardSupported(const KernelBackwardArgs& args, const UnselectedRows& zeros = {});
 
-// item_counter: 4 bytes of device memory from NewHopperItemCounter (hopper_attention.h), not
-// shared with concurrent launches. cudaErrorInvalidValue when !HopperBackwardSupported(args),
-// item_counter is null or the driver cannot describe a view as a tensor map; otherwise the first
-// launch error.
+// zeros: grouped mode's unselected rows around the call's rows (UnselectedRows, as for the
+// forward; each gradient's position stride is its own seq / rate, pos_stride is not read), which
+// the kernels clear in dq, dk and dv next to the rows they write; rate 0: none. item_counter: 4
+// bytes of device memory from NewHopperItemCounter (hopper_attention.h), not shared with
+// concurrent launches. cudaErrorInvalidValue when !HopperBackwardSupported(args, zeros), zeros
+// come with `accumulate`, item_counter is null or the driver cannot describe a view as a tensor
+// map; otherwise the first launch error.
 cudaError_t LaunchHopperBackward(const KernelBackwardArgs& args, bool accumulate,
-                                 unsigned* item_counter, cudaStream_t stream);
+                                 const UnselectedRows& zeros, unsigned* item_counter,
+                                 cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace dattn

@@ -278,6 +278,42 @@ struct Mma<__half> {
     return *reinterpret_cast<uint32_t*>(&v);
   }
 };
+// Grouped mode's zeros around the selected rows [row0, row0 + 128) (clipped to `rows`) of one
+// (block, head) of a 16-bit view (UnselectedRows, hopper_attention.h): the rate - 1 positions
+// after each selected row that lie within the segment (`span` positions from the first selected
+// row on), and for the first tile the `lead` positions before the first selected row. `first`:
+// the view's element (row 0, column 0) of the block and head; pos: its element stride between
+// consecutive positions. Written by the 256 consumer threads (tid), 16-byte stores, D / 8 per
+// row; a thread keeps one 16-byte column and walks rows `step` apart (no division per store: the
+// gap index advances by carries).
+template <int D, typename T>
+__device__ __forceinline__ void ZeroUnselectedRows(T* first, int rate, int lead, int span,
+                                                   int64_t pos, int row0, int rows, int tid) {
+  constexpr int kVecs = D / 8;
+  constexpr int kStep = 256 / kVecs;
+  const int r1 = rate - 1;
+  const int gaps = (min(row0 + 128, rows) - row0) * r1;
+  const int slot = tid / kVecs;
+  first += (tid % kVecs) * 8;
+  const uint4 zero = make_uint4(0, 0, 0, 0);
+  const int s_step = kStep / r1, k_step = kStep % r1;
+  int s = row0 + slot / r1, k = slot % r1;  // gap row: position s * rate + 1 + k
+  for (int rv = slot; rv < gaps; rv += kStep) {
+    const int q = s * rate + 1 + k;  // relative to the block's first selected row
+    if (q < span) *reinterpret_cast<uint4*>(first + q * pos) = zero;
+    s += s_step;
+    k += k_step;
+    if (k >= r1) {
+      k -= r1;
+      ++s;
+    }
+  }
+  if (row0 == 0) {
+    for (int i = slot; i < lead; i += kStep) {
+      *reinterpret_cast<uint4*>(first + (i - lead) * pos) = zero;
+    }
+  }
+}
 #endif  // __CUDA_ARCH_FEAT_SM90_ALL
 
 // cuTensorMapEncodeTiled from the driver, found once through the runtime (no -lcuda link).

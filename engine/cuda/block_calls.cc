@@ -176,7 +176,7 @@ int64_t DefaultWorkspaceLimit(const ProblemDims& dims, DType dtype, bool backwar
   const long double tensor = static_cast<long double>(dims.batch) * dims.seq_len * dims.num_heads *
                              dims.head_dim * DTypeSize(dtype);
   const long double five_percent = tensor * 0.05L;
-  const int64_t floor = !backward         ? int64_t{32} << 20
+  const int64_t floor = !backward         ? int64_t{4} << 20
                         : hopper_backward ? int64_t{1} << 20
                                           : int64_t{256} << 20;
   if (five_percent >= static_cast<long double>(std::numeric_limits<int64_t>::max() / 2)) {

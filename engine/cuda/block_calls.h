@@ -147,9 +147,11 @@ struct CallPlan {
   int64_t workspace_bytes = 0;
 };
 
-// max(5% of one (B, N, H, D) input tensor, 32 MiB) forward; max(5%, 256 MiB) backward on cuDNN
-// (its fp32 dQ accumulator: cut finer, its calls get too small to fill the GPU); max(5%, 1 MiB)
-// backward on our Hopper kernels (two floats per row: cutting costs a launch per 80 000 rows).
+// max(5% of one (B, N, H, D) input tensor, 4 MiB) forward (mixture mode's merge tiles: at
+// N = 2^16 the 5% cut cost 1-2% against a 32 MiB one on an H100); max(5%, 256 MiB) backward on
+// cuDNN (its fp32 dQ accumulator: cut finer, its calls get too small to fill the GPU);
+// max(5%, 1 MiB) backward on our Hopper kernels (two floats per row: cutting costs a launch per
+// 80 000 rows).
 int64_t DefaultWorkspaceLimit(const ProblemDims& dims, DType dtype, bool backward,
                               bool hopper_backward = false);
 

@@ -46,7 +46,7 @@ struct CudaBackendOptions {
   // the caller then orders its producers of q, k, v before the call.
   cudaStream_t stream = nullptr;
   // Bytes of scratch one fused call may use; calls are cut into chunks to fit. 0: the default,
-  // max(5% of one (B, N, H, D) input tensor, 32 MiB) forward; backward max(5%, 1 MiB) on our own
+  // max(5% of one (B, N, H, D) input tensor, 4 MiB) forward; backward max(5%, 1 MiB) on our own
   // Hopper kernels (two floats per row) and max(5%, 256 MiB) on cuDNN (its backward accumulates
   // dQ in fp32; cutting it finer costs more time than the memory is worth).
   int64_t workspace_limit_bytes = 0;
@@ -70,14 +70,15 @@ struct CudaBackendOptions {
   ForwardKernel forward_kernel = ForwardKernel::kAuto;
   // The backward calls of bf16/fp16: cuDNN (kCudnn), whose fp32 dQ accumulator takes 4 bytes per
   // element of a call's rows (76% of an input beyond the tensors in grouped mode at N = 2^16, 200%
-  // in mixture mode, where the merges also need tiles), or our own wgmma + TMA kernels (kOwnHopper,
-  // hopper_backward.h: D = 64 or 128 on a compute capability 9.0 device), which need two floats
-  // per row (1-2% of an input), add mixture mode's patterns into dq, dk, dv in place and write
-  // grouped mode's zero rows themselves, but compute dq in a pass of its own (40% more products):
-  // on an H200 a forward + backward took 1.19x (D = 64) and 1.27x (D = 128) the floor on ours
-  // against 1.13x / 1.19x on cuDNN (docs/PERFORMANCE.md). kAuto (the default) takes our kernels:
-  // the memory is what lets a step fit at all. With use_cudnn false everything goes to the
-  // CUDA-core kernel. Calls our kernels cannot read run as under kCudnn.
+  // in mixture mode, where the merges also need tiles; cut to 5% of an input it runs 1.3-1.9x the
+  // floor), or our own wgmma + TMA kernels (kOwnHopper, hopper_backward.h: D = 64 or 128 on a
+  // compute capability 9.0 device), which need two floats per row (1-2% of an input), add mixture
+  // mode's patterns into dq, dk, dv in place and write grouped mode's zero rows themselves, but
+  // compute dq in a pass of its own (40% more products). On an H100 a grouped forward + backward
+  // at N = 2^16 took 1.19x (D = 64) and 1.28x (D = 128) the floor on ours, 1.14x / 1.19x on cuDNN
+  // (docs/PERFORMANCE.md). kAuto (the default) takes our kernels: memory is what decides whether a
+  // long step fits at all; kCudnn is faster where memory is plentiful. With use_cudnn false
+  // everything goes to the CUDA-core kernel. Calls our kernels cannot read run as under kCudnn.
   enum class BackwardKernel { kAuto, kCudnn, kOwnHopper };
   BackwardKernel backward_kernel = BackwardKernel::kAuto;
   // Run the fills and passes on a second stream of the backend, concurrently with later fused calls

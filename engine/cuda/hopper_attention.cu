@@ -146,10 +146,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       int kv = 0;  // k/v tiles loaded so far (all items): stage kv % kStages, use kv / kStages
       for (int items = 0;; ++items) {
-        // Past the last item the counter keeps counting (once per CTA): compare unsigned, and hand
-        // the consumers `items` itself as the end mark.
-        const unsigned drawn = atomicAdd(g.next_item, 1u);
-        const int w = drawn < static_cast<unsigned>(g.items) ? static_cast<int>(drawn) : g.items;
+        const int w = NextItem(g.next_item, g.items);  // g.items: the end mark
         const int qb = items % kQBuffers;
         if (items >= kQBuffers) BarrierWait(bar_q_empty(qb), ((items / kQBuffers) - 1) & 1);
         // The arrival below releases the slot to the consumers that wait on the barrier.

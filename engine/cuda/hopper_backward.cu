@@ -214,9 +214,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       int st = 0;  // streamed stages filled so far (all items)
       for (int items = 0;; ++items) {
-        // Past the last item the counter keeps counting (once per CTA): compare unsigned.
-        const unsigned drawn = atomicAdd(g.next_item, 1u);
-        const int w = drawn < static_cast<unsigned>(g.items) ? static_cast<int>(drawn) : g.items;
+        const int w = NextItem(g.next_item, g.items);  // g.items: the end mark
         const int fb = items % kBuffers;
         if (items >= kBuffers) BarrierWait(bar_fixed_empty(fb), ((items / kBuffers) - 1) & 1);
         item_slot[fb] = w;

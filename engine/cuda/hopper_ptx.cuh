@@ -278,6 +278,14 @@ struct Mma<__half> {
     return *reinterpret_cast<uint32_t*>(&v);
   }
 };
+// The next work item of a persistent kernel's CTA from the global counter, or `items` (the end
+// mark) once none is left. Past the last item the counter keeps counting (once per CTA): compared
+// unsigned, so that it cannot wrap into a valid item.
+__device__ __forceinline__ int NextItem(unsigned* counter, int items) {
+  const unsigned drawn = atomicAdd(counter, 1u);
+  return drawn < static_cast<unsigned>(items) ? static_cast<int>(drawn) : items;
+}
+
 // Grouped mode's zeros around the selected rows [row0, row0 + 128) (clipped to `rows`) of one
 // (block, head) of a 16-bit view (UnselectedRows, hopper_attention.h): the rate - 1 positions
 // after each selected row that lie within the segment (`span` positions from the first selected

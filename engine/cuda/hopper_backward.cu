@@ -46,9 +46,8 @@ template <int D, Pass P>
 constexpr int StreamRows() {
   return D == 128 && P == Pass::kDkDv ? 64 : 128;
 }
-constexpr int kFixedRows = 128;      // rows of an item's fixed tiles: two consumer warpgroups of 64
-constexpr int kMaxStreamRows = 128;  // the row terms are padded to whole streamed tiles
-constexpr int kThreads = 384;        // producer warpgroup + two consumer warpgroups
+constexpr int kFixedRows = 128;  // rows of an item's fixed tiles: two consumer warpgroups of 64
+constexpr int kThreads = 384;    // producer warpgroup + two consumer warpgroups
 constexpr float kLog2e = 1.4426950408889634f;
 
 // Shared memory of one CTA: two buffers of the two fixed tiles (the next item's arrive while the
@@ -454,11 +453,12 @@ __global__ void __launch_bounds__(kThreads, 1)
 #endif
 }
 
-// The row terms of each (block, head) start at a multiple of 128 rows (HopperRowTermsFloats), so
-// that a streamed tile's terms are one aligned bulk copy.
-int64_t PitchOf(int64_t rows) {
-  return (rows + kMaxStreamRows - 1) / kMaxStreamRows * kMaxStreamRows;
-}
+// The row terms of each (block, head) start at a multiple of 128 rows (HopperRowTermsFloats: two
+// arrays of count * heads * pitch floats), so that a streamed tile's terms are one aligned bulk
+// copy.
+int64_t PitchOf(int64_t rows) { return HopperRowTermsFloats(1, 1, rows) / 2; }
+static_assert(128 % StreamRows<64, Pass::kDkDv>() == 0 && 128 % StreamRows<128, Pass::kDkDv>() == 0,
+              "the row terms are padded to whole streamed tiles");
 
 GradView GradOf(const KernelTensor& t, float scale, const UnselectedRows& zeros) {
   GradView v;

@@ -309,6 +309,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       Mma<T>::S(x, Desc(f0 + (kk / 4) * kFixedRows * 128 + (kk % 4) * 32, 16),
                 Desc(s0 + (kk / 4) * kStreamRows * 128 + (kk % 4) * 32, 16), kk > 0);
     }
+    WgmmaCommit();  // its own group: the exponentials start while dP is computed
 #pragma unroll
     for (int kk = 0; kk < D / 16; ++kk) {
       Mma<T>::S(y, Desc(f1 + (kk / 4) * kFixedRows * 128 + (kk % 4) * 32, 16),
@@ -343,10 +344,8 @@ __global__ void __launch_bounds__(kThreads, 1)
     FenceRegs(acc0);
     if constexpr (kKeys) FenceRegs(acc1);
   };
-  // P = exp2(scale_log2 x - lse2) (0 where masked) and dS = P (dP - delta) of streamed tile n
-  // (stage s), packed into the A operands pair by pair (A register r of 16-column block kk holds
-  // elements 8 kk + 2 r and + 1) so that the scores die early. dq: the row terms belong to this
-  // thread's rows; dk/dv: to the columns (queries), from the stage's copy.
+  // P = exp2(scale_log2 x - lse2) of streamed tile n (stage s) in place, 0 where masked. dq: the
+  // row terms belong to this thread's rows; dk/dv: to the columns (queries), from the stage's copy.
   float row_lse[2] = {0.f, 0.f}, row_delta[2] = {0.f, 0.f};
   auto probabilities = [&](const Item& it, int n, int s, int fixed_row) {
     const float* stage_terms =
@@ -356,35 +355,45 @@ __global__ void __launch_bounds__(kThreads, 1)
                                (g.causal && (n + 1) * kStreamRows > it.tile * kFixedRows));
 #pragma unroll
     for (int b = 0; b < kStreamRows / 8; ++b) {
-      float c_lse[2] = {0.f, 0.f}, c_delta[2] = {0.f, 0.f};
-      if constexpr (kKeys) {
 #pragma unroll
-        for (int e = 0; e < 2; ++e) {
-          c_lse[e] = stage_terms[8 * b + col + e];
-          c_delta[e] = stage_terms[kStreamRows + 8 * b + col + e];
-        }
-      }
+      for (int e = 0; e < 2; ++e) {
+        const int c = 8 * b + col + e;  // column within the streamed tile
+        const float c_lse = kKeys ? stage_terms[c] : 0.f;
 #pragma unroll
-      for (int h = 0; h < 2; ++h) {
-        float p[2], ds[2];
-#pragma unroll
-        for (int e = 0; e < 2; ++e) {
+        for (int h = 0; h < 2; ++h) {
           const int i = 4 * b + 2 * h + e;
-          const int c = 8 * b + col + e;  // column within the streamed tile
-          const float lse = kKeys ? c_lse[e] : row_lse[h];
-          const float dl = kKeys ? c_delta[e] : row_delta[h];
-          p[e] = Exp2(fmaf(x[i], g.scale_log2, -lse));
+          float p = Exp2(fmaf(x[i], g.scale_log2, kKeys ? -c_lse : -row_lse[h]));
           if (edge) {
             const int other = n * kStreamRows + c;  // key (kDq) or query (kDkDv)
             const int fixed = fixed_row + 8 * h;    // query (kDq) or key (kDkDv)
             const bool masked =
                 kKeys ? fixed > other : (other >= g.rows || (g.causal && other > fixed));
-            if (masked) p[e] = 0.f;
+            if (masked) p = 0.f;
           }
-          ds[e] = p[e] * (y[i] - dl);
+          x[i] = p;
         }
-        da[b / 2][2 * (b % 2) + h] = Mma<T>::Pack(ds[0], ds[1]);
-        if constexpr (kKeys) pa[b / 2][2 * (b % 2) + h] = Mma<T>::Pack(p[0], p[1]);
+      }
+    }
+  };
+  // dS = P (dP - delta), packed into the A operands pair by pair with P (A register r of
+  // 16-column block kk holds elements 8 kk + 2 r and + 1), so that the floats die early.
+  auto grads_of_scores = [&](int s) {
+    const float* stage_terms =
+        reinterpret_cast<const float*>(base_ptr + L::kTermsAt + s * L::kTerms);
+#pragma unroll
+    for (int b = 0; b < kStreamRows / 8; ++b) {
+      float c_delta[2] = {0.f, 0.f};
+      if constexpr (kKeys) {
+#pragma unroll
+        for (int e = 0; e < 2; ++e) c_delta[e] = stage_terms[kStreamRows + 8 * b + col + e];
+      }
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = 4 * b + 2 * h;
+        const float d0 = kKeys ? c_delta[0] : row_delta[h];
+        const float d1 = kKeys ? c_delta[1] : row_delta[h];
+        da[b / 2][2 * (b % 2) + h] = Mma<T>::Pack(x[i] * (y[i] - d0), x[i + 1] * (y[i + 1] - d1));
+        if constexpr (kKeys) pa[b / 2][2 * (b % 2) + h] = Mma<T>::Pack(x[i], x[i + 1]);
       }
     }
   };
@@ -422,10 +431,12 @@ __global__ void __launch_bounds__(kThreads, 1)
       const int s = st % kStages;
       BarrierWait(bar_full(s), (st / kStages) & 1);
       issue_scores(s);
-      WgmmaWait<0>();
+      WgmmaWait<1>();  // the scores; dP may still run
       FenceRegs(x);
-      FenceRegs(y);
       probabilities(it, n, s, fixed_row);
+      WgmmaWait<0>();
+      FenceRegs(y);
+      grads_of_scores(s);
       issue_grads(s);
       WgmmaWait<0>();
       FenceRegs(acc0);

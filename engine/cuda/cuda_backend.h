@@ -75,7 +75,7 @@ struct CudaBackendOptions {
   // compute capability 9.0 device), which need two floats per row (1-2% of an input), add mixture
   // mode's patterns into dq, dk, dv in place and write grouped mode's zero rows themselves, but
   // compute dq in a pass of its own (40% more products). On an H100 a grouped forward + backward
-  // at N = 2^16 took 1.19x (D = 64) and 1.28x (D = 128) the floor on ours, 1.14x / 1.19x on cuDNN
+  // at N = 2^16 took 1.18x (D = 64) and 1.26x (D = 128) the floor on ours, 1.13x / 1.19x on cuDNN
   // (docs/PERFORMANCE.md). kAuto (the default) takes our kernels: memory is what decides whether a
   // long step fits at all; kCudnn is faster where memory is plentiful. With use_cudnn false
   // everything goes to the CUDA-core kernel. Calls our kernels cannot read run as under kCudnn.

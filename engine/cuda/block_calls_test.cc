@@ -210,6 +210,40 @@ TEST(BlockCallsTest, ChunkedPlanKeepsCoverageAndLimit) {
   }
 }
 
+// Our Hopper backward's scratch: the gathered lse and two row terms per row, padded to whole
+// 128-row tiles per (block, head); a merge call adds in place (no tile), and nothing of cuDNN's.
+TEST(BlockCallsTest, HopperBackwardScratchIsTheRowTerms) {
+  BlockCall call;
+  call.group.heads = 3;
+  call.rows = 200;
+  call.count = 5;
+  for (CallRole role : {CallRole::kDirect, CallRole::kMerge}) {
+    const CallScratch s = LayoutCallScratch(call, role, /*backward=*/true, /*use_cudnn=*/false,
+                                            DType::kBFloat16, 128, 0, false,
+                                            /*hopper_backward=*/true);
+    EXPECT_EQ(s.stats, 0);
+    EXPECT_EQ(s.delta, 3 * 200 * 5 * 4 / 256 * 256 + 256);  // after the 256-byte aligned lse
+    EXPECT_EQ(s.total, s.delta + 2 * 3 * 5 * 256 * 4);      // 200 rows padded to 256
+    EXPECT_EQ(s.tile, -1);
+    EXPECT_EQ(s.dq_accum, -1);
+    EXPECT_EQ(s.out_tile, -1);
+    EXPECT_EQ(s.library, -1);
+  }
+}
+
+// The default limits: 5% of one input, with floors of 4 MiB forward, 1 MiB for our Hopper
+// backward and 256 MiB for cuDNN's backward.
+TEST(BlockCallsTest, DefaultWorkspaceLimitsFollowTheKernels) {
+  const ProblemDims big{1, 1 << 16, 16, 64};  // one bf16 input: 128 MiB, 5%: 6,710,886 bytes
+  EXPECT_EQ(DefaultWorkspaceLimit(big, DType::kBFloat16, false), 6710886);
+  EXPECT_EQ(DefaultWorkspaceLimit(big, DType::kBFloat16, true, /*hopper_backward=*/true), 6710886);
+  EXPECT_EQ(DefaultWorkspaceLimit(big, DType::kBFloat16, true), int64_t{256} << 20);
+  const ProblemDims small{1, 1024, 4, 64};
+  EXPECT_EQ(DefaultWorkspaceLimit(small, DType::kBFloat16, false), int64_t{4} << 20);
+  EXPECT_EQ(DefaultWorkspaceLimit(small, DType::kBFloat16, true, true), int64_t{1} << 20);
+  EXPECT_EQ(DefaultWorkspaceLimit(small, DType::kBFloat16, true), int64_t{256} << 20);
+}
+
 TEST(BlockCallsTest, MixtureWritesTheWidestPatternFirst) {
   const ProblemDims d{1, 64, 4, 8};
   const AttentionSpec spec = MakeSpec({16, 8, 32}, {4, 1, 2}, AttentionMode::kMixture);

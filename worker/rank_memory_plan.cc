@@ -29,8 +29,13 @@ absl::Status Overflow(const char* what) {
 absl::StatusOr<MemoryPlan> PlanShard(const RankProblem& p, BackendKind backend, int cpu_threads) {
   const int64_t shard_len = p.seq_len / p.ranks;
   if (backend == BackendKind::kCuda) {
-    absl::StatusOr<cuda::CudaMemoryPlan> c = cuda::PlanCudaMemory(
-        p.spec, p.batch, shard_len, p.num_heads, p.head_dim, p.dtype, p.backward);
+    // One rank runs the CUDA backend, whose backward runs on our Hopper kernels; a ring rank's
+    // block kernels run their backward on cuDNN (engine/ring/cuda_block_kernels.h), with its
+    // larger workspace.
+    absl::StatusOr<cuda::CudaMemoryPlan> c =
+        cuda::PlanCudaMemory(p.spec, p.batch, shard_len, p.num_heads, p.head_dim, p.dtype,
+                             p.backward, /*workspace_limit_bytes=*/0,
+                             /*hopper_kernels=*/p.ranks == 1);
     if (!c.ok()) return c.status();
     MemoryPlan plan;
     plan.inputs_bytes = c->inputs_bytes;

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "engine/cuda/cuda_memory_plan.h"
 #include "engine/memory_plan.h"
 #include "engine/ring/ring_geometry.h"
 #include "engine/ring/ring_plan.h"
@@ -109,6 +110,31 @@ TEST(RankMemoryPlanTest, CudaRanksUseTheCudaPlanner) {
   EXPECT_EQ(plan->shard.inputs_bytes, 3 * 2 * 96 * 3 * 8 * 2);
   p.dtype = DType::kFloat64;  // The CUDA backend does not run fp64.
   EXPECT_FALSE(PlanRankMemory(p, 0, BackendKind::kCuda, 0).ok());
+}
+
+// A single rank's backward runs on the CUDA backend's Hopper kernels (two floats per row); a ring
+// rank's block kernels run theirs on cuDNN, whose fp32 dQ accumulator the plan must hold.
+TEST(RankMemoryPlanTest, CudaBackwardWorkspaceFollowsWhatTheRankRuns) {
+  for (int ranks : {1, 2}) {
+    RankProblem p = Problem(ranks, true);
+    p.dtype = DType::kBFloat16;
+    p.head_dim = 64;
+    absl::StatusOr<RankMemoryPlan> plan = PlanRankMemory(p, 0, BackendKind::kCuda, 0);
+    ASSERT_TRUE(plan.ok()) << plan.status();
+    absl::StatusOr<cuda::CudaMemoryPlan> want =
+        cuda::PlanCudaMemory(p.spec, p.batch, p.seq_len / ranks, p.num_heads, p.head_dim, p.dtype,
+                             true, 0, /*hopper_kernels=*/ranks == 1);
+    ASSERT_TRUE(want.ok()) << want.status();
+    EXPECT_EQ(plan->shard.workspace_bytes, want->workspace_bytes) << ranks << " ranks";
+  }
+  RankProblem p = Problem(2, true);
+  p.dtype = DType::kBFloat16;
+  p.head_dim = 64;
+  absl::StatusOr<cuda::CudaMemoryPlan> hopper =
+      cuda::PlanCudaMemory(p.spec, p.batch, p.seq_len / 2, p.num_heads, 64, p.dtype, true, 0, true);
+  absl::StatusOr<RankMemoryPlan> ring = PlanRankMemory(p, 0, BackendKind::kCuda, 0);
+  ASSERT_TRUE(hopper.ok() && ring.ok());
+  EXPECT_GT(ring->shard.workspace_bytes, hopper->workspace_bytes);
 }
 
 TEST(RankMemoryPlanTest, Errors) {

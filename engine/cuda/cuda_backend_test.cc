@@ -375,6 +375,34 @@ TEST_F(CudaBackendTest, DefaultPicksTheBackwardKernel) {
   }
 }
 
+// Calls cut to a small workspace limit (several chunks per pattern, forward and backward) give
+// the oracle's results, on our Hopper backward (kAuto) and on cuDNN's.
+TEST(CudaBackendChunkingTest, SmallWorkspaceLimitMatchesOracle) {
+  for (auto kernel :
+       {CudaBackendOptions::BackwardKernel::kAuto, CudaBackendOptions::BackwardKernel::kCudnn}) {
+    CudaBackendOptions options;
+    options.workspace_limit_bytes = 16 << 10;
+    options.backward_kernel = kernel;
+    absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> made = NewCudaBackend(options);
+    if (!made.ok()) GTEST_SKIP() << made.status().message();
+    CudaAttentionBackend* backend = made->get();
+    for (AttentionMode mode : {AttentionMode::kGrouped, AttentionMode::kMixture}) {
+      const AttentionSpec spec = MakeSpec({32, 64}, {1, 2}, mode, false);
+      const oracle::Shape shape{2, 384, 4, 64};
+      auto calls = [](const CudaBackendStats& s) {
+        return s.own_hopper_calls + s.own_hopper_backward_calls + s.cudnn_calls + s.kernel_calls;
+      };
+      const int64_t before = calls(backend->stats());
+      CheckAgainstOracle(backend, spec, shape, DType::kBFloat16, /*backward=*/false);
+      const int64_t forward = calls(backend->stats()) - before;
+      CheckAgainstOracle(backend, spec, shape, DType::kBFloat16, /*backward=*/true);
+      const int64_t backward = calls(backend->stats()) - before - 2 * forward;
+      // Unchunked, the backward would be 2 (grouped) or 3 (mixture) calls.
+      EXPECT_GT(backward, 3) << AttentionModeName(mode);
+    }
+  }
+}
+
 TEST_F(CudaBackendTest, MixtureBlockedOffsets) {
   for (DType dtype : {DType::kBFloat16, DType::kFloat32}) {
     CheckAgainstOracle(

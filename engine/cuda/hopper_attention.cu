@@ -192,12 +192,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int col = 2 * (lane % 4);
   uint32_t q_base = 0;  // this warpgroup's 64 rows of the current item's q buffer
 
-  // A buffer this warp no longer reads goes back to the producer: one arrival per warp (its
-  // wgmma reads are complete once the warp has passed the wait of their group).
-  auto release = [&](uint32_t bar) {
-    __syncwarp();
-    if (lane == 0) BarrierArrive(bar);
-  };
+  auto release = [&](uint32_t bar) { ReleaseFromWarp(bar, lane); };
 
   float o[D / 2];
   // Running row max (log2 domain) and this thread's part of the row sum.

@@ -263,10 +263,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   const int row_in_tile = cw * 64 + (t / 32) * 16 + lane / 4;
   const int col = 2 * (lane % 4);
 
-  auto release = [&](uint32_t bar) {
-    __syncwarp();
-    if (lane == 0) BarrierArrive(bar);
-  };
+  auto release = [&](uint32_t bar) { ReleaseFromWarp(bar, lane); };
   // Epilogue: rows first_row + r0 (+ 8) of a gradient, scaled, in place (or added to it).
   auto store = [&](const GradView& v, const float(&acc)[D / 2], const Item& it, int first_row) {
 #pragma unroll

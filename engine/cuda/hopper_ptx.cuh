@@ -286,6 +286,13 @@ __device__ __forceinline__ int NextItem(unsigned* counter, int items) {
   return drawn < static_cast<unsigned>(items) ? static_cast<int>(drawn) : items;
 }
 
+// A buffer this warp no longer reads goes back to the producer: one arrival per warp (its wgmma
+// reads are complete once the warp has passed the wait of their group).
+__device__ __forceinline__ void ReleaseFromWarp(uint32_t bar, int lane) {
+  __syncwarp();
+  if (lane == 0) BarrierArrive(bar);
+}
+
 // Grouped mode's zeros around the selected rows [row0, row0 + 128) (clipped to `rows`) of one
 // (block, head) of a 16-bit view (UnselectedRows, hopper_attention.h): the rate - 1 positions
 // after each selected row that lie within the segment (`span` positions from the first selected

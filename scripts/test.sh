@@ -9,8 +9,28 @@ scripts/setup.sh || { echo "setup failed"; exit 1; }
 
 log=$(mktemp)
 # 2 cores in CI: Bazel runs tests two at a time; multi-process tests bind ephemeral loopback ports only.
-bazel test //... --test_output=errors --test_summary=short --local_test_jobs=2 2>&1 | tee "$log"
-status=${PIPESTATUS[0]}
+run_bazel_test() {
+  bazel "$@" test //... --test_output=errors --test_summary=short --local_test_jobs=2 2>&1 | tee "$log"
+  status=${PIPESTATUS[0]}
+}
+run_bazel_test
+
+# Exit 36 ("local environmental issue": output base unusable, install base corrupt, disk full) and
+# 37 (Bazel's own crash) say nothing about the code. One CI run ended with 36 two seconds in, before
+# any action ran. Say what the machine looks like, then retry once in a fresh output root, which
+# rebuilds everything (about 5 minutes on 2 cores) instead of trusting the old output base.
+if [ "$status" -eq 36 ] || [ "$status" -eq 37 ]; then
+  echo "bazel exited with $status before testing anything (Bazel's environment, not the code):"
+  df -h "${HOME:-/}" "${TMPDIR:-/tmp}" . 2>&1 | sed 's/^/  /'
+  echo "  output base: $(timeout 60 bazel info output_base 2>&1 | tail -1)"
+  bazel shutdown >/dev/null 2>&1 || true
+  fresh_root=$(mktemp -d "${TMPDIR:-/tmp}/dattn-bazel-root.XXXXXX")
+  echo "retrying once with --output_user_root=$fresh_root"
+  run_bazel_test --output_user_root="$fresh_root"
+  bazel --output_user_root="$fresh_root" shutdown >/dev/null 2>&1 || true
+  chmod -R u+w "$fresh_root" 2>/dev/null
+  rm -rf "$fresh_root"
+fi
 
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)
 failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|FLAKY|NO STATUS|INCOMPLETE)' "$log" || true)

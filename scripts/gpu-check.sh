@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# GPU check of the CUDA engine (issue 4) and of the GPU worker's device (inputs generated on the
-# GPU). Builds nothing on the GPU machine.
+# GPU check of the CUDA engine (issue 4), of the GPU worker's device (inputs generated on the GPU)
+# and of the ring's CUDA block kernels on one GPU (P ranks simulated in one process; the ring over
+# NCCL needs several GPUs: scripts/gpu-ring-engine-check.sh). Builds nothing on the GPU machine.
 #
 #   scripts/gpu-check.sh stage        (here, no GPU needed) build the GPU test and benchmark binaries
 #                                     with Bazel and copy them into .device/ (git-ignored)
@@ -20,10 +21,12 @@ mode="${1:-run}"
 if [ "$mode" = "stage" ]; then
   set -e
   bazel build //engine/cuda:cuda_backend_test //engine/cuda:cuda_vs_cpu_test \
-    //worker:cuda_device_test //bench/cuda_bench:cuda_attention_bench
+    //worker:cuda_device_test //engine/ring:cuda_block_kernels_test \
+    //bench/cuda_bench:cuda_attention_bench
   mkdir -p .device/lib
   cp -fL bazel-bin/engine/cuda/cuda_backend_test bazel-bin/engine/cuda/cuda_vs_cpu_test \
-    bazel-bin/worker/cuda_device_test bazel-bin/bench/cuda_bench/cuda_attention_bench .device/
+    bazel-bin/worker/cuda_device_test bazel-bin/engine/ring/cuda_block_kernels_test \
+    bazel-bin/bench/cuda_bench/cuda_attention_bench .device/
   # The CPU reference backend's OpenBLAS (and its Fortran runtime), which the GPU image lacks.
   for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0; do
     cp -fL "/usr/lib/x86_64-linux-gnu/$lib" .device/lib/
@@ -73,12 +76,14 @@ if have test; then
   timeout "${TEST_TIMEOUT:-$step_timeout}" .device/cuda_vs_cpu_test \
     --gtest_filter="${GTEST_FILTER:-*}" >"$out/test.cpu.tmp" 2>&1 &
   pids+=($!)
-  # The GPU worker's device (inputs generated on the GPU against the host generator).
-  if [ -x .device/cuda_device_test ]; then
-    timeout "${TEST_TIMEOUT:-$step_timeout}" .device/cuda_device_test \
-      --gtest_filter="${GTEST_FILTER:-*}" >"$out/test.worker.tmp" 2>&1 &
+  # The GPU worker's device (inputs generated on the GPU against the host generator), and the
+  # ring's CUDA block kernels (P ranks simulated on this one GPU, against the float64 oracle).
+  for extra in cuda_device_test cuda_block_kernels_test; do
+    [ -x ".device/$extra" ] || continue
+    timeout "${TEST_TIMEOUT:-$step_timeout}" ".device/$extra" \
+      --gtest_filter="${GTEST_FILTER:-*}" >"$out/test.$extra.tmp" 2>&1 &
     pids+=($!)
-  fi
+  done
   rc=0
   for pid in "${pids[@]}"; do wait "$pid" || rc=$?; done
   end=$(date +%s)

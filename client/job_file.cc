@@ -84,7 +84,9 @@ class Walker {
       const std::string raw_key = it->first.as<std::string>();
       const std::string key = NormalizeKey(raw_key);
       const std::string path = prefix + raw_key;
-      const YAML::Node& value = it->second;
+      // A copy (a handle): `it->second` lives in a proxy that dies with this statement, and a
+      // reference to it dangled (AddressSanitizer: stack-use-after-scope).
+      const YAML::Node value = it->second;
       if (!attention_section && key == "attention") {
         if (!value.IsMap()) {
           return Error(value, path, "must be a mapping of attention settings (seq_len: ..., ...)");

@@ -1,33 +1,51 @@
 #!/usr/bin/env bash
 # The whole test suite: installs what is missing, builds everything (the CUDA code included: it must
-# compile without a GPU) and runs every test. GPU tests skip, saying why, where no GPU exists.
-# Exit status: non-zero on any build or test failure. Last line: "N passed, N failed".
+# compile without a GPU) and runs every test twice: as built, then built with AddressSanitizer,
+# LeakSanitizer and UndefinedBehaviorSanitizer (.bazelrc's --config=sanitize), where memory errors
+# that pass silently in the plain build fail. GPU tests skip, saying why, where no GPU exists.
+# Exit status: non-zero on any build or test failure. Last line: "N passed, N failed" (both passes).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
 scripts/setup.sh || { echo "setup failed"; exit 1; }
 
 log=$(mktemp)
+startup=()     # Bazel startup options (a fresh output root after an environment failure)
+fresh_root=""
+# run_pass NAME [options]: one `bazel test //...`; appends to $log and sets $status.
 # 2 cores in CI: Bazel runs tests two at a time; multi-process tests bind ephemeral loopback ports only.
-run_bazel_test() {
-  bazel "$@" test //... --test_output=errors --test_summary=short --local_test_jobs=2 2>&1 | tee "$log"
+run_pass() {
+  local name="$1"
+  shift
+  echo "== tests: $name =="
+  bazel "${startup[@]}" test //... "$@" --test_output=errors --test_summary=short \
+    --local_test_jobs=2 2>&1 | tee -a "$log"
   status=${PIPESTATUS[0]}
 }
-run_bazel_test
 
-# Exit 36 ("local environmental issue": output base unusable, install base corrupt, disk full) and
-# 37 (Bazel's own crash) say nothing about the code. One CI run ended with 36 two seconds in, before
-# any action ran. Say what the machine looks like, then retry once in a fresh output root, which
-# rebuilds everything (about 5 minutes on 2 cores) instead of trusting the old output base.
-if [ "$status" -eq 36 ] || [ "$status" -eq 37 ]; then
-  echo "bazel exited with $status before testing anything (Bazel's environment, not the code):"
-  df -h "${HOME:-/}" "${TMPDIR:-/tmp}" . 2>&1 | sed 's/^/  /'
-  echo "  output base: $(timeout 60 bazel info output_base 2>&1 | tail -1)"
-  bazel shutdown >/dev/null 2>&1 || true
-  fresh_root=$(mktemp -d "${TMPDIR:-/tmp}/dattn-bazel-root.XXXXXX")
-  echo "retrying once with --output_user_root=$fresh_root"
-  run_bazel_test --output_user_root="$fresh_root"
-  bazel --output_user_root="$fresh_root" shutdown >/dev/null 2>&1 || true
+total=0
+for pass in plain sanitize; do
+  options=()
+  [ "$pass" = sanitize ] && options=(--config=sanitize)
+  run_pass "$pass" "${options[@]}"
+  # Exit 36 ("local environmental issue": output base unusable, install base corrupt, disk full) and
+  # 37 (Bazel's own crash) say nothing about the code. One CI run ended with 36 two seconds in,
+  # before any action ran. Say what the machine looks like, then retry once in a fresh output root,
+  # which rebuilds everything instead of trusting the old output base.
+  if { [ "$status" -eq 36 ] || [ "$status" -eq 37 ]; } && [ -z "$fresh_root" ]; then
+    echo "bazel exited with $status (Bazel's environment, not the code):"
+    df -h "${HOME:-/}" "${TMPDIR:-/tmp}" . 2>&1 | sed 's/^/  /'
+    echo "  output base: $(timeout 60 bazel info output_base 2>&1 | tail -1)"
+    bazel shutdown >/dev/null 2>&1 || true
+    fresh_root=$(mktemp -d "${TMPDIR:-/tmp}/dattn-bazel-root.XXXXXX")
+    startup=(--output_user_root="$fresh_root")
+    echo "retrying once with --output_user_root=$fresh_root"
+    run_pass "$pass (retried)" "${options[@]}"
+  fi
+  [ "$status" -ne 0 ] && [ "$total" -eq 0 ] && total=$status
+done
+if [ -n "$fresh_root" ]; then
+  bazel "${startup[@]}" shutdown >/dev/null 2>&1 || true
   chmod -R u+w "$fresh_root" 2>/dev/null
   rm -rf "$fresh_root"
 fi
@@ -35,9 +53,9 @@ fi
 passed=$(grep -cE '^//[^ ]+ +(\(cached\) )?PASSED' "$log" || true)
 failed=$(grep -cE '^//[^ ]+ +(FAILED|TIMEOUT|FLAKY|NO STATUS|INCOMPLETE)' "$log" || true)
 rm -f "$log"
-if [ "$status" -ne 0 ] && [ "$failed" -eq 0 ]; then
-  echo "bazel test exited with $status (build failure?)"
+if [ "$total" -ne 0 ] && [ "$failed" -eq 0 ]; then
+  echo "bazel test exited with $total (build failure?)"
   failed=1
 fi
 echo "${passed} passed, ${failed} failed"
-[ "$status" -eq 0 ]
+[ "$total" -eq 0 ]

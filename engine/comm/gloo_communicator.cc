@@ -201,16 +201,23 @@ class GlooWork final : public Work {
 
  private:
   absl::Status WaitAll() {
-    const absl::Time deadline = absl::Now() + state_->timeout;
+    // On Gloo's clock (steady), and Gloo's waits rounded up to whole milliseconds, so that a
+    // timeout Gloo reports is never before our deadline: with the remaining time truncated, Gloo
+    // gave up up to a millisecond early and the timeout came out as UNAVAILABLE (seen in 2 of 80
+    // runs of SilentPeerTimesOutNamingItAndTheErrorSticks).
+    using Clock = std::chrono::steady_clock;
+    const Clock::time_point deadline = Clock::now() + absl::ToChronoNanoseconds(state_->timeout);
     for (Item& item : items_) {
-      const auto left = ToChrono(deadline - absl::Now());
+      const auto left =
+          std::max(std::chrono::milliseconds(0),
+                   std::chrono::ceil<std::chrono::milliseconds>(deadline - Clock::now()));
       bool completed = false;
       try {
         completed = item.op.kind == P2POp::Kind::kSend ? item.buffer->waitSend(left)
                                                        : item.buffer->waitRecv(left);
       } catch (const std::exception& e) {
         absl::Status s;
-        if (absl::Now() >= deadline) {
+        if (Clock::now() >= deadline) {
           s = absl::DeadlineExceededError(
               absl::StrCat("gloo rank ", state_->rank, ": ", Describe(item.op),
                            " did not complete within ", absl::FormatDuration(state_->timeout)));

@@ -20,8 +20,9 @@ namespace {
 
 using RankFn = std::function<absl::Status(int rank, Communicator& comm)>;
 
-// Runs fn on `size` threads, each with its own store client and communicator; returns each rank's
-// status (a failure to join the ring is returned as that rank's status).
+// Runs fn on `size` threads, each with its own store client and communicator, once every rank has
+// joined; returns each rank's status (a failure to join the ring is returned as that rank's
+// status).
 std::vector<absl::Status> RunRanks(int size, const RankFn& fn,
                                    absl::Duration timeout = absl::Seconds(10),
                                    const std::string& prefix = "test") {
@@ -43,6 +44,14 @@ std::vector<absl::Status> RunRanks(int size, const RankFn& fn,
           CreateGlooCommunicator(std::shared_ptr<Store>(std::move(*store)), r, size, options);
       if (!comm.ok()) {
         results[r] = comm.status();
+        return;
+      }
+      // A rank's rendezvous can return while a peer's is still connecting to it; a test body that
+      // aborts or leaves at once would then reset that peer's connection and fail its rendezvous
+      // (seen: 1 run in 40, "connect ...: Connection reset by peer" in AbandonedWork...). The
+      // barrier starts every body on a fully connected ring.
+      if (absl::Status ready = (*comm)->Barrier(); !ready.ok()) {
+        results[r] = ready;
         return;
       }
       results[r] = fn(r, **comm);

@@ -34,8 +34,13 @@ uint64_t Slot(int channel, uint64_t seq) {
   return (static_cast<uint64_t>(channel + 1) << 56) | (seq & ((uint64_t{1} << 56) - 1));
 }
 
+// The longest wait handed to Gloo or the steady clock: a year stands for "no timeout" (an infinite
+// absl::Duration would overflow the clocks' time points, so that every wait timed out at once).
+constexpr absl::Duration kLongestWait = absl::Hours(24 * 365);
+
 std::chrono::milliseconds ToChrono(absl::Duration d) {
-  return std::chrono::milliseconds(std::max<int64_t>(0, absl::ToInt64Milliseconds(d)));
+  return std::chrono::milliseconds(
+      std::max<int64_t>(0, absl::ToInt64Milliseconds(std::min(d, kLongestWait))));
 }
 
 // gloo::rendezvous::Store over our Store. Gloo signals errors by exception only; the adapter keeps
@@ -206,7 +211,8 @@ class GlooWork final : public Work {
     // gave up up to a millisecond early and the timeout came out as UNAVAILABLE (seen in 2 of 80
     // runs of SilentPeerTimesOutNamingItAndTheErrorSticks).
     using Clock = std::chrono::steady_clock;
-    const Clock::time_point deadline = Clock::now() + absl::ToChronoNanoseconds(state_->timeout);
+    const Clock::time_point deadline =
+        Clock::now() + absl::ToChronoNanoseconds(std::min(state_->timeout, kLongestWait));
     for (Item& item : items_) {
       const auto left =
           std::max(std::chrono::milliseconds(0),

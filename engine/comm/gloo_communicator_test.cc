@@ -290,6 +290,23 @@ TEST(GlooCommunicatorTest, BadArgumentsLeaveTheCommunicatorHealthy) {
   }));
 }
 
+// An infinite timeout means none (it overflowed the steady clock's time point, and every wait
+// timed out at once).
+TEST(GlooCommunicatorTest, InfiniteTimeoutMeansNoTimeout) {
+  ExpectAllOk(RunRanks(
+      2,
+      [](int r, Communicator& comm) -> absl::Status {
+        float x = 1.0f + r, y = 0;
+        if (absl::Status s = Exchange(comm, {P2POp::Send(1 - r, &x, 1, DType::kFloat32),
+                                             P2POp::Recv(1 - r, &y, 1, DType::kFloat32)});
+            !s.ok()) {
+          return s;
+        }
+        return Expect(y == 2.0f - r, "exchange");
+      },
+      absl::InfiniteDuration()));
+}
+
 TEST(GlooCommunicatorTest, AbandonedWorkBreaksTheCommunicator) {
   ExpectAllOk(RunRanks(2, [](int r, Communicator& comm) -> absl::Status {
     float x = 0;

@@ -36,7 +36,8 @@ namespace comm {
 struct GlooOptions {
   // Numeric address (or resolvable name) of the interface this rank listens on for its peers.
   std::string hostname = "127.0.0.1";
-  // Longest wait for a peer, rendezvous included.
+  // Longest wait for a peer, rendezvous included; must be positive. absl::InfiniteDuration() (or
+  // anything over a year) waits a year, which stands for no timeout.
   absl::Duration timeout = absl::Seconds(30);
   // Store namespace of this communicator; ranks of one ring use the same prefix, and a new ring (or
   // a new attempt after a failure) must use a new one.

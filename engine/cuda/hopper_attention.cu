@@ -146,15 +146,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       int kv = 0;  // k/v tiles loaded so far (all items): stage kv % kStages, use kv / kStages
       for (int items = 0;; ++items) {
-        const int w = NextItem(g.next_item, g.items);  // g.items: the end mark
         const int qb = items % kQBuffers;
-        if (items >= kQBuffers) BarrierWait(bar_q_empty(qb), ((items / kQBuffers) - 1) & 1);
-        // The arrival below releases the slot to the consumers that wait on the barrier.
-        item_slot[qb] = w;
-        if (w == g.items) {  // no work left: tell the consumers, with no bytes to wait for
-          BarrierArrive(bar_q_full(qb));
-          break;
-        }
+        const int w = ClaimItem(g.next_item, g.items, items, kQBuffers, &item_slot[qb],
+                                bar_q_empty(qb), bar_q_full(qb));
+        if (w == g.items) break;  // the consumers were told
         const Item it = item_of(w);
         BarrierExpectTx(bar_q_full(qb), L::kQBytes);
         for (int c = 0; c < D / kSwizzleCols; ++c) {
@@ -390,8 +385,9 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
     if (g.zero_rate > 0) {
-      ZeroUnselectedRows<D>(out + it.j * g.o_fold + it.head * g.o_head, g.zero_rate, g.zero_lead,
-                            g.zero_span, g.o_pos, it.tile * kBlockM, g.rows, cw * 128 + t);
+      ZeroUnselectedRows<D, 256>(out + it.j * g.o_fold + it.head * g.o_head, g.zero_rate,
+                                 g.zero_lead, g.zero_span, g.o_pos, it.tile * kBlockM, g.rows,
+                                 cw * 128 + t);
     }
   }
 #else

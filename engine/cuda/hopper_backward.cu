@@ -168,10 +168,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto bar_empty = [&](int s) { return bars + 8 * (2 * kBuffers + kStages + s); };
   const int wg = static_cast<int>(threadIdx.x / 128);
 
+  // Grouped mode: warps 1-3 of the producer warpgroup write the zeros around each item's rows
+  // while the consumers compute, and release the item's slot like a consumer warp.
+  constexpr int kZeroWarps = 3;
+  const bool zero_warps = g.zero_rate > 0;
   if (threadIdx.x == 0) {
     for (int b = 0; b < kBuffers; ++b) {
       BarrierInit(bar_fixed_full(b), 1);
-      BarrierInit(bar_fixed_empty(b), 8);  // lane 0 of every consumer warp releases a buffer
+      // Lane 0 of every consumer warp (and zero warp) releases a buffer.
+      BarrierInit(bar_fixed_empty(b), zero_warps ? 8 + kZeroWarps : 8);
     }
     for (int s = 0; s < kStages; ++s) {
       BarrierInit(bar_full(s), 1);
@@ -213,14 +218,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       int st = 0;  // streamed stages filled so far (all items)
       for (int items = 0;; ++items) {
-        const int w = NextItem(g.next_item, g.items);  // g.items: the end mark
         const int fb = items % kBuffers;
-        if (items >= kBuffers) BarrierWait(bar_fixed_empty(fb), ((items / kBuffers) - 1) & 1);
-        item_slot[fb] = w;
-        if (w == g.items) {  // no work left: tell the consumers, with no bytes to wait for
-          BarrierArrive(bar_fixed_full(fb));
-          break;
-        }
+        const int w = ClaimItem(g.next_item, g.items, items, kBuffers, &item_slot[fb],
+                                bar_fixed_empty(fb), bar_fixed_full(fb));
+        if (w == g.items) break;  // the consumers were told
         const Item it = item_of(w);
         BarrierExpectTx(bar_fixed_full(fb), 2 * L::kFixedTile);
         const uint32_t fixed = base + L::kFixed + fb * 2 * L::kFixedTile;
@@ -249,6 +250,25 @@ __global__ void __launch_bounds__(kThreads, 1)
                      bar_full(s));
           }
         }
+      }
+    } else if (zero_warps && threadIdx.x >= 32) {
+      // The zeros of the unselected rows between and before this item's rows (dq; dk and dv),
+      // which no other item writes: nothing to order against the consumers' stores.
+      const int lane = static_cast<int>(threadIdx.x % 32);
+      for (int items = 0;; ++items) {
+        const int fb = items % kBuffers;
+        BarrierWait(bar_fixed_full(fb), (items / kBuffers) & 1);
+        const int w = item_slot[fb];
+        ReleaseFromWarp(bar_fixed_empty(fb), lane);  // the slot is read; the tiles are not ours
+        if (w == g.items) break;
+        const Item it = item_of(w);
+        auto zeros = [&](const GradView& v) {
+          ZeroUnselectedRows<D, 32 * kZeroWarps>(
+              static_cast<T*>(v.ptr) + it.j * v.fold + it.head * v.head, g.zero_rate, g.zero_lead,
+              g.zero_span, v.pos, it.tile * kFixedRows, g.rows, static_cast<int>(threadIdx.x) - 32);
+        };
+        zeros(g.out0);
+        if constexpr (kKeys) zeros(g.out1);
       }
     }
     return;
@@ -442,19 +462,9 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     release(bar_fixed_empty(fb));
 
-    // Epilogue: this warpgroup's rows of the gradient(s), then (grouped mode) the zeros between
-    // the tile's rows, written by both warpgroups.
+    // Epilogue: this warpgroup's rows of the gradient(s) (the zero warps write the rows between).
     store(g.out0, acc0, it, it.tile * kFixedRows + cw * 64);
     if constexpr (kKeys) store(g.out1, acc1, it, it.tile * kFixedRows + cw * 64);
-    if (g.zero_rate > 0) {
-      auto zeros = [&](const GradView& v) {
-        ZeroUnselectedRows<D>(static_cast<T*>(v.ptr) + it.j * v.fold + it.head * v.head,
-                              g.zero_rate, g.zero_lead, g.zero_span, v.pos, it.tile * kFixedRows,
-                              g.rows, cw * 128 + t);
-      };
-      zeros(g.out0);
-      if constexpr (kKeys) zeros(g.out1);
-    }
   }
 #else
   __trap();  // built without sm_90a: the backend keeps such devices away

@@ -157,6 +157,9 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kStages = L::kStages;
   constexpr int kBuffers = L::kFixedBuffers;
   constexpr bool kKeys = P == Pass::kDkDv;
+  // dk/dv at D = 128: dv's product is issued as soon as P is packed, before dS exists (at D = 64,
+  // whose 128-query score tiles fill more registers, that spills).
+  constexpr bool kEarlyDv = kKeys && D == 128;
   constexpr int kStreamRows = L::kStreamRows;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (SmemAddr(smem_raw) + 1023) & ~1023u;
@@ -273,7 +276,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
 
   // Consumer warpgroup cw owns fixed rows 64 cw .. + 63 of the item. In the accumulator layout a
   // thread holds rows r0 and r0 + 8, columns 8 n + col and + 1 of every 8-column block n.
@@ -334,15 +337,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     WgmmaCommit();
   };
-  // Issues acc0 += dS stream0 (dq += dS k; dk += dS^T q) and acc1 += P^T stream1 (dv += P^T dout)
-  // from stage s, the streamed tiles read N-major (their rows are the contraction); the caller
-  // waits.
+  // Issues acc0 += dS stream0 (dq += dS k; dk += dS^T q) and, unless issued early, acc1 += P^T
+  // stream1 (dv += P^T dout) from stage s, the streamed tiles read N-major (their rows are the
+  // contraction); the caller waits.
   auto issue_grads = [&](int s) {
     const uint32_t s0 = base + L::kStream + s * 2 * L::kStreamTile;
     const uint32_t s1 = s0 + L::kStreamTile;
     FenceRegs(acc0);
     FenceRegs(da);
-    if constexpr (kKeys) {
+    if constexpr (kKeys && !kEarlyDv) {
       FenceRegs(acc1);
       FenceRegs(pa);
     }
@@ -351,7 +354,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kk = 0; kk < kStreamRows / 16; ++kk) {
       Mma<T>::PV(acc0, da[kk], Desc(s0 + kk * 16 * 128, kStreamRows * 128));
     }
-    if constexpr (kKeys) {
+    if constexpr (kKeys && !kEarlyDv) {
 #pragma unroll
       for (int kk = 0; kk < kStreamRows / 16; ++kk) {
         Mma<T>::PV(acc1, pa[kk], Desc(s1 + kk * 16 * 128, kStreamRows * 128));
@@ -359,7 +362,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     WgmmaCommit();
     FenceRegs(acc0);
-    if constexpr (kKeys) FenceRegs(acc1);
+    if constexpr (kKeys && !kEarlyDv) FenceRegs(acc1);
+  };
+  // kEarlyDv: issues acc1 += P^T stream1 (dv += P^T dout) from stage s as its own group as soon
+  // as P is packed, so that it runs while dS is computed. The caller waits.
+  auto issue_dv = [&](int s) {
+    if constexpr (kEarlyDv) {
+      const uint32_t s1 = base + L::kStream + s * 2 * L::kStreamTile + L::kStreamTile;
+      FenceRegs(acc1);
+      FenceRegs(pa);
+      WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kStreamRows / 16; ++kk) {
+        Mma<T>::PV(acc1, pa[kk], Desc(s1 + kk * 16 * 128, kStreamRows * 128));
+      }
+      WgmmaCommit();
+      FenceRegs(acc1);
+    }
   };
   // P = exp2(scale_log2 x - lse2) of streamed tile n (stage s) in place, 0 where masked. dq: the
   // row terms belong to this thread's rows; dk/dv: to the columns (queries), from the stage's copy.
@@ -392,8 +411,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   };
-  // dS = P (dP - delta), packed into the A operands pair by pair with P (A register r of
-  // 16-column block kk holds elements 8 kk + 2 r and + 1), so that the floats die early.
+  // kEarlyDv: P^T packed into the A operand of dv's product (A register r of 16-column block kk
+  // holds elements 8 kk + 2 r and + 1).
+  auto pack_probabilities = [&]() {
+#pragma unroll
+    for (int b = 0; b < kStreamRows / 8; ++b) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = 4 * b + 2 * h;
+        pa[b / 2][2 * (b % 2) + h] = Mma<T>::Pack(x[i], x[i + 1]);
+      }
+    }
+  };
+  // dS = P (dP - delta), packed into the A operand of the next product pair by pair (and P with
+  // it, unless packed early), so that the floats die early.
   auto grads_of_scores = [&](int s) {
     const float* stage_terms =
         reinterpret_cast<const float*>(base_ptr + L::kTermsAt + s * L::kTerms);
@@ -410,7 +441,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float d0 = kKeys ? c_delta[0] : row_delta[h];
         const float d1 = kKeys ? c_delta[1] : row_delta[h];
         da[b / 2][2 * (b % 2) + h] = Mma<T>::Pack(x[i] * (y[i] - d0), x[i + 1] * (y[i + 1] - d1));
-        if constexpr (kKeys) pa[b / 2][2 * (b % 2) + h] = Mma<T>::Pack(x[i], x[i + 1]);
+        if constexpr (kKeys && !kEarlyDv) pa[b / 2][2 * (b % 2) + h] = Mma<T>::Pack(x[i], x[i + 1]);
       }
     }
   };
@@ -451,7 +482,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       WgmmaWait<1>();  // the scores; dP may still run
       FenceRegs(x);
       probabilities(it, n, s, fixed_row);
-      WgmmaWait<0>();
+      if constexpr (kEarlyDv) {
+        pack_probabilities();
+        issue_dv(s);
+        WgmmaWait<1>();  // dP; dv may still run
+      } else {
+        WgmmaWait<0>();
+      }
       FenceRegs(y);
       grads_of_scores(s);
       issue_grads(s);

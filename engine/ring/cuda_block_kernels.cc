@@ -111,6 +111,25 @@ std::vector<SlotGroup> SlotGroups(const RingGeometry& geo, int pattern) {
 
 using Scratch = cuda::StreamScratch;
 
+// The fields our kernels' forward and backward arguments share, for call c over the views q, k,
+// v, o of this rank's shards.
+template <typename KernelArgs>
+void SetCallFields(const RingGeometry& geo, const BlockCall& c, const KernelTensor& q,
+                   const KernelTensor& k, const KernelTensor& v, const KernelTensor& o, float scale,
+                   KernelArgs* a) {
+  a->type = ElemTypeOf(geo.dtype());
+  a->q = q;
+  a->k = k;
+  a->v = v;
+  a->o = o;
+  a->count = c.count;
+  a->heads = c.group.heads;
+  a->rows = c.rows;
+  a->head_dim = geo.shape().head_dim;
+  a->scale = scale;
+  a->causal = geo.spec().causal;
+}
+
 class CudaBlockKernelsImpl final : public CudaBlockKernels {
  public:
   CudaBlockKernelsImpl(const CudaBlockKernelOptions& options, cudaStream_t stream, bool owns_stream,
@@ -701,17 +720,7 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     const bool scale_here = !merge && ScaledInCall(c.pattern);
     const float inv_g = 1.0f / static_cast<float>(geo.num_patterns());
     cuda::KernelForwardArgs ka;
-    ka.type = et;
-    ka.q = q;
-    ka.k = k;
-    ka.v = v;
-    ka.o = o;
-    ka.count = c.count;
-    ka.heads = c.group.heads;
-    ka.rows = c.rows;
-    ka.head_dim = s.head_dim;
-    ka.scale = scale;
-    ka.causal = geo.spec().causal;
+    SetCallFields(geo, c, q, k, v, o, scale, &ka);
     bool own = false;
     if (scale_here) {
       ka.stats = reinterpret_cast<float*>(uintptr_t{256});  // placed below; checked for non-null
@@ -783,22 +792,12 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     // writes tiles instead, below). Grouped: P is normalised by lse + log G and the row sums are
     // taken over G * out (delta_scale); mixture: the row's total lse, o = out.
     cuda::KernelBackwardArgs ka;
-    ka.type = et;
-    ka.q = q;
-    ka.k = k;
-    ka.v = v;
-    ka.o = o;
+    SetCallFields(geo, c, q, k, v, o, scale, &ka);
     ka.dout = d_o;
     ka.dq = ViewTensor(args.dq, c, l);
     ka.dk = ViewTensor(args.dk, c, l);
     ka.dv = ViewTensor(args.dv, c, l);
-    ka.count = c.count;
-    ka.heads = c.group.heads;
-    ka.rows = c.rows;
-    ka.head_dim = s.head_dim;
-    ka.scale = scale;
     ka.delta_scale = grouped ? static_cast<float>(g) : 1.0f;
-    ka.causal = geo.spec().causal;
     // Our Hopper backward adds a merge call's gradients in place; grouped mode's other rows were
     // cleared by BeginBackward, so it writes no zeros.
     bool own = false;

@@ -104,10 +104,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto bar_v_empty = [&](int s) { return bars + 8 * (2 * kQBuffers + 3 * kStages + s); };
   const int wg = static_cast<int>(threadIdx.x / 128);
 
+  // Grouped mode: warps 1-3 of the producer warpgroup write the zeros around each item's rows
+  // while the consumers compute, and release the item's slot like a consumer warp.
+  const bool zero_warps = g.zero_rate > 0;
   if (threadIdx.x == 0) {
     for (int b = 0; b < kQBuffers; ++b) {
       BarrierInit(bar_q_full(b), 1);
-      BarrierInit(bar_q_empty(b), 8);  // lane 0 of every consumer warp releases a buffer
+      // Lane 0 of every consumer warp (and zero warp) releases a buffer.
+      BarrierInit(bar_q_empty(b), zero_warps ? 8 + kZeroWarps : 8);
     }
     for (int s = 0; s < kStages; ++s) {
       BarrierInit(bar_k_full(s), 1);
@@ -173,6 +177,18 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+    } else if (zero_warps && threadIdx.x >= 32) {
+      // The zeros of the unselected rows between and before each item's rows, which no other
+      // item writes: nothing to order against the consumers' stores.
+      T* const out = static_cast<T*>(g.o);
+      ZeroWarpsLoop(item_slot, kQBuffers, g.items, static_cast<int>(threadIdx.x % 32), bar_q_full,
+                    bar_q_empty, [&](int w) {
+                      const Item it = item_of(w);
+                      ZeroUnselectedRows<D, kZeroWarpThreads>(
+                          out + it.j * g.o_fold + it.head * g.o_head, g.zero_rate, g.zero_lead,
+                          g.zero_span, g.o_pos, it.tile * kBlockM, g.rows,
+                          static_cast<int>(threadIdx.x) - 32);
+                    });
     }
     return;
   }
@@ -383,11 +399,6 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float lse = l > 0.f ? m_run[h] * 0.69314718055994531f + logf(l) : -INFINITY;
         g.stats[(static_cast<int64_t>(it.j) * g.heads + it.head) * g.rows + row] = lse;
       }
-    }
-    if (g.zero_rate > 0) {
-      ZeroUnselectedRows<D, 256>(out + it.j * g.o_fold + it.head * g.o_head, g.zero_rate,
-                                 g.zero_lead, g.zero_span, g.o_pos, it.tile * kBlockM, g.rows,
-                                 cw * 128 + t);
     }
   }
 #else

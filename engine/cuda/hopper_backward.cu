@@ -173,7 +173,6 @@ __global__ void __launch_bounds__(kThreads, 1)
 
   // Grouped mode: warps 1-3 of the producer warpgroup write the zeros around each item's rows
   // while the consumers compute, and release the item's slot like a consumer warp.
-  constexpr int kZeroWarps = 3;
   const bool zero_warps = g.zero_rate > 0;
   if (threadIdx.x == 0) {
     for (int b = 0; b < kBuffers; ++b) {
@@ -255,24 +254,20 @@ __global__ void __launch_bounds__(kThreads, 1)
         }
       }
     } else if (zero_warps && threadIdx.x >= 32) {
-      // The zeros of the unselected rows between and before this item's rows (dq; dk and dv),
+      // The zeros of the unselected rows between and before each item's rows (dq; dk and dv),
       // which no other item writes: nothing to order against the consumers' stores.
-      const int lane = static_cast<int>(threadIdx.x % 32);
-      for (int items = 0;; ++items) {
-        const int fb = items % kBuffers;
-        BarrierWait(bar_fixed_full(fb), (items / kBuffers) & 1);
-        const int w = item_slot[fb];
-        ReleaseFromWarp(bar_fixed_empty(fb), lane);  // the slot is read; the tiles are not ours
-        if (w == g.items) break;
-        const Item it = item_of(w);
-        auto zeros = [&](const GradView& v) {
-          ZeroUnselectedRows<D, 32 * kZeroWarps>(
-              static_cast<T*>(v.ptr) + it.j * v.fold + it.head * v.head, g.zero_rate, g.zero_lead,
-              g.zero_span, v.pos, it.tile * kFixedRows, g.rows, static_cast<int>(threadIdx.x) - 32);
-        };
-        zeros(g.out0);
-        if constexpr (kKeys) zeros(g.out1);
-      }
+      ZeroWarpsLoop(item_slot, kBuffers, g.items, static_cast<int>(threadIdx.x % 32),
+                    bar_fixed_full, bar_fixed_empty, [&](int w) {
+                      const Item it = item_of(w);
+                      auto zeros = [&](const GradView& v) {
+                        ZeroUnselectedRows<D, kZeroWarpThreads>(
+                            static_cast<T*>(v.ptr) + it.j * v.fold + it.head * v.head, g.zero_rate,
+                            g.zero_lead, g.zero_span, v.pos, it.tile * kFixedRows, g.rows,
+                            static_cast<int>(threadIdx.x) - 32);
+                      };
+                      zeros(g.out0);
+                      if constexpr (kKeys) zeros(g.out1);
+                    });
     }
     return;
   }

@@ -307,6 +307,25 @@ __device__ __forceinline__ void ReleaseFromWarp(uint32_t bar, int lane) {
   if (lane == 0) BarrierArrive(bar);
 }
 
+// Warps 1-3 of a producer warpgroup (kZeroWarpThreads threads): they follow the items the
+// producer publishes in `slots` (buffer items % buffers, its `full` barrier as the consumers wait
+// for it), release each slot like a consumer warp (the `empty` barrier counts them: 8 consumer
+// warps + kZeroWarps) once read, and call zero(item) for every item before the end mark `end`.
+constexpr int kZeroWarps = 3;
+constexpr int kZeroWarpThreads = 32 * kZeroWarps;
+template <typename FullBar, typename EmptyBar, typename ZeroItem>
+__device__ __forceinline__ void ZeroWarpsLoop(const int* slots, int buffers, int end, int lane,
+                                              FullBar full, EmptyBar empty, ZeroItem zero) {
+  for (int items = 0;; ++items) {
+    const int b = items % buffers;
+    BarrierWait(full(b), (items / buffers) & 1);
+    const int w = slots[b];
+    ReleaseFromWarp(empty(b), lane);  // the slot is read; the buffer's tiles are not ours
+    if (w == end) return;
+    zero(w);
+  }
+}
+
 // Grouped mode's zeros around the selected rows [row0, row0 + 128) (clipped to `rows`) of one
 // (block, head) of a 16-bit view (UnselectedRows, hopper_attention.h): the rate - 1 positions
 // after each selected row that lie within the segment (`span` positions from the first selected

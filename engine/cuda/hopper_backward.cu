@@ -160,6 +160,12 @@ __global__ void __launch_bounds__(kThreads, 1)
   // dk/dv at D = 128: dv's product is issued as soon as P is packed, before dS exists (at D = 64,
   // whose 128-query score tiles fill more registers, that spills).
   constexpr bool kEarlyDv = kKeys && D == 128;
+  // setmaxnreg draws on the registers the CTA was launched with (168 x 384 = 64,512, ptxas's cap
+  // for 384 threads), not on the SM's 65,536: 240-register consumers leave the producer
+  // warpgroup 24 (a request beyond the pool blocks for ever).
+  constexpr int kConsumerRegs = kEarlyDv ? 240 : 232;
+  constexpr int kProducerRegs = (168 * kThreads - 2 * 128 * kConsumerRegs) / 128;
+  static_assert(kProducerRegs >= 24 && kProducerRegs % 8 == 0, "setmaxnreg takes 24..256, by 8");
   constexpr int kStreamRows = L::kStreamRows;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (SmemAddr(smem_raw) + 1023) & ~1023u;
@@ -216,7 +222,7 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     // Producer: one thread issues every load, running ahead into the next item while the
     // consumers finish the current one; the warpgroup's registers go to the consumers.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (threadIdx.x == 0) {
       int st = 0;  // streamed stages filled so far (all items)
       for (int items = 0;; ++items) {
@@ -271,7 +277,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 240;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
 
   // Consumer warpgroup cw owns fixed rows 64 cw .. + 63 of the item. In the accumulator layout a
   // thread holds rows r0 and r0 + 8, columns 8 n + col and + 1 of every 8-column block n.

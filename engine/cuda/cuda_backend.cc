@@ -197,19 +197,20 @@ class CudaBackendImpl : public CudaAttentionBackend {
     in.use_cudnn = cudnn;
     in.fold_batches = CanFoldBatches({&args.q, &args.k, &args.v, &args.out}, dims.seq_len);
     in.workspace_limit = options_.workspace_limit_bytes;
-    const CallPlan plan = cuda::PlanBlockCalls(spec, dims, in);
-    const float scale = static_cast<float>(spec.ScaleFor(dims.head_dim));
     const int g = spec.num_patterns();
     const bool grouped = spec.mode == AttentionMode::kGrouped;
-
-    // Grouped mode's 1/G: in our own Hopper kernel's epilogue where it runs (calls it cannot take
-    // get a pass over their own rows); else in the fused call (probabilities scaled before P V)
-    // when cuDNN takes that graph; otherwise a pass over each pattern's selected rows.
     using ForwardKernel = CudaBackendOptions::ForwardKernel;
     const bool own_hopper =
         item_counter_ != nullptr && IsHalfType(dtype) &&
         (options_.forward_kernel == ForwardKernel::kOwnHopper ||
-         (options_.forward_kernel == ForwardKernel::kAuto && options_.use_cudnn && grouped));
+         (options_.forward_kernel == ForwardKernel::kAuto && options_.use_cudnn));
+    in.hopper = own_hopper && (dims.head_dim == 64 || dims.head_dim == 128);
+    const CallPlan plan = cuda::PlanBlockCalls(spec, dims, in);
+    const float scale = static_cast<float>(spec.ScaleFor(dims.head_dim));
+
+    // Grouped mode's 1/G: in our own Hopper kernel's epilogue where it runs (calls it cannot take
+    // get a pass over their own rows); else in the fused call (probabilities scaled before P V)
+    // when cuDNN takes that graph; otherwise a pass over each pattern's selected rows.
     const bool scale_per_call = grouped && g > 1 && own_hopper;
     float p_scale = 1.0f;
     if (grouped && g > 1 && !own_hopper &&
@@ -233,7 +234,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
         // The scratch pointers are not known yet; placeholders let the check see them.
         char* const placeholder = reinterpret_cast<char*>(uintptr_t{256});
         const cuda::KernelForwardArgs k =
-            KernelForward(spec, args, dims, pc, scale, 1.0f, placeholder, placeholder);
+            KernelForward(spec, args, dims, pc, scale, 1.0f, placeholder, nullptr);
         e.own_hopper = cuda::HopperForwardSupported(k);
         if (e.own_hopper && grouped && pc.role == CallRole::kDirect && pc.call.rate > 1) {
           e.zeros = GroupZeros(pc.call, dims.seq_len, k.o.seq);
@@ -241,8 +242,8 @@ class CudaBackendImpl : public CudaAttentionBackend {
         }
       }
       if (e.own_hopper) {
-        e.scratch =
-            cuda::LayoutCallScratch(pc.call, pc.role, false, false, dtype, dims.head_dim, 0);
+        e.scratch = cuda::LayoutCallScratch(pc.call, pc.role, false, false, dtype, dims.head_dim, 0,
+                                            false, /*hopper=*/true);
       } else if (cudnn && ForwardReadable(args, dims, pc)) {
         absl::StatusOr<int64_t> library = sdpa_->ForwardWorkspace(a);
         if (library.ok()) {
@@ -355,7 +356,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
         (dims.head_dim == 64 || dims.head_dim == 128) &&
         (options_.backward_kernel == BackwardKernel::kOwnHopper ||
          (options_.backward_kernel == BackwardKernel::kAuto && options_.use_cudnn));
-    in.hopper_backward = own_hopper;
+    in.hopper = own_hopper;
     const CallPlan plan = cuda::PlanBlockCalls(spec, dims, in);
     const int g = spec.num_patterns();
     const bool grouped = spec.mode == AttentionMode::kGrouped;
@@ -379,7 +380,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
       }
       if (e.own_hopper) {
         e.scratch = cuda::LayoutCallScratch(pc.call, pc.role, true, false, dtype, dims.head_dim, 0,
-                                            false, /*hopper_backward=*/true);
+                                            false, /*hopper=*/true);
       } else if (cudnn && BackwardReadable(args, dims, pc)) {
         absl::StatusOr<int64_t> library =
             sdpa_->BackwardWorkspace(SdpaBackward(spec, args, dims, pc));
@@ -574,7 +575,8 @@ class CudaBackendImpl : public CudaAttentionBackend {
   }
 
   // The arguments of our own kernels for a forward call: stats (and, for a merge call, the packed
-  // tile it writes) in the call's scratch.
+  // tile it writes) in the call's scratch; tile null: o is the out view also for a merge call (our
+  // Hopper kernel merges in place).
   cuda::KernelForwardArgs KernelForward(const AttentionSpec& spec, const ForwardArgs& args,
                                         const ProblemDims& dims, const PlannedCall& pc, float scale,
                                         float p_scale, void* stats, void* tile) const {
@@ -584,8 +586,9 @@ class CudaBackendImpl : public CudaAttentionBackend {
     a.q = ViewTensor(args.q, c, dims.seq_len);
     a.k = ViewTensor(args.k, c, dims.seq_len);
     a.v = ViewTensor(args.v, c, dims.seq_len);
-    a.o = pc.role == CallRole::kMerge ? PackedTensor(tile, c.group.heads, c.rows, dims.head_dim)
-                                      : ViewTensor(args.out, c, dims.seq_len);
+    a.o = pc.role == CallRole::kMerge && tile != nullptr
+              ? PackedTensor(tile, c.group.heads, c.rows, dims.head_dim)
+              : ViewTensor(args.out, c, dims.seq_len);
     a.stats = static_cast<float*>(stats);
     a.count = c.count;
     a.heads = c.group.heads;
@@ -682,6 +685,21 @@ class CudaBackendImpl : public CudaAttentionBackend {
     float* lse = static_cast<float*>(args.lse.data);
     const KernelTensor tile =
         PackedTensor(ws.At<void>(s.tile), c.group.heads, c.rows, dims.head_dim);
+    if (e.own_hopper) {
+      // A merge call combines into out and the rows' lse (gathered here, scattered back after) in
+      // the kernel's epilogue: no tile, no merge pass.
+      float* stats = ws.At<float>(s.stats);
+      if (merge) {
+        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchGatherStats(lse, stats, 0.0f, rows, space, stream_));
+      }
+      const cuda::KernelForwardArgs a =
+          KernelForward(spec, args, dims, pc, scale, p_scale, stats, nullptr);
+      DATTN_CUDA_RETURN_IF_ERROR(
+          cuda::LaunchHopperForward(a, merge, e.zeros, item_counter_, stream_));
+      ++stats_.own_hopper_calls;
+      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchScatterStats(stats, lse, rows, space, stream_));
+      return absl::OkStatus();
+    }
     if (e.cudnn) {
       cuda::SdpaForwardArgs a = SdpaForward(spec, args, dims, pc, scale, p_scale);
       if (merge) a.o = tile.ptr;
@@ -691,13 +709,8 @@ class CudaBackendImpl : public CudaAttentionBackend {
     } else {
       const cuda::KernelForwardArgs a =
           KernelForward(spec, args, dims, pc, scale, p_scale, ws.At<float>(s.stats), tile.ptr);
-      if (e.own_hopper) {
-        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchHopperForward(a, e.zeros, item_counter_, stream_));
-        ++stats_.own_hopper_calls;
-      } else {
-        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAttentionForward(a, stream_));
-        ++stats_.kernel_calls;
-      }
+      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAttentionForward(a, stream_));
+      ++stats_.kernel_calls;
     }
     if (merge) {
       DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchMergeTile(tile.ptr, ws.At<float>(s.stats),

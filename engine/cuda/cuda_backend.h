@@ -61,11 +61,12 @@ struct CudaBackendOptions {
   // The forward fused calls of bf16/fp16: cuDNN (kCudnn), or our own wgmma + TMA kernel
   // (kOwnHopper, hopper_attention.h: D = 64 or 128 on a compute capability 9.0 device), which
   // applies grouped mode's 1/G and writes the zeros of unselected rows in its epilogue, so that no
-  // pass rereads the output. kAuto (the default) takes our kernel for grouped mode and cuDNN for
-  // mixture mode (where our kernel is no faster: its merges dominate), as measured on an H100
-  // (docs/PERFORMANCE.md); with use_cudnn false it leaves everything to the CUDA-core kernel.
-  // Calls our kernel cannot take run as under kCudnn, with the 1/G as a pass over their own
-  // rows.
+  // pass rereads the output, and in mixture mode merges each pattern into the output by
+  // log-sum-exp weights there too (cuDNN writes a tile per call that a pass merges; the tiles must
+  // fit the workspace limit, so its calls are cut small). kAuto (the default) takes our kernel in
+  // both modes, as measured on an H100 (docs/PERFORMANCE.md); with use_cudnn false it leaves
+  // everything to the CUDA-core kernel. Calls our kernel cannot take run as under kCudnn (grouped
+  // mode's 1/G as a pass over their own rows).
   enum class ForwardKernel { kAuto, kCudnn, kOwnHopper };
   ForwardKernel forward_kernel = ForwardKernel::kAuto;
   // The backward calls of bf16/fp16: cuDNN (kCudnn), whose fp32 dQ accumulator takes 4 bytes per

@@ -305,7 +305,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The default (ForwardKernel::kAuto) runs grouped forwards on our own Hopper kernel (on a compute
 // capability 9.0 device) and mixture ones on cuDNN.
-TEST_F(CudaBackendTest, DefaultPicksTheForwardKernelByMode) {
+TEST_F(CudaBackendTest, DefaultPicksOurForwardKernelInBothModes) {
   int major = 0, minor = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
@@ -315,13 +315,52 @@ TEST_F(CudaBackendTest, DefaultPicksTheForwardKernelByMode) {
       CheckAgainstOracle(backend_, MakeSpec({64, 128}, {1, 2}, mode, causal), {1, 256, 4, 64},
                          DType::kBFloat16, /*backward=*/false);
       const CudaBackendStats after = backend_->stats();
-      const bool own = major == 9 && minor == 0 && mode == AttentionMode::kGrouped;
+      const bool own = major == 9 && minor == 0;
       EXPECT_EQ(after.own_hopper_calls > before.own_hopper_calls, own)
           << AttentionModeName(mode) << (causal ? " causal" : "");
       EXPECT_EQ(after.cudnn_calls > before.cudnn_calls, !own)
           << AttentionModeName(mode) << (causal ? " causal" : "");
     }
   }
+}
+
+// Mixture mode on our Hopper forward: every pattern after the first is merged into out and lse in
+// the kernel's epilogue, so the forward needs 4 bytes of scratch per row of a call (its lse), not
+// a tile of D elements per row, and the calls are not cut to fit tiles. Rows the first pattern does
+// not reach (rate 2 leaves every other row of a segment to the later patterns, with offsets
+// spread over the heads) start at lse = -inf and must take the later patterns' values alone,
+// whatever the poisoned output held there.
+TEST_F(CudaBackendTest, MixtureMergesInOurKernelsEpilogue) {
+  int major = 0, minor = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
+  if (major != 9 || minor != 0) GTEST_SKIP() << "our Hopper kernels run on compute capability 9.0";
+  const oracle::Shape shape{2, 1024, 4, 128};
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    for (bool causal : {false, true}) {
+      const CudaBackendStats before = backend_->stats();
+      CheckAgainstOracle(backend_,
+                         MakeSpec({256, 512, 1024}, {2, 4, 8}, AttentionMode::kMixture, causal),
+                         shape, dtype, /*backward=*/true);
+      const CudaBackendStats after = backend_->stats();
+      EXPECT_GT(after.own_hopper_calls, before.own_hopper_calls);
+      EXPECT_GT(after.own_hopper_backward_calls, before.own_hopper_backward_calls);
+      EXPECT_EQ(after.cudnn_calls, before.cudnn_calls) << "no call fell back";
+      EXPECT_EQ(after.kernel_calls, before.kernel_calls) << "no call fell back";
+    }
+  }
+  // The forward's scratch: the lse of one call at most (4 bytes per row and head), no tile; the
+  // planner says so too.
+  const AttentionSpec spec = MakeSpec({256, 512, 1024}, {2, 4, 8}, AttentionMode::kMixture, false);
+  CheckAgainstOracle(backend_, spec, shape, DType::kBFloat16, /*backward=*/false);
+  const int64_t rows = shape.batch * shape.seq_len * shape.num_heads;
+  const int64_t smallest_tile = rows / 8 * shape.head_dim * 2;  // the r = 8 pattern's rows
+  EXPECT_LE(backend_->stats().last_workspace_bytes, rows * 4);
+  EXPECT_LT(backend_->stats().last_workspace_bytes, smallest_tile);
+  absl::StatusOr<cuda::CudaMemoryPlan> plan = cuda::PlanCudaMemory(
+      spec, shape.batch, shape.seq_len, shape.num_heads, shape.head_dim, DType::kBFloat16, false);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->workspace_bytes, backend_->stats().last_workspace_bytes);
 }
 
 // cuDNN's backward (BackwardKernel::kCudnn, and its forward) on every case of ENGINE_SPEC.md: the

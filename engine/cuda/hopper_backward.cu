@@ -177,9 +177,11 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto bar_empty = [&](int s) { return bars + 8 * (2 * kBuffers + kStages + s); };
   const int wg = static_cast<int>(threadIdx.x / 128);
 
-  // Grouped mode: warps 1-3 of the producer warpgroup write the zeros around each item's rows
-  // while the consumers compute, and release the item's slot like a consumer warp.
-  const bool zero_warps = g.zero_rate > 0;
+  // Grouped mode at D = 128: warps 1-3 of the producer warpgroup write the zeros around each
+  // item's rows while the consumers compute, and release the item's slot like a consumer warp (at
+  // D = 64 the consumers' epilogue writes them, as in the forward kernel, which says why).
+  constexpr bool kZeroWarpsAtD = D == 128;
+  const bool zero_warps = kZeroWarpsAtD && g.zero_rate > 0;
   if (threadIdx.x == 0) {
     for (int b = 0; b < kBuffers; ++b) {
       BarrierInit(bar_fixed_full(b), 1);
@@ -500,9 +502,19 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     release(bar_fixed_empty(fb));
 
-    // Epilogue: this warpgroup's rows of the gradient(s) (the zero warps write the rows between).
+    // Epilogue: this warpgroup's rows of the gradient(s), then (grouped mode at D = 64; the zero
+    // warps do it at D = 128) the zeros between the tile's rows, written by both warpgroups.
     store(g.out0, acc0, it, it.tile * kFixedRows + cw * 64);
     if constexpr (kKeys) store(g.out1, acc1, it, it.tile * kFixedRows + cw * 64);
+    if (!kZeroWarpsAtD && g.zero_rate > 0) {
+      auto zeros = [&](const GradView& v) {
+        ZeroUnselectedRows<D, 256>(static_cast<T*>(v.ptr) + it.j * v.fold + it.head * v.head,
+                                   g.zero_rate, g.zero_lead, g.zero_span, v.pos,
+                                   it.tile * kFixedRows, g.rows, cw * 128 + t);
+      };
+      zeros(g.out0);
+      if constexpr (kKeys) zeros(g.out1);
+    }
   }
 #else
   __trap();  // built without sm_90a: the backend keeps such devices away

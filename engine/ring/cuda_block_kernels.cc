@@ -636,7 +636,7 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     // back to cuDNN with its larger scratch, as the CUDA backend's do).
     const cuda::CallScratch one_layout =
         hopper ? cuda::LayoutCallScratch(one, role, true, false, geo.dtype(), s.head_dim, 0, false,
-                                         /*hopper_backward=*/true)
+                                         /*hopper=*/true)
                : cuda::LayoutCallScratch(one, role, backward, cudnn, geo.dtype(), s.head_dim,
                                          kAlign, scaled_out);
     const int64_t per_block = std::max<int64_t>(1, one_layout.total);
@@ -748,7 +748,7 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     ka.stats = stats;
     if (own) {
       ka.p_scale = inv_g;
-      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchHopperForward(ka, {}, item_counter_, stream_));
+      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchHopperForward(ka, false, {}, item_counter_, stream_));
       ++stats_.own_hopper_calls;
     } else if (cudnn) {
       a.o = merge ? tile : o.ptr;
@@ -844,7 +844,7 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     }
     const CallScratch layout =
         own ? cuda::LayoutCallScratch(c, role, true, false, dtype, s.head_dim, 0, false,
-                                      /*hopper_backward=*/true)
+                                      /*hopper=*/true)
             : cuda::LayoutCallScratch(c, role, true, cudnn, dtype, s.head_dim,
                                       cudnn ? std::max<int64_t>(library, 1) : 0,
                                       cudnn && scaled_out_needed);

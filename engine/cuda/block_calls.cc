@@ -208,11 +208,14 @@ CallPlan PlanBlockCalls(const AttentionSpec& spec, const ProblemDims& dims, cons
                : CallRole::kMerge;
   };
   const bool scaled_out = NeedsScaledOut(spec, in.backward, in.use_cudnn);
+  // Overlapping calls take two scratch slots, each within half the limit.
+  const bool overlap = in.overlap_calls && in.hopper;
+  const int64_t call_limit = overlap ? std::max<int64_t>(1, limit / 2) : limit;
   auto emit = [&](const BlockCall& c) {
     const CallRole role = role_of(c);
     const int64_t per_block =
         std::max<int64_t>(1, BytesPerBlock(c, role, in, dims.head_dim, scaled_out));
-    int64_t chunk = std::max<int64_t>(1, limit / per_block);
+    int64_t chunk = std::max<int64_t>(1, call_limit / per_block);
     if (in.use_cudnn) {
       const int64_t block_span = c.block_step * dims.num_heads * dims.head_dim;
       chunk = std::min(chunk,
@@ -228,7 +231,7 @@ CallPlan PlanBlockCalls(const AttentionSpec& spec, const ProblemDims& dims, cons
           p.call, role, in.backward, in.use_cudnn, in.dtype, dims.head_dim,
           in.use_cudnn ? ModeledLibraryWorkspace(p.call, in.backward, dims.head_dim) : 0,
           scaled_out, in.hopper);
-      plan.workspace_bytes = std::max(plan.workspace_bytes, s.total);
+      plan.slot_bytes = std::max(plan.slot_bytes, s.total);
       plan.calls.push_back(p);
     }
   };
@@ -241,6 +244,8 @@ CallPlan PlanBlockCalls(const AttentionSpec& spec, const ProblemDims& dims, cons
       if (c.pattern != plan.direct_pattern) emit(c);
     }
   }
+  if (overlap && plan.calls.size() >= 2) plan.slots = 2;
+  plan.workspace_bytes = plan.slots * plan.slot_bytes;
   return plan;
 }
 

@@ -131,6 +131,10 @@ struct PlanInputs {
   // The calls run on our own Hopper kernels (see LayoutCallScratch); the backend still falls back
   // per call where a kernel cannot read a view, growing the workspace if need be.
   bool hopper = false;
+  // Calls on our Hopper kernels: consecutive calls run on two streams, each with its own scratch
+  // slot within half the workspace limit, so that one call's kernels fill the SMs the other's tail
+  // leaves idle (CudaBackendOptions::overlap_calls).
+  bool overlap_calls = false;
 };
 
 struct PlannedCall {
@@ -143,8 +147,13 @@ struct CallPlan {
   // Mixture mode: the pattern whose calls write the outputs directly (it covers the most rows); the
   // rows it does not select are cleared first and the other patterns are merged in. Grouped: -1.
   int direct_pattern = -1;
-  // The largest scratch any call needs with the modeled library workspace: what the memory planner
-  // reports as workspace and the backend allocates up front (growing it if a real plan needs more).
+  // The largest scratch any call needs with the modeled library workspace (a multiple of 256).
+  int64_t slot_bytes = 0;
+  // Scratch slots the calls take in turn: 2 where calls overlap (PlanInputs::overlap_calls and
+  // hopper, two calls or more), else 1.
+  int slots = 1;
+  // slots x slot_bytes: what the memory planner reports as workspace and the backend allocates up
+  // front (growing the slots if a real plan needs more).
   int64_t workspace_bytes = 0;
 };
 

@@ -29,9 +29,10 @@ absl::Status Overflow(const char* what) {
 absl::StatusOr<MemoryPlan> PlanShard(const RankProblem& p, BackendKind backend, int cpu_threads) {
   const int64_t shard_len = p.seq_len / p.ranks;
   if (backend == BackendKind::kCuda) {
-    // One rank runs the CUDA backend, whose backward runs on our Hopper kernels; a ring rank's
-    // block kernels run their backward on cuDNN (engine/ring/cuda_block_kernels.h), with its
-    // larger workspace.
+    // One rank runs the CUDA backend, whose backward runs on our Hopper kernels. A ring rank's
+    // local backward calls run on them too (engine/ring/cuda_block_kernels.h), but its shared
+    // segments' packed calls run on cuDNN with gathered tiles and an fp32 dQ accumulator that this
+    // plan does not model; the cuDNN backward's workspace for the shard stays their bound.
     absl::StatusOr<cuda::CudaMemoryPlan> c =
         cuda::PlanCudaMemory(p.spec, p.batch, shard_len, p.num_heads, p.head_dim, p.dtype,
                              p.backward, /*workspace_limit_bytes=*/0,

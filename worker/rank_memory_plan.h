@@ -16,9 +16,12 @@
 //                   accumulators, row statistics, gradient tiles:
 //                   engine/ring/cpu_block_kernels.cc).
 //   CUDA, one rank  the CUDA backend's planner (engine/cuda/cuda_memory_plan.h).
-//   CUDA, ring      the CUDA planner's figure for the shard (the CUDA ring kernels cut their
-//                   local calls to the same workspace limit); the query tiles they gather for
-//                   shared segments are not counted: to be checked against measured peaks.
+//   CUDA, ring      the CUDA planner's figure for the shard with cuDNN's backward workspace
+//                   (the CUDA ring kernels cut their local calls to the same workspace limit;
+//                   their local backward calls run on our Hopper kernels with far less, and the
+//                   larger cuDNN figure stands in for the tiles and fp32 accumulators of the
+//                   shared segments' packed cuDNN calls, which are not modeled): to be checked
+//                   against measured peaks.
 //
 // All functions are pure and thread-safe.
 #ifndef DATTN_WORKER_RANK_MEMORY_PLAN_H_

@@ -28,7 +28,7 @@ int64_t BytesPerBlock(const BlockCall& call, CallRole role, const PlanInputs& in
   const CallScratch s =
       LayoutCallScratch(one, role, in.backward, in.use_cudnn, in.dtype, head_dim,
                         in.use_cudnn ? ModeledLibraryWorkspace(one, in.backward, head_dim) : 0,
-                        scaled_out, in.backward && in.hopper_backward);
+                        scaled_out, in.hopper);
   return s.total;
 }
 
@@ -135,7 +135,7 @@ bool NeedsScaledOut(const AttentionSpec& spec, bool backward, bool use_cudnn) {
 
 CallScratch LayoutCallScratch(const BlockCall& call, CallRole role, bool backward, bool use_cudnn,
                               DType dtype, int64_t head_dim, int64_t library_bytes, bool scaled_out,
-                              bool hopper_backward) {
+                              bool hopper) {
   CallScratch s;
   const int64_t rows = call.count * call.group.heads * call.rows;
   const int64_t esize = static_cast<int64_t>(DTypeSize(dtype));
@@ -145,8 +145,8 @@ CallScratch LayoutCallScratch(const BlockCall& call, CallRole role, bool backwar
     return at;
   };
   s.stats = take(rows * 4);
-  if (backward && hopper_backward) {
-    s.delta = take(HopperRowTermsFloats(call.count, call.group.heads, call.rows) * 4);
+  if (hopper) {
+    if (backward) s.delta = take(HopperRowTermsFloats(call.count, call.group.heads, call.rows) * 4);
     return s;
   }
   if (backward) {
@@ -188,9 +188,9 @@ int64_t DefaultWorkspaceLimit(const ProblemDims& dims, DType dtype, bool backwar
 CallPlan PlanBlockCalls(const AttentionSpec& spec, const ProblemDims& dims, const PlanInputs& in) {
   CallPlan plan;
   const std::vector<BlockCall> all = EnumerateBlockCalls(spec, dims, in.fold_batches);
-  const int64_t limit = in.workspace_limit > 0 ? in.workspace_limit
-                                               : DefaultWorkspaceLimit(dims, in.dtype, in.backward,
-                                                                       in.hopper_backward);
+  const int64_t limit = in.workspace_limit > 0
+                            ? in.workspace_limit
+                            : DefaultWorkspaceLimit(dims, in.dtype, in.backward, in.hopper);
 
   // Mixture: the pattern covering the most (row, head) pairs writes directly.
   if (spec.mode == AttentionMode::kMixture) {
@@ -208,11 +208,14 @@ CallPlan PlanBlockCalls(const AttentionSpec& spec, const ProblemDims& dims, cons
                : CallRole::kMerge;
   };
   const bool scaled_out = NeedsScaledOut(spec, in.backward, in.use_cudnn);
+  // Overlapping calls take two scratch slots, each within half the limit.
+  const bool overlap = in.overlap_calls && in.hopper;
+  const int64_t call_limit = overlap ? std::max<int64_t>(1, limit / 2) : limit;
   auto emit = [&](const BlockCall& c) {
     const CallRole role = role_of(c);
     const int64_t per_block =
         std::max<int64_t>(1, BytesPerBlock(c, role, in, dims.head_dim, scaled_out));
-    int64_t chunk = std::max<int64_t>(1, limit / per_block);
+    int64_t chunk = std::max<int64_t>(1, call_limit / per_block);
     if (in.use_cudnn) {
       const int64_t block_span = c.block_step * dims.num_heads * dims.head_dim;
       chunk = std::min(chunk,
@@ -227,8 +230,8 @@ CallPlan PlanBlockCalls(const AttentionSpec& spec, const ProblemDims& dims, cons
       const CallScratch s = LayoutCallScratch(
           p.call, role, in.backward, in.use_cudnn, in.dtype, dims.head_dim,
           in.use_cudnn ? ModeledLibraryWorkspace(p.call, in.backward, dims.head_dim) : 0,
-          scaled_out, in.backward && in.hopper_backward);
-      plan.workspace_bytes = std::max(plan.workspace_bytes, s.total);
+          scaled_out, in.hopper);
+      plan.slot_bytes = std::max(plan.slot_bytes, s.total);
       plan.calls.push_back(p);
     }
   };
@@ -241,6 +244,8 @@ CallPlan PlanBlockCalls(const AttentionSpec& spec, const ProblemDims& dims, cons
       if (c.pattern != plan.direct_pattern) emit(c);
     }
   }
+  if (overlap && plan.calls.size() >= 2) plan.slots = 2;
+  plan.workspace_bytes = plan.slots * plan.slot_bytes;
   return plan;
 }
 

@@ -106,12 +106,13 @@ struct CallScratch {
 
 // Layout of the scratch of one call. library_bytes: the cuDNN plan's own workspace (0 for our
 // kernel). scaled_out: a cuDNN backward call of grouped mode with G > 1 (needs out_tile).
-// hopper_backward: a backward call of our own Hopper kernel (hopper_backward.h): the gathered lse
-// and its row terms (delta, HopperRowTermsFloats) only; a merge call adds into dq, dk, dv in place
-// (no tile).
+// hopper: a call of our own Hopper kernels, whose merge calls combine into the outputs in place
+// (no tile): forward (hopper_attention.h), the stats only (a merge call's hold the rows' lse so
+// far); backward (hopper_backward.h), the gathered lse and its row terms (delta,
+// HopperRowTermsFloats).
 CallScratch LayoutCallScratch(const BlockCall& call, CallRole role, bool backward, bool use_cudnn,
                               DType dtype, int64_t head_dim, int64_t library_bytes,
-                              bool scaled_out = false, bool hopper_backward = false);
+                              bool scaled_out = false, bool hopper = false);
 
 // Whether cuDNN backward calls of this spec need the G * out tile.
 bool NeedsScaledOut(const AttentionSpec& spec, bool backward, bool use_cudnn);
@@ -127,9 +128,13 @@ struct PlanInputs {
   bool use_cudnn = true;        // cuDNN fused attention (16-bit types only) vs our own kernel.
   bool fold_batches = true;     // see EnumerateBlockCalls
   int64_t workspace_limit = 0;  // bytes a call's scratch may use; 0: DefaultWorkspaceLimit
-  // Backward calls run on our own Hopper kernel (see LayoutCallScratch); the backend still falls
-  // back per call where the kernel cannot read a view, growing the workspace if need be.
-  bool hopper_backward = false;
+  // The calls run on our own Hopper kernels (see LayoutCallScratch); the backend still falls back
+  // per call where a kernel cannot read a view, growing the workspace if need be.
+  bool hopper = false;
+  // Calls on our Hopper kernels: consecutive calls run on two streams, each with its own scratch
+  // slot within half the workspace limit, so that one call's kernels fill the SMs the other's tail
+  // leaves idle (CudaBackendOptions::overlap_calls).
+  bool overlap_calls = false;
 };
 
 struct PlannedCall {
@@ -142,8 +147,13 @@ struct CallPlan {
   // Mixture mode: the pattern whose calls write the outputs directly (it covers the most rows); the
   // rows it does not select are cleared first and the other patterns are merged in. Grouped: -1.
   int direct_pattern = -1;
-  // The largest scratch any call needs with the modeled library workspace: what the memory planner
-  // reports as workspace and the backend allocates up front (growing it if a real plan needs more).
+  // The largest scratch any call needs with the modeled library workspace (a multiple of 256).
+  int64_t slot_bytes = 0;
+  // Scratch slots the calls take in turn: 2 where calls overlap (PlanInputs::overlap_calls and
+  // hopper, two calls or more), else 1.
+  int slots = 1;
+  // slots x slot_bytes: what the memory planner reports as workspace and the backend allocates up
+  // front (growing the slots if a real plan needs more).
   int64_t workspace_bytes = 0;
 };
 

@@ -220,7 +220,7 @@ TEST(BlockCallsTest, HopperBackwardScratchIsTheRowTerms) {
   for (CallRole role : {CallRole::kDirect, CallRole::kMerge}) {
     const CallScratch s = LayoutCallScratch(call, role, /*backward=*/true, /*use_cudnn=*/false,
                                             DType::kBFloat16, 128, 0, false,
-                                            /*hopper_backward=*/true);
+                                            /*hopper=*/true);
     EXPECT_EQ(s.stats, 0);
     EXPECT_EQ(s.delta, 3 * 200 * 5 * 4 / 256 * 256 + 256);  // after the 256-byte aligned lse
     EXPECT_EQ(s.total, s.delta + 2 * 3 * 5 * 256 * 4);      // 200 rows padded to 256

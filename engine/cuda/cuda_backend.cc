@@ -10,6 +10,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/attention_kernels.h"
 #include "engine/cuda/block_calls.h"
@@ -89,10 +90,11 @@ class Workspace {
     base_ = *p;
     return absl::OkStatus();
   }
-  // The part at `offset`; nullptr for a part the layout lacks (a negative offset).
+  // The part at `offset` of the scratch slot at `slot`; nullptr for a part the layout lacks (a
+  // negative offset).
   template <typename T>
-  T* At(int64_t offset) const {
-    return offset < 0 ? nullptr : reinterpret_cast<T*>(base_ + offset);
+  T* At(int64_t offset, int64_t slot = 0) const {
+    return offset < 0 ? nullptr : reinterpret_cast<T*>(base_ + slot + offset);
   }
   int64_t bytes() const { return scratch_.taken_bytes(); }
 
@@ -114,6 +116,14 @@ struct CallExec {
   CallScratch scratch;
 };
 
+// Where one call's work goes (CudaBackendOptions::overlap_calls): its stream, the item counter of
+// our Hopper kernels on that stream, and the offset of its scratch slot in the workspace.
+struct CallSlot {
+  cudaStream_t stream = nullptr;
+  unsigned* counter = nullptr;
+  int64_t base = 0;
+};
+
 class CudaBackendImpl : public CudaAttentionBackend {
  public:
   struct Resources {
@@ -122,10 +132,16 @@ class CudaBackendImpl : public CudaAttentionBackend {
     cudaStream_t aux = nullptr;
     cudaEvent_t fork = nullptr;
     cudaEvent_t join = nullptr;
+    // The second stream of overlapping calls, with its fork and join events.
+    cudaStream_t calls2 = nullptr;
+    cudaEvent_t fork2 = nullptr;
+    cudaEvent_t join2 = nullptr;
     cudaMemPool_t pool = nullptr;
     std::unique_ptr<cuda::CudnnSdpa> sdpa;
-    // Device: the own Hopper kernel's work counter; null where that kernel does not run.
+    // Device: the own Hopper kernels' work counters, one per calls stream; null where those
+    // kernels do not run.
     unsigned* item_counter = nullptr;
+    unsigned* item_counter2 = nullptr;
   };
 
   CudaBackendImpl(const CudaBackendOptions& options, Resources r)
@@ -136,22 +152,31 @@ class CudaBackendImpl : public CudaAttentionBackend {
         aux_(r.aux),
         fork_(r.fork),
         join_(r.join),
+        calls2_(r.calls2),
+        fork2_(r.fork2),
+        join2_(r.join2),
         pool_(r.pool),
         sdpa_(std::move(r.sdpa)),
-        item_counter_(r.item_counter) {}
+        item_counter_(r.item_counter),
+        item_counter2_(r.item_counter2) {}
 
   ~CudaBackendImpl() override {
     DeviceScope guard;
     (void)guard.Enter(options_.device);
     cudaStreamSynchronize(stream_);
     cudaStreamSynchronize(aux_);
+    cudaStreamSynchronize(calls2_);
     sdpa_.reset();
     cudaMemPoolDestroy(pool_);
     cudaFree(item_counter_);
+    cudaFree(item_counter2_);
     cudaEventDestroy(fork_);
     cudaEventDestroy(join_);
+    cudaEventDestroy(fork2_);
+    cudaEventDestroy(join2_);
     for (cudaEvent_t e : pattern_events_) cudaEventDestroy(e);
     cudaStreamDestroy(aux_);
+    cudaStreamDestroy(calls2_);
     if (owns_stream_) cudaStreamDestroy(stream_);
   }
 
@@ -197,19 +222,21 @@ class CudaBackendImpl : public CudaAttentionBackend {
     in.use_cudnn = cudnn;
     in.fold_batches = CanFoldBatches({&args.q, &args.k, &args.v, &args.out}, dims.seq_len);
     in.workspace_limit = options_.workspace_limit_bytes;
-    const CallPlan plan = cuda::PlanBlockCalls(spec, dims, in);
-    const float scale = static_cast<float>(spec.ScaleFor(dims.head_dim));
     const int g = spec.num_patterns();
     const bool grouped = spec.mode == AttentionMode::kGrouped;
-
-    // Grouped mode's 1/G: in our own Hopper kernel's epilogue where it runs (calls it cannot take
-    // get a pass over their own rows); else in the fused call (probabilities scaled before P V)
-    // when cuDNN takes that graph; otherwise a pass over each pattern's selected rows.
     using ForwardKernel = CudaBackendOptions::ForwardKernel;
     const bool own_hopper =
         item_counter_ != nullptr && IsHalfType(dtype) &&
         (options_.forward_kernel == ForwardKernel::kOwnHopper ||
-         (options_.forward_kernel == ForwardKernel::kAuto && options_.use_cudnn && grouped));
+         (options_.forward_kernel == ForwardKernel::kAuto && options_.use_cudnn));
+    in.hopper = own_hopper && (dims.head_dim == 64 || dims.head_dim == 128);
+    in.overlap_calls = options_.overlap_calls;
+    const CallPlan plan = cuda::PlanBlockCalls(spec, dims, in);
+    const float scale = static_cast<float>(spec.ScaleFor(dims.head_dim));
+
+    // Grouped mode's 1/G: in our own Hopper kernel's epilogue where it runs (calls it cannot take
+    // get a pass over their own rows); else in the fused call (probabilities scaled before P V)
+    // when cuDNN takes that graph; otherwise a pass over each pattern's selected rows.
     const bool scale_per_call = grouped && g > 1 && own_hopper;
     float p_scale = 1.0f;
     if (grouped && g > 1 && !own_hopper &&
@@ -224,7 +251,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
     // Engines and scratch of every call first (plans are built here, on the host), so that the
     // workspace is taken once, at its final size.
     std::vector<CallExec> execs;
-    int64_t ws_bytes = plan.workspace_bytes;
+    int64_t slot_bytes = plan.slot_bytes;
     for (const PlannedCall& pc : plan.calls) {
       CallExec e;
       e.planned = &pc;
@@ -233,7 +260,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
         // The scratch pointers are not known yet; placeholders let the check see them.
         char* const placeholder = reinterpret_cast<char*>(uintptr_t{256});
         const cuda::KernelForwardArgs k =
-            KernelForward(spec, args, dims, pc, scale, 1.0f, placeholder, placeholder);
+            KernelForward(spec, args, dims, pc, scale, 1.0f, placeholder, nullptr);
         e.own_hopper = cuda::HopperForwardSupported(k);
         if (e.own_hopper && grouped && pc.role == CallRole::kDirect && pc.call.rate > 1) {
           e.zeros = GroupZeros(pc.call, dims.seq_len, k.o.seq);
@@ -241,8 +268,8 @@ class CudaBackendImpl : public CudaAttentionBackend {
         }
       }
       if (e.own_hopper) {
-        e.scratch =
-            cuda::LayoutCallScratch(pc.call, pc.role, false, false, dtype, dims.head_dim, 0);
+        e.scratch = cuda::LayoutCallScratch(pc.call, pc.role, false, false, dtype, dims.head_dim, 0,
+                                            false, /*hopper=*/true);
       } else if (cudnn && ForwardReadable(args, dims, pc)) {
         absl::StatusOr<int64_t> library = sdpa_->ForwardWorkspace(a);
         if (library.ok()) {
@@ -257,13 +284,14 @@ class CudaBackendImpl : public CudaAttentionBackend {
         e.scratch =
             cuda::LayoutCallScratch(pc.call, pc.role, false, false, dtype, dims.head_dim, 0);
       }
-      ws_bytes = std::max(ws_bytes, e.scratch.total);
+      slot_bytes = std::max(slot_bytes, e.scratch.total);
       execs.push_back(e);
     }
     const std::vector<bool> kernel_zeros =
         grouped && own_hopper ? KernelZeroPatterns(spec, dims, execs) : std::vector<bool>(g, false);
     Workspace ws(pool_, stream_);
-    DATTN_RETURN_IF_ERROR(ws.Reserve(ws_bytes));
+    DATTN_RETURN_IF_ERROR(ws.Reserve(plan.slots * slot_bytes));
+    const bool overlap = Overlaps(plan, execs);
 
     const RowSpace space{dims.batch, dims.seq_len, dims.num_heads, dims.head_dim};
     const ElemType et = ElemTypeOf(dtype);
@@ -290,14 +318,22 @@ class CudaBackendImpl : public CudaAttentionBackend {
       DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchFillLse(lse, space, rule, fills));
     }
     bool joined = false;
+    // calls2_ joins the main stream on every way out (an error return too), before the workspace
+    // goes back to the pool on the main stream.
+    if (overlap) DATTN_RETURN_IF_ERROR(ForkCalls());
+    absl::Cleanup join_calls = [this, overlap] {
+      if (overlap) (void)JoinCalls();
+    };
     for (size_t i = 0; i < execs.size(); ++i) {
       const CallExec& e = execs[i];
       if (!joined && e.planned->role == CallRole::kMerge) {
         DATTN_RETURN_IF_ERROR(Join(fills));
         joined = true;
       }
-      DATTN_RETURN_IF_ERROR(EnqueueForward(
-          spec, args, dims, e, scale, scale_per_call && e.own_hopper ? 1.0f / g : p_scale, ws));
+      if (overlap && NewPattern(execs, i)) DATTN_RETURN_IF_ERROR(CrossWaitCalls());
+      DATTN_RETURN_IF_ERROR(EnqueueForward(spec, args, dims, e, scale,
+                                           scale_per_call && e.own_hopper ? 1.0f / g : p_scale, ws,
+                                           SlotOf(i, overlap, slot_bytes)));
       if (scale_per_call && !e.own_hopper) {
         DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchScaleRows(
             args.out.data, 1.0f / g, et, CallRowsOf(e.planned->call), space, stream_));
@@ -327,6 +363,8 @@ class CudaBackendImpl : public CudaAttentionBackend {
       ++stats_.p_scale_passes;
     }
     if (!joined) DATTN_RETURN_IF_ERROR(Join(fills));
+    std::move(join_calls).Cancel();
+    if (overlap) DATTN_RETURN_IF_ERROR(JoinCalls());
     stats_.last_workspace_bytes = ws.bytes();
     if (options_.synchronize) return Synchronize();
     return absl::OkStatus();
@@ -355,14 +393,15 @@ class CudaBackendImpl : public CudaAttentionBackend {
         (dims.head_dim == 64 || dims.head_dim == 128) &&
         (options_.backward_kernel == BackwardKernel::kOwnHopper ||
          (options_.backward_kernel == BackwardKernel::kAuto && options_.use_cudnn));
-    in.hopper_backward = own_hopper;
+    in.hopper = own_hopper;
+    in.overlap_calls = options_.overlap_calls;
     const CallPlan plan = cuda::PlanBlockCalls(spec, dims, in);
     const int g = spec.num_patterns();
     const bool grouped = spec.mode == AttentionMode::kGrouped;
     const bool scaled_out = cuda::NeedsScaledOut(spec, true, cudnn);
 
     std::vector<CallExec> execs;
-    int64_t ws_bytes = plan.workspace_bytes;
+    int64_t slot_bytes = plan.slot_bytes;
     for (const PlannedCall& pc : plan.calls) {
       CallExec e;
       e.planned = &pc;
@@ -379,7 +418,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
       }
       if (e.own_hopper) {
         e.scratch = cuda::LayoutCallScratch(pc.call, pc.role, true, false, dtype, dims.head_dim, 0,
-                                            false, /*hopper_backward=*/true);
+                                            false, /*hopper=*/true);
       } else if (cudnn && BackwardReadable(args, dims, pc)) {
         absl::StatusOr<int64_t> library =
             sdpa_->BackwardWorkspace(SdpaBackward(spec, args, dims, pc));
@@ -394,14 +433,15 @@ class CudaBackendImpl : public CudaAttentionBackend {
       if (!e.cudnn && !e.own_hopper) {
         e.scratch = cuda::LayoutCallScratch(pc.call, pc.role, true, false, dtype, dims.head_dim, 0);
       }
-      ws_bytes = std::max(ws_bytes, e.scratch.total);
+      slot_bytes = std::max(slot_bytes, e.scratch.total);
       execs.push_back(e);
     }
     // Grouped: the groups whose zeros our kernels write next to their rows need no fill.
     const std::vector<bool> kernel_zeros =
         grouped && own_hopper ? KernelZeroPatterns(spec, dims, execs) : std::vector<bool>(g, false);
     Workspace ws(pool_, stream_);
-    DATTN_RETURN_IF_ERROR(ws.Reserve(ws_bytes));
+    DATTN_RETURN_IF_ERROR(ws.Reserve(plan.slots * slot_bytes));
+    const bool overlap = Overlaps(plan, execs);
 
     const RowSpace space{dims.batch, dims.seq_len, dims.num_heads, dims.head_dim};
     const ElemType et = ElemTypeOf(dtype);
@@ -419,14 +459,25 @@ class CudaBackendImpl : public CudaAttentionBackend {
       }
     }
     bool joined = false;
-    for (const CallExec& e : execs) {
+    // calls2_ joins the main stream on every way out (an error return too), before the workspace
+    // goes back to the pool on the main stream.
+    if (overlap) DATTN_RETURN_IF_ERROR(ForkCalls());
+    absl::Cleanup join_calls = [this, overlap] {
+      if (overlap) (void)JoinCalls();
+    };
+    for (size_t i = 0; i < execs.size(); ++i) {
+      const CallExec& e = execs[i];
       if (!joined && e.planned->role == CallRole::kMerge) {
         DATTN_RETURN_IF_ERROR(Join(fills));
         joined = true;
       }
-      DATTN_RETURN_IF_ERROR(EnqueueBackward(spec, args, dims, e, ws));
+      if (overlap && NewPattern(execs, i)) DATTN_RETURN_IF_ERROR(CrossWaitCalls());
+      DATTN_RETURN_IF_ERROR(
+          EnqueueBackward(spec, args, dims, e, ws, SlotOf(i, overlap, slot_bytes)));
     }
     if (!joined) DATTN_RETURN_IF_ERROR(Join(fills));
+    std::move(join_calls).Cancel();
+    if (overlap) DATTN_RETURN_IF_ERROR(JoinCalls());
     stats_.last_workspace_bytes = ws.bytes();
     if (options_.synchronize) return Synchronize();
     return absl::OkStatus();
@@ -497,6 +548,58 @@ class CudaBackendImpl : public CudaAttentionBackend {
     if (fills == stream_) return absl::OkStatus();
     DATTN_CUDA_RETURN_IF_ERROR(cudaEventRecord(join_, fills));
     DATTN_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, join_, 0));
+    return absl::OkStatus();
+  }
+
+  // Whether consecutive calls go to two streams in turn: the plan gave them two scratch slots
+  // (overlap_calls) and every call runs on our Hopper kernels (cuDNN's handle and the CUDA-core
+  // kernel's calls stay on the main stream; cuDNN's mixture merges also share a tile).
+  bool Overlaps(const CallPlan& plan, const std::vector<CallExec>& execs) const {
+    if (plan.slots < 2 || item_counter2_ == nullptr) return false;
+    for (const CallExec& e : execs) {
+      if (!e.own_hopper) return false;
+    }
+    return true;
+  }
+
+  // Call i's stream, item counter and scratch slot: odd calls on calls2_ when overlapping.
+  CallSlot SlotOf(size_t i, bool overlap, int64_t slot_bytes) {
+    if (overlap && i % 2 == 1) {
+      ++stats_.second_stream_calls;
+      return {calls2_, item_counter2_, slot_bytes};
+    }
+    return {stream_, item_counter_, 0};
+  }
+
+  // Orders calls2_ after the work enqueued so far on the main stream.
+  absl::Status ForkCalls() {
+    DATTN_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork2_, stream_));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(calls2_, fork2_, 0));
+    return absl::OkStatus();
+  }
+
+  // Mixture mode: whether call i is the first of a pattern after another pattern's calls, which
+  // added into the same rows (the fills joined just before the first merge are ordered too: they
+  // are on the main stream by then).
+  static bool NewPattern(const std::vector<CallExec>& execs, size_t i) {
+    return i > 0 && execs[i].planned->role == CallRole::kMerge &&
+           execs[i].planned->call.pattern != execs[i - 1].planned->call.pattern;
+  }
+
+  // Orders both calls streams after the work enqueued so far on either.
+  absl::Status CrossWaitCalls() {
+    DATTN_CUDA_RETURN_IF_ERROR(cudaEventRecord(fork2_, stream_));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaEventRecord(join2_, calls2_));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(calls2_, fork2_, 0));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, join2_, 0));
+    return absl::OkStatus();
+  }
+
+  // Orders the main stream after the work enqueued so far on calls2_ (before the workspace goes
+  // back to the pool on the main stream).
+  absl::Status JoinCalls() {
+    DATTN_CUDA_RETURN_IF_ERROR(cudaEventRecord(join2_, calls2_));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, join2_, 0));
     return absl::OkStatus();
   }
 
@@ -574,7 +677,8 @@ class CudaBackendImpl : public CudaAttentionBackend {
   }
 
   // The arguments of our own kernels for a forward call: stats (and, for a merge call, the packed
-  // tile it writes) in the call's scratch.
+  // tile it writes) in the call's scratch; tile null: o is the out view also for a merge call (our
+  // Hopper kernel merges in place).
   cuda::KernelForwardArgs KernelForward(const AttentionSpec& spec, const ForwardArgs& args,
                                         const ProblemDims& dims, const PlannedCall& pc, float scale,
                                         float p_scale, void* stats, void* tile) const {
@@ -584,8 +688,9 @@ class CudaBackendImpl : public CudaAttentionBackend {
     a.q = ViewTensor(args.q, c, dims.seq_len);
     a.k = ViewTensor(args.k, c, dims.seq_len);
     a.v = ViewTensor(args.v, c, dims.seq_len);
-    a.o = pc.role == CallRole::kMerge ? PackedTensor(tile, c.group.heads, c.rows, dims.head_dim)
-                                      : ViewTensor(args.out, c, dims.seq_len);
+    a.o = pc.role == CallRole::kMerge && tile != nullptr
+              ? PackedTensor(tile, c.group.heads, c.rows, dims.head_dim)
+              : ViewTensor(args.out, c, dims.seq_len);
     a.stats = static_cast<float*>(stats);
     a.count = c.count;
     a.heads = c.group.heads;
@@ -671,7 +776,7 @@ class CudaBackendImpl : public CudaAttentionBackend {
 
   absl::Status EnqueueForward(const AttentionSpec& spec, const ForwardArgs& args,
                               const ProblemDims& dims, const CallExec& e, float scale,
-                              float p_scale, Workspace& ws) {
+                              float p_scale, Workspace& ws, const CallSlot& slot) {
     const PlannedCall& pc = *e.planned;
     const BlockCall& c = pc.call;
     const bool merge = pc.role == CallRole::kMerge;
@@ -681,37 +786,49 @@ class CudaBackendImpl : public CudaAttentionBackend {
     const CallScratch& s = e.scratch;
     float* lse = static_cast<float*>(args.lse.data);
     const KernelTensor tile =
-        PackedTensor(ws.At<void>(s.tile), c.group.heads, c.rows, dims.head_dim);
+        PackedTensor(ws.At<void>(s.tile, slot.base), c.group.heads, c.rows, dims.head_dim);
+    if (e.own_hopper) {
+      // A merge call combines into out and the rows' lse (gathered here, scattered back after) in
+      // the kernel's epilogue: no tile, no merge pass.
+      float* stats = ws.At<float>(s.stats, slot.base);
+      if (merge) {
+        DATTN_CUDA_RETURN_IF_ERROR(
+            cuda::LaunchGatherStats(lse, stats, 0.0f, rows, space, slot.stream));
+      }
+      const cuda::KernelForwardArgs a =
+          KernelForward(spec, args, dims, pc, scale, p_scale, stats, nullptr);
+      DATTN_CUDA_RETURN_IF_ERROR(
+          cuda::LaunchHopperForward(a, merge, e.zeros, slot.counter, slot.stream));
+      ++stats_.own_hopper_calls;
+      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchScatterStats(stats, lse, rows, space, slot.stream));
+      return absl::OkStatus();
+    }
     if (e.cudnn) {
       cuda::SdpaForwardArgs a = SdpaForward(spec, args, dims, pc, scale, p_scale);
       if (merge) a.o = tile.ptr;
-      a.stats = ws.At<float>(s.stats);
-      DATTN_RETURN_IF_ERROR(sdpa_->Forward(a, ws.At<void>(s.library)));
+      a.stats = ws.At<float>(s.stats, slot.base);
+      DATTN_RETURN_IF_ERROR(sdpa_->Forward(a, ws.At<void>(s.library, slot.base)));
       ++stats_.cudnn_calls;
     } else {
-      const cuda::KernelForwardArgs a =
-          KernelForward(spec, args, dims, pc, scale, p_scale, ws.At<float>(s.stats), tile.ptr);
-      if (e.own_hopper) {
-        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchHopperForward(a, e.zeros, item_counter_, stream_));
-        ++stats_.own_hopper_calls;
-      } else {
-        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAttentionForward(a, stream_));
-        ++stats_.kernel_calls;
-      }
+      const cuda::KernelForwardArgs a = KernelForward(spec, args, dims, pc, scale, p_scale,
+                                                      ws.At<float>(s.stats, slot.base), tile.ptr);
+      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAttentionForward(a, slot.stream));
+      ++stats_.kernel_calls;
     }
     if (merge) {
-      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchMergeTile(tile.ptr, ws.At<float>(s.stats),
+      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchMergeTile(tile.ptr, ws.At<float>(s.stats, slot.base),
                                                        args.out.data, lse, ElemTypeOf(dtype), rows,
-                                                       space, stream_));
+                                                       space, slot.stream));
     } else {
-      DATTN_CUDA_RETURN_IF_ERROR(
-          cuda::LaunchScatterStats(ws.At<float>(s.stats), lse, rows, space, stream_));
+      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchScatterStats(ws.At<float>(s.stats, slot.base), lse,
+                                                          rows, space, slot.stream));
     }
     return absl::OkStatus();
   }
 
   absl::Status EnqueueBackward(const AttentionSpec& spec, const BackwardArgs& args,
-                               const ProblemDims& dims, const CallExec& e, Workspace& ws) {
+                               const ProblemDims& dims, const CallExec& e, Workspace& ws,
+                               const CallSlot& slot) {
     const PlannedCall& pc = *e.planned;
     const BlockCall& c = pc.call;
     const bool merge = pc.role == CallRole::kMerge;
@@ -730,8 +847,8 @@ class CudaBackendImpl : public CudaAttentionBackend {
     Grads grads = DirectGrads(args, dims, pc);
     if (tiles) {
       for (int i = 0; i < 3; ++i) {
-        grads.t[i] = PackedTensor(ws.At<char>(s.tile) + i * tile_bytes, c.group.heads, c.rows,
-                                  dims.head_dim);
+        grads.t[i] = PackedTensor(ws.At<char>(s.tile, slot.base) + i * tile_bytes, c.group.heads,
+                                  c.rows, dims.head_dim);
       }
     }
     // Grouped: out = A / G. P is normalised by lse + log G (so dV comes out for A / G), and the row
@@ -739,39 +856,41 @@ class CudaBackendImpl : public CudaAttentionBackend {
     // kernel scales its row sums by G. Mixture: P is normalised by the row's total lse, o = out.
     const float lse_add = grouped ? std::log(static_cast<float>(g)) : 0.0f;
     DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchGatherStats(static_cast<const float*>(args.lse.data),
-                                                       ws.At<float>(s.stats), lse_add, rows, space,
-                                                       stream_));
+                                                       ws.At<float>(s.stats, slot.base), lse_add,
+                                                       rows, space, slot.stream));
     if (e.cudnn) {
       cuda::SdpaBackwardArgs a = SdpaBackward(spec, args, dims, pc);
       if (s.out_tile >= 0) {
-        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchGatherRows(args.out.data, ws.At<void>(s.out_tile),
-                                                          static_cast<float>(g), et, rows, space,
-                                                          stream_));
-        a.o = ws.At<void>(s.out_tile);
+        DATTN_CUDA_RETURN_IF_ERROR(
+            cuda::LaunchGatherRows(args.out.data, ws.At<void>(s.out_tile, slot.base),
+                                   static_cast<float>(g), et, rows, space, slot.stream));
+        a.o = ws.At<void>(s.out_tile, slot.base);
       }
       a.dq = grads.t[0].ptr;
       a.dk = grads.t[1].ptr;
       a.dv = grads.t[2].ptr;
-      a.stats = ws.At<float>(s.stats);
-      a.softmax_sum = ws.At<float>(s.delta);
-      a.dq_accum = ws.At<float>(s.dq_accum);
-      DATTN_RETURN_IF_ERROR(sdpa_->Backward(a, ws.At<void>(s.library)));
+      a.stats = ws.At<float>(s.stats, slot.base);
+      a.softmax_sum = ws.At<float>(s.delta, slot.base);
+      a.dq_accum = ws.At<float>(s.dq_accum, slot.base);
+      DATTN_RETURN_IF_ERROR(sdpa_->Backward(a, ws.At<void>(s.library, slot.base)));
       ++stats_.cudnn_calls;
     } else {
       const cuda::KernelBackwardArgs a =
-          KernelBackward(spec, args, dims, pc, grads, ws.At<float>(s.stats), ws.At<float>(s.delta));
+          KernelBackward(spec, args, dims, pc, grads, ws.At<float>(s.stats, slot.base),
+                         ws.At<float>(s.delta, slot.base));
       if (e.own_hopper) {
-        DATTN_CUDA_RETURN_IF_ERROR(
-            cuda::LaunchHopperBackward(a, /*accumulate=*/merge, e.zeros, item_counter_, stream_));
+        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchHopperBackward(a, /*accumulate=*/merge, e.zeros,
+                                                              slot.counter, slot.stream));
         ++stats_.own_hopper_backward_calls;
       } else {
-        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAttentionBackward(a, stream_));
+        DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAttentionBackward(a, slot.stream));
         ++stats_.kernel_calls;
       }
     }
     if (tiles) {
-      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAccumulateTiles(
-          ws.At<void>(s.tile), args.dq.data, args.dk.data, args.dv.data, et, rows, space, stream_));
+      DATTN_CUDA_RETURN_IF_ERROR(
+          cuda::LaunchAccumulateTiles(ws.At<void>(s.tile, slot.base), args.dq.data, args.dk.data,
+                                      args.dv.data, et, rows, space, slot.stream));
     }
     return absl::OkStatus();
   }
@@ -783,9 +902,13 @@ class CudaBackendImpl : public CudaAttentionBackend {
   cudaStream_t aux_;
   cudaEvent_t fork_;
   cudaEvent_t join_;
+  cudaStream_t calls2_;
+  cudaEvent_t fork2_;
+  cudaEvent_t join2_;
   cudaMemPool_t pool_;
   std::unique_ptr<cuda::CudnnSdpa> sdpa_;
-  unsigned* const item_counter_;  // null where our Hopper kernel does not run
+  unsigned* const item_counter_;   // null where our Hopper kernels do not run
+  unsigned* const item_counter2_;  // the same, for calls on calls2_
   CudaBackendStats stats_;
   PScale p_scale_state_ = PScale::kUnknown;
   std::string last_fallback_;
@@ -815,9 +938,13 @@ absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> NewCudaBackend(
       r.sdpa.reset();
       if (r.pool != nullptr) cudaMemPoolDestroy(r.pool);
       if (r.item_counter != nullptr) cudaFree(r.item_counter);
+      if (r.item_counter2 != nullptr) cudaFree(r.item_counter2);
       if (r.fork != nullptr) cudaEventDestroy(r.fork);
       if (r.join != nullptr) cudaEventDestroy(r.join);
+      if (r.fork2 != nullptr) cudaEventDestroy(r.fork2);
+      if (r.join2 != nullptr) cudaEventDestroy(r.join2);
       if (r.aux != nullptr) cudaStreamDestroy(r.aux);
+      if (r.calls2 != nullptr) cudaStreamDestroy(r.calls2);
       if (r.owns_stream && r.stream != nullptr) cudaStreamDestroy(r.stream);
     }
   } partial;
@@ -837,7 +964,11 @@ absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> NewCudaBackend(
       cudaStreamCreateWithPriority(&r.aux, cudaStreamDefault, greatest_priority));
   DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.fork, cudaEventDisableTiming));
   DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.join, cudaEventDisableTiming));
+  DATTN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&r.calls2, cudaStreamNonBlocking));
+  DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.fork2, cudaEventDisableTiming));
+  DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&r.join2, cudaEventDisableTiming));
   DATTN_CUDA_RETURN_IF_ERROR(cuda::NewHopperItemCounter(options.device, &r.item_counter));
+  DATTN_CUDA_RETURN_IF_ERROR(cuda::NewHopperItemCounter(options.device, &r.item_counter2));
   absl::StatusOr<cudaMemPool_t> pool = cuda::NewScratchPool(options.device);
   if (!pool.ok()) return pool.status();
   r.pool = *pool;

@@ -61,11 +61,12 @@ struct CudaBackendOptions {
   // The forward fused calls of bf16/fp16: cuDNN (kCudnn), or our own wgmma + TMA kernel
   // (kOwnHopper, hopper_attention.h: D = 64 or 128 on a compute capability 9.0 device), which
   // applies grouped mode's 1/G and writes the zeros of unselected rows in its epilogue, so that no
-  // pass rereads the output. kAuto (the default) takes our kernel for grouped mode and cuDNN for
-  // mixture mode (where our kernel is no faster: its merges dominate), as measured on an H100
-  // (docs/PERFORMANCE.md); with use_cudnn false it leaves everything to the CUDA-core kernel.
-  // Calls our kernel cannot take run as under kCudnn, with the 1/G as a pass over their own
-  // rows.
+  // pass rereads the output, and in mixture mode merges each pattern into the output by
+  // log-sum-exp weights there too (cuDNN writes a tile per call that a pass merges; the tiles must
+  // fit the workspace limit, so its calls are cut small). kAuto (the default) takes our kernel in
+  // both modes, as measured on an H100 (docs/PERFORMANCE.md); with use_cudnn false it leaves
+  // everything to the CUDA-core kernel. Calls our kernel cannot take run as under kCudnn (grouped
+  // mode's 1/G as a pass over their own rows).
   enum class ForwardKernel { kAuto, kCudnn, kOwnHopper };
   ForwardKernel forward_kernel = ForwardKernel::kAuto;
   // The backward calls of bf16/fp16: cuDNN (kCudnn), whose fp32 dQ accumulator takes 4 bytes per
@@ -85,6 +86,15 @@ struct CudaBackendOptions {
   // where the GPU has room (they touch disjoint rows); joined back into stream() before the call's
   // work ends.
   bool overlap_fills = true;
+  // Calls on our own Hopper kernels: consecutive calls (patterns, head groups, chunks) go to two
+  // streams in turn, each with its own item counter and scratch slot (two slots within the
+  // workspace limit), so that the next call's CTAs take the SMs the current call's last work
+  // items leave idle instead of waiting for its whole grid (every kernel's tail, 5-12% of its SM
+  // time on an H100). Grouped mode's calls write disjoint rows, so nothing orders them; in mixture
+  // mode a pattern's calls (head groups, blocks) do too, but the next pattern adds into the same
+  // rows, so both streams wait for each other between patterns. Joined back into stream() before
+  // the call's work ends.
+  bool overlap_calls = true;
   bool synchronize = false;  // true: each call waits for its work and reports device errors
 };
 
@@ -95,6 +105,7 @@ struct CudaBackendStats {
   int64_t cudnn_plans_built = 0;
   int64_t own_hopper_calls = 0;           // forward calls run by our own Hopper kernel
   int64_t own_hopper_backward_calls = 0;  // backward calls run by our own Hopper kernels
+  int64_t second_stream_calls = 0;        // calls that ran on the second stream (overlap_calls)
   int64_t p_scale_passes = 0;         // grouped forwards whose 1/G was a pass (not in the graph)
   int64_t max_library_workspace = 0;  // the largest workspace a cuDNN plan asked for
   int64_t last_workspace_bytes = 0;   // the workspace the last call allocated

@@ -305,7 +305,7 @@ INSTANTIATE_TEST_SUITE_P(
 
 // The default (ForwardKernel::kAuto) runs grouped forwards on our own Hopper kernel (on a compute
 // capability 9.0 device) and mixture ones on cuDNN.
-TEST_F(CudaBackendTest, DefaultPicksTheForwardKernelByMode) {
+TEST_F(CudaBackendTest, DefaultPicksOurForwardKernelInBothModes) {
   int major = 0, minor = 0;
   ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
   ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
@@ -315,11 +315,111 @@ TEST_F(CudaBackendTest, DefaultPicksTheForwardKernelByMode) {
       CheckAgainstOracle(backend_, MakeSpec({64, 128}, {1, 2}, mode, causal), {1, 256, 4, 64},
                          DType::kBFloat16, /*backward=*/false);
       const CudaBackendStats after = backend_->stats();
-      const bool own = major == 9 && minor == 0 && mode == AttentionMode::kGrouped;
+      const bool own = major == 9 && minor == 0;
       EXPECT_EQ(after.own_hopper_calls > before.own_hopper_calls, own)
           << AttentionModeName(mode) << (causal ? " causal" : "");
       EXPECT_EQ(after.cudnn_calls > before.cudnn_calls, !own)
           << AttentionModeName(mode) << (causal ? " causal" : "");
+    }
+  }
+}
+
+// Mixture mode on our Hopper forward: every pattern after the first is merged into out and lse in
+// the kernel's epilogue, so the forward needs 4 bytes of scratch per row of a call (its lse), not
+// a tile of D elements per row, and the calls are not cut to fit tiles. Rows the first pattern does
+// not reach (rate 2 leaves every other row of a segment to the later patterns, with offsets
+// spread over the heads) start at lse = -inf and must take the later patterns' values alone,
+// whatever the poisoned output held there.
+TEST_F(CudaBackendTest, MixtureMergesInOurKernelsEpilogue) {
+  int major = 0, minor = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
+  if (major != 9 || minor != 0) GTEST_SKIP() << "our Hopper kernels run on compute capability 9.0";
+  const oracle::Shape shape{2, 1024, 4, 128};
+  for (DType dtype : {DType::kBFloat16, DType::kFloat16}) {
+    for (bool causal : {false, true}) {
+      const CudaBackendStats before = backend_->stats();
+      CheckAgainstOracle(backend_,
+                         MakeSpec({256, 512, 1024}, {2, 4, 8}, AttentionMode::kMixture, causal),
+                         shape, dtype, /*backward=*/true);
+      const CudaBackendStats after = backend_->stats();
+      EXPECT_GT(after.own_hopper_calls, before.own_hopper_calls);
+      EXPECT_GT(after.own_hopper_backward_calls, before.own_hopper_backward_calls);
+      EXPECT_EQ(after.cudnn_calls, before.cudnn_calls) << "no call fell back";
+      EXPECT_EQ(after.kernel_calls, before.kernel_calls) << "no call fell back";
+    }
+  }
+  // The forward's scratch: the lse of one call at most (4 bytes per row and head), no tile; the
+  // planner says so too.
+  const AttentionSpec spec = MakeSpec({256, 512, 1024}, {2, 4, 8}, AttentionMode::kMixture, false);
+  CheckAgainstOracle(backend_, spec, shape, DType::kBFloat16, /*backward=*/false);
+  const int64_t rows = shape.batch * shape.seq_len * shape.num_heads;
+  const int64_t smallest_tile = rows / 8 * shape.head_dim * 2;  // the r = 8 pattern's rows
+  EXPECT_LE(backend_->stats().last_workspace_bytes, rows * 4);
+  EXPECT_LT(backend_->stats().last_workspace_bytes, smallest_tile);
+  absl::StatusOr<cuda::CudaMemoryPlan> plan = cuda::PlanCudaMemory(
+      spec, shape.batch, shape.seq_len, shape.num_heads, shape.head_dim, DType::kBFloat16, false);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_EQ(plan->workspace_bytes, backend_->stats().last_workspace_bytes);
+}
+
+// Calls on two streams (overlap_calls, the default) against one stream: our kernels are
+// deterministic, so any race between the streams (a shared item counter or scratch slot, a missing
+// join, a mixture pattern added before the previous one is complete) shows as a difference in a
+// single bit of out, lse, dq, dk or dv. Four patterns (in mixture mode with head offsets: 15 calls
+// in 4 rounds of merges), grouped mode with the zero rows written by the kernels, causal or not.
+TEST_F(CudaBackendTest, OverlappedCallsMatchOneStreamBitForBit) {
+  int major = 0, minor = 0;
+  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
+  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
+  if (major != 9 || minor != 0) GTEST_SKIP() << "our Hopper kernels run on compute capability 9.0";
+  CudaBackendOptions one_stream;
+  one_stream.overlap_calls = false;
+  absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> serial = NewCudaBackend(one_stream);
+  ASSERT_TRUE(serial.ok()) << serial.status();
+  for (int64_t d : {64, 128}) {
+    for (AttentionMode mode : {AttentionMode::kGrouped, AttentionMode::kMixture}) {
+      for (bool causal : {false, true}) {
+        SCOPED_TRACE("D=" + std::to_string(d) + " " + AttentionModeName(mode) +
+                     (causal ? " causal" : ""));
+        const oracle::Shape shape{2, 4096, 8, d};
+        const AttentionSpec spec = MakeSpec({512, 1024, 2048, 4096}, {1, 2, 4, 8}, mode, causal);
+        const Inputs in = MakeInputs(shape, DType::kBFloat16, Layout::kContiguous);
+        DeviceTensor q = Upload(in.q), k = Upload(in.k), v = Upload(in.v), dout = Upload(in.dout);
+        std::vector<std::vector<double>> results[2];
+        for (int run = 0; run < 2; ++run) {
+          CudaAttentionBackend* backend = run == 0 ? backend_ : serial->get();
+          const CudaBackendStats before = backend->stats();
+          DeviceTensor out = Poisoned(DType::kBFloat16, shape.Dims());
+          DeviceTensor lse = Poisoned(DType::kFloat32, shape.LseDims());
+          DeviceTensor dq = Poisoned(DType::kBFloat16, shape.Dims()),
+                       dk = Poisoned(DType::kBFloat16, shape.Dims()),
+                       dv = Poisoned(DType::kBFloat16, shape.Dims());
+          ASSERT_TRUE(backend->Forward(spec, {q.view, k.view, v.view, out.view, lse.view}).ok());
+          ASSERT_TRUE(backend
+                          ->Backward(spec, {q.view, k.view, v.view, out.view, lse.view, dout.view,
+                                            dq.view, dk.view, dv.view})
+                          .ok());
+          ASSERT_TRUE(backend->Synchronize().ok());
+          const CudaBackendStats after = backend->stats();
+          EXPECT_EQ(after.second_stream_calls > before.second_stream_calls, run == 0);
+          EXPECT_EQ(after.cudnn_calls, before.cudnn_calls) << "every call on our kernels";
+          for (const DeviceTensor* t : {&out, &lse, &dq, &dk, &dv})
+            results[run].push_back(Download(*t));
+        }
+        const char* names[] = {"out", "lse", "dq", "dk", "dv"};
+        for (int i = 0; i < 5; ++i) {
+          const std::vector<double>& a = results[0][i];
+          const std::vector<double>& b = results[1][i];
+          ASSERT_EQ(a.size(), b.size());
+          int64_t differ = 0;
+          for (size_t j = 0; j < a.size(); ++j) {
+            // NaN (poison left behind) differs from everything, itself included.
+            if (!(a[j] == b[j])) ++differ;
+          }
+          EXPECT_EQ(differ, 0) << names[i] << ": " << differ << " of " << a.size() << " differ";
+        }
+      }
     }
   }
 }

@@ -46,11 +46,12 @@ absl::StatusOr<CudaMemoryPlan> PlanCudaMemory(const AttentionSpec& spec, int64_t
   in.fold_batches = true;
   in.workspace_limit = workspace_limit_bytes;
   in.backward = false;
+  // What CudaBackendOptions' kAuto picks for both passes.
+  in.hopper = hopper_kernels && in.use_cudnn && (head_dim == 64 || head_dim == 128);
+  in.overlap_calls = true;  // CudaBackendOptions::overlap_calls's default
   int64_t workspace = PlanBlockCalls(spec, dims, in).workspace_bytes;
   if (backward) {
     in.backward = true;
-    // What CudaBackendOptions::BackwardKernel::kAuto picks.
-    in.hopper_backward = hopper_kernels && in.use_cudnn && (head_dim == 64 || head_dim == 128);
     workspace = std::max(workspace, PlanBlockCalls(spec, dims, in).workspace_bytes);
   }
   CudaMemoryPlan plan;

@@ -29,9 +29,10 @@ struct CudaMemoryPlan {
 
 // INVALID_ARGUMENT for an empty shape, a dtype the CUDA backend does not run (fp64), or byte counts
 // overflowing int64. workspace_limit_bytes as in CudaBackendOptions (0: the default).
-// hopper_kernels: the backend runs our own Hopper backward kernels (the default options on a
-// compute capability 9.0 device: H100, H200); false plans cuDNN's backward (other devices,
-// BackwardKernel::kCudnn), whose workspace is far larger.
+// hopper_kernels: the backend runs our own Hopper kernels, forward and backward (the default
+// options on a compute capability 9.0 device: H100, H200); false plans cuDNN's (other devices,
+// ForwardKernel / BackwardKernel::kCudnn), whose workspace is far larger (mixture mode's merge
+// tiles, the backward's fp32 dQ accumulator).
 absl::StatusOr<CudaMemoryPlan> PlanCudaMemory(const AttentionSpec& spec, int64_t batch,
                                               int64_t seq_len, int64_t num_heads, int64_t head_dim,
                                               DType dtype, bool backward,

@@ -45,14 +45,16 @@ TEST(CudaMemoryPlanTest, WorkspaceIsTheCallPlans) {
         in.dtype = dtype;
         in.use_cudnn = dtype != DType::kFloat32;
         in.backward = false;
+        in.overlap_calls = true;  // the backend's default
+        int64_t want_cudnn = PlanBlockCalls(spec, {1, 1 << 16, 16, 64}, in).workspace_bytes;
+        in.hopper = in.use_cudnn;  // our Hopper kernels take bf16 and fp16 at D = 64
         int64_t want = PlanBlockCalls(spec, {1, 1 << 16, 16, 64}, in).workspace_bytes;
-        int64_t want_cudnn = want;
         if (backward) {
           in.backward = true;
-          want_cudnn =
-              std::max(want, PlanBlockCalls(spec, {1, 1 << 16, 16, 64}, in).workspace_bytes);
-          in.hopper_backward = in.use_cudnn;  // our Hopper kernels take bf16 and fp16 at D = 64
           want = std::max(want, PlanBlockCalls(spec, {1, 1 << 16, 16, 64}, in).workspace_bytes);
+          in.hopper = false;
+          want_cudnn =
+              std::max(want_cudnn, PlanBlockCalls(spec, {1, 1 << 16, 16, 64}, in).workspace_bytes);
         }
         absl::StatusOr<CudaMemoryPlan> plan =
             PlanCudaMemory(spec, 1, 1 << 16, 16, 64, dtype, backward);
@@ -93,10 +95,11 @@ TEST(CudaMemoryPlanTest, HopperBackwardWorkspaceWithinFivePercentOfAnInput) {
       const int64_t tensor = n * h * d * 2;
       PlanInputs in;
       in.backward = true;
-      in.hopper_backward = true;
+      in.hopper = true;
+      in.overlap_calls = true;  // two scratch slots in grouped mode
       const int64_t hopper = PlanBlockCalls(BenchSpec(mode), {1, n, h, d}, in).workspace_bytes;
       EXPECT_LE(hopper, tensor / 20) << AttentionModeName(mode) << " H=" << h << " D=" << d;
-      in.hopper_backward = false;
+      in.hopper = false;
       const int64_t cudnn = PlanBlockCalls(BenchSpec(mode), {1, n, h, d}, in).workspace_bytes;
       EXPECT_GT(cudnn, tensor / 2) << AttentionModeName(mode) << " H=" << h << " D=" << d;
     }

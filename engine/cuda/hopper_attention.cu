@@ -79,6 +79,9 @@ struct Geometry {
   float scale_log2 = 0.f;         // scale * log2(e): scores are kept in the log2 domain
   float out_scale = 1.f;
   int causal = 0;
+  // Mixture mode: stats holds the rows' lse so far and o their output so far, which the epilogue
+  // combines with this call's result by log-sum-exp weights (both written back).
+  int merge = 0;
   // Unselected rows to clear (grouped mode), see UnselectedRows; rate 0: none.
   int zero_rate = 0, zero_lead = 0, zero_span = 0;
   int64_t o_pos = 0;  // element stride of o between consecutive positions
@@ -104,10 +107,17 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto bar_v_empty = [&](int s) { return bars + 8 * (2 * kQBuffers + 3 * kStages + s); };
   const int wg = static_cast<int>(threadIdx.x / 128);
 
+  // Grouped mode at D = 128: warps 1-3 of the producer warpgroup write the zeros around each
+  // item's rows while the consumers compute, and release the item's slot like a consumer warp.
+  // At D = 64 (items half as long, the same zeros per item) 96 threads fell behind and it ran
+  // 1.5% slower than the consumers' epilogue writing them (H100, paired runs).
+  constexpr bool kZeroWarpsAtD = D == 128;
+  const bool zero_warps = kZeroWarpsAtD && g.zero_rate > 0;
   if (threadIdx.x == 0) {
     for (int b = 0; b < kQBuffers; ++b) {
       BarrierInit(bar_q_full(b), 1);
-      BarrierInit(bar_q_empty(b), 8);  // lane 0 of every consumer warp releases a buffer
+      // Lane 0 of every consumer warp (and zero warp) releases a buffer.
+      BarrierInit(bar_q_empty(b), zero_warps ? 8 + kZeroWarps : 8);
     }
     for (int s = 0; s < kStages; ++s) {
       BarrierInit(bar_k_full(s), 1);
@@ -146,15 +156,10 @@ __global__ void __launch_bounds__(kThreads, 1)
     if (threadIdx.x == 0) {
       int kv = 0;  // k/v tiles loaded so far (all items): stage kv % kStages, use kv / kStages
       for (int items = 0;; ++items) {
-        const int w = NextItem(g.next_item, g.items);  // g.items: the end mark
         const int qb = items % kQBuffers;
-        if (items >= kQBuffers) BarrierWait(bar_q_empty(qb), ((items / kQBuffers) - 1) & 1);
-        // The arrival below releases the slot to the consumers that wait on the barrier.
-        item_slot[qb] = w;
-        if (w == g.items) {  // no work left: tell the consumers, with no bytes to wait for
-          BarrierArrive(bar_q_full(qb));
-          break;
-        }
+        const int w = ClaimItem(g.next_item, g.items, items, kQBuffers, &item_slot[qb],
+                                bar_q_empty(qb), bar_q_full(qb));
+        if (w == g.items) break;  // the consumers were told
         const Item it = item_of(w);
         BarrierExpectTx(bar_q_full(qb), L::kQBytes);
         for (int c = 0; c < D / kSwizzleCols; ++c) {
@@ -178,6 +183,18 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+    } else if (zero_warps && threadIdx.x >= 32) {
+      // The zeros of the unselected rows between and before each item's rows, which no other
+      // item writes: nothing to order against the consumers' stores.
+      T* const out = static_cast<T*>(g.o);
+      ZeroWarpsLoop(item_slot, kQBuffers, g.items, static_cast<int>(threadIdx.x % 32), bar_q_full,
+                    bar_q_empty, [&](int w) {
+                      const Item it = item_of(w);
+                      ZeroUnselectedRows<D, kZeroWarpThreads>(
+                          out + it.j * g.o_fold + it.head * g.o_head, g.zero_rate, g.zero_lead,
+                          g.zero_span, g.o_pos, it.tile * kBlockM, g.rows,
+                          static_cast<int>(threadIdx.x) - 32);
+                    });
     }
     return;
   }
@@ -363,35 +380,82 @@ __global__ void __launch_bounds__(kThreads, 1)
     take_turn();
     issue_pv(kv + it.key_tiles - 1);
     pass_turn();
+    // Merging: the rows' output and lse so far are loaded while the last P V runs, so that the
+    // epilogue waits for one round trip at most (loaded one by one after it, they cost mixture
+    // mode several percent).
+    T* const first = static_cast<T*>(g.o) + it.j * g.o_fold + it.head * g.o_head + col;
+    const int row0 = it.tile * kBlockM + row_in_tile;
+    const int64_t stat0 = (static_cast<int64_t>(it.j) * g.heads + it.head) * g.rows + row0;
+    uint32_t old_o[2][D / 8] = {};
+    float lse_old[2] = {-INFINITY, -INFINITY};
+    if (g.merge) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (row0 + 8 * h >= g.rows) continue;
+        lse_old[h] = g.stats[stat0 + 8 * h];
+        const T* src = first + (row0 + 8 * h) * g.o_seq;
+#pragma unroll
+        for (int b = 0; b < D / 8; ++b) {
+          old_o[h][b] = *reinterpret_cast<const uint32_t*>(src + 8 * b);
+        }
+      }
+    }
     WgmmaWait<0>();
     FenceRegs(o);
     release(bar_v_empty((kv + it.key_tiles - 1) % kStages));
     kv += it.key_tiles;
 
-    // Epilogue: o / rowsum * out_scale in place, and the row's log-sum-exp (natural log).
-    T* out = static_cast<T*>(g.o);
+    // Epilogue: o / rowsum * out_scale in place, and the row's log-sum-exp (natural log); when
+    // merging, with L = logaddexp(lse_old, lse), o := o_old exp(lse_old - L) + o exp(lse - L) and
+    // lse := L (a row nothing reached before, lse_old = -inf, takes this call's values alone).
+    float lse_row[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       float l = l_run[h];
       l += __shfl_xor_sync(0xffffffffu, l, 1);
       l += __shfl_xor_sync(0xffffffffu, l, 2);
-      const int row = it.tile * kBlockM + row_in_tile + 8 * h;
+      const int row = row0 + 8 * h;
+      float lse = l > 0.f ? m_run[h] * 0.69314718055994531f + logf(l) : -INFINITY;
+      float inv = l > 0.f ? g.out_scale / l : 0.f;
+      float w_old = 0.f;
+      if (lse_old[h] != -INFINITY) {
+        if (lse == -INFINITY) {
+          lse = lse_old[h];
+          w_old = 1.f;
+        } else {
+          const float hi = fmaxf(lse_old[h], lse);
+          const float total = hi + log1pf(expf(fminf(lse_old[h], lse) - hi));
+          w_old = expf(lse_old[h] - total);
+          inv *= expf(lse - total);
+          lse = total;
+        }
+      }
+      lse_row[h] = lse;
       if (row >= g.rows) continue;
-      const float inv = l > 0.f ? g.out_scale / l : 0.f;
-      T* dst = out + it.j * g.o_fold + it.head * g.o_head + row * g.o_seq + col;
+      T* dst = first + row * g.o_seq;
 #pragma unroll
       for (int b = 0; b < D / 8; ++b) {
-        *reinterpret_cast<uint32_t*>(dst + 8 * b) =
-            Mma<T>::Pack(o[4 * b + 2 * h] * inv, o[4 * b + 2 * h + 1] * inv);
-      }
-      if (lane % 4 == 0) {
-        const float lse = l > 0.f ? m_run[h] * 0.69314718055994531f + logf(l) : -INFINITY;
-        g.stats[(static_cast<int64_t>(it.j) * g.heads + it.head) * g.rows + row] = lse;
+        float lo = o[4 * b + 2 * h] * inv, hi = o[4 * b + 2 * h + 1] * inv;
+        if (w_old != 0.f) {
+          const T* two = reinterpret_cast<const T*>(&old_o[h][b]);
+          lo += static_cast<float>(two[0]) * w_old;
+          hi += static_cast<float>(two[1]) * w_old;
+        }
+        *reinterpret_cast<uint32_t*>(dst + 8 * b) = Mma<T>::Pack(lo, hi);
       }
     }
-    if (g.zero_rate > 0) {
-      ZeroUnselectedRows<D>(out + it.j * g.o_fold + it.head * g.o_head, g.zero_rate, g.zero_lead,
-                            g.zero_span, g.o_pos, it.tile * kBlockM, g.rows, cw * 128 + t);
+    // The four lanes of a row all read its old lse above; one writes the new one.
+    __syncwarp();
+    if (lane % 4 == 0) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        if (row0 + 8 * h < g.rows) g.stats[stat0 + 8 * h] = lse_row[h];
+      }
+    }
+    if (!kZeroWarpsAtD && g.zero_rate > 0) {
+      ZeroUnselectedRows<D, 256>(static_cast<T*>(g.o) + it.j * g.o_fold + it.head * g.o_head,
+                                 g.zero_rate, g.zero_lead, g.zero_span, g.o_pos, it.tile * kBlockM,
+                                 g.rows, cw * 128 + t);
     }
   }
 #else
@@ -400,8 +464,8 @@ __global__ void __launch_bounds__(kThreads, 1)
 }
 
 template <typename T, int D>
-cudaError_t Launch(const KernelForwardArgs& a, const UnselectedRows& zeros, unsigned* item_counter,
-                   cudaStream_t stream) {
+cudaError_t Launch(const KernelForwardArgs& a, const UnselectedRows& zeros, bool merge,
+                   unsigned* item_counter, cudaStream_t stream) {
   CUtensorMap mq, mk, mv;
   if (!EncodeView(&mq, a.q, a.type, a.count, a.heads, a.rows, D, kBlockM) ||
       !EncodeView(&mk, a.k, a.type, a.count, a.heads, a.rows, D, kBlockN) ||
@@ -422,6 +486,7 @@ cudaError_t Launch(const KernelForwardArgs& a, const UnselectedRows& zeros, unsi
   g.scale_log2 = a.scale * 1.4426950408889634f;
   g.out_scale = a.p_scale;
   g.causal = a.causal ? 1 : 0;
+  g.merge = merge ? 1 : 0;
   g.zero_rate = static_cast<int>(zeros.rate);
   g.zero_lead = static_cast<int>(zeros.lead);
   g.zero_span = static_cast<int>(zeros.span);
@@ -489,15 +554,17 @@ cudaError_t NewHopperItemCounter(int device, unsigned** counter) {
   return cudaMalloc(reinterpret_cast<void**>(counter), sizeof(unsigned));
 }
 
-cudaError_t LaunchHopperForward(const KernelForwardArgs& a, const UnselectedRows& zeros,
+cudaError_t LaunchHopperForward(const KernelForwardArgs& a, bool merge, const UnselectedRows& zeros,
                                 unsigned* item_counter, cudaStream_t stream) {
-  if (!HopperForwardSupported(a, zeros) || item_counter == nullptr) return cudaErrorInvalidValue;
-  if (a.type == ElemType::kBF16) {
-    return a.head_dim == 64 ? Launch<__nv_bfloat16, 64>(a, zeros, item_counter, stream)
-                            : Launch<__nv_bfloat16, 128>(a, zeros, item_counter, stream);
+  if (!HopperForwardSupported(a, zeros) || item_counter == nullptr || (merge && zeros.rate > 0)) {
+    return cudaErrorInvalidValue;
   }
-  return a.head_dim == 64 ? Launch<__half, 64>(a, zeros, item_counter, stream)
-                          : Launch<__half, 128>(a, zeros, item_counter, stream);
+  if (a.type == ElemType::kBF16) {
+    return a.head_dim == 64 ? Launch<__nv_bfloat16, 64>(a, zeros, merge, item_counter, stream)
+                            : Launch<__nv_bfloat16, 128>(a, zeros, merge, item_counter, stream);
+  }
+  return a.head_dim == 64 ? Launch<__half, 64>(a, zeros, merge, item_counter, stream)
+                          : Launch<__half, 128>(a, zeros, merge, item_counter, stream);
 }
 
 }  // namespace cuda

@@ -45,12 +45,18 @@ bool HopperForwardSupported(const KernelForwardArgs& args, const UnselectedRows&
 // (compute capability 9.0), nullptr on any other device. Errors: the CUDA calls'.
 cudaError_t NewHopperItemCounter(int device, unsigned** counter);
 
+// merge (mixture mode): o and stats already hold the rows' output and log-sum-exp so far (from
+// the patterns before; -inf where none reached a row, whose o is then not read), and the call's
+// result is combined into them by log-sum-exp weights in the epilogue: with L = logaddexp(stats,
+// lse), o := o exp(stats - L) + o_call exp(lse - L), stats := L. That takes no tile and no merge
+// pass; o is read and written once per row.
 // item_counter: 4 bytes of device memory (not shared with concurrent launches) through which the
 // persistent CTAs draw work items; the launch zeroes it on `stream` first. cudaErrorInvalidValue
-// when !HopperForwardSupported(args, zeros), item_counter is null or the driver cannot describe a
-// view as a tensor map; otherwise the launch's error.
-cudaError_t LaunchHopperForward(const KernelForwardArgs& args, const UnselectedRows& zeros,
-                                unsigned* item_counter, cudaStream_t stream);
+// when !HopperForwardSupported(args, zeros), zeros come with `merge`, item_counter is null or the
+// driver cannot describe a view as a tensor map; otherwise the launch's error.
+cudaError_t LaunchHopperForward(const KernelForwardArgs& args, bool merge,
+                                const UnselectedRows& zeros, unsigned* item_counter,
+                                cudaStream_t stream);
 
 }  // namespace cuda
 }  // namespace dattn

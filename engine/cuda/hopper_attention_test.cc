@@ -111,8 +111,12 @@ TEST(HopperAttentionTest, LaunchRefusesBeforeTouchingTheDevice) {
   KernelForwardArgs a = ValidArgs(64);
   a.head_dim = 96;
   unsigned counter = 0;
-  EXPECT_EQ(LaunchHopperForward(a, {}, &counter, nullptr), cudaErrorInvalidValue);
-  EXPECT_EQ(LaunchHopperForward(ValidArgs(64), {}, nullptr, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchHopperForward(a, false, {}, &counter, nullptr), cudaErrorInvalidValue);
+  EXPECT_EQ(LaunchHopperForward(ValidArgs(64), false, {}, nullptr, nullptr), cudaErrorInvalidValue);
+  // Zeros belong to grouped mode's direct calls; a call that merges into the output has none.
+  KernelForwardArgs z = ValidArgs(64);
+  ASSERT_TRUE(HopperForwardSupported(z, ValidZeros(64)));
+  EXPECT_EQ(LaunchHopperForward(z, true, ValidZeros(64), &counter, nullptr), cudaErrorInvalidValue);
 }
 
 // The backward call matching ValidArgs: dq, dk, dv and dout through the same views, the gathered

@@ -157,6 +157,15 @@ __global__ void __launch_bounds__(kThreads, 1)
   constexpr int kStages = L::kStages;
   constexpr int kBuffers = L::kFixedBuffers;
   constexpr bool kKeys = P == Pass::kDkDv;
+  // dk/dv at D = 128: dv's product is issued as soon as P is packed, before dS exists (at D = 64,
+  // whose 128-query score tiles fill more registers, that spills).
+  constexpr bool kEarlyDv = kKeys && D == 128;
+  // setmaxnreg draws on the registers the CTA was launched with (168 x 384 = 64,512, ptxas's cap
+  // for 384 threads), not on the SM's 65,536: 240-register consumers leave the producer
+  // warpgroup 24 (a request beyond the pool blocks for ever).
+  constexpr int kConsumerRegs = kEarlyDv ? 240 : 232;
+  constexpr int kProducerRegs = (168 * kThreads - 2 * 128 * kConsumerRegs) / 128;
+  static_assert(kProducerRegs >= 24 && kProducerRegs % 8 == 0, "setmaxnreg takes 24..256, by 8");
   constexpr int kStreamRows = L::kStreamRows;
   extern __shared__ uint8_t smem_raw[];
   const uint32_t base = (SmemAddr(smem_raw) + 1023) & ~1023u;
@@ -168,10 +177,16 @@ __global__ void __launch_bounds__(kThreads, 1)
   auto bar_empty = [&](int s) { return bars + 8 * (2 * kBuffers + kStages + s); };
   const int wg = static_cast<int>(threadIdx.x / 128);
 
+  // Grouped mode at D = 128: warps 1-3 of the producer warpgroup write the zeros around each
+  // item's rows while the consumers compute, and release the item's slot like a consumer warp (at
+  // D = 64 the consumers' epilogue writes them, as in the forward kernel, which says why).
+  constexpr bool kZeroWarpsAtD = D == 128;
+  const bool zero_warps = kZeroWarpsAtD && g.zero_rate > 0;
   if (threadIdx.x == 0) {
     for (int b = 0; b < kBuffers; ++b) {
       BarrierInit(bar_fixed_full(b), 1);
-      BarrierInit(bar_fixed_empty(b), 8);  // lane 0 of every consumer warp releases a buffer
+      // Lane 0 of every consumer warp (and zero warp) releases a buffer.
+      BarrierInit(bar_fixed_empty(b), zero_warps ? 8 + kZeroWarps : 8);
     }
     for (int s = 0; s < kStages; ++s) {
       BarrierInit(bar_full(s), 1);
@@ -209,18 +224,14 @@ __global__ void __launch_bounds__(kThreads, 1)
   if (wg == 0) {
     // Producer: one thread issues every load, running ahead into the next item while the
     // consumers finish the current one; the warpgroup's registers go to the consumers.
-    asm volatile("setmaxnreg.dec.sync.aligned.u32 32;\n");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
     if (threadIdx.x == 0) {
       int st = 0;  // streamed stages filled so far (all items)
       for (int items = 0;; ++items) {
-        const int w = NextItem(g.next_item, g.items);  // g.items: the end mark
         const int fb = items % kBuffers;
-        if (items >= kBuffers) BarrierWait(bar_fixed_empty(fb), ((items / kBuffers) - 1) & 1);
-        item_slot[fb] = w;
-        if (w == g.items) {  // no work left: tell the consumers, with no bytes to wait for
-          BarrierArrive(bar_fixed_full(fb));
-          break;
-        }
+        const int w = ClaimItem(g.next_item, g.items, items, kBuffers, &item_slot[fb],
+                                bar_fixed_empty(fb), bar_fixed_full(fb));
+        if (w == g.items) break;  // the consumers were told
         const Item it = item_of(w);
         BarrierExpectTx(bar_fixed_full(fb), 2 * L::kFixedTile);
         const uint32_t fixed = base + L::kFixed + fb * 2 * L::kFixedTile;
@@ -250,10 +261,25 @@ __global__ void __launch_bounds__(kThreads, 1)
           }
         }
       }
+    } else if (zero_warps && threadIdx.x >= 32) {
+      // The zeros of the unselected rows between and before each item's rows (dq; dk and dv),
+      // which no other item writes: nothing to order against the consumers' stores.
+      ZeroWarpsLoop(item_slot, kBuffers, g.items, static_cast<int>(threadIdx.x % 32),
+                    bar_fixed_full, bar_fixed_empty, [&](int w) {
+                      const Item it = item_of(w);
+                      auto zeros = [&](const GradView& v) {
+                        ZeroUnselectedRows<D, kZeroWarpThreads>(
+                            static_cast<T*>(v.ptr) + it.j * v.fold + it.head * v.head, g.zero_rate,
+                            g.zero_lead, g.zero_span, v.pos, it.tile * kFixedRows, g.rows,
+                            static_cast<int>(threadIdx.x) - 32);
+                      };
+                      zeros(g.out0);
+                      if constexpr (kKeys) zeros(g.out1);
+                    });
     }
     return;
   }
-  asm volatile("setmaxnreg.inc.sync.aligned.u32 232;\n");
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
 
   // Consumer warpgroup cw owns fixed rows 64 cw .. + 63 of the item. In the accumulator layout a
   // thread holds rows r0 and r0 + 8, columns 8 n + col and + 1 of every 8-column block n.
@@ -314,15 +340,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     WgmmaCommit();
   };
-  // Issues acc0 += dS stream0 (dq += dS k; dk += dS^T q) and acc1 += P^T stream1 (dv += P^T dout)
-  // from stage s, the streamed tiles read N-major (their rows are the contraction); the caller
-  // waits.
+  // Issues acc0 += dS stream0 (dq += dS k; dk += dS^T q) and, unless issued early, acc1 += P^T
+  // stream1 (dv += P^T dout) from stage s, the streamed tiles read N-major (their rows are the
+  // contraction); the caller waits.
   auto issue_grads = [&](int s) {
     const uint32_t s0 = base + L::kStream + s * 2 * L::kStreamTile;
     const uint32_t s1 = s0 + L::kStreamTile;
     FenceRegs(acc0);
     FenceRegs(da);
-    if constexpr (kKeys) {
+    if constexpr (kKeys && !kEarlyDv) {
       FenceRegs(acc1);
       FenceRegs(pa);
     }
@@ -331,7 +357,7 @@ __global__ void __launch_bounds__(kThreads, 1)
     for (int kk = 0; kk < kStreamRows / 16; ++kk) {
       Mma<T>::PV(acc0, da[kk], Desc(s0 + kk * 16 * 128, kStreamRows * 128));
     }
-    if constexpr (kKeys) {
+    if constexpr (kKeys && !kEarlyDv) {
 #pragma unroll
       for (int kk = 0; kk < kStreamRows / 16; ++kk) {
         Mma<T>::PV(acc1, pa[kk], Desc(s1 + kk * 16 * 128, kStreamRows * 128));
@@ -339,7 +365,23 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     WgmmaCommit();
     FenceRegs(acc0);
-    if constexpr (kKeys) FenceRegs(acc1);
+    if constexpr (kKeys && !kEarlyDv) FenceRegs(acc1);
+  };
+  // kEarlyDv: issues acc1 += P^T stream1 (dv += P^T dout) from stage s as its own group as soon
+  // as P is packed, so that it runs while dS is computed. The caller waits.
+  auto issue_dv = [&](int s) {
+    if constexpr (kEarlyDv) {
+      const uint32_t s1 = base + L::kStream + s * 2 * L::kStreamTile + L::kStreamTile;
+      FenceRegs(acc1);
+      FenceRegs(pa);
+      WgmmaFence();
+#pragma unroll
+      for (int kk = 0; kk < kStreamRows / 16; ++kk) {
+        Mma<T>::PV(acc1, pa[kk], Desc(s1 + kk * 16 * 128, kStreamRows * 128));
+      }
+      WgmmaCommit();
+      FenceRegs(acc1);
+    }
   };
   // P = exp2(scale_log2 x - lse2) of streamed tile n (stage s) in place, 0 where masked. dq: the
   // row terms belong to this thread's rows; dk/dv: to the columns (queries), from the stage's copy.
@@ -372,8 +414,20 @@ __global__ void __launch_bounds__(kThreads, 1)
       }
     }
   };
-  // dS = P (dP - delta), packed into the A operands pair by pair with P (A register r of
-  // 16-column block kk holds elements 8 kk + 2 r and + 1), so that the floats die early.
+  // kEarlyDv: P^T packed into the A operand of dv's product (A register r of 16-column block kk
+  // holds elements 8 kk + 2 r and + 1).
+  auto pack_probabilities = [&]() {
+#pragma unroll
+    for (int b = 0; b < kStreamRows / 8; ++b) {
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int i = 4 * b + 2 * h;
+        pa[b / 2][2 * (b % 2) + h] = Mma<T>::Pack(x[i], x[i + 1]);
+      }
+    }
+  };
+  // dS = P (dP - delta), packed into the A operand of the next product pair by pair (and P with
+  // it, unless packed early), so that the floats die early.
   auto grads_of_scores = [&](int s) {
     const float* stage_terms =
         reinterpret_cast<const float*>(base_ptr + L::kTermsAt + s * L::kTerms);
@@ -390,7 +444,7 @@ __global__ void __launch_bounds__(kThreads, 1)
         const float d0 = kKeys ? c_delta[0] : row_delta[h];
         const float d1 = kKeys ? c_delta[1] : row_delta[h];
         da[b / 2][2 * (b % 2) + h] = Mma<T>::Pack(x[i] * (y[i] - d0), x[i + 1] * (y[i + 1] - d1));
-        if constexpr (kKeys) pa[b / 2][2 * (b % 2) + h] = Mma<T>::Pack(x[i], x[i + 1]);
+        if constexpr (kKeys && !kEarlyDv) pa[b / 2][2 * (b % 2) + h] = Mma<T>::Pack(x[i], x[i + 1]);
       }
     }
   };
@@ -431,7 +485,13 @@ __global__ void __launch_bounds__(kThreads, 1)
       WgmmaWait<1>();  // the scores; dP may still run
       FenceRegs(x);
       probabilities(it, n, s, fixed_row);
-      WgmmaWait<0>();
+      if constexpr (kEarlyDv) {
+        pack_probabilities();
+        issue_dv(s);
+        WgmmaWait<1>();  // dP; dv may still run
+      } else {
+        WgmmaWait<0>();
+      }
       FenceRegs(y);
       grads_of_scores(s);
       issue_grads(s);
@@ -442,15 +502,15 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     release(bar_fixed_empty(fb));
 
-    // Epilogue: this warpgroup's rows of the gradient(s), then (grouped mode) the zeros between
-    // the tile's rows, written by both warpgroups.
+    // Epilogue: this warpgroup's rows of the gradient(s), then (grouped mode at D = 64; the zero
+    // warps do it at D = 128) the zeros between the tile's rows, written by both warpgroups.
     store(g.out0, acc0, it, it.tile * kFixedRows + cw * 64);
     if constexpr (kKeys) store(g.out1, acc1, it, it.tile * kFixedRows + cw * 64);
-    if (g.zero_rate > 0) {
+    if (!kZeroWarpsAtD && g.zero_rate > 0) {
       auto zeros = [&](const GradView& v) {
-        ZeroUnselectedRows<D>(static_cast<T*>(v.ptr) + it.j * v.fold + it.head * v.head,
-                              g.zero_rate, g.zero_lead, g.zero_span, v.pos, it.tile * kFixedRows,
-                              g.rows, cw * 128 + t);
+        ZeroUnselectedRows<D, 256>(static_cast<T*>(v.ptr) + it.j * v.fold + it.head * v.head,
+                                   g.zero_rate, g.zero_lead, g.zero_span, v.pos,
+                                   it.tile * kFixedRows, g.rows, cw * 128 + t);
       };
       zeros(g.out0);
       if constexpr (kKeys) zeros(g.out1);

@@ -286,6 +286,20 @@ __device__ __forceinline__ int NextItem(unsigned* counter, int items) {
   return drawn < static_cast<unsigned>(items) ? static_cast<int>(drawn) : items;
 }
 
+// The producer's claim of its CTA's next work item into the item's fixed buffer: the item comes
+// from `counter` (NextItem); once the consumers have released the buffer (`buffers` of them used
+// in turn, `items` claimed before this one) its index goes into `slot`, which the consumers read
+// after `bar_full` completes. Returns the item, or the end mark `end`, which is published with an
+// arrival that carries no bytes so that the consumers stop too.
+__device__ __forceinline__ int ClaimItem(unsigned* counter, int end, int items, int buffers,
+                                         int* slot, uint32_t bar_empty, uint32_t bar_full) {
+  const int w = NextItem(counter, end);
+  if (items >= buffers) BarrierWait(bar_empty, ((items / buffers) - 1) & 1);
+  *slot = w;
+  if (w == end) BarrierArrive(bar_full);
+  return w;
+}
+
 // A buffer this warp no longer reads goes back to the producer: one arrival per warp (its wgmma
 // reads are complete once the warp has passed the wait of their group).
 __device__ __forceinline__ void ReleaseFromWarp(uint32_t bar, int lane) {
@@ -293,19 +307,39 @@ __device__ __forceinline__ void ReleaseFromWarp(uint32_t bar, int lane) {
   if (lane == 0) BarrierArrive(bar);
 }
 
+// Warps 1-3 of a producer warpgroup (kZeroWarpThreads threads): they follow the items the
+// producer publishes in `slots` (buffer items % buffers, its `full` barrier as the consumers wait
+// for it), release each slot like a consumer warp (the `empty` barrier counts them: 8 consumer
+// warps + kZeroWarps) once read, and call zero(item) for every item before the end mark `end`.
+constexpr int kZeroWarps = 3;
+constexpr int kZeroWarpThreads = 32 * kZeroWarps;
+template <typename FullBar, typename EmptyBar, typename ZeroItem>
+__device__ __forceinline__ void ZeroWarpsLoop(const int* slots, int buffers, int end, int lane,
+                                              FullBar full, EmptyBar empty, ZeroItem zero) {
+  for (int items = 0;; ++items) {
+    const int b = items % buffers;
+    BarrierWait(full(b), (items / buffers) & 1);
+    const int w = slots[b];
+    ReleaseFromWarp(empty(b), lane);  // the slot is read; the buffer's tiles are not ours
+    if (w == end) return;
+    zero(w);
+  }
+}
+
 // Grouped mode's zeros around the selected rows [row0, row0 + 128) (clipped to `rows`) of one
 // (block, head) of a 16-bit view (UnselectedRows, hopper_attention.h): the rate - 1 positions
 // after each selected row that lie within the segment (`span` positions from the first selected
 // row on), and for the first tile the `lead` positions before the first selected row. `first`:
 // the view's element (row 0, column 0) of the block and head; pos: its element stride between
-// consecutive positions. Written by the 256 consumer threads (tid), 16-byte stores, D / 8 per
-// row; a thread keeps one 16-byte column and walks rows `step` apart (no division per store: the
-// gap index advances by carries).
-template <int D, typename T>
+// consecutive positions. Written by `Threads` threads (tid in [0, Threads), a multiple of D / 8),
+// 16-byte stores, D / 8 per row; a thread keeps one 16-byte column and walks rows `step` apart (no
+// division per store: the gap index advances by carries).
+template <int D, int Threads, typename T>
 __device__ __forceinline__ void ZeroUnselectedRows(T* first, int rate, int lead, int span,
                                                    int64_t pos, int row0, int rows, int tid) {
   constexpr int kVecs = D / 8;
-  constexpr int kStep = 256 / kVecs;
+  static_assert(Threads % kVecs == 0, "every thread keeps one 16-byte column");
+  constexpr int kStep = Threads / kVecs;
   const int r1 = rate - 1;
   const int gaps = (min(row0 + 128, rows) - row0) * r1;
   const int slot = tid / kVecs;

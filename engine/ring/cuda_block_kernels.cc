@@ -20,6 +20,7 @@
 #include "engine/cuda/device_scope.h"
 #include "engine/cuda/dilated_kernels.h"
 #include "engine/cuda/hopper_attention.h"
+#include "engine/cuda/hopper_backward.h"
 #include "engine/cuda/stream_scratch.h"
 #include "engine/ring/cuda_block_kernels_launch.h"
 
@@ -109,6 +110,25 @@ std::vector<SlotGroup> SlotGroups(const RingGeometry& geo, int pattern) {
 }
 
 using Scratch = cuda::StreamScratch;
+
+// The fields our kernels' forward and backward arguments share, for call c over the views q, k,
+// v, o of this rank's shards.
+template <typename KernelArgs>
+void SetCallFields(const RingGeometry& geo, const BlockCall& c, const KernelTensor& q,
+                   const KernelTensor& k, const KernelTensor& v, const KernelTensor& o, float scale,
+                   KernelArgs* a) {
+  a->type = ElemTypeOf(geo.dtype());
+  a->q = q;
+  a->k = k;
+  a->v = v;
+  a->o = o;
+  a->count = c.count;
+  a->heads = c.group.heads;
+  a->rows = c.rows;
+  a->head_dim = geo.shape().head_dim;
+  a->scale = scale;
+  a->causal = geo.spec().causal;
+}
 
 class CudaBlockKernelsImpl final : public CudaBlockKernels {
  public:
@@ -218,8 +238,8 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     // kernel's epilogue, or a pass over the call's rows); EndForward skips them. Only with the
     // per-pattern EndForward (selective), whose head ranges can leave a pattern out.
     scaled_in_call_.assign(geo.num_patterns(), false);
-    if (selective && item_counter_ != nullptr && IsHalfType(geo.dtype()) &&
-        geo.num_patterns() > 1) {
+    if (selective && options_.own_hopper_forward && item_counter_ != nullptr &&
+        IsHalfType(geo.dtype()) && geo.num_patterns() > 1) {
       for (int i = 0; i < geo.num_patterns(); ++i) {
         const int64_t first = geo.FirstSegmentOf(i, geo.rank()),
                       last = geo.LastSegmentOf(i, geo.rank());
@@ -604,17 +624,22 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     const bool grouped = geo.spec().mode == AttentionMode::kGrouped;
     const CallRole role = grouped ? CallRole::kDirect : CallRole::kMerge;
     const bool cudnn = sdpa_ != nullptr && IsHalfType(geo.dtype());
+    const bool hopper = backward && OwnBackward(geo);
     const bool scaled_out = cuda::NeedsScaledOut(geo.spec(), backward, cudnn);
     const cuda::ProblemDims dims{s.batch, l, s.num_heads, s.head_dim};
     const int64_t limit = options_.workspace_limit_bytes > 0
                               ? options_.workspace_limit_bytes
-                              : cuda::DefaultWorkspaceLimit(dims, geo.dtype(), backward);
+                              : cuda::DefaultWorkspaceLimit(dims, geo.dtype(), backward, hopper);
     BlockCall one = call;
     one.count = 1;
-    const int64_t per_block =
-        std::max<int64_t>(1, cuda::LayoutCallScratch(one, role, backward, cudnn, geo.dtype(),
-                                                     s.head_dim, kAlign, scaled_out)
-                                 .total);
+    // Chunked for the kernel the calls are expected to run on (a call our backward refuses falls
+    // back to cuDNN with its larger scratch, as the CUDA backend's do).
+    const cuda::CallScratch one_layout =
+        hopper ? cuda::LayoutCallScratch(one, role, true, false, geo.dtype(), s.head_dim, 0, false,
+                                         /*hopper=*/true)
+               : cuda::LayoutCallScratch(one, role, backward, cudnn, geo.dtype(), s.head_dim,
+                                         kAlign, scaled_out);
+    const int64_t per_block = std::max<int64_t>(1, one_layout.total);
     int64_t chunk = std::max<int64_t>(1, limit / per_block);
     if (cudnn) {
       const std::vector<KernelTensor> views = LocalViews(fwd, bwd, one, l);
@@ -695,17 +720,7 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     const bool scale_here = !merge && ScaledInCall(c.pattern);
     const float inv_g = 1.0f / static_cast<float>(geo.num_patterns());
     cuda::KernelForwardArgs ka;
-    ka.type = et;
-    ka.q = q;
-    ka.k = k;
-    ka.v = v;
-    ka.o = o;
-    ka.count = c.count;
-    ka.heads = c.group.heads;
-    ka.rows = c.rows;
-    ka.head_dim = s.head_dim;
-    ka.scale = scale;
-    ka.causal = geo.spec().causal;
+    SetCallFields(geo, c, q, k, v, o, scale, &ka);
     bool own = false;
     if (scale_here) {
       ka.stats = reinterpret_cast<float*>(uintptr_t{256});  // placed below; checked for non-null
@@ -733,7 +748,7 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     ka.stats = stats;
     if (own) {
       ka.p_scale = inv_g;
-      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchHopperForward(ka, {}, item_counter_, stream_));
+      DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchHopperForward(ka, false, {}, item_counter_, stream_));
       ++stats_.own_hopper_calls;
     } else if (cudnn) {
       a.o = merge ? tile : o.ptr;
@@ -773,8 +788,24 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     const KernelTensor q = ViewTensor(args.q, c, l), k = ViewTensor(args.k, c, l),
                        v = ViewTensor(args.v, c, l), o = ViewTensor(args.out, c, l),
                        d_o = ViewTensor(args.dout, c, l);
-    KernelTensor grads[3] = {ViewTensor(args.dq, c, l), ViewTensor(args.dk, c, l),
-                             ViewTensor(args.dv, c, l)};
+    // The kernels' arguments, gradients in place (a merge call on cuDNN or the CUDA-core kernel
+    // writes tiles instead, below). Grouped: P is normalised by lse + log G and the row sums are
+    // taken over G * out (delta_scale); mixture: the row's total lse, o = out.
+    cuda::KernelBackwardArgs ka;
+    SetCallFields(geo, c, q, k, v, o, scale, &ka);
+    ka.dout = d_o;
+    ka.dq = ViewTensor(args.dq, c, l);
+    ka.dk = ViewTensor(args.dk, c, l);
+    ka.dv = ViewTensor(args.dv, c, l);
+    ka.delta_scale = grouped ? static_cast<float>(g) : 1.0f;
+    // Our Hopper backward adds a merge call's gradients in place; grouped mode's other rows were
+    // cleared by BeginBackward, so it writes no zeros.
+    bool own = false;
+    if (OwnBackward(geo)) {
+      cuda::KernelBackwardArgs check = ka;  // scratch not placed yet: placeholders for the check
+      check.stats = check.delta = reinterpret_cast<float*>(uintptr_t{256});
+      own = cuda::HopperBackwardSupported(check);
+    }
     const KernelTensor packed = PackedTensor(nullptr, c.group.heads, c.rows, s.head_dim);
     const bool scaled_out_needed = grouped && g > 1;
     cuda::SdpaBackwardArgs a;
@@ -784,9 +815,9 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     a.v_strides = StridesOf(v);
     a.o_strides = scaled_out_needed ? StridesOf(packed) : StridesOf(o);
     a.do_strides = StridesOf(d_o);
-    a.dq_strides = merge ? StridesOf(packed) : StridesOf(grads[0]);
-    a.dk_strides = merge ? StridesOf(packed) : StridesOf(grads[1]);
-    a.dv_strides = merge ? StridesOf(packed) : StridesOf(grads[2]);
+    a.dq_strides = merge ? StridesOf(packed) : StridesOf(ka.dq);
+    a.dk_strides = merge ? StridesOf(packed) : StridesOf(ka.dk);
+    a.dv_strides = merge ? StridesOf(packed) : StridesOf(ka.dv);
     a.q = q.ptr;
     a.k = k.ptr;
     a.v = v.ptr;
@@ -795,10 +826,12 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
     a.scale = scale;
     bool cudnn = false;
     int64_t library = 0;
-    bool readable = sdpa_ != nullptr && IsHalfType(dtype);
+    bool readable = !own && sdpa_ != nullptr && IsHalfType(dtype);
     for (const KernelTensor* t : {&q, &k, &v, &o, &d_o}) readable = readable && CudnnReadable(*t);
     if (!merge) {
-      for (const KernelTensor& t : grads) readable = readable && CudnnReadable(t);
+      for (const KernelTensor* t : {&ka.dq, &ka.dk, &ka.dv}) {
+        readable = readable && CudnnReadable(*t);
+      }
     }
     if (readable) {
       absl::StatusOr<int64_t> ws = sdpa_->BackwardWorkspace(a);
@@ -809,68 +842,68 @@ class CudaBlockKernelsImpl final : public CudaBlockKernels {
         NoteFallback(ws.status());
       }
     }
-    const CallScratch layout = cuda::LayoutCallScratch(c, role, true, cudnn, dtype, s.head_dim,
-                                                       cudnn ? std::max<int64_t>(library, 1) : 0,
-                                                       cudnn && scaled_out_needed);
+    const CallScratch layout =
+        own ? cuda::LayoutCallScratch(c, role, true, false, dtype, s.head_dim, 0, false,
+                                      /*hopper=*/true)
+            : cuda::LayoutCallScratch(c, role, true, cudnn, dtype, s.head_dim,
+                                      cudnn ? std::max<int64_t>(library, 1) : 0,
+                                      cudnn && scaled_out_needed);
     Scratch scratch(pool_, stream_);
     absl::StatusOr<char*> ws = scratch.Take(layout.total);
     if (!ws.ok()) return ws.status();
     const cuda::RowSpace space{s.batch, l, s.num_heads, s.head_dim};
     const cuda::CallRows rows = CallRowsOf(c);
     const int64_t tile_bytes = c.count * c.group.heads * c.rows * s.head_dim * esize;
-    if (merge) {
+    const bool tiles = merge && !own;
+    if (tiles) {
+      KernelTensor* grads[3] = {&ka.dq, &ka.dk, &ka.dv};
       for (int i = 0; i < 3; ++i) {
-        grads[i] =
+        *grads[i] =
             PackedTensor(*ws + layout.tile + i * tile_bytes, c.group.heads, c.rows, s.head_dim);
       }
     }
-    float* stats = reinterpret_cast<float*>(*ws + layout.stats);
+    float* const stats = reinterpret_cast<float*>(*ws + layout.stats);
+    float* const delta = reinterpret_cast<float*>(*ws + layout.delta);
+    ka.stats = stats;
+    ka.delta = delta;
     const float lse_add = grouped ? std::log(static_cast<float>(g)) : 0.0f;
     DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchGatherStats(static_cast<const float*>(args.lse.data),
                                                        stats, lse_add, rows, space, stream_));
-    if (cudnn) {
+    if (own) {
+      DATTN_CUDA_RETURN_IF_ERROR(
+          cuda::LaunchHopperBackward(ka, /*accumulate=*/merge, {}, item_counter_, stream_));
+      ++stats_.own_hopper_backward_calls;
+    } else if (cudnn) {
       if (scaled_out_needed) {
         DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchGatherRows(
             args.out.data, *ws + layout.out_tile, static_cast<float>(g), et, rows, space, stream_));
         a.o = *ws + layout.out_tile;
       }
-      a.dq = grads[0].ptr;
-      a.dk = grads[1].ptr;
-      a.dv = grads[2].ptr;
+      a.dq = ka.dq.ptr;
+      a.dk = ka.dk.ptr;
+      a.dv = ka.dv.ptr;
       a.stats = stats;
-      a.softmax_sum = reinterpret_cast<float*>(*ws + layout.delta);
+      a.softmax_sum = delta;
       a.dq_accum = reinterpret_cast<float*>(*ws + layout.dq_accum);
       DATTN_RETURN_IF_ERROR(sdpa_->Backward(a, *ws + layout.library));
       ++stats_.cudnn_calls;
     } else {
-      cuda::KernelBackwardArgs ka;
-      ka.type = et;
-      ka.q = q;
-      ka.k = k;
-      ka.v = v;
-      ka.o = o;
-      ka.dout = d_o;
-      ka.dq = grads[0];
-      ka.dk = grads[1];
-      ka.dv = grads[2];
-      ka.stats = stats;
-      ka.delta = reinterpret_cast<float*>(*ws + layout.delta);
-      ka.count = c.count;
-      ka.heads = c.group.heads;
-      ka.rows = c.rows;
-      ka.head_dim = s.head_dim;
-      ka.scale = scale;
-      ka.delta_scale = grouped ? static_cast<float>(g) : 1.0f;
-      ka.causal = geo.spec().causal;
       DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAttentionBackward(ka, stream_));
       ++stats_.kernel_calls;
     }
     ++stats_.local_calls;
-    if (merge) {
+    if (tiles) {
       DATTN_CUDA_RETURN_IF_ERROR(cuda::LaunchAccumulateTiles(
           *ws + layout.tile, args.dq.data, args.dk.data, args.dv.data, et, rows, space, stream_));
     }
     return absl::OkStatus();
+  }
+
+  // Whether this rank's local backward calls go to our Hopper backward (option on, a compute
+  // capability 9.0 device, a type and head size it runs); each call is still checked.
+  bool OwnBackward(const RingGeometry& geo) const {
+    return options_.own_hopper_backward && item_counter_ != nullptr && sdpa_ != nullptr &&
+           IsHalfType(geo.dtype()) && (geo.shape().head_dim == 64 || geo.shape().head_dim == 128);
   }
 
   // ---- Shared segments (and local ones too wide for cuDNN's views): packed tiles.
@@ -1273,7 +1306,7 @@ absl::StatusOr<std::unique_ptr<CudaBlockKernels>> NewCudaBlockKernels(
     if (!made.ok()) return made.status();
     sdpa = std::move(*made);
   }
-  if (options.own_hopper_forward && options.use_cudnn) {
+  if ((options.own_hopper_forward || options.own_hopper_backward) && options.use_cudnn) {
     DATTN_CUDA_RETURN_IF_ERROR(cuda::NewHopperItemCounter(options.device, &r.item_counter));
   }
   auto kernels = std::make_unique<CudaBlockKernelsImpl>(options, r.stream, r.owns_stream, r.pool,

@@ -60,6 +60,12 @@ struct CudaBlockKernelOptions {
   // false (or use_cudnn false, or not a compute capability 9.0 device): cuDNN and the EndForward
   // pass, as before.
   bool own_hopper_forward = true;
+  // Local backward calls (both modes) run on our own Hopper backward
+  // (engine/cuda/hopper_backward.h) where it takes them (bf16 / fp16, D = 64 or 128, a compute
+  // capability 9.0 device): two floats of scratch per row instead of cuDNN's fp32 dQ accumulator,
+  // and mixture mode's gradients added in place (no tiles). Shared segments' packed calls stay on
+  // cuDNN. false (or use_cudnn false): cuDNN, as before.
+  bool own_hopper_backward = true;
   // Scratch one local call may use (calls are chunked to fit); 0: the CUDA backend's default for
   // the shard (engine/cuda/block_calls.h DefaultWorkspaceLimit).
   int64_t workspace_limit_bytes = 0;
@@ -68,14 +74,15 @@ struct CudaBlockKernelOptions {
 };
 
 struct CudaBlockKernelStats {
-  int64_t cudnn_calls = 0;       // fused attention calls run by cuDNN
-  int64_t kernel_calls = 0;      // calls run by the own kernel (fp32, or cuDNN fallbacks)
-  int64_t own_hopper_calls = 0;  // local forward calls run by our own Hopper kernel
-  int64_t cudnn_fallbacks = 0;   // calls cuDNN would not take
-  int64_t local_calls = 0;       // calls over strided views of local segments
-  int64_t shared_calls = 0;      // calls over packed tiles of shared segments
-  int64_t padded_calls = 0;      // shared calls whose query tile was padded or cut to the block
-  int64_t pool_high_water = 0;   // bytes: cudaMemPoolAttrReservedMemHigh of the instance's pool
+  int64_t cudnn_calls = 0;                // fused attention calls run by cuDNN
+  int64_t kernel_calls = 0;               // calls run by the own kernel (fp32, or cuDNN fallbacks)
+  int64_t own_hopper_calls = 0;           // local forward calls run by our own Hopper kernel
+  int64_t own_hopper_backward_calls = 0;  // local backward calls run by our own Hopper backward
+  int64_t cudnn_fallbacks = 0;            // calls cuDNN would not take
+  int64_t local_calls = 0;                // calls over strided views of local segments
+  int64_t shared_calls = 0;               // calls over packed tiles of shared segments
+  int64_t padded_calls = 0;     // shared calls whose query tile was padded or cut to the block
+  int64_t pool_high_water = 0;  // bytes: cudaMemPoolAttrReservedMemHigh of the instance's pool
 };
 
 class CudaBlockKernels : public BlockKernels {

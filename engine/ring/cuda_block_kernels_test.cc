@@ -162,6 +162,18 @@ class CudaBlockKernelsTest : public ::testing::Test {
     ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
   }
 
+  // The wide two-rank cases on an instance of its own with these options; its counters after.
+  CudaBlockKernelStats RunWideCasesWith(const CudaBlockKernelOptions& options) {
+    absl::StatusOr<std::unique_ptr<CudaBlockKernels>> made = NewCudaBlockKernels(options);
+    EXPECT_TRUE(made.ok()) << made.status();
+    if (!made.ok()) return {};
+    CudaBlockKernels* saved = kernels_;
+    kernels_ = made->get();
+    for (const testing::RingCase& c : testing::GpuWideCases(2)) RunCase(c);
+    kernels_ = saved;
+    return (*made)->stats();
+  }
+
   static CudaBlockKernels* kernels_;
   static std::string skip_reason_;
 };
@@ -195,12 +207,15 @@ TEST_F(CudaBlockKernelsTest, WideFourRanks) {
 TEST_F(CudaBlockKernelsTest, OwnKernelForSixteenBitTypes) {
   CudaBlockKernelOptions options;
   options.use_cudnn = false;
-  absl::StatusOr<std::unique_ptr<CudaBlockKernels>> own = NewCudaBlockKernels(options);
-  ASSERT_TRUE(own.ok()) << own.status();
-  CudaBlockKernels* saved = kernels_;
-  kernels_ = own->get();
-  for (const testing::RingCase& c : testing::GpuWideCases(2)) RunCase(c);
-  kernels_ = saved;
+  RunWideCasesWith(options);
+}
+
+// Whether device 0 runs our own Hopper kernels (compute capability 9.0).
+bool HopperDevice() {
+  int major = 0, minor = 0;
+  return cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess &&
+         cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0) == cudaSuccess &&
+         major == 9 && minor == 0;
 }
 
 // Grouped mode's local blocks of patterns with no shared segment on the rank run on our own Hopper
@@ -209,20 +224,28 @@ TEST_F(CudaBlockKernelsTest, OwnKernelForSixteenBitTypes) {
 TEST_F(CudaBlockKernelsTest, OwnHopperKernelForLocalGroupedBlocks) {
   const int64_t before = kernels_->stats().own_hopper_calls;
   for (const testing::RingCase& c : testing::GpuWideCases(2)) RunCase(c);
-  int major = 0, minor = 0;
-  ASSERT_EQ(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0), cudaSuccess);
-  ASSERT_EQ(cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, 0), cudaSuccess);
-  EXPECT_EQ(kernels_->stats().own_hopper_calls > before, major == 9 && minor == 0);
+  EXPECT_EQ(kernels_->stats().own_hopper_calls > before, HopperDevice());
 
   CudaBlockKernelOptions options;
   options.own_hopper_forward = false;
-  absl::StatusOr<std::unique_ptr<CudaBlockKernels>> plain = NewCudaBlockKernels(options);
-  ASSERT_TRUE(plain.ok()) << plain.status();
-  CudaBlockKernels* saved = kernels_;
-  kernels_ = plain->get();
+  const CudaBlockKernelStats plain = RunWideCasesWith(options);
+  EXPECT_EQ(plain.own_hopper_calls, 0);
+}
+
+// Local backward calls (both modes; mixture mode's gradients added in place) run on our own
+// Hopper backward on a compute capability 9.0 device; with the option off they run on cuDNN. Both
+// agree with the oracle (RunCase checks dq, dk, dv of every rank).
+TEST_F(CudaBlockKernelsTest, OwnHopperBackwardForLocalBlocks) {
+  const int64_t before = kernels_->stats().own_hopper_backward_calls;
   for (const testing::RingCase& c : testing::GpuWideCases(2)) RunCase(c);
-  kernels_ = saved;
-  EXPECT_EQ((*plain)->stats().own_hopper_calls, 0);
+  EXPECT_EQ(kernels_->stats().own_hopper_backward_calls > before, HopperDevice());
+
+  CudaBlockKernelOptions options;
+  options.own_hopper_backward = false;
+  const CudaBlockKernelStats plain = RunWideCasesWith(options);
+  EXPECT_EQ(plain.own_hopper_backward_calls, 0);
+  // The forward's option is independent of the backward's.
+  EXPECT_EQ(plain.own_hopper_calls > 0, HopperDevice());
 }
 
 TEST_F(CudaBlockKernelsTest, CudnnRanTheSixteenBitCalls) {

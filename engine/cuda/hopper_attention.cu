@@ -21,7 +21,9 @@
 //     its softmax runs while P V is on the tensor cores; between the two, named barriers make them
 //     take turns issuing (ping-pong), so one's softmax runs while the other's products run;
 //   - the epilogue divides by the row sum, applies out_scale (grouped mode's 1/G, free here),
-//     writes o rows in place through their strides, the log-sum-exp of each row, and the zeros.
+//     writes o rows in place through their strides and the log-sum-exp of each row, or merges
+//     them into the rows' o and lse so far (mixture mode); grouped mode's zeros are written by the
+//     producer warpgroup's idle warps (D = 128) or the epilogue (D = 64).
 // The producer gives registers back (setmaxnreg 32 / 232) so that a consumer thread holds S (64
 // floats), O (D / 2) and P (32 words) without spilling (ptxas -v: no spills, no serialized wgmma).
 #include "engine/cuda/hopper_attention.h"

@@ -15,8 +15,9 @@
 // (FlashAttention-2/3, cuDNN): the price of needing no fp32 dq buffer. Causal halves both.
 // Each gradient row is written once, by the CTA that owns it, 4-byte stores in place through its
 // strides (added to the old value under `accumulate`): no atomics, deterministic. In grouped mode
-// the epilogues also write the zeros of the unselected rows around their rows (as the forward
-// does), so that no fill pass competes with the kernels for the SMs.
+// the zeros of the unselected rows around an item's rows are written too (as the forward does),
+// so that no fill pass competes with the kernels for the SMs: by the producer warpgroup's idle
+// warps while the consumers compute at D = 128, by the epilogues at D = 64.
 // Tried and measured slower on an H200 (docs/PERFORMANCE.md): 64-row streamed tiles at D = 64
 // (10%); the two warpgroups taking turns on the tensor cores (3%); dq software-pipelined like the
 // forward (10%); dk/dv with one warpgroup per gradient on 64 keys, P handed over in shared memory

@@ -562,7 +562,8 @@ class CudaBackendImpl : public CudaAttentionBackend {
     return true;
   }
 
-  // Call i's stream, item counter and scratch slot: odd calls on calls2_ when overlapping.
+  // Call i's stream, item counter and scratch slot: odd calls on calls2_ when overlapping (counted
+  // in second_stream_calls).
   CallSlot SlotOf(size_t i, bool overlap, int64_t slot_bytes) {
     if (overlap && i % 2 == 1) {
       ++stats_.second_stream_calls;

@@ -341,9 +341,16 @@ __global__ void __launch_bounds__(kThreads, 1)
     }
     WgmmaCommit();
   };
+  // acc += ops tile: the register A operands (P or dS packed) against a streamed tile read
+  // N-major (its rows are the contraction), one wgmma per 16 rows; uncommitted.
+  auto add_products = [&](auto& acc, const auto& ops, uint32_t tile) {
+#pragma unroll
+    for (int kk = 0; kk < kStreamRows / 16; ++kk) {
+      Mma<T>::PV(acc, ops[kk], Desc(tile + kk * 16 * 128, kStreamRows * 128));
+    }
+  };
   // Issues acc0 += dS stream0 (dq += dS k; dk += dS^T q) and, unless issued early, acc1 += P^T
-  // stream1 (dv += P^T dout) from stage s, the streamed tiles read N-major (their rows are the
-  // contraction); the caller waits.
+  // stream1 (dv += P^T dout) from stage s; the caller waits.
   auto issue_grads = [&](int s) {
     const uint32_t s0 = base + L::kStream + s * 2 * L::kStreamTile;
     const uint32_t s1 = s0 + L::kStreamTile;
@@ -354,16 +361,8 @@ __global__ void __launch_bounds__(kThreads, 1)
       FenceRegs(pa);
     }
     WgmmaFence();
-#pragma unroll
-    for (int kk = 0; kk < kStreamRows / 16; ++kk) {
-      Mma<T>::PV(acc0, da[kk], Desc(s0 + kk * 16 * 128, kStreamRows * 128));
-    }
-    if constexpr (kKeys && !kEarlyDv) {
-#pragma unroll
-      for (int kk = 0; kk < kStreamRows / 16; ++kk) {
-        Mma<T>::PV(acc1, pa[kk], Desc(s1 + kk * 16 * 128, kStreamRows * 128));
-      }
-    }
+    add_products(acc0, da, s0);
+    if constexpr (kKeys && !kEarlyDv) add_products(acc1, pa, s1);
     WgmmaCommit();
     FenceRegs(acc0);
     if constexpr (kKeys && !kEarlyDv) FenceRegs(acc1);
@@ -376,10 +375,7 @@ __global__ void __launch_bounds__(kThreads, 1)
       FenceRegs(acc1);
       FenceRegs(pa);
       WgmmaFence();
-#pragma unroll
-      for (int kk = 0; kk < kStreamRows / 16; ++kk) {
-        Mma<T>::PV(acc1, pa[kk], Desc(s1 + kk * 16 * 128, kStreamRows * 128));
-      }
+      add_products(acc1, pa, s1);
       WgmmaCommit();
       FenceRegs(acc1);
     }

@@ -167,6 +167,15 @@ absl::Status Coordinator::Start() {
         "rendezvous_advertise: required when the rendezvous stores listen on 0.0.0.0 (workers "
         "need an address they can dial)");
   }
+  if (options_.max_watch_streams < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("max_watch_streams: must be >= 1, got ", options_.max_watch_streams));
+  }
+  if (options_.store_probe_interval <= absl::ZeroDuration()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store_probe_interval: must be > 0, got ",
+                     absl::FormatDuration(options_.store_probe_interval)));
+  }
   if (options_.ring_formation_timeout <= absl::ZeroDuration() ||
       options_.ring_comm_timeout <= absl::ZeroDuration() ||
       options_.feasibility_settle < absl::ZeroDuration()) {
@@ -225,7 +234,8 @@ absl::Status Coordinator::Recover() {
       for (const v1::JobEvent& e : *events) {
         cancel_requested |= e.kind() == "cancel_requested";
         placed_before |= e.kind() == "placed";
-        free_requeues += e.kind() == "coordinator_restarted" || e.kind() == "coordinator_stopped";
+        free_requeues += e.kind() == "coordinator_restarted" || e.kind() == "coordinator_stopped" ||
+                         e.kind() == "refused";
       }
     }
     absl::MutexLock lock(&mu_);
@@ -395,8 +405,10 @@ absl::Status Coordinator::CheckPhaseLocked(bool submit) const {
 
 absl::Status Coordinator::CheckWritableLocked() const {
   if (!store_error_.ok()) {
-    return absl::UnavailableError(absl::StrCat(
-        "the job store failed; the coordinator must restart: ", store_error_.message()));
+    return absl::UnavailableError(
+        absl::StrCat("the job store cannot be written now (nothing was changed; retry once it "
+                     "recovers): ",
+                     store_error_.message()));
   }
   return absl::OkStatus();
 }
@@ -550,11 +562,14 @@ int64_t Coordinator::ReadyWorkersLocked() const {
   return ready;
 }
 
-std::vector<scheduler::WorkerInfo> Coordinator::SchedulerWorkersLocked(int64_t head_dim) const {
+std::vector<scheduler::WorkerInfo> Coordinator::SchedulerWorkersLocked(int64_t head_dim,
+                                                                       bool for_placement) const {
   std::vector<scheduler::WorkerInfo> out;
   for (const auto& [id, worker] : workers_) {
     // A worker whose stream broke cannot receive an assignment; it comes back with a new stream.
     if (worker->state == scheduler::WorkerState::kDead || worker->stream_lost) continue;
+    // One that refused a rank waits for its next heartbeat before it is offered another.
+    if (for_placement && worker->refused_since_heartbeat) continue;
     const v1::WorkerCapabilities& caps = worker->info.capabilities();
     if (head_dim > 0 && caps.head_dims_size() > 0 &&
         std::find(caps.head_dims().begin(), caps.head_dims().end(), head_dim) ==
@@ -908,6 +923,24 @@ void Coordinator::RecoverJobLocked(ActiveJob* job, FailureKind failure, const st
   RequeueLocked(job, "requeued", absl::StrCat(why, "; ", action->reason), tickets);
 }
 
+void Coordinator::RequeueRefusedLocked(ActiveJob* job, const std::string& why, Tickets* tickets) {
+  metrics_->CountRecovery("rank_refused");
+  EndRingLocked(job, "");
+  ReleaseTasksLocked(job, /*cancel_tasks=*/true, why);
+  if (++job->refusals > kMaxRefusals) {
+    tickets->push_back(
+        TransitionLocked(job, v1::JOB_STATE_FAILED, "failed",
+                         absl::StrCat(why, "; the job's ranks were refused ", job->refusals,
+                                      " times in a row (at most ", kMaxRefusals, ")")));
+    return;
+  }
+  ++job->free_requeues;
+  RequeueLocked(job, "refused",
+                absl::StrCat(why, "; requeued as attempt ", job->job.attempt() + 1,
+                             " (a refusal is not a failed attempt)"),
+                tickets);
+}
+
 void Coordinator::KillWorkerLocked(WorkerEntry* worker, const std::string& why,
                                    const std::string& cause, Tickets* tickets) {
   worker->state = scheduler::WorkerState::kDead;
@@ -1185,6 +1218,13 @@ absl::Status Coordinator::WatchJob(const v1::WatchJobRequest& request, const Job
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckPhaseLocked(/*submit=*/false); !s.ok()) return s;
     if (streams_closed_) return absl::UnavailableError(kShuttingDown);
+    // Each open watch holds a server thread for its life: their number is bounded.
+    if (static_cast<int>(watchers_.size()) >= options_.max_watch_streams) {
+      return absl::ResourceExhaustedError(
+          absl::StrCat("the coordinator serves at most ", options_.max_watch_streams,
+                       " WatchJob streams at once (--max-watch-streams); retry later or poll "
+                       "GetJob"));
+    }
     watchers_.emplace(request.job_id(), &watcher);
   }
   struct Unsubscribe {
@@ -1205,14 +1245,20 @@ absl::Status Coordinator::WatchJob(const v1::WatchJobRequest& request, const Job
 
   absl::StatusOr<StoredJob> stored = store_->GetJob(request.job_id());
   if (!stored.ok()) return stored.status();
-  absl::StatusOr<std::vector<v1::JobEvent>> history =
-      store_->Events(request.job_id(), request.after_seq(), 0);
-  if (!history.ok()) return history.status();
+  // The history a page at a time: a long job's history (a progress event a second for days) is
+  // never in memory at once.
   int64_t last = request.after_seq();
-  for (const v1::JobEvent& event : *history) {
-    if (!emit(event)) return absl::CancelledError("the watcher went away");
-    last = event.seq();
-    if (IsTerminal(event.state())) return absl::OkStatus();
+  for (;;) {
+    absl::StatusOr<std::vector<v1::JobEvent>> page =
+        store_->Events(request.job_id(), last, kWatchHistoryPage);
+    if (!page.ok()) return page.status();
+    for (const v1::JobEvent& event : *page) {
+      if (!emit(event)) return absl::CancelledError("the watcher went away");
+      last = event.seq();
+      if (IsTerminal(event.state())) return absl::OkStatus();
+    }
+    if (static_cast<int>(page->size()) < kWatchHistoryPage) break;
+    if (cancelled && cancelled()) return absl::CancelledError("the watcher cancelled");
   }
   if (IsTerminal(stored->job.state())) return absl::OkStatus();  // Its end is before after_seq.
 
@@ -1332,6 +1378,10 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
   const absl::Time now = absl::Now();
   worker->last_heartbeat = now;
   worker->info.set_free_memory_bytes(std::max<int64_t>(0, request.free_memory_bytes()));
+  if (worker->refused_since_heartbeat) {
+    worker->refused_since_heartbeat = false;
+    KickSchedulerLocked();
+  }
   std::set<std::string> listed;
   for (const v1::RunningTask& task : request.tasks()) listed.insert(task.task_id());
   // An assignment written to a stream that broke right after may never have reached the worker:
@@ -1512,6 +1562,7 @@ absl::StatusOr<v1::ReportTaskResponse> Coordinator::ReportTask(const v1::TaskRep
     }
     auto mark_started = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
       task.started = true;
+      job->refusals = 0;
       if (job->job.state() == v1::JOB_STATE_PLACED) {
         if (!job->job.has_start_time()) *job->job.mutable_start_time() = ToTimestamp(absl::Now());
         tickets.push_back(
@@ -1613,6 +1664,22 @@ absl::StatusOr<v1::ReportTaskResponse> Coordinator::ReportTask(const v1::TaskRep
         break;
       }
       case v1::TASK_STATE_FAILED: {
+        if (request.refused() && !job->cancel_requested) {
+          // The worker did not start the rank (no free slot, draining, stopping): nothing ran, so
+          // the job did not fail. It goes back in the queue without spending an attempt, and the
+          // worker gets no new rank until its next heartbeat says what it runs.
+          worker->refused_since_heartbeat = true;
+          const std::string task_id = task.task_id;
+          job->task_ids.erase(std::remove(job->task_ids.begin(), job->task_ids.end(), task_id),
+                              job->task_ids.end());
+          EraseTaskLocked(task_id, /*cancel=*/false, "");
+          RequeueRefusedLocked(
+              job,
+              absl::StrCat(where, " refused the rank before starting it: ",
+                           request.error().empty() ? "no reason given" : request.error()),
+              &tickets);
+          break;
+        }
         const absl::StatusCode code = static_cast<absl::StatusCode>(request.error_code());
         std::string why = absl::StrCat(
             where, " failed: ", request.error().empty() ? "no error given" : request.error(),
@@ -1768,8 +1835,9 @@ void Coordinator::SchedulePass() {
     const absl::Time now = absl::Now();
     CheckQueuedJobsLocked(now, &tickets);
     absl::StatusOr<std::vector<scheduler::Placement>> placements =
-        scheduler_.queue().empty() ? std::vector<scheduler::Placement>()
-                                   : scheduler_.Schedule(SchedulerWorkersLocked(0), now);
+        scheduler_.queue().empty()
+            ? std::vector<scheduler::Placement>()
+            : scheduler_.Schedule(SchedulerWorkersLocked(0, /*for_placement=*/true), now);
     if (!placements.ok()) {
       Log(absl::StrCat("internal error: scheduling pass failed: ", placements.status().message()));
       placements = std::vector<scheduler::Placement>();
@@ -1884,8 +1952,67 @@ void Coordinator::SchedulerLoop() {
   }
 }
 
+void Coordinator::CheckStore() {
+  {
+    absl::MutexLock lock(&mu_);
+    if (phase_ == Phase::kNew || phase_ == Phase::kClosed) return;
+  }
+  // Unhealthy: a probe each pass finds out as soon as the file takes writes again. Healthy but idle
+  // for a probe interval: a probe finds out that it can no longer be written (a read-only remount)
+  // before a real write fails.
+  const absl::Time now = absl::Now();
+  const bool unhealthy = !store_->Health().ok();
+  if (!unhealthy && (now - store_->Stats().last_commit < options_.store_probe_interval ||
+                     now - last_store_probe_ < options_.store_probe_interval)) {
+    return;
+  }
+  last_store_probe_ = now;
+  const absl::Status probe = store_->Probe();
+  const absl::Status health = store_->Health();
+  bool recovered = false;
+  {
+    absl::MutexLock lock(&mu_);
+    if (health.ok() && !store_error_.ok()) {
+      Log(absl::StrCat("the job store takes writes again (it failed with: ", store_error_.message(),
+                       "); resuming"));
+      store_error_ = absl::OkStatus();
+      recovered = true;
+      KickSchedulerLocked();
+    } else if (!health.ok() && store_error_.ok()) {
+      store_error_ = health;
+      Log(absl::StrCat("not ready: the job store cannot be written: ", health.message()));
+    }
+  }
+  (void)probe;  // Its outcome is what Health() now says (a lock held elsewhere changes nothing).
+  if (recovered) {
+    // Writes decided while the store failed are committed now, in order, before anything new.
+    RetryStalledWrites();
+    AdoptQueuedJobsFromStore();
+  }
+}
+
+void Coordinator::AdoptQueuedJobsFromStore() {
+  // A submit whose commit failed for the client may still have reached the file (the client then
+  // retries with its idempotency key and is told the job exists): a queued job in the store that
+  // memory lacks is taken into the queue, so that no acknowledged job waits unseen.
+  absl::StatusOr<std::vector<StoredJob>> active = store_->LoadActive();
+  if (!active.ok()) return;
+  absl::MutexLock lock(&mu_);
+  for (const StoredJob& stored : *active) {
+    if (stored.job.state() != v1::JOB_STATE_QUEUED ||
+        FindJobLocked(stored.job.job_id()) != nullptr) {
+      continue;
+    }
+    absl::StatusOr<AttentionJobInfo> info = AnalyzeJobSpec(stored.job.spec());
+    if (!info.ok()) continue;
+    Log(absl::StrCat("job ", stored.job.job_id(), " was stored while the store failed; queued"));
+    AdoptLocked(stored, *info, /*checked=*/false);
+  }
+}
+
 void Coordinator::MonitorPass() {
   ReapStores();
+  CheckStore();
   RetryStalledWrites();
   Tickets tickets;
   {

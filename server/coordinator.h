@@ -12,9 +12,14 @@
 // acknowledged job is lost and no result is reported twice (reports of an older attempt, or from a
 // worker registration that no longer holds the task, are answered stop = true and ignored).
 //
-// Store failure. If a write fails the store refuses every later write (job_store.h); the
-// coordinator then answers every changing call with UNAVAILABLE and Health() reports the error,
-// until a restart.
+// Store failure. If a write fails for a storage reason (disk full, I/O error, read-only file
+// system) the store refuses every later write until a probe write commits again (job_store.h); the
+// coordinator then answers every changing call with UNAVAILABLE, places nothing, and Health()
+// reports the error (not ready). The monitor probes the store once a pass while it fails, and
+// every `store_probe_interval` while it is idle (so that a store that can no longer be written is
+// reported before a real write fails). Once a probe commits the coordinator is ready again: the
+// writes decided meanwhile are committed in order, and a queued job whose submit reached the file
+// although its client was told otherwise is taken into the queue.
 //
 // Jobs submitted while no worker is ready are accepted and queued: workers may register later. Once
 // a worker is ready, a job that no ready worker could ever run is rejected with RESOURCE_EXHAUSTED
@@ -49,7 +54,10 @@
 // Attempts. Job.attempt is 0 until the first placement, 1 for the first run, and grows by one on
 // each requeue. A failure (worker lost, rank failed with a retryable code) requeues the job while
 // attempt < max_attempts, else fails it with the reason; so a job runs at most max_attempts times.
-// A coordinator restart requeues without consulting that limit (the job did not fail).
+// A coordinator restart requeues without consulting that limit (the job did not fail), and so does
+// a rank its worker refused before starting it (TaskReport.refused: no free slot, draining,
+// stopping): the job did not run, so it is requeued ("refused" event) and that worker gets no new
+// rank until its next heartbeat; more than kMaxRefusals refusals in a row fail the job.
 //
 // Threads. Every public method may be called from any thread. The coordinator runs two threads of
 // its own: the scheduling loop (woken by submits, worker changes and task ends, and once a second)
@@ -122,6 +130,11 @@ struct CoordinatorOptions {
   // How long the set of ready workers must stay unchanged before unchecked queued jobs are checked
   // against it (see "Unchecked jobs" above).
   absl::Duration feasibility_settle = absl::Seconds(5);
+  // A store with no commit for this long gets a probe write (see "Store failure" above); > 0.
+  absl::Duration store_probe_interval = absl::Seconds(5);
+  // Most WatchJob streams open at once (each holds a server thread while it waits); more get
+  // RESOURCE_EXHAUSTED. >= 1.
+  int max_watch_streams = 256;
 };
 
 // Called by WatchJob / StreamAssignments for each message; return false when the message could not
@@ -134,6 +147,11 @@ using CancelledFn = std::function<bool()>;
 // GetJob's event limits (GetJobRequest.max_events).
 inline constexpr int kDefaultMaxEvents = 1000;
 inline constexpr int kMaxEvents = 10000;
+// Events WatchJob reads from the store at a time while it replays a job's history.
+inline constexpr int kWatchHistoryPage = 500;
+// Refused attempts in a row after which a job fails (a worker that refuses everything must not keep
+// a job cycling for ever).
+inline constexpr int kMaxRefusals = 100;
 
 class Coordinator {
  public:
@@ -173,9 +191,11 @@ class Coordinator {
   // drops their results). CANCELLED: OK, unchanged. SUCCEEDED/FAILED: FAILED_PRECONDITION. Returns
   // the job as it is after the call.
   absl::StatusOr<v1::Job> CancelJob(const v1::CancelJobRequest& request);
-  // Emits the job's committed events with seq > after_seq, then each new one as it commits, until
-  // the terminal event was emitted (OK), `emit` returns false or `cancelled` returns true
-  // (CANCELLED), or the coordinator closes its streams (UNAVAILABLE). NOT_FOUND for an unknown job.
+  // Emits the job's committed events with seq > after_seq (read from the store kWatchHistoryPage at
+  // a time), then each new one as it commits, until the terminal event was emitted (OK), `emit`
+  // returns false or `cancelled` returns true (CANCELLED), or the coordinator closes its streams
+  // (UNAVAILABLE). NOT_FOUND for an unknown job; RESOURCE_EXHAUSTED when max_watch_streams watches
+  // are open already.
   absl::Status WatchJob(const v1::WatchJobRequest& request, const JobEventSink& emit,
                         const CancelledFn& cancelled);
 
@@ -300,6 +320,7 @@ class Coordinator {
     // Requeues that were not the job's doing (coordinator restarts and shutdowns): they do not
     // count against max_attempts.
     int free_requeues = 0;
+    int refusals = 0;  // Refused attempts since the last one that started (in memory only).
     bool cancel_requested = false;
     std::string cancel_reason;
     absl::Time last_progress_write = absl::InfinitePast();
@@ -322,6 +343,8 @@ class Coordinator {
     int streams = 0;                 // StreamAssignments calls inside; the entry outlives them.
     // Its last stream broke (the worker went away): no new ranks until a stream is open again.
     bool stream_lost = false;
+    // It refused a rank (TaskReport.refused): no new rank until its next heartbeat.
+    bool refused_since_heartbeat = false;
     std::unique_ptr<absl::CondVar> cv = std::make_unique<absl::CondVar>();
   };
 
@@ -344,7 +367,10 @@ class Coordinator {
   void EnqueueLocked(ActiveJob* job) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Status CheckFeasibleLocked(const AttentionJobInfo& info) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  std::vector<scheduler::WorkerInfo> SchedulerWorkersLocked(int64_t head_dim) const
+  // The workers a job with `head_dim` (0: any) could use; `for_placement` also leaves out those
+  // that refused a rank since their last heartbeat (feasibility checks count them).
+  std::vector<scheduler::WorkerInfo> SchedulerWorkersLocked(int64_t head_dim,
+                                                            bool for_placement = false) const
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Workers that may take new ranks: READY, with an assignment stream not known to be broken.
   bool TakesWorkLocked(const WorkerEntry& worker) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -391,6 +417,11 @@ class Coordinator {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RequeueLocked(ActiveJob* job, const std::string& kind, const std::string& message,
                      Tickets* tickets) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // A rank was refused by its worker before it started (TaskReport.refused): the attempt ends and
+  // the job is requeued ("refused" event) without counting against max_attempts; after more than
+  // kMaxRefusals refusals in a row it fails instead.
+  void RequeueRefusedLocked(ActiveJob* job, const std::string& why, Tickets* tickets)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Marks the worker dead and recovers its jobs.
   void KillWorkerLocked(WorkerEntry* worker, const std::string& why, const std::string& cause,
                         Tickets* tickets) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
@@ -416,6 +447,11 @@ class Coordinator {
   void MonitorPass() ABSL_LOCKS_EXCLUDED(mu_);
   // Flushes the writers whose writes failed transiently, in order, until one still fails.
   void RetryStalledWrites() ABSL_LOCKS_EXCLUDED(mu_);
+  // Probes the store when it fails or has been idle (see "Store failure" above) and follows its
+  // health: not ready while it cannot be written, ready again once a probe commits.
+  void CheckStore() ABSL_LOCKS_EXCLUDED(mu_);
+  // Queues the stored QUEUED jobs that memory lacks (after the store recovered).
+  void AdoptQueuedJobsFromStore() ABSL_LOCKS_EXCLUDED(mu_);
   void MonitorLoop();
 
   const CoordinatorOptions options_;
@@ -430,7 +466,10 @@ class Coordinator {
   bool threads_stop_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status close_status_ ABSL_GUARDED_BY(mu_);
-  absl::Status store_error_ ABSL_GUARDED_BY(mu_);  // Sticky: the first failed write.
+  // Set when the store reports itself unhealthy after a failed write or probe; cleared when a probe
+  // commits again (CheckStore).
+  absl::Status store_error_ ABSL_GUARDED_BY(mu_);
+  absl::Time last_store_probe_ = absl::InfinitePast();  // Monitor thread only.
   // Writers whose head write failed transiently; the monitor flushes them again each pass.
   std::vector<std::shared_ptr<JobWriter>> stalled_writers_ ABSL_GUARDED_BY(mu_);
   scheduler::Scheduler scheduler_ ABSL_GUARDED_BY(mu_);

@@ -209,6 +209,19 @@ class FakeWorker {
     return coordinator_->ReportTask(report);
   }
 
+  // Refuses a task before starting it (no free slot), as a real worker's RefuseTask does.
+  absl::StatusOr<v1::ReportTaskResponse> Refuse(const std::string& task_id) {
+    Drop(task_id);
+    v1::TaskReport report;
+    report.set_worker_id(id_);
+    report.set_task_id(task_id);
+    report.set_state(v1::TASK_STATE_FAILED);
+    report.set_error(absl::StrCat("worker ", name_, " has all 1 slot(s) busy"));
+    report.set_error_code(static_cast<int>(absl::StatusCode::kUnavailable));
+    report.set_refused(true);
+    return coordinator_->ReportTask(report);
+  }
+
   // Forgets a task, as a worker does once its final report is taken.
   void Drop(const std::string& task_id) {
     absl::MutexLock lock(&mu_);
@@ -896,6 +909,65 @@ TEST_F(CoordinatorTest, RetryableTaskFailureRequeuesAndOtherFailuresFail) {
   EXPECT_THAT(job.events(2).message(), HasSubstr("gloo peer gone"));
 }
 
+// A rank its worker refused before starting it (no free slot) is not a failure of the job: far
+// more refusals than max_attempts (3) leave the job to succeed on its next placement, and a
+// coordinator restart does not count them either.
+TEST_F(CoordinatorTest, RefusedRanksDoNotSpendAttempts) {
+  FakeWorker* worker = AddWorker("cpu-0");
+  const std::string id = Submit(ValidRequest("refused")).job_id();
+  for (int i = 1; i <= 5; ++i) {
+    std::optional<v1::WorkerCommand> next = worker->Next();
+    ASSERT_TRUE(next.has_value()) << "placement " << i;
+    EXPECT_EQ(next->assign().attempt(), i);
+    ASSERT_TRUE(worker->Refuse(next->assign().task_id()).ok());
+  }
+  std::optional<v1::WorkerCommand> last = worker->Next();
+  ASSERT_TRUE(last.has_value());
+  EXPECT_EQ(last->assign().attempt(), 6);
+  ASSERT_TRUE(worker->Report(last->assign().task_id(), v1::TASK_STATE_SUCCEEDED).ok());
+  v1::Job job = Get(id, true);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED) << job.state_reason();
+  const std::vector<std::string> kinds = EventKinds(job);
+  EXPECT_EQ(std::count(kinds.begin(), kinds.end(), "refused"), 5) << testing::PrintToString(kinds);
+  EXPECT_EQ(std::count(kinds.begin(), kinds.end(), "failed"), 0);
+  EXPECT_THAT(job.events(2).message(), HasSubstr("slot(s) busy"));
+  EXPECT_THAT(job.events(2).message(), HasSubstr("not a failed attempt"));
+
+  // After a restart the refusals still do not count: two real failures requeue, the third fails.
+  const std::string id2 = Submit(ValidRequest("refused-2")).job_id();
+  for (int i = 0; i < 4; ++i) {
+    std::optional<v1::WorkerCommand> next = worker->Next();
+    ASSERT_TRUE(next.has_value());
+    ASSERT_TRUE(worker->Refuse(next->assign().task_id()).ok());
+  }
+  Restart();
+  worker = AddWorker("cpu-0");
+  for (int failures = 1; failures <= 3; ++failures) {
+    std::optional<v1::WorkerCommand> next = worker->Next();
+    ASSERT_TRUE(next.has_value()) << "failure " << failures;
+    ASSERT_TRUE(
+        worker->Fail(next->assign().task_id(), absl::StatusCode::kUnavailable, "peer gone").ok());
+    if (failures < 3) {
+      EXPECT_NE(Get(id2).state(), v1::JOB_STATE_FAILED) << failures;
+    }
+  }
+  EXPECT_EQ(Get(id2).state(), v1::JOB_STATE_FAILED);
+}
+
+// A worker that refuses every rank cannot keep a job cycling for ever.
+TEST_F(CoordinatorTest, EndlessRefusalsFailTheJob) {
+  FakeWorker* worker = AddWorker("cpu-0");
+  const std::string id = Submit(ValidRequest("refused-forever")).job_id();
+  for (int i = 0; i <= kMaxRefusals; ++i) {
+    std::optional<v1::WorkerCommand> next = worker->Next();
+    ASSERT_TRUE(next.has_value()) << "placement " << i;
+    ASSERT_TRUE(worker->Refuse(next->assign().task_id()).ok());
+  }
+  v1::Job job = Get(id);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
+  EXPECT_THAT(job.state_reason(), HasSubstr(absl::StrCat("refused ", kMaxRefusals + 1, " times")));
+}
+
 TEST_F(CoordinatorTest, OutOfMemoryFailsWithThePlannerEstimate) {
   FakeWorker* worker = AddWorker("cpu-0");
   const std::string id = Submit(ValidRequest("oom")).job_id();
@@ -1181,6 +1253,86 @@ TEST_F(CoordinatorTest, WatchEndsWhenCancelledOrStreamsClose) {
   coordinator_->CloseStreams();
   second.join();
   EXPECT_EQ(status.code(), absl::StatusCode::kUnavailable);
+}
+
+// A long history is replayed a page at a time, in order and without gaps across page boundaries,
+// and then followed live.
+TEST_F(CoordinatorTest, WatchReplaysALongHistoryPageByPage) {
+  FakeWorker* worker = AddWorker("cpu-0");
+  const std::string id = Submit(ValidRequest("long-history")).job_id();
+  std::optional<v1::WorkerCommand> assign = worker->Next();
+  ASSERT_TRUE(assign.has_value());
+  const std::string task = assign->assign().task_id();
+  const int progress_events = 2 * kWatchHistoryPage + 7;
+  for (int i = 1; i <= progress_events; ++i) {
+    ASSERT_TRUE(worker->Report(task, v1::TASK_STATE_PROGRESS, i % 4).ok());
+  }
+  std::vector<int64_t> seqs;
+  std::thread finisher;
+  v1::WatchJobRequest request;
+  request.set_job_id(id);
+  absl::Status s = coordinator_->WatchJob(
+      request,
+      [&](const v1::JobEvent& e) {
+        seqs.push_back(e.seq());
+        // Once the whole history is out, the job ends live.
+        if (seqs.size() == static_cast<size_t>(progress_events) + 3) {
+          finisher = std::thread(
+              [&] { ASSERT_TRUE(worker->Report(task, v1::TASK_STATE_SUCCEEDED).ok()); });
+        }
+        return true;
+      },
+      nullptr);
+  if (finisher.joinable()) finisher.join();
+  ASSERT_TRUE(s.ok()) << s;
+  // submitted, placed, started (with the first progress), the progress events, succeeded.
+  ASSERT_EQ(seqs.size(), static_cast<size_t>(progress_events) + 4);
+  for (size_t i = 0; i < seqs.size(); ++i) ASSERT_EQ(seqs[i], static_cast<int64_t>(i + 1));
+}
+
+TEST_F(CoordinatorTest, OpenWatchesAreBounded) {
+  options_.max_watch_streams = 2;
+  Restart();
+  const std::string id = Submit(ValidRequest("bounded")).job_id();
+  v1::WatchJobRequest request;
+  request.set_job_id(id);
+  std::atomic<bool> cancel_first{false}, cancel_rest{false};
+  std::vector<std::thread> watches;
+  std::atomic<int> emitted{0};
+  for (int i = 0; i < 2; ++i) {
+    watches.emplace_back([&, i] {
+      coordinator_
+          ->WatchJob(
+              request,
+              [&](const v1::JobEvent&) {
+                ++emitted;
+                return true;
+              },
+              [&, i] { return i == 0 ? cancel_first.load() : cancel_rest.load(); })
+          .IgnoreError();
+    });
+  }
+  ASSERT_TRUE(WaitFor([&] { return emitted.load() == 2; }));  // Both are open.
+  absl::Status third = coordinator_->WatchJob(
+      request, [](const v1::JobEvent&) { return true; }, nullptr);
+  EXPECT_EQ(third.code(), absl::StatusCode::kResourceExhausted) << third;
+  EXPECT_THAT(third.message(), HasSubstr("at most 2 WatchJob streams"));
+  cancel_first = true;
+  watches[0].join();
+  watches.emplace_back([&] {
+    coordinator_
+        ->WatchJob(
+            request,
+            [&](const v1::JobEvent&) {
+              ++emitted;
+              return true;
+            },
+            [&] { return cancel_rest.load(); })
+        .IgnoreError();
+  });
+  EXPECT_TRUE(WaitFor([&] { return emitted.load() == 3; }));  // A slot was free again.
+  cancel_rest = true;
+  for (size_t i = 1; i < watches.size(); ++i) watches[i].join();
 }
 
 TEST_F(CoordinatorTest, ListJobsPagesNewestFirstAndFilters) {

@@ -35,7 +35,9 @@ namespace store_internal {
 // does not depend on the stored state (serialization is the bulk of the CPU work, and callers run
 // in parallel while the writer is one thread); the writer fills in the outcome and then notifies.
 struct WriteOp {
-  enum class Kind { kSubmit, kUpdate };
+  // kProbe writes nothing of a job: it bumps the file's user_version, to learn whether the store
+  // can be written at all (JobStore::Probe).
+  enum class Kind { kSubmit, kUpdate, kProbe };
   Kind kind = Kind::kSubmit;
 
   v1::Job job;  // Submit: the job to insert (returned in the outcome). Update: unused.
@@ -728,6 +730,13 @@ absl::StatusOr<int64_t> JobStore::Update(const v1::Job& job, v1::JobEvent event)
   return op.event_seq;
 }
 
+absl::Status JobStore::Probe() {
+  WriteOp op;
+  op.kind = WriteOp::Kind::kProbe;
+  Enqueue(&op);
+  return op.status;
+}
+
 void JobStore::Enqueue(WriteOp* op) {
   {
     absl::MutexLock l(&mu_);
@@ -735,7 +744,7 @@ void JobStore::Enqueue(WriteOp* op) {
       op->status = Closed(path_);
       return;
     }
-    if (!write_error_.ok()) {
+    if (!write_error_.ok() && op->kind != WriteOp::Kind::kProbe) {
       op->status = write_error_;
       return;
     }
@@ -779,38 +788,69 @@ void JobStore::WriterLoop() {
 }
 
 void JobStore::CommitBatch(const std::vector<WriteOp*>& batch) {
-  auto answer_all = [&batch](const absl::Status& status) {
-    for (WriteOp* op : batch) {
-      op->status = status;
-      op->done.Notify();
-    }
-  };
   absl::Status sticky;
   {
     absl::MutexLock l(&mu_);
     sticky = write_error_;
   }
+  std::vector<WriteOp*> ops = batch;
   if (!sticky.ok()) {
-    answer_all(sticky);
-    return;
+    // Writes queued before the failure get its error; only probes may try the file again.
+    std::vector<WriteOp*> probes;
+    for (WriteOp* op : batch) {
+      if (op->kind == WriteOp::Kind::kProbe) {
+        probes.push_back(op);
+      } else {
+        op->status = sticky;
+        op->done.Notify();
+      }
+    }
+    if (probes.empty()) return;
+    ops = std::move(probes);
   }
+  auto answer_ops = [&ops](const absl::Status& status) {
+    for (WriteOp* op : ops) {
+      op->status = status;
+      op->done.Notify();
+    }
+  };
 
   SqliteDb* db = writer_db_.get();
   // Single statements through the statement cache: parsing them per write would cost more than the
   // writes themselves.
   auto run = [db](const char* sql) { return Query(db, sql).Run(); };
-  absl::Status s = run("BEGIN IMMEDIATE");
+  Query begin(db, "BEGIN IMMEDIATE");
+  absl::Status s = begin.Run();
   if (!s.ok()) {
-    // Nothing was written (someone outside this JobStore holds the write lock): these writes fail,
-    // the store stays usable.
-    answer_all(absl::UnavailableError(s.message()));
+    // Nothing was written (someone outside this JobStore holds the write lock, or the file cannot
+    // be locked for writing): these writes fail; a lock held elsewhere leaves the store usable,
+    // while a file that cannot be written at all fails a probe and makes the store unhealthy.
+    absl::Status err = absl::UnavailableError(s.message());
+    if (!sticky.ok() || std::any_of(ops.begin(), ops.end(), [](const WriteOp* op) {
+          return op->kind == WriteOp::Kind::kProbe;
+        })) {
+      absl::MutexLock l(&mu_);
+      const int rc = begin.rc() & 0xff;
+      if (rc != SQLITE_BUSY && rc != SQLITE_LOCKED) write_error_ = err;
+    }
+    answer_ops(err);
     return;
   }
   int64_t next_submit_seq = last_submit_seq_;
-  for (WriteOp* op : batch) {
+  for (WriteOp* op : ops) {
     s = run("SAVEPOINT write_op");
     if (!s.ok()) break;
-    s = op->kind == WriteOp::Kind::kSubmit ? ApplySubmit(op, &next_submit_seq) : ApplyUpdate(op);
+    switch (op->kind) {
+      case WriteOp::Kind::kSubmit:
+        s = ApplySubmit(op, &next_submit_seq);
+        break;
+      case WriteOp::Kind::kUpdate:
+        s = ApplyUpdate(op);
+        break;
+      case WriteOp::Kind::kProbe:
+        s = ApplyProbe();
+        break;
+    }
     if (!s.ok()) break;
     if (!op->status.ok()) {
       s = run("ROLLBACK TO write_op");
@@ -823,23 +863,35 @@ void JobStore::CommitBatch(const std::vector<WriteOp*>& batch) {
   if (!s.ok()) {
     if (sqlite3_get_autocommit(db->raw()) == 0) db->Exec("ROLLBACK").IgnoreError();
     absl::Status err = absl::UnavailableError(
-        absl::StrCat(s.message(), "; the store refuses writes until it is reopened"));
+        absl::StrCat(s.message(), "; the store refuses writes until a probe write succeeds again"));
     {
       absl::MutexLock l(&mu_);
       write_error_ = err;
+      ++stats_.failed_transactions;
     }
-    answer_all(err);
+    answer_ops(err);
     return;
   }
   last_submit_seq_ = next_submit_seq;
   {
     absl::MutexLock l(&mu_);
+    if (!write_error_.ok()) ++stats_.recoveries;
+    write_error_ = absl::OkStatus();  // A probe committed: the file takes writes again.
     wal_pages_ = wal_pages_after_commit_;
     ++stats_.transactions;
-    stats_.writes += static_cast<int64_t>(batch.size());
-    stats_.largest_batch = std::max<int64_t>(stats_.largest_batch, batch.size());
+    stats_.writes += static_cast<int64_t>(ops.size());
+    stats_.largest_batch = std::max<int64_t>(stats_.largest_batch, ops.size());
+    stats_.last_commit = absl::Now();
   }
-  for (WriteOp* op : batch) op->done.Notify();
+  for (WriteOp* op : ops) op->done.Notify();
+}
+
+absl::Status JobStore::ApplyProbe() {
+  // The header's user_version is not used by the schema: bumping it writes page 1 and commits like
+  // any write (the WAL frame and its fsync), without touching a job.
+  ++probe_count_;
+  const std::string sql = absl::StrCat("PRAGMA user_version = ", probe_count_ % 1000000000);
+  return writer_db_->Exec(sql.c_str());
 }
 
 bool JobStore::CheckpointerHasWork() const {

@@ -15,11 +15,16 @@
 // gets its own outcome. A batch is atomic as a whole only in the sense that every write in it is
 // durable together; each write succeeds or fails on its own (a failed write leaves no trace).
 //
-// Failure model: when a commit fails for a storage reason (I/O error, fsync failure, disk full,
-// corruption) the store does not retry: the failed batch's callers and every later writer get
-// UNAVAILABLE carrying the first error (see Health()), because after a failed fsync the file's
-// state on disk is unknown. Reads keep working. Recovery is to close and reopen (a coordinator
-// restart).
+// Failure model: when a commit fails for a storage reason (I/O error, fsync failure, disk full, a
+// file system that became read-only, corruption) the store does not retry the batch: its callers
+// and every later writer get UNAVAILABLE carrying the error (see Health()) until a Probe() commits
+// again. A probe is a real write transaction (it bumps the file's user_version), so it succeeds
+// only once the file takes writes again (space freed, the file system writable again); the failed
+// batch left nothing behind (SQLite rolls it back, and readers never saw it), so the store then
+// simply goes on. Reads keep working meanwhile. A Probe() of a healthy store is also how a caller
+// learns that a store nobody has written to for a while can no longer be written (a read-only
+// remount), before a real write fails. A lock held by another process past the busy timeout fails
+// the writes of that moment but does not make the store unhealthy.
 //
 // Reads use a small pool of separate connections; in WAL mode they see the last committed state and
 // never wait for the writer's fsync. A read started after a write returned sees that write.
@@ -105,6 +110,9 @@ struct JobStoreStats {
   int64_t largest_batch = 0;  // Most writes answered by one transaction.
   int64_t checkpoints = 0;    // WAL checkpoints (background passes + writer catch-ups).
   int64_t checkpoint_failures = 0;  // Checkpoints that failed (retried after the next commit).
+  int64_t failed_transactions = 0;  // Commits that failed for a storage reason.
+  int64_t recoveries = 0;           // Probes that committed while the store was unhealthy.
+  absl::Time last_commit = absl::InfinitePast();  // When the last transaction committed.
 };
 
 // The stored kind of a spec's work: "attention", or "none" when no work is set.
@@ -182,9 +190,16 @@ class JobStore {
   // Number of jobs in each state that has at least one job.
   absl::StatusOr<std::map<v1::JobState, int64_t>> CountByState();
 
-  // OK while writes work; the sticky storage error after a failed commit (see the top of the file);
-  // UNAVAILABLE once closed. For readiness probes.
+  // OK while writes work; the storage error of the last failed commit or probe until a later probe
+  // commits (see the top of the file); UNAVAILABLE once closed. For readiness probes.
   absl::Status Health();
+
+  // Commits a transaction that changes no job (it bumps the file's user_version), through the
+  // writer like any write, even while the store is unhealthy. OK: the store takes writes (again:
+  // Health() turns OK). Otherwise the store is (or stays) unhealthy with the returned UNAVAILABLE
+  // error. A probe blocked by another process's lock past the busy timeout fails without changing
+  // health.
+  absl::Status Probe();
 
   JobStoreStats Stats();
 
@@ -211,6 +226,7 @@ class JobStore {
   // failed (a storage error) and must be rolled back.
   absl::Status ApplySubmit(store_internal::WriteOp* op, int64_t* next_submit_seq);
   absl::Status ApplyUpdate(store_internal::WriteOp* op);
+  absl::Status ApplyProbe();
 
   // Events' and LatestEvents' query: after `after_seq`, at most `limit` (0 = all), the first ones
   // or (latest) the last ones, in seq order either way.
@@ -232,6 +248,7 @@ class JobStore {
   std::unique_ptr<store_internal::SqliteDb> writer_db_;
   int64_t last_submit_seq_ = 0;     // Highest committed submit_seq.
   int wal_pages_after_commit_ = 0;  // Set by SQLite's WAL hook during COMMIT.
+  int64_t probe_count_ = 0;         // Probes written: the next user_version.
   std::thread writer_;
 
   // Used only by the checkpointer thread once it runs.

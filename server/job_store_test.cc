@@ -707,8 +707,10 @@ TEST(JobStoreTest, AcknowledgedSubmitsSurviveSigkill) {
 }
 
 // A real storage fault: the writer's file writes hit RLIMIT_FSIZE (EFBIG, like a full disk). The
-// failed batch is reported, the error sticks, and nothing acknowledged is lost.
-TEST(JobStoreTest, StorageFailureIsStickyAndLosesNothingAcknowledged) {
+// failed batch is reported, the error sticks until a probe write commits again, and nothing
+// acknowledged is lost; once the limit is lifted (space returns) a probe brings the store back
+// without reopening it, and writes go on.
+TEST(JobStoreTest, StorageFailureSticksUntilAProbeCommitsAndLosesNothingAcknowledged) {
   const std::string path = TestDir() + "/jobs.db";
   int fds[2];
   ASSERT_EQ(pipe(fds), 0);
@@ -719,7 +721,11 @@ TEST(JobStoreTest, StorageFailureIsStickyAndLosesNothingAcknowledged) {
     signal(SIGXFSZ, SIG_IGN);  // Get EFBIG instead of dying.
     auto store = JobStore::Open(path);
     if (!store.ok()) _exit(2);
-    struct rlimit limit = {2 << 20, 2 << 20};  // 2 MiB per file: the WAL fills it quickly.
+    // 2 MiB per file (the soft limit only, so that it can be lifted again): the WAL fills it.
+    struct rlimit limit;
+    if (getrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(3);
+    const rlim_t hard = limit.rlim_max;
+    limit.rlim_cur = 2 << 20;
     if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(3);
     absl::Status first_error;
     for (int i = 0; i < 1000 && first_error.ok(); ++i) {
@@ -740,9 +746,23 @@ TEST(JobStoreTest, StorageFailureIsStickyAndLosesNothingAcknowledged) {
     if (later.status() != first_error) _exit(7);
     if ((*store)->Health() != first_error) _exit(8);
     if (!(*store)->GetJob("j-0").ok()) _exit(9);
+    // No room at all (a small probe could still overwrite the failed batch's frames below 2 MiB):
+    // a probe fails and the store stays unhealthy.
+    limit.rlim_cur = 4096;
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(3);
+    if ((*store)->Probe().ok() || (*store)->Health().ok()) _exit(11);
+    // Room again: the probe commits, the store is healthy and takes writes, in submit order.
+    limit.rlim_cur = hard;
+    if (setrlimit(RLIMIT_FSIZE, &limit) != 0) _exit(3);
+    if (!(*store)->Probe().ok() || !(*store)->Health().ok()) _exit(12);
+    if ((*store)->Stats().recoveries != 1) _exit(13);
+    absl::StatusOr<SubmitOutcome> after = (*store)->Submit(MakeJob("j-after", "k-after"), Ev("s"));
+    if (!after.ok()) _exit(14);
+    const std::string after_line = "j-after\n";
+    if (write(fds[1], after_line.data(), after_line.size()) < 0) _exit(4);
     const std::string msg = std::string(first_error.message()) + "\n";
     if (write(fds[1], msg.data(), msg.size()) < 0) _exit(4);
-    _exit((*store)->Close() == first_error ? 0 : 10);
+    _exit((*store)->Close().ok() ? 0 : 10);
   }
   close(fds[1]);
   FILE* out = fdopen(fds[0], "r");

@@ -51,6 +51,8 @@ int main(int argc, char** argv) {
   int64_t ring_formation_timeout_ms = 30000;
   int64_t ring_timeout_ms = 120000;
   int64_t feasibility_settle_ms = 5000;
+  int64_t store_probe_ms = 5000;
+  int max_watch_streams = 256;
 
   CLI::App app{
       "dattn-coordinator: accepts dilated-attention jobs over gRPC and runs them on workers"};
@@ -97,6 +99,17 @@ int main(int argc, char** argv) {
                  "how long the set of ready workers must stay unchanged before jobs queued "
                  "without a check are checked against it")
       ->check(CLI::Range(int64_t{0}, int64_t{24} * 3600 * 1000))
+      ->capture_default_str();
+  app.add_option("--store-probe-ms", store_probe_ms,
+                 "a job store with no commit for this long gets a probe write, so that a store "
+                 "that can no longer be written makes the coordinator not ready before a real "
+                 "write fails")
+      ->check(CLI::Range(int64_t{1}, int64_t{3600} * 1000))
+      ->capture_default_str();
+  app.add_option("--max-watch-streams", max_watch_streams,
+                 "most WatchJob streams open at once (each holds a server thread); more are "
+                 "refused with RESOURCE_EXHAUSTED")
+      ->check(CLI::Range(1, 100000))
       ->capture_default_str();
   try {
     app.parse(argc, argv);
@@ -148,6 +161,8 @@ int main(int argc, char** argv) {
   options.ring_formation_timeout = absl::Milliseconds(ring_formation_timeout_ms);
   options.ring_comm_timeout = absl::Milliseconds(ring_timeout_ms);
   options.feasibility_settle = absl::Milliseconds(feasibility_settle_ms);
+  options.store_probe_interval = absl::Milliseconds(store_probe_ms);
+  options.max_watch_streams = max_watch_streams;
 
   Metrics metrics;
   absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server =

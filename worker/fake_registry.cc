@@ -64,14 +64,28 @@ grpc::Status FakeRegistry::StreamAssignments(grpc::ServerContext* context,
 
 grpc::Status FakeRegistry::ReportTask(grpc::ServerContext*, const v1::TaskReport* request,
                                       v1::ReportTaskResponse* response) {
-  absl::MutexLock lock(&mu_);
-  if (known_.count(request->worker_id()) == 0) {
-    return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown worker " + request->worker_id());
+  std::function<void(const v1::TaskReport&)> on_final;
+  {
+    absl::MutexLock lock(&mu_);
+    if (known_.count(request->worker_id()) == 0) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, "unknown worker " + request->worker_id());
+    }
+    reports_.push_back(*request);
+    if (stop_tasks_.count(request->task_id()) > 0) response->set_stop(true);
+    cv_.SignalAll();
+    const v1::TaskState state = request->state();
+    if (state == v1::TASK_STATE_SUCCEEDED || state == v1::TASK_STATE_FAILED ||
+        state == v1::TASK_STATE_CANCELLED) {
+      on_final = on_final_;
+    }
   }
-  reports_.push_back(*request);
-  if (stop_tasks_.count(request->task_id()) > 0) response->set_stop(true);
-  cv_.SignalAll();
+  if (on_final) on_final(*request);
   return grpc::Status::OK;
+}
+
+void FakeRegistry::SetOnFinalReport(std::function<void(const v1::TaskReport&)> on_final) {
+  absl::MutexLock lock(&mu_);
+  on_final_ = std::move(on_final);
 }
 
 void FakeRegistry::Push(v1::WorkerCommand command) {

@@ -45,6 +45,10 @@ class FakeRegistry final : public v1::WorkerRegistry::Service {
   void Push(v1::WorkerCommand command);
   void SetDrain(bool drain);
   void StopTaskOnReport(const std::string& task_id);
+  // Called (without mu_, on the RPC's thread) with each final report (SUCCEEDED, FAILED,
+  // CANCELLED) after it is recorded and before the RPC answers: what a coordinator does on a final
+  // report (free the slot, place the next rank) happens at that point.
+  void SetOnFinalReport(std::function<void(const v1::TaskReport&)> on_final);
   // Ends open streams and refuses to block in new ones.
   void ShutDown();
 
@@ -73,6 +77,7 @@ class FakeRegistry final : public v1::WorkerRegistry::Service {
   std::set<std::string> stop_tasks_ ABSL_GUARDED_BY(mu_);
   bool drain_ ABSL_GUARDED_BY(mu_) = false;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
+  std::function<void(const v1::TaskReport&)> on_final_ ABSL_GUARDED_BY(mu_);
 };
 
 // A fake coordinator process: a FakeRegistry served at `address` until destruction.

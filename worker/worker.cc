@@ -653,6 +653,7 @@ void Worker::RefuseTask(const std::string& task_id, absl::Status why) {
   report.set_state(v1::TASK_STATE_FAILED);
   report.set_error(std::string(why.message()));
   report.set_error_code(static_cast<int>(why.code()));
+  report.set_refused(true);
   Enqueue(std::move(report), /*final=*/true);
 }
 
@@ -764,26 +765,26 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
     LogEvent("task ", id, " failed: ", result.status().ToString());
   }
 
-  {
-    absl::MutexLock lock(&mu_);
-    reserved_bytes_ -= task->reserved_bytes;
-    task->claimed_bytes = 0;
-    if (!task->silent) unreported_[id] = task->steps_done.load();
-    finished_.insert(id);
-    finished_order_.push_back(id);
-    while (finished_order_.size() > kFinishedMemory) {
-      finished_.erase(finished_order_.front());
-      silenced_.erase(finished_order_.front());
-      finished_order_.pop_front();
-    }
+  // The slot is free (done) before the final report is queued, in one step under the lock: the
+  // coordinator frees the slot when the report arrives and may place the next rank here at once,
+  // and that assignment must not find the slot still taken (it would be refused as "busy").
+  absl::MutexLock lock(&mu_);
+  reserved_bytes_ -= task->reserved_bytes;
+  task->claimed_bytes = 0;
+  if (!task->silent) unreported_[id] = task->steps_done.load();
+  finished_.insert(id);
+  finished_order_.push_back(id);
+  while (finished_order_.size() > kFinishedMemory) {
+    finished_.erase(finished_order_.front());
+    silenced_.erase(finished_order_.front());
+    finished_order_.pop_front();
   }
+  task->done = true;
   if (!task->silent) {
-    Enqueue(std::move(report), /*final=*/true);
+    EnqueueLocked(std::move(report), /*final=*/true);
   } else {
     LogEvent("task ", id, ": the coordinator no longer wants it; its outcome is not reported");
   }
-  absl::MutexLock lock(&mu_);
-  task->done = true;
   cv_.SignalAll();
 }
 
@@ -791,10 +792,14 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
 // Reports.
 
 void Worker::Enqueue(v1::TaskReport report, bool final) {
+  absl::MutexLock lock(&mu_);
+  EnqueueLocked(std::move(report), final);
+}
+
+void Worker::EnqueueLocked(v1::TaskReport report, bool final) {
   const int64_t nanos = absl::ToUnixNanos(absl::Now());
   report.mutable_time()->set_seconds(nanos / 1000000000);
   report.mutable_time()->set_nanos(static_cast<int32_t>(nanos % 1000000000));
-  absl::MutexLock lock(&mu_);
   if (silenced_.count(report.task_id()) > 0) return;
   if (report.state() == v1::TASK_STATE_PROGRESS) {
     for (PendingReport& queued : reports_) {

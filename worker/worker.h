@@ -11,9 +11,11 @@
 //     heartbeat lifts it.
 //   - stream thread: holds StreamAssignments open for the current registration and reopens it with
 //     backoff whenever it ends. An assignment starts a task thread (up to max_ranks at once); one
-//     that cannot run now is answered at once with a FAILED report (UNAVAILABLE when all slots are
-//     busy, while draining or stopping). A CancelTask stops its task before its next step; a ring
-//     rank's communicator is aborted at once, so a step waiting for peers ends too.
+//     that cannot run now is answered at once with a FAILED report marked `refused` (UNAVAILABLE
+//     when all slots are busy, while draining or stopping): the coordinator places it again
+//     without counting an attempt. A task's slot is free before its final report is queued. A
+//     CancelTask stops its task before its next step; a ring rank's communicator is aborted at
+//     once, so a step waiting for peers ends too.
 //   - reporter thread: sends TaskReports in order. STARTED and PROGRESS (at most one per
 //     progress_interval per task) are best effort: dropped if the coordinator cannot take them. A
 //     final report (SUCCEEDED / FAILED / CANCELLED) is retried with backoff while the coordinator
@@ -159,6 +161,7 @@ class Worker {
   void HandleCancel(const v1::CancelTask& cancel);
   // Queues a report; PROGRESS replaces a queued PROGRESS of the same task.
   void Enqueue(v1::TaskReport report, bool final) ABSL_LOCKS_EXCLUDED(mu_);
+  void EnqueueLocked(v1::TaskReport report, bool final) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefuseTask(const std::string& task_id, absl::Status why) ABSL_LOCKS_EXCLUDED(mu_);
   // Marks every running task cancelled; `silent` ones send no further report. The caller passes
   // `to_abort` to AbortComms once it has released mu_.

@@ -418,6 +418,7 @@ TEST(WorkerTest, SlotsAreLimitedAndStopFromReportTaskEndsATaskSilently) {
   EXPECT_EQ(refused[0].state(), v1::TASK_STATE_FAILED);
   EXPECT_EQ(refused[0].error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
   EXPECT_NE(refused[0].error().find("slot"), std::string::npos) << refused[0].error();
+  EXPECT_TRUE(refused[0].refused());
 
   // The coordinator answers the next PROGRESS with stop: the task ends and reports nothing more.
   fake.StopTaskOnReport("j-3/1/0");
@@ -425,6 +426,51 @@ TEST(WorkerTest, SlotsAreLimitedAndStopFromReportTaskEndsATaskSilently) {
   absl::SleepFor(absl::Milliseconds(300));
   for (const v1::TaskReport& r : fake.ReportsOf("j-3/1/0")) {
     EXPECT_LT(r.state(), v1::TASK_STATE_SUCCEEDED) << "a final report after stop";
+  }
+}
+
+// A coordinator frees a rank's slot when its final report arrives and may place the next rank on
+// the same worker at once: the slot must already be free then. Each final report here is answered
+// by the next assignment of a chain on a one-slot worker, before the report's RPC returns; every
+// task must run (none refused as busy) and the worker must count no running task at that moment.
+TEST(WorkerTest, SlotIsFreeWhenTheFinalReportArrives) {
+  const std::string address = "unix:" + TestSocketPath("slotfree");
+  FakeCoordinator coordinator(address);
+  ASSERT_TRUE(coordinator.ok());
+  Worker worker(TestOptions(address));  // max_ranks = 1
+  ASSERT_TRUE(worker.Start().ok());
+  FakeRegistry& fake = coordinator.registry();
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+
+  constexpr int kTasks = 40;
+  absl::Mutex mu;
+  int next = 1;
+  std::vector<int> running_at_report;
+  fake.SetOnFinalReport([&](const v1::TaskReport& report) {
+    absl::MutexLock lock(&mu);
+    running_at_report.push_back(worker.running_tasks());
+    if (report.state() == v1::TASK_STATE_SUCCEEDED && next < kTasks) {
+      fake.Push(Assign(absl::StrCat("j-chain/1/", next++), 1, 32));
+    }
+  });
+  fake.Push(Assign("j-chain/1/0", 1, 32));
+  {
+    absl::MutexLock lock(&mu);
+    auto all_reported = [&]() { return running_at_report.size() >= static_cast<size_t>(kTasks); };
+    ASSERT_TRUE(mu.AwaitWithTimeout(absl::Condition(&all_reported), absl::Seconds(60)));
+  }
+  for (int i = 0; i < kTasks; ++i) {
+    const std::vector<v1::TaskReport> reports = fake.ReportsOf(absl::StrCat("j-chain/1/", i));
+    ASSERT_FALSE(reports.empty()) << "task " << i;
+    EXPECT_EQ(reports.back().state(), v1::TASK_STATE_SUCCEEDED)
+        << "task " << i << ": " << reports.back().error();
+    EXPECT_FALSE(reports.back().refused()) << "task " << i;
+  }
+  fake.SetOnFinalReport(nullptr);
+  absl::MutexLock lock(&mu);
+  ASSERT_EQ(running_at_report.size(), static_cast<size_t>(kTasks));
+  for (int i = 0; i < kTasks; ++i) {
+    EXPECT_EQ(running_at_report[i], 0) << "task " << i << " still held its slot";
   }
 }
 

@@ -1,4 +1,4 @@
-// The attention spec: which dilated attention to compute (shared/ENGINE_SPEC.md is the contract).
+// The attention spec: which dilated attention to compute (docs/ENGINE.md is the contract).
 //
 // A spec is a plain value with no device state; every backend (CPU, CUDA, ring) takes the same spec
 // and computes the same function. Validation of a spec together with tensor shapes lives in

@@ -1,5 +1,5 @@
 // The spec's names and the shared geometry helpers, checked against the oracle's own geometry
-// (which re-derives it from shared/ENGINE_SPEC.md) and against counts by brute force.
+// (which re-derives it from docs/ENGINE.md) and against counts by brute force.
 #include "engine/attention_spec.h"
 
 #include <cmath>

@@ -38,11 +38,11 @@
 namespace dattn {
 namespace {
 
-// Tile sizes (rows), measured on the 2-core dev machine (docs/PERFORMANCE.md): a tall query tile
-// amortises the packing of each key block (by OpenBLAS or by the backend), and 512 x 256 fp32
-// scores (512 KiB) still sit in L2. With OpenBLAS, 128 x 512 ran 10% slower and 1024 x 256 no
-// faster; with the micro-kernels, 256 x 256, 512 x 128, 512 x 512 and 1024 x 256 all ran 5-7%
-// slower.
+// Tile sizes (rows), measured on the 2-core dev machine (docs/PERFORMANCE_HISTORY.md, "CPU
+// engine"): a tall query tile amortises the packing of each key block (by OpenBLAS or by the
+// backend), and 512 x 256 fp32 scores (512 KiB) still sit in L2. With OpenBLAS, 128 x 512 ran 10%
+// slower and 1024 x 256 no faster; with the micro-kernels, 256 x 256, 512 x 128, 512 x 512 and
+// 1024 x 256 all ran 5-7% slower.
 constexpr int64_t kTileQ = 512;
 constexpr int64_t kTileK = 256;
 // Scratch per thread is bounded even for a huge head dim: the query tile shrinks instead.

@@ -14,8 +14,10 @@
 // parallelises over (b, head, segment, query tile) itself and sets OpenBLAS to one thread at the
 // start of every call (openblas_set_num_threads is process-wide). OpenBLAS picks its kernels from
 // CPUID when the process starts; Debian's 0.3.21 does not know recent Xeons and falls back to SSE3
-// kernels 4-5x slower than the AVX-512 ones: set OPENBLAS_CORETYPE=SkylakeX (AVX-512) or Haswell
-// (AVX2) in the environment of such processes (docs/PERFORMANCE.md).
+// kernels 4-5x slower than the AVX-512 ones: such processes need OPENBLAS_CORETYPE=SkylakeX
+// (AVX-512) or Haswell (AVX2) in their environment. The workers and the CPU benchmark restart
+// themselves with it (engine/openblas_core.h); other programs set it themselves
+// (docs/PERFORMANCE_HISTORY.md, "OpenBLAS does not recognise this CPU").
 #ifndef DATTN_ENGINE_CPU_BACKEND_H_
 #define DATTN_ENGINE_CPU_BACKEND_H_
 

@@ -1,4 +1,4 @@
-// The CPU backend against the float64 oracle (shared/ENGINE_SPEC.md "Oracle and tolerances"): every
+// The CPU backend against the float64 oracle (docs/ENGINE.md, "Oracle and tolerances"): every
 // listed case, both modes (and mixture with head_offsets=blocked), fp32 and fp64, causal and not,
 // forward and backward; plus strided inputs, thread-count independence, NaN propagation, and
 // "validation failure writes nothing".
@@ -30,7 +30,7 @@ using testutil::LseNear;
 using testutil::RandomValues;
 using testutil::RelativelyNear;
 
-// ENGINE_SPEC.md: fp64 1e-12, fp32 (CPU) 1e-5, relative Frobenius error.
+// docs/ENGINE.md: fp64 1e-12, fp32 (CPU) 1e-5, relative Frobenius error.
 
 // attention.h: lse is fp64 for fp64 inputs, fp32 otherwise.
 DType LseTypeFor(DType dtype) {
@@ -69,7 +69,7 @@ AttentionSpec MakeSpec(const Case& c, Mode mode, bool causal) {
   return spec;
 }
 
-// The cases ENGINE_SPEC.md requires of every backend, and a few that reach the CPU backend's edges
+// The cases docs/ENGINE.md requires of every backend, and a few that reach the CPU backend's edges
 // (D = 1 and 64 for vector tails; segments with more selected rows than one tile).
 const std::vector<Case>& Cases() {
   static const std::vector<Case>* const cases = new std::vector<Case>{

@@ -1,9 +1,9 @@
 // OpenBLAS picks its kernels once, when the library loads, from the CPU model. Debian's 0.3.21 does
 // not recognise some recent Xeons (family 6 model 207, for one) and falls back to its SSE3
-// ("Prescott") kernels, 4-5x slower than the AVX-512 ones the CPU runs (docs/PERFORMANCE.md, "CPU
-// engine"). The only remedy is the environment variable OPENBLAS_CORETYPE, read at load time, so a
-// process that wants the right kernels has to be started with it: ReexecWithBestOpenBlasCore does
-// that for a main().
+// ("Prescott") kernels, 4-5x slower than the AVX-512 ones the CPU runs
+// (docs/PERFORMANCE_HISTORY.md, "CPU engine"). The only remedy is the environment variable
+// OPENBLAS_CORETYPE, read at load time, so a process that wants the right kernels has to be started
+// with it: ReexecWithBestOpenBlasCore does that for a main().
 //
 // Thread-safety: call from main() before any other thread exists.
 #ifndef DATTN_ENGINE_OPENBLAS_CORE_H_

@@ -1,4 +1,4 @@
-// Validation of an attention call against shared/ENGINE_SPEC.md's error list.
+// Validation of an attention call against docs/ENGINE.md's error list ("Errors").
 //
 // Every error is INVALID_ARGUMENT and names the offending value and what would be accepted, so that
 // the message can be shown to a user unchanged (the coordinator does so). Functions are pure.
@@ -12,13 +12,13 @@
 
 namespace dattn {
 
-// The spec alone: non-empty lists of equal length, every w_i >= 1 and r_i >= 1, finite positive scale
-// if set, head_offsets=blocked only in mixture mode.
+// The spec alone: non-empty lists of equal length, every w_i >= 1 and r_i >= 1, finite positive
+// scale if set, head_offsets=blocked only in mixture mode.
 absl::Status ValidateSpec(const AttentionSpec& spec);
 
-// The spec against a problem size (B, N, H, D) and a backend's capabilities, without tensors: used by
-// the coordinator to reject a job at submit. Checks B, N, H, D >= 1; B*N*H*D and B*H*N fit in int64;
-// H >= G in grouped mode; D and dtype supported by the backend.
+// The spec against a problem size (B, N, H, D) and a backend's capabilities, without tensors: used
+// by the coordinator to reject a job at submit. Checks B, N, H, D >= 1; B*N*H*D and B*H*N fit in
+// int64; H >= G in grouped mode; D and dtype supported by the backend.
 absl::Status ValidateProblem(const AttentionSpec& spec, int64_t batch, int64_t seq_len,
                              int64_t num_heads, int64_t head_dim, DType dtype,
                              const BackendCaps& caps);

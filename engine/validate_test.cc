@@ -1,4 +1,4 @@
-// Every error of shared/ENGINE_SPEC.md "Errors" is INVALID_ARGUMENT and names the offending value;
+// Every error of docs/ENGINE.md "Errors" is INVALID_ARGUMENT and names the offending value;
 // valid calls (including strided inputs) pass.
 #include "engine/validate.h"
 

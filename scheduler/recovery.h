@@ -1,7 +1,9 @@
 // What to do when a running job fails: the coordinator's recovery decision as a pure function.
 //
-// The preference order follows shared/ARCHITECTURE.md "Failure handling". Releasing caches and
-// retrying happens inside the worker before a failure reaches the coordinator, so it is not here.
+// The preference order follows docs/ARCHITECTURE.md "Failure handling, in order of preference".
+// Releasing caches and retrying is the worker's own first step, before a failure reaches the
+// coordinator, so it is not here (no worker does it yet: an out-of-memory failure is reported as it
+// happens).
 //
 //   any failure, attempts >= max_attempts -> kFail ("recovery attempts exhausted ...")
 //   oom:
@@ -35,7 +37,7 @@ namespace dattn {
 namespace scheduler {
 
 enum class FailureKind {
-  kOom,          // A rank ran out of device (or host) memory after its local retries.
+  kOom,          // A rank ran out of device (or host) memory.
   kPeerLost,     // A ring peer's process or link failed (NCCL/Gloo async error).
   kWorkerDead,   // A worker stopped heartbeating.
   kCommTimeout,  // A collective did not finish by its deadline.
@@ -66,7 +68,7 @@ struct RecoveryInput {
   FailureKind failure = FailureKind::kPeerLost;
   int num_ranks = 1;             // P of the failed attempt, >= 1.
   int surviving_ranks = 0;       // Ranks of that attempt still healthy, in [0, P].
-  int64_t seq_len = 1;           // N, >= 1; every ring size must divide it (ENGINE_SPEC.md).
+  int64_t seq_len = 1;           // N, >= 1; every ring size must divide it (docs/ENGINE.md).
   int64_t micro_batch_size = 1;  // Sequences a rank processes at once, >= 1.
   std::string dtype = "fp32";    // Of the failed attempt; non-empty.
   bool needs_gpu = true;

@@ -7,7 +7,8 @@
 #   scripts/gpu-ab.sh A B [bench flags...]
 #
 # A and B: two copies of cuda_attention_bench (for example .device/tools/bench_main, staged from
-# main, and .device/cuda_attention_bench, staged from a branch: see docs/PERFORMANCE.md). Bench
+# main, and .device/cuda_attention_bench, staged from a branch: see docs/PERFORMANCE_HISTORY.md,
+# "Fifth session"). Bench
 # flags default to --suite=fwd-bwd. Environment: ROUNDS (default 2), BENCH_TIMEOUT seconds per run
 # (default 240), OUT (a folder for the CSVs and logs; a temporary one otherwise).
 set -uo pipefail

@@ -17,7 +17,7 @@
 # the GPUs present).
 #
 # Exit status: 0 when every row passed; 1 when a job failed or a ring's result differs from the
-# single-GPU result beyond the dtype's tolerance (ENGINE_SPEC.md); 3 when nothing failed but some
+# single-GPU result beyond the dtype's tolerance (docs/ENGINE.md); 3 when nothing failed but some
 # ring rows could not run because the GPU workers registered without ring support (the coordinator
 # refuses those jobs with RESOURCE_EXHAUSTED saying so); 2 when the set-up itself failed (binaries
 # missing, fewer than 2 GPUs, a daemon that does not start).

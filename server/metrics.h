@@ -1,7 +1,8 @@
 // The coordinator's Prometheus metrics, and the HTTP endpoint that exposes them.
 //
-// Every metric is named dattn_*; the names and labels are an interface (the Grafana dashboard and
-// the alert rules in deploy/ are tested against them), so change them only additively. Each
+// Every metric is named dattn_*; the names and labels are an interface (operators' dashboards and
+// alert rules are written against them; the repository has none yet: deploy/ with its Grafana
+// dashboard and alert rules is planned, docs/ARCHITECTURE.md), so change them only additively. Each
 // definition in metrics.cc states its unit and counting rule in its help text; the summary:
 //
 //   name                                   type       counting rule

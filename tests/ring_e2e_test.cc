@@ -3,7 +3,7 @@
 // coordinator's rendezvous stores.
 //
 // - Ring jobs submitted and watched through the CLI give what the single-rank job of the same spec
-//   and seed gives: checksums to fp64 rounding and the returned output to 1e-12 (ENGINE_SPEC.md's
+//   and seed gives: checksums to fp64 rounding and the returned output to 1e-12 (docs/ENGINE.md's
 //   fp64 tolerance), for patterns whose segments span ranks, both modes, causal or not, backward.
 // - A worker killed (SIGKILL) while its rank runs: the job's history names it, and the job runs
 //   again on the survivors.

@@ -163,8 +163,8 @@ CallScratch LayoutCallScratch(const BlockCall& call, CallRole role, bool backwar
 
 int64_t ModeledLibraryWorkspace(const BlockCall& call, bool backward, int64_t head_dim) {
   // Every forward and backward plan cuDNN 9.19 built on an H100 for D = 8..256, both modes, causal
-  // or not, N up to 9.4M, asked for 256 bytes (docs/PERFORMANCE.md); the backend uses the real
-  // figure and the planner this one.
+  // or not, N up to 9.4M, asked for 256 bytes (docs/PERFORMANCE_HISTORY.md, "Memory planner"); the
+  // backend uses the real figure and the planner this one.
   (void)call;
   (void)backward;
   (void)head_dim;

@@ -119,7 +119,7 @@ bool NeedsScaledOut(const AttentionSpec& spec, bool backward, bool use_cudnn);
 
 // The planned library workspace the memory planner assumes for a cuDNN plan of this call (the
 // backend uses the real figure, queried from the plan). Calibrated on an H100 with cuDNN 9.19: see
-// docs/PERFORMANCE.md.
+// docs/PERFORMANCE_HISTORY.md, "Memory planner".
 int64_t ModeledLibraryWorkspace(const BlockCall& call, bool backward, int64_t head_dim);
 
 struct PlanInputs {

@@ -1,16 +1,19 @@
 // The CUDA backend: dilated attention on one GPU, behind the same AttentionBackend API as the CPU
-// backend (engine/attention.h, shared/ENGINE_SPEC.md).
+// backend (engine/attention.h, docs/ENGINE.md).
 //
-// fp16 and bf16 run through cuDNN's fused flash attention on strided views of the dilated rows (no
-// gather, no copy of q, k, v; out, lse and the gradients are written in place); fp32 runs through
-// our own tiled kernel with TF32 off. D must be a multiple of 8, at most 256 (BackendCaps lists
-// them). A call that cuDNN cannot run (a layout it cannot read, a graph no engine takes) falls back
-// to our own kernel for that call, which is correct but slow; CudaBackendStats counts it.
+// fp16 and bf16 run on strided views of the dilated rows (no gather, no copy of q, k, v; out, lse
+// and the gradients are written in place): by default on our own Hopper kernels where they take the
+// call (D = 64 or 128: hopper_attention.h, hopper_backward.h; ForwardKernel and BackwardKernel
+// below), otherwise through cuDNN's fused flash attention; fp32 runs through our own tiled kernel
+// with TF32 off. D must be a multiple of 8, at most 256 (BackendCaps lists them). A call that cuDNN
+// cannot run (a layout it cannot read, a graph no engine takes) falls back to our own kernel for
+// that call, which is correct but slow; CudaBackendStats counts it.
 //
 // Context: a backend instance owns its cuDNN handle, a plan cache, a stream-ordered memory pool for
-// workspace, a second stream for fills that overlap the fused calls (always joined back into the
-// main stream with events) and (unless given one) its main CUDA stream. There is no global state:
-// one instance per thread is safe; one instance must not be used by two threads at once.
+// workspace, a second stream for fills that overlap the fused calls, a third for calls on our
+// Hopper kernels that overlap each other (overlap_calls; both always joined back into the main
+// stream with events) and (unless given one) its main CUDA stream. There is no global state: one
+// instance per thread is safe; one instance must not be used by two threads at once.
 //
 // Asynchrony: Forward and Backward validate, then enqueue their work on the instance's stream and
 // return without synchronizing the device (unless CudaBackendOptions::synchronize). The caller
@@ -55,7 +58,7 @@ struct CudaBackendOptions {
   // writes the zeros of the unselected rows), or inside the fused call's graph, scaling the
   // probability tile before P V (kProbabilities; falls back to kPass where cuDNN does not take the
   // graph). kPass is the default: on an H100 with cuDNN 9.19 the scaled graph runs about 6%
-  // slower, which costs more than the pass (docs/PERFORMANCE.md).
+  // slower, which costs more than the pass (docs/PERFORMANCE_HISTORY.md, first session).
   enum class GroupScale { kPass, kProbabilities };
   GroupScale group_scale = GroupScale::kPass;
   // The forward fused calls of bf16/fp16: cuDNN (kCudnn), or our own wgmma + TMA kernel
@@ -64,9 +67,9 @@ struct CudaBackendOptions {
   // pass rereads the output, and in mixture mode merges each pattern into the output by
   // log-sum-exp weights there too (cuDNN writes a tile per call that a pass merges; the tiles must
   // fit the workspace limit, so its calls are cut small). kAuto (the default) takes our kernel in
-  // both modes, as measured on an H100 (docs/PERFORMANCE.md); with use_cudnn false it leaves
-  // everything to the CUDA-core kernel. Calls our kernel cannot take run as under kCudnn (grouped
-  // mode's 1/G as a pass over their own rows).
+  // both modes, as measured on an H100 (docs/PERFORMANCE_HISTORY.md, sixth session); with
+  // use_cudnn false it leaves everything to the CUDA-core kernel. Calls our kernel cannot take run
+  // as under kCudnn (grouped mode's 1/G as a pass over their own rows).
   enum class ForwardKernel { kAuto, kCudnn, kOwnHopper };
   ForwardKernel forward_kernel = ForwardKernel::kAuto;
   // The backward calls of bf16/fp16: cuDNN (kCudnn), whose fp32 dQ accumulator takes 4 bytes per
@@ -75,11 +78,13 @@ struct CudaBackendOptions {
   // floor), or our own wgmma + TMA kernels (kOwnHopper, hopper_backward.h: D = 64 or 128 on a
   // compute capability 9.0 device), which need two floats per row (1-2% of an input), add mixture
   // mode's patterns into dq, dk, dv in place and write grouped mode's zero rows themselves, but
-  // compute dq in a pass of its own (40% more products). On an H100 a grouped forward + backward
-  // at N = 2^16 took 1.18x (D = 64) and 1.26x (D = 128) the floor on ours, 1.13x / 1.19x on cuDNN
-  // (docs/PERFORMANCE.md). kAuto (the default) takes our kernels: memory is what decides whether a
-  // long step fits at all; kCudnn is faster where memory is plentiful. With use_cudnn false
-  // everything goes to the CUDA-core kernel. Calls our kernels cannot read run as under kCudnn.
+  // compute dq in a pass of its own (40% more products). On an H100 (docs/PERFORMANCE_HISTORY.md,
+  // sixth session) a grouped forward + backward at N = 2^16 took 1.08x (D = 64) and 1.12x (D = 128)
+  // the floor on ours, 1.12x / 1.16x with both passes on cuDNN; mixture mode 1.14x / 1.12x on ours,
+  // 1.10x / 1.15x on cuDNN. kAuto (the default) takes our kernels: memory is what decides whether a
+  // long step fits at all, and they are as fast or faster but for the mixture at D = 64. With
+  // use_cudnn false everything goes to the CUDA-core kernel. Calls our kernels cannot read run as
+  // under kCudnn.
   enum class BackwardKernel { kAuto, kCudnn, kOwnHopper };
   BackwardKernel backward_kernel = BackwardKernel::kAuto;
   // Run the fills and passes on a second stream of the backend, concurrently with later fused calls

@@ -1,6 +1,6 @@
-// The CUDA backend against the float64 oracle (shared/ENGINE_SPEC.md), on a GPU.
+// The CUDA backend against the float64 oracle (docs/ENGINE.md), on a GPU.
 //
-// Every case of ENGINE_SPEC.md's list, both modes, forward and backward, fp32 / fp16 / bf16, fresh
+// Every case of docs/ENGINE.md's list, both modes, forward and backward, fp32 / fp16 / bf16, fresh
 // random inputs per check (DATTN_TEST_SEED reproduces), outputs poisoned with NaN before each call.
 // Also: strided inputs (cuDNN reads them in place, or the fallback kernel does), the head dims
 // cuDNN takes, errors, one context per thread, no device synchronisation inside a call, and the
@@ -201,7 +201,7 @@ void CheckAgainstOracle(CudaAttentionBackend* backend, const AttentionSpec& spec
       testutil::RelativelyNear("dv", Download(dv), grads->dv, testutil::SpecTolerance(dtype)));
 }
 
-// ENGINE_SPEC.md "Cases that every backend must pass", at sizes the oracle handles quickly.
+// docs/ENGINE.md "Cases every backend must pass", at sizes the oracle handles quickly.
 struct SpecCase {
   const char* name;
   std::vector<int64_t> w, r;
@@ -247,7 +247,7 @@ INSTANTIATE_TEST_SUITE_P(
     MatrixName);
 
 // Our own Hopper kernels (ForwardKernel::kOwnHopper, BackwardKernel::kOwnHopper) on every case of
-// ENGINE_SPEC.md, plus blocks of several 128-row tiles (full and partial, causal across tiles),
+// docs/ENGINE.md, plus blocks of several 128-row tiles (full and partial, causal across tiles),
 // D = 128, and a D they do not take (96: those calls run on cuDNN, with the 1/G as a pass per
 // call).
 const std::vector<SpecCase>& OwnHopperCases() {
@@ -424,7 +424,7 @@ TEST_F(CudaBackendTest, OverlappedCallsMatchOneStreamBitForBit) {
   }
 }
 
-// cuDNN's backward (BackwardKernel::kCudnn, and its forward) on every case of ENGINE_SPEC.md: the
+// cuDNN's backward (BackwardKernel::kCudnn, and its forward) on every case of docs/ENGINE.md: the
 // path of devices other than compute capability 9.0, of D other than 64 and 128, and of views
 // our kernels cannot read.
 struct CudnnOptions {

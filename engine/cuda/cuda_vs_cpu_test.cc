@@ -1,5 +1,5 @@
 // The CUDA backend against the CPU backend in fp64 on shapes too large for the loop-by-loop oracle
-// (shared/ENGINE_SPEC.md: "the CPU backend in fp64 on larger ones"): the benchmark's pattern list
+// (docs/ENGINE.md, "Oracle and tolerances"): the benchmark's pattern list
 // scaled down to N = 8192 (4 x the largest segment) and an N that is not a multiple of it, both
 // modes, causal and not, forward and backward, bf16 and fp16. Fresh random inputs; poisoned
 // outputs.

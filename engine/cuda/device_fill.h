@@ -1,5 +1,5 @@
 // Device-side fills and checks for tests and benchmarks of the CUDA backend: random inputs that are
-// never zero (shared/ENGINE_SPEC.md: never test on zeros), poison, and a count of non-finite
+// never zero (docs/ENGINE.md: never test on zeros), poison, and a count of non-finite
 // elements (an unwritten poisoned output shows up as NaN). Launchers enqueue on `stream`, return
 // the launch's cudaError_t and never synchronize.
 #ifndef DATTN_ENGINE_CUDA_DEVICE_FILL_H_

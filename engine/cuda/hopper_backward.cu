@@ -18,10 +18,10 @@
 // the zeros of the unselected rows around an item's rows are written too (as the forward does),
 // so that no fill pass competes with the kernels for the SMs: by the producer warpgroup's idle
 // warps while the consumers compute at D = 128, by the epilogues at D = 64.
-// Tried and measured slower on an H200 (docs/PERFORMANCE.md): 64-row streamed tiles at D = 64
-// (10%); the two warpgroups taking turns on the tensor cores (3%); dq software-pipelined like the
-// forward (10%); dk/dv with one warpgroup per gradient on 64 keys, P handed over in shared memory
-// (2% at D = 128, 9% at D = 64).
+// Tried and measured slower on an H200 (docs/PERFORMANCE_HISTORY.md): 64-row streamed tiles at
+// D = 64 (10%); the two warpgroups taking turns on the tensor cores (3%); dq software-pipelined
+// like the forward (10%); dk/dv with one warpgroup per gradient on 64 keys, P handed over in shared
+// memory (2% at D = 128, 9% at D = 64).
 #include "engine/cuda/hopper_backward.h"
 
 #include <algorithm>

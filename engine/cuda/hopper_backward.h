@@ -5,8 +5,8 @@
 //
 // Why it exists: cuDNN's backward accumulates dq in an fp32 buffer of 4 bytes per element of the
 // call's rows (plus, in grouped mode, a G * out copy), 76-200% of one input at N = 2^16 by default;
-// cut to 5% of an input it runs 1.3-1.9x slower (docs/PERFORMANCE.md). This one computes dq in its
-// own pass over the key tiles of each query tile (two extra matrix products) instead of
+// cut to 5% of an input it runs 1.3-1.9x slower (docs/PERFORMANCE_HISTORY.md). This one computes dq
+// in its own pass over the key tiles of each query tile (two extra matrix products) instead of
 // accumulating it, so it needs no such buffer at any size.
 //
 // It computes what LaunchAttentionBackward (attention_kernels.h) computes, for bf16 and fp16 with

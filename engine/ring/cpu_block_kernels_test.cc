@@ -169,7 +169,7 @@ namespace dattn {
 namespace ring {
 namespace {
 
-// NaN in an input propagates like ordinary attention (ENGINE_SPEC.md): a NaN key on rank 0 inside a
+// NaN in an input propagates like ordinary attention (docs/ENGINE.md): a NaN key on rank 0 inside a
 // segment that spans both ranks must turn into NaN output rows on rank 1 too (a block merge that
 // dropped the NaN would leave them finite: a silent wrong answer), exactly where the oracle has
 // NaN.

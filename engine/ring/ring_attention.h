@@ -1,7 +1,7 @@
 // Sequence-parallel dilated attention: P ranks, each holding a contiguous shard of N/P positions of
 // q, k, v, compute together the attention that one device would compute on the whole sequence; each
 // rank ends with exactly its shard of out and lse (forward) and of dq, dk, dv (backward), equal to
-// the single-device result on those positions within ENGINE_SPEC.md's tolerances.
+// the single-device result on those positions within docs/ENGINE.md's tolerances.
 //
 // Per call the driver plans the exchange (ring_plan.h), packs this rank's blocks, and runs the plan
 // phase by phase: post the phase's sends and receives on the communicator (they progress on the

@@ -4,7 +4,7 @@
 // Every rank derives the full inputs from one seed, runs the ring forward and backward on its shard
 // and checks its out, lse, dq, dk, dv (1) against the float64 oracle's answer on the whole
 // sequence, sliced to its shard, and (2) against the single-GPU CUDA backend run on the whole
-// sequence on the same GPU, sliced likewise, both within ENGINE_SPEC.md's tolerances (fp32 1e-5,
+// sequence on the same GPU, sliced likewise, both within docs/ENGINE.md's tolerances (fp32 1e-5,
 // fp16 2e-3, bf16 1e-2); outputs are poisoned before each call. It also checks that the bytes its
 // communicator counted equal the plan's, call by call and peer by peer. A rank SIGKILLed mid-call
 // must turn into an error on the others within the timeout; the survivors then shrink the ring and

@@ -3,7 +3,7 @@
 //
 // Every rank derives the full inputs from one seed, runs the ring on its shard, and checks its out,
 // lse, dq, dk, dv against the float64 oracle's answer on the whole sequence, sliced to its shard,
-// with ENGINE_SPEC.md's tolerances; it also checks that the bytes its communicator counted equal
+// with docs/ENGINE.md's tolerances; it also checks that the bytes its communicator counted equal
 // the plan's. A rank that is SIGKILLed mid-call must turn into an error on the others within the
 // communicator's timeout, after which the survivors shrink the ring and compute correctly again.
 #include "engine/ring/ring_attention.h"

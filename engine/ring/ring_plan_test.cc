@@ -375,7 +375,8 @@ TEST(RingPlanTest, VolumesMatchTheClosedForm) {
   }
 }
 
-// ENGINE_SPEC: a spanning segment needs only (N/P)/r selected rows per shard, whatever its length.
+// docs/ENGINE.md: a spanning segment needs only (N/P)/r selected rows per shard, whatever its
+// length.
 TEST(RingPlanTest, BlocksHoldOnlyTheDilatedRows) {
   Case c;
   c.w = {256};

@@ -1,8 +1,8 @@
-// The float64 oracle: shared/ENGINE_SPEC.md written out loop by loop.
+// The float64 oracle: the function of docs/ENGINE.md written out loop by loop.
 //
-// Every backend test (CPU now, CUDA and the ring later) compares its results against these
-// functions, with the tolerances of ENGINE_SPEC.md "Oracle and tolerances". They are written for
-// clarity, not speed: O(B * H * N * w * D) time per pattern, and the backward pass builds each
+// Every backend test (CPU, CUDA, and the ring's CPU and CUDA kernels) compares its results against
+// these functions, with the tolerances of docs/ENGINE.md "Oracle and tolerances". They are written
+// for clarity, not speed: O(B * H * N * w * D) time per pattern, and the backward pass builds each
 // segment's explicit probability matrix (O(w^2) memory). Use them on small shapes only (a few
 // thousand positions).
 //

@@ -1,7 +1,8 @@
-// Test utilities shared by the engine's tests (CPU now; CUDA and ring tests later).
+// Test utilities shared by the engine's tests (CPU, CUDA and ring), and used by a worker test and
+// the end-to-end tests (tests/).
 //
 // Host tensors of any engine dtype and layout, conversion to and from float64, random inputs that
-// are never zero, poisoning, the relative Frobenius error that shared/ENGINE_SPEC.md's tolerances
+// are never zero, poisoning, the relative Frobenius error that docs/ENGINE.md's tolerances
 // are stated in, and central finite differences. Everything here works on host memory only: a test
 // of a device backend copies its tensors to the host first. Functions are pure unless they say
 // otherwise; nothing here is thread-safe beyond that (tests are single-threaded callers).
@@ -115,7 +116,7 @@ uint64_t CheckSeed(const std::string& label);
 // it in a SCOPED_TRACE so that every failure prints it.
 std::string ReproduceHint();
 
-// shared/ENGINE_SPEC.md's bound on ||out - ref|| / ||ref|| (and on dq, dk, dv) for a backend's
+// docs/ENGINE.md's bound on ||out - ref|| / ||ref|| (and on dq, dk, dv) for a backend's
 // results in `dtype`: fp64 1e-12, fp32 1e-5, fp16 2e-3, bf16 1e-2.
 double SpecTolerance(DType dtype);
 // The bound the tests put on the log-sum-exp on a GPU, where it is fp32 whatever the inputs: 1e-5

@@ -148,6 +148,20 @@ absl::Status ValidateConfig(const LongNetConfig& c) {
     absl::Status s = CheckBlasInt(value, path);
     if (!s.ok()) return s;
   }
+  if (c.num_layers > kMaxLayers) {
+    return FieldError("num_layers", absl::StrCat(c.num_layers, " exceeds ", kMaxLayers));
+  }
+  // The parameter count (longnet_params.h's table) must fit in int64 elements of 8 bytes.
+  {
+    const __int128 d = c.d_model, f = c.ffn_dim, v = c.vocab_size;
+    const __int128 block = 4 * (d * d + d) + 2 * d * f + f + d + 6 * d + 2 * f;
+    const __int128 total = block * c.num_layers + 2 * v * d + 2 * d;
+    if (total > static_cast<__int128>(INT64_MAX / 8)) {
+      return FieldError("num_layers", absl::StrCat(c.num_layers, " layers of d_model = ", c.d_model,
+                                                   " and ffn_dim = ", c.ffn_dim,
+                                                   " have more parameters than int64 bytes hold"));
+    }
+  }
   if (c.d_model % c.num_heads != 0) {
     return FieldError("num_heads",
                       absl::StrCat(c.num_heads, " does not divide d_model = ", c.d_model));

@@ -64,8 +64,12 @@ absl::StatusOr<LongNetConfig> ParseConfigJson(const std::string& text);
 // The JSON form of `config`, every field written; ParseConfigJson(ConfigToJson(c)) == c.
 std::string ConfigToJson(const LongNetConfig& config);
 
-// Every rule of the config on its own: sizes >= 1; d_model divisible by num_heads with an even
-// head dim; vocab_size, d_model and ffn_dim within a BLAS int (2^31 - 1); the attention spec valid
+// A sanity bound on num_layers (the layout holds 20 named tensors per layer).
+inline constexpr int64_t kMaxLayers = 65536;
+
+// Every rule of the config on its own: sizes >= 1; num_layers <= kMaxLayers and a parameter
+// count whose fp64 bytes fit in int64; d_model divisible by num_heads with an even head dim;
+// vocab_size, d_model and ffn_dim within a BLAS int (2^31 - 1); the attention spec valid
 // (engine/validate.h's ValidateSpec) with num_heads >= the number of patterns in grouped mode;
 // layer_norm_eps, rope_theta and xpos_scale_base finite and > 0.
 absl::Status ValidateConfig(const LongNetConfig& config);

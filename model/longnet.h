@@ -137,11 +137,15 @@ class LongNetLM {
 
   // Runs the model on `batch`: logits for every position and, when targets are given, the loss.
   // Keeps what Backward needs. Errors as in the file comment; tokens and targets are checked and
-  // the first bad one named with its (sequence, position).
+  // the first bad one named with its (sequence, position). FLOPs: CountFlops(...).forward; bytes:
+  // the parameters read about once per use, the activations of the file comment written once and
+  // read a few times.
   absl::StatusOr<LossResult> Forward(const TokenBatch& batch);
 
   // Gradients of options.loss_scale * (the last Forward's loss) with respect to params(), into
-  // grads(). Needs a successful Forward with targets since; may be repeated.
+  // grads(). Needs a successful Forward with targets since; may be repeated. FLOPs:
+  // CountFlops(...).backward; bytes: the activations read about twice, the gradients written once
+  // (plus the recomputed blocks' forward with checkpointing).
   absl::Status Backward(const BackwardOptions& options = {});
 
   // The last Forward's logits, [batch * seq_len, vocab_size] on the device; null before any.

@@ -12,6 +12,7 @@ packages=(
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   prometheus-cpp-dev prometheus
   curl python3 procps iproute2 clang-format
+  libssl-dev python3-numpy bible-kjv bible-kjv-text
 )
 
 missing=()

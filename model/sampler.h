@@ -9,8 +9,9 @@
 // once per epoch. With shuffle, o_e = HashPair(seed, e) mod N (a new alignment each epoch, so a
 // small corpus with a long N is not always cut at the same places; 0 when that leaves no window)
 // and the windows are visited in the order of a seeded permutation of [0, W_e): a 6-round
-// Feistel network on the smallest even number of bits that covers W_e, keys from
-// HashPair(HashPair(seed, e), round), walked until the value falls below W_e (cycle walking).
+// Feistel network on the smallest even number of bits that covers W_e, round keys
+// HashPair(HashPair(HashPair(seed, e), 0x5eed), round), round function Mix64(right ^ key), walked
+// until the value falls below W_e (cycle walking).
 // It needs no memory and no state beyond (seed, epoch, position). Without shuffle (validation),
 // o_e = 0 and windows come in corpus order.
 //

@@ -309,6 +309,7 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Check(SafetensorsFile file) {
     }
     expected = t.end;
   }
+  for (size_t i = 0; i < file.tensors_.size(); ++i) file.index_[file.tensors_[i].name] = i;
   if (expected != data_bytes) {
     return bad("the tensors cover ", expected, " bytes of data, the file holds ", data_bytes,
                expected > data_bytes ? " (truncated)" : " (extra bytes at the end)");
@@ -317,9 +318,8 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Check(SafetensorsFile file) {
 }
 
 absl::StatusOr<const SafeTensorInfo*> SafetensorsFile::Find(const std::string& tensor) const {
-  for (const SafeTensorInfo& t : tensors_) {
-    if (t.name == tensor) return &t;
-  }
+  auto it = index_.find(tensor);
+  if (it != index_.end()) return &tensors_[it->second];
   return absl::NotFoundError(absl::StrCat(name_, ": no tensor \"", tensor, "\""));
 }
 

@@ -33,6 +33,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
@@ -133,6 +134,7 @@ class SafetensorsFile {
   absl::string_view bytes_;
   int64_t data_start_ = 0;
   std::vector<SafeTensorInfo> tensors_;
+  absl::flat_hash_map<std::string, size_t> index_;  // Name -> position in tensors_.
   SafetensorsMetadata metadata_;
 };
 

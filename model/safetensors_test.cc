@@ -190,6 +190,10 @@ TEST(SafetensorsTest, MalformedFilesAreClearErrors) {
     EXPECT_NE(s.message().find("bad.safetensors"), std::string::npos) << s;
     EXPECT_NE(s.message().find(c.words), std::string::npos) << c.words << ": " << s;
   }
+  // A header nested a million levels deep is refused, not a stack overflow.
+  const std::string deep = R"({"a":)" + std::string(1000000, '[') + std::string(1000000, ']') + "}";
+  absl::Status s = SafetensorsFile::FromBytes(Make(deep, ""), "deep.safetensors").status();
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
   // An empty file of tensors is valid.
   EXPECT_TRUE(SafetensorsFile::FromBytes(Make("{}", ""), "empty").ok());
 }

@@ -11,7 +11,8 @@ packages=(
   libgloo-dev libsqlite3-dev sqlite3 nlohmann-json3-dev libcli11-dev libyaml-cpp-dev
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   prometheus-cpp-dev prometheus
-  curl python3 python3-numpy procps iproute2 clang-format
+  curl python3 procps iproute2 clang-format
+  libssl-dev python3-numpy bible-kjv bible-kjv-text
 )
 
 missing=()

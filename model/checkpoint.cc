@@ -1,0 +1,659 @@
+#include "model/checkpoint.h"
+
+#include <errno.h>
+#include <stdio.h>
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <set>
+#include <utility>
+
+#include "absl/strings/ascii.h"
+#include "absl/strings/numbers.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "model/file_io.h"
+#include "model/rng.h"
+#include "nlohmann/json.hpp"
+
+namespace dattn {
+namespace model {
+namespace {
+
+namespace fs = std::filesystem;
+using Json = nlohmann::json;
+
+constexpr char kManifestFormat[] = "dattn-checkpoint";
+constexpr int64_t kManifestVersion = 1;
+constexpr char kTrainerFormat[] = "dattn-trainer-state";
+constexpr int64_t kTrainerVersion = 1;
+constexpr int64_t kMaxJsonFile = int64_t{64} << 20;
+constexpr const char* kDataFiles[] = {kWeightsFile, kOptimizerFile, kConfigFile, kTrainerStateFile};
+
+// ---- JSON field access with errors that name the file and the field ----
+
+class Fields {
+ public:
+  Fields(const Json& object, std::string file, std::string prefix = "")
+      : object_(object), file_(std::move(file)), prefix_(std::move(prefix)) {}
+
+  absl::StatusOr<const Json*> Get(const char* key) const {
+    if (!object_.is_object()) return Bad(key, "is not an object");
+    auto it = object_.find(key);
+    if (it == object_.end()) return Bad(key, "is missing");
+    return &*it;
+  }
+  absl::StatusOr<int64_t> Int(const char* key) const {
+    absl::StatusOr<const Json*> v = Get(key);
+    if (!v.ok()) return v.status();
+    if (!(*v)->is_number_integer()) return Bad(key, "is not an integer");
+    return (*v)->get<int64_t>();
+  }
+  absl::StatusOr<double> Double(const char* key) const {
+    absl::StatusOr<const Json*> v = Get(key);
+    if (!v.ok()) return v.status();
+    if (!(*v)->is_number()) return Bad(key, "is not a number");
+    return (*v)->get<double>();
+  }
+  absl::StatusOr<bool> Bool(const char* key) const {
+    absl::StatusOr<const Json*> v = Get(key);
+    if (!v.ok()) return v.status();
+    if (!(*v)->is_boolean()) return Bad(key, "is not true or false");
+    return (*v)->get<bool>();
+  }
+  absl::StatusOr<std::string> String(const char* key) const {
+    absl::StatusOr<const Json*> v = Get(key);
+    if (!v.ok()) return v.status();
+    if (!(*v)->is_string()) return Bad(key, "is not a string");
+    return (*v)->get<std::string>();
+  }
+  absl::StatusOr<uint64_t> Hex(const char* key) const {
+    absl::StatusOr<std::string> s = String(key);
+    if (!s.ok()) return s.status();
+    absl::StatusOr<uint64_t> v = HexToU64(*s);
+    if (!v.ok()) return Bad(key, v.status().message());
+    return v;
+  }
+  Fields Sub(const Json& object, const char* key) const {
+    return Fields(object, file_, absl::StrCat(prefix_, key, "."));
+  }
+  absl::Status Bad(const char* key, absl::string_view what) const {
+    return absl::DataLossError(absl::StrCat(file_, ": field \"", prefix_, key, "\" ", what));
+  }
+
+ private:
+  const Json& object_;
+  std::string file_;
+  std::string prefix_;
+};
+
+#define DATTN_ASSIGN(lhs, expr)                           \
+  do {                                                    \
+    auto dattn_value_ = (expr);                           \
+    if (!dattn_value_.ok()) return dattn_value_.status(); \
+    lhs = *dattn_value_;                                  \
+  } while (0)
+
+absl::StatusOr<Json> ParseJson(absl::string_view text, const std::string& file) {
+  try {
+    return Json::parse(text.begin(), text.end());
+  } catch (const Json::exception& e) {
+    return absl::DataLossError(absl::StrCat(file, ": not valid JSON (", e.what(), ")"));
+  }
+}
+
+Json CursorToJson(const SamplerCursor& c) {
+  return Json{
+      {"seed", U64ToHex(c.seed)},   {"shuffle", c.shuffle},         {"seq_len", c.seq_len},
+      {"batch_size", c.batch_size}, {"range_begin", c.range_begin}, {"range_end", c.range_end},
+      {"epoch", c.epoch},           {"position", c.position},       {"batches", c.batches}};
+}
+
+absl::StatusOr<SamplerCursor> CursorFromJson(const Fields& f) {
+  SamplerCursor c;
+  DATTN_ASSIGN(c.seed, f.Hex("seed"));
+  DATTN_ASSIGN(c.shuffle, f.Bool("shuffle"));
+  DATTN_ASSIGN(c.seq_len, f.Int("seq_len"));
+  DATTN_ASSIGN(c.batch_size, f.Int("batch_size"));
+  DATTN_ASSIGN(c.range_begin, f.Int("range_begin"));
+  DATTN_ASSIGN(c.range_end, f.Int("range_end"));
+  DATTN_ASSIGN(c.epoch, f.Int("epoch"));
+  DATTN_ASSIGN(c.position, f.Int("position"));
+  DATTN_ASSIGN(c.batches, f.Int("batches"));
+  return c;
+}
+
+// The compact, key-sorted text the manifest's checksum covers.
+absl::StatusOr<std::string> ManifestDigest(Json manifest) {
+  manifest.erase("manifest_sha256");
+  return Sha256Hex(manifest.dump());
+}
+
+absl::Status RemoveTree(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+  if (ec) return FileError("remove", path, ec.value());
+  return absl::OkStatus();
+}
+
+bool Exists(const std::string& path) {
+  struct stat st;
+  return ::stat(path.c_str(), &st) == 0;
+}
+
+// Checks the tensors of `file` against `layout` with names prefix + entry name: every entry
+// present, same shape, F32, and no others beyond `allowed_extra`.
+absl::Status CheckAgainstLayout(const SafetensorsFile& file, const ParamLayout& layout,
+                                const std::vector<std::string>& prefixes,
+                                const std::set<std::string>& allowed_extra) {
+  std::set<std::string> expected;
+  for (const std::string& prefix : prefixes) {
+    for (const ParamEntry& e : layout.entries()) {
+      const std::string name = prefix + e.name;
+      expected.insert(name);
+      absl::StatusOr<const SafeTensorInfo*> info = file.Find(name);
+      if (!info.ok()) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(file.name(), ": no tensor \"", name, "\", which the model's layout has"));
+      }
+      if ((*info)->shape != e.shape) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            file.name(), ": tensor \"", name, "\" has shape ", ShapeString((*info)->shape),
+            ", the model's layout ", ShapeString(e.shape)));
+      }
+      if ((*info)->dtype != SafeDtype::kF32) {
+        return absl::FailedPreconditionError(absl::StrCat(file.name(), ": tensor \"", name,
+                                                          "\" is ", SafeDtypeName((*info)->dtype),
+                                                          ", expected F32"));
+      }
+    }
+  }
+  for (const SafeTensorInfo& t : file.tensors()) {
+    if (!expected.count(t.name) && !allowed_extra.count(t.name)) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(file.name(), ": tensor \"", t.name, "\" is not in the model's layout"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Copies elements [begin, begin + out.size()) of the flat buffer from per-entry tensors.
+void CopyRange(const SafetensorsFile& file, const ParamLayout& layout, const std::string& prefix,
+               int64_t begin, absl::Span<float> out) {
+  const int64_t end = begin + static_cast<int64_t>(out.size());
+  for (const ParamEntry& e : layout.entries()) {
+    const int64_t lo = std::max(begin, e.offset);
+    const int64_t hi = std::min(end, e.offset + e.numel);
+    if (lo >= hi) continue;
+    const SafeTensorInfo* info = *file.Find(prefix + e.name);
+    const char* src = file.Data(*info).data() + (lo - e.offset) * 4;
+    std::memcpy(out.data() + (lo - begin), src, static_cast<size_t>(hi - lo) * 4);
+  }
+}
+
+absl::Status CheckRange(const ParamLayout& layout, int64_t begin, int64_t size) {
+  if (begin < 0 || size < 0 || begin > layout.total() || size > layout.total() - begin) {
+    return absl::InvalidArgumentError(absl::StrCat("elements [", begin, ", ", begin + size,
+                                                   ") are not inside the layout's [0, ",
+                                                   layout.total(), ")"));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::string CheckpointFolderName(int64_t step) { return absl::StrFormat("step-%08d", step); }
+
+std::string TrainerStateToJson(const TrainerState& s) {
+  Json rng = Json::array();
+  for (uint64_t word : s.rng_state) rng.push_back(U64ToHex(word));
+  Json j = {
+      {"format", kTrainerFormat},
+      {"version", kTrainerVersion},
+      {"step", s.step},
+      {"tokens_seen", s.tokens_seen},
+      {"sampler", CursorToJson(s.sampler)},
+      {"rng_state", rng},
+      {"lr_schedule",
+       {{"peak_lr", s.schedule.peak_lr},
+        {"min_lr", s.schedule.min_lr},
+        {"warmup_steps", s.schedule.warmup_steps},
+        {"total_steps", s.schedule.total_steps},
+        {"lr_at_next_step", s.schedule.At(s.step + 1)}}},
+      {"adamw",
+       {{"beta1", s.adamw.beta1},
+        {"beta2", s.adamw.beta2},
+        {"epsilon", s.adamw.epsilon},
+        {"weight_decay", s.adamw.weight_decay}}},
+      {"max_grad_norm", std::isinf(s.max_grad_norm) ? Json(nullptr) : Json(s.max_grad_norm)},
+  };
+  try {
+    j["extra"] = Json::parse(s.extra_json);
+  } catch (const Json::exception&) {
+    j["extra"] = s.extra_json;  // SaveCheckpoint refuses this case before writing anything.
+  }
+  return j.dump(2) + "\n";
+}
+
+absl::StatusOr<TrainerState> TrainerStateFromJson(absl::string_view text, const std::string& name) {
+  absl::StatusOr<Json> j = ParseJson(text, name);
+  if (!j.ok()) return j.status();
+  Fields f(*j, name);
+  TrainerState s;
+  std::string format;
+  DATTN_ASSIGN(format, f.String("format"));
+  if (format != kTrainerFormat) return f.Bad("format", absl::StrCat("is \"", format, "\""));
+  int64_t version;
+  DATTN_ASSIGN(version, f.Int("version"));
+  if (version != kTrainerVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name, ": version ", version, ", this build reads ", kTrainerVersion));
+  }
+  DATTN_ASSIGN(s.step, f.Int("step"));
+  DATTN_ASSIGN(s.tokens_seen, f.Int("tokens_seen"));
+  const Json* sampler;
+  DATTN_ASSIGN(sampler, f.Get("sampler"));
+  DATTN_ASSIGN(s.sampler, CursorFromJson(f.Sub(*sampler, "sampler")));
+  const Json* rng;
+  DATTN_ASSIGN(rng, f.Get("rng_state"));
+  if (!rng->is_array() || rng->size() != 4) return f.Bad("rng_state", "is not 4 words");
+  for (size_t i = 0; i < 4; ++i) {
+    if (!(*rng)[i].is_string()) return f.Bad("rng_state", "holds a non-string");
+    absl::StatusOr<uint64_t> word = HexToU64((*rng)[i].get<std::string>());
+    if (!word.ok()) return f.Bad("rng_state", word.status().message());
+    s.rng_state[i] = *word;
+  }
+  const Json* schedule;
+  DATTN_ASSIGN(schedule, f.Get("lr_schedule"));
+  Fields fs = f.Sub(*schedule, "lr_schedule");
+  DATTN_ASSIGN(s.schedule.peak_lr, fs.Double("peak_lr"));
+  DATTN_ASSIGN(s.schedule.min_lr, fs.Double("min_lr"));
+  DATTN_ASSIGN(s.schedule.warmup_steps, fs.Int("warmup_steps"));
+  DATTN_ASSIGN(s.schedule.total_steps, fs.Int("total_steps"));
+  const Json* adamw;
+  DATTN_ASSIGN(adamw, f.Get("adamw"));
+  Fields fa = f.Sub(*adamw, "adamw");
+  DATTN_ASSIGN(s.adamw.beta1, fa.Double("beta1"));
+  DATTN_ASSIGN(s.adamw.beta2, fa.Double("beta2"));
+  DATTN_ASSIGN(s.adamw.epsilon, fa.Double("epsilon"));
+  DATTN_ASSIGN(s.adamw.weight_decay, fa.Double("weight_decay"));
+  const Json* clip;
+  DATTN_ASSIGN(clip, f.Get("max_grad_norm"));
+  if (clip->is_null()) {
+    s.max_grad_norm = std::numeric_limits<double>::infinity();
+  } else if (clip->is_number()) {
+    s.max_grad_norm = clip->get<double>();
+  } else {
+    return f.Bad("max_grad_norm", "is not a number or null");
+  }
+  const Json* extra;
+  DATTN_ASSIGN(extra, f.Get("extra"));
+  if (!extra->is_object()) return f.Bad("extra", "is not an object");
+  s.extra_json = extra->dump();
+  return s;
+}
+
+absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const CheckpointContents& c) {
+  if (c.layout == nullptr || c.optimizer == nullptr) {
+    return absl::InvalidArgumentError("SaveCheckpoint: layout and optimizer are required");
+  }
+  const int64_t total = c.layout->total();
+  if (static_cast<int64_t>(c.params.size()) != total ||
+      static_cast<int64_t>(c.optimizer->m.size()) != total ||
+      static_cast<int64_t>(c.optimizer->v.size()) != total) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SaveCheckpoint: the layout has ", total, " elements; params ", c.params.size(), ", m ",
+        c.optimizer->m.size(), ", v ", c.optimizer->v.size()));
+  }
+  if (c.trainer.step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("SaveCheckpoint: step ", c.trainer.step));
+  }
+  if (absl::StatusOr<Json> config = ParseJson(c.model_config_json, "the model config");
+      !config.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat("SaveCheckpoint: ", config.status().message()));
+  }
+  absl::StatusOr<Json> extra = ParseJson(c.trainer.extra_json, "trainer extra_json");
+  if (!extra.ok() || !extra->is_object()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "SaveCheckpoint: trainer extra_json is not a JSON object: ", c.trainer.extra_json));
+  }
+
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) return FileError("create folder", root, ec.value());
+  const std::string name = CheckpointFolderName(c.trainer.step);
+  const std::string final_dir = JoinPath(root, name);
+  if (Exists(final_dir)) {
+    return absl::AlreadyExistsError(absl::StrCat(final_dir, " already exists"));
+  }
+  const std::string tmp = JoinPath(root, absl::StrCat(".", name, ".tmp"));
+  if (absl::Status s = RemoveTree(tmp); !s.ok()) return s;
+  if (::mkdir(tmp.c_str(), 0755) != 0) return FileError("create folder", tmp, errno);
+
+  auto write_all = [&]() -> absl::Status {
+    const ParamLayout& layout = *c.layout;
+    const std::string step_text = absl::StrCat(c.trainer.step);
+    std::vector<TensorToWrite> weights;
+    for (const ParamEntry& e : layout.entries()) {
+      weights.push_back(TensorToWrite::F32(e.name, e.shape, c.params.subspan(e.offset, e.numel)));
+    }
+    if (absl::Status s =
+            WriteSafetensors(JoinPath(tmp, kWeightsFile), weights,
+                             {{"format", "pt"}, {"dattn", "weights"}, {"step", step_text}},
+                             /*sync=*/true);
+        !s.ok()) {
+      return s;
+    }
+    const int64_t opt_step = c.optimizer->step;
+    std::vector<TensorToWrite> moments;
+    const absl::Span<const float> m(c.optimizer->m), v(c.optimizer->v);
+    for (const ParamEntry& e : layout.entries()) {
+      moments.push_back(
+          TensorToWrite::F32("exp_avg." + e.name, e.shape, m.subspan(e.offset, e.numel)));
+    }
+    for (const ParamEntry& e : layout.entries()) {
+      moments.push_back(
+          TensorToWrite::F32("exp_avg_sq." + e.name, e.shape, v.subspan(e.offset, e.numel)));
+    }
+    moments.push_back(
+        TensorToWrite{"step",
+                      SafeDtype::kI64,
+                      {},
+                      absl::string_view(reinterpret_cast<const char*>(&opt_step), 8)});
+    if (absl::Status s =
+            WriteSafetensors(JoinPath(tmp, kOptimizerFile), moments,
+                             {{"format", "pt"}, {"dattn", "adamw"}, {"step", step_text}},
+                             /*sync=*/true);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = WriteWholeFile(JoinPath(tmp, kConfigFile), c.model_config_json, true);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s =
+            WriteWholeFile(JoinPath(tmp, kTrainerStateFile), TrainerStateToJson(c.trainer), true);
+        !s.ok()) {
+      return s;
+    }
+    Json files = Json::array();
+    for (const char* file : kDataFiles) {
+      const std::string path = JoinPath(tmp, file);
+      absl::StatusOr<std::string> digest = Sha256FileHex(path);
+      if (!digest.ok()) return digest.status();
+      struct stat st;
+      if (::stat(path.c_str(), &st) != 0) return FileError("stat", path, errno);
+      files.push_back(
+          Json{{"name", file}, {"bytes", static_cast<int64_t>(st.st_size)}, {"sha256", *digest}});
+    }
+    Json manifest = {{"format", kManifestFormat},
+                     {"version", kManifestVersion},
+                     {"step", c.trainer.step},
+                     {"files", files}};
+    absl::StatusOr<std::string> self = ManifestDigest(manifest);
+    if (!self.ok()) return self.status();
+    manifest["manifest_sha256"] = *self;
+    if (absl::Status s =
+            WriteWholeFile(JoinPath(tmp, kManifestFile), manifest.dump(2) + "\n", true);
+        !s.ok()) {
+      return s;
+    }
+    if (absl::Status s = FsyncPath(tmp); !s.ok()) return s;
+    if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
+      return FileError(absl::StrCat("rename ", tmp, " to"), final_dir, errno);
+    }
+    return FsyncPath(root);
+  };
+  absl::Status s = write_all();
+  if (!s.ok()) {
+    (void)RemoveTree(tmp);
+    return s;
+  }
+  return final_dir;
+}
+
+absl::StatusOr<Checkpoint> Checkpoint::Open(const std::string& dir, bool verify_checksums) {
+  struct stat st;
+  if (::stat(dir.c_str(), &st) != 0) {
+    if (errno == ENOENT) return absl::NotFoundError(absl::StrCat("no checkpoint at ", dir));
+    return FileError("stat", dir, errno);
+  }
+  if (!S_ISDIR(st.st_mode)) {
+    return absl::NotFoundError(absl::StrCat(dir, " is not a checkpoint folder"));
+  }
+  const std::string manifest_path = JoinPath(dir, kManifestFile);
+  absl::StatusOr<std::string> manifest_text = ReadSmallFile(manifest_path, kMaxJsonFile);
+  if (!manifest_text.ok()) {
+    if (absl::IsNotFound(manifest_text.status())) {
+      return absl::DataLossError(
+          absl::StrCat(manifest_path,
+                       " is missing: the checkpoint is incomplete (a save that did not finish, "
+                       "or a copy that lost files)"));
+    }
+    return absl::DataLossError(manifest_text.status().message());
+  }
+  absl::StatusOr<Json> manifest = ParseJson(*manifest_text, manifest_path);
+  if (!manifest.ok()) return manifest.status();
+  Fields mf(*manifest, manifest_path);
+  std::string recorded;
+  DATTN_ASSIGN(recorded, mf.String("manifest_sha256"));
+  absl::StatusOr<std::string> actual = ManifestDigest(*manifest);
+  if (!actual.ok()) return actual.status();
+  if (*actual != recorded) {
+    return absl::DataLossError(absl::StrCat(
+        manifest_path, ": its content does not match its own checksum (the manifest is corrupt)"));
+  }
+  std::string format;
+  DATTN_ASSIGN(format, mf.String("format"));
+  if (format != kManifestFormat) return mf.Bad("format", absl::StrCat("is \"", format, "\""));
+  int64_t version;
+  DATTN_ASSIGN(version, mf.Int("version"));
+  if (version != kManifestVersion) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        manifest_path, ": checkpoint version ", version, ", this build reads ", kManifestVersion));
+  }
+  const Json* files;
+  DATTN_ASSIGN(files, mf.Get("files"));
+  if (!files->is_array()) return mf.Bad("files", "is not a list");
+  for (const char* file : kDataFiles) {
+    const Json* entry = nullptr;
+    for (const Json& f : *files) {
+      if (f.is_object() && f.contains("name") && f["name"] == file) entry = &f;
+    }
+    if (entry == nullptr) {
+      return absl::DataLossError(absl::StrCat(manifest_path, " does not list ", file));
+    }
+    Fields ff(*entry, manifest_path, absl::StrCat("files[", file, "]."));
+    int64_t bytes;
+    DATTN_ASSIGN(bytes, ff.Int("bytes"));
+    std::string sha;
+    DATTN_ASSIGN(sha, ff.String("sha256"));
+    const std::string path = JoinPath(dir, file);
+    struct stat fst;
+    if (::stat(path.c_str(), &fst) != 0) {
+      if (errno == ENOENT) return absl::DataLossError(absl::StrCat(path, " is missing"));
+      return absl::DataLossError(FileError("stat", path, errno).message());
+    }
+    if (static_cast<int64_t>(fst.st_size) != bytes) {
+      return absl::DataLossError(absl::StrCat(path, " is ", static_cast<int64_t>(fst.st_size),
+                                              " bytes, the manifest says ", bytes,
+                                              fst.st_size < bytes ? " (truncated)" : " (grown)"));
+    }
+    if (verify_checksums) {
+      absl::StatusOr<std::string> digest = Sha256FileHex(path);
+      if (!digest.ok()) return digest.status();
+      if (*digest != sha) {
+        return absl::DataLossError(absl::StrCat(
+            path, ": SHA-256 is ", *digest, ", the manifest says ", sha, " (the file is corrupt)"));
+      }
+    }
+  }
+
+  Checkpoint ck;
+  ck.dir_ = dir;
+  const std::string config_path = JoinPath(dir, kConfigFile);
+  absl::StatusOr<std::string> config = ReadSmallFile(config_path, kMaxJsonFile);
+  if (!config.ok()) return absl::DataLossError(config.status().message());
+  if (absl::StatusOr<Json> parsed = ParseJson(*config, config_path); !parsed.ok()) {
+    return parsed.status();
+  }
+  ck.config_ = std::move(*config);
+  const std::string state_path = JoinPath(dir, kTrainerStateFile);
+  absl::StatusOr<std::string> state_text = ReadSmallFile(state_path, kMaxJsonFile);
+  if (!state_text.ok()) return absl::DataLossError(state_text.status().message());
+  DATTN_ASSIGN(ck.trainer_, TrainerStateFromJson(*state_text, state_path));
+  int64_t manifest_step;
+  DATTN_ASSIGN(manifest_step, mf.Int("step"));
+  if (manifest_step != ck.trainer_.step) {
+    return absl::DataLossError(absl::StrCat(manifest_path, ": step ", manifest_step, " but ",
+                                            state_path, " says ", ck.trainer_.step));
+  }
+  DATTN_ASSIGN(ck.weights_, SafetensorsFile::Open(JoinPath(dir, kWeightsFile)));
+  DATTN_ASSIGN(ck.optimizer_, SafetensorsFile::Open(JoinPath(dir, kOptimizerFile)));
+  absl::StatusOr<const SafeTensorInfo*> step = ck.optimizer_.Find("step");
+  if (!step.ok() || (*step)->dtype != SafeDtype::kI64 || !(*step)->shape.empty()) {
+    return absl::DataLossError(
+        absl::StrCat(ck.optimizer_.name(), ": no tensor \"step\" (an I64 scalar)"));
+  }
+  std::memcpy(&ck.optimizer_step_, ck.optimizer_.Data(**step).data(), 8);
+  return ck;
+}
+
+absl::Status Checkpoint::ReadWeights(const ParamLayout& layout, int64_t begin,
+                                     absl::Span<float> out) const {
+  if (absl::Status s = CheckRange(layout, begin, static_cast<int64_t>(out.size())); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = CheckAgainstLayout(weights_, layout, {""}, {}); !s.ok()) return s;
+  CopyRange(weights_, layout, "", begin, out);
+  return absl::OkStatus();
+}
+
+absl::Status Checkpoint::ReadMoments(const ParamLayout& layout, int64_t begin, absl::Span<float> m,
+                                     absl::Span<float> v) const {
+  if (m.size() != v.size()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("ReadMoments: m has ", m.size(), " elements, v ", v.size()));
+  }
+  if (absl::Status s = CheckRange(layout, begin, static_cast<int64_t>(m.size())); !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          CheckAgainstLayout(optimizer_, layout, {"exp_avg.", "exp_avg_sq."}, {"step"});
+      !s.ok()) {
+    return s;
+  }
+  CopyRange(optimizer_, layout, "exp_avg.", begin, m);
+  CopyRange(optimizer_, layout, "exp_avg_sq.", begin, v);
+  return absl::OkStatus();
+}
+
+absl::Status Checkpoint::Restore(const ParamLayout& layout, absl::Span<float> params,
+                                 AdamWState* state) const {
+  if (state == nullptr) return absl::InvalidArgumentError("Checkpoint::Restore: null state");
+  if (static_cast<int64_t>(params.size()) != layout.total()) {
+    return absl::InvalidArgumentError(absl::StrCat("Checkpoint::Restore: params has ",
+                                                   params.size(), " elements, the layout ",
+                                                   layout.total()));
+  }
+  if (absl::Status s = ReadWeights(layout, 0, params); !s.ok()) return s;
+  AdamWState restored;
+  restored.m.resize(static_cast<size_t>(layout.total()));
+  restored.v.resize(static_cast<size_t>(layout.total()));
+  if (absl::Status s =
+          ReadMoments(layout, 0, absl::MakeSpan(restored.m), absl::MakeSpan(restored.v));
+      !s.ok()) {
+    return s;
+  }
+  restored.step = optimizer_step_;
+  *state = std::move(restored);
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<CheckpointEntry>> ListCheckpoints(const std::string& root) {
+  std::vector<CheckpointEntry> out;
+  std::error_code ec;
+  if (!fs::exists(root, ec)) return out;
+  fs::directory_iterator it(root, ec);
+  if (ec) return FileError("list", root, ec.value());
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    if (name.size() <= 5 || name.compare(0, 5, "step-") != 0) continue;
+    const std::string digits = name.substr(5);
+    if (!std::all_of(digits.begin(), digits.end(), absl::ascii_isdigit)) continue;
+    int64_t step;
+    if (!absl::SimpleAtoi(digits, &step)) continue;
+    std::error_code dir_ec;
+    if (!fs::is_directory(it->path(), dir_ec)) continue;
+    CheckpointEntry e;
+    e.step = step;
+    e.path = JoinPath(root, name);
+    e.has_manifest = Exists(JoinPath(e.path, kManifestFile));
+    out.push_back(std::move(e));
+  }
+  if (ec) return FileError("list", root, ec.value());
+  std::sort(out.begin(), out.end(),
+            [](const CheckpointEntry& a, const CheckpointEntry& b) { return a.step < b.step; });
+  return out;
+}
+
+absl::StatusOr<CheckpointEntry> LatestCheckpoint(const std::string& root,
+                                                 std::vector<std::string>* skipped) {
+  absl::StatusOr<std::vector<CheckpointEntry>> all = ListCheckpoints(root);
+  if (!all.ok()) return all.status();
+  for (auto it = all->rbegin(); it != all->rend(); ++it) {
+    absl::Status problem = Checkpoint::Open(it->path, /*verify_checksums=*/false).status();
+    if (problem.ok()) return *it;
+    if (skipped != nullptr) skipped->push_back(absl::StrCat(it->path, ": ", problem.message()));
+  }
+  return absl::NotFoundError(absl::StrCat("no complete checkpoint under ", root));
+}
+
+absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& root, int64_t keep) {
+  if (keep < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("keep = ", keep, ": need >= 1"));
+  }
+  absl::StatusOr<std::vector<CheckpointEntry>> all = ListCheckpoints(root);
+  if (!all.ok()) return all.status();
+  std::vector<int64_t> complete;
+  for (const CheckpointEntry& e : *all) {
+    if (e.has_manifest) complete.push_back(e.step);
+  }
+  std::vector<std::string> removed;
+  if (complete.empty()) return removed;
+  const int64_t newest = complete.back();
+  const int64_t oldest_kept =
+      static_cast<int64_t>(complete.size()) > keep ? complete[complete.size() - keep] : complete[0];
+  for (const CheckpointEntry& e : *all) {
+    if (e.step >= oldest_kept) continue;
+    if (absl::Status s = RemoveTree(e.path); !s.ok()) return s;
+    removed.push_back(e.path);
+  }
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec); !ec && it != fs::directory_iterator();
+       it.increment(ec)) {
+    const std::string name = it->path().filename().string();
+    // ".step-<digits>.tmp"
+    if (name.size() < 11 || name.compare(0, 6, ".step-") != 0 ||
+        name.compare(name.size() - 4, 4, ".tmp") != 0) {
+      continue;
+    }
+    int64_t step;
+    if (!absl::SimpleAtoi(name.substr(6, name.size() - 10), &step) || step >= newest) continue;
+    const std::string path = JoinPath(root, name);
+    if (absl::Status s = RemoveTree(path); !s.ok()) return s;
+    removed.push_back(path);
+  }
+  if (ec) return FileError("list", root, ec.value());
+  if (!removed.empty()) {
+    if (absl::Status s = FsyncPath(root); !s.ok()) return s;
+  }
+  return removed;
+}
+
+}  // namespace model
+}  // namespace dattn

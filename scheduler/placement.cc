@@ -77,7 +77,8 @@ Feasibility CheckFeasible(const JobRequest& job, const std::vector<WorkerInfo>& 
       absl::StrCat("needs ", Ranks(job.num_ranks), " x ", FormatBytes(job.memory_per_rank_bytes),
                    " (", kind, ", ", job.dtype, ")");
 
-  int ready = 0, draining = 0, dead = 0, of_kind = 0, with_dtype = 0, eligible = 0, with_memory = 0;
+  int ready = 0, draining = 0, dead = 0, of_kind = 0, with_dtype = 0, with_head_dim = 0,
+      eligible = 0, with_memory = 0;
   int64_t largest = 0;
   int64_t capacity = 0;
   std::set<std::string> kind_dtypes;  // What the ready workers of the right kind do support.
@@ -91,6 +92,8 @@ Feasibility CheckFeasible(const JobRequest& job, const std::vector<WorkerInfo>& 
     kind_dtypes.insert(w.dtypes.begin(), w.dtypes.end());
     if (!w.SupportsDType(job.dtype)) continue;
     ++with_dtype;
+    if (!w.SupportsHeadDim(job.head_dim)) continue;
+    ++with_head_dim;
     if (job.num_ranks > 1 && !w.joins_rings) continue;
     ++eligible;
     largest = std::max(largest, w.total_memory_bytes);
@@ -100,7 +103,7 @@ Feasibility CheckFeasible(const JobRequest& job, const std::vector<WorkerInfo>& 
   result.max_ranks = static_cast<int>(std::min<int64_t>(capacity, INT32_MAX));
   const std::string pool =
       absl::StrCat("ready ", kind, " worker", eligible == 1 ? "" : "s", " supporting ", job.dtype,
-                   eligible < with_dtype ? " that join rings" : "");
+                   eligible < with_head_dim ? " that join rings" : "");
   if (ready == 0) {
     result.reason =
         absl::StrCat(needs, "; no ready workers (", draining, " draining, ", dead, " dead)");
@@ -111,10 +114,14 @@ Feasibility CheckFeasible(const JobRequest& job, const std::vector<WorkerInfo>& 
     result.reason = absl::StrCat(needs, "; none of the ", of_kind, " ready ", kind, " worker",
                                  of_kind == 1 ? "" : "s", " supports ", job.dtype,
                                  " (supported: ", absl::StrJoin(kind_dtypes, ", "), ")");
-  } else if (eligible == 0) {
+  } else if (with_head_dim == 0) {
     result.reason = absl::StrCat(needs, "; none of the ", with_dtype, " ready ", kind, " worker",
                                  with_dtype == 1 ? "" : "s", " supporting ", job.dtype,
-                                 with_dtype == 1 ? " joins" : " join",
+                                 " runs head_dim ", job.head_dim);
+  } else if (eligible == 0) {
+    result.reason = absl::StrCat(needs, "; none of the ", with_head_dim, " ready ", kind, " worker",
+                                 with_head_dim == 1 ? "" : "s", " supporting ", job.dtype,
+                                 with_head_dim == 1 ? " joins" : " join",
                                  " sequence-parallel rings (their engine has no ring kernels for "
                                  "this device yet); use num_ranks = 1");
   } else if (capacity < job.num_ranks) {

@@ -264,6 +264,33 @@ TEST(CheckFeasibleTest, UnsupportedDTypeListsWhatIsSupported) {
             "(supported: bf16, fp32)");
 }
 
+// A worker that lists its head dimensions takes only jobs of those; one that lists none takes any.
+TEST(CheckFeasibleTest, HeadDimsAreHonouredInFitAndPlacement) {
+  std::vector<WorkerInfo> workers = {Gpu("g0", 80 * kGiB), Gpu("g1", 80 * kGiB)};
+  workers[0].head_dims = {64, 128};
+  workers[1].head_dims = {128};
+  JobRequest job = Job("j", 1, kGiB);
+  job.head_dim = 96;
+  Feasibility f = CheckFeasible(job, workers);
+  EXPECT_FALSE(f.feasible);
+  EXPECT_EQ(f.reason,
+            "needs 1 rank x 1 GiB (GPU, fp32); none of the 2 ready GPU workers supporting fp32 "
+            "runs head_dim 96");
+  EXPECT_EQ(Place(job, workers), std::nullopt);
+  job.head_dim = 64;
+  EXPECT_TRUE(CheckFeasible(job, workers).feasible);
+  std::optional<Placement> p = Place(job, workers);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->worker_ids, Ids({"g0"}));
+  job.num_ranks = 2;
+  EXPECT_FALSE(CheckFeasible(job, workers).feasible);  // Only g0 runs 64.
+  workers[1].head_dims.clear();                        // Any.
+  EXPECT_TRUE(CheckFeasible(job, workers).feasible);
+  p = Place(job, workers);
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->worker_ids.size(), 2u);
+}
+
 TEST(CheckFeasibleTest, RingsNeedWorkersThatJoinThem) {
   std::vector<WorkerInfo> workers = {Gpu("g0", 8 * kGiB), Gpu("g1", 8 * kGiB)};
   for (WorkerInfo& w : workers) w.joins_rings = false;

@@ -100,7 +100,13 @@ absl::Status ValidateJob(const JobRequest& job) {
 
 bool IsEligible(const WorkerInfo& worker, const JobRequest& job) {
   return worker.state == WorkerState::kReady && worker.is_gpu == job.needs_gpu &&
-         worker.SupportsDType(job.dtype) && (job.num_ranks == 1 || worker.joins_rings);
+         worker.SupportsDType(job.dtype) && worker.SupportsHeadDim(job.head_dim) &&
+         (job.num_ranks == 1 || worker.joins_rings);
+}
+
+bool WorkerInfo::SupportsHeadDim(int64_t head_dim) const {
+  return head_dim == 0 || head_dims.empty() ||
+         std::find(head_dims.begin(), head_dims.end(), head_dim) != head_dims.end();
 }
 
 std::string FormatBytes(int64_t bytes) {

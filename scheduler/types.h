@@ -45,9 +45,13 @@ struct WorkerInfo {
   // Whether the worker can form a sequence-parallel ring (its engine has ring kernels and a
   // communicator for its device). Ranks of a multi-rank job go only to workers that can.
   bool joins_rings = true;
+  // Head dimensions its engine runs; empty means any.
+  std::vector<int64_t> head_dims;
 
   int free_ranks() const { return max_ranks - running_ranks; }
   bool SupportsDType(const std::string& dtype) const;
+  // Whether it runs head dimension `head_dim` (0, "no requirement", always).
+  bool SupportsHeadDim(int64_t head_dim) const;
   // "gpu-3 (GPU NVIDIA H100, ready, 1/1 ranks, 12 GiB of 80 GiB free)" for logs and errors.
   std::string DebugString() const;
 };
@@ -68,6 +72,8 @@ struct JobRequest {
   int64_t memory_per_rank_bytes = 0;  // >= 0; the engine's memory planner's estimate for one rank.
   std::string dtype = "fp32";         // Non-empty; must be in a worker's dtypes.
   bool needs_gpu = true;  // GPU jobs go to GPU workers only, CPU jobs to CPU workers only.
+  // The head dimension the workers must run (WorkerInfo::head_dims); 0: no requirement.
+  int64_t head_dim = 0;
 
   // "job-7 (tenant=a prio=0 seq=12, 4 ranks x 3.2 GiB, GPU, bf16)".
   std::string DebugString() const;
@@ -89,8 +95,9 @@ absl::Status ValidateWorkers(const std::vector<WorkerInfo>& workers);
 // memory_per_rank_bytes < 0.
 absl::Status ValidateJob(const JobRequest& job);
 
-// Whether `worker` is of the job's device kind, supports its dtype, is ready and, for a multi-rank
-// job, joins rings: the workers a job's ranks may ever use, regardless of how busy they are now.
+// Whether `worker` is of the job's device kind, supports its dtype and head dimension, is ready
+// and, for a multi-rank job, joins rings: the workers a job's ranks may ever use, regardless of how
+// busy they are now.
 bool IsEligible(const WorkerInfo& worker, const JobRequest& job);
 
 // Human-readable bytes with binary units and at most two decimals: "512 B", "3.2 GiB", "1.25 TiB".

@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
+#include "api/limits.h"
 #include "dattn/v1/admin.grpc.pb.h"
 #include "dattn/v1/job_service.grpc.pb.h"
 #include "dattn/v1/worker.grpc.pb.h"
@@ -41,15 +42,20 @@ constexpr char kGetJob[] = "/dattn.v1.JobService/GetJob";
 constexpr char kListJobs[] = "/dattn.v1.JobService/ListJobs";
 constexpr char kCancelJob[] = "/dattn.v1.JobService/CancelJob";
 constexpr char kWatchJob[] = "/dattn.v1.JobService/WatchJob";
+constexpr char kReadOutput[] = "/dattn.v1.JobService/ReadOutput";
+constexpr char kDeleteJob[] = "/dattn.v1.JobService/DeleteJob";
 constexpr char kRegisterWorker[] = "/dattn.v1.WorkerRegistry/RegisterWorker";
 constexpr char kHeartbeat[] = "/dattn.v1.WorkerRegistry/Heartbeat";
 constexpr char kStreamAssignments[] = "/dattn.v1.WorkerRegistry/StreamAssignments";
 constexpr char kReportTask[] = "/dattn.v1.WorkerRegistry/ReportTask";
+constexpr char kUploadOutput[] = "/dattn.v1.WorkerRegistry/UploadOutput";
 constexpr char kListWorkers[] = "/dattn.v1.AdminService/ListWorkers";
 constexpr char kDrainWorker[] = "/dattn.v1.AdminService/DrainWorker";
-constexpr const char* kMethods[] = {kSubmitJob,  kGetJob,         kListJobs,   kCancelJob,
-                                    kWatchJob,   kRegisterWorker, kHeartbeat,  kStreamAssignments,
-                                    kReportTask, kListWorkers,    kDrainWorker};
+constexpr char kUndrainWorker[] = "/dattn.v1.AdminService/UndrainWorker";
+constexpr const char* kMethods[] = {
+    kSubmitJob,  kGetJob,       kListJobs,       kCancelJob,   kWatchJob,
+    kReadOutput, kDeleteJob,    kRegisterWorker, kHeartbeat,   kStreamAssignments,
+    kReportTask, kUploadOutput, kListWorkers,    kDrainWorker, kUndrainWorker};
 
 constexpr const char* kServiceNames[] = {"", "dattn.v1.JobService", "dattn.v1.WorkerRegistry",
                                          "dattn.v1.AdminService"};
@@ -107,6 +113,17 @@ class JobServiceImpl final : public v1::JobService::Service {
           [context] { return context->IsCancelled(); });
     });
   }
+  grpc::Status ReadOutput(grpc::ServerContext*, const v1::ReadOutputRequest* request,
+                          grpc::ServerWriter<v1::TensorChunk>* writer) override {
+    return calls_.Run(kReadOutput, [&] {
+      return core_->ReadOutput(
+          *request, [writer](const v1::TensorChunk& chunk) { return writer->Write(chunk); });
+    });
+  }
+  grpc::Status DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest* request,
+                         v1::DeleteJobResponse* response) override {
+    return calls_.Run(kDeleteJob, [&] { return Assign(core_->DeleteJob(*request), response); });
+  }
 
  private:
   Coordinator* const core_;
@@ -140,6 +157,20 @@ class WorkerRegistryImpl final : public v1::WorkerRegistry::Service {
                           v1::ReportTaskResponse* response) override {
     return calls_.Run(kReportTask, [&] { return Assign(core_->ReportTask(*request), response); });
   }
+  grpc::Status UploadOutput(grpc::ServerContext*,
+                            grpc::ServerReader<v1::UploadOutputRequest>* reader,
+                            v1::UploadOutputResponse* response) override {
+    return calls_.Run(kUploadOutput, [&] {
+      v1::UploadOutputRequest first;
+      if (!reader->Read(&first)) {
+        return absl::InvalidArgumentError("UploadOutput: the stream carried no message");
+      }
+      return Assign(
+          core_->UploadOutput(
+              first, [reader](v1::UploadOutputRequest* next) { return reader->Read(next); }),
+          response);
+    });
+  }
 
  private:
   Coordinator* const core_;
@@ -158,6 +189,11 @@ class AdminServiceImpl final : public v1::AdminService::Service {
   grpc::Status DrainWorker(grpc::ServerContext*, const v1::DrainWorkerRequest* request,
                            v1::Worker* response) override {
     return calls_.Run(kDrainWorker, [&] { return Assign(core_->DrainWorker(*request), response); });
+  }
+  grpc::Status UndrainWorker(grpc::ServerContext*, const v1::UndrainWorkerRequest* request,
+                             v1::Worker* response) override {
+    return calls_.Run(kUndrainWorker,
+                      [&] { return Assign(core_->UndrainWorker(*request), response); });
   }
 
  private:
@@ -204,8 +240,8 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string&
   // too and take half the calls. A port in use must be an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
   builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
-  builder.SetMaxReceiveMessageSize(kMaxMessageBytes);
-  builder.SetMaxSendMessageSize(kMaxMessageBytes);
+  builder.SetMaxReceiveMessageSize(api::kMaxMessageBytes);
+  builder.SetMaxSendMessageSize(api::kMaxMessageBytes);
   builder.RegisterService(&server->services_->jobs);
   builder.RegisterService(&server->services_->workers);
   builder.RegisterService(&server->services_->admin);

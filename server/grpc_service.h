@@ -27,9 +27,6 @@ namespace server {
 // absl::Status -> grpc::Status: the code through one table, the message unchanged.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
-// Largest message in either direction: a returned output (at most 64 MiB) plus the rest of the job.
-inline constexpr int kMaxMessageBytes = 70 << 20;
-
 class GrpcServer {
  public:
   // Serves the three services for `coordinator` on `address` ("127.0.0.1:7070"; port 0 picks a free

@@ -1,4 +1,5 @@
 #include "server/grpc_service.h"
+#include "api/limits.h"
 
 #include <unistd.h>
 
@@ -57,8 +58,8 @@ class GrpcServiceTest : public ::testing::Test {
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     grpc::ChannelArguments args;
-    args.SetMaxReceiveMessageSize(kMaxMessageBytes);
-    args.SetMaxSendMessageSize(kMaxMessageBytes);
+    args.SetMaxReceiveMessageSize(api::kMaxMessageBytes);
+    args.SetMaxSendMessageSize(api::kMaxMessageBytes);
     channel_ =
         grpc::CreateCustomChannel(server_->address(), grpc::InsecureChannelCredentials(), args);
     jobs_ = v1::JobService::NewStub(channel_);
@@ -234,15 +235,36 @@ TEST_F(GrpcServiceTest, WorkerAndWatcherStreamsOverGrpc) {
   ASSERT_TRUE(command.has_assign());
   EXPECT_EQ(command.assign().job_id(), id);
 
-  // The output is larger than gRPC's default 4 MiB message limit: the server's limit is raised.
+  // The shard goes up in a client stream of chunks, then the report.
+  const std::string shard(size_t{6} << 20, 'x');
+  {
+    grpc::ClientContext context;
+    v1::UploadOutputResponse uploaded;
+    std::unique_ptr<grpc::ClientWriter<v1::UploadOutputRequest>> upload =
+        workers_->UploadOutput(&context, &uploaded);
+    v1::UploadOutputRequest first;
+    first.set_worker_id(registered.worker_id());
+    first.set_task_id(command.assign().task_id());
+    first.mutable_chunk()->mutable_header()->set_dtype(v1::DTYPE_FP64);
+    for (int64_t d : {1, 6144, 16, 8}) first.mutable_chunk()->mutable_header()->add_shape(d);
+    first.mutable_chunk()->mutable_header()->set_total_bytes(static_cast<int64_t>(shard.size()));
+    ASSERT_TRUE(upload->Write(first));
+    for (size_t offset = 0; offset < shard.size(); offset += size_t{1} << 20) {
+      v1::UploadOutputRequest chunk;
+      chunk.mutable_chunk()->set_offset(static_cast<int64_t>(offset));
+      chunk.mutable_chunk()->set_data(shard.substr(offset, size_t{1} << 20));
+      ASSERT_TRUE(upload->Write(chunk));
+    }
+    ASSERT_TRUE(upload->WritesDone());
+    grpc::Status s = upload->Finish();
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    EXPECT_FALSE(uploaded.stop());
+  }
   v1::TaskReport report;
   report.set_worker_id(registered.worker_id());
   report.set_task_id(command.assign().task_id());
   report.set_state(v1::TASK_STATE_SUCCEEDED);
   report.mutable_rank_result()->set_seconds_per_step(0.01);
-  report.mutable_output()->set_dtype(v1::DTYPE_FP64);
-  for (int64_t d : {1, 6144, 16, 8}) report.mutable_output()->add_shape(d);
-  report.mutable_output()->set_data(std::string(6 << 20, 'x'));
   {
     grpc::ClientContext context;
     v1::ReportTaskResponse reply;
@@ -264,7 +286,25 @@ TEST_F(GrpcServiceTest, WorkerAndWatcherStreamsOverGrpc) {
     v1::Job job;
     ASSERT_TRUE(jobs_->GetJob(&context, get, &job).ok());
     EXPECT_EQ(job.state(), v1::JOB_STATE_SUCCEEDED);
-    EXPECT_EQ(job.result().attention().output().data().size(), size_t{6} << 20);
+    EXPECT_EQ(job.result().attention().output_info().total_bytes(), int64_t{6} << 20);
+  }
+  {
+    // Read back in chunks of at most 4 MiB.
+    grpc::ClientContext context;
+    v1::ReadOutputRequest read;
+    read.set_job_id(id);
+    std::unique_ptr<grpc::ClientReader<v1::TensorChunk>> chunks = jobs_->ReadOutput(&context, read);
+    v1::TensorChunk chunk;
+    std::string data;
+    int count = 0;
+    while (chunks->Read(&chunk)) {
+      EXPECT_LE(chunk.data().size(), size_t{4} << 20);
+      data += chunk.data();
+      ++count;
+    }
+    ASSERT_TRUE(chunks->Finish().ok());
+    EXPECT_EQ(data, shard);
+    EXPECT_EQ(count, 3);  // The header, 4 MiB, 2 MiB.
   }
   {
     grpc::ClientContext context;

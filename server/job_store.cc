@@ -25,6 +25,7 @@
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "server/job_state.h"
+#include "server/sqlite_db.h"
 
 namespace dattn {
 namespace server {
@@ -37,7 +38,8 @@ namespace store_internal {
 struct WriteOp {
   // kProbe writes nothing of a job: it bumps the file's user_version, to learn whether the store
   // can be written at all (JobStore::Probe).
-  enum class Kind { kSubmit, kUpdate, kProbe };
+  // kDelete removes a finished job and its events.
+  enum class Kind { kSubmit, kUpdate, kProbe, kDelete };
   Kind kind = Kind::kSubmit;
 
   v1::Job job;  // Submit: the job to insert (returned in the outcome). Update: unused.
@@ -62,194 +64,14 @@ struct WriteOp {
   absl::Notification done;
 };
 
-namespace {
-
-bool IsStatementLevel(int rc) {
-  switch (rc & 0xff) {
-    case SQLITE_CONSTRAINT:
-    case SQLITE_TOOBIG:
-    case SQLITE_MISMATCH:
-    case SQLITE_RANGE:
-      return true;
-    default:
-      return false;
-  }
-}
-
-absl::Status SqliteStatus(int rc, sqlite3* db, const std::string& path, absl::string_view doing) {
-  const char* detail = db != nullptr ? sqlite3_errmsg(db) : sqlite3_errstr(rc);
-  std::string msg =
-      absl::StrCat("job store ", path, ": ", doing, ": ", detail, " (sqlite code ", rc, ")");
-  switch (rc & 0xff) {
-    case SQLITE_CORRUPT:
-    case SQLITE_NOTADB:
-      return absl::DataLossError(msg);
-    case SQLITE_BUSY:
-    case SQLITE_LOCKED:
-    case SQLITE_IOERR:
-    case SQLITE_FULL:
-    case SQLITE_CANTOPEN:
-    case SQLITE_PERM:
-    case SQLITE_READONLY:
-    case SQLITE_PROTOCOL:
-    case SQLITE_NOMEM:
-      return absl::UnavailableError(msg);
-    default:
-      return absl::InternalError(msg);
-  }
-}
-
-}  // namespace
-
-// One connection, used by one thread at a time (the JobStore guarantees it), with its statements
-// prepared once and kept.
-class SqliteDb {
- public:
-  static absl::StatusOr<std::unique_ptr<SqliteDb>> Open(const std::string& path, int flags,
-                                                        absl::Duration busy_timeout) {
-    sqlite3* raw = nullptr;
-    int rc = sqlite3_open_v2(path.c_str(), &raw, flags | SQLITE_OPEN_NOMUTEX, nullptr);
-    std::unique_ptr<SqliteDb> db(new SqliteDb(raw, path));
-    if (rc != SQLITE_OK) return db->Error(rc, "cannot open");
-    sqlite3_extended_result_codes(raw, 1);
-    rc = sqlite3_busy_timeout(raw, static_cast<int>(absl::ToInt64Milliseconds(busy_timeout)));
-    if (rc != SQLITE_OK) return db->Error(rc, "cannot set the busy timeout");
-    return db;
-  }
-
-  ~SqliteDb() {
-    for (auto& [sql, stmt] : cache_) sqlite3_finalize(stmt);
-    sqlite3_close(db_);  // Accepts nullptr.
-  }
-
-  SqliteDb(const SqliteDb&) = delete;
-  SqliteDb& operator=(const SqliteDb&) = delete;
-
-  sqlite3* raw() { return db_; }
-  const std::string& path() const { return path_; }
-
-  absl::Status Error(int rc, absl::string_view doing) {
-    return SqliteStatus(rc, db_, path_, doing);
-  }
-
-  // Runs SQL that returns no rows we need (one or more statements).
-  absl::Status Exec(const char* sql) {
-    int rc = sqlite3_exec(db_, sql, nullptr, nullptr, nullptr);
-    if (rc != SQLITE_OK) return Error(rc, sql);
-    return absl::OkStatus();
-  }
-
-  absl::StatusOr<sqlite3_stmt*> Prepare(absl::string_view sql) {
-    auto it = cache_.find(sql);
-    if (it != cache_.end()) return it->second;
-    sqlite3_stmt* stmt = nullptr;
-    int rc = sqlite3_prepare_v3(db_, sql.data(), static_cast<int>(sql.size()),
-                                SQLITE_PREPARE_PERSISTENT, &stmt, nullptr);
-    if (rc != SQLITE_OK) return Error(rc, absl::StrCat("cannot prepare \"", sql, "\""));
-    cache_.emplace(std::string(sql), stmt);
-    return stmt;
-  }
-
- private:
-  SqliteDb(sqlite3* db, std::string path) : db_(db), path_(std::move(path)) {}
-
-  sqlite3* db_;
-  const std::string path_;
-  absl::flat_hash_map<std::string, sqlite3_stmt*> cache_;
-};
-
 }  // namespace store_internal
 
 namespace {
 
 using store_internal::IsStatementLevel;
+using store_internal::Query;
 using store_internal::SqliteDb;
 using store_internal::WriteOp;
-
-// One execution of a cached statement. Bound text and blobs are not copied: they must outlive the
-// Query. The statement is reset for its next use on destruction.
-class Query {
- public:
-  Query(SqliteDb* db, absl::string_view sql) : db_(db), sql_(sql) {
-    auto stmt = db->Prepare(sql);
-    if (stmt.ok()) {
-      stmt_ = *stmt;
-    } else {
-      status_ = stmt.status();
-    }
-  }
-  ~Query() {
-    if (stmt_ != nullptr) {
-      sqlite3_reset(stmt_);
-      sqlite3_clear_bindings(stmt_);
-    }
-  }
-  Query(const Query&) = delete;
-  Query& operator=(const Query&) = delete;
-
-  Query& Int(int64_t v) {
-    if (stmt_ != nullptr) Check(sqlite3_bind_int64(stmt_, ++arg_, v));
-    return *this;
-  }
-  Query& Text(absl::string_view v) {
-    if (stmt_ != nullptr) {
-      Check(sqlite3_bind_text(stmt_, ++arg_, v.data(), static_cast<int>(v.size()), SQLITE_STATIC));
-    }
-    return *this;
-  }
-  Query& Blob(absl::string_view v) {
-    if (stmt_ != nullptr) {
-      Check(sqlite3_bind_blob64(stmt_, ++arg_, v.data(), v.size(), SQLITE_STATIC));
-    }
-    return *this;
-  }
-
-  // True when a row is ready, false when the statement is done.
-  absl::StatusOr<bool> Step() {
-    if (!status_.ok()) return status_;
-    rc_ = sqlite3_step(stmt_);
-    if (rc_ == SQLITE_ROW) return true;
-    if (rc_ == SQLITE_DONE) return false;
-    status_ = db_->Error(rc_, sql_);
-    return status_;
-  }
-
-  // Steps until done, ignoring rows.
-  absl::Status Run() {
-    for (;;) {
-      absl::StatusOr<bool> row = Step();
-      if (!row.ok()) return row.status();
-      if (!*row) return absl::OkStatus();
-    }
-  }
-
-  int64_t ColInt(int col) { return sqlite3_column_int64(stmt_, col); }
-  absl::string_view ColText(int col) {
-    const unsigned char* p = sqlite3_column_text(stmt_, col);
-    return absl::string_view(reinterpret_cast<const char*>(p), sqlite3_column_bytes(stmt_, col));
-  }
-  absl::string_view ColBlob(int col) {
-    const void* p = sqlite3_column_blob(stmt_, col);
-    return absl::string_view(static_cast<const char*>(p), sqlite3_column_bytes(stmt_, col));
-  }
-
-  int rc() const { return rc_; }
-
- private:
-  void Check(int rc) {
-    if (rc != SQLITE_OK && status_.ok()) {
-      rc_ = rc;
-      status_ = db_->Error(rc, absl::StrCat("cannot bind argument ", arg_, " of ", sql_));
-    }
-  }
-
-  SqliteDb* db_;
-  absl::string_view sql_;
-  sqlite3_stmt* stmt_ = nullptr;
-  absl::Status status_;
-  int arg_ = 0;
-  int rc_ = SQLITE_OK;
-};
 
 // Schema migrations, applied in order inside one transaction; entry i brings the file to version
 // i+1. Never edit a released entry: append a new one.
@@ -265,8 +87,9 @@ const char* const kMigrations[] = {
     "  priority INTEGER NOT NULL,"
     "  submit_seq INTEGER NOT NULL UNIQUE,"
     "  create_time_us INTEGER NOT NULL,"
-    "  update_time_us INTEGER NOT NULL,"
-    "  job BLOB NOT NULL"  // Serialized v1.Job without events.
+    "  update_time_us INTEGER NOT NULL,"  // The time of the job's latest event (its writer's
+                                          // clock).
+    "  job BLOB NOT NULL"                 // Serialized v1.Job without events.
     ");"
     "CREATE INDEX jobs_by_state ON jobs (state, submit_seq);"
     "CREATE INDEX jobs_by_tenant ON jobs (tenant, submit_seq);"
@@ -278,6 +101,8 @@ const char* const kMigrations[] = {
     "  event BLOB NOT NULL,"  // Serialized v1.JobEvent.
     "  PRIMARY KEY (job_id, seq)"
     ") WITHOUT ROWID;",
+    // Version 2: finished jobs by the time of their last write, for the retention (ListExpired).
+    "CREATE INDEX jobs_by_state_update ON jobs (state, update_time_us);",
 };
 constexpr int kSchemaVersion = sizeof(kMigrations) / sizeof(kMigrations[0]);
 
@@ -400,14 +225,13 @@ absl::Status Closed(const std::string& path) {
 
 }  // namespace
 
-absl::string_view JobKind(const v1::JobSpec& spec) {
-  switch (spec.work_case()) {
-    case v1::JobSpec::kAttention:
-      return "attention";
-    case v1::JobSpec::WORK_NOT_SET:
-      return "none";
-  }
-  return "none";
+std::string JobKind(const v1::JobSpec& spec) {
+  // The name of the field set in the spec's `work` oneof: every kind is stored without the store
+  // knowing it.
+  const google::protobuf::OneofDescriptor* work = spec.GetDescriptor()->FindOneofByName("work");
+  const google::protobuf::FieldDescriptor* field =
+      work == nullptr ? nullptr : spec.GetReflection()->GetOneofFieldDescriptor(spec, work);
+  return field == nullptr ? "none" : field->name();
 }
 
 JobStore::JobStore(std::string path, const JobStoreOptions& options)
@@ -850,6 +674,9 @@ void JobStore::CommitBatch(const std::vector<WriteOp*>& batch) {
       case WriteOp::Kind::kProbe:
         s = ApplyProbe();
         break;
+      case WriteOp::Kind::kDelete:
+        s = ApplyDelete(op);
+        break;
     }
     if (!s.ok()) break;
     if (!op->status.ok()) {
@@ -884,6 +711,67 @@ void JobStore::CommitBatch(const std::vector<WriteOp*>& batch) {
     stats_.last_commit = absl::Now();
   }
   for (WriteOp* op : ops) op->done.Notify();
+}
+
+absl::StatusOr<v1::Job> JobStore::Delete(absl::string_view job_id) {
+  WriteOp op;
+  op.kind = WriteOp::Kind::kDelete;
+  op.job_id = std::string(job_id);
+  Enqueue(&op);
+  if (!op.status.ok()) return op.status;
+  return std::move(op.submit.job);
+}
+
+absl::Status JobStore::ApplyDelete(WriteOp* op) {
+  SqliteDb* db = writer_db_.get();
+  {
+    Query q(db, "SELECT job, state FROM jobs WHERE job_id = ?1");
+    absl::StatusOr<bool> row = q.Text(op->job_id).Step();
+    if (!row.ok()) return row.status();
+    if (!*row) {
+      op->status = absl::NotFoundError(absl::StrCat("job \"", op->job_id, "\" not found"));
+      return absl::OkStatus();
+    }
+    const auto state = static_cast<v1::JobState>(q.ColInt(1));
+    if (!IsTerminal(state)) {
+      op->status = absl::FailedPreconditionError(
+          absl::StrCat("job ", op->job_id, " is ", StateName(state),
+                       "; only finished jobs (succeeded, failed, cancelled) can be deleted"));
+      return absl::OkStatus();
+    }
+    absl::string_view blob = q.ColBlob(0);
+    op->submit.job.ParseFromArray(blob.data(), static_cast<int>(blob.size()));
+  }
+  for (const char* sql :
+       {"DELETE FROM events WHERE job_id = ?1", "DELETE FROM jobs WHERE job_id = ?1"}) {
+    Query q(db, sql);
+    absl::Status s = q.Text(op->job_id).Run();
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<std::string>> JobStore::ListExpired(absl::Time before, int limit) {
+  if (limit < 1) return absl::InvalidArgumentError(absl::StrCat("limit ", limit, " must be >= 1"));
+  absl::StatusOr<SqliteDb*> db = TakeReader();
+  if (!db.ok()) return db.status();
+  auto give_back = absl::MakeCleanup([this, d = *db] { GiveBack(d); });
+  Query q(*db,
+          "SELECT job_id FROM jobs WHERE state IN (?1, ?2, ?3) AND update_time_us < ?4 "
+          "ORDER BY update_time_us LIMIT ?5");
+  q.Int(v1::JOB_STATE_SUCCEEDED)
+      .Int(v1::JOB_STATE_FAILED)
+      .Int(v1::JOB_STATE_CANCELLED)
+      .Int(absl::ToUnixMicros(before))
+      .Int(limit);
+  std::vector<std::string> ids;
+  for (;;) {
+    absl::StatusOr<bool> row = q.Step();
+    if (!row.ok()) return row.status();
+    if (!*row) break;
+    ids.emplace_back(q.ColText(0));
+  }
+  return ids;
 }
 
 absl::Status JobStore::ApplyProbe() {
@@ -977,7 +865,7 @@ absl::Status JobStore::ApplySubmit(WriteOp* op, int64_t* next_submit_seq) {
                          .Int(op->priority)
                          .Int(seq)
                          .Int(op->create_time_us)
-                         .Int(op->now_us)
+                         .Int(ToMicros(op->event.time()))
                          .Blob(op->job_blob)
                          .Run();
     if (!s.ok()) {
@@ -1047,7 +935,7 @@ absl::Status JobStore::ApplyUpdate(WriteOp* op) {
                          .Text(op->tenant)
                          .Text(op->kind_name)
                          .Int(op->priority)
-                         .Int(op->now_us)
+                         .Int(ToMicros(op->event.time()))
                          .Blob(op->job_blob)
                          .Text(op->job_id)
                          .Run();

@@ -115,8 +115,9 @@ struct JobStoreStats {
   absl::Time last_commit = absl::InfinitePast();  // When the last transaction committed.
 };
 
-// The stored kind of a spec's work: "attention", or "none" when no work is set.
-absl::string_view JobKind(const v1::JobSpec& spec);
+// The stored kind of a spec's work: the name of the field set in JobSpec's `work` oneof
+// ("attention"), or "none" when no work is set.
+std::string JobKind(const v1::JobSpec& spec);
 
 class JobStore {
  public:
@@ -161,6 +162,11 @@ class JobStore {
   // another job or state; UNAVAILABLE if closed or failing.
   absl::StatusOr<int64_t> Update(const v1::Job& job, v1::JobEvent event);
 
+  // Removes a finished job (SUCCEEDED, FAILED, CANCELLED) and its events, durably; returns the job
+  // as it was. NOT_FOUND naming the id; FAILED_PRECONDITION naming the state of a job that has not
+  // finished; UNAVAILABLE if closed or failing.
+  absl::StatusOr<v1::Job> Delete(absl::string_view job_id);
+
   // Reads. Besides the errors listed with each: UNAVAILABLE once closed or on an I/O error;
   // DATA_LOSS naming the job if a stored row cannot be parsed.
 
@@ -186,6 +192,11 @@ class JobStore {
   // Every job not in a terminal state, in submit order (ascending submit_seq): what a restarted
   // coordinator must recover.
   absl::StatusOr<std::vector<StoredJob>> LoadActive();
+
+  // The ids of at most `limit` (>= 1) finished jobs whose latest event's time is before `before`,
+  // oldest first: what a retention deletes (event times are the writer's clock, so a coordinator
+  // on a fake clock expires jobs on that clock).
+  absl::StatusOr<std::vector<std::string>> ListExpired(absl::Time before, int limit);
 
   // Number of jobs in each state that has at least one job.
   absl::StatusOr<std::map<v1::JobState, int64_t>> CountByState();
@@ -227,6 +238,7 @@ class JobStore {
   absl::Status ApplySubmit(store_internal::WriteOp* op, int64_t* next_submit_seq);
   absl::Status ApplyUpdate(store_internal::WriteOp* op);
   absl::Status ApplyProbe();
+  absl::Status ApplyDelete(store_internal::WriteOp* op);
 
   // Events' and LatestEvents' query: after `after_seq`, at most `limit` (0 = all), the first ones
   // or (latest) the last ones, in seq order either way.

@@ -236,6 +236,10 @@ void Metrics::JobTransition(absl::string_view kind, v1::JobState from, v1::JobSt
     finished_->Add({{"kind", Str(kind)}, {"state", Str(StateName(to))}}).Increment();
 }
 
+void Metrics::JobDeleted(absl::string_view kind, v1::JobState state) {
+  JobGauge(kind, state).Decrement();
+}
+
 namespace {
 
 // Run times span milliseconds (tiny CPU jobs) to many hours (training).

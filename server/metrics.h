@@ -84,6 +84,8 @@ class Metrics {
   // A job moved between states: jobs{from} -= 1, jobs{to} += 1; finished_total{to} += 1 when `to`
   // is terminal. No-op when from == to.
   void JobTransition(absl::string_view kind, v1::JobState from, v1::JobState to);
+  // A finished job in `state` was deleted (DeleteJob, retention): jobs{state} -= 1.
+  void JobDeleted(absl::string_view kind, v1::JobState state);
 
   void ObserveJobDuration(absl::string_view kind, double seconds);
   void ObserveQueueWait(absl::string_view kind, double seconds);

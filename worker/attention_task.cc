@@ -11,6 +11,8 @@
 #include "absl/cleanup/cleanup.h"
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "api/limits.h"
+#include "engine/memory_plan.h"
 #include "engine/ring/ring_attention.h"
 #include "engine/validate.h"
 #include "worker/half_float.h"
@@ -68,12 +70,19 @@ double Median(std::vector<double> values) {
 }  // namespace
 
 absl::StatusOr<AttentionTaskPlan> PlanAttentionTask(const v1::TaskAssignment& task,
-                                                    const BackendCaps& caps, int num_threads) {
+                                                    const BackendCaps& caps) {
   if (!task.spec().has_attention()) {
     return absl::InvalidArgumentError(
         absl::StrCat("task ", task.task_id(), " has no attention work in its JobSpec"));
   }
+  if (!task.has_attention_plan()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "task ", task.task_id(),
+        " carries no attention_plan (the coordinator plans every rank; is it older than this "
+        "worker?)"));
+  }
   const v1::AttentionJobSpec& job = task.spec().attention();
+  const v1::AttentionRankPlan& rank_plan = task.attention_plan();
   AttentionTaskPlan plan;
   absl::StatusOr<AttentionSpec> spec = ToEngineSpec(job.attention());
   if (!spec.ok()) return spec.status();
@@ -81,27 +90,10 @@ absl::StatusOr<AttentionTaskPlan> PlanAttentionTask(const v1::TaskAssignment& ta
   absl::StatusOr<DType> dtype = ToEngineDType(job.dtype());
   if (!dtype.ok()) return dtype.status();
   plan.dtype = *dtype;
-  switch (job.pass()) {
-    case v1::PASS_UNSPECIFIED:
-    case v1::PASS_FORWARD:
-      plan.backward = false;
-      break;
-    case v1::PASS_FORWARD_BACKWARD:
-      plan.backward = true;
-      break;
-    default:
-      return absl::InvalidArgumentError(
-          absl::StrCat("pass ", static_cast<int>(job.pass()), " is not a dattn.v1 Pass"));
-  }
-  if (job.iterations() < 0 || job.iterations() > kMaxIterations) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("iterations ", job.iterations(), " outside 1 .. ", kMaxIterations));
-  }
-  plan.iterations = job.iterations() == 0 ? 1 : job.iterations();
-  plan.seed = job.seed();
   plan.full = FullShape{job.shape().batch(), job.shape().seq_len(), job.shape().num_heads(),
                         job.shape().head_dim()};
-
+  // This device must run the problem; the coordinator checked the job against a generic device of
+  // its kind, not against this one.
   absl::Status valid = ValidateSpec(plan.spec);
   if (valid.ok()) {
     valid = ValidateProblem(plan.spec, plan.full.batch, plan.full.seq_len, plan.full.num_heads,
@@ -109,66 +101,47 @@ absl::StatusOr<AttentionTaskPlan> PlanAttentionTask(const v1::TaskAssignment& ta
   }
   if (!valid.ok()) return valid;
 
-  // The ring: the job says how many ranks, the assignment which one this is.
-  if (job.num_ranks() < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("num_ranks ", job.num_ranks(), " < 1"));
+  // The plan must be this rank's of this job: a wrong one would compute a wrong shard silently.
+  plan.num_ranks = rank_plan.num_ranks();
+  plan.rank = task.rank();
+  const int64_t n = plan.full.seq_len;
+  if (plan.num_ranks < 1 || n % plan.num_ranks != 0 || plan.rank < 0 ||
+      plan.rank >= plan.num_ranks || rank_plan.position_begin() != n / plan.num_ranks * plan.rank ||
+      rank_plan.position_end() != n / plan.num_ranks * (plan.rank + 1)) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("task ", task.task_id(), ": its plan (rank ", plan.rank, " of ",
+                     plan.num_ranks, ", positions [", rank_plan.position_begin(), ", ",
+                     rank_plan.position_end(), ")) is not a rank's share of N = ", n));
   }
-  plan.num_ranks = std::max(1, job.num_ranks());
+  if (rank_plan.iterations() < 1 || rank_plan.iterations() > api::kMaxIterations) {
+    return absl::InvalidArgumentError(absl::StrCat("task ", task.task_id(), ": iterations ",
+                                                   rank_plan.iterations(), " outside 1 .. ",
+                                                   api::kMaxIterations));
+  }
+  if (rank_plan.memory_bytes() <= 0) {
+    return absl::InvalidArgumentError(absl::StrCat("task ", task.task_id(), ": planned memory ",
+                                                   rank_plan.memory_bytes(), " must be > 0"));
+  }
   const v1::RingInfo& ring = task.ring();
-  if (plan.num_ranks == 1) {
-    if (ring.size() > 1) {
-      return absl::InvalidArgumentError(absl::StrCat("task ", task.task_id(), " is a rank of a ",
-                                                     ring.size(), "-rank ring but its job has ",
-                                                     "num_ranks = 1"));
-    }
-    plan.rank = 0;
-  } else {
-    if (ring.size() != plan.num_ranks || ring.rank() != task.rank() || task.rank() < 0 ||
-        task.rank() >= plan.num_ranks) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("task ", task.task_id(), " of a ", plan.num_ranks, "-rank job has rank ",
-                       task.rank(), " and ring (rank ", ring.rank(), ", size ", ring.size(),
-                       "); they must agree, with 0 <= rank < num_ranks"));
-    }
-    if (plan.full.seq_len % plan.num_ranks != 0) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "num_ranks ", plan.num_ranks, " does not divide seq_len ", plan.full.seq_len));
-    }
-    plan.rank = task.rank();
+  if (plan.num_ranks == 1 ? ring.size() > 1
+                          : (ring.size() != plan.num_ranks || ring.rank() != plan.rank)) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "task ", task.task_id(), " of a ", plan.num_ranks, "-rank job has rank ", plan.rank,
+        " and ring (rank ", ring.rank(), ", size ", ring.size(), "); they must agree"));
   }
-  plan.positions = RankPositions(plan.full.seq_len, plan.rank, plan.num_ranks);
-
-  RankProblem problem;
-  problem.spec = plan.spec;
-  problem.batch = plan.full.batch;
-  problem.seq_len = plan.full.seq_len;
-  problem.num_heads = plan.full.num_heads;
-  problem.head_dim = plan.full.head_dim;
-  problem.ranks = plan.num_ranks;
-  problem.dtype = plan.dtype;
-  problem.backward = plan.backward;
-  absl::StatusOr<RankMemoryPlan> memory = PlanRankMemory(
-      problem, plan.rank, caps.device == Device::kCuda ? BackendKind::kCuda : BackendKind::kCpu,
-      num_threads);
-  if (!memory.ok()) return memory.status();
-  plan.memory = *memory;
-  // The planner has checked that the byte counts of these tensors fit in int64.
+  plan.positions = RankPositions(n, plan.rank, plan.num_ranks);
+  plan.iterations = rank_plan.iterations();
+  plan.backward = rank_plan.backward();
+  plan.seed = job.seed();
+  plan.return_output = job.return_output();
+  plan.memory_bytes = rank_plan.memory_bytes();
+  plan.memory_plan = rank_plan.memory_plan();
+  plan.flops_per_step = rank_plan.flops_per_step();
+  // ValidateProblem has checked that the byte counts of the whole tensors fit in int64.
   plan.tensor_bytes = plan.full.batch * plan.positions.size() * plan.full.num_heads *
                       plan.full.head_dim * static_cast<int64_t>(DTypeSize(plan.dtype));
-
-  plan.return_output = job.return_output();
-  if (plan.return_output) {
-    const int64_t whole = plan.tensor_bytes * plan.num_ranks;
-    if (whole / plan.num_ranks != plan.tensor_bytes || whole > kMaxReturnedOutputBytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("return_output: the output is ", FormatBytes(plan.tensor_bytes), " x ",
-                       plan.num_ranks, plan.num_ranks == 1 ? " rank" : " ranks",
-                       ", over the limit of ", FormatBytes(kMaxReturnedOutputBytes)));
-    }
-  }
-  plan.flops_per_step = dilation::NominalForwardFlops(plan.spec, plan.full.batch, plan.full.seq_len,
-                                                      plan.full.num_heads, plan.full.head_dim) *
-                        (plan.backward ? 3.5 : 1.0) / plan.num_ranks;
+  plan.lse_bytes = plan.full.batch * plan.full.num_heads * plan.positions.size() *
+                   static_cast<int64_t>(DTypeSize(LseDType(plan.dtype)));
   return plan;
 }
 
@@ -220,7 +193,7 @@ absl::Status PrepareTensors(const AttentionTaskPlan& plan, TaskDevice* device,
   }
   absl::StatusOr<TensorView> lse =
       make(LseDType(plan.dtype), {plan.full.batch, plan.full.num_heads, plan.positions.size()},
-           plan.memory.shard.lse_bytes, "lse");
+           plan.lse_bytes, "lse");
   if (!lse.ok()) return lse.status();
   t->lse = *lse;
   return absl::OkStatus();
@@ -291,8 +264,7 @@ class RingSteps final : public StepRunner {
 absl::StatusOr<AttentionTaskResult> RunAttentionTask(const v1::TaskAssignment& task,
                                                      TaskDevice* device,
                                                      const AttentionTaskOptions& options) {
-  absl::StatusOr<AttentionTaskPlan> planned =
-      PlanAttentionTask(task, device->caps(), options.num_threads);
+  absl::StatusOr<AttentionTaskPlan> planned = PlanAttentionTask(task, device->caps());
   if (!planned.ok()) return planned.status();
   const AttentionTaskPlan& plan = *planned;
   const bool on_ring = plan.num_ranks > 1;
@@ -305,14 +277,14 @@ absl::StatusOr<AttentionTaskResult> RunAttentionTask(const v1::TaskAssignment& t
   int64_t available = options.available_memory_bytes;
   if (available < 0) {
     absl::StatusOr<int64_t> free_bytes = options.reserve_memory
-                                             ? options.reserve_memory(plan.memory.total_bytes())
+                                             ? options.reserve_memory(plan.memory_bytes)
                                              : device->FreeMemoryBytes();
     if (!free_bytes.ok()) return free_bytes.status();
     available = *free_bytes;
   }
-  if (plan.memory.total_bytes() > available) {
+  if (plan.memory_bytes > available) {
     return absl::ResourceExhaustedError(
-        absl::StrCat("task ", task.task_id(), " needs ", plan.memory.DebugString(), " but only ",
+        absl::StrCat("task ", task.task_id(), " needs ", plan.memory_plan, " but only ",
                      FormatBytes(available), " of ", device->caps().name, " memory is free"));
   }
 
@@ -426,9 +398,8 @@ absl::StatusOr<AttentionTaskResult> RunAttentionTask(const v1::TaskAssignment& t
     rank.set_grad_sum(grad_sum->sum);
     rank.set_grad_sum_squares(grad_sum->sum_squares);
   }
-  const MemoryPlan& m = plan.memory.shard;
-  rank.set_peak_memory_bytes(m.outputs_bytes + m.lse_bytes + m.workspace_bytes +
-                             plan.memory.ring_bytes);
+  // The planned bytes beyond the inputs: outputs, lse, the engine's workspace, ring buffers.
+  rank.set_peak_memory_bytes(plan.memory_bytes - (plan.backward ? 4 : 3) * plan.tensor_bytes);
   if (plan.return_output) {
     result.has_output = true;
     result.output.set_dtype(ToApiDType(plan.dtype));

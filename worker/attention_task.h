@@ -1,12 +1,11 @@
 // One rank of an attention job, run on a device: the worker's unit of work, free of gRPC.
 //
 // RunAttentionTask takes a dattn.v1.TaskAssignment whose spec is an AttentionJobSpec and:
-//   1. converts the v1 spec to the engine's (UNSPECIFIED mode = grouped, UNSPECIFIED head offsets =
-//      modulo, UNSPECIFIED pass = forward, iterations 0 = 1, num_ranks 0 = 1) and validates it
-//      against the device's capabilities;
-//   2. plans the rank's memory (rank_memory_plan.h: the shard's tensors, the engine's workspace
-//   and,
-//      on a ring, the exchange buffers) and refuses to allocate a plan that does not fit;
+//   1. takes the rank's plan from the assignment (AttentionRankPlan: the coordinator analysed the
+//      spec once, at submit, and planned the rank; api/attention_job.h), converts the v1 spec to
+//      the engine's, and checks that this device runs the problem (dtype, head dimension, ...);
+//   2. admits the plan's bytes against the device's free memory and refuses to allocate a plan
+//      that does not fit;
 //   3. allocates its shard of q, k, v (and dout) and fills it from the job's seed
 //      (random_inputs.h), so every rank and every rerun sees its slice of the single-rank inputs
 //      (TaskDevice::FillInput: in place on the host, by a kernel on a GPU);
@@ -16,11 +15,11 @@
 //   5. runs `iterations` steps (forward, or forward then backward), checking for cancellation
 //      before every step and reporting progress after every step;
 //   6. returns the median step time, the rank's effective TFLOP/s, fp64 checksums of the last
-//      step's results of its shard and, when asked, its output shard.
+//      step's results of its shard and, when asked, its output shard (the caller uploads it).
 //
-// Rank r of P holds positions [r N/P, (r+1) N/P). Its FLOPs per step are counted as the whole
-// job's nominal FLOPs (dilation::NominalForwardFlops, x3.5 with backward) divided by P: the job's
-// rate is then the sum of its ranks' rates when they run in step.
+// Rank r of P holds positions [r N/P, (r+1) N/P). Its FLOPs per step are the whole job's nominal
+// FLOPs (dilation::NominalForwardFlops, x3.5 with backward) divided by P: the job's rate is then
+// the sum of its ranks' rates when they run in step.
 //
 // Threading: RunAttentionTask blocks its calling thread for the whole task and uses what it gets
 // from the device exclusively meanwhile. Callbacks run on the calling thread and must not block
@@ -41,17 +40,10 @@
 #include "engine/comm/communicator.h"
 #include "engine/tensor.h"
 #include "worker/random_inputs.h"
-#include "worker/rank_memory_plan.h"
 #include "worker/task_device.h"
 
 namespace dattn {
 namespace worker {
-
-// Largest output a job may ask for, all ranks together (AttentionJobSpec.return_output).
-constexpr int64_t kMaxReturnedOutputBytes = int64_t{64} << 20;
-
-// Largest `iterations` a job may ask for.
-constexpr int64_t kMaxIterations = 1000000;
 
 // v1 <-> engine conversions (api/engine_convert.h), shared with the coordinator.
 using api::ToApiDType;
@@ -70,18 +62,23 @@ struct AttentionTaskPlan {
   int64_t iterations = 1;
   uint64_t seed = 0;
   bool return_output = false;  // The job asked for its output: this rank returns its shard.
-  RankMemoryPlan memory;       // Device bytes of this rank (tensors, workspace, ring buffers).
-  int64_t tensor_bytes = 0;    // Bytes of one of this rank's (B, N/P, H, D) tensors.
-  double flops_per_step = 0;   // Nominal FLOPs of one step of this rank (the job's / P).
+  // Device bytes of this rank (its tensors, the engine's workspace, ring buffers), as the
+  // coordinator planned and reserved them, and their breakdown for messages.
+  int64_t memory_bytes = 0;
+  std::string memory_plan;
+  int64_t tensor_bytes = 0;   // Bytes of one of this rank's (B, N/P, H, D) tensors.
+  int64_t lse_bytes = 0;      // Bytes of its (B, H, N/P) log-sum-exp.
+  double flops_per_step = 0;  // Nominal FLOPs of one step of this rank (the job's / P).
 };
 
-// Validates `task` against `caps` and plans it for a device running `num_threads` engine threads.
-// Errors: INVALID_ARGUMENT for a task without attention work, a bad enum, iterations outside
-// [0, kMaxIterations], a whole output over kMaxReturnedOutputBytes when asked for, a ring that does
-// not match the job (ring.size != num_ranks, rank outside [0, P), ring.rank != rank), P not
-// dividing N, or anything the engine's validation rejects (its message, unchanged).
+// The plan of `task` from its assignment, checked against the job and against `caps`. Errors:
+// INVALID_ARGUMENT for a task without attention work or without its attention_plan (a coordinator
+// older than this worker), a plan that does not match the job (iterations outside
+// [1, api::kMaxIterations], positions that are not rank r's N/P, a non-positive memory figure), a
+// ring that does not match the plan (ring.size != num_ranks, ring.rank != rank), or anything the
+// engine's validation rejects for this device (its message, unchanged).
 absl::StatusOr<AttentionTaskPlan> PlanAttentionTask(const v1::TaskAssignment& task,
-                                                    const BackendCaps& caps, int num_threads);
+                                                    const BackendCaps& caps);
 
 struct AttentionTaskOptions {
   // Engine threads (CPU backend or ring kernels) and threads that generate inputs.

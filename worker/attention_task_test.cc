@@ -12,14 +12,18 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
+#include "api/attention_job.h"
+#include "api/rendezvous.h"
 #include "engine/attention_spec.h"
 #include "engine/comm/tcp_store.h"
 #include "engine/cpu_backend.h"
+#include "engine/rank_memory_plan.h"
 #include "engine/validate.h"
 #include "gtest/gtest.h"
 #include "worker/cpu_device.h"
 #include "worker/random_inputs.h"
 #include "worker/ring_join.h"
+#include "worker/test_plans.h"
 
 namespace dattn {
 namespace worker {
@@ -46,6 +50,13 @@ v1::TaskAssignment SmallTask(v1::DType dtype, v1::Pass pass, int iterations) {
   job->set_iterations(iterations);
   job->set_seed(2024);
   return task;
+}
+
+// The coordinator plans every rank and its assignment carries the plan: these tests plan theirs
+// the same way, from the spec as it is when the task runs.
+absl::StatusOr<AttentionTaskResult> RunPlanned(const v1::TaskAssignment& task, TaskDevice* device,
+                                               const AttentionTaskOptions& options) {
+  return RunAttentionTask(Planned(task), device, options);
 }
 
 // The inputs and outputs of a direct engine call on the task's problem.
@@ -123,7 +134,7 @@ TEST(AttentionTaskTest, ForwardChecksumsAndOutputMatchADirectEngineCall) {
     std::unique_ptr<TaskDevice> host = Host();
     AttentionTaskOptions options;
     options.num_threads = 2;
-    absl::StatusOr<AttentionTaskResult> result = RunAttentionTask(task, host.get(), options);
+    absl::StatusOr<AttentionTaskResult> result = RunPlanned(task, host.get(), options);
     ASSERT_TRUE(result.ok()) << result.status();
 
     Direct d = RunDirect(task, 2);
@@ -156,7 +167,7 @@ TEST(AttentionTaskTest, ForwardBackwardGradChecksumsMatchADirectEngineCall) {
   std::unique_ptr<TaskDevice> host = Host();
   AttentionTaskOptions options;
   options.num_threads = 2;
-  absl::StatusOr<AttentionTaskResult> result = RunAttentionTask(task, host.get(), options);
+  absl::StatusOr<AttentionTaskResult> result = RunPlanned(task, host.get(), options);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_FALSE(result->has_output);
 
@@ -193,7 +204,7 @@ TEST(AttentionTaskTest, ReportsStartAndProgressAfterEveryStep) {
     ++started;
   };
   options.on_progress = [&](int64_t done, int64_t total) { progress.emplace_back(done, total); };
-  absl::StatusOr<AttentionTaskResult> result = RunAttentionTask(task, host.get(), options);
+  absl::StatusOr<AttentionTaskResult> result = RunPlanned(task, host.get(), options);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(started, 1);
   ASSERT_EQ(progress.size(), 5u);
@@ -210,7 +221,7 @@ TEST(AttentionTaskTest, CancelStopsBetweenSteps) {
   AttentionTaskOptions options;
   options.on_progress = [&](int64_t done, int64_t) { steps = done; };
   options.is_cancelled = [&]() { return steps >= 2; };
-  absl::StatusOr<AttentionTaskResult> result = RunAttentionTask(task, host.get(), options);
+  absl::StatusOr<AttentionTaskResult> result = RunPlanned(task, host.get(), options);
   ASSERT_EQ(result.status().code(), absl::StatusCode::kCancelled) << result.status();
   EXPECT_EQ(steps, 2);
   EXPECT_NE(result.status().message().find("after 2 of 100 steps"), absl::string_view::npos)
@@ -219,7 +230,7 @@ TEST(AttentionTaskTest, CancelStopsBetweenSteps) {
   // Cancelled before anything runs: no step at all.
   steps = 0;
   options.is_cancelled = []() { return true; };
-  result = RunAttentionTask(task, host.get(), options);
+  result = RunPlanned(task, host.get(), options);
   EXPECT_EQ(result.status().code(), absl::StatusCode::kCancelled);
   EXPECT_EQ(steps, 0);
 }
@@ -265,42 +276,46 @@ TEST(AttentionTaskTest, RejectsBadSpecsWithClearErrors) {
              static_cast<v1::AttentionMode>(9));
        },
        absl::StatusCode::kInvalidArgument, "9"},
-      {"iterations",
-       [](v1::TaskAssignment* t) { t->mutable_spec()->mutable_attention()->set_iterations(-3); },
-       absl::StatusCode::kInvalidArgument, "-3"},
+      {"iterations", [](v1::TaskAssignment* t) { t->mutable_attention_plan()->set_iterations(0); },
+       absl::StatusCode::kInvalidArgument, "iterations 0 outside 1 .. 1000000"},
       {"no attention work", [](v1::TaskAssignment* t) { t->mutable_spec()->clear_attention(); },
        absl::StatusCode::kInvalidArgument, "attention"},
+      {"no plan", [](v1::TaskAssignment* t) { t->clear_attention_plan(); },
+       absl::StatusCode::kInvalidArgument, "carries no attention_plan"},
+      {"no memory in the plan",
+       [](v1::TaskAssignment* t) { t->mutable_attention_plan()->set_memory_bytes(0); },
+       absl::StatusCode::kInvalidArgument, "planned memory 0 must be > 0"},
       {"ring larger than the job", [](v1::TaskAssignment* t) { t->mutable_ring()->set_size(2); },
-       absl::StatusCode::kInvalidArgument, "num_ranks = 1"},
-      {"multi-rank job without its ring",
-       [](v1::TaskAssignment* t) { t->mutable_spec()->mutable_attention()->set_num_ranks(4); },
        absl::StatusCode::kInvalidArgument, "must agree"},
+      {"a plan of other positions",
+       [](v1::TaskAssignment* t) { t->mutable_attention_plan()->set_position_begin(8); },
+       absl::StatusCode::kInvalidArgument, "is not a rank's share of N = 80"},
+      {"ranks not dividing N",
+       [](v1::TaskAssignment* t) {
+         t->mutable_attention_plan()->set_num_ranks(3);
+         t->mutable_ring()->set_size(3);
+       },
+       absl::StatusCode::kInvalidArgument, "is not a rank's share of N = 80"},
       {"rank outside the ring",
        [](v1::TaskAssignment* t) {
-         t->mutable_spec()->mutable_attention()->set_num_ranks(2);
+         t->mutable_attention_plan()->set_num_ranks(2);
          t->set_rank(2);
          t->mutable_ring()->set_rank(2);
          t->mutable_ring()->set_size(2);
        },
-       absl::StatusCode::kInvalidArgument, "0 <= rank < num_ranks"},
-      {"ranks not dividing N",
+       absl::StatusCode::kInvalidArgument, "rank 2 of 2"},
+      {"a ring that is not the plan's",
        [](v1::TaskAssignment* t) {
-         t->mutable_spec()->mutable_attention()->set_num_ranks(3);
-         t->mutable_ring()->set_size(3);
+         t->mutable_attention_plan()->set_num_ranks(2);
+         t->mutable_attention_plan()->set_position_end(40);
+         t->mutable_ring()->set_size(2);
+         t->mutable_ring()->set_rank(1);
        },
-       absl::StatusCode::kInvalidArgument, "does not divide seq_len 80"},
-      {"output over 64 MiB",
-       [](v1::TaskAssignment* t) {
-         v1::AttentionJobSpec* job = t->mutable_spec()->mutable_attention();
-         job->mutable_shape()->set_seq_len(1 << 20);
-         job->mutable_shape()->set_num_heads(16);
-         job->mutable_shape()->set_head_dim(64);
-         job->set_return_output(true);
-       },
-       absl::StatusCode::kInvalidArgument, "64.00 MiB"},
+       absl::StatusCode::kInvalidArgument, "must agree"},
   };
   for (const Case& c : cases) {
-    v1::TaskAssignment task = SmallTask(v1::DTYPE_FP32, v1::PASS_FORWARD, 1);
+    // The plan of the valid task, then the edit: what the worker itself must catch.
+    v1::TaskAssignment task = Planned(SmallTask(v1::DTYPE_FP32, v1::PASS_FORWARD, 1));
     c.edit(&task);
     bool ran = false;
     options.on_started = [&]() { ran = true; };
@@ -319,18 +334,18 @@ TEST(AttentionTaskTest, RefusesAPlanThatDoesNotFit) {
   options.available_memory_bytes = 4096;
   bool ran = false;
   options.on_started = [&]() { ran = true; };
-  absl::StatusOr<AttentionTaskResult> result = RunAttentionTask(task, host.get(), options);
+  absl::StatusOr<AttentionTaskResult> result = RunPlanned(task, host.get(), options);
   EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted) << result.status();
   EXPECT_NE(result.status().message().find("workspace"), absl::string_view::npos)
-      << "the plan's DebugString belongs in the message: " << result.status();
+      << "the plan's breakdown belongs in the message: " << result.status();
   EXPECT_NE(result.status().message().find("4.00 KiB"), absl::string_view::npos) << result.status();
   EXPECT_FALSE(ran);
 
   // The same task fits with the plan's own total.
-  absl::StatusOr<AttentionTaskPlan> plan = PlanAttentionTask(task, host->caps(), 1);
+  absl::StatusOr<AttentionTaskPlan> plan = PlanAttentionTask(Planned(task), host->caps());
   ASSERT_TRUE(plan.ok()) << plan.status();
-  options.available_memory_bytes = plan->memory.total_bytes();
-  EXPECT_TRUE(RunAttentionTask(task, host.get(), options).ok());
+  options.available_memory_bytes = plan->memory_bytes;
+  EXPECT_TRUE(RunPlanned(task, host.get(), options).ok());
 }
 
 // Without a fixed budget, the caller's reserve_memory decides what is free: it is asked once, with
@@ -338,9 +353,9 @@ TEST(AttentionTaskTest, RefusesAPlanThatDoesNotFit) {
 TEST(AttentionTaskTest, ReserveMemoryDecidesAndAllocationsAreReported) {
   v1::TaskAssignment task = SmallTask(v1::DTYPE_FP64, v1::PASS_FORWARD_BACKWARD, 1);
   std::unique_ptr<TaskDevice> host = Host();
-  absl::StatusOr<AttentionTaskPlan> plan = PlanAttentionTask(task, host->caps(), 1);
+  absl::StatusOr<AttentionTaskPlan> plan = PlanAttentionTask(Planned(task), host->caps());
   ASSERT_TRUE(plan.ok()) << plan.status();
-  const int64_t planned = plan->memory.total_bytes();
+  const int64_t planned = plan->memory_bytes;
 
   AttentionTaskOptions options;
   std::vector<int64_t> asked;
@@ -351,9 +366,9 @@ TEST(AttentionTaskTest, ReserveMemoryDecidesAndAllocationsAreReported) {
     return planned - 1;
   };
   options.on_allocated = [&](int64_t bytes) { allocated += bytes; };
-  absl::StatusOr<AttentionTaskResult> result = RunAttentionTask(task, host.get(), options);
+  absl::StatusOr<AttentionTaskResult> result = RunPlanned(task, host.get(), options);
   EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted) << result.status();
-  EXPECT_NE(result.status().message().find(plan->memory.DebugString()), absl::string_view::npos)
+  EXPECT_NE(result.status().message().find(plan->memory_plan), absl::string_view::npos)
       << result.status();
   EXPECT_NE(result.status().message().find(FormatBytes(planned - 1)), absl::string_view::npos)
       << result.status();
@@ -364,7 +379,7 @@ TEST(AttentionTaskTest, ReserveMemoryDecidesAndAllocationsAreReported) {
   options.reserve_memory = [](int64_t) -> absl::StatusOr<int64_t> {
     return absl::UnavailableError("free memory unreadable");
   };
-  result = RunAttentionTask(task, host.get(), options);
+  result = RunPlanned(task, host.get(), options);
   EXPECT_EQ(result.status(), absl::UnavailableError("free memory unreadable"));
 
   asked.clear();
@@ -372,11 +387,11 @@ TEST(AttentionTaskTest, ReserveMemoryDecidesAndAllocationsAreReported) {
     asked.push_back(bytes);
     return bytes;
   };
-  result = RunAttentionTask(task, host.get(), options);
+  result = RunPlanned(task, host.get(), options);
   ASSERT_TRUE(result.ok()) << result.status();
   EXPECT_EQ(asked, std::vector<int64_t>{planned});
-  const MemoryPlan& m = plan->memory.shard;
-  EXPECT_EQ(allocated, m.inputs_bytes + m.outputs_bytes + m.lse_bytes);
+  // q, k, v, dout and out, dq, dk, dv, and lse.
+  EXPECT_EQ(allocated, 8 * plan->tensor_bytes + plan->lse_bytes);
 }
 
 TEST(AttentionTaskTest, DefaultsOfUnspecifiedEnums) {
@@ -397,7 +412,7 @@ TEST(AttentionTaskTest, DefaultsOfUnspecifiedEnums) {
 
   v1::TaskAssignment task = SmallTask(v1::DTYPE_FP32, v1::PASS_UNSPECIFIED, 0);
   std::unique_ptr<TaskDevice> host = Host();
-  absl::StatusOr<AttentionTaskPlan> plan = PlanAttentionTask(task, host->caps(), 1);
+  absl::StatusOr<AttentionTaskPlan> plan = PlanAttentionTask(Planned(task), host->caps());
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_FALSE(plan->backward);
   EXPECT_EQ(plan->iterations, 1);
@@ -440,8 +455,7 @@ std::vector<absl::StatusOr<AttentionTaskResult>> RunRing(
       options.num_threads = 1;
       options.member_name = absl::StrCat("thread-", r);
       if (edit) edit(r, &options);
-      results[r] =
-          RunAttentionTask(RingTask(base, store, r, size, formation_ms), host.get(), options);
+      results[r] = RunPlanned(RingTask(base, store, r, size, formation_ms), host.get(), options);
     });
   }
   for (std::thread& t : threads) t.join();
@@ -486,7 +500,7 @@ TEST(AttentionTaskRingTest, RanksReproduceTheSingleRankRun) {
     job->set_return_output(true);
     std::unique_ptr<TaskDevice> host = Host();
     AttentionTaskOptions single_options;
-    absl::StatusOr<AttentionTaskResult> single = RunAttentionTask(task, host.get(), single_options);
+    absl::StatusOr<AttentionTaskResult> single = RunPlanned(task, host.get(), single_options);
     ASSERT_TRUE(single.ok()) << single.status();
 
     // Each case is a ring attempt of its own, as the coordinator would make it.
@@ -572,7 +586,7 @@ TEST(AttentionTaskRingTest, ACancelIsSeenWhileFormingTheCommunicator) {
       comm::TcpStore::Connect((*server)->address());
   ASSERT_TRUE(peer.ok()) << peer.status();
   // Rank 1 "arrives" and is never heard of again.
-  ASSERT_TRUE((*peer)->Set(JoinedKey("r-dead", 1), "a peer that died after arriving").ok());
+  ASSERT_TRUE((*peer)->Set(api::JoinedKey("r-dead", 1), "a peer that died after arriving").ok());
   absl::StatusOr<std::unique_ptr<TaskDevice>> device = NewCpuDevice();
   ASSERT_TRUE(device.ok()) << device.status();
   v1::RingInfo ring;
@@ -633,28 +647,35 @@ TEST(AttentionTaskRingTest, RingsThisDeviceCannotFormAreRefused) {
       RingTask(SmallTask(v1::DTYPE_FP32, v1::PASS_FORWARD, 1), "127.0.0.1:1", 0, 2);
   task.mutable_ring()->set_backend("nccl");
   std::unique_ptr<TaskDevice> host = Host();
-  absl::StatusOr<AttentionTaskResult> result =
-      RunAttentionTask(task, host.get(), AttentionTaskOptions());
+  absl::StatusOr<AttentionTaskResult> result = RunPlanned(task, host.get(), AttentionTaskOptions());
   EXPECT_EQ(result.status().code(), absl::StatusCode::kFailedPrecondition) << result.status();
   EXPECT_NE(result.status().message().find("forms gloo rings, not \"nccl\""), std::string::npos)
       << result.status();
 }
 
-// A ring rank plans its shard, the ring kernels' scratch and its exchange buffers.
-TEST(AttentionTaskRingTest, PlansTheRanksShardAndBuffers) {
+// A ring rank takes its shard from the coordinator's plan, whose memory is the ring's largest rank:
+// its shard, the ring kernels' scratch (for up to api::kCpuPlanThreads threads) and its exchange
+// buffers.
+TEST(AttentionTaskRingTest, TakesTheRanksShareFromThePlan) {
   v1::TaskAssignment task =
       RingTask(SmallTask(v1::DTYPE_FP64, v1::PASS_FORWARD_BACKWARD, 1), "127.0.0.1:1", 3, 4);
   std::unique_ptr<TaskDevice> host = Host();
-  absl::StatusOr<AttentionTaskPlan> plan = PlanAttentionTask(task, host->caps(), 2);
+  absl::StatusOr<AttentionTaskPlan> plan = PlanAttentionTask(Planned(task), host->caps());
   ASSERT_TRUE(plan.ok()) << plan.status();
   EXPECT_EQ(plan->rank, 3);
   EXPECT_EQ(plan->num_ranks, 4);
   EXPECT_EQ(plan->positions.begin, 60);
   EXPECT_EQ(plan->positions.end, 80);
   EXPECT_EQ(plan->tensor_bytes, 2 * 20 * 3 * 8 * 8);
-  EXPECT_EQ(plan->memory.shard.inputs_bytes, 4 * plan->tensor_bytes);
-  EXPECT_EQ(plan->memory.shard.workspace_bytes, 2 * CpuRingKernelScratchBytes(DType::kFloat64, 8));
-  EXPECT_GT(plan->memory.ring_bytes, 0);
+  EXPECT_EQ(plan->lse_bytes, 2 * 3 * 20 * 8);
+  absl::StatusOr<api::AttentionJobInfo> info =
+      api::AnalyzeAttentionJob(task.spec().attention(), "spec.attention");
+  ASSERT_TRUE(info.ok());
+  EXPECT_EQ(plan->memory_bytes, info->variants.back().memory_per_rank_bytes);
+  EXPECT_GT(plan->memory_bytes,
+            8 * plan->tensor_bytes + plan->lse_bytes +
+                api::kCpuPlanThreads * CpuRingKernelScratchBytes(DType::kFloat64, 8));
+  EXPECT_NE(plan->memory_plan.find("ring buffers"), std::string::npos) << plan->memory_plan;
 }
 
 }  // namespace

@@ -83,6 +83,32 @@ grpc::Status FakeRegistry::ReportTask(grpc::ServerContext*, const v1::TaskReport
   return grpc::Status::OK;
 }
 
+grpc::Status FakeRegistry::UploadOutput(grpc::ServerContext*,
+                                        grpc::ServerReader<v1::UploadOutputRequest>* reader,
+                                        v1::UploadOutputResponse* response) {
+  v1::UploadOutputRequest message;
+  if (!reader->Read(&message)) {
+    return grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, "empty upload");
+  }
+  Upload upload;
+  upload.header = message.chunk().header();
+  const std::string task_id = message.task_id();
+  do {
+    if (message.chunk().offset() != static_cast<int64_t>(upload.data.size())) {
+      return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "chunk out of order");
+    }
+    upload.data += message.chunk().data();
+  } while (reader->Read(&message));
+  if (static_cast<int64_t>(upload.data.size()) != upload.header.total_bytes()) {
+    return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION, "shard of the wrong size");
+  }
+  absl::MutexLock lock(&mu_);
+  if (stop_tasks_.count(task_id) > 0) response->set_stop(true);
+  uploads_[task_id] = std::move(upload);
+  cv_.SignalAll();
+  return grpc::Status::OK;
+}
+
 void FakeRegistry::SetOnFinalReport(std::function<void(const v1::TaskReport&)> on_final) {
   absl::MutexLock lock(&mu_);
   on_final_ = std::move(on_final);

@@ -7,12 +7,14 @@
 //   StreamAssignments: NOT_FOUND for an unknown id; otherwise writes pushed commands in order until
 //     the call is cancelled or ShutDown().
 //   ReportTask: NOT_FOUND for an unknown worker id; stop=true for tasks named in StopTaskOnReport.
+//   UploadOutput: keeps each task's shard.
 // Thread-safe; fields below mu_ are for tests to read under mu_ (or through WaitFor's predicate).
 #ifndef DATTN_WORKER_FAKE_REGISTRY_H_
 #define DATTN_WORKER_FAKE_REGISTRY_H_
 
 #include <deque>
 #include <functional>
+#include <map>
 #include <memory>
 #include <set>
 #include <string>
@@ -41,6 +43,11 @@ class FakeRegistry final : public v1::WorkerRegistry::Service {
                                  grpc::ServerWriter<v1::WorkerCommand>* writer) override;
   grpc::Status ReportTask(grpc::ServerContext* context, const v1::TaskReport* request,
                           v1::ReportTaskResponse* response) override;
+  // Keeps the shard (header and bytes, by task) in uploads_; stop=true for tasks named in
+  // StopTaskOnReport; FAILED_PRECONDITION for chunks out of order or past the header's size.
+  grpc::Status UploadOutput(grpc::ServerContext* context,
+                            grpc::ServerReader<v1::UploadOutputRequest>* reader,
+                            v1::UploadOutputResponse* response) override;
 
   void Push(v1::WorkerCommand command);
   void SetDrain(bool drain);
@@ -68,6 +75,11 @@ class FakeRegistry final : public v1::WorkerRegistry::Service {
   std::vector<v1::HeartbeatRequest> heartbeats_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::TaskReport> reports_ ABSL_GUARDED_BY(mu_);
   int streams_opened_ ABSL_GUARDED_BY(mu_) = 0;
+  struct Upload {
+    v1::TensorHeader header;
+    std::string data;
+  };
+  std::map<std::string, Upload> uploads_ ABSL_GUARDED_BY(mu_);  // By task id.
 
  private:
   const int instance_;

@@ -18,6 +18,7 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "worker/test_plans.h"
 #include "worker/fake_registry.h"
 
 namespace dattn {
@@ -149,6 +150,8 @@ TEST(WorkerMainTest, ServesHealthRegistersAndShutsDownCleanlyOnSigterm) {
   job->mutable_shape()->set_head_dim(32);
   job->set_dtype(v1::DTYPE_FP32);
   job->set_iterations(1000000);
+  job->set_num_ranks(1);
+  *task = Planned(*task);
   fake.Push(command);
   ASSERT_TRUE(
       fake.WaitFor([&]() { return fake.HasStateLocked("j-main/1/0", v1::TASK_STATE_STARTED); }));

@@ -11,6 +11,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "api/rendezvous.h"
 #include "engine/comm/tcp_store.h"
 
 namespace dattn {
@@ -92,10 +93,6 @@ class CancellableStore : public comm::Store {
 
 }  // namespace
 
-std::string JoinedKey(const std::string& ring_id, int rank) {
-  return absl::StrCat(ring_id, "/joined/", rank);
-}
-
 absl::StatusOr<RingMembership> JoinRing(const v1::RingInfo& ring, TaskDevice* device,
                                         const RingJoinOptions& options) {
   const std::string where =
@@ -123,7 +120,7 @@ absl::StatusOr<RingMembership> JoinRing(const v1::RingInfo& ring, TaskDevice* de
         where, "cannot reach the ring's rendezvous store: ", connected.status().message()));
   }
   std::shared_ptr<comm::Store> store(std::move(*connected));
-  if (absl::Status s = store->Set(JoinedKey(ring.ring_id(), ring.rank()), options.member_name);
+  if (absl::Status s = store->Set(api::JoinedKey(ring.ring_id(), ring.rank()), options.member_name);
       !s.ok()) {
     return Prefixed(s, where);
   }
@@ -136,7 +133,7 @@ absl::StatusOr<RingMembership> JoinRing(const v1::RingInfo& ring, TaskDevice* de
     for (int r = 0; r < ring.size(); ++r) {
       if (arrived[r]) continue;
       absl::StatusOr<std::string> got =
-          store->Get(JoinedKey(ring.ring_id(), r), absl::ZeroDuration());
+          store->Get(api::JoinedKey(ring.ring_id(), r), absl::ZeroDuration());
       if (got.ok()) {
         arrived[r] = true;
       } else if (absl::IsDeadlineExceeded(got.status())) {
@@ -158,7 +155,7 @@ absl::StatusOr<RingMembership> JoinRing(const v1::RingInfo& ring, TaskDevice* de
           " never arrived at the rendezvous store ", ring.store_address()));
     }
     // Blocks in the store until the first missing rank arrives or the slice ends.
-    absl::StatusOr<std::string> waited = store->Get(JoinedKey(ring.ring_id(), missing.front()),
+    absl::StatusOr<std::string> waited = store->Get(api::JoinedKey(ring.ring_id(), missing.front()),
                                                     std::min(kPollSlice, deadline - now));
     if (!waited.ok() && !absl::IsDeadlineExceeded(waited.status())) {
       return absl::UnavailableError(

@@ -3,8 +3,8 @@
 // The coordinator hosts a rendezvous store for every ring attempt (a TcpStore server of its own)
 // and hands each rank a RingInfo: the ring id, its rank, the ring's size, the communicator backend,
 // the store's address and two timeouts. A rank then:
-//   1. connects to the store and sets "<ring_id>/joined/<rank>" to its worker's name (the
-//      coordinator reads these keys to tell which ranks never arrived);
+//   1. connects to the store and sets "<ring_id>/joined/<rank>" (api/rendezvous.h) to its
+//      worker's name (the coordinator reads these keys to tell which ranks never arrived);
 //   2. waits, up to formation_timeout_ms, until every rank's key is set, polling its own
 //      cancellation at least every 100 ms; a rank that never arrives fails the formation with
 //      DEADLINE_EXCEEDED naming it;
@@ -36,9 +36,6 @@
 
 namespace dattn {
 namespace worker {
-
-// The store key a rank sets when it arrives: "<ring_id>/joined/<rank>".
-std::string JoinedKey(const std::string& ring_id, int rank);
 
 struct RingMembership {
   std::shared_ptr<comm::Store> store;  // The communicator keeps using it (Shrink); keep it alive.

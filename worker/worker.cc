@@ -7,6 +7,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
+#include "api/limits.h"
+#include "engine/memory_plan.h"
 #include "worker/attention_task.h"
 #include "worker/cpu_device.h"
 #include "worker/host_info.h"
@@ -587,10 +589,9 @@ void Worker::HandleAssign(const v1::TaskAssignment& assign) {
       auto task = std::make_shared<Task>();
       task->assignment = assign;
       task->steps_total = std::max(1, assign.spec().attention().iterations());
-      absl::StatusOr<AttentionTaskPlan> plan =
-          PlanAttentionTask(assign, device_->caps(), threads_per_task_);
-      // A task that cannot be planned fails in RunAttentionTask with the same error.
-      task->reserved_bytes = plan.ok() ? plan->memory.total_bytes() : 0;
+      absl::StatusOr<AttentionTaskPlan> plan = PlanAttentionTask(assign, device_->caps());
+      // A task whose plan is unusable fails in RunAttentionTask with the same error.
+      task->reserved_bytes = plan.ok() ? plan->memory_bytes : 0;
       if (options_.memory_bytes > 0) {
         task->budget_bytes = std::max<int64_t>(0, options_.memory_bytes - reserved_bytes_);
       }
@@ -746,12 +747,22 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
       RunAttentionTask(task->assignment, device_.get(), run_options);
   task->phase = v1::RANK_PHASE_FINISHED;
 
+  // A kept output goes up before the report that says the rank succeeded.
+  absl::Status uploaded = absl::OkStatus();
+  if (result.ok() && result->has_output) {
+    uploaded = UploadOutput(*task, result->output);
+    result->output.Clear();
+  }
   v1::TaskReport report;
-  if (result.ok()) {
+  if (result.ok() && !uploaded.ok()) {
+    report = make_report(v1::TASK_STATE_FAILED);
+    report.set_error(absl::StrCat("the output shard could not be uploaded: ", uploaded.message()));
+    report.set_error_code(static_cast<int>(uploaded.code()));
+    LogEvent("task ", id, " failed: ", report.error());
+  } else if (result.ok()) {
     task->steps_done = result->steps_done;
     report = make_report(v1::TASK_STATE_SUCCEEDED);
     *report.mutable_rank_result() = result->rank_result;
-    if (result->has_output) *report.mutable_output() = std::move(result->output);
     LogEvent("task ", id, " succeeded: ", result->steps_done, " step(s), ",
              result->rank_result.seconds_per_step() * 1e3, " ms/step, ",
              result->rank_result.tflops(), " TFLOP/s");
@@ -786,6 +797,70 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
     LogEvent("task ", id, ": the coordinator no longer wants it; its outcome is not reported");
   }
   cv_.SignalAll();
+}
+
+absl::Status Worker::UploadOutput(Task& task, const v1::Tensor& output) {
+  const std::string& id = task.assignment.task_id();
+  const int64_t total = static_cast<int64_t>(output.data().size());
+  int attempt = 0;
+  std::string last_error;
+  for (;;) {
+    std::string worker_id;
+    {
+      absl::MutexLock lock(&mu_);
+      if (stop_reporter_) return absl::CancelledError("the worker is stopping");
+      if (task.silent) return absl::CancelledError("the coordinator no longer wants the task");
+      worker_id = worker_id_;
+    }
+    grpc::Status status;
+    v1::UploadOutputResponse response;
+    if (!worker_id.empty()) {
+      grpc::ClientContext context;
+      // A large shard gets time to travel (8 MiB/s at the least).
+      PrepareUnary(&context, options_.rpc_timeout + absl::Seconds(total / (int64_t{8} << 20)));
+      ActiveCall active(this, &context);
+      std::unique_ptr<grpc::ClientWriter<v1::UploadOutputRequest>> writer =
+          stub_->UploadOutput(&context, &response);
+      v1::UploadOutputRequest first;
+      first.set_worker_id(worker_id);
+      first.set_task_id(id);
+      v1::TensorHeader* header = first.mutable_chunk()->mutable_header();
+      header->set_dtype(output.dtype());
+      *header->mutable_shape() = output.shape();
+      header->set_total_bytes(total);
+      bool written = writer->Write(first);
+      for (int64_t offset = 0; written && offset < total; offset += api::kMaxOutputChunkBytes) {
+        v1::UploadOutputRequest chunk;
+        chunk.mutable_chunk()->set_offset(offset);
+        chunk.mutable_chunk()->set_data(output.data().substr(
+            static_cast<size_t>(offset), static_cast<size_t>(api::kMaxOutputChunkBytes)));
+        written = writer->Write(chunk);
+      }
+      if (written) writer->WritesDone();
+      status = writer->Finish();
+    } else {
+      status = grpc::Status(grpc::StatusCode::UNAVAILABLE, "not registered yet");
+    }
+    if (status.ok()) {
+      if (!response.stop()) {
+        LogEvent("task ", id, ": output shard of ", FormatBytes(total), " uploaded");
+        return absl::OkStatus();
+      }
+      absl::MutexLock lock(&mu_);
+      task.silent = true;
+      silenced_.insert(id);
+      return absl::CancelledError("the coordinator no longer wants the task");
+    }
+    if (!IsRetryable(status.error_code())) return FromGrpc(status);
+    const std::string error = FromGrpc(status).ToString();
+    if (error != last_error) {
+      LogEvent("task ", id, ": output upload failed: ", error, "; retrying with backoff");
+      last_error = error;
+    }
+    absl::MutexLock lock(&mu_);
+    SleepLocked(Backoff(attempt++),
+                [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return stop_reporter_; });
+  }
 }
 
 // ---------------------------------------------------------------------------------------------------

@@ -163,6 +163,12 @@ class Worker {
   void Enqueue(v1::TaskReport report, bool final) ABSL_LOCKS_EXCLUDED(mu_);
   void EnqueueLocked(v1::TaskReport report, bool final) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   void RefuseTask(const std::string& task_id, absl::Status why) ABSL_LOCKS_EXCLUDED(mu_);
+  // Uploads a finished task's output shard (WorkerRegistry.UploadOutput, chunks of
+  // api::kMaxOutputChunkBytes) before its SUCCEEDED report: retried with backoff while the
+  // coordinator cannot take it, as a final report is, until the worker stops. OK; CANCELLED when
+  // the coordinator no longer wants the task (it is then silenced) or the worker stops; the
+  // coordinator's refusal otherwise (the task then fails with it).
+  absl::Status UploadOutput(Task& task, const v1::Tensor& output) ABSL_LOCKS_EXCLUDED(mu_);
   // Marks every running task cancelled; `silent` ones send no further report. The caller passes
   // `to_abort` to AbortComms once it has released mu_.
   void CancelAllLocked(bool silent, const char* why, std::vector<std::shared_ptr<Task>>* to_abort)

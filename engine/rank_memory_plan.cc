@@ -1,4 +1,4 @@
-#include "worker/rank_memory_plan.h"
+#include "engine/rank_memory_plan.h"
 
 #include <algorithm>
 #include <limits>
@@ -10,7 +10,6 @@
 #include "engine/ring/ring_plan.h"
 
 namespace dattn {
-namespace worker {
 namespace {
 
 constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
@@ -157,5 +156,4 @@ absl::StatusOr<RankMemoryPlan> PlanLargestRankMemory(const RankProblem& problem,
   return best;
 }
 
-}  // namespace worker
 }  // namespace dattn

@@ -1,44 +1,23 @@
-#include "server/job_spec.h"
+#include "api/attention_job.h"
 
 #include <algorithm>
-#include <cmath>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "api/engine_convert.h"
+#include "api/limits.h"
 #include "engine/attention.h"
 #include "engine/memory_plan.h"
+#include "engine/rank_memory_plan.h"
 #include "engine/validate.h"
-#include "worker/rank_memory_plan.h"
 
 namespace dattn {
-namespace server {
+namespace api {
 namespace {
 
 absl::Status Invalid(const std::string& path, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
-}
-
-// A string for messages: quoted, cut to 40 characters, control bytes escaped.
-std::string Quote(const std::string& s) {
-  std::string out = "\"";
-  const size_t n = std::min<size_t>(s.size(), 40);
-  for (size_t i = 0; i < n; ++i) {
-    const unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c < 0x20 || c == 0x7f || c == '"' || c == '\\') {
-      absl::StrAppend(&out, "\\x", absl::Hex(c, absl::kZeroPad2));
-    } else {
-      out.push_back(static_cast<char>(c));
-    }
-  }
-  if (s.size() > n) absl::StrAppend(&out, "...");
-  out.push_back('"');
-  return out;
-}
-
-bool TenantChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-         c == '_' || c == '-';
 }
 
 // Backend capabilities the coordinator validates against. The CPU backend runs fp32 and fp64 at any
@@ -65,20 +44,6 @@ std::string DTypeNames(const BackendCaps& caps) {
   return absl::StrJoin(names, ", ");
 }
 
-absl::Status ValidateTenantName(const std::string& tenant, const std::string& path) {
-  if (tenant.size() > kMaxTenantLength) {
-    return Invalid(path, absl::StrCat("must be at most ", kMaxTenantLength, " characters, got ",
-                                      tenant.size(), " (", Quote(tenant), ")"));
-  }
-  for (size_t i = 0; i < tenant.size(); ++i) {
-    if (!TenantChar(tenant[i])) {
-      return Invalid(path, absl::StrCat("character ", i, " of ", Quote(tenant),
-                                        " is not one of [A-Za-z0-9._-]"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 // One device kind for the job: checks the dtype against its capabilities, then the problem, then
 // plans one rank's memory.
 absl::StatusOr<DeviceVariant> PlanVariant(const AttentionJobInfo& info, bool gpu,
@@ -92,7 +57,7 @@ absl::StatusOr<DeviceVariant> PlanVariant(const AttentionJobInfo& info, bool gpu
   absl::Status problem = ValidateProblem(info.spec, info.batch, info.seq_len, info.num_heads,
                                          info.head_dim, info.dtype, caps);
   if (!problem.ok()) return Invalid(path, std::string(problem.message()));
-  worker::RankProblem rank_problem;
+  RankProblem rank_problem;
   rank_problem.spec = info.spec;
   rank_problem.batch = info.batch;
   rank_problem.seq_len = info.seq_len;
@@ -101,7 +66,7 @@ absl::StatusOr<DeviceVariant> PlanVariant(const AttentionJobInfo& info, bool gpu
   rank_problem.ranks = info.num_ranks;
   rank_problem.dtype = info.dtype;
   rank_problem.backward = info.backward;
-  absl::StatusOr<worker::RankMemoryPlan> plan = worker::PlanLargestRankMemory(
+  absl::StatusOr<RankMemoryPlan> plan = PlanLargestRankMemory(
       rank_problem, gpu ? BackendKind::kCuda : BackendKind::kCpu, gpu ? 0 : kCpuPlanThreads);
   if (!plan.ok()) {
     if (absl::IsUnimplemented(plan.status())) {
@@ -123,12 +88,21 @@ absl::StatusOr<DeviceVariant> PlanVariant(const AttentionJobInfo& info, bool gpu
   return variant;
 }
 
-absl::StatusOr<AttentionJobInfo> AnalyzeAttention(const v1::AttentionJobSpec& job,
-                                                  const std::string& path) {
+absl::StatusOr<AttentionJobInfo> Analyze(const v1::AttentionJobSpec& job, const std::string& path) {
   AttentionJobInfo info;
   if (!job.has_attention()) {
     return Invalid(path + ".attention",
                    "required (segment_lengths and dilation_rates of the dilated attention)");
+  }
+  // Bounded before anything is converted: a job of millions of patterns would cost the
+  // coordinator memory for as long as it is queued.
+  for (const auto& [field, count] :
+       {std::pair<const char*, int>{"segment_lengths", job.attention().segment_lengths_size()},
+        std::pair<const char*, int>{"dilation_rates", job.attention().dilation_rates_size()}}) {
+    if (count > kMaxPatterns) {
+      return Invalid(absl::StrCat(path, ".attention.", field),
+                     absl::StrCat("at most ", kMaxPatterns, " patterns, got ", count));
+    }
   }
   absl::StatusOr<AttentionSpec> spec = ToEngineSpec(job.attention(), path + ".attention");
   if (!spec.ok()) return spec.status();
@@ -203,13 +177,15 @@ absl::StatusOr<AttentionJobInfo> AnalyzeAttention(const v1::AttentionJobSpec& jo
                                 info.seq_len, "*", info.num_heads, "*", info.head_dim, "*",
                                 DTypeSize(info.dtype), " bytes overflows int64"));
   }
+  info.return_output = job.return_output();
   if (job.return_output() && info.output_bytes > kMaxReturnedOutputBytes) {
     return Invalid(path + ".return_output",
                    absl::StrCat("the output is ", FormatBytes(info.output_bytes), " (", info.batch,
                                 "*", info.seq_len, "*", info.num_heads, "*", info.head_dim, " ",
                                 DTypeName(info.dtype), " elements), more than the ",
                                 FormatBytes(kMaxReturnedOutputBytes),
-                                " a job may return; set return_output = false"));
+                                " a job may return (it is stored on the coordinator); set "
+                                "return_output = false"));
   }
 
   std::vector<bool> kinds;
@@ -250,144 +226,27 @@ absl::StatusOr<AttentionJobInfo> AnalyzeAttention(const v1::AttentionJobSpec& jo
   return info;
 }
 
-absl::StatusOr<AttentionJobInfo> AnalyzeSpecAt(const v1::JobSpec& spec, const std::string& path) {
-  if (spec.name().size() > kMaxJobNameLength) {
-    return Invalid(path + ".name",
-                   absl::StrCat("must be at most ", kMaxJobNameLength, " characters, got ",
-                                spec.name().size(), " (", Quote(spec.name()), ")"));
-  }
-  if (absl::Status s = ValidateTenantName(spec.tenant(), path + ".tenant"); !s.ok()) return s;
-  if (spec.priority() < kMinPriority || spec.priority() > kMaxPriority) {
-    return Invalid(path + ".priority", absl::StrCat("must be ", kMinPriority, " .. ", kMaxPriority,
-                                                    ", got ", spec.priority()));
-  }
-  if (spec.work_case() != v1::JobSpec::kAttention) {
-    return Invalid(path + ".attention",
-                   "required: a job must say its work, and attention is the only kind in v1");
-  }
-  return AnalyzeAttention(spec.attention(), path + ".attention");
-}
-
 }  // namespace
 
-v1::AttentionJobResult CombineRankResults(const AttentionJobInfo& info,
-                                          std::vector<v1::RankResult> ranks, v1::Tensor output,
-                                          bool return_output) {
-  std::sort(ranks.begin(), ranks.end(),
-            [](const v1::RankResult& a, const v1::RankResult& b) { return a.rank() < b.rank(); });
-  v1::AttentionJobResult result;
-  for (v1::RankResult& rank : ranks) {
-    result.set_seconds_per_step(std::max(result.seconds_per_step(), rank.seconds_per_step()));
-    result.set_out_sum(result.out_sum() + rank.out_sum());
-    result.set_out_sum_squares(result.out_sum_squares() + rank.out_sum_squares());
-    result.set_grad_sum(result.grad_sum() + rank.grad_sum());
-    result.set_grad_sum_squares(result.grad_sum_squares() + rank.grad_sum_squares());
-    *result.add_ranks() = std::move(rank);
-  }
-  result.set_flops_per_step(info.flops_per_step);
-  // The job's rate is the whole problem's FLOPs over the slowest rank's step: ranks run in
-  // parallel.
-  if (result.seconds_per_step() > 0) {
-    result.set_tflops(info.flops_per_step / result.seconds_per_step() / 1e12);
-  }
-  if (return_output) *result.mutable_output() = std::move(output);
-  return result;
+absl::StatusOr<AttentionJobInfo> AnalyzeAttentionJob(const v1::AttentionJobSpec& job,
+                                                     const std::string& path) {
+  return Analyze(job, path);
 }
 
-absl::StatusOr<v1::Tensor> AssembleOutput(const AttentionJobInfo& info,
-                                          const std::map<int, v1::Tensor>& shards) {
-  const int p = info.num_ranks;
-  const int64_t shard_len = info.seq_len / p;
-  const int64_t row_bytes =
-      info.num_heads * info.head_dim * static_cast<int64_t>(DTypeSize(info.dtype));
-  const int64_t shard_bytes = info.batch * shard_len * row_bytes;
-  const std::vector<int64_t> shard_shape = {info.batch, shard_len, info.num_heads, info.head_dim};
-  for (int r = 0; r < p; ++r) {
-    auto it = shards.find(r);
-    if (it == shards.end()) {
-      return absl::InvalidArgumentError(absl::StrCat("rank ", r, " returned no output shard"));
-    }
-    const v1::Tensor& t = it->second;
-    absl::StatusOr<DType> dtype =
-        ToEngineDType(t.dtype(), absl::StrCat("rank ", r, " output dtype"));
-    if (!dtype.ok()) return dtype.status();
-    if (*dtype != info.dtype ||
-        std::vector<int64_t>(t.shape().begin(), t.shape().end()) != shard_shape ||
-        static_cast<int64_t>(t.data().size()) != shard_bytes) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("rank ", r, " returned a ", DTypeName(*dtype), " shard of shape [",
-                       absl::StrJoin(t.shape(), ", "), "] and ", t.data().size(),
-                       " bytes; expected ", DTypeName(info.dtype), " [",
-                       absl::StrJoin(shard_shape, ", "), "] and ", shard_bytes, " bytes"));
-    }
-  }
-  v1::Tensor out;
-  out.set_dtype(shards.begin()->second.dtype());
-  for (int64_t d : {info.batch, info.seq_len, info.num_heads, info.head_dim}) out.add_shape(d);
-  std::string* data = out.mutable_data();
-  data->reserve(static_cast<size_t>(shard_bytes * p));
-  // Row-major (B, N, H, D): batch item b holds rank 0's rows, then rank 1's, and so on.
-  const size_t chunk = static_cast<size_t>(shard_len * row_bytes);
-  for (int64_t b = 0; b < info.batch; ++b) {
-    for (int r = 0; r < p; ++r) {
-      data->append(shards.at(r).data(), static_cast<size_t>(b) * chunk, chunk);
-    }
-  }
-  return out;
+v1::AttentionRankPlan PlanAttentionRank(const AttentionJobInfo& info, const DeviceVariant& variant,
+                                        int rank) {
+  const int64_t shard = info.seq_len / info.num_ranks;
+  v1::AttentionRankPlan plan;
+  plan.set_num_ranks(info.num_ranks);
+  plan.set_position_begin(shard * rank);
+  plan.set_position_end(shard * (rank + 1));
+  plan.set_iterations(info.iterations);
+  plan.set_backward(info.backward);
+  plan.set_memory_bytes(variant.memory_per_rank_bytes);
+  plan.set_memory_plan(variant.memory_plan);
+  plan.set_flops_per_step(info.flops_per_step / info.num_ranks);
+  return plan;
 }
 
-absl::StatusOr<AttentionJobInfo> ValidateSubmitJobRequest(const v1::SubmitJobRequest& request) {
-  const std::string& key = request.idempotency_key();
-  if (key.empty() || key.size() > kMaxIdempotencyKeyLength) {
-    return Invalid("idempotency_key",
-                   absl::StrCat("must be 1 .. ", kMaxIdempotencyKeyLength, " characters, got ",
-                                key.size(), key.empty() ? "" : " (" + Quote(key) + ")"));
-  }
-  if (!request.has_spec()) return Invalid("spec", "required");
-  return AnalyzeSpecAt(request.spec(), "spec");
-}
-
-absl::StatusOr<AttentionJobInfo> AnalyzeJobSpec(const v1::JobSpec& spec) {
-  return AnalyzeSpecAt(spec, "spec");
-}
-
-absl::Status ValidateJobId(const std::string& job_id) {
-  if (job_id.empty()) return Invalid("job_id", "required");
-  if (job_id.size() > 64) {
-    return Invalid("job_id", absl::StrCat("must be at most 64 characters, got ", job_id.size(),
-                                          " (", Quote(job_id), ")"));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateListJobsRequest(const v1::ListJobsRequest& request) {
-  for (int i = 0; i < request.states_size(); ++i) {
-    const int state = request.states(i);
-    if (state == v1::JOB_STATE_UNSPECIFIED || !v1::JobState_IsValid(state)) {
-      return Invalid(absl::StrCat("states[", i, "]"),
-                     absl::StrCat("must be a job state (QUEUED .. CANCELLED), got ", state));
-    }
-  }
-  if (absl::Status s = ValidateTenantName(request.tenant(), "tenant"); !s.ok()) return s;
-  if (!request.kind().empty() && request.kind() != "attention") {
-    return Invalid("kind",
-                   absl::StrCat("must be \"attention\" or empty, got ", Quote(request.kind())));
-  }
-  if (request.page_size() < 0 || request.page_size() > kMaxPageSize) {
-    return Invalid("page_size", absl::StrCat("must be 1 .. ", kMaxPageSize, " (0 means ",
-                                             kDefaultPageSize, "), got ", request.page_size()));
-  }
-  return absl::OkStatus();
-}
-
-absl::Status ValidateCancelJobRequest(const v1::CancelJobRequest& request) {
-  if (absl::Status s = ValidateJobId(request.job_id()); !s.ok()) return s;
-  if (request.reason().size() > kMaxCancelReasonLength) {
-    return Invalid("reason", absl::StrCat("must be at most ", kMaxCancelReasonLength,
-                                          " characters, got ", request.reason().size()));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace server
+}  // namespace api
 }  // namespace dattn

@@ -24,8 +24,8 @@
 //                   against measured peaks.
 //
 // All functions are pure and thread-safe.
-#ifndef DATTN_WORKER_RANK_MEMORY_PLAN_H_
-#define DATTN_WORKER_RANK_MEMORY_PLAN_H_
+#ifndef DATTN_ENGINE_RANK_MEMORY_PLAN_H_
+#define DATTN_ENGINE_RANK_MEMORY_PLAN_H_
 
 #include <cstdint>
 #include <string>
@@ -36,7 +36,6 @@
 #include "engine/tensor.h"
 
 namespace dattn {
-namespace worker {
 
 // The whole job, as every rank sees it.
 struct RankProblem {
@@ -74,7 +73,6 @@ absl::StatusOr<RankMemoryPlan> PlanRankMemory(const RankProblem& problem, int ra
 absl::StatusOr<RankMemoryPlan> PlanLargestRankMemory(const RankProblem& problem,
                                                      BackendKind backend, int cpu_threads);
 
-}  // namespace worker
 }  // namespace dattn
 
-#endif  // DATTN_WORKER_RANK_MEMORY_PLAN_H_
+#endif  // DATTN_ENGINE_RANK_MEMORY_PLAN_H_

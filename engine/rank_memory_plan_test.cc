@@ -1,4 +1,4 @@
-#include "worker/rank_memory_plan.h"
+#include "engine/rank_memory_plan.h"
 
 #include <algorithm>
 
@@ -9,7 +9,6 @@
 #include "gtest/gtest.h"
 
 namespace dattn {
-namespace worker {
 namespace {
 
 RankProblem Problem(int ranks, bool backward) {
@@ -152,5 +151,4 @@ TEST(RankMemoryPlanTest, Errors) {
 }
 
 }  // namespace
-}  // namespace worker
 }  // namespace dattn

@@ -1,0 +1,48 @@
+// The limits of the dattn.v1 API, defined once: the coordinator validates against them, the workers
+// check what they are handed against them, and the CLI's help text quotes them. Each constant says
+// which field it bounds; the .proto files state the same numbers to users.
+#ifndef DATTN_API_LIMITS_H_
+#define DATTN_API_LIMITS_H_
+
+#include <cstddef>
+#include <cstdint>
+
+namespace dattn {
+namespace api {
+
+// SubmitJobRequest.idempotency_key: 1 .. this many characters.
+inline constexpr size_t kMaxIdempotencyKeyLength = 128;
+// JobSpec.name: at most this many characters.
+inline constexpr size_t kMaxJobNameLength = 128;
+// JobSpec.tenant: at most this many characters of [A-Za-z0-9._-].
+inline constexpr size_t kMaxTenantLength = 64;
+// JobSpec.priority: kMinPriority .. kMaxPriority.
+inline constexpr int kMinPriority = -100;
+inline constexpr int kMaxPriority = 100;
+// Job ids in requests: at most this many characters ("j-" + 16 hex digits in practice).
+inline constexpr size_t kMaxJobIdLength = 64;
+// AttentionJobSpec.iterations: 1 .. this many (0 means 1).
+inline constexpr int64_t kMaxIterations = 1000000;
+// AttentionJobSpec.return_output: the largest output a job may return, all ranks together. The
+// output is written to the coordinator's data dir and read back with JobService.ReadOutput in
+// chunks, so it is bounded by disk, not by a message size.
+inline constexpr int64_t kMaxReturnedOutputBytes = int64_t{16} << 30;
+// Largest data chunk of an output stream (JobService.ReadOutput, WorkerRegistry.UploadOutput).
+inline constexpr int64_t kMaxOutputChunkBytes = int64_t{4} << 20;
+// CancelJobRequest.reason: at most this many characters.
+inline constexpr size_t kMaxCancelReasonLength = 256;
+// ListJobsRequest.page_size: 1 .. kMaxPageSize; 0 means kDefaultPageSize.
+inline constexpr int kMaxPageSize = 1000;
+inline constexpr int kDefaultPageSize = 50;
+// GetJobRequest.max_events: 1 .. kMaxEvents; 0 means kDefaultMaxEvents.
+inline constexpr int kDefaultMaxEvents = 1000;
+inline constexpr int kMaxEvents = 10000;
+// Largest gRPC message the coordinator and its clients exchange. No message carries a tensor (those
+// travel in chunks of kMaxOutputChunkBytes), so this bounds a Job with its events and per-rank
+// results and a listing page.
+inline constexpr int kMaxMessageBytes = 32 << 20;
+
+}  // namespace api
+}  // namespace dattn
+
+#endif  // DATTN_API_LIMITS_H_

@@ -1,0 +1,63 @@
+// The attention job as a work kind (work_kind.h): the engine run on inputs drawn from a seed, on
+// one rank or a sequence-parallel ring, forward or forward + backward, timed.
+//
+// Analysis: api/attention_job.h (every field checked, the memory of the ring's largest rank planned
+// per device kind). Each rank's assignment carries its AttentionRankPlan. Results: the per-rank
+// results in rank order, the slowest rank's step time, the summed fp64 checksums and the whole
+// job's effective TFLOP/s; with return_output, the output (B, N, H, D) is stored as the ranks'
+// (B, N/P, H, D) shards. Recovery: only a rerun of the same job (the shape, precision and ring size
+// are what the user asked to measure), so every in-place recovery is off.
+//
+// Thread-safety: as WorkKind; the AttemptResults it makes are not thread-safe.
+#ifndef DATTN_SERVER_ATTENTION_KIND_H_
+#define DATTN_SERVER_ATTENTION_KIND_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "api/attention_job.h"
+#include "server/metrics.h"
+#include "server/work_kind.h"
+
+namespace dattn {
+namespace server {
+
+// The attention kind's analysis: the common part and the engine's view of the job.
+struct AttentionAnalysis : JobAnalysis {
+  api::AttentionJobInfo info;
+};
+
+// The job's result from its ranks' results (any order; one per rank): per-rank results in rank
+// order, the slowest rank's step time, sums of the checksums, the nominal FLOPs of one step and
+// the whole job's effective TFLOP/s (the whole problem's FLOPs over the slowest rank's step: ranks
+// run in parallel).
+v1::AttentionJobResult CombineRankResults(const api::AttentionJobInfo& info,
+                                          std::vector<v1::RankResult> ranks);
+
+class AttentionKind final : public WorkKind {
+ public:
+  // `metrics` (not owned, must outlive the kind) receives the attention metrics of finished jobs.
+  explicit AttentionKind(Metrics* metrics) : metrics_(metrics) {}
+
+  const char* name() const override { return "attention"; }
+  v1::JobSpec::WorkCase work_case() const override { return v1::JobSpec::kAttention; }
+  absl::StatusOr<std::shared_ptr<const JobAnalysis>> Analyze(
+      const v1::JobSpec& spec, const std::string& path) const override;
+  void PlanRank(const JobAnalysis& analysis, size_t device, int rank,
+                v1::TaskAssignment* assignment) const override;
+  OutputLayout Output(const JobAnalysis& analysis) const override;
+  v1::TensorHeader ShardHeader(const JobAnalysis& analysis, int rank) const override;
+  std::unique_ptr<AttemptResults> NewAttempt(const JobAnalysis& analysis,
+                                             size_t device) const override;
+  void DescribeRecovery(const JobAnalysis& analysis, size_t device,
+                        scheduler::RecoveryInput* input) const override;
+
+ private:
+  Metrics* const metrics_;
+};
+
+}  // namespace server
+}  // namespace dattn
+
+#endif  // DATTN_SERVER_ATTENTION_KIND_H_

@@ -1,0 +1,153 @@
+#include "server/dispatcher.h"
+
+#include <utility>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
+#include "server/log.h"
+#include "server/proto_time.h"
+
+namespace dattn {
+namespace server {
+namespace {
+
+// The reasons each device kind of `analysis` cannot run on `workers`, or the first that fits.
+struct Fit {
+  std::optional<size_t> device;
+  std::vector<std::string> reasons;
+};
+
+}  // namespace
+
+Dispatcher::Dispatcher(DispatcherOptions options, Metrics* metrics)
+    : options_(options),
+      metrics_(metrics),
+      scheduler_(scheduler::SchedulerOptions{options.starvation_bound}) {}
+
+scheduler::JobRequest Dispatcher::Request(const JobRun& run, const JobAnalysis& analysis,
+                                          size_t device) const {
+  scheduler::JobRequest request;
+  request.job_id = run.job.job_id();
+  request.tenant = run.job.spec().tenant().empty() ? "default" : run.job.spec().tenant();
+  request.priority = run.job.spec().priority();
+  request.submit_seq = run.submit_seq;
+  request.submit_time = FromTimestamp(run.job.create_time());
+  request.num_ranks = analysis.num_ranks;
+  request.memory_per_rank_bytes = analysis.devices[device].memory_per_rank_bytes;
+  request.dtype = analysis.dtype;
+  request.needs_gpu = analysis.devices[device].gpu;
+  request.head_dim = analysis.head_dim;
+  return request;
+}
+
+absl::Status Dispatcher::CheckFeasible(const JobAnalysis& analysis,
+                                       const std::vector<scheduler::WorkerInfo>& workers,
+                                       int64_t ready_workers) const {
+  // Workers may register later: with none ready, everything waits in the queue.
+  if (ready_workers == 0) return absl::OkStatus();
+  JobRun probe;
+  probe.job.set_job_id("submitted-job");
+  probe.submit_seq = 1;
+  std::vector<std::string> reasons;
+  for (size_t i = 0; i < analysis.devices.size(); ++i) {
+    const scheduler::Feasibility f = scheduler::CheckFeasible(Request(probe, analysis, i), workers);
+    if (f.feasible) return absl::OkStatus();
+    reasons.push_back(
+        absl::StrCat(f.reason, " (memory plan per rank: ", analysis.devices[i].memory_plan, ")"));
+  }
+  return absl::ResourceExhaustedError(absl::StrCat("the job can never run on the ready workers: ",
+                                                   absl::StrJoin(reasons, "; or ")));
+}
+
+void Dispatcher::Enqueue(JobRun* run, const std::vector<scheduler::WorkerInfo>& workers,
+                         int64_t ready_workers) {
+  const JobAnalysis& analysis = *run->analysis;
+  if (analysis.devices.size() > 1 && ready_workers > 0) {
+    for (size_t i = 0; i < analysis.devices.size(); ++i) {
+      if (scheduler::CheckFeasible(Request(*run, analysis, i), workers).feasible) {
+        run->device = i;
+        break;
+      }
+    }
+  }
+  absl::Status s = scheduler_.Enqueue(Request(*run, analysis, run->device));
+  if (!s.ok() && !absl::IsAlreadyExists(s)) {
+    Log(absl::StrCat("internal error: cannot queue job ", run->job.job_id(), ": ", s.message()));
+  }
+  UpdateDepth();
+}
+
+void Dispatcher::Remove(const std::string& job_id) {
+  scheduler_.Remove(job_id).IgnoreError();
+  UpdateDepth();
+}
+
+std::optional<size_t> Dispatcher::Position(const std::string& job_id) const {
+  std::optional<size_t> position = scheduler_.queue().Position(job_id);
+  if (position.has_value()) ++*position;
+  return position;
+}
+
+std::vector<Dispatcher::Verdict> Dispatcher::Check(
+    absl::Time now, const std::string& ready_set, const std::vector<JobRun*>& runs,
+    const std::vector<scheduler::WorkerInfo>& workers) {
+  if (ready_set != ready_set_) {
+    ready_set_ = ready_set;
+    ready_set_since_ = now;
+  }
+  std::vector<Verdict> verdicts;
+  if (ready_set.empty() || now - ready_set_since_ < options_.feasibility_settle) return verdicts;
+  for (JobRun* run : runs) {
+    if (run->checked || run->terminal || run->job.state() != v1::JOB_STATE_QUEUED) continue;
+    const JobAnalysis& analysis = *run->analysis;
+    std::vector<std::string> reasons;
+    std::optional<size_t> fits;
+    for (size_t i = 0; i < analysis.devices.size() && !fits.has_value(); ++i) {
+      const scheduler::Feasibility f =
+          scheduler::CheckFeasible(Request(*run, analysis, i), workers);
+      if (f.feasible) {
+        fits = i;
+      } else {
+        reasons.push_back(absl::StrCat(
+            f.reason, " (memory plan per rank: ", analysis.devices[i].memory_plan, ")"));
+      }
+    }
+    if (!fits.has_value() && run->placed_before) {
+      // It ran on this cluster before: the workers it needs may not have re-registered yet (after
+      // a restart they come back as their cancelled tasks stop). It waits, unchecked.
+      continue;
+    }
+    scheduler_.Remove(run->job.job_id()).IgnoreError();
+    if (!fits.has_value()) {
+      verdicts.push_back(
+          {run, absl::StrCat("the job can never run on the ready workers (it was queued before "
+                             "they were checked): ",
+                             absl::StrJoin(reasons, "; or "))});
+      continue;
+    }
+    // Queued again for the device kind that fits, in its old place (same submit_seq).
+    run->checked = true;
+    run->device = *fits;
+    absl::Status s = scheduler_.Enqueue(Request(*run, analysis, run->device));
+    if (!s.ok()) {
+      Log(absl::StrCat("internal error: cannot queue job ", run->job.job_id(), ": ", s.message()));
+    }
+  }
+  UpdateDepth();
+  return verdicts;
+}
+
+absl::StatusOr<std::vector<scheduler::Placement>> Dispatcher::Schedule(
+    const std::vector<scheduler::WorkerInfo>& workers, absl::Time now) {
+  if (scheduler_.queue().empty()) return std::vector<scheduler::Placement>();
+  absl::StatusOr<std::vector<scheduler::Placement>> placements = scheduler_.Schedule(workers, now);
+  UpdateDepth();
+  return placements;
+}
+
+void Dispatcher::UpdateDepth() const {
+  metrics_->SetQueueDepth(static_cast<int64_t>(scheduler_.queue().size()));
+}
+
+}  // namespace server
+}  // namespace dattn

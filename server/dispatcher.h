@@ -1,0 +1,100 @@
+// The dispatcher: the queue of jobs waiting for workers and the scheduling pass that places them.
+//
+// It turns a job's analysis (work_kind.h) into the scheduler's resource request on one of the
+// job's device kinds, keeps the queue (scheduler/scheduler.h: priorities, per-tenant fairness,
+// gang placement, backfill, anti-starvation), checks whether a job could ever run on the workers
+// it is shown, and runs the pass that returns placements. It does no I/O and decides no state: the
+// coordinator applies what it returns (tasks, rings, transitions).
+//
+// Device kinds. A job lists its device kinds in preference order (DEVICE_PREFERENCE_ANY: GPU, then
+// CPU). It is queued for the first kind the workers it is shown could fit, or its first kind when
+// none could; once checked against ready workers (Check below) that kind is fixed.
+//
+// Unchecked jobs. A job accepted while no worker was ready (and every job reloaded after a
+// restart) was checked against no worker. Check() looks at them once some worker is ready and the
+// ready set has stayed the same for `feasibility_settle` (workers of a new cluster register one by
+// one): each either fits (it is marked checked, queued for the kind that fits, in its old place)
+// or is reported as never able to run, with the scheduler's reasons and the memory plans; a job
+// placed before is left unchecked instead (its workers may not have re-registered yet).
+//
+// Thread-safety: none of its own; the coordinator holds it ABSL_GUARDED_BY its mutex.
+#ifndef DATTN_SERVER_DISPATCHER_H_
+#define DATTN_SERVER_DISPATCHER_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "scheduler/scheduler.h"
+#include "scheduler/types.h"
+#include "server/job_book.h"
+#include "server/metrics.h"
+#include "server/work_kind.h"
+
+namespace dattn {
+namespace server {
+
+struct DispatcherOptions {
+  absl::Duration starvation_bound = absl::Minutes(10);  // scheduler.h, "Anti-starvation".
+  absl::Duration feasibility_settle = absl::Seconds(5);
+};
+
+class Dispatcher {
+ public:
+  // `metrics` (not owned) gets the queue depth.
+  Dispatcher(DispatcherOptions options, Metrics* metrics);
+  Dispatcher(const Dispatcher&) = delete;
+  Dispatcher& operator=(const Dispatcher&) = delete;
+
+  // RESOURCE_EXHAUSTED ("the job can never run on the ready workers: ..." with the scheduler's
+  // reasons and each device kind's memory plan) when none of the job's device kinds fits
+  // `workers`; OK when it fits or `ready_workers` is 0 (workers may register later).
+  absl::Status CheckFeasible(const JobAnalysis& analysis,
+                             const std::vector<scheduler::WorkerInfo>& workers,
+                             int64_t ready_workers) const;
+
+  // Queues `run` (QUEUED, not in the queue) for a device kind as described at the top.
+  void Enqueue(JobRun* run, const std::vector<scheduler::WorkerInfo>& workers,
+               int64_t ready_workers);
+  // Takes the job out of the queue, if it is there.
+  void Remove(const std::string& job_id);
+  // 1-based position while queued.
+  std::optional<size_t> Position(const std::string& job_id) const;
+  bool empty() const { return scheduler_.queue().empty(); }
+
+  // A job that can never run (see "Unchecked jobs").
+  struct Verdict {
+    JobRun* run = nullptr;
+    std::string reason;
+  };
+  // Checks the unchecked queued jobs among `runs` once the ready set `ready_set` (a canonical
+  // string; empty when no worker is ready) has been stable for feasibility_settle at `now`.
+  std::vector<Verdict> Check(absl::Time now, const std::string& ready_set,
+                             const std::vector<JobRun*>& runs,
+                             const std::vector<scheduler::WorkerInfo>& workers);
+
+  // One scheduling pass (scheduler.h) against `workers` at `now`: the placements made; those jobs
+  // left the queue. INVALID_ARGUMENT for an invalid worker list (nothing placed).
+  absl::StatusOr<std::vector<scheduler::Placement>> Schedule(
+      const std::vector<scheduler::WorkerInfo>& workers, absl::Time now);
+
+ private:
+  scheduler::JobRequest Request(const JobRun& run, const JobAnalysis& analysis,
+                                size_t device) const;
+  void UpdateDepth() const;
+
+  const DispatcherOptions options_;
+  Metrics* const metrics_;
+  scheduler::Scheduler scheduler_;
+  std::string ready_set_;  // As of the last Check.
+  absl::Time ready_set_since_ = absl::InfinitePast();
+};
+
+}  // namespace server
+}  // namespace dattn
+
+#endif  // DATTN_SERVER_DISPATCHER_H_

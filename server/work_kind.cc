@@ -1,0 +1,33 @@
+#include "server/work_kind.h"
+
+#include <utility>
+
+#include "absl/strings/str_join.h"
+
+namespace dattn {
+namespace server {
+
+void WorkKinds::Add(std::unique_ptr<WorkKind> kind) { kinds_.push_back(std::move(kind)); }
+
+const WorkKind* WorkKinds::For(const v1::JobSpec& spec) const {
+  for (const auto& kind : kinds_) {
+    if (kind->work_case() == spec.work_case()) return kind.get();
+  }
+  return nullptr;
+}
+
+const WorkKind* WorkKinds::Named(const std::string& name) const {
+  for (const auto& kind : kinds_) {
+    if (name == kind->name()) return kind.get();
+  }
+  return nullptr;
+}
+
+std::string WorkKinds::Names() const {
+  std::vector<std::string> names;
+  for (const auto& kind : kinds_) names.push_back(kind->name());
+  return absl::StrJoin(names, ", ");
+}
+
+}  // namespace server
+}  // namespace dattn

@@ -1,0 +1,131 @@
+// A kind of work the coordinator runs (attention jobs today; training jobs and inference
+// deployments are next), behind one interface, so that adding a kind touches none of the
+// coordinator's roles (job book, worker registry, ring rendezvous, dispatcher).
+//
+// A kind:
+//   1. validates and analyses a job's spec, once, at submit (and again only when a restarted
+//      coordinator reloads a stored job): the JobAnalysis it returns is kept with the job and says
+//      what every role needs: ranks, device kinds with the memory one rank needs on each, what the
+//      workers must run, whether ranks upload an output;
+//   2. turns the analysis into each rank's plan, which travels in the rank's assignment, so the
+//      worker never analyses the spec again;
+//   3. combines the ranks' reports of one attempt into the job's result (AttemptResults), and
+//      describes its stored output's layout;
+//   4. says which recoveries apply to its jobs after a failure.
+// The dispatcher turns JobAnalysis::devices into the scheduler's resource request.
+//
+// Kinds are immutable after construction and every method may be called from any thread.
+#ifndef DATTN_SERVER_WORK_KIND_H_
+#define DATTN_SERVER_WORK_KIND_H_
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "api/attention_job.h"
+#include "dattn/v1/attention.pb.h"
+#include "dattn/v1/job.pb.h"
+#include "dattn/v1/worker.pb.h"
+#include "scheduler/recovery.h"
+
+namespace dattn {
+namespace server {
+
+// One device kind a job may run on (GPU or CPU), with the memory one rank reserves there.
+using DeviceOption = api::DeviceVariant;
+
+// What the coordinator's roles need to know of a valid job, whatever its kind. Made by
+// WorkKind::Analyze; immutable; kinds derive from it to keep their own details.
+struct JobAnalysis {
+  virtual ~JobAnalysis() = default;
+
+  int num_ranks = 1;        // Ranks of one attempt: a gang placed together.
+  int64_t steps_total = 1;  // JobProgress.steps_total.
+  std::string dtype;        // Element type the workers must run ("fp32", "bf16", ...).
+  int64_t head_dim = 0;     // Head dimension the workers must run; 0: any.
+  // Device kinds it may run on, in preference order; never empty.
+  std::vector<DeviceOption> devices;
+  // Ranks upload an output shard (WorkerRegistry.UploadOutput) before they report success.
+  bool keeps_output = false;
+  std::string summary;  // One line for the "submitted" event.
+};
+
+// How a stored output is laid out over its ranks' shards: `blocks` blocks, each the concatenation
+// of every rank's next `rank_block_bytes` in rank order (an attention output (B, N, H, D) is B
+// blocks of N/P rows per rank).
+struct OutputLayout {
+  v1::TensorHeader header;  // The whole output.
+  int ranks = 1;
+  int64_t blocks = 1;
+  int64_t rank_block_bytes = 0;
+};
+
+// One attempt's results: the reports of its ranks, combined once every rank has succeeded. Not
+// thread-safe; the coordinator calls it under its lock.
+class AttemptResults {
+ public:
+  virtual ~AttemptResults() = default;
+  // Rank `rank` succeeded with `report` (rank_result set) on worker `worker_id` (named
+  // `worker_name`). Once per rank.
+  virtual void AddRank(int rank, const std::string& worker_id, const std::string& worker_name,
+                       const v1::TaskReport& report) = 0;
+  virtual int ranks_done() const = 0;
+  // Every rank succeeded: the job's result (with the stored output's header when the job kept
+  // one) and the message of its "succeeded" event. Records the kind's metrics of a finished job.
+  virtual std::string Finish(const v1::TensorHeader* output, v1::JobResult* result) = 0;
+};
+
+class WorkKind {
+ public:
+  virtual ~WorkKind() = default;
+
+  // The kind's name: JobSpec's `work` field ("attention"), the store's kind column and the
+  // metrics' kind label.
+  virtual const char* name() const = 0;
+  virtual v1::JobSpec::WorkCase work_case() const = 0;
+
+  // Validates the kind's part of `spec` (the message at `path`, e.g. "spec") and analyses it.
+  // INVALID_ARGUMENT naming the field and value; UNIMPLEMENTED for a valid job that cannot run yet.
+  virtual absl::StatusOr<std::shared_ptr<const JobAnalysis>> Analyze(
+      const v1::JobSpec& spec, const std::string& path) const = 0;
+
+  // Fills `assignment`'s plan for rank `rank` on analysis.devices[device].
+  virtual void PlanRank(const JobAnalysis& analysis, size_t device, int rank,
+                        v1::TaskAssignment* assignment) const = 0;
+
+  // With analysis.keeps_output: the whole output's layout, and the header rank `rank`'s shard must
+  // carry.
+  virtual OutputLayout Output(const JobAnalysis& analysis) const = 0;
+  virtual v1::TensorHeader ShardHeader(const JobAnalysis& analysis, int rank) const = 0;
+
+  // A new attempt's result accumulator, on analysis.devices[device].
+  virtual std::unique_ptr<AttemptResults> NewAttempt(const JobAnalysis& analysis,
+                                                     size_t device) const = 0;
+
+  // Which recoveries apply after a failure: fills `input`'s job description and allow_* switches
+  // and memory function (scheduler/recovery.h); the caller fills the failure and attempts.
+  virtual void DescribeRecovery(const JobAnalysis& analysis, size_t device,
+                                scheduler::RecoveryInput* input) const = 0;
+};
+
+// The kinds the coordinator runs, found by a spec's `work` or by name. Owns them.
+class WorkKinds {
+ public:
+  void Add(std::unique_ptr<WorkKind> kind);
+  // The kind of `spec`'s work, or nullptr when no kind handles it (or no work is set).
+  const WorkKind* For(const v1::JobSpec& spec) const;
+  // The kind called `name`, or nullptr.
+  const WorkKind* Named(const std::string& name) const;
+  // "attention" or "attention, training": for messages.
+  std::string Names() const;
+
+ private:
+  std::vector<std::unique_ptr<WorkKind>> kinds_;
+};
+
+}  // namespace server
+}  // namespace dattn
+
+#endif  // DATTN_SERVER_WORK_KIND_H_

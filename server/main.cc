@@ -57,7 +57,8 @@ int main(int argc, char** argv) {
   app.add_option("--listen", listen, "gRPC address HOST:PORT (port 0 picks a free port)")
       ->capture_default_str();
   app.add_option("--metrics-listen", metrics_listen,
-                 "Prometheus /metrics address HOST:PORT (port 0 picks a free port)")
+                 "HTTP address HOST:PORT of /metrics (Prometheus), /healthz (liveness) and / "
+                 "(port 0 picks a free port)")
       ->capture_default_str();
   app.add_option("--data-dir", data_dir, "folder of the job store (jobs.db); created if missing")
       ->capture_default_str();
@@ -151,7 +152,7 @@ int main(int argc, char** argv) {
 
   Metrics metrics;
   absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server =
-      MetricsServer::Start(metrics_listen, metrics.registry());
+      MetricsServer::Start(metrics_listen, metrics.registry(), "dattn-coordinator");
   if (!metrics_server.ok()) {
     Say(std::string(metrics_server.status().message()));
     return 1;

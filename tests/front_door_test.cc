@@ -1,0 +1,66 @@
+// What a new user and a reliability test meet first, against the real binaries: the metrics port
+// answers whatever is asked of it and the coordinator keeps serving.
+#include <string>
+#include <vector>
+
+#include "gtest/gtest.h"
+#include "tests/cluster.h"
+#include "tests/cluster_fixture.h"
+
+namespace dattn::testing {
+namespace {
+
+using std::chrono::seconds;
+
+using FrontDoor = ClusterTest;
+
+// `curl` of `url` with `extra` flags; returns what -w '%{http_code}' printed ("404"), "" on failure.
+std::string HttpCode(Cluster& cluster, const std::string& path,
+                     const std::vector<std::string>& extra = {}) {
+  ProcessOptions curl;
+  curl.name = "curl";
+  curl.log_dir = cluster.dir();
+  curl.argv = {"/usr/bin/curl", "-s", "-o", "/dev/null", "-w", "%{http_code}", "--max-time", "10"};
+  curl.argv.insert(curl.argv.end(), extra.begin(), extra.end());
+  curl.argv.push_back("http://" + cluster.metrics_address() + path);
+  ProcessResult r = RunCommand(curl, seconds(20));
+  return r.exit_code == 0 ? r.out : "";
+}
+
+// What browsers, probes and port scans ask a metrics port: each gets an HTTP answer, and the
+// coordinator process keeps running and serving gRPC and /metrics. (The coordinator used to die
+// with SIGSEGV on the first of these: civetweb's 404 path overflowed its small thread stacks.)
+TEST_F(FrontDoor, MetricsPortAnswersAnyPathAndTheCoordinatorKeepsServing) {
+  StartCluster(0);
+  ASSERT_FALSE(cluster_->metrics_address().empty()) << cluster_->Logs();
+  struct Ask {
+    std::string path;
+    std::vector<std::string> flags;
+    std::string code;
+  };
+  const std::vector<Ask> asks = {
+      {"/", {}, "200"},
+      {"/favicon.ico", {}, "404"},
+      {"/healthz", {}, "200"},
+      {"/" + std::string(10 << 10, 'x'), {}, "404"},
+      {"/metrics", {"--head"}, "200"},
+      {"/metrics", {"-X", "POST", "--data", "a=b"}, "405"},
+      {"/robots.txt", {"-X", "DELETE"}, "405"},
+      {"/" + std::string(100 << 10, 'y'), {}, "431"},
+  };
+  for (const Ask& ask : asks) {
+    EXPECT_EQ(HttpCode(*cluster_, ask.path, ask.flags), ask.code)
+        << ask.path.substr(0, 40) << "\n"
+        << cluster_->Logs();
+    ASSERT_TRUE(cluster_->coordinator().running()) << ask.path.substr(0, 40) << "\n"
+                                                   << cluster_->Logs();
+  }
+  EXPECT_EQ(HttpCode(*cluster_, "/metrics"), "200");
+  ProcessResult health = cluster_->Cli({"health"});
+  EXPECT_EQ(health.exit_code, 0) << health.out << health.err;
+  EXPECT_NE(health.out.find("SERVING"), std::string::npos) << health.out;
+  EXPECT_TRUE(cluster_->coordinator().running());
+}
+
+}  // namespace
+}  // namespace dattn::testing

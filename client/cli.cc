@@ -227,6 +227,12 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   std::string drain_worker;
   drain->add_option("WORKER", drain_worker, "Worker id or name")->required();
 
+  // undrain
+  CLI::App* undrain =
+      app.add_subcommand("undrain", "Place work on a drained worker again (undoes drain)");
+  std::string undrain_worker;
+  undrain->add_option("WORKER", undrain_worker, "Worker id or name")->required();
+
   // health
   CLI::App* health = app.add_subcommand("health", "Ask the coordinator whether it is serving");
   std::string health_service;
@@ -235,7 +241,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
                    "grpc.health.v1 service name (default \"\": the whole server)")
       ->type_name("NAME");
 
-  for (CLI::App* sub : {submit, status, list, watch, cancel, workers, drain, health}) {
+  for (CLI::App* sub : {submit, status, list, watch, cancel, workers, drain, undrain, health}) {
     sub->footer("Exit codes: see 'dattn --help'. Details: docs/CLI.md");
   }
 
@@ -310,6 +316,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     }
     if (workers->parsed()) return Commands(global, out, err, env).Workers(workers_all);
     if (drain->parsed()) return Commands(global, out, err, env).Drain(drain_worker);
+    if (undrain->parsed()) return Commands(global, out, err, env).Undrain(undrain_worker);
     if (health->parsed()) return Commands(global, out, err, env).Health(health_service);
   } catch (const std::exception& e) {
     // Nothing below is expected to throw; an allocation failure or a library bug ends here rather

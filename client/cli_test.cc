@@ -270,6 +270,25 @@ class FakeAdminService final : public v1::AdminService::Service {
                         absl::StrCat("no worker with id or name '", request->worker_id(), "'"));
   }
 
+  grpc::Status UndrainWorker(grpc::ServerContext*, const v1::UndrainWorkerRequest* request,
+                             v1::Worker* response) override {
+    absl::MutexLock lock(&mu_);
+    undrains_.push_back(request->worker_id());
+    for (v1::Worker& w : workers_) {
+      if (w.worker_id() == request->worker_id() || w.name() == request->worker_id()) {
+        if (w.state() == v1::WORKER_STATE_DEAD) {
+          return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                              absl::StrCat("worker ", w.worker_id(), " is dead"));
+        }
+        w.set_state(v1::WORKER_STATE_READY);
+        *response = w;
+        return grpc::Status::OK;
+      }
+    }
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("no worker with id or name '", request->worker_id(), "'"));
+  }
+
   void AddWorker(const v1::Worker& w) {
     absl::MutexLock lock(&mu_);
     workers_.push_back(w);
@@ -278,11 +297,16 @@ class FakeAdminService final : public v1::AdminService::Service {
     absl::MutexLock lock(&mu_);
     return include_dead_;
   }
+  std::vector<std::string> undrains() {
+    absl::MutexLock lock(&mu_);
+    return undrains_;
+  }
 
  private:
   absl::Mutex mu_;
   std::vector<v1::Worker> workers_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> include_dead_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> undrains_ ABSL_GUARDED_BY(mu_);
 };
 
 struct Result {
@@ -900,6 +924,21 @@ TEST_F(CliTest, WorkersTableAndJsonAndDrain) {
   EXPECT_EQ(r.code, kExitNotFound);
   EXPECT_THAT(r.err, HasSubstr("no worker with id or name 'nope'"));
   EXPECT_EQ(r.out, "");
+
+  r = Run({"undrain", "gpu-host:0"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Worker w-1 (gpu-host:0) is READY: work is placed on it again"));
+  r = Run({"undrain", "w-1", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["state"], "WORKER_STATE_READY");
+  EXPECT_EQ(admin_.undrains(), (std::vector<std::string>{"gpu-host:0", "w-1"}));
+  r = Run({"undrain", "nope"});
+  EXPECT_EQ(r.code, kExitNotFound);
+  EXPECT_THAT(r.err, HasSubstr("no worker with id or name 'nope'"));
+  r = Run({"undrain", "cpu-host"});
+  EXPECT_EQ(r.code, kExitRejected);
+  EXPECT_THAT(r.err, HasSubstr("is dead"));
+  EXPECT_EQ(Run({"undrain"}).code, kExitUsage);
 }
 
 TEST_F(CliTest, WatchFollowsToSucceeded) {

@@ -297,6 +297,24 @@ int Commands::Drain(const std::string& worker) {
   return kExitOk;
 }
 
+int Commands::Undrain(const std::string& worker) {
+  v1::UndrainWorkerRequest request;
+  request.set_worker_id(worker);
+  v1::Worker response;
+  grpc::Status status = admin_->UndrainWorker(NewContext().get(), request, &response);
+  if (!status.ok()) return RpcFailed(status, "undrain worker " + worker);
+  if (args_.json) {
+    PrintJson(response);
+  } else {
+    out_ << "Worker " << response.worker_id();
+    if (!response.name().empty()) out_ << " (" << response.name() << ")";
+    out_ << " is " << WorkerStateName(response.state())
+         << ": work is placed on it again (it hears so with its next heartbeat).\n";
+  }
+  out_ << std::flush;
+  return kExitOk;
+}
+
 int Commands::Health(const std::string& service) {
   auto stub = grpc::health::v1::Health::NewStub(channel_);
   grpc::health::v1::HealthCheckRequest request;

@@ -1755,6 +1755,35 @@ absl::StatusOr<v1::Worker> Coordinator::DrainWorker(const v1::DrainWorkerRequest
   return PublicWorkerLocked(*worker);
 }
 
+absl::StatusOr<v1::Worker> Coordinator::UndrainWorker(const v1::UndrainWorkerRequest& request) {
+  if (request.worker_id().empty()) return absl::InvalidArgumentError("worker_id: required");
+  absl::MutexLock lock(&mu_);
+  if (absl::Status s = CheckPhaseLocked(/*submit=*/false); !s.ok()) return s;
+  WorkerEntry* worker = FindWorkerLocked(request.worker_id());
+  if (worker == nullptr) {
+    // By name: its live registration, else its most recent dead one (for the error).
+    for (auto& [id, entry] : workers_) {
+      if (entry->info.name() != request.worker_id()) continue;
+      if (worker == nullptr || worker->state == scheduler::WorkerState::kDead) worker = entry.get();
+    }
+  }
+  if (worker == nullptr) {
+    return absl::NotFoundError(
+        absl::StrCat("no worker with id or name \"", request.worker_id(), "\""));
+  }
+  if (worker->state == scheduler::WorkerState::kDead) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("worker ", worker->info.worker_id(), " (", worker->info.name(), ") is dead"));
+  }
+  if (worker->state == scheduler::WorkerState::kDraining) {
+    worker->state = scheduler::WorkerState::kReady;
+    worker->cv->SignalAll();
+    UpdateGaugesLocked();
+    KickSchedulerLocked();  // It takes work again.
+  }
+  return PublicWorkerLocked(*worker);
+}
+
 // -------------------------------------------------------------------------------------------------
 // Threads.
 

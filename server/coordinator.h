@@ -209,6 +209,10 @@ class Coordinator {
   // Stops placing work on the worker named by id (or, failing that, by name: its live
   // registration). Idempotent. NOT_FOUND naming the value; FAILED_PRECONDITION for a dead worker.
   absl::StatusOr<v1::Worker> DrainWorker(const v1::DrainWorkerRequest& request);
+  // Lifts a drain (found as DrainWorker finds it): DRAINING -> READY and a scheduling pass; the
+  // worker hears it as HeartbeatResponse.drain = false. Idempotent (READY stays READY). NOT_FOUND
+  // naming the value; FAILED_PRECONDITION for a dead worker.
+  absl::StatusOr<v1::Worker> UndrainWorker(const v1::UndrainWorkerRequest& request);
 
   // --- Lifecycle (the order main follows) --------------------------------------------------------
   // Readiness: OK once started while the store is healthy and the coordinator is not shutting down;

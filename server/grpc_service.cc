@@ -47,9 +47,10 @@ constexpr char kStreamAssignments[] = "/dattn.v1.WorkerRegistry/StreamAssignment
 constexpr char kReportTask[] = "/dattn.v1.WorkerRegistry/ReportTask";
 constexpr char kListWorkers[] = "/dattn.v1.AdminService/ListWorkers";
 constexpr char kDrainWorker[] = "/dattn.v1.AdminService/DrainWorker";
-constexpr const char* kMethods[] = {kSubmitJob,  kGetJob,         kListJobs,   kCancelJob,
-                                    kWatchJob,   kRegisterWorker, kHeartbeat,  kStreamAssignments,
-                                    kReportTask, kListWorkers,    kDrainWorker};
+constexpr char kUndrainWorker[] = "/dattn.v1.AdminService/UndrainWorker";
+constexpr const char* kMethods[] = {kSubmitJob,  kGetJob,         kListJobs,    kCancelJob,
+                                    kWatchJob,   kRegisterWorker, kHeartbeat,   kStreamAssignments,
+                                    kReportTask, kListWorkers,    kDrainWorker, kUndrainWorker};
 
 constexpr const char* kServiceNames[] = {"", "dattn.v1.JobService", "dattn.v1.WorkerRegistry",
                                          "dattn.v1.AdminService"};
@@ -158,6 +159,11 @@ class AdminServiceImpl final : public v1::AdminService::Service {
   grpc::Status DrainWorker(grpc::ServerContext*, const v1::DrainWorkerRequest* request,
                            v1::Worker* response) override {
     return calls_.Run(kDrainWorker, [&] { return Assign(core_->DrainWorker(*request), response); });
+  }
+  grpc::Status UndrainWorker(grpc::ServerContext*, const v1::UndrainWorkerRequest* request,
+                             v1::Worker* response) override {
+    return calls_.Run(kUndrainWorker,
+                      [&] { return Assign(core_->UndrainWorker(*request), response); });
   }
 
  private:

@@ -1,5 +1,6 @@
 // What a new user and a reliability test meet first, against the real binaries: the metrics port
-// answers whatever is asked of it and the coordinator keeps serving.
+// answers whatever is asked of it and the coordinator keeps serving; a drained worker can be
+// undrained and takes work again.
 #include <string>
 #include <vector>
 
@@ -60,6 +61,28 @@ TEST_F(FrontDoor, MetricsPortAnswersAnyPathAndTheCoordinatorKeepsServing) {
   EXPECT_EQ(health.exit_code, 0) << health.out << health.err;
   EXPECT_NE(health.out.find("SERVING"), std::string::npos) << health.out;
   EXPECT_TRUE(cluster_->coordinator().running());
+}
+
+// A drained worker gets nothing; `dattn undrain` makes it take work again: the job queued meanwhile
+// runs on it.
+TEST_F(FrontDoor, UndrainedWorkerTakesWorkAgain) {
+  StartCluster(1);
+  ProcessResult drain = cluster_->Cli({"drain", "worker-0"});
+  ASSERT_EQ(drain.exit_code, 0) << drain.out << drain.err;
+  EXPECT_NE(drain.out.find("DRAINING"), std::string::npos) << drain.out;
+  const std::string id = Submit({"--seq-len=64", "--heads=2", "--head-dim=8", "--segments=16",
+                                 "--rates=1", "--dtype=fp64", "--iterations=2"});
+  ASSERT_FALSE(id.empty());
+  dattn::v1::Job job;
+  ASSERT_TRUE(cluster_->WaitForJobState(id, dattn::v1::JOB_STATE_QUEUED, seconds(10), &job));
+  ProcessResult undrain = cluster_->Cli({"undrain", "worker-0"});
+  ASSERT_EQ(undrain.exit_code, 0) << undrain.out << undrain.err;
+  EXPECT_NE(undrain.out.find("is READY"), std::string::npos) << undrain.out;
+  ASSERT_TRUE(cluster_->WaitForJobEnd(id, seconds(60), &job)) << cluster_->Logs();
+  EXPECT_EQ(job.state(), dattn::v1::JOB_STATE_SUCCEEDED)
+      << job.state_reason() << "\n"
+      << EventsText(job);
+  EXPECT_EQ(job.attempt(), 1) << EventsText(job);  // No attempt spent on a drain refusal.
 }
 
 }  // namespace

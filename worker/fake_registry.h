@@ -5,7 +5,8 @@
 //   RegisterWorker: ids "w-<instance>-<n>" (n counts registrations), heartbeat_interval_ms = 100.
 //   Heartbeat: reregister=true for an id it never issued (a restarted coordinator); drain as set.
 //   StreamAssignments: NOT_FOUND for an unknown id; otherwise writes pushed commands in order until
-//     the call is cancelled or ShutDown().
+//     the call is cancelled or ShutDown(), or (SetCloseStreamsWhileDrained) it ends OK while
+//     drained with nothing to send, as the coordinator ends a drained, idle worker's stream.
 //   ReportTask: NOT_FOUND for an unknown worker id; stop=true for tasks named in StopTaskOnReport.
 // Thread-safe; fields below mu_ are for tests to read under mu_ (or through WaitFor's predicate).
 #ifndef DATTN_WORKER_FAKE_REGISTRY_H_
@@ -44,6 +45,7 @@ class FakeRegistry final : public v1::WorkerRegistry::Service {
 
   void Push(v1::WorkerCommand command);
   void SetDrain(bool drain);
+  void SetCloseStreamsWhileDrained(bool close);
   void StopTaskOnReport(const std::string& task_id);
   // Ends open streams and refuses to block in new ones.
   void ShutDown();
@@ -64,6 +66,7 @@ class FakeRegistry final : public v1::WorkerRegistry::Service {
   std::vector<v1::HeartbeatRequest> heartbeats_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::TaskReport> reports_ ABSL_GUARDED_BY(mu_);
   int streams_opened_ ABSL_GUARDED_BY(mu_) = 0;
+  int streams_ended_ ABSL_GUARDED_BY(mu_) = 0;
 
  private:
   const int instance_;
@@ -72,6 +75,7 @@ class FakeRegistry final : public v1::WorkerRegistry::Service {
   std::deque<v1::WorkerCommand> commands_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> stop_tasks_ ABSL_GUARDED_BY(mu_);
   bool drain_ ABSL_GUARDED_BY(mu_) = false;
+  bool close_streams_while_drained_ ABSL_GUARDED_BY(mu_) = false;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
 };
 

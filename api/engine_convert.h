@@ -17,9 +17,16 @@
 namespace dattn {
 namespace api {
 
+// The most dilation patterns (G: entries of segment_lengths, and of dilation_rates) one job may
+// have (attention.proto). LongNet uses a handful; the bound keeps a request from making every
+// process that holds the spec (coordinator, store, workers) hold millions of them.
+inline constexpr int kMaxPatterns = 64;
+
 // UNSPECIFIED mode is grouped and UNSPECIFIED head offsets are modulo (the API's documented
-// defaults). The spec is converted, not validated: ValidateSpec does that. `path` names the
-// AttentionSpec message in error messages.
+// defaults). The spec is converted, not validated: ValidateSpec does that, except for the number of
+// patterns, checked here before anything is copied: INVALID_ARGUMENT "PATH.segment_lengths: at
+// most 64 patterns, got N" (or dilation_rates). `path` names the AttentionSpec message in error
+// messages.
 absl::StatusOr<AttentionSpec> ToEngineSpec(const v1::AttentionSpec& spec,
                                            const std::string& path = "attention");
 

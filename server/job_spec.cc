@@ -265,7 +265,18 @@ absl::StatusOr<AttentionJobInfo> AnalyzeSpecAt(const v1::JobSpec& spec, const st
     return Invalid(path + ".attention",
                    "required: a job must say its work, and attention is the only kind in v1");
   }
-  return AnalyzeAttention(spec.attention(), path + ".attention");
+  absl::StatusOr<AttentionJobInfo> info = AnalyzeAttention(spec.attention(), path + ".attention");
+  if (!info.ok()) return info.status();
+  // The known fields are within their bounds by now: what is left is fields this coordinator does
+  // not know, kept (and stored) with the spec.
+  const size_t bytes = spec.ByteSizeLong();
+  if (bytes > kMaxSpecBytes) {
+    return Invalid(path,
+                   absl::StrCat("is ", bytes, " bytes serialized, more than the ", kMaxSpecBytes,
+                                " a job spec may have (fields this coordinator does not know "
+                                "count too)"));
+  }
+  return info;
 }
 
 }  // namespace

@@ -42,6 +42,10 @@ inline constexpr int64_t kMaxReturnedOutputBytes = int64_t{64} << 20;
 inline constexpr size_t kMaxCancelReasonLength = 256;
 inline constexpr int kMaxPageSize = 1000;
 inline constexpr int kDefaultPageSize = 50;
+// A submitted JobSpec's serialized size, unknown fields included. Every known field is bounded on
+// its own (name 128, tenant 64, patterns api::kMaxPatterns, the rest scalars: under 2 KiB in all);
+// this bounds what a client can make the coordinator store in fields it does not know.
+inline constexpr size_t kMaxSpecBytes = 64 << 10;
 
 // Threads the memory plan of a CPU rank assumes: the CPU backend's scratch grows with its thread
 // count and workers differ, so the plan takes a bound above any CPU worker's thread count. The

@@ -64,6 +64,30 @@ TEST(JobSpecTest, DerivesTheEngineViewOfAValidJob) {
   EXPECT_EQ(info->variants[0].memory_plan, plan->DebugString());
 }
 
+// Up to api::kMaxPatterns patterns are accepted; one more is refused naming the field and count.
+TEST(JobSpecTest, PatternsAreBounded) {
+  v1::SubmitJobRequest request = Request();
+  v1::AttentionSpec* a = request.mutable_spec()->mutable_attention()->mutable_attention();
+  a->clear_segment_lengths();
+  a->clear_dilation_rates();
+  for (int i = 0; i < api::kMaxPatterns; ++i) {
+    a->add_segment_lengths(128);
+    a->add_dilation_rates(1 + i % 4);
+  }
+  absl::StatusOr<AttentionJobInfo> info = ValidateSubmitJobRequest(request);
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_EQ(info->spec.num_patterns(), api::kMaxPatterns);
+  a->add_segment_lengths(128);
+  a->add_dilation_rates(1);
+  info = ValidateSubmitJobRequest(request);
+  EXPECT_EQ(info.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(info.status().message()),
+              HasSubstr("spec.attention.attention.segment_lengths: at most 64 patterns (entries) "
+                        "per job, got 65"));
+  // The stored-spec path (a restart) applies the same bound.
+  EXPECT_EQ(AnalyzeJobSpec(request.spec()).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
 TEST(JobSpecTest, TheStoredSpecAloneIsCheckedTheSameWay) {
   v1::JobSpec spec = Request().spec();
   EXPECT_TRUE(AnalyzeJobSpec(spec).ok());

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -20,6 +21,7 @@
 #include "absl/time/time.h"
 #include "server/coordinator.h"
 #include "server/grpc_service.h"
+#include "server/job_store.h"
 #include "server/metrics.h"
 
 namespace {
@@ -173,6 +175,10 @@ int main(int argc, char** argv) {
   }
   (*server)->SetServing(true);
   Say(absl::StrCat("job store ", data_dir, "/jobs.db open"));
+  // The store creates what is missing private (0700/0600); a folder that existed keeps its mode.
+  if (std::optional<std::string> warning = dattn::server::GroupOrWorldAccessWarning(data_dir)) {
+    Say(*warning);
+  }
   std::fprintf(stderr, "dattn-coordinator listening on %s, metrics on %s\n",
                (*server)->address().c_str(), (*metrics_server)->address().c_str());
   std::fflush(stderr);

@@ -1,6 +1,8 @@
 // What a new user and a reliability test meet first, against the real binaries: the metrics port
 // answers whatever is asked of it and the coordinator keeps serving; a drained worker can be
-// undrained and takes work again.
+// undrained and takes work again; the data dir is private.
+#include <sys/stat.h>
+
 #include <string>
 #include <vector>
 
@@ -15,7 +17,8 @@ using std::chrono::seconds;
 
 using FrontDoor = ClusterTest;
 
-// `curl` of `url` with `extra` flags; returns what -w '%{http_code}' printed ("404"), "" on failure.
+// `curl` of `url` with `extra` flags; returns what -w '%{http_code}' printed ("404"), "" on
+// failure.
 std::string HttpCode(Cluster& cluster, const std::string& path,
                      const std::vector<std::string>& extra = {}) {
   ProcessOptions curl;
@@ -50,9 +53,8 @@ TEST_F(FrontDoor, MetricsPortAnswersAnyPathAndTheCoordinatorKeepsServing) {
       {"/" + std::string(100 << 10, 'y'), {}, "431"},
   };
   for (const Ask& ask : asks) {
-    EXPECT_EQ(HttpCode(*cluster_, ask.path, ask.flags), ask.code)
-        << ask.path.substr(0, 40) << "\n"
-        << cluster_->Logs();
+    EXPECT_EQ(HttpCode(*cluster_, ask.path, ask.flags), ask.code) << ask.path.substr(0, 40) << "\n"
+                                                                  << cluster_->Logs();
     ASSERT_TRUE(cluster_->coordinator().running()) << ask.path.substr(0, 40) << "\n"
                                                    << cluster_->Logs();
   }
@@ -79,10 +81,39 @@ TEST_F(FrontDoor, UndrainedWorkerTakesWorkAgain) {
   ASSERT_EQ(undrain.exit_code, 0) << undrain.out << undrain.err;
   EXPECT_NE(undrain.out.find("is READY"), std::string::npos) << undrain.out;
   ASSERT_TRUE(cluster_->WaitForJobEnd(id, seconds(60), &job)) << cluster_->Logs();
-  EXPECT_EQ(job.state(), dattn::v1::JOB_STATE_SUCCEEDED)
-      << job.state_reason() << "\n"
-      << EventsText(job);
+  EXPECT_EQ(job.state(), dattn::v1::JOB_STATE_SUCCEEDED) << job.state_reason() << "\n"
+                                                         << EventsText(job);
   EXPECT_EQ(job.attempt(), 1) << EventsText(job);  // No attempt spent on a drain refusal.
+}
+
+int ModeOf(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return -1;
+  return static_cast<int>(st.st_mode & 07777);
+}
+
+// The coordinator creates its data dir 0700 and its store files 0600; a data dir that already
+// exists open to others is left as it is, with a warning that says how to fix it.
+TEST_F(FrontDoor, TheDataDirIsPrivate) {
+  StartCluster(0);
+  const std::string dir = cluster_->data_dir();
+  EXPECT_EQ(ModeOf(dir), 0700);
+  for (const char* file : {"/jobs.db", "/jobs.db.lock"})
+    EXPECT_EQ(ModeOf(dir + file), 0600) << file;
+  EXPECT_EQ(cluster_->coordinator().ReadStderr().find("warning: data dir"), std::string::npos);
+
+  ClusterOptions options;
+  options.name = "loose-data-dir";
+  Cluster loose(options);
+  ASSERT_EQ(::mkdir(loose.data_dir().c_str(), 0755), 0);
+  ASSERT_EQ(::chmod(loose.data_dir().c_str(), 0755), 0);
+  std::string error;
+  ASSERT_TRUE(loose.StartCoordinator(&error)) << error;
+  std::optional<std::string> warning = loose.coordinator().WaitForStderr(
+      "(warning: data dir [^\\n]* is mode 0755[^\\n]*chmod 700[^\\n]*)", seconds(10));
+  ASSERT_TRUE(warning.has_value()) << loose.Logs();
+  EXPECT_EQ(ModeOf(loose.data_dir()), 0755);  // Warned about, not changed.
+  EXPECT_EQ(ModeOf(loose.data_dir() + "/jobs.db"), 0600);
 }
 
 }  // namespace

@@ -690,6 +690,34 @@ TEST_F(CliTest, BadJobFilesAreUsageErrorsNamingTheKey) {
   EXPECT_TRUE(jobs_.submits().empty());
 }
 
+// Job files are bounded at 1 MiB: a bigger file (or a device that never ends) is refused naming the
+// file and its size, without reading it all; a directory is refused for what it is.
+TEST_F(CliTest, JobFilesAreAtMostOneMebibyte) {
+  // Just under the limit: settings padded with a comment.
+  const std::string settings =
+      "attention: {seq_len: 4096, heads: 8, head_dim: 64, segments: [2048], rates: [1]}\n#";
+  const std::string fits =
+      WriteTemp("fits.yaml", settings + std::string((1 << 20) - settings.size() - 1, 'x') + "\n");
+  Result r = Run({"submit", "--file", fits});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+
+  const std::string big = WriteTemp("big.yaml", settings + std::string(2 << 20, 'x') + "\n");
+  r = Run({"submit", "--file", big});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat("job file '", big, "' is ",
+                                            settings.size() + (2 << 20) + 1, " bytes (2.0 MiB)")));
+  EXPECT_THAT(r.err, HasSubstr("at most 1 MiB (1048576 bytes)"));
+
+  r = Run({"submit", "--file", "/dev/zero"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("job file '/dev/zero' is more than 1048576 bytes"));
+
+  r = Run({"submit", "--file", TempPath("")});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("is a directory"));
+  EXPECT_EQ(jobs_.submits().size(), 1u);
+}
+
 TEST_F(CliTest, ServerRejectionIsExitFourWithTheServerMessage) {
   jobs_.SetSubmitStatus(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT,
                                      "spec.attention.num_ranks: 3 does not divide seq_len 4096"));

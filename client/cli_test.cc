@@ -524,11 +524,43 @@ TEST_F(CliTest, SubmitDefaultsAndGeneratedKey) {
   EXPECT_THAT(r.out, HasSubstr(absl::StrCat("--idempotency-key ", key)));
 }
 
+// The shipped example is meant for the demo cluster (two CPU workers, one slot each): CPU
+// precision, CPU device, a ring of at most two ranks. tests/front_door_test runs it there.
 TEST_F(CliTest, SubmitFromTheExampleYamlFile) {
   Result r = Run({"submit", "--file", "client/examples/attention-job.yaml"});
   ASSERT_EQ(r.code, kExitOk) << r.err;
   const auto expected_spec = Proto<v1::JobSpec>(R"pb(
-    name: "longnet-32k-mixture"
+    name: "longnet-8k-mixture"
+    tenant: "research"
+    priority: 10
+    attention {
+      attention {
+        segment_lengths: [ 512, 1024, 2048 ]
+        dilation_rates: [ 1, 2, 4 ]
+        causal: true
+        mode: ATTENTION_MODE_MIXTURE
+        head_offsets: HEAD_OFFSETS_MODULO
+      }
+      shape { batch: 1 seq_len: 8192 num_heads: 4 head_dim: 64 }
+      dtype: DTYPE_FP32
+      num_ranks: 2
+      pass: PASS_FORWARD_BACKWARD
+      iterations: 2
+      seed: 42
+      device: DEVICE_PREFERENCE_CPU
+    })pb");
+  ASSERT_EQ(jobs_.submits().size(), 1u);
+  EXPECT_TRUE(
+      google::protobuf::util::MessageDifferencer::Equals(expected_spec, jobs_.submits()[0].spec()))
+      << jobs_.submits()[0].spec().DebugString();
+}
+
+// The GPU example, labelled as needing GPU workers.
+TEST_F(CliTest, SubmitFromTheGpuExampleYamlFile) {
+  Result r = Run({"submit", "--file", "client/examples/attention-job-gpu.yaml"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const auto expected_spec = Proto<v1::JobSpec>(R"pb(
+    name: "longnet-32k-mixture-gpu"
     tenant: "research"
     priority: 10
     attention {

@@ -1,11 +1,13 @@
 // What a new user and a reliability test meet first, against the real binaries: the metrics port
 // answers whatever is asked of it and the coordinator keeps serving; a drained worker can be
-// undrained and takes work again; the data dir is private.
+// undrained and takes work again; the data dir is private; the shipped example job runs on the demo
+// cluster.
 #include <sys/stat.h>
 
 #include <string>
 #include <vector>
 
+#include "engine/testing/test_util.h"
 #include "gtest/gtest.h"
 #include "tests/cluster.h"
 #include "tests/cluster_fixture.h"
@@ -84,6 +86,18 @@ TEST_F(FrontDoor, UndrainedWorkerTakesWorkAgain) {
   EXPECT_EQ(job.state(), dattn::v1::JOB_STATE_SUCCEEDED) << job.state_reason() << "\n"
                                                          << EventsText(job);
   EXPECT_EQ(job.attempt(), 1) << EventsText(job);  // No attempt spent on a drain refusal.
+}
+
+// The example job file a new user tries first runs, as shipped, on the demo cluster of
+// scripts/demo.sh: two CPU workers (one slot each; one engine thread here).
+TEST_F(FrontDoor, TheShippedExampleRunsOnTheDemoCluster) {
+  StartCluster(2);
+  ProcessResult r = cluster_->Cli(
+      {"submit", "--file", testutil::RunfilePath("client/examples/attention-job.yaml"), "--wait"},
+      seconds(120));
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err << cluster_->Logs();
+  EXPECT_NE(r.out.find("SUCCEEDED"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("2 of 2 ranks succeeded"), std::string::npos) << r.out;
 }
 
 int ModeOf(const std::string& path) {

@@ -15,6 +15,7 @@
 #include "client/exit_codes.h"
 #include "client/job_file.h"
 #include "client/parse.h"
+#include "client/printable.h"
 #include "client/submit_options.h"
 
 namespace dattn {
@@ -31,7 +32,7 @@ std::string Footer() {
 }
 
 int UsageError(std::ostream& err, const std::string& message, const std::string& command) {
-  err << "dattn: error: " << message << '\n'
+  err << "dattn: error: " << Printable(message) << '\n'
       << "Run 'dattn " << (command.empty() ? "" : command + " ") << "--help' for usage.\n";
   return kExitUsage;
 }
@@ -321,7 +322,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   } catch (const std::exception& e) {
     // Nothing below is expected to throw; an allocation failure or a library bug ends here rather
     // than in std::terminate.
-    err << "dattn: internal error: " << e.what() << '\n';
+    err << "dattn: internal error: " << Printable(e.what()) << '\n';
     return kExitInternal;
   }
   return UsageError(err, "no command given", "");

@@ -1098,6 +1098,98 @@ TEST_F(CliTest, WatchOnATerminalDrawsAProgressBar) {
   EXPECT_THAT(r.out, Not(HasSubstr("#2  RUNNING  progress")));  // Progress only moves the bar.
 }
 
+// Terminal controls in every string the coordinator (or the user) gives: escape sequences (a
+// window-title OSC with BEL, a screen clear), CR LF, a C1 CSI, a bidi override, DEL. Valid UTF-8,
+// as protobuf strings must be.
+const char kHostile[] =
+    "ev\x1b]0;pwned\x07il\x1b[2J\r\nX\xc2\x9b"
+    "31m\xe2\x80\xae\x7f";
+
+// Whether `text` holds something a terminal acts on rather than shows: a control byte other than
+// '\n', DEL, a C1 control, a bidi override. With `tty`, the CLI's own line redraws are allowed.
+bool HasTerminalControls(std::string text, bool tty) {
+  if (tty) {
+    for (size_t at = text.find("\r\x1b[2K"); at != std::string::npos; at = text.find("\r\x1b[2K"))
+      text.erase(at, 5);
+  }
+  for (size_t i = 0; i < text.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if ((c < 0x20 && c != '\n') || c == 0x7f) return true;
+    if (c == 0xc2 && i + 1 < text.size() &&
+        (static_cast<unsigned char>(text[i + 1]) & 0xe0) == 0x80)
+      return true;
+  }
+  return text.find("\xe2\x80\xae") != std::string::npos;
+}
+
+TEST_F(CliTest, NamesAndMessagesReachTheTerminalEscaped) {
+  v1::Job job = SucceededJob("j-evil");
+  job.mutable_spec()->set_name(kHostile);
+  job.mutable_spec()->set_tenant(kHostile);
+  job.set_state(v1::JOB_STATE_FAILED);
+  job.set_state_reason(kHostile);
+  job.set_idempotency_key(kHostile);
+  job.add_worker_ids(kHostile);
+  job.mutable_result()->mutable_attention()->mutable_ranks(0)->set_worker_id(kHostile);
+  *job.add_events() = Event("j-evil", 1, v1::JOB_STATE_QUEUED, kHostile, 0, 0, kHostile);
+  jobs_.AddJob(job);
+  jobs_.SetFinal(job);
+  v1::Worker worker;
+  worker.set_worker_id("w-evil");
+  worker.set_name(kHostile);
+  worker.set_version(kHostile);
+  worker.set_state(v1::WORKER_STATE_READY);
+  worker.mutable_capabilities()->set_device_name(kHostile);
+  admin_.AddWorker(worker);
+  FakeJobService::WatchCall broken{
+      {Event("j-evil", 1, v1::JOB_STATE_QUEUED, kHostile, 0, 0, kHostile)},
+      grpc::Status(grpc::StatusCode::UNAVAILABLE, kHostile)};
+  jobs_.SetWatchScript({broken,
+                        {{Event("j-evil", 1, v1::JOB_STATE_QUEUED, kHostile, 0, 0, kHostile),
+                          Event("j-evil", 2, v1::JOB_STATE_FAILED, kHostile, 0, 0, kHostile)},
+                         grpc::Status::OK}});
+
+  struct Case {
+    std::vector<std::string> args;
+    bool tty = false;
+  };
+  const std::vector<Case> cases = {
+      {{"status", "j-evil", "--events"}},
+      {{"list"}},
+      {{"workers"}},
+      {{"drain", "w-evil"}},
+      {{"undrain", "w-evil"}},
+      {{"watch", "j-evil"}},
+      {{"watch", "j-evil"}, true},
+      {{"status", kHostile}},           // The user's own argument, echoed in the error.
+      {{"list", "--state", kHostile}},  // A usage error quoting it.
+      {{"submit", "-n", "64", "--heads", "1", "--head-dim", "8", "--segments", "64", "--rates", "1",
+        "--name", kHostile}},  // The coordinator's refusal, below.
+  };
+  jobs_.SetSubmitStatus(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, kHostile));
+  for (const Case& c : cases) {
+    env_.out_is_tty = c.tty;
+    Result r = Run(c.args);
+    const std::string what = absl::StrCat(absl::StrJoin(c.args, " "), c.tty ? " (tty)" : "");
+    EXPECT_FALSE(HasTerminalControls(r.out, c.tty)) << what << "\n" << r.out;
+    EXPECT_FALSE(HasTerminalControls(r.err, false)) << what << "\n" << r.err;
+    EXPECT_THAT(r.out + r.err,
+                HasSubstr("ev\\x1b]0;pwned\\x07il\\x1b[2J\\r\\nX\\u009b31m\\u202e\\x7f"))
+        << what << "\n"
+        << r.out << r.err;
+  }
+
+  // --json keeps the exact strings, as valid JSON.
+  env_.out_is_tty = false;
+  Result r = Run({"status", "j-evil", "--json", "--events"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const nlohmann::json parsed = nlohmann::json::parse(r.out);
+  EXPECT_EQ(parsed["spec"]["name"], kHostile);
+  EXPECT_EQ(parsed["state_reason"], kHostile);
+  EXPECT_EQ(parsed["events"][0]["message"], kHostile);
+  EXPECT_FALSE(HasTerminalControls(r.out, false)) << r.out;
+}
+
 TEST_F(CliTest, SubmitWatchAndWaitReflectTheJobsEnd) {
   jobs_.SetFinal(SucceededJob("j-00000000000000a1"));
   jobs_.SetWatchScript(

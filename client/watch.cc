@@ -96,7 +96,7 @@ class ProgressLine {
 
  private:
   void RedrawLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::string line = absl::StrCat("\r\x1b[2K", job_id_, "  ", StateName(state_), "  ",
+    std::string line = absl::StrCat("\r\x1b[2K", Printable(job_id_), "  ", StateName(state_), "  ",
                                     ProgressBar(done_, total_, kBarWidth));
     if (total_ > 0) {
       absl::StrAppend(&line, "  ", done_, "/", total_, " steps  ",
@@ -204,8 +204,9 @@ WatchResult WatchJob(v1::JobService::StubInterface* stub, const std::string& job
                        "); run `dattn watch ", job_id, "` to resume"));
       return result;
     }
-    err << "dattn: the event stream of " << job_id << " broke (" << RpcCodeName(status.error_code())
-        << ": " << status.error_message() << "); reconnecting after event #" << last_seq << '\n'
+    err << "dattn: the event stream of " << Printable(job_id) << " broke ("
+        << RpcCodeName(status.error_code()) << ": " << Printable(status.error_message())
+        << "); reconnecting after event #" << last_seq << '\n'
         << std::flush;
     absl::SleepFor(backoff);
     backoff = std::min(backoff * 2, kMaxBackoff);

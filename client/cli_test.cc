@@ -689,6 +689,42 @@ TEST_F(CliTest, BadFlagsAreUsageErrorsNamingTheFlagAndValue) {
   EXPECT_THAT(state.err, HasSubstr("--state: 'runing'"));
 }
 
+// Mistyped commands, flags, values and job-file keys get a suggestion.
+TEST_F(CliTest, MistypedCommandsAndFlagsGetASuggestion) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{"stauts", "j-1"}, "unknown command 'stauts' (did you mean 'status'?); the commands are"},
+      {{"wokers"}, "unknown command 'wokers' (did you mean 'workers'?)"},
+      {{"undrian", "w-1"}, "unknown command 'undrian' (did you mean 'undrain'?)"},
+      {{"frobnicate"}, "unknown command 'frobnicate'; the commands are submit, status, list"},
+      {{"submit", "-n", "64", "--wach"},
+       "unknown flag --wach for 'dattn submit' (did you mean --watch?)"},
+      {{"submit", "--seqlen=64"},
+       "unknown flag --seqlen for 'dattn submit' (did you mean --seq-len?)"},
+      {{"list", "--limt", "3"}, "unknown flag --limt for 'dattn list' (did you mean --limit?)"},
+      {{"--jsno", "list"}, "unknown flag --jsno for 'dattn list' (did you mean --json?)"},
+      {{"workers", "--coordinater", "x:1"}, "(did you mean --coordinator?)"},
+      {{"list", "--state", "runing"},
+       "--state: 'runing' is not a job state (did you mean 'running'?)"},
+      {{"submit", "-n", "64", "--heads", "1", "--head-dim", "8", "--segments", "64", "--rates", "1",
+        "--mode", "mixtrue"},
+       "'mixtrue' is not one of grouped, mixture (did you mean 'mixture'?)"},
+  };
+  for (const Case& c : cases) {
+    Result r = Run(c.args);
+    EXPECT_EQ(r.code, kExitUsage) << absl::StrJoin(c.args, " ");
+    EXPECT_THAT(r.err, HasSubstr(c.expected)) << absl::StrJoin(c.args, " ");
+  }
+  const std::string typo = WriteTemp("typo-key.yaml", "attention:\n  seq_len: 4096\n  head: 8\n");
+  Result r = Run({"submit", "--file", typo});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("attention.head: unknown key (did you mean 'heads'?)"));
+  EXPECT_TRUE(jobs_.submits().empty());
+}
+
 TEST_F(CliTest, BadJobFilesAreUsageErrorsNamingTheKey) {
   const std::string typo = WriteTemp("typo.yaml", "attention:\n  seq_len: 4096\n  head: 8\n");
   Result r = Run({"submit", "--file", typo});
@@ -1163,6 +1199,7 @@ TEST_F(CliTest, NamesAndMessagesReachTheTerminalEscaped) {
       {{"watch", "j-evil"}, true},
       {{"status", kHostile}},           // The user's own argument, echoed in the error.
       {{"list", "--state", kHostile}},  // A usage error quoting it.
+      {{kHostile}},                     // An unknown command.
       {{"submit", "-n", "64", "--heads", "1", "--head-dim", "8", "--segments", "64", "--rates", "1",
         "--name", kHostile}},  // The coordinator's refusal, below.
   };

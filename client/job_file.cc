@@ -12,6 +12,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/format.h"
+#include "client/suggest.h"
 #include "nlohmann/json.hpp"
 #include "yaml-cpp/yaml.h"
 
@@ -137,7 +138,8 @@ class Walker {
       }
     }
     return Error(node, path,
-                 absl::StrCat("unknown key; the keys here are ", absl::StrJoin(keys, ", ")));
+                 absl::StrCat("unknown key", DidYouMean(Suggest(key, keys)), "; the keys here are ",
+                              absl::StrJoin(keys, ", ")));
   }
 
   std::string source_;

@@ -8,6 +8,7 @@
 #include "client/job_file.h"
 #include "client/parse.h"
 #include "client/submit_options.h"
+#include "client/suggest.h"
 #include "client/table.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -190,6 +191,40 @@ TEST(FormatTest, Units) {
   EXPECT_EQ(FormatTimestamp(ts), "-");
   ts.set_seconds(1714564800);
   EXPECT_EQ(FormatTimestamp(ts), "2024-05-01 12:00:00 UTC");
+}
+
+TEST(SuggestTest, EditDistance) {
+  EXPECT_EQ(EditDistance("", ""), 0u);
+  EXPECT_EQ(EditDistance("status", "status"), 0u);
+  EXPECT_EQ(EditDistance("stauts", "status"), 1u);  // A swap of neighbours counts once.
+  EXPECT_EQ(EditDistance("lst", "list"), 1u);
+  EXPECT_EQ(EditDistance("kitten", "sitting"), 3u);
+  EXPECT_EQ(EditDistance("", "abc"), 3u);
+  EXPECT_EQ(EditDistance("ca", "abc"), 3u);  // Optimal string alignment, not full Damerau.
+}
+
+TEST(SuggestTest, ClosestCandidates) {
+  const std::vector<std::string> commands = {"submit",  "status", "list",    "watch", "cancel",
+                                             "workers", "drain",  "undrain", "health"};
+  EXPECT_THAT(Suggest("stauts", commands), ElementsAre("status"));
+  EXPECT_THAT(Suggest("lst", commands), ElementsAre("list"));
+  EXPECT_THAT(Suggest("wokers", commands), ElementsAre("workers"));
+  EXPECT_THAT(Suggest("drian", commands), ElementsAre("drain"));
+  EXPECT_THAT(Suggest("Submit", commands), ElementsAre());  // Itself, in another case.
+  EXPECT_THAT(Suggest("frobnicate", commands), ElementsAre());
+  EXPECT_THAT(Suggest("x", commands), ElementsAre());
+  EXPECT_THAT(Suggest("undr", commands), ElementsAre("undrain"));  // A beginning.
+  const std::vector<std::string> flags = {"--watch",    "--wait",       "--seq-len", "--heads",
+                                          "--head-dim", "--iterations", "-f"};
+  EXPECT_THAT(Suggest("--wach", flags), ElementsAre("--watch"));
+  EXPECT_THAT(Suggest("--seqlen", flags), ElementsAre("--seq-len"));
+  EXPECT_THAT(Suggest("--seq_len", flags), ElementsAre());  // Same name, '_' for '-'.
+  EXPECT_THAT(Suggest("--head", flags), ElementsAre("--heads"));
+  EXPECT_THAT(Suggest("--iter", flags), ElementsAre("--iterations"));
+  EXPECT_THAT(Suggest("--wat", flags), ElementsAre("--wait"));  // wait 1 away, watch 2.
+  EXPECT_EQ(DidYouMean({}), "");
+  EXPECT_EQ(DidYouMean({"status"}), " (did you mean 'status'?)");
+  EXPECT_EQ(DidYouMean({"a", "b", "c"}, ""), " (did you mean a, b or c?)");
 }
 
 TEST(PrintableTest, EscapesWhatATerminalWouldActOn) {

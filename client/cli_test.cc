@@ -43,6 +43,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::testing::StartsWith;
 
 template <typename T>
 T Proto(const std::string& text) {
@@ -74,6 +75,7 @@ class FakeJobService final : public v1::JobService::Service {
   struct WatchCall {
     std::vector<v1::JobEvent> events;  // Sent if seq > after_seq.
     grpc::Status end;                  // How the stream ends.
+    int down_after = 0;                // Then the next N GetJob/WatchJob calls answer UNAVAILABLE.
   };
 
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
@@ -98,6 +100,10 @@ class FakeJobService final : public v1::JobService::Service {
     absl::Duration delay;
     {
       absl::MutexLock lock(&mu_);
+      if (down_calls_ > 0) {
+        --down_calls_;
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator restarting");
+      }
       gets_.push_back(*request);
       delay = get_delay_;
     }
@@ -160,6 +166,10 @@ class FakeJobService final : public v1::JobService::Service {
     WatchCall call;
     {
       absl::MutexLock lock(&mu_);
+      if (down_calls_ > 0) {
+        --down_calls_;
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator restarting");
+      }
       const size_t index = watches_.size();
       watches_.push_back(*request);
       if (watch_script_.empty()) {
@@ -183,6 +193,8 @@ class FakeJobService final : public v1::JobService::Service {
       }
       if (!writer->Write(event)) return grpc::Status::CANCELLED;
     }
+    absl::MutexLock lock(&mu_);
+    down_calls_ = call.down_after;
     return call.end;
   }
 
@@ -234,6 +246,7 @@ class FakeJobService final : public v1::JobService::Service {
   std::vector<std::string> list_order_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, v1::Job> finals_ ABSL_GUARDED_BY(mu_);
   std::vector<WatchCall> watch_script_ ABSL_GUARDED_BY(mu_);
+  int down_calls_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::Status submit_status_ ABSL_GUARDED_BY(mu_);
   absl::Duration get_delay_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::SubmitJobRequest> submits_ ABSL_GUARDED_BY(mu_);
@@ -314,6 +327,12 @@ struct Result {
   std::string out;
   std::string err;
 };
+
+int CountOf(const std::string& text, const std::string& part) {
+  int n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
 
 std::string TempPath(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
@@ -1097,7 +1116,9 @@ TEST_F(CliTest, WatchReconnectsAfterABrokenStream) {
   std::vector<v1::WatchJobRequest> watches = jobs_.watches();
   ASSERT_EQ(watches.size(), 2u);
   EXPECT_EQ(watches[1].after_seq(), 2);
-  EXPECT_THAT(r.err, HasSubstr("reconnecting after event #2"));
+  EXPECT_THAT(r.err,
+              HasSubstr("lost the event stream of j-r after event #2 (UNAVAILABLE: restart)"));
+  EXPECT_THAT(r.err, HasSubstr("reconnected to the event stream of j-r after"));
   // JSON Lines: one event per line, each exactly once, in order.
   std::vector<std::string> lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
   ASSERT_EQ(lines.size(), 4u) << r.out;
@@ -1132,6 +1153,84 @@ TEST_F(CliTest, WatchOnATerminalDrawsAProgressBar) {
   EXPECT_THAT(r.out, HasSubstr("[##############################]  10/10 steps  100%  elapsed"));
   EXPECT_THAT(r.out, HasSubstr("#1  RUNNING  started"));        // Non-progress events print above.
   EXPECT_THAT(r.out, Not(HasSubstr("#2  RUNNING  progress")));  // Progress only moves the bar.
+}
+
+// The text after the last redraw of a terminal's live line: what stays on screen.
+std::string LastLine(const std::string& out) {
+  const size_t at = out.rfind("\r\x1b[2K");
+  return at == std::string::npos ? out : out.substr(at + 5, out.find('\n', at) - at - 5);
+}
+
+// The end event carries no progress (the coordinator's transition events do not) and the last
+// progress event said 5 of 10: the line still ends full, from the final job.
+TEST_F(CliTest, WatchOnATerminalEndsOnTheFinalStateNotAFrozenBar) {
+  env_.out_is_tty = true;
+  jobs_.AddJob(RunningJob("j-t"));
+  jobs_.SetFinal(SucceededJob("j-t"));
+  jobs_.SetWatchScript({{{Event("j-t", 1, v1::JOB_STATE_RUNNING, "started"),
+                          Event("j-t", 2, v1::JOB_STATE_RUNNING, "progress", 5, 10),
+                          Event("j-t", 3, v1::JOB_STATE_SUCCEEDED, "succeeded")},
+                         grpc::Status::OK}});
+  Result r = Run({"watch", "j-t"});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(LastLine(r.out),
+              StartsWith("j-t  SUCCEEDED  [##############################]  10/10 steps  100%  "
+                         "elapsed 12.0s"))
+      << r.out;
+  EXPECT_THAT(r.out, HasSubstr("Job j-t SUCCEEDED after 12.0s"));
+}
+
+// A job that fails ends on a line that says where it stopped, without a bar, and the reason
+// follows.
+TEST_F(CliTest, WatchOnATerminalEndsAFailedJobWithItsReason) {
+  env_.out_is_tty = true;
+  jobs_.AddJob(RunningJob("j-f"));
+  v1::Job failed = RunningJob("j-f");
+  failed.set_state(v1::JOB_STATE_FAILED);
+  failed.set_state_reason("rank 1: out of device memory");
+  failed.mutable_end_time()->set_seconds(1714564806);
+  jobs_.SetFinal(failed);
+  jobs_.SetWatchScript({{{Event("j-f", 1, v1::JOB_STATE_RUNNING, "progress", 3, 10),
+                          Event("j-f", 2, v1::JOB_STATE_FAILED, "failed", 0, 0, "oom")},
+                         grpc::Status::OK}});
+  Result r = Run({"watch", "j-f"});
+  EXPECT_EQ(r.code, kExitJobFailed);
+  EXPECT_THAT(LastLine(r.out), StartsWith("j-f  FAILED  at step 3 of 10  elapsed 6.0s")) << r.out;
+  EXPECT_THAT(LastLine(r.out), Not(HasSubstr("[")));
+  EXPECT_THAT(r.out, HasSubstr("Job j-f FAILED after 6.0s: rank 1: out of device memory"));
+
+  jobs_.AddJob(RunningJob("j-c"));
+  v1::Job cancelled = RunningJob("j-c");
+  cancelled.set_state(v1::JOB_STATE_CANCELLED);
+  cancelled.set_state_reason("cancelled by user: wrong shape");
+  jobs_.SetFinal(cancelled);
+  jobs_.SetWatchScript({{{Event("j-c", 1, v1::JOB_STATE_CANCELLED, "cancelled", 0, 0, "by user")},
+                         grpc::Status::OK}});
+  r = Run({"watch", "j-c"});
+  EXPECT_EQ(r.code, kExitCancelled);
+  EXPECT_THAT(LastLine(r.out), StartsWith("j-c  CANCELLED  at step 3 of 10")) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("CANCELLED: cancelled by user: wrong shape"));
+}
+
+// While the coordinator is away every attempt fails; the outage is announced once when it starts
+// and once when the coordinator answers again.
+TEST_F(CliTest, WatchSaysOncePerOutageThatItReconnects) {
+  jobs_.AddJob(RunningJob("j-o"));
+  jobs_.SetFinal(SucceededJob("j-o"));
+  const std::vector<v1::JobEvent> all = {
+      Event("j-o", 1, v1::JOB_STATE_QUEUED, "submitted"),
+      Event("j-o", 2, v1::JOB_STATE_RUNNING, "started"),
+      Event("j-o", 3, v1::JOB_STATE_SUCCEEDED, "succeeded", 10, 10)};
+  FakeJobService::WatchCall first{{all[0], all[1]},
+                                  grpc::Status(grpc::StatusCode::UNAVAILABLE, "restart")};
+  first.down_after = 3;  // Three failed attempts: about 0.7 s of backoff.
+  jobs_.SetWatchScript({first, {all, grpc::Status::OK}});
+  Result r = Run({"watch", "j-o"});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(CountOf(r.err, "lost the event stream"), 1) << r.err;
+  EXPECT_EQ(CountOf(r.err, "reconnected to the event stream of j-o after"), 1) << r.err;
+  EXPECT_EQ(CountOf(r.out, "#3  SUCCEEDED"), 1) << r.out;
+  EXPECT_EQ(jobs_.watches().size(), 2u);
 }
 
 // Terminal controls in every string the coordinator (or the user) gives: escape sequences (a

@@ -94,16 +94,6 @@ absl::StatusOr<AttentionJobInfo> Analyze(const v1::AttentionJobSpec& job, const 
     return Invalid(path + ".attention",
                    "required (segment_lengths and dilation_rates of the dilated attention)");
   }
-  // Bounded before anything is converted: a job of millions of patterns would cost the
-  // coordinator memory for as long as it is queued.
-  for (const auto& [field, count] :
-       {std::pair<const char*, int>{"segment_lengths", job.attention().segment_lengths_size()},
-        std::pair<const char*, int>{"dilation_rates", job.attention().dilation_rates_size()}}) {
-    if (count > kMaxPatterns) {
-      return Invalid(absl::StrCat(path, ".attention.", field),
-                     absl::StrCat("at most ", kMaxPatterns, " patterns, got ", count));
-    }
-  }
   absl::StatusOr<AttentionSpec> spec = ToEngineSpec(job.attention(), path + ".attention");
   if (!spec.ok()) return spec.status();
   if (absl::Status s = ValidateSpec(*spec); !s.ok()) {

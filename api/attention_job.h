@@ -33,10 +33,6 @@ namespace api {
 // per-thread scratch is small (tiles), so the bound costs little memory in the fit.
 inline constexpr int kCpuPlanThreads = 64;
 
-// Most dilation patterns (segment_lengths / dilation_rates entries) of one attention job. LongNet
-// uses a handful; each pattern costs the coordinator memory per queued job and the engine a pass.
-inline constexpr int kMaxPatterns = 64;
-
 // One device kind a job may run on, with the planner's numbers for one rank there.
 struct DeviceVariant {
   bool gpu = false;

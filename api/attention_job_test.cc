@@ -1,4 +1,5 @@
 #include "api/attention_job.h"
+#include "api/limits.h"
 
 #include <string>
 
@@ -132,7 +133,8 @@ TEST(AttentionJobTest, PatternsAreBounded) {
   absl::Status s = AnalyzeAttentionJob(spec, "spec.attention").status();
   EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(s.message()),
-              HasSubstr("spec.attention.attention.segment_lengths: at most 64 patterns, got 65"));
+              HasSubstr("spec.attention.attention.segment_lengths: at most 64 patterns (entries) "
+                        "per job, got 65"));
 }
 
 TEST(AttentionJobTest, ErrorsNameTheFieldAndValue) {

@@ -1,5 +1,7 @@
 #include "api/engine_convert.h"
 
+#include <utility>
+
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 
@@ -15,6 +17,14 @@ absl::Status Unknown(const std::string& field, int value, const char* choices) {
 }  // namespace
 
 absl::StatusOr<AttentionSpec> ToEngineSpec(const v1::AttentionSpec& spec, const std::string& path) {
+  const std::pair<const char*, int> counts[] = {{"segment_lengths", spec.segment_lengths_size()},
+                                                {"dilation_rates", spec.dilation_rates_size()}};
+  for (const auto& [field, count] : counts) {
+    if (count > kMaxPatterns) {
+      return absl::InvalidArgumentError(absl::StrCat(path, ".", field, ": at most ", kMaxPatterns,
+                                                     " patterns (entries) per job, got ", count));
+    }
+  }
   AttentionSpec out;
   out.segment_lengths.assign(spec.segment_lengths().begin(), spec.segment_lengths().end());
   out.dilation_rates.assign(spec.dilation_rates().begin(), spec.dilation_rates().end());

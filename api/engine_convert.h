@@ -10,6 +10,7 @@
 #include <string>
 
 #include "absl/status/statusor.h"
+#include "api/limits.h"
 #include "dattn/v1/attention.pb.h"
 #include "engine/attention_spec.h"
 #include "engine/tensor.h"
@@ -18,8 +19,10 @@ namespace dattn {
 namespace api {
 
 // UNSPECIFIED mode is grouped and UNSPECIFIED head offsets are modulo (the API's documented
-// defaults). The spec is converted, not validated: ValidateSpec does that. `path` names the
-// AttentionSpec message in error messages.
+// defaults). The spec is converted, not validated: ValidateSpec does that, except for the number of
+// patterns, checked here before anything is copied: INVALID_ARGUMENT "PATH.segment_lengths: at
+// most 64 patterns, got N" (or dilation_rates). `path` names the AttentionSpec message in error
+// messages.
 absl::StatusOr<AttentionSpec> ToEngineSpec(const v1::AttentionSpec& spec,
                                            const std::string& path = "attention");
 

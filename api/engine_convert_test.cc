@@ -54,6 +54,26 @@ TEST(EngineConvertTest, UnknownEnumValuesNameTheFieldAndValue) {
               HasSubstr("dtype: required"));
 }
 
+TEST(EngineConvertTest, PatternCountIsBounded) {
+  v1::AttentionSpec api;
+  for (int i = 0; i < kMaxPatterns; ++i) {
+    api.add_segment_lengths(64);
+    api.add_dilation_rates(1);
+  }
+  ASSERT_TRUE(ToEngineSpec(api, "spec.attention.attention").ok());
+  api.add_segment_lengths(64);
+  absl::StatusOr<AttentionSpec> spec = ToEngineSpec(api, "spec.attention.attention");
+  EXPECT_EQ(spec.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(spec.status().message()),
+              HasSubstr("spec.attention.attention.segment_lengths: at most 64 patterns"));
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("got 65"));
+  api.mutable_segment_lengths()->RemoveLast();
+  for (int i = 0; i < 3000; ++i) api.add_dilation_rates(1);
+  spec = ToEngineSpec(api, "a");
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("a.dilation_rates:"));
+  EXPECT_THAT(std::string(spec.status().message()), HasSubstr("got 3064"));
+}
+
 TEST(EngineConvertTest, DTypesRoundTrip) {
   for (DType d : {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64}) {
     absl::StatusOr<DType> back = ToEngineDType(ToApiDType(d));

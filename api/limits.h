@@ -21,6 +21,14 @@ inline constexpr int kMinPriority = -100;
 inline constexpr int kMaxPriority = 100;
 // Job ids in requests: at most this many characters ("j-" + 16 hex digits in practice).
 inline constexpr size_t kMaxJobIdLength = 64;
+// AttentionSpec.segment_lengths and .dilation_rates: at most this many entries (patterns, G) per
+// job. LongNet uses a handful; the bound keeps a request from making every process that holds the
+// spec (coordinator, store, workers) hold millions of them.
+inline constexpr int kMaxPatterns = 64;
+// A submitted JobSpec's serialized size, unknown fields included. Every known field is bounded on
+// its own (name 128, tenant 64, patterns kMaxPatterns, the rest scalars: under 2 KiB in all); this
+// bounds what a client can make the coordinator store in fields it does not know.
+inline constexpr size_t kMaxSpecBytes = 64 << 10;
 // AttentionJobSpec.iterations: 1 .. this many (0 means 1).
 inline constexpr int64_t kMaxIterations = 1000000;
 // AttentionJobSpec.return_output: the largest output a job may return, all ranks together. The

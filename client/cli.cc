@@ -11,11 +11,14 @@
 
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/commands.h"
 #include "client/exit_codes.h"
 #include "client/job_file.h"
 #include "client/parse.h"
+#include "client/printable.h"
 #include "client/submit_options.h"
+#include "client/suggest.h"
 
 namespace dattn {
 namespace client {
@@ -31,12 +34,56 @@ std::string Footer() {
 }
 
 int UsageError(std::ostream& err, const std::string& message, const std::string& command) {
-  err << "dattn: error: " << message << '\n'
+  err << "dattn: error: " << Printable(message) << '\n'
       << "Run 'dattn " << (command.empty() ? "" : command + " ") << "--help' for usage.\n";
   return kExitUsage;
 }
 
 absl::Duration Seconds(double seconds) { return absl::Milliseconds(seconds * 1000.0); }
+
+// "--watch", "-f", ... of `app`'s own options (positional arguments have none).
+std::vector<std::string> FlagNames(const CLI::App& app) {
+  std::vector<std::string> names;
+  for (const CLI::Option* option : app.get_options()) {
+    for (const std::string& name : option->get_lnames()) names.push_back("--" + name);
+    for (const std::string& name : option->get_snames()) names.push_back("-" + name);
+  }
+  return names;
+}
+
+// CLI11's message for a parse error, made specific when a command or flag was mistyped: "unknown
+// command 'stauts' (did you mean 'status'?); the commands are ..." or "unknown flag --wach for
+// 'dattn submit' (did you mean --watch?)". `command` is the subcommand recognised, or null.
+std::string DescribeParseError(const CLI::App& app, const CLI::App* command,
+                               const std::string& message) {
+  const std::vector<std::string> extras = app.remaining();
+  if (command == nullptr) {
+    // No command was recognised: the first word that is not a flag was meant to be one.
+    std::vector<std::string> commands;
+    for (const CLI::App* sub : app.get_subcommands([](const CLI::App*) { return true; })) {
+      commands.push_back(sub->get_name());
+    }
+    for (const std::string& word : extras) {
+      if (word.empty() || word[0] == '-') continue;
+      return absl::StrCat("unknown command '", word, "'", DidYouMean(Suggest(word, commands)),
+                          "; the commands are ", absl::StrJoin(commands, ", "));
+    }
+  }
+  for (const std::string& extra : extras) {
+    if (extra.size() < 2 || extra[0] != '-') continue;
+    const std::string flag = extra.substr(0, extra.find('='));
+    std::vector<std::string> flags = FlagNames(app);
+    if (command != nullptr) {
+      const std::vector<std::string> own = FlagNames(*command);
+      flags.insert(flags.begin(), own.begin(), own.end());
+    }
+    return absl::StrCat(
+        "unknown flag ", flag,
+        command != nullptr ? absl::StrCat(" for 'dattn ", command->get_name(), "'") : std::string(),
+        DidYouMean(Suggest(flag, flags), ""));
+  }
+  return message;
+}
 
 // The flags of `dattn submit` that mirror SubmitFields(), with storage CLI11 binds to. Deques keep
 // element addresses stable as they grow. A boolean setting has two flags, --x and --no-x (the
@@ -227,6 +274,12 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   std::string drain_worker;
   drain->add_option("WORKER", drain_worker, "Worker id or name")->required();
 
+  // undrain
+  CLI::App* undrain =
+      app.add_subcommand("undrain", "Place work on a drained worker again (undoes drain)");
+  std::string undrain_worker;
+  undrain->add_option("WORKER", undrain_worker, "Worker id or name")->required();
+
   // health
   CLI::App* health = app.add_subcommand("health", "Ask the coordinator whether it is serving");
   std::string health_service;
@@ -235,7 +288,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
                    "grpc.health.v1 service name (default \"\": the whole server)")
       ->type_name("NAME");
 
-  for (CLI::App* sub : {submit, status, list, watch, cancel, workers, drain, health}) {
+  for (CLI::App* sub : {submit, status, list, watch, cancel, workers, drain, undrain, health}) {
     sub->footer("Exit codes: see 'dattn --help'. Details: docs/CLI.md");
   }
 
@@ -247,8 +300,12 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       return kExitOk;
     }
     std::string command;
-    for (CLI::App* sub : app.get_subcommands()) command = sub->get_name();
-    return UsageError(err, e.what(), command);
+    const CLI::App* parsed = nullptr;
+    for (CLI::App* sub : app.get_subcommands()) {
+      command = sub->get_name();
+      parsed = sub;
+    }
+    return UsageError(err, DescribeParseError(app, parsed, e.what()), command);
   }
 
   GlobalArgs global;
@@ -310,11 +367,12 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     }
     if (workers->parsed()) return Commands(global, out, err, env).Workers(workers_all);
     if (drain->parsed()) return Commands(global, out, err, env).Drain(drain_worker);
+    if (undrain->parsed()) return Commands(global, out, err, env).Undrain(undrain_worker);
     if (health->parsed()) return Commands(global, out, err, env).Health(health_service);
   } catch (const std::exception& e) {
     // Nothing below is expected to throw; an allocation failure or a library bug ends here rather
     // than in std::terminate.
-    err << "dattn: internal error: " << e.what() << '\n';
+    err << "dattn: internal error: " << Printable(e.what()) << '\n';
     return kExitInternal;
   }
   return UsageError(err, "no command given", "");

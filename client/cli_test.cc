@@ -43,6 +43,7 @@ namespace {
 
 using ::testing::HasSubstr;
 using ::testing::Not;
+using ::testing::StartsWith;
 
 template <typename T>
 T Proto(const std::string& text) {
@@ -74,6 +75,7 @@ class FakeJobService final : public v1::JobService::Service {
   struct WatchCall {
     std::vector<v1::JobEvent> events;  // Sent if seq > after_seq.
     grpc::Status end;                  // How the stream ends.
+    int down_after = 0;                // Then the next N GetJob/WatchJob calls answer UNAVAILABLE.
   };
 
   grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
@@ -98,6 +100,10 @@ class FakeJobService final : public v1::JobService::Service {
     absl::Duration delay;
     {
       absl::MutexLock lock(&mu_);
+      if (down_calls_ > 0) {
+        --down_calls_;
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator restarting");
+      }
       gets_.push_back(*request);
       delay = get_delay_;
     }
@@ -160,6 +166,10 @@ class FakeJobService final : public v1::JobService::Service {
     WatchCall call;
     {
       absl::MutexLock lock(&mu_);
+      if (down_calls_ > 0) {
+        --down_calls_;
+        return grpc::Status(grpc::StatusCode::UNAVAILABLE, "coordinator restarting");
+      }
       const size_t index = watches_.size();
       watches_.push_back(*request);
       if (watch_script_.empty()) {
@@ -183,6 +193,8 @@ class FakeJobService final : public v1::JobService::Service {
       }
       if (!writer->Write(event)) return grpc::Status::CANCELLED;
     }
+    absl::MutexLock lock(&mu_);
+    down_calls_ = call.down_after;
     return call.end;
   }
 
@@ -234,6 +246,7 @@ class FakeJobService final : public v1::JobService::Service {
   std::vector<std::string> list_order_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, v1::Job> finals_ ABSL_GUARDED_BY(mu_);
   std::vector<WatchCall> watch_script_ ABSL_GUARDED_BY(mu_);
+  int down_calls_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::Status submit_status_ ABSL_GUARDED_BY(mu_);
   absl::Duration get_delay_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::SubmitJobRequest> submits_ ABSL_GUARDED_BY(mu_);
@@ -270,6 +283,25 @@ class FakeAdminService final : public v1::AdminService::Service {
                         absl::StrCat("no worker with id or name '", request->worker_id(), "'"));
   }
 
+  grpc::Status UndrainWorker(grpc::ServerContext*, const v1::UndrainWorkerRequest* request,
+                             v1::Worker* response) override {
+    absl::MutexLock lock(&mu_);
+    undrains_.push_back(request->worker_id());
+    for (v1::Worker& w : workers_) {
+      if (w.worker_id() == request->worker_id() || w.name() == request->worker_id()) {
+        if (w.state() == v1::WORKER_STATE_DEAD) {
+          return grpc::Status(grpc::StatusCode::FAILED_PRECONDITION,
+                              absl::StrCat("worker ", w.worker_id(), " is dead"));
+        }
+        w.set_state(v1::WORKER_STATE_READY);
+        *response = w;
+        return grpc::Status::OK;
+      }
+    }
+    return grpc::Status(grpc::StatusCode::NOT_FOUND,
+                        absl::StrCat("no worker with id or name '", request->worker_id(), "'"));
+  }
+
   void AddWorker(const v1::Worker& w) {
     absl::MutexLock lock(&mu_);
     workers_.push_back(w);
@@ -278,11 +310,16 @@ class FakeAdminService final : public v1::AdminService::Service {
     absl::MutexLock lock(&mu_);
     return include_dead_;
   }
+  std::vector<std::string> undrains() {
+    absl::MutexLock lock(&mu_);
+    return undrains_;
+  }
 
  private:
   absl::Mutex mu_;
   std::vector<v1::Worker> workers_ ABSL_GUARDED_BY(mu_);
   std::vector<bool> include_dead_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> undrains_ ABSL_GUARDED_BY(mu_);
 };
 
 struct Result {
@@ -290,6 +327,12 @@ struct Result {
   std::string out;
   std::string err;
 };
+
+int CountOf(const std::string& text, const std::string& part) {
+  int n = 0;
+  for (size_t at = text.find(part); at != std::string::npos; at = text.find(part, at + 1)) ++n;
+  return n;
+}
 
 std::string TempPath(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");
@@ -500,11 +543,43 @@ TEST_F(CliTest, SubmitDefaultsAndGeneratedKey) {
   EXPECT_THAT(r.out, HasSubstr(absl::StrCat("--idempotency-key ", key)));
 }
 
+// The shipped example is meant for the demo cluster (two CPU workers, one slot each): CPU
+// precision, CPU device, a ring of at most two ranks. tests/front_door_test runs it there.
 TEST_F(CliTest, SubmitFromTheExampleYamlFile) {
   Result r = Run({"submit", "--file", "client/examples/attention-job.yaml"});
   ASSERT_EQ(r.code, kExitOk) << r.err;
   const auto expected_spec = Proto<v1::JobSpec>(R"pb(
-    name: "longnet-32k-mixture"
+    name: "longnet-8k-mixture"
+    tenant: "research"
+    priority: 10
+    attention {
+      attention {
+        segment_lengths: [ 512, 1024, 2048 ]
+        dilation_rates: [ 1, 2, 4 ]
+        causal: true
+        mode: ATTENTION_MODE_MIXTURE
+        head_offsets: HEAD_OFFSETS_MODULO
+      }
+      shape { batch: 1 seq_len: 8192 num_heads: 4 head_dim: 64 }
+      dtype: DTYPE_FP32
+      num_ranks: 2
+      pass: PASS_FORWARD_BACKWARD
+      iterations: 2
+      seed: 42
+      device: DEVICE_PREFERENCE_CPU
+    })pb");
+  ASSERT_EQ(jobs_.submits().size(), 1u);
+  EXPECT_TRUE(
+      google::protobuf::util::MessageDifferencer::Equals(expected_spec, jobs_.submits()[0].spec()))
+      << jobs_.submits()[0].spec().DebugString();
+}
+
+// The GPU example, labelled as needing GPU workers.
+TEST_F(CliTest, SubmitFromTheGpuExampleYamlFile) {
+  Result r = Run({"submit", "--file", "client/examples/attention-job-gpu.yaml"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const auto expected_spec = Proto<v1::JobSpec>(R"pb(
+    name: "longnet-32k-mixture-gpu"
     tenant: "research"
     priority: 10
     attention {
@@ -633,6 +708,42 @@ TEST_F(CliTest, BadFlagsAreUsageErrorsNamingTheFlagAndValue) {
   EXPECT_THAT(state.err, HasSubstr("--state: 'runing'"));
 }
 
+// Mistyped commands, flags, values and job-file keys get a suggestion.
+TEST_F(CliTest, MistypedCommandsAndFlagsGetASuggestion) {
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{"stauts", "j-1"}, "unknown command 'stauts' (did you mean 'status'?); the commands are"},
+      {{"wokers"}, "unknown command 'wokers' (did you mean 'workers'?)"},
+      {{"undrian", "w-1"}, "unknown command 'undrian' (did you mean 'undrain'?)"},
+      {{"frobnicate"}, "unknown command 'frobnicate'; the commands are submit, status, list"},
+      {{"submit", "-n", "64", "--wach"},
+       "unknown flag --wach for 'dattn submit' (did you mean --watch?)"},
+      {{"submit", "--seqlen=64"},
+       "unknown flag --seqlen for 'dattn submit' (did you mean --seq-len?)"},
+      {{"list", "--limt", "3"}, "unknown flag --limt for 'dattn list' (did you mean --limit?)"},
+      {{"--jsno", "list"}, "unknown flag --jsno for 'dattn list' (did you mean --json?)"},
+      {{"workers", "--coordinater", "x:1"}, "(did you mean --coordinator?)"},
+      {{"list", "--state", "runing"},
+       "--state: 'runing' is not a job state (did you mean 'running'?)"},
+      {{"submit", "-n", "64", "--heads", "1", "--head-dim", "8", "--segments", "64", "--rates", "1",
+        "--mode", "mixtrue"},
+       "'mixtrue' is not one of grouped, mixture (did you mean 'mixture'?)"},
+  };
+  for (const Case& c : cases) {
+    Result r = Run(c.args);
+    EXPECT_EQ(r.code, kExitUsage) << absl::StrJoin(c.args, " ");
+    EXPECT_THAT(r.err, HasSubstr(c.expected)) << absl::StrJoin(c.args, " ");
+  }
+  const std::string typo = WriteTemp("typo-key.yaml", "attention:\n  seq_len: 4096\n  head: 8\n");
+  Result r = Run({"submit", "--file", typo});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("attention.head: unknown key (did you mean 'heads'?)"));
+  EXPECT_TRUE(jobs_.submits().empty());
+}
+
 TEST_F(CliTest, BadJobFilesAreUsageErrorsNamingTheKey) {
   const std::string typo = WriteTemp("typo.yaml", "attention:\n  seq_len: 4096\n  head: 8\n");
   Result r = Run({"submit", "--file", typo});
@@ -664,6 +775,34 @@ TEST_F(CliTest, BadJobFilesAreUsageErrorsNamingTheKey) {
   EXPECT_EQ(r.code, kExitUsage);
   EXPECT_THAT(r.err, HasSubstr("does-not-exist.yaml"));
   EXPECT_TRUE(jobs_.submits().empty());
+}
+
+// Job files are bounded at 1 MiB: a bigger file (or a device that never ends) is refused naming the
+// file and its size, without reading it all; a directory is refused for what it is.
+TEST_F(CliTest, JobFilesAreAtMostOneMebibyte) {
+  // Just under the limit: settings padded with a comment.
+  const std::string settings =
+      "attention: {seq_len: 4096, heads: 8, head_dim: 64, segments: [2048], rates: [1]}\n#";
+  const std::string fits =
+      WriteTemp("fits.yaml", settings + std::string((1 << 20) - settings.size() - 1, 'x') + "\n");
+  Result r = Run({"submit", "--file", fits});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+
+  const std::string big = WriteTemp("big.yaml", settings + std::string(2 << 20, 'x') + "\n");
+  r = Run({"submit", "--file", big});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat("job file '", big, "' is ",
+                                            settings.size() + (2 << 20) + 1, " bytes (2.0 MiB)")));
+  EXPECT_THAT(r.err, HasSubstr("at most 1 MiB (1048576 bytes)"));
+
+  r = Run({"submit", "--file", "/dev/zero"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("job file '/dev/zero' is more than 1048576 bytes"));
+
+  r = Run({"submit", "--file", TempPath("")});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("is a directory"));
+  EXPECT_EQ(jobs_.submits().size(), 1u);
 }
 
 TEST_F(CliTest, ServerRejectionIsExitFourWithTheServerMessage) {
@@ -900,6 +1039,21 @@ TEST_F(CliTest, WorkersTableAndJsonAndDrain) {
   EXPECT_EQ(r.code, kExitNotFound);
   EXPECT_THAT(r.err, HasSubstr("no worker with id or name 'nope'"));
   EXPECT_EQ(r.out, "");
+
+  r = Run({"undrain", "gpu-host:0"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Worker w-1 (gpu-host:0) is READY: work is placed on it again"));
+  r = Run({"undrain", "w-1", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["state"], "WORKER_STATE_READY");
+  EXPECT_EQ(admin_.undrains(), (std::vector<std::string>{"gpu-host:0", "w-1"}));
+  r = Run({"undrain", "nope"});
+  EXPECT_EQ(r.code, kExitNotFound);
+  EXPECT_THAT(r.err, HasSubstr("no worker with id or name 'nope'"));
+  r = Run({"undrain", "cpu-host"});
+  EXPECT_EQ(r.code, kExitRejected);
+  EXPECT_THAT(r.err, HasSubstr("is dead"));
+  EXPECT_EQ(Run({"undrain"}).code, kExitUsage);
 }
 
 TEST_F(CliTest, WatchFollowsToSucceeded) {
@@ -962,7 +1116,9 @@ TEST_F(CliTest, WatchReconnectsAfterABrokenStream) {
   std::vector<v1::WatchJobRequest> watches = jobs_.watches();
   ASSERT_EQ(watches.size(), 2u);
   EXPECT_EQ(watches[1].after_seq(), 2);
-  EXPECT_THAT(r.err, HasSubstr("reconnecting after event #2"));
+  EXPECT_THAT(r.err,
+              HasSubstr("lost the event stream of j-r after event #2 (UNAVAILABLE: restart)"));
+  EXPECT_THAT(r.err, HasSubstr("reconnected to the event stream of j-r after"));
   // JSON Lines: one event per line, each exactly once, in order.
   std::vector<std::string> lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
   ASSERT_EQ(lines.size(), 4u) << r.out;
@@ -997,6 +1153,177 @@ TEST_F(CliTest, WatchOnATerminalDrawsAProgressBar) {
   EXPECT_THAT(r.out, HasSubstr("[##############################]  10/10 steps  100%  elapsed"));
   EXPECT_THAT(r.out, HasSubstr("#1  RUNNING  started"));        // Non-progress events print above.
   EXPECT_THAT(r.out, Not(HasSubstr("#2  RUNNING  progress")));  // Progress only moves the bar.
+}
+
+// The text after the last redraw of a terminal's live line: what stays on screen.
+std::string LastLine(const std::string& out) {
+  const size_t at = out.rfind("\r\x1b[2K");
+  return at == std::string::npos ? out : out.substr(at + 5, out.find('\n', at) - at - 5);
+}
+
+// The end event carries no progress (the coordinator's transition events do not) and the last
+// progress event said 5 of 10: the line still ends full, from the final job.
+TEST_F(CliTest, WatchOnATerminalEndsOnTheFinalStateNotAFrozenBar) {
+  env_.out_is_tty = true;
+  jobs_.AddJob(RunningJob("j-t"));
+  jobs_.SetFinal(SucceededJob("j-t"));
+  jobs_.SetWatchScript({{{Event("j-t", 1, v1::JOB_STATE_RUNNING, "started"),
+                          Event("j-t", 2, v1::JOB_STATE_RUNNING, "progress", 5, 10),
+                          Event("j-t", 3, v1::JOB_STATE_SUCCEEDED, "succeeded")},
+                         grpc::Status::OK}});
+  Result r = Run({"watch", "j-t"});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(LastLine(r.out),
+              StartsWith("j-t  SUCCEEDED  [##############################]  10/10 steps  100%  "
+                         "elapsed 12.0s"))
+      << r.out;
+  EXPECT_THAT(r.out, HasSubstr("Job j-t SUCCEEDED after 12.0s"));
+}
+
+// A job that fails ends on a line that says where it stopped, without a bar, and the reason
+// follows.
+TEST_F(CliTest, WatchOnATerminalEndsAFailedJobWithItsReason) {
+  env_.out_is_tty = true;
+  jobs_.AddJob(RunningJob("j-f"));
+  v1::Job failed = RunningJob("j-f");
+  failed.set_state(v1::JOB_STATE_FAILED);
+  failed.set_state_reason("rank 1: out of device memory");
+  failed.mutable_end_time()->set_seconds(1714564806);
+  jobs_.SetFinal(failed);
+  jobs_.SetWatchScript({{{Event("j-f", 1, v1::JOB_STATE_RUNNING, "progress", 3, 10),
+                          Event("j-f", 2, v1::JOB_STATE_FAILED, "failed", 0, 0, "oom")},
+                         grpc::Status::OK}});
+  Result r = Run({"watch", "j-f"});
+  EXPECT_EQ(r.code, kExitJobFailed);
+  EXPECT_THAT(LastLine(r.out), StartsWith("j-f  FAILED  at step 3 of 10  elapsed 6.0s")) << r.out;
+  EXPECT_THAT(LastLine(r.out), Not(HasSubstr("[")));
+  EXPECT_THAT(r.out, HasSubstr("Job j-f FAILED after 6.0s: rank 1: out of device memory"));
+
+  jobs_.AddJob(RunningJob("j-c"));
+  v1::Job cancelled = RunningJob("j-c");
+  cancelled.set_state(v1::JOB_STATE_CANCELLED);
+  cancelled.set_state_reason("cancelled by user: wrong shape");
+  jobs_.SetFinal(cancelled);
+  jobs_.SetWatchScript({{{Event("j-c", 1, v1::JOB_STATE_CANCELLED, "cancelled", 0, 0, "by user")},
+                         grpc::Status::OK}});
+  r = Run({"watch", "j-c"});
+  EXPECT_EQ(r.code, kExitCancelled);
+  EXPECT_THAT(LastLine(r.out), StartsWith("j-c  CANCELLED  at step 3 of 10")) << r.out;
+  EXPECT_THAT(r.out, HasSubstr("CANCELLED: cancelled by user: wrong shape"));
+}
+
+// While the coordinator is away every attempt fails; the outage is announced once when it starts
+// and once when the coordinator answers again.
+TEST_F(CliTest, WatchSaysOncePerOutageThatItReconnects) {
+  jobs_.AddJob(RunningJob("j-o"));
+  jobs_.SetFinal(SucceededJob("j-o"));
+  const std::vector<v1::JobEvent> all = {
+      Event("j-o", 1, v1::JOB_STATE_QUEUED, "submitted"),
+      Event("j-o", 2, v1::JOB_STATE_RUNNING, "started"),
+      Event("j-o", 3, v1::JOB_STATE_SUCCEEDED, "succeeded", 10, 10)};
+  FakeJobService::WatchCall first{{all[0], all[1]},
+                                  grpc::Status(grpc::StatusCode::UNAVAILABLE, "restart")};
+  first.down_after = 3;  // Three failed attempts: about 0.7 s of backoff.
+  jobs_.SetWatchScript({first, {all, grpc::Status::OK}});
+  Result r = Run({"watch", "j-o"});
+  EXPECT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(CountOf(r.err, "lost the event stream"), 1) << r.err;
+  EXPECT_EQ(CountOf(r.err, "reconnected to the event stream of j-o after"), 1) << r.err;
+  EXPECT_EQ(CountOf(r.out, "#3  SUCCEEDED"), 1) << r.out;
+  EXPECT_EQ(jobs_.watches().size(), 2u);
+}
+
+// Terminal controls in every string the coordinator (or the user) gives: escape sequences (a
+// window-title OSC with BEL, a screen clear), CR LF, a C1 CSI, a bidi override, DEL. Valid UTF-8,
+// as protobuf strings must be.
+const char kHostile[] =
+    "ev\x1b]0;pwned\x07il\x1b[2J\r\nX\xc2\x9b"
+    "31m\xe2\x80\xae\x7f";
+
+// Whether `text` holds something a terminal acts on rather than shows: a control byte other than
+// '\n', DEL, a C1 control, a bidi override. With `tty`, the CLI's own line redraws are allowed.
+bool HasTerminalControls(std::string text, bool tty) {
+  if (tty) {
+    for (size_t at = text.find("\r\x1b[2K"); at != std::string::npos; at = text.find("\r\x1b[2K"))
+      text.erase(at, 5);
+  }
+  for (size_t i = 0; i < text.size(); ++i) {
+    const unsigned char c = static_cast<unsigned char>(text[i]);
+    if ((c < 0x20 && c != '\n') || c == 0x7f) return true;
+    if (c == 0xc2 && i + 1 < text.size() &&
+        (static_cast<unsigned char>(text[i + 1]) & 0xe0) == 0x80)
+      return true;
+  }
+  return text.find("\xe2\x80\xae") != std::string::npos;
+}
+
+TEST_F(CliTest, NamesAndMessagesReachTheTerminalEscaped) {
+  v1::Job job = SucceededJob("j-evil");
+  job.mutable_spec()->set_name(kHostile);
+  job.mutable_spec()->set_tenant(kHostile);
+  job.set_state(v1::JOB_STATE_FAILED);
+  job.set_state_reason(kHostile);
+  job.set_idempotency_key(kHostile);
+  job.add_worker_ids(kHostile);
+  job.mutable_result()->mutable_attention()->mutable_ranks(0)->set_worker_id(kHostile);
+  *job.add_events() = Event("j-evil", 1, v1::JOB_STATE_QUEUED, kHostile, 0, 0, kHostile);
+  jobs_.AddJob(job);
+  jobs_.SetFinal(job);
+  v1::Worker worker;
+  worker.set_worker_id("w-evil");
+  worker.set_name(kHostile);
+  worker.set_version(kHostile);
+  worker.set_state(v1::WORKER_STATE_READY);
+  worker.mutable_capabilities()->set_device_name(kHostile);
+  admin_.AddWorker(worker);
+  FakeJobService::WatchCall broken{
+      {Event("j-evil", 1, v1::JOB_STATE_QUEUED, kHostile, 0, 0, kHostile)},
+      grpc::Status(grpc::StatusCode::UNAVAILABLE, kHostile)};
+  jobs_.SetWatchScript({broken,
+                        {{Event("j-evil", 1, v1::JOB_STATE_QUEUED, kHostile, 0, 0, kHostile),
+                          Event("j-evil", 2, v1::JOB_STATE_FAILED, kHostile, 0, 0, kHostile)},
+                         grpc::Status::OK}});
+
+  struct Case {
+    std::vector<std::string> args;
+    bool tty = false;
+  };
+  const std::vector<Case> cases = {
+      {{"status", "j-evil", "--events"}},
+      {{"list"}},
+      {{"workers"}},
+      {{"drain", "w-evil"}},
+      {{"undrain", "w-evil"}},
+      {{"watch", "j-evil"}},
+      {{"watch", "j-evil"}, true},
+      {{"status", kHostile}},           // The user's own argument, echoed in the error.
+      {{"list", "--state", kHostile}},  // A usage error quoting it.
+      {{kHostile}},                     // An unknown command.
+      {{"submit", "-n", "64", "--heads", "1", "--head-dim", "8", "--segments", "64", "--rates", "1",
+        "--name", kHostile}},  // The coordinator's refusal, below.
+  };
+  jobs_.SetSubmitStatus(grpc::Status(grpc::StatusCode::INVALID_ARGUMENT, kHostile));
+  for (const Case& c : cases) {
+    env_.out_is_tty = c.tty;
+    Result r = Run(c.args);
+    const std::string what = absl::StrCat(absl::StrJoin(c.args, " "), c.tty ? " (tty)" : "");
+    EXPECT_FALSE(HasTerminalControls(r.out, c.tty)) << what << "\n" << r.out;
+    EXPECT_FALSE(HasTerminalControls(r.err, false)) << what << "\n" << r.err;
+    EXPECT_THAT(r.out + r.err,
+                HasSubstr("ev\\x1b]0;pwned\\x07il\\x1b[2J\\r\\nX\\u009b31m\\u202e\\x7f"))
+        << what << "\n"
+        << r.out << r.err;
+  }
+
+  // --json keeps the exact strings, as valid JSON.
+  env_.out_is_tty = false;
+  Result r = Run({"status", "j-evil", "--json", "--events"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const nlohmann::json parsed = nlohmann::json::parse(r.out);
+  EXPECT_EQ(parsed["spec"]["name"], kHostile);
+  EXPECT_EQ(parsed["state_reason"], kHostile);
+  EXPECT_EQ(parsed["events"][0]["message"], kHostile);
+  EXPECT_FALSE(HasTerminalControls(r.out, false)) << r.out;
 }
 
 TEST_F(CliTest, SubmitWatchAndWaitReflectTheJobsEnd) {

@@ -43,8 +43,8 @@ std::unique_ptr<grpc::ClientContext> Commands::NewContext() const {
 }
 
 int Commands::RpcFailed(const grpc::Status& status, const std::string& what) {
-  err_ << "dattn: error: " << DescribeRpcError(status, what, args_.coordinator, args_.timeout)
-       << '\n';
+  err_ << "dattn: error: "
+       << Printable(DescribeRpcError(status, what, args_.coordinator, args_.timeout)) << '\n';
   return ExitCodeForRpc(status.error_code());
 }
 
@@ -61,7 +61,7 @@ int Commands::Submit(const SubmitArgs& args) {
     if (code == kExitUnavailable) {
       err_ << "dattn: the job may or may not have been accepted. Retrying is safe with the same "
               "key: add --idempotency-key "
-           << key << '\n';
+           << Printable(key) << '\n';
     }
     return code;
   }
@@ -72,19 +72,21 @@ int Commands::Submit(const SubmitArgs& args) {
     if (!args.wait || args.watch) out_ << ToJson(response, /*pretty=*/!args.watch) << '\n';
   } else {
     if (response.created()) {
-      out_ << "Submitted job " << job.job_id() << " (" << StateName(job.state());
+      out_ << "Submitted job " << Printable(job.job_id()) << " (" << StateName(job.state());
       if (job.state() == v1::JOB_STATE_QUEUED && job.queue_position() > 0) {
         out_ << ", position " << job.queue_position() << " in the queue";
       }
       out_ << ")\n";
     } else {
-      out_ << "Job " << job.job_id() << " already exists for this idempotency key ("
+      out_ << "Job " << Printable(job.job_id()) << " already exists for this idempotency key ("
            << StateName(job.state()) << "); no new job was created\n";
     }
-    out_ << "Idempotency key: " << key;
-    if (args.key_generated) out_ << "  (to retry safely: --idempotency-key " << key << ")";
+    out_ << "Idempotency key: " << Printable(key);
+    if (args.key_generated) {
+      out_ << "  (to retry safely: --idempotency-key " << Printable(key) << ")";
+    }
     out_ << '\n';
-    if (!follow) out_ << "Follow it with: dattn watch " << job.job_id() << '\n';
+    if (!follow) out_ << "Follow it with: dattn watch " << Printable(job.job_id()) << '\n';
   }
   out_ << std::flush;
   if (!follow) return kExitOk;
@@ -115,13 +117,13 @@ int Commands::FollowJob(const std::string& job_id, bool quiet, absl::Duration re
       PrintJob(job, absl::Now(), out_);
     }
   } else if (!args_.json) {
-    out_ << "Job " << job.job_id() << " " << StateName(job.state());
+    out_ << "Job " << Printable(job.job_id()) << " " << StateName(job.state());
     const absl::Time created = ToTime(job.create_time());
     const absl::Time ended = ToTime(job.end_time());
     if (created != absl::InfinitePast() && ended != absl::InfinitePast()) {
       out_ << " after " << HumanDuration(ended - created);
     }
-    if (!job.state_reason().empty()) out_ << ": " << job.state_reason();
+    if (!job.state_reason().empty()) out_ << ": " << Printable(job.state_reason());
     out_ << '\n';
     if (job.result().has_attention()) {
       out_ << '\n';
@@ -136,12 +138,12 @@ int Commands::FollowJob(const std::string& job_id, bool quiet, absl::Duration re
 
 int Commands::SaveOutput(const v1::Job& job, const std::string& path) {
   if (job.state() != v1::JOB_STATE_SUCCEEDED) {
-    err_ << "dattn: error: job " << job.job_id() << " is " << StateName(job.state())
+    err_ << "dattn: error: job " << Printable(job.job_id()) << " is " << StateName(job.state())
          << ": it has an output tensor only once it SUCCEEDED\n";
     return kExitNotFound;
   }
   if (!job.result().attention().has_output()) {
-    err_ << "dattn: error: job " << job.job_id()
+    err_ << "dattn: error: job " << Printable(job.job_id())
          << " has no output tensor: submit it with --return-output (or --output-file) to get one\n";
     return kExitNotFound;
   }
@@ -150,23 +152,23 @@ int Commands::SaveOutput(const v1::Job& job, const std::string& path) {
   for (int64_t d : tensor.shape()) elements *= d;
   const int64_t expected = elements * DTypeSize(tensor.dtype());
   if (expected != static_cast<int64_t>(tensor.data().size())) {
-    err_ << "dattn: error: the output tensor of job " << job.job_id()
+    err_ << "dattn: error: the output tensor of job " << Printable(job.job_id())
          << " is inconsistent: " << DTypeName(tensor.dtype()) << " " << FormatShape(tensor)
          << " needs " << expected << " bytes but " << tensor.data().size()
-         << " arrived; nothing was written to " << path << '\n';
+         << " arrived; nothing was written to " << Printable(path) << '\n';
     return kExitInternal;
   }
   std::ofstream file(path, std::ios::binary | std::ios::trunc);
   if (file) file.write(tensor.data().data(), static_cast<std::streamsize>(tensor.data().size()));
   if (file) file.close();
   if (!file) {
-    err_ << "dattn: error: cannot write the output tensor to " << path << ": "
+    err_ << "dattn: error: cannot write the output tensor to " << Printable(path) << ": "
          << std::strerror(errno) << '\n';
     return kExitInternal;
   }
   // In --json mode stdout holds only the JSON document, so the notice goes to stderr.
   std::ostream& notice = args_.json ? err_ : out_;
-  notice << "Saved output of " << job.job_id() << " to " << path << ": "
+  notice << "Saved output of " << Printable(job.job_id()) << " to " << Printable(path) << ": "
          << DTypeName(tensor.dtype()) << " " << FormatShape(tensor) << ", " << tensor.data().size()
          << " bytes (raw little-endian, row-major)\n"
          << std::flush;
@@ -245,13 +247,13 @@ int Commands::Cancel(const std::string& job_id, const std::string& reason) {
   if (args_.json) {
     PrintJson(job);
   } else if (job.state() == v1::JOB_STATE_CANCELLED) {
-    out_ << "Job " << job.job_id() << " is CANCELLED";
-    if (!job.state_reason().empty()) out_ << ": " << job.state_reason();
+    out_ << "Job " << Printable(job.job_id()) << " is CANCELLED";
+    if (!job.state_reason().empty()) out_ << ": " << Printable(job.state_reason());
     out_ << '\n';
   } else {
-    out_ << "Cancel requested for job " << job.job_id() << " (" << StateName(job.state())
+    out_ << "Cancel requested for job " << Printable(job.job_id()) << " (" << StateName(job.state())
          << "): it ends CANCELLED once its workers stop. Follow it with: dattn watch "
-         << job.job_id() << '\n';
+         << Printable(job.job_id()) << '\n';
   }
   out_ << std::flush;
   return kExitOk;
@@ -285,13 +287,31 @@ int Commands::Drain(const std::string& worker) {
   if (args_.json) {
     PrintJson(response);
   } else {
-    out_ << "Worker " << response.worker_id();
-    if (!response.name().empty()) out_ << " (" << response.name() << ")";
+    out_ << "Worker " << Printable(response.worker_id());
+    if (!response.name().empty()) out_ << " (" << Printable(response.name()) << ")";
     out_ << " is " << WorkerStateName(response.state()) << ": no new work will be placed on it";
     if (response.task_ids_size() > 0) {
       out_ << "; " << response.task_ids_size() << " running task(s) will finish";
     }
     out_ << ".\n";
+  }
+  out_ << std::flush;
+  return kExitOk;
+}
+
+int Commands::Undrain(const std::string& worker) {
+  v1::UndrainWorkerRequest request;
+  request.set_worker_id(worker);
+  v1::Worker response;
+  grpc::Status status = admin_->UndrainWorker(NewContext().get(), request, &response);
+  if (!status.ok()) return RpcFailed(status, "undrain worker " + worker);
+  if (args_.json) {
+    PrintJson(response);
+  } else {
+    out_ << "Worker " << Printable(response.worker_id());
+    if (!response.name().empty()) out_ << " (" << Printable(response.name()) << ")";
+    out_ << " is " << WorkerStateName(response.state())
+         << ": work is placed on it again (it hears so with its next heartbeat).\n";
   }
   out_ << std::flush;
   return kExitOk;
@@ -308,7 +328,7 @@ int Commands::Health(const std::string& service) {
   if (args_.json) {
     PrintJson(response);
   } else {
-    out_ << "Coordinator at " << args_.coordinator.address << ": "
+    out_ << "Coordinator at " << Printable(args_.coordinator.address) << ": "
          << grpc::health::v1::HealthCheckResponse::ServingStatus_Name(response.status()) << '\n';
   }
   out_ << std::flush;

@@ -58,6 +58,7 @@ class Commands {
   int Cancel(const std::string& job_id, const std::string& reason);
   int Workers(bool include_dead);
   int Drain(const std::string& worker);
+  int Undrain(const std::string& worker);
   int Health(const std::string& service);
 
  private:

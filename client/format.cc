@@ -20,7 +20,7 @@ void PrintFields(const std::vector<std::pair<std::string, std::string>>& fields,
   for (const auto& field : fields) width = std::max(width, field.first.size());
   for (const auto& field : fields) {
     out << std::string(indent, ' ') << field.first
-        << std::string(width - field.first.size() + 2, ' ') << field.second << '\n';
+        << std::string(width - field.first.size() + 2, ' ') << Printable(field.second) << '\n';
   }
 }
 
@@ -357,11 +357,11 @@ Table EventsTable(const google::protobuf::RepeatedPtrField<v1::JobEvent>& events
 
 std::string EventLine(const v1::JobEvent& e) {
   std::string line = absl::StrCat(FormatTimestamp(e.time()), "  #", e.seq(), "  ",
-                                  StateName(e.state()), "  ", e.kind());
+                                  StateName(e.state()), "  ", Printable(e.kind()));
   if (e.has_progress() && e.progress().steps_total() > 0) {
     absl::StrAppend(&line, "  ", FormatProgress(e.progress()), " steps");
   }
-  if (!e.message().empty()) absl::StrAppend(&line, "  ", e.message());
+  if (!e.message().empty()) absl::StrAppend(&line, "  ", Printable(e.message()));
   return line;
 }
 

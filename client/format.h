@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/time/time.h"
+#include "client/printable.h"
 #include "client/table.h"
 #include "dattn/v1/admin.pb.h"
 #include "dattn/v1/job.pb.h"
@@ -55,7 +56,7 @@ std::string FormatShape(const v1::Tensor& tensor);
 std::string ProgressBar(int64_t done, int64_t total, int width);
 
 // `dattn status`: the job's fields, its spec, its result (SUCCEEDED attention jobs) and, when the
-// job carries them, its events.
+// job carries them, its events. Every value goes through Printable (tables do so by themselves).
 void PrintJob(const v1::Job& job, absl::Time now, std::ostream& out);
 // The result block of a succeeded attention job: totals, checksums and the per-rank table.
 void PrintAttentionResult(const v1::AttentionJobResult& result, v1::Pass pass, std::ostream& out);
@@ -68,7 +69,8 @@ Table WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now);
 Table EventsTable(const google::protobuf::RepeatedPtrField<v1::JobEvent>& events);
 
 // One line (no newline) describing an event, for `dattn watch` when stdout is not a terminal:
-// "2024-05-01 12:00:03 UTC  #4  RUNNING  progress  50/100 steps  <message>".
+// "2024-05-01 12:00:03 UTC  #4  RUNNING  progress  50/100 steps  <message>". Kind and message go
+// through Printable.
 std::string EventLine(const v1::JobEvent& event);
 
 // The protobuf JSON mapping of `message`: proto field names, enums by name, default-valued fields

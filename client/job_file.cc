@@ -1,8 +1,9 @@
 #include "client/job_file.h"
 
+#include <sys/stat.h>
+
 #include <algorithm>
 #include <fstream>
-#include <sstream>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -10,6 +11,8 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "client/format.h"
+#include "client/suggest.h"
 #include "nlohmann/json.hpp"
 #include "yaml-cpp/yaml.h"
 
@@ -135,7 +138,8 @@ class Walker {
       }
     }
     return Error(node, path,
-                 absl::StrCat("unknown key; the keys here are ", absl::StrJoin(keys, ", ")));
+                 absl::StrCat("unknown key", DidYouMean(Suggest(key, keys)), "; the keys here are ",
+                              absl::StrJoin(keys, ", ")));
   }
 
   std::string source_;
@@ -183,15 +187,35 @@ absl::StatusOr<SubmitOptions> ParseJobFile(const std::string& text, const std::s
 }
 
 absl::StatusOr<SubmitOptions> ReadJobFile(const std::string& path) {
+  const std::string limit = absl::StrCat("job files may be at most 1 MiB (", kMaxJobFileBytes,
+                                         " bytes): --file takes the job's settings, not data");
+  struct stat st {};
+  if (::stat(path.c_str(), &st) == 0) {
+    if (S_ISDIR(st.st_mode)) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("job file '", path, "' is a directory: --file takes a YAML or JSON file"));
+    }
+    if (S_ISREG(st.st_mode) && st.st_size > kMaxJobFileBytes) {
+      return absl::InvalidArgumentError(absl::StrCat("job file '", path, "' is ", st.st_size,
+                                                     " bytes (", FormatBytes(st.st_size), "); ",
+                                                     limit));
+    }
+  }
   std::ifstream in(path, std::ios::binary);
   if (!in) {
     return absl::NotFoundError(
         absl::StrCat("cannot read job file '", path, "': check the path given to --file"));
   }
-  std::ostringstream text;
-  text << in.rdbuf();
+  // Read one byte past the limit: a file that grew since the stat, or a pipe, is caught here.
+  std::string text(static_cast<size_t>(kMaxJobFileBytes) + 1, '\0');
+  in.read(&text[0], static_cast<std::streamsize>(text.size()));
+  text.resize(static_cast<size_t>(in.gcount()));
+  if (static_cast<int64_t>(text.size()) > kMaxJobFileBytes) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("job file '", path, "' is more than ", kMaxJobFileBytes, " bytes; ", limit));
+  }
   const bool json = absl::EndsWithIgnoreCase(path, ".json");
-  return ParseJobFile(text.str(), path, json);
+  return ParseJobFile(text, path, json);
 }
 
 }  // namespace client

@@ -17,6 +17,7 @@
 #ifndef DATTN_CLIENT_JOB_FILE_H_
 #define DATTN_CLIENT_JOB_FILE_H_
 
+#include <cstdint>
 #include <string>
 
 #include "absl/status/statusor.h"
@@ -32,8 +33,15 @@ namespace client {
 absl::StatusOr<SubmitOptions> ParseJobFile(const std::string& text, const std::string& source,
                                            bool json);
 
+// The largest job file ReadJobFile reads: a job file is a few hundred bytes of settings, so
+// anything near this is a mistake (a data file given to --file), and reading it all would only
+// cost memory.
+inline constexpr int64_t kMaxJobFileBytes = int64_t{1} << 20;  // 1 MiB.
+
 // Reads `path` and parses it, as JSON when the name ends in ".json" (any case), else as YAML.
-// NOT_FOUND when the file cannot be read; otherwise as ParseJobFile.
+// NOT_FOUND when the file cannot be opened; INVALID_ARGUMENT naming the file for a directory or a
+// file over kMaxJobFileBytes (with its size, when the file system knows it; a pipe is read only up
+// to the limit); otherwise as ParseJobFile.
 absl::StatusOr<SubmitOptions> ReadJobFile(const std::string& path);
 
 }  // namespace client

@@ -5,6 +5,7 @@
 #include <cmath>
 #include <set>
 #include <utility>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/strings/ascii.h"
@@ -14,6 +15,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/strip.h"
+#include "client/suggest.h"
 
 namespace dattn {
 namespace client {
@@ -37,10 +39,13 @@ template <typename Enum, size_t N>
 absl::StatusOr<Enum> ParseNamed(const std::string& text, const NamedValue<Enum> (&names)[N],
                                 const char* choices) {
   const std::string name = NormalizeName(text);
+  std::vector<std::string> known;
   for (const auto& entry : names) {
     if (name == entry.name) return entry.value;
+    known.push_back(entry.name);
   }
-  return absl::InvalidArgumentError(absl::StrCat("'", text, "' is not one of ", choices));
+  return absl::InvalidArgumentError(
+      absl::StrCat("'", text, "' is not one of ", choices, DidYouMean(Suggest(name, known))));
 }
 
 }  // namespace
@@ -171,9 +176,11 @@ absl::StatusOr<std::vector<v1::JobState>> ParseJobStates(const std::string& text
                                           "active, ended");
     if (!bits.ok()) {
       return absl::InvalidArgumentError(
-          absl::StrCat("'", std::string(absl::StripAsciiWhitespace(part)),
-                       "' is not a job state: use queued, placed, running, succeeded, failed, "
-                       "cancelled, active or ended (comma-separated)"));
+          absl::StrCat("'", std::string(absl::StripAsciiWhitespace(part)), "' is not a job state",
+                       DidYouMean(Suggest(name, {"queued", "placed", "running", "succeeded",
+                                                 "failed", "cancelled", "active", "ended"})),
+                       ": use queued, placed, running, succeeded, failed, cancelled, active or "
+                       "ended (comma-separated)"));
     }
     mask |= *bits;
   }

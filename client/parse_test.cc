@@ -8,6 +8,7 @@
 #include "client/job_file.h"
 #include "client/parse.h"
 #include "client/submit_options.h"
+#include "client/suggest.h"
 #include "client/table.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -190,6 +191,86 @@ TEST(FormatTest, Units) {
   EXPECT_EQ(FormatTimestamp(ts), "-");
   ts.set_seconds(1714564800);
   EXPECT_EQ(FormatTimestamp(ts), "2024-05-01 12:00:00 UTC");
+}
+
+TEST(SuggestTest, EditDistance) {
+  EXPECT_EQ(EditDistance("", ""), 0u);
+  EXPECT_EQ(EditDistance("status", "status"), 0u);
+  EXPECT_EQ(EditDistance("stauts", "status"), 1u);  // A swap of neighbours counts once.
+  EXPECT_EQ(EditDistance("lst", "list"), 1u);
+  EXPECT_EQ(EditDistance("kitten", "sitting"), 3u);
+  EXPECT_EQ(EditDistance("", "abc"), 3u);
+  EXPECT_EQ(EditDistance("ca", "abc"), 3u);  // Optimal string alignment, not full Damerau.
+}
+
+TEST(SuggestTest, ClosestCandidates) {
+  const std::vector<std::string> commands = {"submit",  "status", "list",    "watch", "cancel",
+                                             "workers", "drain",  "undrain", "health"};
+  EXPECT_THAT(Suggest("stauts", commands), ElementsAre("status"));
+  EXPECT_THAT(Suggest("lst", commands), ElementsAre("list"));
+  EXPECT_THAT(Suggest("wokers", commands), ElementsAre("workers"));
+  EXPECT_THAT(Suggest("drian", commands), ElementsAre("drain"));
+  EXPECT_THAT(Suggest("Submit", commands), ElementsAre());  // Itself, in another case.
+  EXPECT_THAT(Suggest("frobnicate", commands), ElementsAre());
+  EXPECT_THAT(Suggest("x", commands), ElementsAre());
+  EXPECT_THAT(Suggest("undr", commands), ElementsAre("undrain"));  // A beginning.
+  const std::vector<std::string> flags = {"--watch",    "--wait",       "--seq-len", "--heads",
+                                          "--head-dim", "--iterations", "-f"};
+  EXPECT_THAT(Suggest("--wach", flags), ElementsAre("--watch"));
+  EXPECT_THAT(Suggest("--seqlen", flags), ElementsAre("--seq-len"));
+  EXPECT_THAT(Suggest("--seq_len", flags), ElementsAre());  // Same name, '_' for '-'.
+  EXPECT_THAT(Suggest("--head", flags), ElementsAre("--heads"));
+  EXPECT_THAT(Suggest("--iter", flags), ElementsAre("--iterations"));
+  EXPECT_THAT(Suggest("--wat", flags), ElementsAre("--wait"));  // wait 1 away, watch 2.
+  EXPECT_EQ(DidYouMean({}), "");
+  EXPECT_EQ(DidYouMean({"status"}), " (did you mean 'status'?)");
+  EXPECT_EQ(DidYouMean({"a", "b", "c"}, ""), " (did you mean a, b or c?)");
+}
+
+TEST(PrintableTest, EscapesWhatATerminalWouldActOn) {
+  // Plain text, and valid UTF-8 that shows as itself, pass unchanged.
+  EXPECT_EQ(Printable("job-1 a_b.c (x) \\ 'q' \"q\""), "job-1 a_b.c (x) \\ 'q' \"q\"");
+  EXPECT_EQ(Printable("caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x9a\x80"),
+            "caf\xc3\xa9 \xe6\x97\xa5\xe6\x9c\xac \xf0\x9f\x9a\x80");
+  // C0 controls and DEL.
+  EXPECT_EQ(Printable("a\nb\rc\td"), "a\\nb\\rc\\td");
+  EXPECT_EQ(Printable("\x1b[2J\x1b]0;title\x07"), "\\x1b[2J\\x1b]0;title\\x07");
+  EXPECT_EQ(Printable(std::string("nul\0x", 5)), "nul\\x00x");
+  EXPECT_EQ(Printable("del\x7f"), "del\\x7f");
+  // C1 controls: U+009B is a one-character CSI on many terminals.
+  EXPECT_EQ(Printable("\xc2\x9b"
+                      "31m"),
+            "\\u009b31m");
+  EXPECT_EQ(Printable("\xc2\x85"), "\\u0085");
+  EXPECT_EQ(Printable("\xc2\xa0"), "\xc2\xa0");  // U+00A0 shows (a space).
+  // Bidi overrides and isolates, zero-width characters, line separators, BOM.
+  EXPECT_EQ(Printable("abc\xe2\x80\xae"
+                      "def"),
+            "abc\\u202edef");
+  EXPECT_EQ(Printable("\xe2\x81\xa6x\xe2\x81\xa9"), "\\u2066x\\u2069");
+  EXPECT_EQ(Printable("a\xe2\x80\x8b"
+                      "b"),
+            "a\\u200bb");
+  EXPECT_EQ(Printable("\xe2\x80\xa8"), "\\u2028");
+  EXPECT_EQ(Printable("\xef\xbb\xbf"), "\\ufeff");
+  // Bytes that are not UTF-8: stray continuation, a raw C1 byte, overlong, surrogate, truncated.
+  EXPECT_EQ(Printable("\x80"), "\\x80");
+  EXPECT_EQ(Printable("\x9b"
+                      "1m"),
+            "\\x9b1m");
+  EXPECT_EQ(Printable("\xc0\xaf"), "\\xc0\\xaf");
+  EXPECT_EQ(Printable("\xed\xa0\x80"), "\\xed\\xa0\\x80");
+  EXPECT_EQ(Printable("\xe6\x97"), "\\xe6\\x97");
+  EXPECT_EQ(Printable("\xff"), "\\xff");
+}
+
+// Table cells cannot break rows or carry control sequences.
+TEST(PrintableTest, TableCellsArePrintable) {
+  Table table({"NAME", "STATE"});
+  table.AddRow({"evil\n\x1b[31mred", "READY"});
+  std::ostringstream out;
+  table.Print(out);
+  EXPECT_EQ(out.str(), "NAME               STATE\nevil\\n\\x1b[31mred  READY\n");
 }
 
 }  // namespace

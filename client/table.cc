@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <utility>
 
+#include "client/printable.h"
+
 namespace dattn {
 namespace client {
 
@@ -18,6 +20,7 @@ Table::Table(std::vector<std::string> headers) : headers_(std::move(headers)) {}
 
 void Table::AddRow(std::vector<std::string> cells) {
   cells.resize(headers_.size());
+  for (std::string& cell : cells) cell = Printable(cell);
   rows_.push_back(std::move(cells));
 }
 

@@ -1,7 +1,9 @@
 // Aligned plain-text tables for the CLI's human-readable output.
 //
 // Columns are left-aligned, separated by two spaces, with no trailing whitespace; widths count
-// UTF-8 code points. Not thread-safe: build and print a Table from one thread.
+// UTF-8 code points. Cells go through Printable (client/printable.h): a cell cannot move the
+// cursor, break its row or reach the terminal as a control sequence. Not thread-safe: build and
+// print a Table from one thread.
 #ifndef DATTN_CLIENT_TABLE_H_
 #define DATTN_CLIENT_TABLE_H_
 

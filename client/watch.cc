@@ -20,6 +20,8 @@ namespace {
 constexpr int kBarWidth = 30;
 constexpr absl::Duration kFirstBackoff = absl::Milliseconds(100);
 constexpr absl::Duration kMaxBackoff = absl::Seconds(2);
+// A stream that stayed open this long had been working when it broke, even without events.
+constexpr absl::Duration kHealthyStream = absl::Seconds(2);
 
 grpc::Status ReadJob(v1::JobService::StubInterface* stub, const std::string& job_id,
                      absl::Duration timeout, v1::Job* job) {
@@ -69,10 +71,11 @@ class ProgressLine {
     });
   }
 
-  ~ProgressLine() { Finish(); }
+  ~ProgressLine() { Finish(nullptr); }
 
   void OnEvent(const v1::JobEvent& event) {
     absl::MutexLock lock(&mu_);
+    if (finished_) return;
     state_ = event.state();
     if (event.has_progress() && event.progress().steps_total() > 0) {
       done_ = event.progress().steps_done();
@@ -82,27 +85,57 @@ class ProgressLine {
     RedrawLocked();
   }
 
-  // Stops the ticker and leaves the last line in place. Idempotent.
-  void Finish() {
+  // Ends the line where it stands, so that a notice written to another stream of the same terminal
+  // starts on a line of its own; the next redraw starts a new line.
+  void Interrupt() {
+    absl::MutexLock lock(&mu_);
+    if (!finished_) out_ << '\n' << std::flush;
+  }
+
+  // Stops the ticker and draws the last line: with `final_job` (a job that ended) its end state,
+  // end time and progress; a SUCCEEDED job's bar full. FAILED and CANCELLED jobs end on a line
+  // without a bar, saying where they stopped. Idempotent.
+  void Finish(const v1::Job* final_job) {
     if (!stop_.HasBeenNotified()) stop_.Notify();
     if (ticker_.joinable()) ticker_.join();
     absl::MutexLock lock(&mu_);
-    if (!finished_) {
-      RedrawLocked();
-      out_ << '\n' << std::flush;
-      finished_ = true;
+    if (finished_) return;
+    finished_ = true;
+    if (final_job != nullptr) {
+      state_ = final_job->state();
+      if (final_job->progress().steps_total() > 0) {
+        done_ = final_job->progress().steps_done();
+        total_ = final_job->progress().steps_total();
+      }
+      const absl::Time ended = ToTime(final_job->end_time());
+      if (ended != absl::InfinitePast()) end_ = ended;
+      if (state_ == v1::JOB_STATE_SUCCEEDED) {
+        complete_ = true;
+        if (total_ > 0) done_ = total_;
+      }
     }
+    RedrawLocked();
+    out_ << '\n' << std::flush;
   }
 
  private:
   void RedrawLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    std::string line = absl::StrCat("\r\x1b[2K", job_id_, "  ", StateName(state_), "  ",
-                                    ProgressBar(done_, total_, kBarWidth));
-    if (total_ > 0) {
-      absl::StrAppend(&line, "  ", done_, "/", total_, " steps  ",
-                      std::min<int64_t>(done_ * 100 / total_, 100), "%");
+    std::string line = absl::StrCat("\r\x1b[2K", Printable(job_id_), "  ", StateName(state_), "  ");
+    const bool stopped = state_ == v1::JOB_STATE_FAILED || state_ == v1::JOB_STATE_CANCELLED;
+    if (stopped) {
+      // No bar: a job that did not finish its steps is not partly done.
+      if (total_ > 0) absl::StrAppend(&line, "at step ", done_, " of ", total_, "  ");
+    } else if (complete_ && total_ <= 0) {
+      absl::StrAppend(&line, ProgressBar(1, 1, kBarWidth), "  100%  ");
+    } else {
+      absl::StrAppend(&line, ProgressBar(done_, total_, kBarWidth), "  ");
+      if (total_ > 0) {
+        absl::StrAppend(&line, done_, "/", total_, " steps  ",
+                        std::min<int64_t>(done_ * 100 / total_, 100), "%  ");
+      }
     }
-    absl::StrAppend(&line, "  elapsed ", HumanDuration(absl::Now() - start_));
+    const absl::Time until = end_.value_or(absl::Now());
+    absl::StrAppend(&line, "elapsed ", HumanDuration(until - start_));
     out_ << line << std::flush;
   }
 
@@ -112,6 +145,8 @@ class ProgressLine {
   v1::JobState state_ ABSL_GUARDED_BY(mu_);
   int64_t done_ ABSL_GUARDED_BY(mu_);
   int64_t total_ ABSL_GUARDED_BY(mu_);
+  bool complete_ ABSL_GUARDED_BY(mu_) = false;  // Ended SUCCEEDED: the bar is full.
+  std::optional<absl::Time> end_ ABSL_GUARDED_BY(mu_);
   absl::Time start_;  // Fixed after construction.
   bool finished_ ABSL_GUARDED_BY(mu_) = false;
   absl::Notification stop_;
@@ -148,23 +183,44 @@ WatchResult WatchJob(v1::JobService::StubInterface* stub, const std::string& job
   };
 
   int64_t last_seq = 0;
-  // When the stream last broke after being healthy: a stream may stay quiet for long (a queued job,
-  // a long step), so the reconnect budget counts from the break, not from the last event.
+  // The reconnect budget counts from when the stream broke after being healthy (it delivered an
+  // event, or stayed open kHealthyStream): a stream may stay quiet for long (a queued job, a long
+  // step), and one that fails at once is part of the same outage.
   std::optional<absl::Time> broken_since;
+  // The outage being reported: one notice when it starts, one when the coordinator answers again,
+  // however many attempts fail in between. After that answer, streams that fail at once stay
+  // silent until one proves healthy.
+  std::optional<absl::Time> outage_since;
+  bool quiet_until_healthy = false;
   absl::Duration backoff = kFirstBackoff;
   bool ended = false;
   bool have_final_job = false;
   v1::JobEvent final_event;
+  auto end_outage = [&] {
+    if (!outage_since.has_value()) return;
+    if (line) line->Interrupt();
+    err << "dattn: reconnected to the event stream of " << Printable(job_id) << " after "
+        << HumanDuration(absl::Now() - *outage_since) << "; resuming after event #" << last_seq
+        << '\n'
+        << std::flush;
+    outage_since.reset();
+    quiet_until_healthy = true;
+  };
   while (!ended) {
     grpc::ClientContext context;
     v1::WatchJobRequest request;
     request.set_job_id(job_id);
     request.set_after_seq(last_seq);
+    const absl::Time opened = absl::Now();
+    bool delivered = false;
     std::unique_ptr<grpc::ClientReaderInterface<v1::JobEvent>> reader =
         stub->WatchJob(&context, request);
     v1::JobEvent event;
     while (reader->Read(&event)) {
+      delivered = true;
       broken_since.reset();
+      end_outage();
+      quiet_until_healthy = false;
       backoff = kFirstBackoff;
       if (event.seq() <= last_seq) continue;  // Replayed by a server that ignored after_seq.
       last_seq = event.seq();
@@ -189,28 +245,54 @@ WatchResult WatchJob(v1::JobService::StubInterface* stub, const std::string& job
       status = grpc::Status(grpc::StatusCode::UNAVAILABLE,
                             "the event stream closed before the job ended");
     } else if (!IsTransient(status.error_code())) {
-      if (line) line->Finish();
+      if (line) line->Finish(nullptr);
       result.status = status;
       return result;
     }
-    if (!broken_since.has_value()) broken_since = absl::Now();
-    if (absl::Now() - *broken_since >= options.reconnect_for) {
-      if (line) line->Finish();
-      result.status = grpc::Status(
-          grpc::StatusCode::UNAVAILABLE,
-          absl::StrCat("lost the event stream of job ", job_id, " and could not reconnect for ",
-                       absl::FormatDuration(options.reconnect_for), " (last error ",
-                       RpcCodeName(status.error_code()), ": ", status.error_message(),
-                       "); run `dattn watch ", job_id, "` to resume"));
-      return result;
+    if (delivered || absl::Now() - opened >= kHealthyStream) {
+      broken_since = absl::Now();
+      quiet_until_healthy = false;
+    } else if (!broken_since.has_value()) {
+      broken_since = absl::Now();
     }
-    err << "dattn: the event stream of " << job_id << " broke (" << RpcCodeName(status.error_code())
-        << ": " << status.error_message() << "); reconnecting after event #" << last_seq << '\n'
-        << std::flush;
-    absl::SleepFor(backoff);
-    backoff = std::min(backoff * 2, kMaxBackoff);
+    if (!outage_since.has_value() && !quiet_until_healthy) {
+      outage_since = absl::Now();
+      if (line) line->Interrupt();
+      err << "dattn: lost the event stream of " << Printable(job_id) << " after event #" << last_seq
+          << " (" << RpcCodeName(status.error_code()) << ": " << Printable(status.error_message())
+          << "); reconnecting for up to " << HumanDuration(options.reconnect_for) << '\n'
+          << std::flush;
+    }
+    // Wait, then ask the coordinator for the job: its answer ends the outage (a job that ended
+    // meanwhile has its last events replayed by the next stream). Then open a new stream.
+    bool answered = false;
+    while (!answered) {
+      if (absl::Now() - *broken_since >= options.reconnect_for) {
+        if (line) line->Finish(nullptr);
+        result.status = grpc::Status(
+            grpc::StatusCode::UNAVAILABLE,
+            absl::StrCat("lost the event stream of job ", job_id, " and could not reconnect for ",
+                         absl::FormatDuration(options.reconnect_for), " (last error ",
+                         RpcCodeName(status.error_code()), ": ", status.error_message(),
+                         "); run `dattn watch ", job_id, "` to resume"));
+        return result;
+      }
+      absl::SleepFor(backoff);
+      backoff = std::min(backoff * 2, kMaxBackoff);
+      v1::Job probe;
+      const grpc::Status read = ReadJob(stub, job_id, options.rpc_timeout, &probe);
+      if (read.ok()) {
+        answered = true;
+        end_outage();
+      } else if (!IsTransient(read.error_code())) {
+        if (line) line->Finish(nullptr);
+        result.status = read;
+        return result;
+      } else {
+        status = read;
+      }
+    }
   }
-  if (line) line->Finish();
 
   if (!have_final_job) {
     grpc::Status read = ReadJob(stub, job_id, options.rpc_timeout, &job);
@@ -220,8 +302,10 @@ WatchResult WatchJob(v1::JobService::StubInterface* stub, const std::string& job
       job.set_job_id(job_id);
       job.set_state(final_event.state());
       job.set_state_reason(final_event.message());
+      *job.mutable_end_time() = final_event.time();
     }
   }
+  if (line) line->Finish(&job);
   result.status = grpc::Status::OK;
   result.job = std::move(job);
   return result;

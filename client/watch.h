@@ -1,10 +1,18 @@
 // Following a job until it ends: `dattn watch`, and `dattn submit --watch/--wait`.
 //
 // WatchJob reads the job once (GetJob), then streams its events (WatchJob RPC). When the stream
-// breaks (UNAVAILABLE, INTERNAL, a dropped connection, ...) it reconnects with after_seq = the last
-// event seen, so no event is shown twice or skipped, and gives up only after `reconnect_for` passes
-// without a successful read. When the job ends it reads the job again to return its final state and
-// result.
+// breaks (UNAVAILABLE, INTERNAL, a dropped connection, ...) it waits (backoff 0.1 s doubling to
+// 2 s), asks for the job until the coordinator answers, and reconnects with after_seq = the last
+// event seen, so no event is shown twice or skipped. It gives up after `reconnect_for` from the
+// break of a stream that had been working (it delivered an event or stayed open 2 s). On `err` it
+// says so once per outage: "lost the event stream of J after event #N (CODE: ...); reconnecting
+// for up to 1m00s" when it breaks and "reconnected to the event stream of J after 4.2s" when the
+// coordinator answers again; failed attempts in between print nothing. When the job ends it reads
+// the job again to return its final state and result.
+//
+// kTty: the live line ends on the job's final state, from the final job: a SUCCEEDED job's bar full
+// (N/N steps, 100%) even when the last progress event said less; a FAILED or CANCELLED job's line
+// without a bar ("J  FAILED  at step 3 of 10  elapsed 4.1s"; the caller prints the reason).
 //
 // Thread-safety: WatchJob may be called from any thread; it writes to `out`/`err` only from the
 // calling thread, except in kTty mode, where a helper thread it owns redraws the progress line once

@@ -5,8 +5,11 @@
 #   scripts/demo.sh          run the demo, then shut everything down gracefully (SIGTERM)
 #   scripts/demo.sh --keep   leave the daemons running until Ctrl-C
 #
+# The binaries are built and put on your PATH first by scripts/install.sh (into ~/.local/bin, or
+# DATTN_PREFIX/bin; the GPU worker is left out), so `dattn` works in your shell afterwards.
+#
 # Environment: DATTN_DEMO_DIR (data + logs; default ./dattn-demo), DATTN_DEMO_PORT (gRPC, default
-# 7070; metrics on the next port).
+# 7070; metrics on the next port), DATTN_PREFIX (install prefix; default ~/.local).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -14,25 +17,21 @@ keep=0
 for arg in "$@"; do
   case "$arg" in
     --keep) keep=1 ;;
-    -h|--help) sed -n '2,9p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,13p' "$0"; exit 0 ;;
     *) echo "demo.sh: unknown argument '$arg' (expected --keep)" >&2; exit 2 ;;
   esac
 done
 
 scripts/setup.sh
-echo "== building dattn (bazel build //server:dattn-coordinator //worker:dattn-worker //client:dattn)"
-if ! build_log=$(bazel build //server:dattn-coordinator //worker:dattn-worker //client:dattn 2>&1); then
-  echo "$build_log"
-  echo "demo.sh: the build failed (output above)" >&2
-  exit 1
-fi
-echo "$build_log" | tail -1
+prefix=${DATTN_PREFIX:-$HOME/.local}
+echo "== building dattn and putting it on your PATH (scripts/install.sh --no-gpu --prefix $prefix)"
+scripts/install.sh --no-gpu --prefix "$prefix"
+export PATH="$prefix/bin:$PATH"
 
 dir=${DATTN_DEMO_DIR:-$PWD/dattn-demo}
 port=${DATTN_DEMO_PORT:-7070}
 metrics_port=$((port + 1))
 mkdir -p "$dir"
-bin=bazel-bin
 export DATTN_COORDINATOR=127.0.0.1:$port
 
 pids=()
@@ -50,7 +49,7 @@ trap stop_all EXIT
 trap 'exit 130' INT TERM
 
 echo "== starting dattn-coordinator on 127.0.0.1:$port (store in $dir/data, log $dir/coordinator.log)"
-"$bin/server/dattn-coordinator" --listen="127.0.0.1:$port" --metrics-listen="127.0.0.1:$metrics_port" \
+dattn-coordinator --listen="127.0.0.1:$port" --metrics-listen="127.0.0.1:$metrics_port" \
   --data-dir="$dir/data" 2>"$dir/coordinator.log" &
 pids+=($!)
 for _ in $(seq 100); do
@@ -62,33 +61,36 @@ done
 threads=$(( $(nproc) / 2 )); [ "$threads" -ge 1 ] || threads=1
 for i in 0 1; do
   echo "== starting dattn-worker cpu-$i ($threads engine threads, log $dir/worker-$i.log)"
-  "$bin/worker/dattn-worker" --coordinator="$DATTN_COORDINATOR" --name="cpu-$i" \
+  dattn-worker --coordinator="$DATTN_COORDINATOR" --name="cpu-$i" \
     --threads="$threads" 2>"$dir/worker-$i.log" &
   pids+=($!)
 done
 for _ in $(seq 100); do
-  [ "$("$bin/client/dattn" workers --json 2>/dev/null | grep -c WORKER_STATE_READY)" -ge 2 ] && break
+  [ "$(dattn workers --json 2>/dev/null | grep -c WORKER_STATE_READY)" -ge 2 ] && break
   sleep 0.1
 done
-"$bin/client/dattn" workers
+dattn workers
 
 echo
 echo "== submitting a grouped-mode dilated attention job (forward + backward, fp32) and watching it"
 set -x
-"$bin/client/dattn" submit --name=demo --seq-len=16384 --heads=8 --head-dim=64 \
+dattn submit --name=demo --seq-len=16384 --heads=8 --head-dim=64 \
   --segments=1024,2048,4096 --rates=1,2,4 --dtype=fp32 --pass=fwd-bwd --iterations=4 --seed=42 \
   --watch
 { set +x; } 2>/dev/null
 echo
 echo "== all jobs"
-"$bin/client/dattn" list
+dattn list
 echo
-echo "== metrics: http://127.0.0.1:$metrics_port/metrics (Prometheus text); a few of them:"
+echo "== the shipped example job file, as it is (dattn submit -f client/examples/attention-job.yaml)"
+dattn submit -f client/examples/attention-job.yaml --wait | sed -n '1,8p'
+echo
+echo "== metrics: http://127.0.0.1:$metrics_port/metrics (Prometheus text; /healthz answers liveness); a few of them:"
 curl -sf "http://127.0.0.1:$metrics_port/metrics" |
   grep -E '^dattn_(jobs|attention_tokens_total|attention_flops_total|workers)\b' | head -12 || true
 
 if [ "$keep" = 1 ]; then
   echo
-  echo "== running; try: DATTN_COORDINATOR=$DATTN_COORDINATOR $bin/client/dattn list   (Ctrl-C stops)"
+  echo "== running; try: DATTN_COORDINATOR=$DATTN_COORDINATOR dattn list   (Ctrl-C stops)"
   wait
 fi

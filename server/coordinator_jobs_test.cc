@@ -99,6 +99,26 @@ TEST_F(CoordinatorTest, ValidationTable) {
        },
        C::kInvalidArgument,
        {"spec.attention.attention.segment_lengths is empty"}},
+      {"100000 patterns",
+       [&](auto* r) {
+         v1::AttentionSpec* a = attention(r)->mutable_attention();
+         a->set_mode(v1::ATTENTION_MODE_MIXTURE);
+         for (int i = 0; i < 99999; ++i) {
+           a->add_segment_lengths(64);
+           a->add_dilation_rates(1);
+         }
+       },
+       C::kInvalidArgument,
+       {"spec.attention.attention.segment_lengths: at most 64 patterns", "got 100000"}},
+      {"unknown fields stuffed into the spec",
+       [](auto* r) {
+         r->mutable_spec()
+             ->GetReflection()
+             ->MutableUnknownFields(r->mutable_spec())
+             ->AddLengthDelimited(999, std::string(100000, 'x'));
+       },
+       C::kInvalidArgument,
+       {"spec: is 1000", "more than the 65536"}},
       {"length mismatch",
        [&](auto* r) { attention(r)->mutable_attention()->add_dilation_rates(2); },
        C::kInvalidArgument,

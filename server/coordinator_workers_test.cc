@@ -361,6 +361,56 @@ TEST_F(CoordinatorTest, ACheckedJobWaitsWhenWorkersGoAway) {
   EXPECT_THAT(EventKinds(job), ElementsAre("submitted"));
 }
 
+// An undrained worker is READY again, hears drain = false, and gets the work queued meanwhile.
+TEST_F(CoordinatorTest, UndrainedWorkerTakesWorkAgain) {
+  FakeWorker* worker = AddWorker("undrain-me");
+  v1::DrainWorkerRequest drain;
+  drain.set_worker_id("undrain-me");
+  ASSERT_TRUE(coordinator_->DrainWorker(drain).ok());
+  const std::string queued = Submit(ValidRequest("while-drained")).job_id();
+  ASSERT_TRUE(WaitFor([&] { return worker->stream_ended(); }));  // Drained and idle.
+  EXPECT_EQ(Get(queued).state(), v1::JOB_STATE_QUEUED);
+  EXPECT_THAT(metrics_->Serialize(), HasSubstr("dattn_workers{state=\"draining\"} 1"));
+
+  v1::UndrainWorkerRequest undrain;
+  undrain.set_worker_id(worker->id());  // By id.
+  absl::StatusOr<v1::Worker> undrained = coordinator_->UndrainWorker(undrain);
+  ASSERT_TRUE(undrained.ok()) << undrained.status();
+  EXPECT_EQ(undrained->state(), v1::WORKER_STATE_READY);
+  undrain.set_worker_id("undrain-me");  // By name; idempotent.
+  undrained = coordinator_->UndrainWorker(undrain);
+  ASSERT_TRUE(undrained.ok()) << undrained.status();
+  EXPECT_EQ(undrained->state(), v1::WORKER_STATE_READY);
+  EXPECT_FALSE(worker->Heartbeat().drain());
+  EXPECT_THAT(metrics_->Serialize(), HasSubstr("dattn_workers{state=\"draining\"} 0"));
+
+  // The worker reopens its stream, as a real one does, and gets the queued job.
+  worker->StopStream();
+  worker->StartStream();
+  std::optional<v1::WorkerCommand> assign = worker->Next();
+  ASSERT_TRUE(assign.has_value());
+  EXPECT_EQ(assign->assign().job_id(), queued);
+  ASSERT_TRUE(worker->Report(assign->assign().task_id(), v1::TASK_STATE_SUCCEEDED).ok());
+  EXPECT_EQ(Get(queued).state(), v1::JOB_STATE_SUCCEEDED);
+
+  undrain.set_worker_id("nobody");
+  absl::StatusOr<v1::Worker> missing = coordinator_->UndrainWorker(undrain);
+  EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
+  EXPECT_THAT(missing.status().message(), HasSubstr("\"nobody\""));
+  undrain.clear_worker_id();
+  EXPECT_EQ(coordinator_->UndrainWorker(undrain).status().code(),
+            absl::StatusCode::kInvalidArgument);
+
+  // A dead worker cannot be undrained.
+  worker->StopHeartbeats();
+  undrain.set_worker_id("undrain-me");
+  ASSERT_TRUE(WaitFor([&] {
+    return coordinator_->UndrainWorker(undrain).status().code() ==
+           absl::StatusCode::kFailedPrecondition;
+  }));
+  EXPECT_THAT(coordinator_->UndrainWorker(undrain).status().message(), HasSubstr("is dead"));
+}
+
 }  // namespace
 }  // namespace server
 }  // namespace dattn

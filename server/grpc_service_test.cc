@@ -185,6 +185,15 @@ TEST_F(GrpcServiceTest, ErrorsKeepTheirCodesAndMessages) {
     EXPECT_EQ(admin_->DrainWorker(&context, drain, &worker).error_code(),
               grpc::StatusCode::NOT_FOUND);
   }
+  {
+    grpc::ClientContext context;
+    v1::UndrainWorkerRequest undrain;
+    undrain.set_worker_id("nobody");
+    v1::Worker worker;
+    grpc::Status s = admin_->UndrainWorker(&context, undrain, &worker);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_THAT(s.error_message(), HasSubstr("\"nobody\""));
+  }
   const std::string text = metrics_.Serialize();
   EXPECT_THAT(
       text, HasSubstr("dattn_rpc_total{code=\"OK\",method=\"/dattn.v1.JobService/SubmitJob\"} 1"));
@@ -194,6 +203,8 @@ TEST_F(GrpcServiceTest, ErrorsKeepTheirCodesAndMessages) {
       text,
       HasSubstr(
           "dattn_rpc_total{code=\"NOT_FOUND\",method=\"/dattn.v1.AdminService/DrainWorker\"} 1"));
+  EXPECT_THAT(text, HasSubstr("dattn_rpc_total{code=\"NOT_FOUND\",method=\"/dattn.v1.AdminService/"
+                              "UndrainWorker\"} 1"));
 }
 
 TEST_F(GrpcServiceTest, WorkerAndWatcherStreamsOverGrpc) {

@@ -3,10 +3,12 @@
 #include <fcntl.h>
 #include <sqlite3.h>
 #include <sys/file.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
+#include <cstdio>
 #include <cstring>
 #include <filesystem>
 #include <limits>
@@ -239,6 +241,60 @@ JobStore::JobStore(std::string path, const JobStoreOptions& options)
 
 JobStore::~JobStore() { Close().IgnoreError(); }
 
+namespace {
+
+std::string OctalMode(mode_t mode) {
+  char text[8];
+  std::snprintf(text, sizeof(text), "%04o", static_cast<unsigned>(mode & 07777));
+  return text;
+}
+
+// mkdir -p with mode 0700 for each directory it creates (chmod'ed, so the umask does not matter).
+absl::Status CreatePrivateDirectories(const std::filesystem::path& dir) {
+  std::filesystem::path prefix;
+  for (const std::filesystem::path& part : dir) {
+    prefix /= part;
+    if (::mkdir(prefix.c_str(), 0700) == 0) {
+      if (::chmod(prefix.c_str(), 0700) != 0) {
+        return absl::UnavailableError(absl::StrCat("cannot make directory ", prefix.string(),
+                                                   " private: ", std::strerror(errno)));
+      }
+    } else if (errno != EEXIST) {
+      return absl::UnavailableError(
+          absl::StrCat("cannot create directory ", prefix.string(), ": ", std::strerror(errno)));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// Removes the group and other permission bits of the open file `fd` (named `path` in errors).
+absl::Status MakePrivate(int fd, const std::string& path) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("job store file ", path, ": cannot stat it: ", std::strerror(errno)));
+  }
+  if ((st.st_mode & 077) == 0) return absl::OkStatus();
+  if (::fchmod(fd, st.st_mode & 0700) != 0) {
+    return absl::UnavailableError(
+        absl::StrCat("job store file ", path, " is mode ", OctalMode(st.st_mode),
+                     " and cannot be made private: ", std::strerror(errno)));
+  }
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+std::optional<std::string> GroupOrWorldAccessWarning(const std::string& dir) {
+  struct stat st {};
+  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return std::nullopt;
+  if ((st.st_mode & 077) == 0) return std::nullopt;
+  return absl::StrCat("warning: data dir ", dir, " is mode ", OctalMode(st.st_mode),
+                      ": group or others may reach the job history in it (the store's files are "
+                      "0600); make it private with: chmod 700 ",
+                      dir);
+}
+
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path,
                                                          const JobStoreOptions& options) {
   if (path.empty()) return absl::InvalidArgumentError("job store path is empty");
@@ -266,24 +322,22 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
 }
 
 absl::Status JobStore::OpenImpl() {
-  std::error_code ec;
   const std::filesystem::path parent = std::filesystem::path(path_).parent_path();
   if (!parent.empty()) {
-    std::filesystem::create_directories(parent, ec);
-    if (ec) {
-      return absl::UnavailableError(absl::StrCat("job store ", path_, ": cannot create directory ",
-                                                 parent.string(), ": ", ec.message()));
+    if (absl::Status s = CreatePrivateDirectories(parent); !s.ok()) {
+      return absl::UnavailableError(absl::StrCat("job store ", path_, ": ", s.message()));
     }
   }
 
   // SQLite's own locks would let a second process write the same file; two coordinators
   // interleaving submit sequences would break the FIFO, so one JobStore owns the file at a time.
   const std::string lock_path = path_ + ".lock";
-  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0644);
+  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
   if (lock_fd_ < 0) {
     return absl::UnavailableError(absl::StrCat("job store ", path_, ": cannot open lock file ",
                                                lock_path, ": ", std::strerror(errno)));
   }
+  if (absl::Status s = MakePrivate(lock_fd_, lock_path); !s.ok()) return s;
   if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
     const int err = errno;
     if (err == EWOULDBLOCK) {
@@ -293,6 +347,20 @@ absl::Status JobStore::OpenImpl() {
     }
     return absl::UnavailableError(
         absl::StrCat("job store ", path_, ": cannot lock ", lock_path, ": ", std::strerror(err)));
+  }
+  // A new database is created here, 0600, rather than by SQLite (0644 less the umask): SQLite gives
+  // the WAL and shared-memory files the database file's mode, so they are private too. An existing
+  // one is made private below, once it is known to be a job store.
+  {
+    const int db_fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
+    if (db_fd >= 0) {
+      absl::Status s = MakePrivate(db_fd, path_);
+      ::close(db_fd);
+      if (!s.ok()) return s;
+    } else if (errno != EEXIST) {
+      return absl::UnavailableError(
+          absl::StrCat("job store ", path_, ": cannot create it: ", std::strerror(errno)));
+    }
   }
 
   auto writer =
@@ -325,6 +393,15 @@ absl::Status JobStore::OpenImpl() {
     return absl::FailedPreconditionError(
         absl::StrCat("job store ", path_,
                      " is an SQLite database but not a job store (no schema_version table)"));
+  }
+  // A job store from before its files were private: make them so.
+  for (const char* suffix : {"", "-wal", "-shm"}) {
+    const std::string file = path_ + suffix;
+    const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+    if (fd < 0) continue;  // Not there (yet): SQLite creates it with the database's mode.
+    absl::Status s = MakePrivate(fd, file);
+    ::close(fd);
+    if (!s.ok()) return s;
   }
 
   if (options_.check_integrity_on_open) {

@@ -26,6 +26,12 @@
 // remount), before a real write fails. A lock held by another process past the busy timeout fails
 // the writes of that moment but does not make the store unhealthy.
 //
+// Permissions: the job history is private to the user running the coordinator. Open creates each
+// missing directory of `path` with mode 0700, and the database, its WAL and shared-memory files and
+// the lock file with mode 0600 (whatever the umask), and tightens any of these files that already
+// exists with group or other permission bits to 0600. It leaves existing directories alone (the
+// caller may warn: GroupOrWorldAccessWarning).
+//
 // Reads use a small pool of separate connections; in WAL mode they see the last committed state and
 // never wait for the writer's fsync. A read started after a write returned sees that write.
 //
@@ -39,6 +45,7 @@
 #include <deque>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -53,6 +60,11 @@
 
 namespace dattn {
 namespace server {
+
+// A one-line warning when the directory `dir` grants group or others any access (mode & 077),
+// naming the directory, its mode and the fix ("chmod 700 DIR"); nullopt when it is private or
+// cannot be examined.
+std::optional<std::string> GroupOrWorldAccessWarning(const std::string& dir);
 
 namespace store_internal {
 class SqliteDb;  // One SQLite connection and its prepared statements (job_store.cc).

@@ -4,6 +4,7 @@
 #include <signal.h>
 #include <sqlite3.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -125,6 +126,84 @@ TEST(JobStoreTest, SubmitThenGet) {
   EXPECT_TRUE(none_newer->empty());
   EXPECT_EQ(store->Events("j-1", -1, 0).status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_EQ(store->Events("j-1", 0, -1).status().code(), absl::StatusCode::kInvalidArgument);
+}
+
+// The mode bits of `path` (07777), or -1 when it does not exist.
+int ModeOf(const std::string& path) {
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0) return -1;
+  return static_cast<int>(st.st_mode & 07777);
+}
+
+// The job history is private: directories the store creates are 0700 and its files 0600, even
+// under a umask that would leave them open to everyone.
+TEST(JobStoreTest, CreatesPrivateDirectoriesAndFilesWhateverTheUmask) {
+  const std::string base = TestDir();
+  const std::string path = base + "/a/b/jobs.db";
+  const mode_t old_umask = ::umask(0);
+  auto store = OpenOrDie(path);
+  ASSERT_NE(store, nullptr);
+  ASSERT_TRUE(store->Submit(MakeJob("j-1", "k-1"), Ev("submitted")).ok());
+  ::umask(old_umask);
+  EXPECT_EQ(ModeOf(base + "/a"), 0700);
+  EXPECT_EQ(ModeOf(base + "/a/b"), 0700);
+  for (const char* suffix : {"", "-wal", "-shm", ".lock"}) {
+    EXPECT_EQ(ModeOf(path + suffix), 0600) << path + suffix;
+  }
+  ASSERT_TRUE(store->Close().ok());
+}
+
+// A store written before its files were private is tightened when opened; a file that is not a job
+// store is left alone.
+TEST(JobStoreTest, MakesAnExistingStorePrivateButNotAForeignFile) {
+  const std::string path = TestDir() + "/jobs.db";
+  {
+    auto store = OpenOrDie(path);
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->Submit(MakeJob("j-1", "k-1"), Ev("submitted")).ok());
+    ASSERT_TRUE(store->Close().ok());
+  }
+  for (const char* suffix : {"", "-wal", "-shm", ".lock"}) {
+    ::chmod((path + suffix).c_str(), 0644);  // Those that exist.
+  }
+  {
+    auto store = OpenOrDie(path);
+    ASSERT_NE(store, nullptr);
+    for (const char* suffix : {"", "-wal", "-shm", ".lock"}) {
+      const int mode = ModeOf(path + suffix);
+      if (mode >= 0) {
+        EXPECT_EQ(mode, 0600) << path + suffix;
+      }
+    }
+    EXPECT_EQ(ModeOf(path), 0600);
+    ASSERT_TRUE(store->GetJob("j-1").ok());
+    ASSERT_TRUE(store->Close().ok());
+  }
+
+  const std::string foreign = TestDir() + "/other.db";
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(foreign.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db, "CREATE TABLE t (x)", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(db);
+  ::chmod(foreign.c_str(), 0644);
+  absl::StatusOr<std::unique_ptr<JobStore>> refused = JobStore::Open(foreign, JobStoreOptions());
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kFailedPrecondition) << refused.status();
+  EXPECT_EQ(ModeOf(foreign), 0644);
+}
+
+TEST(JobStoreTest, WarnsAboutADataDirOthersCanReach) {
+  const std::string dir = TestDir() + "/data";
+  ASSERT_EQ(::mkdir(dir.c_str(), 0700), 0);
+  ASSERT_EQ(::chmod(dir.c_str(), 0700), 0);
+  EXPECT_EQ(GroupOrWorldAccessWarning(dir), std::nullopt);
+  ASSERT_EQ(::chmod(dir.c_str(), 0755), 0);
+  std::optional<std::string> warning = GroupOrWorldAccessWarning(dir);
+  ASSERT_TRUE(warning.has_value());
+  EXPECT_THAT(*warning, HasSubstr(dir + " is mode 0755"));
+  EXPECT_THAT(*warning, HasSubstr("chmod 700 " + dir));
+  ASSERT_EQ(::chmod(dir.c_str(), 0710), 0);
+  EXPECT_TRUE(GroupOrWorldAccessWarning(dir).has_value());
+  EXPECT_EQ(GroupOrWorldAccessWarning(dir + "/missing"), std::nullopt);
 }
 
 TEST(JobStoreTest, StoredJobDropsEventsAndQueuePosition) {

@@ -12,6 +12,7 @@
 #include <cstdio>
 #include <ctime>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "CLI/CLI.hpp"
@@ -20,6 +21,7 @@
 #include "absl/time/time.h"
 #include "server/coordinator.h"
 #include "server/grpc_service.h"
+#include "server/job_store.h"
 #include "server/metrics.h"
 
 namespace {
@@ -59,7 +61,8 @@ int main(int argc, char** argv) {
   app.add_option("--listen", listen, "gRPC address HOST:PORT (port 0 picks a free port)")
       ->capture_default_str();
   app.add_option("--metrics-listen", metrics_listen,
-                 "Prometheus /metrics address HOST:PORT (port 0 picks a free port)")
+                 "HTTP address HOST:PORT of /metrics (Prometheus), /healthz (liveness) and / "
+                 "(port 0 picks a free port)")
       ->capture_default_str();
   app.add_option("--data-dir", data_dir, "folder of the job store (jobs.db); created if missing")
       ->capture_default_str();
@@ -166,7 +169,7 @@ int main(int argc, char** argv) {
 
   Metrics metrics;
   absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server =
-      MetricsServer::Start(metrics_listen, metrics.registry());
+      MetricsServer::Start(metrics_listen, metrics.registry(), "dattn-coordinator");
   if (!metrics_server.ok()) {
     Say(std::string(metrics_server.status().message()));
     return 1;
@@ -187,6 +190,10 @@ int main(int argc, char** argv) {
   }
   (*server)->SetServing(true);
   Say(absl::StrCat("job store ", data_dir, "/jobs.db open"));
+  // The store creates what is missing private (0700/0600); a folder that existed keeps its mode.
+  if (std::optional<std::string> warning = dattn::server::GroupOrWorldAccessWarning(data_dir)) {
+    Say(*warning);
+  }
   std::fprintf(stderr, "dattn-coordinator listening on %s, metrics on %s\n",
                (*server)->address().c_str(), (*metrics_server)->address().c_str());
   std::fflush(stderr);

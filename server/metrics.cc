@@ -9,7 +9,6 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "prometheus/counter.h"
-#include "prometheus/exposer.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
 #include "prometheus/histogram.h"
@@ -374,31 +373,47 @@ void Metrics::CountRingFormation(absl::string_view backend, absl::string_view ou
   if (outcome == "formed" && seconds >= 0) h.Observe(seconds);
 }
 
-MetricsServer::MetricsServer(std::unique_ptr<prometheus::Exposer> exposer, std::string address)
-    : exposer_(std::move(exposer)), address_(std::move(address)) {}
+MetricsServer::MetricsServer(std::unique_ptr<HttpServer> http) : http_(std::move(http)) {}
 
 MetricsServer::~MetricsServer() = default;
 
+const std::string& MetricsServer::address() const { return http_->address(); }
+
 absl::StatusOr<std::unique_ptr<MetricsServer>> MetricsServer::Start(
-    const std::string& address, const std::shared_ptr<prometheus::Registry>& registry) {
-  const size_t colon = address.rfind(':');
-  if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("metrics address must be HOST:PORT, got \"", address, "\""));
-  }
-  std::unique_ptr<prometheus::Exposer> exposer;
-  // civetweb reports a failed bind by throwing; nothing may cross this boundary as an exception.
-  try {
-    exposer = std::make_unique<prometheus::Exposer>(address, /*num_threads=*/2);
-  } catch (const std::exception& e) {
-    return absl::UnavailableError(
-        absl::StrCat("cannot serve metrics on ", address, ": ", e.what()));
-  }
-  exposer->RegisterCollectable(registry);
-  std::string bound = address;
-  const std::vector<int> ports = exposer->GetListeningPorts();
-  if (!ports.empty()) bound = absl::StrCat(address.substr(0, colon), ":", ports.front());
-  return std::unique_ptr<MetricsServer>(new MetricsServer(std::move(exposer), std::move(bound)));
+    const std::string& address, const std::shared_ptr<prometheus::Registry>& registry,
+    const std::string& process_name) {
+  std::weak_ptr<prometheus::Registry> weak = registry;
+  const std::string index = absl::StrCat(
+      process_name,
+      " metrics endpoint\n\n"
+      "/metrics  Prometheus text exposition of every dattn_* metric\n"
+      "/healthz  liveness: 200 \"ok\" while the process runs (readiness is grpc.health.v1 on the "
+      "gRPC port)\n");
+  HttpHandler handler = [weak, index](const HttpRequest& request) {
+    HttpResponse response;
+    if (request.path == "/metrics") {
+      std::shared_ptr<prometheus::Registry> live = weak.lock();
+      if (live == nullptr) {
+        response.status = 503;
+        response.body = "503 Service Unavailable: the metrics registry is gone (shutting down)\n";
+        return response;
+      }
+      response.content_type = "text/plain; version=0.0.4; charset=utf-8";
+      response.body = prometheus::TextSerializer().Serialize(live->Collect());
+    } else if (request.path == "/healthz") {
+      response.body = "ok\n";
+    } else if (request.path == "/") {
+      response.body = index;
+    } else {
+      response.status = 404;
+      response.body = "404 Not Found: this endpoint serves /, /metrics and /healthz\n";
+    }
+    return response;
+  };
+  absl::StatusOr<std::unique_ptr<HttpServer>> http =
+      HttpServer::Start(address, std::move(handler), HttpServer::Options());
+  if (!http.ok()) return http.status();
+  return std::unique_ptr<MetricsServer>(new MetricsServer(*std::move(http)));
 }
 
 }  // namespace server

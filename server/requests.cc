@@ -58,6 +58,15 @@ absl::StatusOr<AnalyzedSpec> AnalyzeSpecAt(const v1::JobSpec& spec, const std::s
   }
   absl::StatusOr<std::shared_ptr<const JobAnalysis>> analysis = out.kind->Analyze(spec, path);
   if (!analysis.ok()) return analysis.status();
+  // The known fields are within their bounds by now: what is left is fields this coordinator does
+  // not know, kept (and stored) with the spec.
+  const size_t bytes = spec.ByteSizeLong();
+  if (bytes > api::kMaxSpecBytes) {
+    return Invalid(
+        path, absl::StrCat("is ", bytes, " bytes serialized, more than the ", api::kMaxSpecBytes,
+                           " a job spec may have (fields this coordinator does not "
+                           "know count too)"));
+  }
   out.analysis = *std::move(analysis);
   return out;
 }

@@ -6,6 +6,7 @@
 #include <string>
 #include <vector>
 
+#include "api/limits.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "server/attention_kind.h"
@@ -95,6 +96,22 @@ TEST_F(RequestsTest, TheStoredSpecAloneIsCheckedTheSameWay) {
   EXPECT_EQ(none.code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(none.message()),
               HasSubstr("spec: a job must say its work: one of attention (none is set)"));
+}
+
+// The stored-spec path (a restart) applies the same bounds as a submit.
+TEST_F(RequestsTest, StoredSpecsAreBoundedToo) {
+  v1::JobSpec spec = Request().spec();
+  for (int i = 0; i < api::kMaxPatterns; ++i) {
+    spec.mutable_attention()->mutable_attention()->add_segment_lengths(64);
+    spec.mutable_attention()->mutable_attention()->add_dilation_rates(1);
+  }
+  EXPECT_EQ(AnalyzeJobSpec(spec, kinds_).status().code(), absl::StatusCode::kInvalidArgument);
+  spec = Request().spec();
+  spec.GetReflection()->MutableUnknownFields(&spec)->AddLengthDelimited(77,
+                                                                        std::string(70000, 'x'));
+  absl::Status s = AnalyzeJobSpec(spec, kinds_).status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()), HasSubstr("more than the 65536"));
 }
 
 TEST_F(RequestsTest, MessagesQuoteAndCutOddValues) {

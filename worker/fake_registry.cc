@@ -45,6 +45,7 @@ grpc::Status FakeRegistry::StreamAssignments(grpc::ServerContext* context,
   ++streams_opened_;
   cv_.SignalAll();
   while (!shutting_down_ && !context->IsCancelled()) {
+    if (commands_.empty() && drain_ && close_streams_while_drained_) break;
     if (commands_.empty()) {
       cv_.WaitWithTimeout(&mu_, absl::Milliseconds(20));
       continue;
@@ -59,6 +60,8 @@ grpc::Status FakeRegistry::StreamAssignments(grpc::ServerContext* context,
       break;
     }
   }
+  ++streams_ended_;
+  cv_.SignalAll();
   return grpc::Status::OK;
 }
 
@@ -123,6 +126,13 @@ void FakeRegistry::Push(v1::WorkerCommand command) {
 void FakeRegistry::SetDrain(bool drain) {
   absl::MutexLock lock(&mu_);
   drain_ = drain;
+  cv_.SignalAll();
+}
+
+void FakeRegistry::SetCloseStreamsWhileDrained(bool close) {
+  absl::MutexLock lock(&mu_);
+  close_streams_while_drained_ = close;
+  cv_.SignalAll();
 }
 
 void FakeRegistry::StopTaskOnReport(const std::string& task_id) {

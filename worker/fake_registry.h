@@ -5,7 +5,8 @@
 //   RegisterWorker: ids "w-<instance>-<n>" (n counts registrations), heartbeat_interval_ms = 100.
 //   Heartbeat: reregister=true for an id it never issued (a restarted coordinator); drain as set.
 //   StreamAssignments: NOT_FOUND for an unknown id; otherwise writes pushed commands in order until
-//     the call is cancelled or ShutDown().
+//     the call is cancelled or ShutDown(), or (SetCloseStreamsWhileDrained) it ends OK while
+//     drained with nothing to send, as the coordinator ends a drained, idle worker's stream.
 //   ReportTask: NOT_FOUND for an unknown worker id; stop=true for tasks named in StopTaskOnReport.
 //   UploadOutput: keeps each task's shard.
 // Thread-safe; fields below mu_ are for tests to read under mu_ (or through WaitFor's predicate).
@@ -51,6 +52,7 @@ class FakeRegistry final : public v1::WorkerRegistry::Service {
 
   void Push(v1::WorkerCommand command);
   void SetDrain(bool drain);
+  void SetCloseStreamsWhileDrained(bool close);
   void StopTaskOnReport(const std::string& task_id);
   // Called (without mu_, on the RPC's thread) with each final report (SUCCEEDED, FAILED,
   // CANCELLED) after it is recorded and before the RPC answers: what a coordinator does on a final
@@ -75,6 +77,7 @@ class FakeRegistry final : public v1::WorkerRegistry::Service {
   std::vector<v1::HeartbeatRequest> heartbeats_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::TaskReport> reports_ ABSL_GUARDED_BY(mu_);
   int streams_opened_ ABSL_GUARDED_BY(mu_) = 0;
+  int streams_ended_ ABSL_GUARDED_BY(mu_) = 0;
   struct Upload {
     v1::TensorHeader header;
     std::string data;
@@ -88,6 +91,7 @@ class FakeRegistry final : public v1::WorkerRegistry::Service {
   std::deque<v1::WorkerCommand> commands_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> stop_tasks_ ABSL_GUARDED_BY(mu_);
   bool drain_ ABSL_GUARDED_BY(mu_) = false;
+  bool close_streams_while_drained_ ABSL_GUARDED_BY(mu_) = false;
   bool shutting_down_ ABSL_GUARDED_BY(mu_) = false;
   std::function<void(const v1::TaskReport&)> on_final_ ABSL_GUARDED_BY(mu_);
 };

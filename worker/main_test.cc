@@ -18,8 +18,8 @@
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
-#include "worker/test_plans.h"
 #include "worker/fake_registry.h"
+#include "worker/test_plans.h"
 
 namespace dattn {
 namespace worker {

@@ -484,8 +484,11 @@ void Worker::Heartbeat() {
   }
   if (response.drain() != draining_) {
     draining_ = response.drain();
-    LogEvent(draining_ ? "draining: finishing running tasks, accepting no new ones"
-                       : "drain lifted: accepting new tasks");
+    LogEvent(draining_ ? "draining: the coordinator places no new work here; running tasks finish"
+                       : "drain lifted: the coordinator places work here again");
+    // A drained, idle worker's assignment stream is closed by the coordinator and reopened with
+    // backoff (up to backoff_max): reopen it now rather than after the backoff.
+    if (!draining_) reopen_stream_now_ = true;
   }
   UpdateReadyLocked();
   cv_.SignalAll();
@@ -508,6 +511,7 @@ void Worker::StreamLoop() {
     // registration end the wait through TryCancel.
     context.set_wait_for_ready(true);
     stream_context_ = &context;
+    reopen_stream_now_ = false;  // This is the reopening.
     mu_.Unlock();
 
     v1::StreamAssignmentsRequest request;
@@ -557,8 +561,12 @@ void Worker::StreamLoop() {
     }
     const absl::Duration wait = Backoff(attempt++);
     SleepLocked(wait, [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stopping_ || stop_session_ || generation_ != generation;
+      return stopping_ || stop_session_ || generation_ != generation || reopen_stream_now_;
     });
+    if (reopen_stream_now_) {
+      reopen_stream_now_ = false;
+      attempt = 0;
+    }
   }
   mu_.Unlock();
 }
@@ -578,8 +586,6 @@ void Worker::HandleAssign(const v1::TaskAssignment& assign) {
       LogEvent("task ", id, " assigned again; it already ran or runs here, ignoring the copy");
     } else if (stopping_) {
       refusal = absl::UnavailableError(absl::StrCat("worker ", options_.name, " is shutting down"));
-    } else if (draining_) {
-      refusal = absl::UnavailableError(absl::StrCat("worker ", options_.name, " is draining"));
     } else if (running >= options_.max_ranks) {
       // UNAVAILABLE, not RESOURCE_EXHAUSTED: the coordinator reads the latter as "out of memory"
       // and fails the job, while a busy slot only means "place this elsewhere or later".

@@ -7,15 +7,18 @@
 //     down or restarting is waited for, never a reason to exit), then Heartbeat every interval with
 //     MemAvailable (or the advertised budget left) and every task whose final report is not yet
 //     acknowledged. `reregister` (or NOT_FOUND) cancels running tasks without reporting them (the
-//     coordinator has already recovered them) and registers again; `drain` stops new work until a
-//     heartbeat lifts it.
+//     coordinator has already recovered them) and registers again; `drain` (the coordinator places
+//     no new work here) is mirrored in readiness until a heartbeat lifts it, and lifting it reopens
+//     a closed assignment stream at once instead of after its backoff.
 //   - stream thread: holds StreamAssignments open for the current registration and reopens it with
 //     backoff whenever it ends. An assignment starts a task thread (up to max_ranks at once); one
 //     that cannot run now is answered at once with a FAILED report marked `refused` (UNAVAILABLE
-//     when all slots are busy, while draining or stopping): the coordinator places it again
-//     without counting an attempt. A task's slot is free before its final report is queued. A
-//     CancelTask stops its task before its next step; a ring rank's communicator is aborted at
-//     once, so a step waiting for peers ends too.
+//     when all slots are busy or while stopping): the coordinator places it again without
+//     counting an attempt. A drain does not refuse assignments: the coordinator places nothing on
+//     a draining worker, so one that arrives was placed before the drain (and finishes like the
+//     running tasks) or after an undrain this worker has not heard of yet. A task's slot is free
+//     before its final report is queued. A CancelTask stops its task before its next step; a ring
+//     rank's communicator is aborted at once, so a step waiting for peers ends too.
 //   - reporter thread: sends TaskReports in order. STARTED and PROGRESS (at most one per
 //     progress_interval per task) are best effort: dropped if the coordinator cannot take them. A
 //     final report (SUCCEEDED / FAILED / CANCELLED) is retried with backoff while the coordinator
@@ -216,6 +219,7 @@ class Worker {
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // Registrations so far.
   bool reregister_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool reopen_stream_now_ ABSL_GUARDED_BY(mu_) = false;  // A drain was lifted: skip the backoff.
   bool ready_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(2);
   grpc::ClientContext* stream_context_ ABSL_GUARDED_BY(mu_) = nullptr;

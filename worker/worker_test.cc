@@ -485,7 +485,10 @@ TEST(WorkerTest, SlotIsFreeWhenTheFinalReportArrives) {
   }
 }
 
-TEST(WorkerTest, DrainRefusesNewWork) {
+// A drain is the coordinator's: it places nothing on a draining worker, so what still arrives was
+// placed before the drain (or after an undrain not yet heard of) and runs. Readiness follows the
+// drain.
+TEST(WorkerTest, DrainedWorkerRunsWhatItIsStillSent) {
   const std::string address = "unix:" + TestSocketPath("drain");
   FakeCoordinator coordinator(address);
   ASSERT_TRUE(coordinator.ok());
@@ -496,15 +499,40 @@ TEST(WorkerTest, DrainRefusesNewWork) {
   ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1 && worker.draining(); }));
   fake.Push(Assign("j-5/1/0", 1));
   ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-5/1/0"); }));
-  std::vector<v1::TaskReport> reports = fake.ReportsOf("j-5/1/0");
-  EXPECT_EQ(reports.back().state(), v1::TASK_STATE_FAILED);
-  EXPECT_EQ(reports.back().error_code(), static_cast<int>(absl::StatusCode::kUnavailable));
+  EXPECT_EQ(fake.ReportsOf("j-5/1/0").back().state(), v1::TASK_STATE_SUCCEEDED);
 
   fake.SetDrain(false);
   ASSERT_TRUE(fake.WaitFor([&]() { return !worker.draining(); }));
   fake.Push(Assign("j-6/1/0", 1));
   ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-6/1/0"); }));
   EXPECT_EQ(fake.ReportsOf("j-6/1/0").back().state(), v1::TASK_STATE_SUCCEEDED);
+}
+
+// The coordinator ends a drained, idle worker's assignment stream, and the worker retries it with
+// backoff. An undrain, heard in a heartbeat, reopens it at once rather than after the backoff
+// (20 s here), so the worker takes work again within a heartbeat or two.
+TEST(WorkerTest, UndrainReopensAClosedStreamWithoutWaitingOutTheBackoff) {
+  const std::string address = "unix:" + TestSocketPath("undrain");
+  FakeCoordinator coordinator(address);
+  ASSERT_TRUE(coordinator.ok());
+  WorkerOptions options = TestOptions(address);
+  options.backoff_initial = absl::Seconds(20);
+  options.backoff_max = absl::Seconds(20);
+  Worker worker(options);
+  ASSERT_TRUE(worker.Start().ok());
+  FakeRegistry& fake = coordinator.registry();
+  fake.SetCloseStreamsWhileDrained(true);
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+  fake.SetDrain(true);
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_ended_ >= 1 && worker.draining(); }));
+  const absl::Time undrained = absl::Now();
+  fake.SetDrain(false);
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 2; }, absl::Seconds(5)))
+      << "the stream was not reopened within 5 s of the undrain";
+  EXPECT_LT(absl::Now() - undrained, absl::Seconds(5));
+  fake.Push(Assign("j-7/1/0", 1));
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-7/1/0"); }));
+  EXPECT_EQ(fake.ReportsOf("j-7/1/0").back().state(), v1::TASK_STATE_SUCCEEDED);
 }
 
 TEST(WorkerTest, KeepsRetryingUntilTheCoordinatorStarts) {

@@ -200,8 +200,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
                    "ends");
   submit
       ->add_option("--output-file", output_file,
-                   "Save the returned output tensor to PATH as raw bytes (implies "
-                   "--return-output and --wait)")
+                   "Keep the output and save it to PATH as a .npy file (implies --return-output "
+                   "and --wait)")
       ->type_name("PATH");
   submit
       ->add_option("--reconnect-for", reconnect_seconds,
@@ -225,7 +225,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       ->check(CLI::Range(1, 10000));
   status
       ->add_option("--output-file", status_output,
-                   "Save the job's returned output tensor to PATH as raw bytes")
+                   "Save the job's kept output to PATH as a .npy file")
       ->type_name("PATH");
 
   // list
@@ -288,7 +288,24 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
                    "grpc.health.v1 service name (default \"\": the whole server)")
       ->type_name("NAME");
 
-  for (CLI::App* sub : {submit, status, list, watch, cancel, workers, drain, undrain, health}) {
+  // output
+  CLI::App* output = app.add_subcommand(
+      "output", "Save a succeeded job's kept output (--return-output) as a .npy file");
+  std::string output_job;
+  std::string output_path;
+  output->add_option("JOB_ID", output_job, "The job")->required();
+  output->add_option("-o,--output-file", output_path, "Where to write it (NumPy .npy)")
+      ->type_name("PATH")
+      ->required();
+
+  // delete
+  CLI::App* del =
+      app.add_subcommand("delete", "Delete a finished job, its history and its kept output");
+  std::string delete_job;
+  del->add_option("JOB_ID", delete_job, "The job")->required();
+
+  for (CLI::App* sub :
+       {submit, status, list, watch, cancel, output, del, workers, drain, undrain, health}) {
     sub->footer("Exit codes: see 'dattn --help'. Details: docs/CLI.md");
   }
 
@@ -365,6 +382,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     if (cancel->parsed()) {
       return Commands(global, out, err, env).Cancel(cancel_job, cancel_reason);
     }
+    if (output->parsed()) return Commands(global, out, err, env).Output(output_job, output_path);
+    if (del->parsed()) return Commands(global, out, err, env).Delete(delete_job);
     if (workers->parsed()) return Commands(global, out, err, env).Workers(workers_all);
     if (drain->parsed()) return Commands(global, out, err, env).Drain(drain_worker);
     if (undrain->parsed()) return Commands(global, out, err, env).Undrain(undrain_worker);

@@ -11,6 +11,7 @@
 
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <fstream>
 #include <iostream>
 #include <map>
@@ -198,6 +199,47 @@ class FakeJobService final : public v1::JobService::Service {
     return call.end;
   }
 
+  // Serves the output of `job_id` in chunks of `chunk` bytes.
+  grpc::Status ReadOutput(grpc::ServerContext*, const v1::ReadOutputRequest* request,
+                          grpc::ServerWriter<v1::TensorChunk>* writer) override {
+    absl::MutexLock lock(&mu_);
+    auto it = outputs_.find(request->job_id());
+    if (it == outputs_.end()) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, "job kept no output");
+    }
+    v1::TensorChunk head;
+    *head.mutable_header() = it->second.first;
+    writer->Write(head);
+    const std::string& data = it->second.second;
+    for (size_t offset = 0; offset < data.size(); offset += output_chunk_) {
+      v1::TensorChunk chunk;
+      chunk.set_offset(static_cast<int64_t>(offset));
+      chunk.set_data(data.substr(offset, output_chunk_));
+      writer->Write(chunk);
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest* request,
+                         v1::DeleteJobResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    if (jobs_.erase(request->job_id()) == 0) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such job");
+    }
+    auto it = outputs_.find(request->job_id());
+    if (it != outputs_.end()) {
+      response->set_output_bytes_freed(static_cast<int64_t>(it->second.second.size()));
+      outputs_.erase(it);
+    }
+    return grpc::Status::OK;
+  }
+
+  void SetOutput(const std::string& job_id, const v1::TensorHeader& header, std::string data,
+                 size_t chunk = 5) {
+    absl::MutexLock lock(&mu_);
+    outputs_[job_id] = {header, std::move(data)};
+    output_chunk_ = chunk;
+  }
+
   void AddJob(const v1::Job& job) {
     absl::MutexLock lock(&mu_);
     jobs_[job.job_id()] = job;
@@ -245,6 +287,8 @@ class FakeJobService final : public v1::JobService::Service {
   std::map<std::string, v1::Job> jobs_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> list_order_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, v1::Job> finals_ ABSL_GUARDED_BY(mu_);
+  std::map<std::string, std::pair<v1::TensorHeader, std::string>> outputs_ ABSL_GUARDED_BY(mu_);
+  size_t output_chunk_ ABSL_GUARDED_BY(mu_) = 5;
   std::vector<WatchCall> watch_script_ ABSL_GUARDED_BY(mu_);
   int down_calls_ ABSL_GUARDED_BY(mu_) = 0;
   grpc::Status submit_status_ ABSL_GUARDED_BY(mu_);
@@ -1367,31 +1411,85 @@ TEST_F(CliTest, SubmitWatchAndWaitReflectTheJobsEnd) {
   EXPECT_THAT(r.out, HasSubstr("engine error"));
 }
 
-TEST_F(CliTest, OutputFileSavesTheReturnedTensor) {
+// The .npy header and the data after it.
+std::pair<std::string, std::string> ReadNpy(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.size() < 10 || bytes.compare(0, 8, std::string("\x93NUMPY\x01\x00", 8)) != 0) return {};
+  const size_t header =
+      static_cast<unsigned char>(bytes[8]) | (static_cast<unsigned char>(bytes[9]) << 8);
+  if ((10 + header) % 64 != 0) return {};
+  return {bytes.substr(10, header), bytes.substr(10 + header)};
+}
+
+TEST_F(CliTest, OutputFileSavesTheKeptOutputAsNpy) {
   v1::Job done = SucceededJob("j-00000000000000a1");
-  v1::Tensor* output = done.mutable_result()->mutable_attention()->mutable_output();
-  output->set_dtype(v1::DTYPE_FP32);
-  for (int64_t d : {1, 2, 1, 2}) output->add_shape(d);
-  const float values[4] = {1.0f, -2.0f, 0.5f, 3.0f};
-  output->set_data(std::string(reinterpret_cast<const char*>(values), sizeof(values)));
+  v1::TensorHeader header;
+  header.set_dtype(v1::DTYPE_FP32);
+  for (int64_t d : {1, 2, 1, 2}) header.add_shape(d);
+  header.set_total_bytes(16);
+  *done.mutable_result()->mutable_attention()->mutable_output_info() = header;
   jobs_.SetFinal(done);
+  const float values[4] = {1.0f, -2.0f, 0.5f, 3.0f};
+  const std::string data(reinterpret_cast<const char*>(values), sizeof(values));
+  jobs_.SetOutput("j-00000000000000a1", header, data, /*chunk=*/4);
   jobs_.SetWatchScript(
       {{{Event("j-00000000000000a1", 1, v1::JOB_STATE_SUCCEEDED, "succeeded")}, grpc::Status::OK}});
-  const std::string path = TempPath("out.bin");
+  const std::string path = TempPath("out.npy");
   Result r = Run({"submit", "-n", "2", "--heads", "1", "--head-dim", "2", "--segments", "2",
                   "--rates", "1", "--output-file", path});
   ASSERT_EQ(r.code, kExitOk) << r.err;
   EXPECT_TRUE(jobs_.submits()[0].spec().attention().return_output());  // Implied.
-  EXPECT_THAT(r.out, HasSubstr("fp32 [1, 2, 1, 2], 16 bytes"));
-  std::ifstream in(path, std::ios::binary);
-  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  EXPECT_EQ(bytes, output->data());
+  EXPECT_THAT(r.out, HasSubstr("fp32 [1, 2, 1, 2], 16 B (.npy)"));
+  auto [dict, body] = ReadNpy(path);
+  EXPECT_THAT(dict, HasSubstr("'descr': '<f4', 'fortran_order': False, 'shape': (1, 2, 1, 2), }"));
+  EXPECT_EQ(body, data);
+  EXPECT_FALSE(std::filesystem::exists(path + ".part"));
 
-  // status --output-file on a job without an output says how to get one.
+  // `dattn output` of a bf16 output: widened to float32, exactly.
+  jobs_.AddJob(done);
+  header.set_dtype(v1::DTYPE_BF16);
+  header.set_total_bytes(8);
+  const uint16_t bf16[4] = {0x3f80, 0xc000, 0x3f00, 0x4040};  // 1, -2, 0.5, 3.
+  jobs_.SetOutput("j-00000000000000a1", header,
+                  std::string(reinterpret_cast<const char*>(bf16), sizeof(bf16)), 2);
+  const std::string widened = TempPath("bf16.npy");
+  r = Run({"output", "j-00000000000000a1", "-o", widened});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("bf16, saved as float32 .npy"));
+  auto [dict2, body2] = ReadNpy(widened);
+  EXPECT_THAT(dict2, HasSubstr("'descr': '<f4'"));
+  EXPECT_EQ(body2, data);
+
+  // A stream that ends short leaves no file behind.
+  header.set_total_bytes(12);
+  jobs_.SetOutput("j-00000000000000a1", header,
+                  std::string(reinterpret_cast<const char*>(bf16), sizeof(bf16)), 2);
+  const std::string short_path = TempPath("short.npy");
+  r = Run({"output", "j-00000000000000a1", "-o", short_path});
+  EXPECT_EQ(r.code, kExitInternal);
+  EXPECT_THAT(r.err, HasSubstr("ended after 8 of the tensor's 12 bytes"));
+  EXPECT_FALSE(std::filesystem::exists(short_path));
+  EXPECT_FALSE(std::filesystem::exists(short_path + ".part"));
+
+  // status --output-file on a job that kept no output: the coordinator's NOT_FOUND.
   jobs_.AddJob(SucceededJob("j-plain"));
-  r = Run({"status", "j-plain", "--output-file", TempPath("none.bin")});
+  r = Run({"status", "j-plain", "--output-file", TempPath("none.npy")});
   EXPECT_EQ(r.code, kExitNotFound);
-  EXPECT_THAT(r.err, HasSubstr("--return-output"));
+  EXPECT_THAT(r.err, HasSubstr("kept no output"));
+}
+
+TEST_F(CliTest, DeleteRemovesAFinishedJob) {
+  jobs_.AddJob(SucceededJob("j-del"));
+  v1::TensorHeader header;
+  header.set_dtype(v1::DTYPE_FP32);
+  header.set_total_bytes(4096);
+  jobs_.SetOutput("j-del", header, std::string(4096, 'x'));
+  Result r = Run({"delete", "j-del"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Deleted job j-del and its output (4.0 KiB)"));
+  r = Run({"delete", "j-del"});
+  EXPECT_EQ(r.code, kExitNotFound);
 }
 
 TEST_F(CliTest, CancelQueuedRunningAndFinished) {

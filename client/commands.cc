@@ -6,8 +6,10 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_join.h"
 #include "client/exit_codes.h"
 #include "client/format.h"
+#include "client/npy.h"
 #include "client/watch.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 
@@ -142,36 +144,86 @@ int Commands::SaveOutput(const v1::Job& job, const std::string& path) {
          << ": it has an output tensor only once it SUCCEEDED\n";
     return kExitNotFound;
   }
-  if (!job.result().attention().has_output()) {
-    err_ << "dattn: error: job " << Printable(job.job_id())
-         << " has no output tensor: submit it with --return-output (or --output-file) to get one\n";
-    return kExitNotFound;
+  // The output never travels in the Job: it is read in chunks, straight into the file.
+  grpc::ClientContext context;
+  v1::ReadOutputRequest request;
+  request.set_job_id(job.job_id());
+  std::unique_ptr<grpc::ClientReader<v1::TensorChunk>> reader =
+      jobs_->ReadOutput(&context, request);
+  v1::TensorChunk chunk;
+  std::unique_ptr<NpyWriter> writer;
+  v1::TensorHeader header;
+  absl::Status local;
+  while (local.ok() && reader->Read(&chunk)) {
+    if (chunk.has_header()) {
+      header = chunk.header();
+      absl::StatusOr<std::unique_ptr<NpyWriter>> opened = NpyWriter::Open(path, header);
+      if (!opened.ok()) {
+        local = opened.status();
+      } else {
+        writer = *std::move(opened);
+      }
+    }
+    if (local.ok() && !chunk.data().empty()) {
+      local = writer == nullptr
+                  ? absl::DataLossError("the stream carried data before the tensor's header")
+                  : writer->Append(chunk.data());
+    }
   }
-  const v1::Tensor& tensor = job.result().attention().output();
-  int64_t elements = 1;
-  for (int64_t d : tensor.shape()) elements *= d;
-  const int64_t expected = elements * DTypeSize(tensor.dtype());
-  if (expected != static_cast<int64_t>(tensor.data().size())) {
-    err_ << "dattn: error: the output tensor of job " << Printable(job.job_id())
-         << " is inconsistent: " << DTypeName(tensor.dtype()) << " " << FormatShape(tensor)
-         << " needs " << expected << " bytes but " << tensor.data().size()
-         << " arrived; nothing was written to " << Printable(path) << '\n';
+  if (!local.ok()) {
+    context.TryCancel();
+    reader->Finish().IgnoreError();
+    err_ << "dattn: error: cannot save the output of job " << Printable(job.job_id()) << " to "
+         << Printable(path) << ": " << Printable(std::string(local.message())) << '\n';
     return kExitInternal;
   }
-  std::ofstream file(path, std::ios::binary | std::ios::trunc);
-  if (file) file.write(tensor.data().data(), static_cast<std::streamsize>(tensor.data().size()));
-  if (file) file.close();
-  if (!file) {
-    err_ << "dattn: error: cannot write the output tensor to " << Printable(path) << ": "
-         << std::strerror(errno) << '\n';
+  grpc::Status status = reader->Finish();
+  if (!status.ok()) return RpcFailed(status, "read the output of job " + job.job_id());
+  if (writer == nullptr) {
+    err_ << "dattn: error: the output stream of job " << Printable(job.job_id())
+         << " carried no tensor\n";
+    return kExitInternal;
+  }
+  if (absl::Status s = writer->Finish(); !s.ok()) {
+    err_ << "dattn: error: cannot save the output of job " << Printable(job.job_id()) << " to "
+         << Printable(path) << ": " << Printable(std::string(s.message())) << '\n';
     return kExitInternal;
   }
   // In --json mode stdout holds only the JSON document, so the notice goes to stderr.
   std::ostream& notice = args_.json ? err_ : out_;
   notice << "Saved output of " << Printable(job.job_id()) << " to " << Printable(path) << ": "
-         << DTypeName(tensor.dtype()) << " " << FormatShape(tensor) << ", " << tensor.data().size()
-         << " bytes (raw little-endian, row-major)\n"
+         << DTypeName(header.dtype()) << " [" << absl::StrJoin(header.shape(), ", ") << "], "
+         << FormatBytes(header.total_bytes())
+         << (header.dtype() == v1::DTYPE_BF16 ? " (bf16, saved as float32 .npy)" : " (.npy)")
+         << '\n'
          << std::flush;
+  return kExitOk;
+}
+
+int Commands::Output(const std::string& job_id, const std::string& path) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  v1::Job job;
+  grpc::Status status = jobs_->GetJob(NewContext().get(), request, &job);
+  if (!status.ok()) return RpcFailed(status, "get job " + job_id);
+  return SaveOutput(job, path);
+}
+
+int Commands::Delete(const std::string& job_id) {
+  v1::DeleteJobRequest request;
+  request.set_job_id(job_id);
+  v1::DeleteJobResponse response;
+  grpc::Status status = jobs_->DeleteJob(NewContext().get(), request, &response);
+  if (!status.ok()) return RpcFailed(status, "delete job " + job_id);
+  if (args_.json) {
+    PrintJson(response);
+  } else {
+    out_ << "Deleted job " << Printable(job_id);
+    if (response.output_bytes_freed() > 0) {
+      out_ << " and its output (" << FormatBytes(response.output_bytes_freed()) << ")";
+    }
+    out_ << '\n' << std::flush;
+  }
   return kExitOk;
 }
 

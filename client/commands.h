@@ -33,7 +33,7 @@ struct SubmitArgs {
   bool key_generated = false;    // The key is the random default (tell the user how to retry).
   bool watch = false;
   bool wait = false;
-  std::string output_file;  // Save the returned tensor here ("" = don't).
+  std::string output_file;  // Save the kept output here as .npy ("" = don't).
   absl::Duration reconnect_for = absl::Seconds(60);
 };
 
@@ -60,6 +60,10 @@ class Commands {
   int Drain(const std::string& worker);
   int Undrain(const std::string& worker);
   int Health(const std::string& service);
+  // Saves a succeeded job's kept output to `path` as .npy (ReadOutput, streamed chunk by chunk).
+  int Output(const std::string& job_id, const std::string& path);
+  // Deletes a finished job, its history and its output.
+  int Delete(const std::string& job_id);
 
  private:
   std::unique_ptr<grpc::ClientContext> NewContext() const;
@@ -68,7 +72,7 @@ class Commands {
   // Follows a job to its end and prints its outcome; the exit code reflects how it ended.
   int FollowJob(const std::string& job_id, bool quiet, absl::Duration reconnect_for,
                 const std::string& output_file);
-  // Writes a succeeded job's returned tensor to `path` as raw bytes and reports its shape.
+  // Streams a succeeded job's kept output into `path` as .npy and reports its shape.
   int SaveOutput(const v1::Job& job, const std::string& path);
   void PrintJson(const google::protobuf::Message& message);
 

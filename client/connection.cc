@@ -1,5 +1,7 @@
 #include "client/connection.h"
 
+#include "api/limits.h"
+
 #include "absl/strings/str_cat.h"
 #include "client/exit_codes.h"
 #include "grpc/grpc.h"
@@ -18,7 +20,7 @@ Coordinator ResolveCoordinator(const std::string& flag, const char* env) {
 
 std::shared_ptr<grpc::Channel> MakeChannel(const std::string& address) {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(kMaxReceiveMessageBytes);
+  args.SetMaxReceiveMessageSize(api::kMaxMessageBytes);
   // `dattn watch` holds a stream open for as long as a job runs; keepalive pings notice a
   // connection that died without a reset. gRPC servers refuse pings more often than every 5 minutes
   // by default (too_many_pings), hence the long interval; pings continue while no data flows.

@@ -3,9 +3,8 @@
 //
 // Address precedence: the --coordinator flag, else the DATTN_COORDINATOR environment variable, else
 // 127.0.0.1:7070. Any gRPC target works ("host:port", "dns:///host:port", "unix:/path"). The
-// channel is plaintext and accepts messages up to kMaxReceiveMessageBytes, enough for a job whose
-// result carries a returned output tensor (at most 64 MiB) plus the rest of the Job. Thread-safe
-// (no state).
+// channel is plaintext and accepts messages up to api::kMaxMessageBytes (the coordinator's limit:
+// no message carries a tensor; outputs come in chunks from ReadOutput). Thread-safe (no state).
 #ifndef DATTN_CLIENT_CONNECTION_H_
 #define DATTN_CLIENT_CONNECTION_H_
 
@@ -21,8 +20,6 @@ namespace client {
 
 constexpr char kDefaultCoordinator[] = "127.0.0.1:7070";
 constexpr char kCoordinatorEnv[] = "DATTN_COORDINATOR";
-// 64 MiB of output tensor, plus 16 MiB for the Job around it (events, per-rank results).
-constexpr int kMaxReceiveMessageBytes = (64 + 16) * 1024 * 1024;
 
 struct Coordinator {
   std::string address;

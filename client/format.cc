@@ -194,10 +194,6 @@ std::string FormatProgress(const v1::JobProgress& progress) {
   return absl::StrCat(progress.steps_done(), "/", progress.steps_total());
 }
 
-std::string FormatShape(const v1::Tensor& tensor) {
-  return absl::StrCat("[", absl::StrJoin(tensor.shape(), ", "), "]");
-}
-
 std::string ProgressBar(int64_t done, int64_t total, int width) {
   int filled = 0;
   if (total > 0) {
@@ -273,12 +269,12 @@ void PrintAttentionResult(const v1::AttentionJobResult& r, v1::Pass pass, std::o
     fields.emplace_back("Gradient sum", Checksum(r.grad_sum()));
     fields.emplace_back("Gradient sum of squares", Checksum(r.grad_sum_squares()));
   }
-  if (r.has_output()) {
-    fields.emplace_back(
-        "Output tensor",
-        absl::StrCat(DTypeName(r.output().dtype()), " ", FormatShape(r.output()), ", ",
-                     FormatBytes(static_cast<int64_t>(r.output().data().size())),
-                     " (save it with --output-file PATH)"));
+  if (r.has_output_info()) {
+    fields.emplace_back("Output tensor",
+                        absl::StrCat(DTypeName(r.output_info().dtype()), " [",
+                                     absl::StrJoin(r.output_info().shape(), ", "), "], ",
+                                     FormatBytes(r.output_info().total_bytes()),
+                                     " kept (save it with: dattn output JOB_ID -o FILE.npy)"));
   }
   out << "Result\n";
   PrintFields(fields, 2, out);

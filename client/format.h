@@ -51,7 +51,6 @@ std::string FormatSeconds(double seconds);
 // "5/10", or "-" when the total is unknown (0).
 std::string FormatProgress(const v1::JobProgress& progress);
 // "[1, 4096, 8, 64]".
-std::string FormatShape(const v1::Tensor& tensor);
 // "[#########-----------]" of `width` cells between the brackets; all dashes when total <= 0.
 std::string ProgressBar(int64_t done, int64_t total, int width);
 

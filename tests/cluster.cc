@@ -1,5 +1,8 @@
 #include "tests/cluster.h"
 
+#include <fstream>
+#include <iterator>
+
 #include <grpcpp/grpcpp.h>
 
 #include <regex>
@@ -64,7 +67,7 @@ bool Cluster::StartCoordinator(std::string* error) {
 
 void Cluster::Connect() {
   grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(80 << 20);
+  args.SetMaxReceiveMessageSize(32 << 20);  // api::kMaxMessageBytes.
   channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
   jobs_ = dattn::v1::JobService::NewStub(channel_);
   admin_ = dattn::v1::AdminService::NewStub(channel_);
@@ -215,6 +218,19 @@ bool HasEvent(const dattn::v1::Job& job, const std::string& kind) {
     if (e.kind() == kind) return true;
   }
   return false;
+}
+
+std::string ReadNpyData(const std::string& path, std::string* dict) {
+  std::ifstream in(path, std::ios::binary);
+  std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  if (bytes.size() < 10 || bytes.compare(0, 8, std::string("\x93NUMPY\x01\x00", 8)) != 0) {
+    return "";
+  }
+  const size_t header =
+      static_cast<unsigned char>(bytes[8]) | (static_cast<unsigned char>(bytes[9]) << 8);
+  if (bytes.size() < 10 + header) return "";
+  if (dict != nullptr) *dict = bytes.substr(10, header);
+  return bytes.substr(10 + header);
 }
 
 }  // namespace dattn::testing

@@ -93,6 +93,9 @@ std::string JobIdFrom(const std::string& text);
 bool HasEvent(const dattn::v1::Job& job, const std::string& kind);
 // A job's events, one "kind: message" line each, for failure messages.
 std::string EventsText(const dattn::v1::Job& job);
+// The data of a .npy file (what `dattn output` and --output-file write), after its header; the
+// header's dict in *dict when given. Empty when the file is missing or not a .npy.
+std::string ReadNpyData(const std::string& path, std::string* dict = nullptr);
 
 }  // namespace dattn::testing
 

@@ -6,6 +6,7 @@
 
 #include <atomic>
 #include <cmath>
+#include <filesystem>
 #include <fstream>
 #include <functional>
 #include <regex>
@@ -115,16 +116,91 @@ TEST_F(E2E, SubmitWatchAndCheckResultAgainstOracle) {
   EXPECT_NE(status.out.find("succeeded"), std::string::npos) << status.out;
 }
 
+// Outputs beyond any message size: a 64 MiB output, after which listings stay small (they carry no
+// tensor), and a 256 MiB output streamed back to a .npy file that equals the float64 oracle in
+// every element. w = [16], r = [1], not causal: each 16-row segment depends only on its own rows,
+// so the oracle runs a segment-aligned block of rows at a time on inputs drawn at their global
+// positions, and nothing the size of the output is ever in this process's memory at once.
+TEST_F(E2E, LargeOutputsStreamAndListingsStaySmall) {
+  StartCluster(1);
+  const std::string small = cluster_->dir() + "/64mib.npy";
+  // (1, 65536, 16, 16) fp32 = 64 MiB.
+  ProcessResult r = cluster_->Cli(
+      {"submit", "--seq-len=65536", "--heads=16", "--head-dim=16", "--segments=16", "--rates=1",
+       "--dtype=fp32", "--device=cpu", "--seed=3", "--output-file=" + small},
+      seconds(300));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err << cluster_->Logs();
+  ProcessResult list = cluster_->Cli({"list"});
+  EXPECT_EQ(list.exit_code, 0) << list.out << list.err;
+  {
+    dattn::v1::ListJobsRequest request;
+    dattn::v1::ListJobsResponse response;
+    grpc::ClientContext ctx;
+    ASSERT_TRUE(cluster_->jobs().ListJobs(&ctx, request, &response).ok());
+    ASSERT_EQ(response.jobs_size(), 1);
+    EXPECT_LT(response.ByteSizeLong(), size_t{64} << 10);
+    EXPECT_EQ(response.jobs(0).result().attention().output_info().total_bytes(), int64_t{64} << 20);
+  }
+  EXPECT_EQ(ReadNpyData(small).size(), size_t{64} << 20);
+  std::filesystem::remove(small);
+
+  // (1, 262144, 16, 16) fp32 = 256 MiB.
+  const std::string big = cluster_->dir() + "/256mib.npy";
+  const oracle::Shape shape{1, 262144, 16, 16};
+  r = cluster_->Cli(
+      {"submit", "--seq-len=262144", "--heads=16", "--head-dim=16", "--segments=16", "--rates=1",
+       "--dtype=fp32", "--device=cpu", "--seed=11", "--output-file=" + big},
+      seconds(600));
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err << cluster_->Logs();
+  std::ifstream in(big, std::ios::binary);
+  char magic[10];
+  ASSERT_TRUE(in.read(magic, 10));
+  const size_t header_len =
+      static_cast<unsigned char>(magic[8]) | (static_cast<unsigned char>(magic[9]) << 8);
+  in.seekg(static_cast<std::streamoff>(10 + header_len));
+  AttentionSpec spec;
+  spec.segment_lengths = {16};
+  spec.dilation_rates = {1};
+  constexpr int64_t kBlock = 2048;  // Positions per oracle call: 128 segments.
+  const int64_t row = shape.num_heads * shape.head_dim;
+  std::vector<float> got(static_cast<size_t>(kBlock * row));
+  double err = 0, norm = 0;
+  for (int64_t p0 = 0; p0 < shape.seq_len; p0 += kBlock) {
+    const oracle::Shape block{1, kBlock, shape.num_heads, shape.head_dim};
+    const int64_t n = block.NumElements();
+    std::vector<double> q(n), k(n), v(n);
+    for (int64_t i = 0; i < n; ++i) {
+      const uint64_t global = static_cast<uint64_t>(p0 * row + i);
+      q[i] = worker::StandardNormalAt(11, worker::InputTensor::kQ, global);
+      k[i] = worker::StandardNormalAt(11, worker::InputTensor::kK, global);
+      v[i] = worker::StandardNormalAt(11, worker::InputTensor::kV, global);
+    }
+    auto fwd = oracle::Forward(spec, block, q, k, v);
+    ASSERT_TRUE(fwd.ok());
+    ASSERT_TRUE(in.read(reinterpret_cast<char*>(got.data()), n * 4)) << "short at " << p0;
+    for (int64_t i = 0; i < n; ++i) {
+      err += (got[i] - fwd->out[i]) * (got[i] - fwd->out[i]);
+      norm += fwd->out[i] * fwd->out[i];
+    }
+  }
+  char extra;
+  EXPECT_FALSE(in.read(&extra, 1)) << "the file is longer than the tensor";
+  EXPECT_LE(std::sqrt(err / norm), 1e-5);  // fp32 on the CPU.
+}
+
 // The output tensor travels back when asked and equals the oracle's output.
 TEST_F(E2E, ReturnedOutputEqualsOracle) {
   StartCluster(1);
-  const std::string file = cluster_->dir() + "/out.bin";
+  const std::string file = cluster_->dir() + "/out.npy";
   std::vector<std::string> args = {"submit", "--output-file=" + file};
   for (const auto& f : SmallJobFlags("fwd")) args.push_back(f);
   ProcessResult r = cluster_->Cli(args, seconds(60));
   ASSERT_EQ(r.exit_code, 0) << r.out << r.err << cluster_->Logs();
-  std::ifstream in(file, std::ios::binary);
-  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::string dict;
+  const std::string bytes = ReadNpyData(file, &dict);
+  EXPECT_NE(dict.find("'descr': '<f8', 'fortran_order': False, 'shape': (1, 96, 3, 8)"),
+            std::string::npos)
+      << dict;
   oracle::Shape shape{1, 96, 3, 8};
   const int64_t n = shape.NumElements();
   ASSERT_EQ(static_cast<int64_t>(bytes.size()), n * 8);

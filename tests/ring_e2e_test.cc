@@ -33,11 +33,6 @@ namespace {
 
 using std::chrono::seconds;
 
-std::vector<char> ReadFile(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::vector<char>((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-}
-
 // One spec, as CLI flags: B = 2, N = 96, H = 3 (H % G != 0), D = 8, fp64, forward and backward, two
 // steps. With w = [16, 64] the 64-segments cross the shard boundaries of 2 and of 4 ranks, and the
 // 16-segments those of 4 ranks (at positions 24 and 72).
@@ -76,7 +71,7 @@ TEST_F(RingE2E, RingJobsThroughTheCliEqualTheSingleRankJob) {
   for (const Case& c : cases) {
     SCOPED_TRACE(c.mode + (c.causal ? " causal" : "") + " x" + std::to_string(c.ranks));
     const std::string dir = cluster_->dir() + "/" + c.mode + std::to_string(c.ranks);
-    const std::string single_file = dir + "-single.bin", ring_file = dir + "-ring.bin";
+    const std::string single_file = dir + "-single.npy", ring_file = dir + "-ring.npy";
     const std::string single = Submit(CaseFlags(c, 1), {"--output-file=" + single_file});
     // The ring job is followed live, as a user would: progress and the end show in the stream.
     const std::string ring =
@@ -109,7 +104,7 @@ TEST_F(RingE2E, RingJobsThroughTheCliEqualTheSingleRankJob) {
     EXPECT_NEAR(many.grad_sum(), one.grad_sum(), 1e-10 * std::sqrt(one.grad_sum_squares()));
 
     // The returned outputs: the ring's is assembled from its ranks' shards, the same tensor.
-    const std::vector<char> x = ReadFile(single_file), y = ReadFile(ring_file);
+    const std::string x = ReadNpyData(single_file), y = ReadNpyData(ring_file);
     ASSERT_EQ(x.size(), size_t{2 * 96 * 3 * 8 * 8});
     ASSERT_EQ(y.size(), x.size());
     const double* p = reinterpret_cast<const double*>(x.data());

@@ -3,15 +3,20 @@
 // directly, playing the workers' part through the same calls the WorkerRegistry service makes.
 //
 // Roles (each in its own files, each with its contract in its header, calls going one way: the
-// coordinator calls them, they never call back or each other):
-//   - JobBook (job_book.h): the jobs not yet finished, their state machine, and the durable
-//     record of their changes in the JobStore (job_store.h);
+// coordinator calls them, a role calls only the roles listed after it, and nothing calls back):
+//   - JobReader (job_reader.h): what clients read: job views, listings, watches, outputs;
+//   - JobRunner (job_runner.h): a placed job's attempts: reports, cancels, lost workers, recovery;
+//   - JobRecorder (job_recorder.h): commits the book's writes, follows the store's health,
+//     retention;
+//   - Dispatcher (dispatcher.h): the queue, feasibility, the scheduling pass and assignments;
+//   - JobBook (job_book.h): the jobs not yet finished, their state machine and the queue of their
+//     durable writes to the JobStore (job_store.h);
 //   - WorkerRegistry (worker_registry.h): workers, liveness, drain, and the tasks placed on them;
 //   - RingRendezvous (ring_rendezvous.h): a rendezvous store per ring attempt;
-//   - Dispatcher (dispatcher.h): the queue and the scheduling pass;
 //   - WorkKinds (work_kind.h): what each kind of work means (attention_kind.h today);
 //   - ResultStore (result_store.h): jobs' stored outputs.
-// The coordinator decides: it applies placements, takes reports, recovers jobs, and commits.
+// The coordinator itself validates calls, owns the lifecycle (start, recovery, drain, close) and
+// runs two threads: the scheduling loop and the monitor.
 //
 // Durability. The JobStore is the only durable state besides stored outputs. A call that changes a
 // job returns OK only after the change is committed, so an acknowledged submit, cancel or report
@@ -74,18 +79,18 @@
 // tests run timeouts on a FakeClock; waits that poll a client's cancellation use real time.
 //
 // Threads and locking. Every public method may be called from any thread. One mutex guards every
-// role (they are held ABSL_GUARDED_BY it, so clang's -Wthread-safety checks each call); store and
-// network I/O happen without it. The coordinator runs two threads of its own: the scheduling loop
-// (woken by submits, worker changes and task ends, and once a second) and the monitor (dead
-// workers, store probes, stalled writes, retention). WatchJob, StreamAssignments, ReadOutput and
-// UploadOutput block the calling thread for the stream's life.
+// role: the state roles are held ABSL_GUARDED_BY it (so clang's -Wthread-safety checks each use),
+// and the acting roles (reader, runner, recorder) share it by pointer and assert it where they
+// need it held; store and network I/O happen without it. The coordinator runs two threads of its
+// own: the scheduling loop (woken by submits, worker changes and task ends, and once a second) and
+// the monitor (dead workers, store probes, stalled writes, retention). WatchJob, StreamAssignments,
+// ReadOutput and UploadOutput block the calling thread for the stream's life.
 #ifndef DATTN_SERVER_COORDINATOR_H_
 #define DATTN_SERVER_COORDINATOR_H_
 
 #include <cstdint>
 #include <functional>
 #include <memory>
-#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -101,9 +106,12 @@
 #include "dattn/v1/job.pb.h"
 #include "dattn/v1/job_service.pb.h"
 #include "dattn/v1/worker.pb.h"
-#include "scheduler/recovery.h"
+#include "server/coordinator_options.h"
 #include "server/dispatcher.h"
 #include "server/job_book.h"
+#include "server/job_reader.h"
+#include "server/job_recorder.h"
+#include "server/job_runner.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
 #include "server/requests.h"
@@ -115,66 +123,11 @@
 namespace dattn {
 namespace server {
 
-struct CoordinatorOptions {
-  // Folder of the durable state (created 0700 if missing): the job store `data_dir`/jobs.db and
-  // stored outputs in `data_dir`/outputs.
-  std::string data_dir = "./dattn-data";
-  JobStoreOptions store;
-  // The clock every age, interval and deadline is read from; not owned; nullptr: the real clock.
-  const Clock* clock = nullptr;
-  // A worker whose last heartbeat is older than this is DEAD and its jobs are recovered.
-  absl::Duration dead_after = absl::Seconds(10);
-  // What workers are told to use (RegisterWorkerResponse); should be well below dead_after.
-  absl::Duration heartbeat_interval = absl::Seconds(2);
-  // Most runs of one job (see "Attempts" above); >= 1.
-  int max_attempts = 3;
-  // Progress reports update the job in memory at once but are written (as "progress" events) at
-  // most this often per job.
-  absl::Duration progress_persist_interval = absl::Seconds(1);
-  // DEAD workers stay in ListWorkers(include_dead) this long, then are forgotten.
-  absl::Duration dead_worker_retention = absl::Minutes(10);
-  // Passed to the scheduler (scheduler.h): waiting time after which a job that does not fit
-  // reserves the workers it could use.
-  absl::Duration starvation_bound = absl::Minutes(10);
-  // How long blocked streams sleep between checks of their caller's cancellation (real time).
-  absl::Duration stream_poll_interval = absl::Milliseconds(200);
-  // Numeric IPv4 address the rings' rendezvous stores listen on (each on an ephemeral port).
-  std::string rendezvous_host = "127.0.0.1";
-  // Address workers are told to dial for the stores; empty: rendezvous_host (which must then not
-  // be 0.0.0.0).
-  std::string rendezvous_advertise;
-  // How long the ranks of a ring wait for each other before the formation fails.
-  absl::Duration ring_formation_timeout = absl::Seconds(30);
-  // Longest wait for a peer once a ring is formed (RingInfo.comm_timeout_ms).
-  absl::Duration ring_comm_timeout = absl::Seconds(120);
-  // How long the set of ready workers must stay unchanged before unchecked queued jobs are checked
-  // against it (see "Unchecked jobs" above).
-  absl::Duration feasibility_settle = absl::Seconds(5);
-  // A store with no commit for this long gets a probe write (see "Store failure" above); > 0.
-  absl::Duration store_probe_interval = absl::Seconds(5);
-  // Most WatchJob streams open at once (each holds a server thread while it waits); more get
-  // RESOURCE_EXHAUSTED. >= 1.
-  int max_watch_streams = 256;
-  // Finished jobs, their history and outputs are deleted this long after they finished;
-  // absl::InfiniteDuration() keeps them for ever. > 0.
-  absl::Duration retention = absl::Hours(24 * 7);
-};
-
-// Called by WatchJob / StreamAssignments / ReadOutput for each message; return false when the
-// message could not be delivered (the client went away): the stream then ends.
-using JobEventSink = std::function<bool(const v1::JobEvent&)>;
+// Called by StreamAssignments for each command; false when it could not be delivered (the worker
+// went away): the stream then ends. (JobEventSink, TensorChunkSink and CancelledFn: job_reader.h.)
 using WorkerCommandSink = std::function<bool(const v1::WorkerCommand&)>;
-using TensorChunkSink = std::function<bool(const v1::TensorChunk&)>;
 // Reads the next message of a client stream into its argument; false at the end of the stream.
 using UploadSource = std::function<bool(v1::UploadOutputRequest*)>;
-// Polled while a stream waits; true ends the stream with CANCELLED (the client cancelled).
-using CancelledFn = std::function<bool()>;
-
-// Events WatchJob reads from the store at a time while it replays a job's history.
-inline constexpr int kWatchHistoryPage = 500;
-// Refused attempts in a row after which a job fails (a worker that refuses everything must not keep
-// a job cycling for ever).
-inline constexpr int kMaxRefusals = 100;
 
 class Coordinator {
  public:
@@ -291,101 +244,26 @@ class Coordinator {
  private:
   enum class Phase { kNew, kServing, kDraining, kClosed };
 
-  // --- Guards and helpers
-  // --------------------------------------------------------------------------
   absl::Status CheckPhaseLocked(bool submit) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // UNAVAILABLE while the store cannot be written (nothing is changed then).
   absl::Status CheckWritableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Time Now() const { return clock_->Now(); }
   std::string NewId(const char* prefix) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void KickSchedulerLocked() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // "rank 2 on w-... (name)" for every rank of the job's current attempt.
-  std::string DescribeRanksLocked(const JobRun& run) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The job as readers see it: the book's public view with its queue position.
-  v1::Job PublicLocked(const JobRun& run) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The assignment command of `task` (a task of `run`'s current attempt).
-  v1::WorkerCommand AssignmentLocked(const JobRun& run, const TaskEntry& task) const
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
-  // --- Jobs
-  // ----------------------------------------------------------------------------------------
-  absl::Status Recover();
+  // Loads the active jobs at start-up (see "Durability" above).
+  absl::Status Recover() ABSL_LOCKS_EXCLUDED(mu_);
   // Takes a stored QUEUED job into the book and the queue; no-op if present.
   void AdoptLocked(const StoredJob& stored, const AnalyzedSpec& spec, bool checked)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void EnqueueLocked(JobRun* run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The book's transition plus what follows from it: a terminal job's ring ends and its other
-  // attempts' outputs go; leaving PLACED/RUNNING wakes Drain.
-  Ticket TransitionLocked(JobRun* run, v1::JobState state, const std::string& kind,
-                          const std::string& message) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  Ticket AppendLocked(JobRun* run, v1::JobEvent event) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Commits the queued writes of each ticket's job, in order; OK when each ticket's own write
-  // committed. Never called with mu_ held.
-  absl::Status Flush(const Tickets& tickets) ABSL_LOCKS_EXCLUDED(mu_);
-  absl::Status FlushOne(const Ticket& ticket) ABSL_LOCKS_EXCLUDED(mu_);
 
-  // --- Attempts and recovery
-  // ----------------------------------------------------------------------- Ends the job's current
-  // attempt: forgets its tasks (freeing their workers' slots), sending CancelTask for those
-  // dispatched to a live worker when `cancel_tasks`; its ring ends.
-  void ReleaseTasksLocked(JobRun* run, bool cancel_tasks, const std::string& reason)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Forgets one task of `run` (its worker's slot frees; no CancelTask).
-  void DropTaskLocked(JobRun* run, const std::string& task_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Requeue (attempt + 1) or fail, per DecideRecovery, after `failure`; CANCELLED instead when a
-  // cancel was requested. `oom_free_bytes`: the failing worker's free memory, for an out-of-memory
-  // failure's message.
-  void RecoverJobLocked(JobRun* run, scheduler::FailureKind failure, const std::string& why,
-                        const std::string& cause, int64_t oom_free_bytes, Tickets* tickets)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RequeueLocked(JobRun* run, const std::string& kind, const std::string& message,
-                     Tickets* tickets) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A rank was refused before it started (see "Attempts" above).
-  void RequeueRefusedLocked(JobRun* run, const std::string& why, Tickets* tickets)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // Declares the worker dead and recovers the jobs of its tasks.
-  void KillWorkerLocked(WorkerEntry* worker, const std::string& why, const std::string& cause,
-                        Tickets* tickets) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // --- ReportTask, one handler per state ---------------------------------------------------------
-  struct ReportContext {
-    const v1::TaskReport* report;
-    TaskEntry* task;
-    JobRun* run;
-    WorkerEntry* worker;
-    std::string where;                              // "rank R on w-... (name)".
-    std::optional<std::vector<int>> missing_ranks;  // Unformed ring: ranks the store lacks.
-    Tickets* tickets;
-  };
-  void OnStartedLocked(ReportContext& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnProgressLocked(ReportContext& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnSucceededLocked(ReportContext& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnFailedLocked(ReportContext& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void OnCancelledLocked(ReportContext& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // A ring rank failed: the "ring_formation_failed" or "ring_failed" event; returns the failure
-  // description to recover with.
-  std::string RingFailedLocked(ReportContext& c, const std::string& why)
-      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-
-  // --- Threads
-  // ------------------------------------------------------------------------------------- One
-  // scheduling pass: placements become PLACED (durably), then their assignments are queued.
+  // One scheduling pass: feasibility verdicts, placements (durably PLACED), then assignments.
   void SchedulePass() ABSL_LOCKS_EXCLUDED(mu_);
-  void SchedulerLoop();
+  void SchedulerLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // One monitor pass: store probes, stalled writes, dead workers, retention.
   void MonitorPass() ABSL_LOCKS_EXCLUDED(mu_);
-  void MonitorLoop();
+  void MonitorLoop() ABSL_LOCKS_EXCLUDED(mu_);
   // Destroys retired rendezvous stores (their threads are joined) without the lock.
   void ReapStores() ABSL_LOCKS_EXCLUDED(mu_);
-  // Flushes the stalled write queues, in order, until one still fails.
-  void RetryStalledWrites() ABSL_LOCKS_EXCLUDED(mu_);
-  // Probes the store when it fails or has been idle (see "Store failure" above).
-  void CheckStore() ABSL_LOCKS_EXCLUDED(mu_);
-  // Queues the stored QUEUED jobs that the book lacks (after the store recovered).
-  void AdoptQueuedJobsFromStore() ABSL_LOCKS_EXCLUDED(mu_);
-  // Deletes up to a batch of finished jobs older than the retention.
-  void ExpireJobs() ABSL_LOCKS_EXCLUDED(mu_);
-  // Removes stored outputs that no job keeps (start-up).
-  void CollectOutputs() ABSL_LOCKS_EXCLUDED(mu_);
 
   const CoordinatorOptions options_;
   const Clock* const clock_;
@@ -402,19 +280,20 @@ class Coordinator {
   bool threads_stop_ ABSL_GUARDED_BY(mu_) = false;
   bool closed_ ABSL_GUARDED_BY(mu_) = false;
   absl::Status close_status_ ABSL_GUARDED_BY(mu_);
-  // Set when the store reports itself unhealthy after a failed write or probe; cleared when a probe
-  // commits again (CheckStore).
-  absl::Status store_error_ ABSL_GUARDED_BY(mu_);
-  absl::Time last_store_probe_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();
+  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);  // Job and worker ids.
+  absl::CondVar monitor_cv_;
+  absl::CondVar drain_cv_;  // Signalled when a job leaves PLACED/RUNNING or a command is sent.
+
+  // The state roles, guarded by mu_.
   JobBook book_ ABSL_GUARDED_BY(mu_);
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
   RingRendezvous rings_ ABSL_GUARDED_BY(mu_);
   Dispatcher dispatcher_ ABSL_GUARDED_BY(mu_);
-  std::mt19937_64 rng_ ABSL_GUARDED_BY(mu_);  // Job and worker ids.
-  bool schedule_kicked_ ABSL_GUARDED_BY(mu_) = false;
-  absl::CondVar schedule_cv_;
-  absl::CondVar monitor_cv_;
-  absl::CondVar drain_cv_;  // Signalled when a job leaves PLACED/RUNNING or a command is sent.
+  // The acting roles: they hold mu_ and the state roles by pointer, and each method takes mu_ or
+  // asserts that it is held (their headers say which).
+  JobRunner runner_;
+  JobRecorder recorder_;
+  JobReader reader_;
 
   std::thread scheduler_thread_;
   std::thread monitor_thread_;

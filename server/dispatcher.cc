@@ -11,11 +11,9 @@ namespace dattn {
 namespace server {
 namespace {
 
-// The reasons each device kind of `analysis` cannot run on `workers`, or the first that fits.
-struct Fit {
-  std::optional<size_t> device;
-  std::vector<std::string> reasons;
-};
+std::string TaskId(const std::string& job_id, int attempt, int rank) {
+  return absl::StrCat(job_id, "/", attempt, "/", rank);
+}
 
 }  // namespace
 
@@ -143,6 +141,95 @@ absl::StatusOr<std::vector<scheduler::Placement>> Dispatcher::Schedule(
   absl::StatusOr<std::vector<scheduler::Placement>> placements = scheduler_.Schedule(workers, now);
   UpdateDepth();
   return placements;
+}
+
+void Dispatcher::Place(absl::Time now, Tickets* tickets) {
+  absl::StatusOr<std::vector<scheduler::Placement>> placements =
+      Schedule(workers_->View(/*for_placement=*/true), now);
+  if (!placements.ok()) {
+    Log(absl::StrCat("internal error: scheduling pass failed: ", placements.status().message()));
+    return;
+  }
+  for (const scheduler::Placement& placement : *placements) {
+    JobRun* run = book_->Find(placement.job_id);
+    if (run == nullptr || run->terminal || run->job.state() != v1::JOB_STATE_QUEUED) continue;
+    if (run->job.attempt() == 0) run->job.set_attempt(1);
+    run->placed_before = true;
+    const DeviceOption& device = run->analysis->devices[run->device];
+    if (run->analysis->num_ranks > 1) {
+      absl::StatusOr<const Ring*> ring = rings_->Start(
+          run->job.job_id(), run->job.attempt(), device.ring_backend, run->analysis->num_ranks);
+      if (!ring.ok()) {
+        // Back in the queue, in its place (same submit_seq), for the next pass.
+        Log(absl::StrCat("cannot start the rendezvous store of job ", run->job.job_id(), ": ",
+                         ring.status().message(), "; it stays queued"));
+        absl::Status s = scheduler_.Enqueue(Request(*run, *run->analysis, run->device));
+        if (!s.ok()) Log(absl::StrCat("internal error: cannot queue job ", run->job.job_id()));
+        continue;
+      }
+    }
+    run->job.clear_worker_ids();
+    run->task_ids.clear();
+    run->results.reset();
+    for (size_t rank = 0; rank < placement.worker_ids.size(); ++rank) {
+      TaskEntry task;
+      task.task_id = TaskId(run->job.job_id(), run->job.attempt(), static_cast<int>(rank));
+      task.job_id = run->job.job_id();
+      task.worker_id = placement.worker_ids[rank];
+      task.attempt = run->job.attempt();
+      task.rank = static_cast<int>(rank);
+      task.memory_bytes = device.memory_per_rank_bytes;
+      run->task_ids.push_back(task.task_id);
+      run->job.add_worker_ids(task.worker_id);
+      workers_->AddTask(std::move(task));
+    }
+    metrics_->ObserveQueueWait(run->kind->name(), absl::ToDoubleSeconds(now - run->queued_since));
+    std::string where = workers_->DescribeRanks(run->job);
+    if (const Ring* ring = rings_->Find(run->job.job_id()); ring != nullptr) {
+      absl::StrAppend(&where, " (", ring->backend, " ring ", ring->id, ", rendezvous ",
+                      ring->address, ")");
+    }
+    Ticket ticket =
+        book_->Transition(run, v1::JOB_STATE_PLACED, "placed",
+                          absl::StrCat("attempt ", run->job.attempt(), " placed on ", where), now);
+    tickets->push_back(std::move(ticket));
+  }
+}
+
+void Dispatcher::Dispatch(absl::Time now) {
+  for (const JobRun* run : book_->Runs()) {
+    // Cancelled, or its worker lost, meanwhile: those paths released the tasks.
+    if (run->terminal || run->job.state() != v1::JOB_STATE_PLACED) continue;
+    // Until its "placed" write commits the ranks wait (a restarted coordinator must not find a
+    // worker running a placement it never recorded); a write that stalled is dispatched by the
+    // pass after it commits.
+    if (run->durable.state() != v1::JOB_STATE_PLACED ||
+        run->durable.attempt() != run->job.attempt()) {
+      continue;
+    }
+    for (const std::string& task_id : run->task_ids) {
+      TaskEntry* task = workers_->FindTask(task_id);
+      if (task == nullptr || task->dispatched) continue;
+      WorkerEntry* worker = workers_->Find(task->worker_id);
+      if (worker == nullptr || worker->state == scheduler::WorkerState::kDead) continue;
+      workers_->Dispatch(task, Assignment(*run, *task), now);
+    }
+  }
+}
+
+v1::WorkerCommand Dispatcher::Assignment(const JobRun& run, const TaskEntry& task) const {
+  v1::WorkerCommand command;
+  v1::TaskAssignment* assign = command.mutable_assign();
+  assign->set_task_id(task.task_id);
+  assign->set_job_id(task.job_id);
+  assign->set_attempt(task.attempt);
+  assign->set_rank(task.rank);
+  *assign->mutable_spec() = run.job.spec();
+  run.kind->PlanRank(*run.analysis, run.device, task.rank, assign);
+  if (run.analysis->num_ranks > 1 && rings_->Find(run.job.job_id()) != nullptr) {
+    *assign->mutable_ring() = rings_->Info(run.job.job_id(), task.rank);
+  }
+  return command;
 }
 
 void Dispatcher::UpdateDepth() const {

@@ -3,8 +3,10 @@
 // It turns a job's analysis (work_kind.h) into the scheduler's resource request on one of the
 // job's device kinds, keeps the queue (scheduler/scheduler.h: priorities, per-tenant fairness,
 // gang placement, backfill, anti-starvation), checks whether a job could ever run on the workers
-// it is shown, and runs the pass that returns placements. It does no I/O and decides no state: the
-// coordinator applies what it returns (tasks, rings, transitions).
+// it is shown, and runs the pass: placements become tasks on the workers (WorkerRegistry), a
+// rendezvous store per ring (RingRendezvous) and PLACED transitions (JobBook), and once those are
+// durable, the ranks' assignments. Calls go one way: the dispatcher calls those roles, which never
+// call it. It does no I/O of its own (a ring's store binds a socket in RingRendezvous).
 //
 // Device kinds. A job lists its device kinds in preference order (DEVICE_PREFERENCE_ANY: GPU, then
 // CPU). It is queued for the first kind the workers it is shown could fit, or its first kind when
@@ -17,13 +19,15 @@
 // or is reported as never able to run, with the scheduler's reasons and the memory plans; a job
 // placed before is left unchecked instead (its workers may not have re-registered yet).
 //
-// Thread-safety: none of its own; the coordinator holds it ABSL_GUARDED_BY its mutex.
+// Thread-safety: none of its own; the coordinator holds it ABSL_GUARDED_BY its mutex, which also
+// guards the roles it is attached to.
 #ifndef DATTN_SERVER_DISPATCHER_H_
 #define DATTN_SERVER_DISPATCHER_H_
 
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -33,7 +37,9 @@
 #include "scheduler/types.h"
 #include "server/job_book.h"
 #include "server/metrics.h"
+#include "server/ring_rendezvous.h"
 #include "server/work_kind.h"
+#include "server/worker_registry.h"
 
 namespace dattn {
 namespace server {
@@ -82,6 +88,36 @@ class Dispatcher {
   absl::StatusOr<std::vector<scheduler::Placement>> Schedule(
       const std::vector<scheduler::WorkerInfo>& workers, absl::Time now);
 
+  // One pass applied (needs Attach): the placements of Schedule() become tasks on their workers, a
+  // rendezvous store for each multi-rank job, and each job's PLACED transition (its write's ticket
+  // appended to `tickets`). A job whose store cannot start goes back in the queue for the next
+  // pass.
+  void Place(absl::Time now, Tickets* tickets);
+  // Queues the assignment of every rank not yet handed out of every PLACED job whose "placed"
+  // write is durable (call after committing Place's tickets): workers hear of a placement only
+  // once a restarted coordinator would know it too.
+  void Dispatch(absl::Time now);
+  // The assignment of `task`, a rank of `run`'s current attempt: the spec, the kind's rank plan
+  // and, on a ring, the rank's RingInfo.
+  v1::WorkerCommand Assignment(const JobRun& run, const TaskEntry& task) const;
+
+  // The roles Place and Dispatch work on (not owned; they outlive the dispatcher).
+  void Attach(JobBook* book, WorkerRegistry* workers, RingRendezvous* rings) {
+    book_ = book;
+    workers_ = workers;
+    rings_ = rings;
+  }
+
+  // Wakes the scheduling loop for another pass soon (a submit, a freed slot, a new worker).
+  void Kick() {
+    kicked_ = true;
+    kick_cv_.Signal();
+  }
+  // Whether a pass was asked for since the last call; clears the request.
+  bool TakeKick() { return std::exchange(kicked_, false); }
+  // What the scheduling loop waits on (with the coordinator's mutex).
+  absl::CondVar* kick_cv() { return &kick_cv_; }
+
  private:
   scheduler::JobRequest Request(const JobRun& run, const JobAnalysis& analysis,
                                 size_t device) const;
@@ -92,6 +128,11 @@ class Dispatcher {
   scheduler::Scheduler scheduler_;
   std::string ready_set_;  // As of the last Check.
   absl::Time ready_set_since_ = absl::InfinitePast();
+  bool kicked_ = false;
+  absl::CondVar kick_cv_;
+  JobBook* book_ = nullptr;
+  WorkerRegistry* workers_ = nullptr;
+  RingRendezvous* rings_ = nullptr;
 };
 
 }  // namespace server

@@ -112,6 +112,14 @@ std::string WorkerRegistry::Describe(const std::string& worker_id) const {
   return absl::StrCat(worker_id, " (", it->second->info.name(), ")");
 }
 
+std::string WorkerRegistry::DescribeRanks(const v1::Job& job) const {
+  std::vector<std::string> ranks;
+  for (int r = 0; r < job.worker_ids_size(); ++r) {
+    ranks.push_back(absl::StrCat("rank ", r, " on ", Describe(job.worker_ids(r))));
+  }
+  return absl::StrJoin(ranks, ", ");
+}
+
 std::vector<std::string> WorkerRegistry::MarkDead(WorkerEntry* worker, absl::Time now) {
   worker->state = scheduler::WorkerState::kDead;
   worker->dead_since = now;

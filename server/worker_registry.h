@@ -37,6 +37,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "dattn/v1/admin.pb.h"
+#include "dattn/v1/job.pb.h"
 #include "dattn/v1/worker.pb.h"
 #include "scheduler/types.h"
 #include "server/metrics.h"
@@ -103,6 +104,8 @@ class WorkerRegistry {
   WorkerEntry* FindByIdOrName(const std::string& id_or_name);
   // "w-0123... (name)" for messages (the bare id when unknown).
   std::string Describe(const std::string& worker_id) const;
+  // "rank 0 on w-... (name), rank 1 on ..." for the job's current placement.
+  std::string DescribeRanks(const v1::Job& job) const;
   // Marks the worker dead as of `now`, drops its queued commands and its tasks' links, and returns
   // the ids of the tasks it held (the caller recovers their jobs and erases the tasks).
   std::vector<std::string> MarkDead(WorkerEntry* worker, absl::Time now);

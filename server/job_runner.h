@@ -1,0 +1,132 @@
+// The job runner: what happens to a job's attempts once it is placed. It takes the ranks' reports
+// (one handler per report state), ends attempts, and recovers failures: a lost worker, a failed or
+// refused rank, a cancel. Recovery asks scheduler/recovery.h with what the job's kind allows
+// (work_kind.h) and then requeues the job (attempt + 1) or fails it with the reason; a refusal or a
+// coordinator restart is not counted as an attempt.
+//
+// Every change is a transition in the job book, whose writes the caller commits afterwards
+// (JobRecorder::Flush with the tickets the runner appends). A job that reaches a terminal state
+// loses its ring; one that leaves PLACED/RUNNING signals `activity` (Coordinator::Drain waits on
+// it).
+//
+// Calls go one way: the runner calls the book, the worker registry, the ring rendezvous and the
+// dispatcher (to requeue); nothing calls it back. Locking: it shares the coordinator's mutex (given
+// at construction), which every method expects held (and asserts).
+#ifndef DATTN_SERVER_JOB_RUNNER_H_
+#define DATTN_SERVER_JOB_RUNNER_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "absl/synchronization/mutex.h"
+#include "absl/time/time.h"
+#include "base/clock.h"
+#include "dattn/v1/worker.pb.h"
+#include "scheduler/recovery.h"
+#include "server/dispatcher.h"
+#include "server/job_book.h"
+#include "server/metrics.h"
+#include "server/ring_rendezvous.h"
+#include "server/worker_registry.h"
+
+namespace dattn {
+namespace server {
+
+struct RunnerOptions {
+  int max_attempts = 3;  // Most runs of one job that fail for its own reasons.
+  // Progress reports update the job at once; "progress" events are written at most this often.
+  absl::Duration progress_persist_interval = absl::Seconds(1);
+  absl::Duration ring_formation_timeout = absl::Seconds(30);  // For messages.
+};
+
+// Refused attempts in a row after which a job fails (a worker that refuses everything must not keep
+// a job cycling for ever).
+inline constexpr int kMaxRefusals = 100;
+
+class JobRunner {
+ public:
+  // None owned; all outlive the runner. `activity` is signalled when a job leaves PLACED/RUNNING.
+  JobRunner(absl::Mutex* mu, JobBook* book, WorkerRegistry* workers, RingRendezvous* rings,
+            Dispatcher* dispatcher, Metrics* metrics, const Clock* clock, absl::CondVar* activity,
+            RunnerOptions options)
+      : mu_(mu),
+        book_(book),
+        workers_(workers),
+        rings_(rings),
+        dispatcher_(dispatcher),
+        metrics_(metrics),
+        clock_(clock),
+        activity_(activity),
+        options_(options) {}
+  JobRunner(const JobRunner&) = delete;
+  JobRunner& operator=(const JobRunner&) = delete;
+
+  // The book's transition (an empty ticket for one it forbids) and what follows from it.
+  Ticket Transition(JobRun* run, v1::JobState state, const std::string& kind,
+                    const std::string& message);
+  // An event in the job's current state.
+  Ticket Append(JobRun* run, v1::JobEvent event);
+  // Queues a QUEUED job with the dispatcher.
+  void Enqueue(JobRun* run);
+  // The job goes back in the queue as attempt + 1 with an event of `kind`.
+  void Requeue(JobRun* run, const std::string& kind, const std::string& message, Tickets* tickets);
+  // Ends the current attempt (its tasks forgotten, CancelTask to those dispatched when
+  // `cancel_tasks`; its ring ended).
+  void Release(JobRun* run, bool cancel_tasks, const std::string& reason);
+  // Requeue (attempt + 1) or fail, per scheduler::DecideRecovery, after `failure`; CANCELLED
+  // instead when a cancel was requested. `oom_free_bytes`: the failing worker's free memory.
+  void Recover(JobRun* run, scheduler::FailureKind failure, const std::string& why,
+               const std::string& cause, int64_t oom_free_bytes, Tickets* tickets);
+  // Declares the worker dead and recovers the jobs of its tasks.
+  void KillWorker(WorkerEntry* worker, const std::string& why, const std::string& cause,
+                  Tickets* tickets);
+  // A cancel of a job that is not finished: QUEUED jobs (and ranks not yet handed out) end at
+  // once; dispatched ranks are told to stop and the job ends when they confirm. Returns the job as
+  // it is after the call (not yet durable: commit the tickets).
+  v1::Job Cancel(JobRun* run, const std::string& reason, Tickets* tickets);
+
+  // A current task's report (its attempt is the job's, on the registration holding it).
+  struct Report {
+    const v1::TaskReport* report = nullptr;
+    TaskEntry* task = nullptr;
+    JobRun* run = nullptr;
+    WorkerEntry* worker = nullptr;
+    // A failed ring rank whose ring had not formed: the ranks the rendezvous store lacks.
+    std::optional<std::vector<int>> missing_ranks;
+  };
+  // Applies the report: one handler per state (STARTED, PROGRESS, SUCCEEDED, FAILED, CANCELLED).
+  void TakeReport(const Report& report, Tickets* tickets);
+
+ private:
+  struct Context;
+  void OnStarted(Context& c);
+  void OnProgress(Context& c);
+  void OnSucceeded(Context& c);
+  void OnFailed(Context& c);
+  void OnCancelled(Context& c);
+  // The "ring_formation_failed" or "ring_failed" event of a failed ring rank; returns the failure
+  // description to recover with.
+  std::string RingFailed(Context& c, const std::string& why);
+  // Forgets one task of the job (its worker's slot frees; no CancelTask).
+  void DropTask(JobRun* run, const std::string& task_id);
+  // A rank refused before it started: requeued without counting an attempt (failed after more
+  // than kMaxRefusals in a row).
+  void RequeueRefused(JobRun* run, const std::string& why, Tickets* tickets);
+
+  absl::Mutex* const mu_;
+  JobBook* const book_;
+  WorkerRegistry* const workers_;
+  RingRendezvous* const rings_;
+  Dispatcher* const dispatcher_;
+  Metrics* const metrics_;
+  const Clock* const clock_;
+  absl::CondVar* const activity_;
+  const RunnerOptions options_;
+};
+
+}  // namespace server
+}  // namespace dattn
+
+#endif  // DATTN_SERVER_JOB_RUNNER_H_

@@ -16,6 +16,7 @@
 #include "model/checkpoint.h"
 #include "model/file_io.h"
 #include "model/token_file.h"
+#include "model/trainer_config.h"
 #include "nlohmann/json.hpp"
 #include "trainer/exit_codes.h"
 
@@ -298,6 +299,17 @@ TEST(TrainCliTest, TrainsOnTokenFiles) {
   EXPECT_NE(r.out.find("65536 tokens (token files, vocabulary 300)"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("eval step 2: validation loss"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("bits/byte"), std::string::npos) << r.out;  // Not bytes.
+}
+
+// The demo's config (docs/TRAINING.md) stays valid, and says what the docs say it does.
+TEST(TrainCliTest, TheDemoConfigIsValid) {
+  absl::StatusOr<model::TrainerConfig> c =
+      model::ParseTrainerConfigJson(ReadAll("trainer/configs/kjv-small.json"));
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_EQ(c->model.d_model, 128);
+  EXPECT_EQ(c->model.num_layers, 4);
+  EXPECT_EQ(c->steps, 300);
+  EXPECT_EQ(c->data.paths, std::vector<std::string>{"bazel-bin/model/kjv.txt"});
 }
 
 }  // namespace

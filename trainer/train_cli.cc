@@ -262,6 +262,11 @@ class Progress {
     if (r.step % config_.log_every == 0 || r.step == config_.steps || r.step == 1) Flush();
   }
 
+  // Prints the steps since the last line, if any (when a run ends early).
+  void Finish() {
+    if (steps_ > 0) Flush();
+  }
+
  private:
   void Flush() {
     const double per_step = seconds_ / static_cast<double>(std::max<int64_t>(1, steps_));
@@ -535,7 +540,8 @@ int RunTrainCli(int argc, const char* const* argv, std::ostream& out, std::ostre
     peak_note = "measured: sgemm 1024^3 on this CPU";
   }
   out << "model: " << parameters << " parameters (d_model " << config.model.d_model << ", "
-      << config.model.num_layers << " layers, " << config.model.num_heads << " heads, ffn "
+      << config.model.num_layers << (config.model.num_layers == 1 ? " layer, " : " layers, ")
+      << config.model.num_heads << (config.model.num_heads == 1 ? " head" : " heads") << ", ffn "
       << config.model.ffn_dim << "), " << description << '\n';
   out << "step: " << config.batch_size << " x " << config.seq_len << " tokens in "
       << config.micro_batches << " micro-batch" << (config.micro_batches == 1 ? "" : "es") << ", "
@@ -557,6 +563,7 @@ int RunTrainCli(int argc, const char* const* argv, std::ostream& out, std::ostre
   const absl::Status run = trainer.Run(callbacks);
   const double wall =
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  progress.Finish();
 
   // The loss curve, whatever happened, once there is something to draw.
   int code = kExitOk;

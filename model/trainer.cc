@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <filesystem>
 #include <map>
 #include <utility>
 
@@ -18,6 +19,7 @@ namespace model {
 namespace {
 
 using Json = nlohmann::json;
+namespace fs = std::filesystem;
 
 // Streams derived from config.seed (trainer.h).
 constexpr uint64_t kSamplerStream = 1;
@@ -568,17 +570,24 @@ absl::Status Trainer::Resume() {
         "Trainer::Resume reads a single process's checkpoint; a data-parallel run resumes per "
         "rank");
   }
-  std::vector<std::string> skipped;
-  absl::StatusOr<CheckpointEntry> latest = LatestCheckpoint(root, &skipped);
-  if (!skipped.empty()) {
-    // A step folder exists only once complete (atomic rename), so a damaged one was damaged
-    // afterwards: say so rather than silently training from an older one.
-    return absl::DataLossError(absl::StrCat(
-        "cannot resume from ", root, ": the newest checkpoint is damaged: ", skipped.front(),
-        skipped.size() > 1 ? absl::StrCat(" (and ", skipped.size() - 1, " more)") : "",
-        "; move it away to resume from the one before"));
+  // The newest complete step folder (one with a manifest). The writer never leaves a step folder
+  // without one (it renames a finished folder into place), so a newer folder without one was
+  // damaged or copied in part: it is moved aside below, once the complete one has been read.
+  absl::StatusOr<std::vector<CheckpointEntry>> all = ListCheckpoints(root);
+  if (!all.ok()) return all.status();
+  const CheckpointEntry* latest = nullptr;
+  for (auto it = all->rbegin(); it != all->rend() && latest == nullptr; ++it) {
+    if (it->has_manifest) latest = &*it;
   }
-  if (!latest.ok()) return latest.status();
+  if (latest == nullptr) {
+    return absl::NotFoundError(absl::StrCat(
+        "no complete checkpoint under ", root,
+        all->empty() ? std::string()
+                     : absl::StrCat(" (", all->size(), " step folder", all->size() == 1 ? "" : "s",
+                                    " without ", kManifestFile, ")")));
+  }
+  // A complete folder that does not verify is damaged: an error naming the file, never silently
+  // passed over for an older one.
   absl::StatusOr<Checkpoint> ck = Checkpoint::Open(latest->path, /*verify_checksums=*/true);
   if (!ck.ok()) return WithPrefix(ck.status(), absl::StrCat("cannot resume from ", root, ": "));
   const std::string config_file = JoinPath(latest->path, kConfigFile);
@@ -614,6 +623,18 @@ absl::Status Trainer::Resume() {
   TRAINER_RETURN_IF_ERROR(RestoreExtra(ts.extra_json, state_file));
   TRAINER_RETURN_IF_ERROR(model_->WriteParams(0, params));
   TRAINER_RETURN_IF_ERROR(optimizer_->WriteMoments(state.m, state.v));
+  // Incomplete folders newer than this one: moved aside (not deleted), so that this run can write
+  // those steps again.
+  for (const CheckpointEntry& e : *all) {
+    if (e.step <= latest->step) continue;
+    std::string aside = absl::StrCat(e.path, ".incomplete");
+    for (int i = 2; fs::exists(aside); ++i) aside = absl::StrCat(e.path, ".incomplete-", i);
+    std::error_code ec;
+    fs::rename(e.path, aside, ec);
+    if (ec) return FileError("rename", e.path, ec.value());
+    resume_notes_.push_back(
+        absl::StrCat(e.path, " has no ", kManifestFile, " (incomplete): moved to ", aside));
+  }
   rng_ = *rng;
   updates_ = state.step;
   step_ = ts.step;

@@ -134,13 +134,15 @@ class Trainer {
                                                          std::unique_ptr<TrainableModel> model,
                                                          const TrainerOptions& options = {});
 
-  // Continues from the newest checkpoint under options.checkpoint_dir, which must be complete and
-  // intact: every step folder newer than the one used must be too (one that is not is reported,
-  // never silently passed over). Errors, each naming the folder or file and what is wrong:
-  //   NOT_FOUND            no checkpoint under the folder;
-  //   DATA_LOSS            the newest step folder is damaged or incomplete (Checkpoint::Open's
-  //                        message: a missing manifest, a file of the wrong size or checksum, bad
-  //                        JSON, a bad safetensors header);
+  // Continues from the newest complete checkpoint under options.checkpoint_dir (the newest step
+  // folder with a MANIFEST.json), verified. Step folders newer than it without a manifest
+  // (incomplete: the writer never leaves one, so it was damaged or copied in part) are renamed to
+  // <folder>.incomplete and listed in resume_notes(), so the run can write those steps again.
+  // Errors, each naming the folder or file and what is wrong:
+  //   NOT_FOUND            no complete checkpoint under the folder;
+  //   DATA_LOSS            the newest complete checkpoint is damaged (Checkpoint::Open's message: a
+  //                        file missing, of the wrong size or checksum, bad JSON, a bad safetensors
+  //                        header): never silently passed over for an older one;
   //   FAILED_PRECONDITION  an intact checkpoint of another run: another model config (the first
   //                        differing field named), a data cursor of another seed, seq_len,
   //                        batch_size or split, tensors that do not fit the layout.
@@ -176,9 +178,9 @@ class Trainer {
   TrainableModel& model() { return *model_; }
   // The folder Resume continued from; empty for a fresh run.
   const std::string& resumed_from() const { return resumed_from_; }
-  // Fields of the trainer config that differ from those of the checkpoint Resume continued
-  // from, each "field: <value> there, <value> here" (allowed: they apply from the next step on,
-  // and end bit-exactness with the uninterrupted run).
+  // What Resume noticed: fields of the trainer config that differ from those of the checkpoint it
+  // continued from, each "field: <value> there, <value> here" (allowed: they apply from the next
+  // step on, and end bit-exactness with the uninterrupted run), and incomplete folders moved aside.
   const std::vector<std::string>& resume_notes() const { return resume_notes_; }
   // This rank's model FLOPs per step.
   double flops_per_step() const;

@@ -362,13 +362,33 @@ TEST(TrainerTest, ResumeNamesWhatIsWrongWithACheckpoint) {
     EXPECT_NE(s.message().find(file), std::string::npos) << s;
   }
   {
-    // No manifest: an incomplete folder.
-    const std::string dir = TrainFourSteps("ck_manifest");
-    const std::string file = JoinPath(JoinPath(dir, newest), kManifestFile);
+    // A file listed in the manifest is missing.
+    const std::string dir = TrainFourSteps("ck_missing");
+    const std::string file = JoinPath(JoinPath(dir, newest), kTrainerStateFile);
     fs::remove(file);
     const absl::Status s = ResumeIn(dir);
     EXPECT_EQ(s.code(), absl::StatusCode::kDataLoss) << s;
     EXPECT_NE(s.message().find(file), std::string::npos) << s;
+  }
+  {
+    // No manifest: an incomplete folder (as from an interrupted copy). The complete one before it
+    // is used; the incomplete one is moved aside and reported, and the run writes step 4 again.
+    const std::string dir = TrainFourSteps("ck_manifest");
+    const std::string folder = JoinPath(dir, newest);
+    fs::remove(JoinPath(folder, kManifestFile));
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer = MakeTrainer(FourSteps(), dir);
+    ASSERT_TRUE(trainer.ok());
+    const absl::Status s = (*trainer)->Resume();
+    ASSERT_TRUE(s.ok()) << s;
+    EXPECT_EQ((*trainer)->step(), 2);
+    ASSERT_EQ((*trainer)->resume_notes().size(), 1u);
+    EXPECT_NE((*trainer)->resume_notes()[0].find(folder + " has no MANIFEST.json"),
+              std::string::npos)
+        << (*trainer)->resume_notes()[0];
+    EXPECT_TRUE(fs::is_directory(folder + ".incomplete"));
+    const absl::Status run = (*trainer)->Run();
+    EXPECT_TRUE(run.ok()) << run;
+    EXPECT_TRUE(Checkpoint::Open(folder).ok());
   }
   {
     // Another model.
@@ -394,6 +414,15 @@ TEST(TrainerTest, ResumeNamesWhatIsWrongWithACheckpoint) {
     // Nothing to resume.
     const absl::Status s = ResumeIn(TempDir("ck_none"));
     EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+  }
+  {
+    // Only incomplete folders.
+    const std::string dir = TrainFourSteps("ck_all_incomplete");
+    fs::remove(JoinPath(JoinPath(dir, CheckpointFolderName(2)), kManifestFile));
+    fs::remove(JoinPath(JoinPath(dir, newest), kManifestFile));
+    const absl::Status s = ResumeIn(dir);
+    EXPECT_EQ(s.code(), absl::StatusCode::kNotFound) << s;
+    EXPECT_NE(s.message().find("2 step folders without MANIFEST.json"), std::string::npos) << s;
   }
 }
 

@@ -127,8 +127,8 @@ class Trainer {
   // config.checkpoint_activations. INVALID_ARGUMENT naming the field for a config
   // ValidateTrainerConfig refuses, a corpus whose vocabulary exceeds the model's, a split or a
   // retrieval task the corpus cannot hold (corpus.h's and retrieval.h's messages, prefixed with
-  // the field), or a batch the ranks cannot share (batch_size / micro_batches not a multiple of
-  // world).
+  // the data's size or the config field concerned), or a batch the ranks cannot share (batch_size /
+  // micro_batches not a multiple of world).
   static absl::StatusOr<std::unique_ptr<Trainer>> Create(const TrainerConfig& config,
                                                          TokenCorpus corpus,
                                                          std::unique_ptr<TrainableModel> model,

@@ -39,7 +39,7 @@ std::string TempDir(const std::string& name) {
 }
 
 // A small byte-level model: 2 blocks of d = 64, 4 heads, FFN 256, dilated segments 32/64/128 with
-// rates 1/2/4 (every pattern of the engine is used at seq_len 128); about 140K parameters.
+// rates 1/2/4 (every pattern of the engine is used at seq_len 128); 117,760 parameters.
 TrainerConfig TinyConfig() {
   TrainerConfig c;
   c.model.vocab_size = 256;

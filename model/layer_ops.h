@@ -31,6 +31,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/tensor.h"
+#include "model/ignore_target.h"
 #include "model/rotary.h"
 
 namespace dattn {
@@ -73,9 +74,6 @@ class DeviceArray {
 };
 
 enum class Accumulate { kOverwrite, kAdd };
-
-// Value of `targets` at a position that takes no part in the loss.
-inline constexpr int32_t kIgnoreTarget = -1;
 
 template <typename T>
 class LayerOps {

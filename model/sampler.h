@@ -37,13 +37,10 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "model/corpus.h"
+#include "model/ignore_target.h"
 
 namespace dattn {
 namespace model {
-
-// Targets equal to this are not scored: the loss averages over the other positions only (the
-// retrieval task scores its answer alone this way). The sampler's own batches score every position.
-inline constexpr int32_t kIgnoreTarget = -1;
 
 // Rows of (input, target) sequences, row-major.
 struct Batch {

@@ -949,6 +949,7 @@ TEST_F(CliTest, StatusShowsJobAndResultAndJson) {
   EXPECT_THAT(r.out, HasSubstr("RANK  WORKER"));
   EXPECT_THAT(r.out, HasSubstr("1.0 GiB"));  // Per-rank peak memory.
   EXPECT_THAT(r.out, Not(HasSubstr("Events")));
+  EXPECT_THAT(r.out, Not(HasSubstr("Expires")));  // Kept for ever.
   EXPECT_FALSE(jobs_.gets().back().include_events());
 
   r = Run({"status", "j-done", "--events"});
@@ -963,6 +964,15 @@ TEST_F(CliTest, StatusShowsJobAndResultAndJson) {
   EXPECT_EQ(parsed["state"], "JOB_STATE_SUCCEEDED");
   EXPECT_EQ(parsed["result"]["attention"]["ranks"].size(), 2u);
   EXPECT_EQ(parsed["events"].size(), 2u);
+
+  // Under a finite retention the coordinator says when the job goes.
+  job.mutable_expire_time()->set_seconds(4102444800);  // 2100-01-01.
+  jobs_.AddJob(job);
+  r = Run({"status", "j-done"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Expires"));
+  EXPECT_THAT(r.out, HasSubstr("2100-01-01"));
+  EXPECT_THAT(r.out, HasSubstr("with its output"));
 
   r = Run({"status", "j-missing"});
   EXPECT_EQ(r.code, kExitNotFound);

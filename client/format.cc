@@ -220,6 +220,12 @@ void PrintJob(const v1::Job& job, absl::Time now, std::ostream& out) {
                                               Age(job.create_time(), now), " ago)"));
   if (job.has_start_time()) fields.emplace_back("Started", FormatTimestamp(job.start_time()));
   if (job.has_end_time()) fields.emplace_back("Ended", FormatTimestamp(job.end_time()));
+  if (job.has_expire_time()) {
+    // When the coordinator's retention deletes the job, its history and its output.
+    fields.emplace_back("Expires", absl::StrCat(FormatTimestamp(job.expire_time()), " (in ",
+                                                HumanDuration(ToTime(job.expire_time()) - now),
+                                                ", with its output)"));
+  }
   const absl::Time created = ToTime(job.create_time());
   if (created != absl::InfinitePast()) {
     const absl::Time until = job.has_end_time() ? ToTime(job.end_time()) : now;

@@ -31,6 +31,13 @@ v1::Job JobReader::Public(const JobRun& run) const {
   return out;
 }
 
+absl::Status JobReader::Explain(const absl::Status& status) const {
+  if (!absl::IsNotFound(status) || options_.retention == absl::InfiniteDuration()) return status;
+  return absl::NotFoundError(absl::StrCat(status.message(), " (finished jobs are deleted ",
+                                          absl::FormatDuration(options_.retention),
+                                          " after they end)"));
+}
+
 void JobReader::SetExpireTime(v1::Job* job) const {
   if (IsTerminal(job->state()) && job->has_end_time() &&
       options_.retention != absl::InfiniteDuration()) {
@@ -58,7 +65,7 @@ absl::StatusOr<v1::Job> JobReader::GetJob(const v1::GetJobRequest& request) {
   }
   if (!job.has_value()) {
     absl::StatusOr<StoredJob> stored = store_->GetJob(request.job_id());
-    if (!stored.ok()) return stored.status();
+    if (!stored.ok()) return Explain(stored.status());
     job = std::move(stored->job);
     StripTensors(&*job);
     SetExpireTime(&*job);
@@ -131,7 +138,7 @@ absl::Status JobReader::WatchJob(const v1::WatchJobRequest& request, const JobEv
   } unsubscribe{this, request.job_id(), &watcher};
 
   absl::StatusOr<StoredJob> stored = store_->GetJob(request.job_id());
-  if (!stored.ok()) return stored.status();
+  if (!stored.ok()) return Explain(stored.status());
   int64_t last = request.after_seq();
   for (;;) {
     absl::StatusOr<std::vector<v1::JobEvent>> page =
@@ -172,7 +179,7 @@ absl::Status JobReader::ReadOutput(const v1::ReadOutputRequest& request,
                                    const TensorChunkSink& emit) {
   if (absl::Status s = ValidateJobId(request.job_id()); !s.ok()) return s;
   absl::StatusOr<StoredJob> stored = store_->GetJob(request.job_id());
-  if (!stored.ok()) return stored.status();
+  if (!stored.ok()) return Explain(stored.status());
   const v1::Job& job = stored->job;
   if (job.state() != v1::JOB_STATE_SUCCEEDED) {
     return absl::FailedPreconditionError(

@@ -94,6 +94,8 @@ class JobReader {
   void Close();
 
  private:
+  // A NOT_FOUND job may have been deleted by retention: the message says so.
+  absl::Status Explain(const absl::Status& status) const;
   // A stored finished job's expire_time (none while retention is infinite).
   void SetExpireTime(v1::Job* job) const;
 

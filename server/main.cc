@@ -55,6 +55,7 @@ int main(int argc, char** argv) {
   int64_t feasibility_settle_ms = 5000;
   int64_t store_probe_ms = 5000;
   int max_watch_streams = 256;
+  double retention_hours = 24 * 7;
 
   CLI::App app{
       "dattn-coordinator: accepts dilated-attention jobs over gRPC and runs them on workers"};
@@ -114,6 +115,11 @@ int main(int argc, char** argv) {
                  "refused with RESOURCE_EXHAUSTED")
       ->check(CLI::Range(1, 100000))
       ->capture_default_str();
+  app.add_option("--retention-hours", retention_hours,
+                 "finished jobs, their history and their outputs are deleted this long after they "
+                 "finished (fractions allowed); 0 keeps them for ever")
+      ->check(CLI::Range(0.0, 24.0 * 365 * 100))
+      ->capture_default_str();
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -166,6 +172,8 @@ int main(int argc, char** argv) {
   options.feasibility_settle = absl::Milliseconds(feasibility_settle_ms);
   options.store_probe_interval = absl::Milliseconds(store_probe_ms);
   options.max_watch_streams = max_watch_streams;
+  options.retention =
+      retention_hours == 0 ? absl::InfiniteDuration() : absl::Seconds(retention_hours * 3600);
 
   Metrics metrics;
   absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server =

@@ -4,7 +4,9 @@
 // cluster.
 #include <sys/stat.h>
 
+#include <chrono>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "engine/testing/test_util.h"
@@ -98,6 +100,48 @@ TEST_F(FrontDoor, TheShippedExampleRunsOnTheDemoCluster) {
   EXPECT_EQ(r.exit_code, 0) << r.out << r.err << cluster_->Logs();
   EXPECT_NE(r.out.find("SUCCEEDED"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("2 of 2 ranks succeeded"), std::string::npos) << r.out;
+}
+
+// --retention-hours: a finished job, its history and its output are deleted once the retention is
+// over (the monitor deletes them); before that, `dattn get` says when. Bad values exit 2 naming the
+// flag.
+TEST_F(FrontDoor, FinishedJobsAreDeletedAfterTheRetention) {
+  ClusterOptions options;
+  options.coordinator_flags = {"--retention-hours=0.001"};  // 3.6 s.
+  StartCluster(1, options);
+  const std::string id = Submit({"--seq-len=64", "--heads=2", "--head-dim=8", "--segments=16",
+                                 "--rates=1", "--dtype=fp64", "--iterations=1", "--return-output"});
+  ASSERT_FALSE(id.empty());
+  dattn::v1::Job job;
+  ASSERT_TRUE(cluster_->WaitForJobEnd(id, seconds(60), &job)) << cluster_->Logs();
+  ASSERT_EQ(job.state(), dattn::v1::JOB_STATE_SUCCEEDED) << job.state_reason();
+  ProcessResult got = cluster_->Cli({"status", id});
+  EXPECT_EQ(got.exit_code, 0) << got.out << got.err;
+  EXPECT_NE(got.out.find("Expires"), std::string::npos) << got.out;
+  const std::string outputs = cluster_->data_dir() + "/outputs/" + id;
+  struct stat st {};
+  EXPECT_EQ(::stat(outputs.c_str(), &st), 0) << outputs;
+  const auto deadline = std::chrono::steady_clock::now() + seconds(30);
+  ProcessResult gone;
+  do {
+    std::this_thread::sleep_for(std::chrono::milliseconds(500));
+    gone = cluster_->Cli({"status", id});
+  } while (gone.exit_code == 0 && std::chrono::steady_clock::now() < deadline);
+  EXPECT_NE(gone.exit_code, 0) << gone.out;
+  EXPECT_NE(gone.err.find("finished jobs are deleted 3.6s after they end"), std::string::npos)
+      << gone.err;
+  EXPECT_NE(::stat(outputs.c_str(), &st), 0) << outputs << " outlived its job";
+
+  for (const char* bad : {"--retention-hours=-1", "--retention-hours=soon"}) {
+    ProcessOptions o;
+    o.name = "bad-retention";
+    o.log_dir = cluster_->dir();
+    o.argv = {testutil::RunfilePath("server/dattn-coordinator"), "--listen=127.0.0.1:0",
+              "--data-dir=" + cluster_->dir() + "/unused", bad};
+    ProcessResult r = RunCommand(o, seconds(20));
+    EXPECT_EQ(r.exit_code, 2) << bad << "\n" << r.err;
+    EXPECT_NE(r.err.find("--retention-hours"), std::string::npos) << r.err;
+  }
 }
 
 int ModeOf(const std::string& path) {

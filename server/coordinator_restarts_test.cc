@@ -156,6 +156,34 @@ TEST_F(CoordinatorTest, AWriteThatFailedTransientlyIsRetried) {
   EXPECT_EQ(Get(next).state(), v1::JOB_STATE_QUEUED);
 }
 
+// A placement whose "placed" write failed (the store locked by another process) is handed to its
+// worker once the monitor has recorded the write, not before (a restart in between must not find a
+// worker running a placement the store never saw), and not never.
+TEST_F(CoordinatorTest, APlacementWhoseWriteStalledIsDispatchedOnceRecorded) {
+  ASSERT_TRUE(coordinator_->Close().ok());
+  coordinator_.reset();
+  options_.store.busy_timeout = absl::Milliseconds(50);
+  options_.feasibility_settle = absl::ZeroDuration();
+  Open();
+  const std::string id = Submit(ValidRequest("stalled-placement")).job_id();
+  sqlite3* other = nullptr;
+  ASSERT_EQ(sqlite3_open((options_.data_dir + "/jobs.db").c_str(), &other), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(other, "BEGIN IMMEDIATE", nullptr, nullptr, nullptr), SQLITE_OK);
+  FakeWorker* w = AddWorker("w");
+  // The worker's registration runs a pass at once: it places the job in memory, but the write
+  // cannot commit, so no assignment goes out.
+  EXPECT_FALSE(w->Next(absl::Milliseconds(600)).has_value()) << "dispatched before durable";
+  ASSERT_EQ(sqlite3_exec(other, "ROLLBACK", nullptr, nullptr, nullptr), SQLITE_OK);
+  sqlite3_close(other);
+  std::optional<v1::WorkerCommand> assign = w->Next(absl::Seconds(5));
+  ASSERT_TRUE(assign.has_value() && assign->has_assign()) << "never dispatched";
+  EXPECT_EQ(assign->assign().job_id(), id);
+  ASSERT_TRUE(w->Report(assign->assign().task_id(), v1::TASK_STATE_SUCCEEDED).ok());
+  EXPECT_TRUE(WaitState(id, v1::JOB_STATE_SUCCEEDED));
+  EXPECT_THAT(EventKinds(Get(id, true)),
+              ElementsAre("submitted", "placed", "started", "succeeded"));
+}
+
 TEST_F(CoordinatorTest, SecondCoordinatorOnTheSameDataDirIsRefused) {
   Coordinator second(options_, nullptr);
   absl::Status s = second.Start();

@@ -4,6 +4,7 @@
 #ifndef DATTN_SERVER_COORDINATOR_TEST_UTIL_H_
 #define DATTN_SERVER_COORDINATOR_TEST_UTIL_H_
 
+#include <algorithm>
 #include <atomic>
 #include <deque>
 #include <functional>
@@ -84,6 +85,16 @@ class FakeWorker {
   void StopHeartbeats() {
     beating_ = false;
     if (heartbeat_.joinable()) heartbeat_.join();
+  }
+  bool beating() const { return beating_; }
+  // One heartbeat now, listing the tasks held, as the heartbeat thread sends them.
+  v1::HeartbeatResponse HeartbeatHeld() {
+    std::vector<std::string> held;
+    {
+      absl::MutexLock lock(&mu_);
+      held.assign(held_.begin(), held_.end());
+    }
+    return Heartbeat(held);
   }
 
   const std::string& id() const { return id_; }
@@ -258,6 +269,21 @@ class CoordinatorTest : public ::testing::Test {
   void UseFakeClock() {
     options_.clock = &clock_;
     Restart();
+  }
+
+  // Moves the FakeClock forward by `d` in steps of at most dead_after / 2, each followed by a
+  // heartbeat of every worker still beating: live workers stay alive whatever `d` is, silent ones
+  // die once dead_after has passed.
+  void AdvanceLive(absl::Duration d) {
+    const absl::Duration step = options_.dead_after / 2;
+    while (d > absl::ZeroDuration()) {
+      const absl::Duration now = std::min(d, step);
+      clock_.Advance(now);
+      d -= now;
+      for (const auto& worker : workers_) {
+        if (worker->beating()) worker->HeartbeatHeld();
+      }
+    }
   }
 
   void Open() {

@@ -62,9 +62,11 @@ TEST_F(CoordinatorTest, WorkerSlotsAndMemoryLimitPlacement) {
 }
 
 // An assignment written to a stream that broke right after never reached the worker: its
-// heartbeats do not list the task, so the coordinator sends it again (same task id), and the job
-// does not sit PLACED forever.
+// heartbeats do not list the task, so once two heartbeat intervals have passed the coordinator
+// sends it again (same task id), and the job does not sit PLACED forever. On a FakeClock: nothing
+// is resent however long the real wait until the clock passes the two intervals.
 TEST_F(CoordinatorTest, AssignmentLostInTransitIsSentAgain) {
+  UseFakeClock();
   FakeWorker* worker = AddWorker("cpu-0");
   const std::string id = Submit(ValidRequest("lost")).job_id();
   std::optional<v1::WorkerCommand> first = worker->Next();
@@ -72,7 +74,9 @@ TEST_F(CoordinatorTest, AssignmentLostInTransitIsSentAgain) {
   ASSERT_TRUE(first->has_assign());
   const std::string task = first->assign().task_id();
   worker->Drop(task);  // The worker never saw it.
-  std::optional<v1::WorkerCommand> again = worker->Next(absl::Seconds(2));
+  EXPECT_FALSE(worker->Next(absl::Milliseconds(300)).has_value()) << "resent before its time";
+  clock_.Advance(2 * options_.heartbeat_interval);
+  std::optional<v1::WorkerCommand> again = worker->Next(absl::Seconds(5));
   ASSERT_TRUE(again.has_value()) << "the lost assignment was not sent again";
   ASSERT_TRUE(again->has_assign());
   EXPECT_EQ(again->assign().task_id(), task);
@@ -80,24 +84,30 @@ TEST_F(CoordinatorTest, AssignmentLostInTransitIsSentAgain) {
   ASSERT_TRUE(worker->Report(task, v1::TASK_STATE_SUCCEEDED).ok());
   EXPECT_EQ(Get(id).state(), v1::JOB_STATE_SUCCEEDED);
   // A task the worker lists is not sent again.
+  clock_.Advance(4 * options_.heartbeat_interval);
   EXPECT_FALSE(worker->Next(absl::Milliseconds(300)).has_value());
 }
 
 TEST_F(CoordinatorTest, CancelRequestedThenWorkerLostEndsCancelled) {
+  UseFakeClock();
   FakeWorker* worker = AddWorker("cpu-0");
   const std::string id = Submit(ValidRequest("x")).job_id();
   ASSERT_TRUE(worker->Next().has_value());
   ASSERT_TRUE(Cancel(id).ok());
   // The worker dies before confirming: the cancel completes rather than the job requeueing.
   worker->StopHeartbeats();
+  clock_.Advance(options_.dead_after + absl::Milliseconds(1));
   ASSERT_TRUE(WaitState(id, v1::JOB_STATE_CANCELLED));
   EXPECT_THAT(EventKinds(Get(id, true)),
               ElementsAre("submitted", "placed", "cancel_requested", "worker_lost", "cancelled"));
 }
 
+// On a FakeClock: a worker is declared dead when the clock passes dead_after since its last
+// heartbeat, not before, however long the real wait.
 TEST_F(CoordinatorTest, WorkerDeathRequeuesThenFails) {
   options_.max_attempts = 2;
-  Restart();
+  options_.dead_after = absl::Minutes(1);
+  UseFakeClock();
   const std::string id = Submit(ValidRequest("d")).job_id();
   for (int attempt = 1; attempt <= 2; ++attempt) {
     SCOPED_TRACE(attempt);
@@ -106,7 +116,11 @@ TEST_F(CoordinatorTest, WorkerDeathRequeuesThenFails) {
     ASSERT_TRUE(assign.has_value());
     EXPECT_EQ(assign->assign().attempt(), attempt);
     ASSERT_TRUE(worker->Report(assign->assign().task_id(), v1::TASK_STATE_STARTED).ok());
-    worker->StopHeartbeats();  // Dead after 500 ms.
+    worker->StopHeartbeats();
+    clock_.Advance(absl::Seconds(59));
+    absl::SleepFor(absl::Milliseconds(100));  // Monitor passes run: it is not dead yet.
+    EXPECT_EQ(Get(id).state(), v1::JOB_STATE_RUNNING);
+    clock_.Advance(absl::Seconds(2));
     ASSERT_TRUE(WaitFor([&] { return Get(id).state() != v1::JOB_STATE_RUNNING; }));
     // Its stream ends, and its late reports are refused.
     ASSERT_TRUE(WaitFor([&] { return worker->stream_ended(); }));
@@ -132,15 +146,16 @@ TEST_F(CoordinatorTest, WorkerDeathRequeuesThenFails) {
 }
 
 TEST_F(CoordinatorTest, HeartbeatsKeepAWorkerAlive) {
+  UseFakeClock();
   FakeWorker* worker = AddWorker("steady");
   const std::string id = Submit(ValidRequest("h")).job_id();
   std::optional<v1::WorkerCommand> assign = worker->Next();
   ASSERT_TRUE(assign.has_value());
-  for (int i = 0; i < 20; ++i) {  // 1 s, twice dead_after, with the worker's own heartbeats.
+  for (int i = 0; i < 20; ++i) {  // Twice dead_after on the clock, a heartbeat every 1/10 of it.
     v1::HeartbeatResponse hb = worker->Heartbeat({assign->assign().task_id()});
     EXPECT_FALSE(hb.reregister());
     EXPECT_FALSE(hb.drain());
-    absl::SleepFor(absl::Milliseconds(50));
+    clock_.Advance(options_.dead_after / 10);
   }
   EXPECT_EQ(Get(id).state(), v1::JOB_STATE_PLACED);
   // A task the coordinator does not know is cancelled through the stream.
@@ -315,8 +330,8 @@ TEST_F(CoordinatorTest, AWorkerWhoseStreamBrokeGetsNoNewRanks) {
 }
 
 TEST_F(CoordinatorTest, UncheckedJobsAreCheckedOnceTheReadyWorkersSettle) {
-  options_.feasibility_settle = absl::Milliseconds(150);
-  Restart();
+  options_.feasibility_settle = absl::Seconds(30);
+  UseFakeClock();
   // Queued while no worker exists: a ring too large for the cluster to come, a job that fits, and
   // an fp32 DEVICE_PREFERENCE_ANY job (queued for GPUs first, as none were there to say).
   const std::string too_big = Submit(RingRequest("big", 4)).job_id();
@@ -325,6 +340,10 @@ TEST_F(CoordinatorTest, UncheckedJobsAreCheckedOnceTheReadyWorkersSettle) {
   any.mutable_spec()->mutable_attention()->set_device(v1::DEVICE_PREFERENCE_ANY);
   const std::string any_id = Submit(any).job_id();
   FakeWorker* worker = AddWorker("only", int64_t{1} << 30, /*max_ranks=*/2);
+  // Not checked before the ready set has been still for the settle time on the clock.
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(Get(too_big).state(), v1::JOB_STATE_QUEUED);
+  AdvanceLive(absl::Seconds(31));
   ASSERT_TRUE(WaitState(too_big, v1::JOB_STATE_FAILED));
   v1::Job job = Get(too_big, true);
   EXPECT_THAT(job.state_reason(), HasSubstr("can never run on the ready workers"));
@@ -342,8 +361,8 @@ TEST_F(CoordinatorTest, UncheckedJobsAreCheckedOnceTheReadyWorkersSettle) {
 }
 
 TEST_F(CoordinatorTest, ACheckedJobWaitsWhenWorkersGoAway) {
-  options_.feasibility_settle = absl::Milliseconds(50);
-  Restart();
+  options_.feasibility_settle = absl::Seconds(5);
+  UseFakeClock();
   std::vector<FakeWorker*> workers = {AddWorker("a"), AddWorker("b")};
   const std::string first = Submit(ValidRequest("first")).job_id();
   ASSERT_TRUE(WaitState(first, v1::JOB_STATE_PLACED));
@@ -351,11 +370,13 @@ TEST_F(CoordinatorTest, ACheckedJobWaitsWhenWorkersGoAway) {
       Holder(workers, Get(first).worker_ids(0)) == workers[0] ? workers[1] : workers[0];
   // Fits the two workers, so it is accepted; one is busy, so it waits.
   const std::string ring = Submit(RingRequest("ring", 2)).job_id();
-  idle->StopHeartbeats();  // Dead after 500 ms: one worker left, too few for the ring.
+  idle->StopHeartbeats();  // Dead after dead_after: one worker left, too few for the ring.
+  AdvanceLive(options_.dead_after + absl::Milliseconds(1));
   ASSERT_TRUE(WaitFor([&] {
     return metrics_->Serialize().find("dattn_workers{state=\"dead\"} 1") != std::string::npos;
   }));
-  absl::SleepFor(absl::Milliseconds(300));  // Well past the settle time.
+  AdvanceLive(absl::Seconds(10));           // Well past the settle time.
+  absl::SleepFor(absl::Milliseconds(100));  // Scheduling passes run.
   v1::Job job = Get(ring, true);
   EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED) << job.state_reason();
   EXPECT_THAT(EventKinds(job), ElementsAre("submitted"));

@@ -130,7 +130,9 @@ class Worker::ActiveCall {
   grpc::ClientContext* const context_;
 };
 
-Worker::Worker(WorkerOptions options) : options_(WithDefaults(std::move(options))) {}
+Worker::Worker(WorkerOptions options)
+    : options_(WithDefaults(std::move(options))),
+      clock_(options_.clock != nullptr ? options_.clock : Clock::Real()) {}
 
 Worker::~Worker() { Stop(); }
 
@@ -258,9 +260,8 @@ void Worker::Stop() {
   size_t dropped = 0;
   {
     absl::MutexLock lock(&mu_);
-    const absl::Time deadline = absl::Now() + options_.shutdown_report_deadline;
-    while ((!reports_.empty() || report_in_flight_) && absl::Now() < deadline) {
-      cv_.WaitWithDeadline(&mu_, deadline);
+    const absl::Time deadline = clock_->Now() + options_.shutdown_report_deadline;
+    while ((!reports_.empty() || report_in_flight_) && !clock_->WaitUntil(&cv_, &mu_, deadline)) {
     }
     for (const PendingReport& p : reports_) dropped += p.final ? 1 : 0;
     stop_reporter_ = true;
@@ -741,7 +742,7 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
   };
   run_options.on_progress = [&](int64_t done, int64_t) {
     task->steps_done = done;
-    const absl::Time now = absl::Now();
+    const absl::Time now = clock_->Now();
     if (done < total && now - last_progress >= options_.progress_interval && !task->silent) {
       last_progress = now;
       Enqueue(make_report(v1::TASK_STATE_PROGRESS), /*final=*/false);
@@ -878,7 +879,7 @@ void Worker::Enqueue(v1::TaskReport report, bool final) {
 }
 
 void Worker::EnqueueLocked(v1::TaskReport report, bool final) {
-  const int64_t nanos = absl::ToUnixNanos(absl::Now());
+  const int64_t nanos = absl::ToUnixNanos(clock_->Now());
   report.mutable_time()->set_seconds(nanos / 1000000000);
   report.mutable_time()->set_nanos(static_cast<int32_t>(nanos % 1000000000));
   if (silenced_.count(report.task_id()) > 0) return;
@@ -1011,8 +1012,9 @@ int64_t Worker::FreeMemoryBytes() const {
 }
 
 void Worker::SleepLocked(absl::Duration d, const std::function<bool()>& wake) {
-  const absl::Time deadline = absl::Now() + d;
-  while (!wake() && absl::Now() < deadline) cv_.WaitWithDeadline(&mu_, deadline);
+  const absl::Time deadline = clock_->Now() + d;
+  while (!wake() && !clock_->WaitUntil(&cv_, &mu_, deadline)) {
+  }
 }
 
 absl::Duration Worker::Backoff(int attempt) {

@@ -63,6 +63,7 @@
 #include "absl/status/status.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "base/clock.h"
 #include "dattn/v1/worker.grpc.pb.h"
 #include "engine/attention.h"
 #include "engine/comm/communicator.h"
@@ -112,6 +113,10 @@ struct WorkerOptions {
   absl::Duration default_comm_timeout = absl::Seconds(120);
   // Called when readiness (registered, not draining, not stopping) changes; on a worker thread.
   std::function<void(bool ready)> on_ready_change;
+  // The clock of heartbeat intervals, backoffs, progress rate limits, the shutdown report deadline
+  // and report timestamps (base/clock.h); not owned; nullptr: the real clock. RPC deadlines and
+  // ring waits stay on real time (they bound waits on other processes).
+  const Clock* clock = nullptr;
   // Channel credentials; default insecure.
   std::shared_ptr<grpc::ChannelCredentials> credentials;
 };
@@ -196,6 +201,7 @@ class Worker {
 
   // Fixed after Start().
   const WorkerOptions options_;
+  const Clock* const clock_;
   std::shared_ptr<TaskDevice> device_;
   int threads_per_task_ = 1;
   v1::WorkerCapabilities capabilities_;

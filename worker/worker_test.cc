@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "base/clock.h"
 #include "dattn/v1/worker.grpc.pb.h"
 #include "engine/comm/tcp_store.h"
 #include "engine/memory_plan.h"
@@ -33,6 +34,13 @@
 namespace dattn {
 namespace worker {
 namespace {
+
+// `f()` with the fake's mutex held.
+template <typename F>
+auto WithLock(FakeRegistry& fake, F f) {
+  absl::MutexLock lock(&fake.mu_);
+  return f();
+}
 
 WorkerOptions TestOptions(const std::string& address) {
   WorkerOptions options;
@@ -533,6 +541,50 @@ TEST(WorkerTest, UndrainReopensAClosedStreamWithoutWaitingOutTheBackoff) {
   fake.Push(Assign("j-7/1/0", 1));
   ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-7/1/0"); }));
   EXPECT_EQ(fake.ReportsOf("j-7/1/0").back().state(), v1::TASK_STATE_SUCCEEDED);
+}
+
+// Heartbeat intervals and retry backoffs are read from the worker's clock: on a FakeClock the
+// worker heartbeats only when the clock passes the interval, and reopens a stream the coordinator
+// closed only when the clock passes the backoff, however long the real wait.
+TEST(WorkerTest, HeartbeatsAndBackoffsFollowTheClock) {
+  const std::string address = "unix:" + TestSocketPath("clock");
+  FakeCoordinator coordinator(address);
+  ASSERT_TRUE(coordinator.ok());
+  FakeClock clock;
+  WorkerOptions options = TestOptions(address);  // Heartbeats every 100 ms (of the clock).
+  options.clock = &clock;
+  options.backoff_initial = absl::Minutes(1);
+  options.backoff_max = absl::Minutes(1);
+  Worker worker(options);
+  ASSERT_TRUE(worker.Start().ok());
+  FakeRegistry& fake = coordinator.registry();
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+  auto heartbeats = [&]() {
+    absl::MutexLock lock(&fake.mu_);
+    return fake.heartbeats_.size();
+  };
+  const size_t before = heartbeats();
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(heartbeats(), before) << "a heartbeat before the clock moved";
+  clock.Advance(absl::Milliseconds(100));
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.heartbeats_.size() == before + 1; }));
+  absl::SleepFor(absl::Milliseconds(200));
+  EXPECT_EQ(heartbeats(), before + 1);
+
+  // Drained and idle, the stream is closed; the worker waits its backoff (a minute +-20%) to reopen
+  // it.
+  fake.SetCloseStreamsWhileDrained(true);
+  fake.SetDrain(true);
+  clock.Advance(absl::Milliseconds(100));  // The heartbeat that says so.
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_ended_ >= 1 && worker.draining(); }));
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(WithLock(fake, [&] { return fake.streams_opened_; }), 1);
+  clock.Advance(absl::Seconds(47));  // Less than any backoff drawn.
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(WithLock(fake, [&] { return fake.streams_opened_; }), 1);
+  clock.Advance(absl::Seconds(26));  // More than any.
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 2; }))
+      << "the stream was not reopened once the backoff had passed on the clock";
 }
 
 TEST(WorkerTest, KeepsRetryingUntilTheCoordinatorStarts) {

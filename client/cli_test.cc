@@ -1467,6 +1467,13 @@ TEST_F(CliTest, OutputFileSavesTheKeptOutputAsNpy) {
   r = Run({"output", "j-00000000000000a1", "-o", widened});
   ASSERT_EQ(r.code, kExitOk) << r.err;
   EXPECT_THAT(r.out, HasSubstr("bf16, saved as float32 .npy"));
+  // --json: stdout holds exactly the header of what was saved; the notice goes to stderr.
+  r = Run({"output", "j-00000000000000a1", "-o", widened, "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const nlohmann::json saved = nlohmann::json::parse(r.out);
+  EXPECT_EQ(saved["dtype"], "DTYPE_BF16");
+  EXPECT_EQ(saved["total_bytes"], "8");
+  EXPECT_THAT(r.err, HasSubstr("Saved output of"));
   auto [dict2, body2] = ReadNpy(widened);
   EXPECT_THAT(dict2, HasSubstr("'descr': '<f4'"));
   EXPECT_EQ(body2, data);

@@ -138,7 +138,7 @@ int Commands::FollowJob(const std::string& job_id, bool quiet, absl::Duration re
   return code;
 }
 
-int Commands::SaveOutput(const v1::Job& job, const std::string& path) {
+int Commands::SaveOutput(const v1::Job& job, const std::string& path, v1::TensorHeader* saved) {
   if (job.state() != v1::JOB_STATE_SUCCEEDED) {
     err_ << "dattn: error: job " << Printable(job.job_id()) << " is " << StateName(job.state())
          << ": it has an output tensor only once it SUCCEEDED\n";
@@ -197,6 +197,7 @@ int Commands::SaveOutput(const v1::Job& job, const std::string& path) {
          << (header.dtype() == v1::DTYPE_BF16 ? " (bf16, saved as float32 .npy)" : " (.npy)")
          << '\n'
          << std::flush;
+  if (saved != nullptr) *saved = header;
   return kExitOk;
 }
 
@@ -206,7 +207,10 @@ int Commands::Output(const std::string& job_id, const std::string& path) {
   v1::Job job;
   grpc::Status status = jobs_->GetJob(NewContext().get(), request, &job);
   if (!status.ok()) return RpcFailed(status, "get job " + job_id);
-  return SaveOutput(job, path);
+  v1::TensorHeader saved;
+  const int code = SaveOutput(job, path, &saved);
+  if (code == kExitOk && args_.json) PrintJson(saved);  // The one JSON document: what was saved.
+  return code;
 }
 
 int Commands::Delete(const std::string& job_id) {

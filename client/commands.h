@@ -73,7 +73,8 @@ class Commands {
   int FollowJob(const std::string& job_id, bool quiet, absl::Duration reconnect_for,
                 const std::string& output_file);
   // Streams a succeeded job's kept output into `path` as .npy and reports its shape.
-  int SaveOutput(const v1::Job& job, const std::string& path);
+  // Writes the job's kept output to `path` (.npy); `saved` (optional) gets the tensor's header.
+  int SaveOutput(const v1::Job& job, const std::string& path, v1::TensorHeader* saved = nullptr);
   void PrintJson(const google::protobuf::Message& message);
 
   const GlobalArgs args_;

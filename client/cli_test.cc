@@ -1078,13 +1078,29 @@ TEST_F(CliTest, WorkersTableAndJsonAndDrain) {
   EXPECT_THAT(r.out, HasSubstr("1/1"));
   EXPECT_THAT(r.out, HasSubstr("80.0 GiB / 80.0 GiB"));
   EXPECT_THAT(r.out, Not(HasSubstr("cpu-host")));
+  EXPECT_THAT(r.out, Not(HasSubstr("device failed")));
+
+  // A worker whose heartbeats say its device failed: shown so, with the error under the table.
+  v1::Worker broken = Proto<v1::Worker>(R"pb(
+    worker_id: "w-3"
+    name: "gpu-host:1"
+    state: WORKER_STATE_READY
+    device_error: "INTERNAL: cudaMemGetInfo: an illegal memory access was encountered"
+    capabilities { is_gpu: true device_index: 1 max_ranks: 1 })pb");
+  admin_.AddWorker(broken);
+  r = Run({"workers"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("DEVICE FAILED"));
+  EXPECT_THAT(r.out, HasSubstr("w-3 (gpu-host:1): device failed: INTERNAL: cudaMemGetInfo: an "
+                               "illegal memory access was encountered"));
 
   r = Run({"workers", "--all", "--json"});
   ASSERT_EQ(r.code, kExitOk) << r.err;
   const nlohmann::json parsed = nlohmann::json::parse(r.out);
-  ASSERT_EQ(parsed["workers"].size(), 2u);
+  ASSERT_EQ(parsed["workers"].size(), 3u);
   EXPECT_EQ(parsed["workers"][1]["state"], "WORKER_STATE_DEAD");
-  EXPECT_EQ(admin_.include_dead(), (std::vector<bool>{false, true}));
+  EXPECT_THAT(parsed["workers"][2]["device_error"].get<std::string>(), HasSubstr("illegal"));
+  EXPECT_EQ(admin_.include_dead(), (std::vector<bool>{false, false, true}));
 
   r = Run({"drain", "gpu-host:0"});
   ASSERT_EQ(r.code, kExitOk) << r.err;

@@ -329,6 +329,12 @@ int Commands::Workers(bool include_dead) {
   } else {
     std::vector<v1::Worker> workers(response.workers().begin(), response.workers().end());
     WorkersTable(workers, absl::Now()).Print(out_);
+    for (const v1::Worker& w : workers) {
+      if (w.device_error().empty() || w.state() == v1::WORKER_STATE_DEAD) continue;
+      out_ << Printable(w.worker_id()) << " (" << Printable(w.name())
+           << "): device failed: " << Printable(w.device_error())
+           << "; it gets no new work until its device works again (restart the worker)\n";
+    }
   }
   out_ << std::flush;
   return kExitOk;

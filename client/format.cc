@@ -338,7 +338,11 @@ Table WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now) {
     for (int d : caps.dtypes()) dtypes.push_back(DTypeName(static_cast<v1::DType>(d)));
     const std::string heartbeat =
         w.has_last_heartbeat() ? absl::StrCat(Age(w.last_heartbeat(), now), " ago") : "-";
-    table.AddRow({w.worker_id(), w.name(), WorkerStateName(w.state()), device,
+    // A live worker whose device failed takes no ranks whatever its state says.
+    const std::string state = !w.device_error().empty() && w.state() != v1::WORKER_STATE_DEAD
+                                  ? "DEVICE FAILED"
+                                  : WorkerStateName(w.state());
+    table.AddRow({w.worker_id(), w.name(), state, device,
                   dtypes.empty() ? "-" : absl::StrJoin(dtypes, ","),
                   absl::StrCat(w.task_ids_size(), "/", caps.max_ranks()),
                   absl::StrCat(FormatBytes(w.free_memory_bytes()), " / ",

@@ -86,8 +86,9 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   workers_ = &prometheus::BuildGauge()
                   .Name("dattn_workers")
                   .Help(
-                      "Registered workers per state: ready, draining, dead (unit: workers; dead "
-                      "ones stay listed until forgotten).")
+                      "Registered workers per state: ready, draining, dead, device_failed (live "
+                      "but its device failed: it gets no new ranks) (unit: workers; dead ones stay "
+                      "listed until forgotten).")
                   .Register(*registry_);
   rpcs_ = &prometheus::BuildCounter()
                .Name("dattn_rpc_total")
@@ -273,10 +274,11 @@ void Metrics::AddAttentionWork(double tokens, double flops) {
 
 void Metrics::SetQueueDepth(int64_t depth) { queue_depth_->Set(static_cast<double>(depth)); }
 
-void Metrics::SetWorkers(int64_t ready, int64_t draining, int64_t dead) {
+void Metrics::SetWorkers(int64_t ready, int64_t draining, int64_t dead, int64_t device_failed) {
   workers_->Add({{"state", "ready"}}).Set(static_cast<double>(ready));
   workers_->Add({{"state", "draining"}}).Set(static_cast<double>(draining));
   workers_->Add({{"state", "dead"}}).Set(static_cast<double>(dead));
+  workers_->Add({{"state", "device_failed"}}).Set(static_cast<double>(device_failed));
 }
 
 void Metrics::CountRpc(absl::string_view method, absl::string_view code) {

@@ -15,7 +15,8 @@
 //   dattn_job_queue_wait_seconds{kind}     histogram  QUEUED (submit/requeue) to PLACED
 //   dattn_attention_tokens_total           counter    B*N*iterations of succeeded attention jobs
 //   dattn_attention_flops_total            counter    their nominal FLOPs (per step x iterations)
-//   dattn_workers{state}                   gauge      workers per state (ready|draining|dead)
+//   dattn_workers{state}                   gauge      workers per state (ready|draining|dead|
+//                                                     device_failed: live, its device failed)
 //   dattn_rpc_total{method,code}           counter    finished calls by method and status code
 //   dattn_recoveries_total{kind}           counter    job recoveries by cause (worker_lost, ...)
 //   dattn_store_commit_seconds             histogram  latency of each durable store write
@@ -92,7 +93,8 @@ class Metrics {
   void ObserveQueueWait(absl::string_view kind, double seconds);
   void AddAttentionWork(double tokens, double flops);
   void SetQueueDepth(int64_t depth);
-  void SetWorkers(int64_t ready, int64_t draining, int64_t dead);
+  // `device_failed`: live workers whose device failed (not counted as ready or draining).
+  void SetWorkers(int64_t ready, int64_t draining, int64_t dead, int64_t device_failed);
   // `method` is the full gRPC method name ("/dattn.v1.JobService/SubmitJob"); `code` a status code
   // name as absl::StatusCodeToString gives it ("OK", "INVALID_ARGUMENT", ...).
   void CountRpc(absl::string_view method, absl::string_view code);

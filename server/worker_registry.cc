@@ -176,6 +176,17 @@ std::vector<TaskEntry*> WorkerRegistry::Heartbeat(WorkerEntry* worker,
   worker->last_heartbeat = now;
   worker->info.set_free_memory_bytes(std::max<int64_t>(0, request.free_memory_bytes()));
   worker->refused_since_heartbeat = false;
+  // Bounded: a worker's message is kept for listings, not its whole text.
+  const std::string device_error = request.device_error().substr(0, 1024);
+  if (device_error != worker->info.device_error()) {
+    Log(device_error.empty()
+            ? absl::StrCat("worker ", Describe(worker->info.worker_id()),
+                           ": its device works again; it takes ranks again")
+            : absl::StrCat("worker ", Describe(worker->info.worker_id()), ": its device failed (",
+                           device_error, "); no new ranks until it works again"));
+    worker->info.set_device_error(device_error);
+    UpdateGauges();
+  }
   std::set<std::string> listed;
   for (const v1::RunningTask& task : request.tasks()) listed.insert(task.task_id());
   // An assignment written to a stream that broke right after may never have reached the worker:
@@ -219,7 +230,8 @@ std::vector<TaskEntry*> WorkerRegistry::Heartbeat(WorkerEntry* worker,
 }
 
 bool WorkerRegistry::TakesWork(const WorkerEntry& worker) {
-  return worker.state == scheduler::WorkerState::kReady && !worker.stream_lost;
+  return worker.state == scheduler::WorkerState::kReady && !worker.stream_lost &&
+         worker.info.device_error().empty();
 }
 
 int64_t WorkerRegistry::ReadyCount() const {
@@ -250,6 +262,9 @@ std::vector<scheduler::WorkerInfo> WorkerRegistry::View(bool for_placement) cons
   for (const auto& [id, worker] : workers_) {
     // A worker whose stream broke cannot receive an assignment; it comes back with a new stream.
     if (worker->state == scheduler::WorkerState::kDead || worker->stream_lost) continue;
+    // A failed device runs nothing: the worker neither takes ranks nor counts toward what the
+    // cluster could ever run until it reports its device working again.
+    if (!worker->info.device_error().empty()) continue;
     if (for_placement && worker->refused_since_heartbeat) continue;
     const v1::WorkerCapabilities& caps = worker->info.capabilities();
     scheduler::WorkerInfo info;
@@ -424,8 +439,12 @@ void WorkerRegistry::UpdateMetrics(const WorkerEntry& worker) const {
 }
 
 void WorkerRegistry::UpdateGauges() const {
-  int64_t ready = 0, draining = 0, dead = 0;
+  int64_t ready = 0, draining = 0, dead = 0, device_failed = 0;
   for (const auto& [id, worker] : workers_) {
+    if (worker->state != scheduler::WorkerState::kDead && !worker->info.device_error().empty()) {
+      ++device_failed;
+      continue;
+    }
     switch (worker->state) {
       case scheduler::WorkerState::kReady:
         ++ready;
@@ -438,7 +457,7 @@ void WorkerRegistry::UpdateGauges() const {
         break;
     }
   }
-  metrics_->SetWorkers(ready, draining, dead);
+  metrics_->SetWorkers(ready, draining, dead, device_failed);
 }
 
 }  // namespace server

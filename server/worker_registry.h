@@ -1,12 +1,15 @@
-// The worker registry: the workers the coordinator knows, their liveness, drain state and free
-// memory, the ranks (tasks) placed on them, and the commands waiting for their assignment streams.
+// The worker registry: the workers the coordinator knows, their liveness, drain state, device
+// health and free memory, the ranks (tasks) placed on them, and the commands waiting for their
+// assignment streams.
 //
 // A registration gets a new id per RegisterWorker call; its name is stable across a worker's
 // restarts. A worker is READY (takes ranks), DRAINING (finishes what it runs, takes nothing new;
 // undrained back to READY) or DEAD (missed heartbeats for dead_after, replaced by a registration
 // under the same name, or its process gone): a dead worker holds nothing, and is forgotten after
 // a retention. A worker whose assignment stream broke takes no new ranks until it opens another
-// one, and one that refused a rank takes none until its next heartbeat.
+// one, one that refused a rank takes none until its next heartbeat, and one whose heartbeats say
+// its device failed (HeartbeatRequest.device_error: a GPU's sticky CUDA error) takes none, and
+// counts for nothing the cluster could run, until a heartbeat says the device works again.
 //
 // A task is one rank of one attempt of a job, placed on one worker: the registry keeps its
 // reservation (the worker's memory counted as used while the task lives), whether its assignment
@@ -117,14 +120,16 @@ class WorkerRegistry {
   // series, unless the name registered again).
   void ForgetDead(absl::Time now, absl::Duration retention);
 
-  // Heartbeat of `worker`: liveness and free memory as of `now`, the steps and phases of its
-  // listed tasks; a CancelTask for every listed task it does not hold. Returns the tasks whose
-  // assignment should be sent again: dispatched, not started, not listed, sent more than
-  // 2 x `interval` ago, while a stream is open and the command is not still in the outbox (the
-  // caller sends them if their job still wants them, with Resend).
+  // Heartbeat of `worker`: liveness, free memory and device health as of `now` (a worker whose
+  // device failed takes no ranks and is left out of View() until a heartbeat says it works), the
+  // steps and phases of its listed tasks; a CancelTask for every listed task it does not hold.
+  // Returns the tasks whose assignment should be sent again: dispatched, not started, not listed,
+  // sent more than 2 x `interval` ago, while a stream is open and the command is not still in the
+  // outbox (the caller sends them if their job still wants them, with Resend).
   std::vector<TaskEntry*> Heartbeat(WorkerEntry* worker, const v1::HeartbeatRequest& request,
                                     absl::Time now, absl::Duration interval);
-  // Whether the worker takes new ranks: READY with an assignment stream not known to be broken.
+  // Whether the worker takes new ranks: READY, its device working, with an assignment stream not
+  // known to be broken.
   static bool TakesWork(const WorkerEntry& worker);
   int64_t ReadyCount() const;
   // The ids of the workers taking work, sorted and joined: a canonical form of the ready set.

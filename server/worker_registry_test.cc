@@ -73,6 +73,41 @@ TEST_F(WorkerRegistryTest, TheViewCountsReservationsAndLeavesOutRefusers) {
   EXPECT_EQ(registry_.View(true)[0].running_ranks, 0);
 }
 
+// A worker whose heartbeat says its device failed takes no ranks and counts for nothing the
+// cluster could run (it leaves the ready set and both views), is listed with the error and counted
+// as device_failed, until a heartbeat without the error.
+TEST_F(WorkerRegistryTest, AWorkerWhoseDeviceFailedTakesNoRanksUntilItWorks) {
+  WorkerEntry* w = registry_.Add(Registration("gpu", 1000, 1), "w-g", t0_);
+  registry_.OpenStream(w);
+  ASSERT_EQ(registry_.ReadyCount(), 1);
+  v1::HeartbeatRequest beat;
+  beat.set_free_memory_bytes(1000);
+  beat.set_device_error("INTERNAL: an illegal memory access was encountered");
+  registry_.Heartbeat(w, beat, t0_, absl::Seconds(1));
+  EXPECT_FALSE(WorkerRegistry::TakesWork(*w));
+  EXPECT_EQ(registry_.ReadyCount(), 0);
+  EXPECT_EQ(registry_.ReadySet(), "");
+  EXPECT_TRUE(registry_.View(true).empty());
+  EXPECT_TRUE(registry_.View(false).empty());
+  v1::ListWorkersResponse list = registry_.List(false);
+  ASSERT_EQ(list.workers_size(), 1);
+  EXPECT_THAT(list.workers(0).device_error(), HasSubstr("illegal memory access"));
+  EXPECT_THAT(metrics_.Serialize(), HasSubstr("dattn_workers{state=\"device_failed\"} 1"));
+  EXPECT_THAT(metrics_.Serialize(), HasSubstr("dattn_workers{state=\"ready\"} 0"));
+  // A long message is kept bounded.
+  beat.set_device_error(std::string(5000, 'e'));
+  registry_.Heartbeat(w, beat, t0_, absl::Seconds(1));
+  EXPECT_EQ(registry_.List(false).workers(0).device_error().size(), 1024u);
+
+  beat.clear_device_error();
+  registry_.Heartbeat(w, beat, t0_, absl::Seconds(1));
+  EXPECT_TRUE(WorkerRegistry::TakesWork(*w));
+  EXPECT_EQ(registry_.View(true).size(), 1u);
+  EXPECT_EQ(registry_.List(false).workers(0).device_error(), "");
+  EXPECT_THAT(metrics_.Serialize(), HasSubstr("dattn_workers{state=\"device_failed\"} 0"));
+  EXPECT_THAT(metrics_.Serialize(), HasSubstr("dattn_workers{state=\"ready\"} 1"));
+}
+
 TEST_F(WorkerRegistryTest, HeartbeatsCancelUnknownTasksAndResendLostAssignments) {
   WorkerEntry* w = registry_.Add(Registration("a", 1000, 2), "w-a", t0_);
   registry_.OpenStream(w);

@@ -31,6 +31,8 @@ class CpuDevice final : public TaskDevice {
   absl::StatusOr<int64_t> FreeMemoryBytes() const override {
     return ReadMeminfoBytes("MemAvailable");
   }
+  absl::Status Health() const override { return absl::OkStatus(); }
+
   std::vector<std::string> ring_backends() const override { return {"gloo"}; }
 
   bool host_memory() const override { return true; }

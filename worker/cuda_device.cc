@@ -36,6 +36,8 @@ class CudaDevice final : public TaskDevice {
     return static_cast<int64_t>(free_bytes);
   }
 
+  absl::Status Health() const override { return FreeMemoryBytes().status(); }
+
   std::vector<std::string> ring_backends() const override { return {"nccl"}; }
 
   bool host_memory() const override { return false; }

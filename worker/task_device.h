@@ -47,6 +47,11 @@ class TaskDevice {
   virtual int64_t total_memory_bytes() const = 0;
   // Free now: cudaMemGetInfo on a GPU, MemAvailable on the host. UNAVAILABLE if it cannot be read.
   virtual absl::StatusOr<int64_t> FreeMemoryBytes() const = 0;
+  // OK while the device can run work; otherwise the error that says why. On a GPU a call into the
+  // device's context (cudaMemGetInfo): a sticky error (an illegal address, a launch failure, an
+  // uncorrectable ECC error) fails every later call of the process's context, so a failed GPU
+  // stays failed until the worker restarts. Always OK on the CPU.
+  virtual absl::Status Health() const = 0;
   // Communicators this device forms rings with ("gloo", "nccl"): those for which it also has ring
   // kernels. Empty: single-rank tasks only.
   virtual std::vector<std::string> ring_backends() const = 0;

@@ -449,6 +449,25 @@ void Worker::Heartbeat() {
     }
   }
   request.set_free_memory_bytes(FreeMemoryBytes());
+  // A failed device is reported in every heartbeat (the coordinator then places nothing here) and
+  // makes the worker not ready; a GPU's sticky error lasts until the process restarts.
+  const absl::Status health = device_->Health();
+  if (!health.ok()) request.set_device_error(health.ToString());
+  {
+    absl::MutexLock lock(&mu_);
+    if (request.device_error() != device_error_) {
+      if (request.device_error().empty()) {
+        LogEvent("device works again (it had failed: ", device_error_, ")");
+      } else {
+        LogEvent("device failed: ", request.device_error(),
+                 "; no new tasks until it works again (a GPU's sticky error needs a restart of the "
+                 "worker)");
+      }
+      device_error_ = request.device_error();
+      UpdateReadyLocked();
+    }
+  }
+  NotifyReady();
   v1::HeartbeatResponse response;
   grpc::ClientContext context;
   PrepareUnary(&context, options_.rpc_timeout);
@@ -587,6 +606,10 @@ void Worker::HandleAssign(const v1::TaskAssignment& assign) {
       LogEvent("task ", id, " assigned again; it already ran or runs here, ignoring the copy");
     } else if (stopping_) {
       refusal = absl::UnavailableError(absl::StrCat("worker ", options_.name, " is shutting down"));
+    } else if (!device_error_.empty()) {
+      // Sent before the coordinator heard of the failure: placed elsewhere, no attempt spent.
+      refusal = absl::UnavailableError(
+          absl::StrCat("worker ", options_.name, "'s device failed: ", device_error_));
     } else if (running >= options_.max_ranks) {
       // UNAVAILABLE, not RESOURCE_EXHAUSTED: the coordinator reads the latter as "out of memory"
       // and fails the job, while a busy slot only means "place this elsewhere or later".
@@ -1030,7 +1053,7 @@ absl::Duration Worker::Backoff(int attempt) {
 }
 
 void Worker::UpdateReadyLocked() {
-  ready_ = !worker_id_.empty() && !draining_ && !stopping_ && !reregister_;
+  ready_ = !worker_id_.empty() && !draining_ && !stopping_ && !reregister_ && device_error_.empty();
 }
 
 void Worker::NotifyReady() {

@@ -225,6 +225,8 @@ class Worker {
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // Registrations so far.
   bool reregister_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  // The device's last health check (TaskDevice::Health) failed with this; empty while it works.
+  std::string device_error_ ABSL_GUARDED_BY(mu_);
   bool reopen_stream_now_ ABSL_GUARDED_BY(mu_) = false;  // A drain was lifted: skip the backoff.
   bool ready_ ABSL_GUARDED_BY(mu_) = false;
   absl::Duration heartbeat_interval_ ABSL_GUARDED_BY(mu_) = absl::Seconds(2);

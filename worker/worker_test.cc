@@ -4,6 +4,7 @@
 
 #include <unistd.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <deque>
@@ -135,6 +136,11 @@ class GatedDevice final : public TaskDevice {
     return mu_.AwaitWithTimeout(absl::Condition(&pred, &std::function<bool()>::operator()),
                                 absl::Seconds(10));
   }
+  // What Health() answers from now on (a GPU's sticky error, or OK).
+  void SetHealth(absl::Status health) {
+    absl::MutexLock lock(&mu_);
+    health_ = std::move(health);
+  }
   int allocations_started() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return allocations_; }
   int aborts_started() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return aborts_; }
 
@@ -153,6 +159,10 @@ class GatedDevice final : public TaskDevice {
   absl::StatusOr<int64_t> FreeMemoryBytes() const override {
     absl::MutexLock lock(&mu_);
     return capacity_ - allocated_;
+  }
+  absl::Status Health() const override {
+    absl::MutexLock lock(&mu_);
+    return health_;
   }
   std::vector<std::string> ring_backends() const override { return host_->ring_backends(); }
   bool host_memory() const override { return true; }
@@ -204,6 +214,7 @@ class GatedDevice final : public TaskDevice {
   bool hold_aborts_ ABSL_GUARDED_BY(mu_) = false;
   int allocations_ ABSL_GUARDED_BY(mu_) = 0;
   int aborts_ ABSL_GUARDED_BY(mu_) = 0;
+  absl::Status health_ ABSL_GUARDED_BY(mu_);
 };
 
 class GatedAbortComm final : public comm::Communicator {
@@ -710,6 +721,46 @@ TEST(WorkerTest, TwoTasksNeverCountTheSameFreeMemory) {
   ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-12/1/0"); }));
   EXPECT_EQ(fake.ReportsOf("j-12/1/0").back().state(), v1::TASK_STATE_SUCCEEDED)
       << fake.ReportsOf("j-12/1/0").back().error();
+}
+
+// A device that fails its health check (a GPU's sticky CUDA error) is reported in every heartbeat,
+// makes the worker not ready, and an assignment sent meanwhile is refused (no attempt spent);
+// once the device works again the worker is ready and runs work.
+TEST(WorkerTest, AFailedDeviceIsReportedAndItsAssignmentsRefused) {
+  const std::string address = "unix:" + TestSocketPath("device");
+  FakeCoordinator coordinator(address);
+  ASSERT_TRUE(coordinator.ok());
+  FakeRegistry& fake = coordinator.registry();
+  auto device = std::make_shared<GatedDevice>(int64_t{1} << 30);
+  std::atomic<bool> ready{false};
+  WorkerOptions options = TestOptions(address);
+  options.device = device;
+  options.on_ready_change = [&](bool r) { ready = r; };
+  Worker worker(options);
+  ASSERT_TRUE(worker.Start().ok());
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1 && ready; }));
+
+  device->SetHealth(absl::InternalError("an illegal memory access was encountered"));
+  ASSERT_TRUE(fake.WaitFor([&]() {
+    return !fake.heartbeats_.empty() && fake.heartbeats_.back().device_error().find(
+                                            "illegal memory access") != std::string::npos;
+  })) << "no heartbeat reported the failed device";
+  ASSERT_TRUE(fake.WaitFor([&]() { return !ready; }));
+  fake.Push(Assign("j-30/1/0", 1));
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-30/1/0"); }));
+  const v1::TaskReport refused = fake.ReportsOf("j-30/1/0").back();
+  EXPECT_EQ(refused.state(), v1::TASK_STATE_FAILED);
+  EXPECT_TRUE(refused.refused());
+  EXPECT_NE(refused.error().find("device failed"), std::string::npos) << refused.error();
+
+  device->SetHealth(absl::OkStatus());
+  ASSERT_TRUE(fake.WaitFor([&]() {
+    return !fake.heartbeats_.empty() && fake.heartbeats_.back().device_error().empty();
+  }));
+  ASSERT_TRUE(fake.WaitFor([&]() { return ready.load(); }));
+  fake.Push(Assign("j-31/1/0", 1));
+  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-31/1/0"); }));
+  EXPECT_EQ(fake.ReportsOf("j-31/1/0").back().state(), v1::TASK_STATE_SUCCEEDED);
 }
 
 // A rank of a two-rank ring is cancelled while both run on this worker, and its communicator's

@@ -215,7 +215,7 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
 
 absl::Status JobStore::OpenImpl() {
   // The files first (store_files.h), then what is in the database (store_schema.h), in this order:
-  // nothing is written to a file before it is known to be a job store (or a new one).
+  // nothing is written into an existing database before it is known to be a job store.
   if (absl::Status s = CreateParentDirectories(path_); !s.ok()) return s;
   absl::StatusOr<int> lock_fd = LockStore(path_);
   if (!lock_fd.ok()) return lock_fd.status();

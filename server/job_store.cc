@@ -1,33 +1,26 @@
+// JobStore (job_store.h): opening and closing the store, and its writes: the group-commit writer
+// thread and the background checkpointer. Elsewhere: the reads (job_store_reads.cc), the store's
+// files outside SQLite (store_files.h), the schema and the checks on open (store_schema.h), the
+// SQLite connection (sqlite_db.h).
 #include "server/job_store.h"
 
-#include <fcntl.h>
 #include <sqlite3.h>
-#include <sys/file.h>
-#include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
-#include <filesystem>
-#include <limits>
-#include <set>
-#include <system_error>
+#include <cstdint>
+#include <string>
 #include <utility>
+#include <vector>
 
-#include "absl/cleanup/cleanup.h"
-#include "absl/container/flat_hash_map.h"
-#include "absl/strings/escaping.h"
-#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
-#include "absl/strings/str_join.h"
-#include "absl/strings/strip.h"
 #include "absl/synchronization/notification.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "server/job_state.h"
 #include "server/sqlite_db.h"
+#include "server/store_files.h"
+#include "server/store_schema.h"
 
 namespace dattn {
 namespace server {
@@ -70,47 +63,19 @@ struct WriteOp {
 
 namespace {
 
+using store_internal::CheckIntegrity;
+using store_internal::CheckIsJobStore;
+using store_internal::ConfigureWriter;
+using store_internal::CreateDatabaseFile;
+using store_internal::CreateParentDirectories;
 using store_internal::IsStatementLevel;
+using store_internal::LockStore;
+using store_internal::MakeStoreFilesPrivate;
+using store_internal::Migrate;
 using store_internal::Query;
 using store_internal::SqliteDb;
+using store_internal::SyncParentDirectory;
 using store_internal::WriteOp;
-
-// Schema migrations, applied in order inside one transaction; entry i brings the file to version
-// i+1. Never edit a released entry: append a new one.
-const char* const kMigrations[] = {
-    // Version 1.
-    "CREATE TABLE jobs ("
-    "  job_id TEXT PRIMARY KEY NOT NULL,"
-    "  idempotency_key TEXT NOT NULL UNIQUE,"
-    "  spec_hash TEXT NOT NULL,"  // FNV-1a 64 of the deterministic spec serialization.
-    "  state INTEGER NOT NULL,"   // v1.JobState.
-    "  tenant TEXT NOT NULL,"     // "default" for an empty spec.tenant.
-    "  kind TEXT NOT NULL,"       // JobKind(spec).
-    "  priority INTEGER NOT NULL,"
-    "  submit_seq INTEGER NOT NULL UNIQUE,"
-    "  create_time_us INTEGER NOT NULL,"
-    "  update_time_us INTEGER NOT NULL,"  // The time of the job's latest event (its writer's
-                                          // clock).
-    "  job BLOB NOT NULL"                 // Serialized v1.Job without events.
-    ");"
-    "CREATE INDEX jobs_by_state ON jobs (state, submit_seq);"
-    "CREATE INDEX jobs_by_tenant ON jobs (tenant, submit_seq);"
-    "CREATE INDEX jobs_by_kind ON jobs (kind, submit_seq);"
-    "CREATE TABLE events ("
-    "  job_id TEXT NOT NULL REFERENCES jobs (job_id),"
-    "  seq INTEGER NOT NULL,"
-    "  time_us INTEGER NOT NULL,"
-    "  event BLOB NOT NULL,"  // Serialized v1.JobEvent.
-    "  PRIMARY KEY (job_id, seq)"
-    ") WITHOUT ROWID;",
-    // Version 2: finished jobs by the time of their last write, for the retention (ListExpired).
-    "CREATE INDEX jobs_by_state_update ON jobs (state, update_time_us);",
-};
-constexpr int kSchemaVersion = sizeof(kMigrations) / sizeof(kMigrations[0]);
-
-constexpr int kDefaultPageSize = 50;
-constexpr int kMaxPageSize = 1000;
-constexpr absl::string_view kPageTokenPrefix = "dattn.jobs.v1:";
 
 std::string SerializeDeterministic(const google::protobuf::MessageLite& msg) {
   std::string out;
@@ -153,25 +118,6 @@ void SetTime(absl::Time t, google::protobuf::Timestamp* out) {
 
 std::string TenantColumn(const v1::JobSpec& spec) {
   return spec.tenant().empty() ? "default" : spec.tenant();
-}
-
-std::string EncodePageToken(int64_t submit_seq) {
-  return absl::WebSafeBase64Escape(absl::StrCat(kPageTokenPrefix, submit_seq));
-}
-
-absl::StatusOr<int64_t> DecodePageToken(absl::string_view token) {
-  auto bad = [token] {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page token \"", token, "\" is not a token returned by ListJobs"));
-  };
-  std::string raw;
-  if (!absl::WebSafeBase64Unescape(token, &raw)) return bad();
-  absl::string_view rest = raw;
-  int64_t seq = 0;
-  if (!absl::ConsumePrefix(&rest, kPageTokenPrefix) || !absl::SimpleAtoi(rest, &seq) || seq < 1) {
-    return bad();
-  }
-  return seq;
 }
 
 // Checks the fields both writes share and fills the op's copy of the event.
@@ -241,60 +187,6 @@ JobStore::JobStore(std::string path, const JobStoreOptions& options)
 
 JobStore::~JobStore() { Close().IgnoreError(); }
 
-namespace {
-
-std::string OctalMode(mode_t mode) {
-  char text[8];
-  std::snprintf(text, sizeof(text), "%04o", static_cast<unsigned>(mode & 07777));
-  return text;
-}
-
-// mkdir -p with mode 0700 for each directory it creates (chmod'ed, so the umask does not matter).
-absl::Status CreatePrivateDirectories(const std::filesystem::path& dir) {
-  std::filesystem::path prefix;
-  for (const std::filesystem::path& part : dir) {
-    prefix /= part;
-    if (::mkdir(prefix.c_str(), 0700) == 0) {
-      if (::chmod(prefix.c_str(), 0700) != 0) {
-        return absl::UnavailableError(absl::StrCat("cannot make directory ", prefix.string(),
-                                                   " private: ", std::strerror(errno)));
-      }
-    } else if (errno != EEXIST) {
-      return absl::UnavailableError(
-          absl::StrCat("cannot create directory ", prefix.string(), ": ", std::strerror(errno)));
-    }
-  }
-  return absl::OkStatus();
-}
-
-// Removes the group and other permission bits of the open file `fd` (named `path` in errors).
-absl::Status MakePrivate(int fd, const std::string& path) {
-  struct stat st {};
-  if (::fstat(fd, &st) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("job store file ", path, ": cannot stat it: ", std::strerror(errno)));
-  }
-  if ((st.st_mode & 077) == 0) return absl::OkStatus();
-  if (::fchmod(fd, st.st_mode & 0700) != 0) {
-    return absl::UnavailableError(
-        absl::StrCat("job store file ", path, " is mode ", OctalMode(st.st_mode),
-                     " and cannot be made private: ", std::strerror(errno)));
-  }
-  return absl::OkStatus();
-}
-
-}  // namespace
-
-std::optional<std::string> GroupOrWorldAccessWarning(const std::string& dir) {
-  struct stat st {};
-  if (::stat(dir.c_str(), &st) != 0 || !S_ISDIR(st.st_mode)) return std::nullopt;
-  if ((st.st_mode & 077) == 0) return std::nullopt;
-  return absl::StrCat("warning: data dir ", dir, " is mode ", OctalMode(st.st_mode),
-                      ": group or others may reach the job history in it (the store's files are "
-                      "0600); make it private with: chmod 700 ",
-                      dir);
-}
-
 absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path,
                                                          const JobStoreOptions& options) {
   if (path.empty()) return absl::InvalidArgumentError("job store path is empty");
@@ -322,46 +214,13 @@ absl::StatusOr<std::unique_ptr<JobStore>> JobStore::Open(const std::string& path
 }
 
 absl::Status JobStore::OpenImpl() {
-  const std::filesystem::path parent = std::filesystem::path(path_).parent_path();
-  if (!parent.empty()) {
-    if (absl::Status s = CreatePrivateDirectories(parent); !s.ok()) {
-      return absl::UnavailableError(absl::StrCat("job store ", path_, ": ", s.message()));
-    }
-  }
-
-  // SQLite's own locks would let a second process write the same file; two coordinators
-  // interleaving submit sequences would break the FIFO, so one JobStore owns the file at a time.
-  const std::string lock_path = path_ + ".lock";
-  lock_fd_ = ::open(lock_path.c_str(), O_RDWR | O_CREAT | O_CLOEXEC, 0600);
-  if (lock_fd_ < 0) {
-    return absl::UnavailableError(absl::StrCat("job store ", path_, ": cannot open lock file ",
-                                               lock_path, ": ", std::strerror(errno)));
-  }
-  if (absl::Status s = MakePrivate(lock_fd_, lock_path); !s.ok()) return s;
-  if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0) {
-    const int err = errno;
-    if (err == EWOULDBLOCK) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("job store ", path_, " is in use by another process or JobStore (",
-                       lock_path, " is locked)"));
-    }
-    return absl::UnavailableError(
-        absl::StrCat("job store ", path_, ": cannot lock ", lock_path, ": ", std::strerror(err)));
-  }
-  // A new database is created here, 0600, rather than by SQLite (0644 less the umask): SQLite gives
-  // the WAL and shared-memory files the database file's mode, so they are private too. An existing
-  // one is made private below, once it is known to be a job store.
-  {
-    const int db_fd = ::open(path_.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0600);
-    if (db_fd >= 0) {
-      absl::Status s = MakePrivate(db_fd, path_);
-      ::close(db_fd);
-      if (!s.ok()) return s;
-    } else if (errno != EEXIST) {
-      return absl::UnavailableError(
-          absl::StrCat("job store ", path_, ": cannot create it: ", std::strerror(errno)));
-    }
-  }
+  // The files first (store_files.h), then what is in the database (store_schema.h), in this order:
+  // nothing is written into an existing database before it is known to be a job store.
+  if (absl::Status s = CreateParentDirectories(path_); !s.ok()) return s;
+  absl::StatusOr<int> lock_fd = LockStore(path_);
+  if (!lock_fd.ok()) return lock_fd.status();
+  lock_fd_ = *lock_fd;
+  if (absl::Status s = CreateDatabaseFile(path_); !s.ok()) return s;
 
   auto writer =
       SqliteDb::Open(path_, SQLITE_OPEN_READWRITE | SQLITE_OPEN_CREATE, options_.busy_timeout);
@@ -369,133 +228,20 @@ absl::Status JobStore::OpenImpl() {
   writer_db_ = std::move(*writer);
   SqliteDb* db = writer_db_.get();
 
-  // Read before any write, so that a file that is not a job store is left untouched.
-  bool has_version_table = false;
-  int64_t other_tables = 0;
-  {
-    Query q(db, "SELECT name FROM sqlite_master WHERE type = 'table'");
-    for (;;) {
-      absl::StatusOr<bool> row = q.Step();
-      if (!row.ok()) {
-        return absl::Status(row.status().code(),
-                            absl::StrCat(row.status().message(),
-                                         " (is it a job store? it is not a readable SQLite file)"));
-      }
-      if (!*row) break;
-      if (q.ColText(0) == "schema_version") {
-        has_version_table = true;
-      } else {
-        ++other_tables;
-      }
-    }
-  }
-  if (!has_version_table && other_tables > 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("job store ", path_,
-                     " is an SQLite database but not a job store (no schema_version table)"));
-  }
-  // A job store from before its files were private: make them so.
-  for (const char* suffix : {"", "-wal", "-shm"}) {
-    const std::string file = path_ + suffix;
-    const int fd = ::open(file.c_str(), O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
-    if (fd < 0) continue;  // Not there (yet): SQLite creates it with the database's mode.
-    absl::Status s = MakePrivate(fd, file);
-    ::close(fd);
-    if (!s.ok()) return s;
-  }
-
+  absl::Status s = CheckIsJobStore(db);
+  if (!s.ok()) return s;
+  s = MakeStoreFilesPrivate(path_);
+  if (!s.ok()) return s;
   if (options_.check_integrity_on_open) {
-    Query q(db, "PRAGMA quick_check");
-    std::vector<std::string> problems;
-    for (;;) {
-      absl::StatusOr<bool> row = q.Step();
-      if (!row.ok()) return row.status();
-      if (!*row) break;
-      if (q.ColText(0) != "ok" && problems.size() < 5) problems.emplace_back(q.ColText(0));
-    }
-    if (!problems.empty()) {
-      return absl::DataLossError(absl::StrCat("job store ", path_, " is damaged: quick_check says ",
-                                              absl::StrJoin(problems, "; ")));
-    }
-  }
-
-  {
-    Query q(db, "PRAGMA journal_mode = WAL");
-    absl::StatusOr<bool> row = q.Step();
-    if (!row.ok()) return row.status();
-    if (!*row || q.ColText(0) != "wal") {
-      return absl::UnavailableError(absl::StrCat("job store ", path_,
-                                                 ": cannot switch to WAL journal mode (got \"",
-                                                 *row ? std::string(q.ColText(0)) : "", "\")"));
-    }
-  }
-  // journal_size_limit: a WAL that grew large (big results) is cut back when it restarts.
-  absl::Status s = db->Exec(
-      "PRAGMA synchronous = FULL; PRAGMA foreign_keys = ON; PRAGMA journal_size_limit = 67108864;");
-  if (!s.ok()) return s;
-  {
-    // Both pragmas are silently ignored in some builds or states (e.g. foreign_keys inside a
-    // transaction); the durability promise depends on them, so read them back.
-    Query q1(db, "PRAGMA synchronous");
-    absl::StatusOr<bool> row = q1.Step();
-    if (!row.ok()) return row.status();
-    if (!*row || q1.ColInt(0) != 2) {
-      return absl::InternalError(
-          absl::StrCat("job store ", path_, ": synchronous=FULL did not stick"));
-    }
-    Query q2(db, "PRAGMA foreign_keys");
-    row = q2.Step();
-    if (!row.ok()) return row.status();
-    if (!*row || q2.ColInt(0) != 1) {
-      return absl::InternalError(
-          absl::StrCat("job store ", path_, ": foreign_keys=ON did not stick"));
-    }
-  }
-
-  // Migrations: one transaction brings the file from its version to kSchemaVersion.
-  s = db->Exec("BEGIN IMMEDIATE");
-  if (!s.ok()) return s;
-  auto rollback = absl::MakeCleanup([db] { db->Exec("ROLLBACK").IgnoreError(); });
-  s = db->Exec(
-      "CREATE TABLE IF NOT EXISTS schema_version ("
-      "  version INTEGER PRIMARY KEY NOT NULL,"
-      "  applied_time_us INTEGER NOT NULL)");
-  if (!s.ok()) return s;
-  int64_t version = 0;
-  {
-    Query q(db, "SELECT COALESCE(MAX(version), 0) FROM schema_version");
-    absl::StatusOr<bool> row = q.Step();
-    if (!row.ok()) return row.status();
-    version = q.ColInt(0);
-  }
-  if (version > kSchemaVersion) {
-    return absl::FailedPreconditionError(absl::StrCat("job store ", path_, " has schema version ",
-                                                      version, ", newer than this binary's ",
-                                                      kSchemaVersion));
-  }
-  for (int64_t v = version + 1; v <= kSchemaVersion; ++v) {
-    s = db->Exec(kMigrations[v - 1]);
-    if (!s.ok()) return s;
-    Query q(db, "INSERT INTO schema_version (version, applied_time_us) VALUES (?1, ?2)");
-    s = q.Int(v).Int(absl::ToUnixMicros(absl::Now())).Run();
+    s = CheckIntegrity(db);
     if (!s.ok()) return s;
   }
-  s = db->Exec("COMMIT");
+  s = ConfigureWriter(db);
   if (!s.ok()) return s;
-  std::move(rollback).Cancel();
-  // SQLite syncs the directory when it creates the WAL but not when it creates the main file: sync
-  // it once here, so a new store's file name survives a power loss along with its first commits.
-  {
-    const std::string dir = parent.empty() ? "." : parent.string();
-    const int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dir_fd < 0 || ::fsync(dir_fd) != 0) {
-      const int err = errno;
-      if (dir_fd >= 0) ::close(dir_fd);
-      return absl::UnavailableError(absl::StrCat("job store ", path_, ": cannot sync directory ",
-                                                 dir, ": ", std::strerror(err)));
-    }
-    ::close(dir_fd);
-  }
+  s = Migrate(db);
+  if (!s.ok()) return s;
+  s = SyncParentDirectory(path_);
+  if (!s.ok()) return s;
 
   {
     Query q(db, "SELECT COALESCE(MAX(submit_seq), 0) FROM jobs");
@@ -828,29 +574,6 @@ absl::Status JobStore::ApplyDelete(WriteOp* op) {
   return absl::OkStatus();
 }
 
-absl::StatusOr<std::vector<std::string>> JobStore::ListExpired(absl::Time before, int limit) {
-  if (limit < 1) return absl::InvalidArgumentError(absl::StrCat("limit ", limit, " must be >= 1"));
-  absl::StatusOr<SqliteDb*> db = TakeReader();
-  if (!db.ok()) return db.status();
-  auto give_back = absl::MakeCleanup([this, d = *db] { GiveBack(d); });
-  Query q(*db,
-          "SELECT job_id FROM jobs WHERE state IN (?1, ?2, ?3) AND update_time_us < ?4 "
-          "ORDER BY update_time_us LIMIT ?5");
-  q.Int(v1::JOB_STATE_SUCCEEDED)
-      .Int(v1::JOB_STATE_FAILED)
-      .Int(v1::JOB_STATE_CANCELLED)
-      .Int(absl::ToUnixMicros(before))
-      .Int(limit);
-  std::vector<std::string> ids;
-  for (;;) {
-    absl::StatusOr<bool> row = q.Step();
-    if (!row.ok()) return row.status();
-    if (!*row) break;
-    ids.emplace_back(q.ColText(0));
-  }
-  return ids;
-}
-
 absl::Status JobStore::ApplyProbe() {
   // The header's user_version is not used by the schema: bumping it writes page 1 and commits like
   // any write (the WAL frame and its fsync), without touching a job.
@@ -1036,7 +759,7 @@ absl::Status JobStore::ApplyUpdate(WriteOp* op) {
   return absl::OkStatus();
 }
 
-// ---- Reads --------------------------------------------------------------------------------------
+// ---- The read pool (the reads themselves are in job_store_reads.cc) -----------------------------
 
 absl::StatusOr<SqliteDb*> JobStore::TakeReader() {
   absl::MutexLock l(&pool_mu_);
@@ -1053,181 +776,6 @@ absl::StatusOr<SqliteDb*> JobStore::TakeReader() {
 void JobStore::GiveBack(SqliteDb* db) {
   absl::MutexLock l(&pool_mu_);
   free_readers_.push_back(db);
-}
-
-absl::StatusOr<StoredJob> JobStore::RowToJob(SqliteDb* db, absl::string_view blob,
-                                             int64_t submit_seq) {
-  StoredJob out;
-  out.submit_seq = submit_seq;
-  if (!out.job.ParseFromArray(blob.data(), static_cast<int>(blob.size()))) {
-    return absl::DataLossError(absl::StrCat("job store ", db->path(), ": the job of submit_seq ",
-                                            submit_seq, " is unreadable (", blob.size(),
-                                            " bytes)"));
-  }
-  return out;
-}
-
-absl::StatusOr<StoredJob> JobStore::GetOne(absl::string_view sql, absl::string_view what,
-                                           absl::string_view value) {
-  absl::StatusOr<SqliteDb*> db = TakeReader();
-  if (!db.ok()) return db.status();
-  auto give_back = absl::MakeCleanup([this, d = *db] { GiveBack(d); });
-  Query q(*db, sql);
-  absl::StatusOr<bool> row = q.Text(value).Step();
-  if (!row.ok()) return row.status();
-  if (!*row) return absl::NotFoundError(absl::StrCat(what, " \"", value, "\" not found"));
-  return RowToJob(*db, q.ColBlob(0), q.ColInt(1));
-}
-
-absl::StatusOr<StoredJob> JobStore::GetJob(absl::string_view job_id) {
-  return GetOne("SELECT job, submit_seq FROM jobs WHERE job_id = ?1", "job", job_id);
-}
-
-absl::StatusOr<StoredJob> JobStore::GetJobByKey(absl::string_view idempotency_key) {
-  return GetOne("SELECT job, submit_seq FROM jobs WHERE idempotency_key = ?1",
-                "job with idempotency key", idempotency_key);
-}
-
-absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(absl::string_view job_id,
-                                                           int64_t after_seq, int limit) {
-  if (after_seq < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("after_seq ", after_seq, " must be >= 0"));
-  }
-  if (limit < 0) return absl::InvalidArgumentError(absl::StrCat("limit ", limit, " must be >= 0"));
-  return ReadEvents(job_id, after_seq, limit, /*latest=*/false);
-}
-
-absl::StatusOr<std::vector<v1::JobEvent>> JobStore::LatestEvents(absl::string_view job_id,
-                                                                 int limit) {
-  if (limit < 1) return absl::InvalidArgumentError(absl::StrCat("limit ", limit, " must be >= 1"));
-  return ReadEvents(job_id, 0, limit, /*latest=*/true);
-}
-
-absl::StatusOr<std::vector<v1::JobEvent>> JobStore::ReadEvents(absl::string_view job_id,
-                                                               int64_t after_seq, int limit,
-                                                               bool latest) {
-  absl::StatusOr<SqliteDb*> db = TakeReader();
-  if (!db.ok()) return db.status();
-  auto give_back = absl::MakeCleanup([this, d = *db] { GiveBack(d); });
-  std::vector<v1::JobEvent> events;
-  {
-    // The latest `limit`: the newest first from the (job_id, seq) key, reordered below.
-    Query q(*db, latest ? "SELECT event FROM events WHERE job_id = ?1 AND seq > ?2 "
-                          "ORDER BY seq DESC LIMIT ?3"
-                        : "SELECT event FROM events WHERE job_id = ?1 AND seq > ?2 "
-                          "ORDER BY seq LIMIT ?3");
-    q.Text(job_id).Int(after_seq).Int(limit == 0 ? -1 : limit);
-    for (;;) {
-      absl::StatusOr<bool> row = q.Step();
-      if (!row.ok()) return row.status();
-      if (!*row) break;
-      absl::string_view blob = q.ColBlob(0);
-      if (!events.emplace_back().ParseFromArray(blob.data(), static_cast<int>(blob.size()))) {
-        return absl::DataLossError(absl::StrCat("job store ", path_, ": an event of job ", job_id,
-                                                " is unreadable (", blob.size(), " bytes)"));
-      }
-    }
-  }
-  if (events.empty()) {
-    // Tell "no such job" from "no new events"; every stored job has at least its submitted event.
-    Query q(*db, "SELECT 1 FROM jobs WHERE job_id = ?1");
-    absl::StatusOr<bool> row = q.Text(job_id).Step();
-    if (!row.ok()) return row.status();
-    if (!*row) return absl::NotFoundError(absl::StrCat("job \"", job_id, "\" not found"));
-  }
-  if (latest) std::reverse(events.begin(), events.end());
-  return events;
-}
-
-absl::StatusOr<ListPage> JobStore::List(const ListFilter& filter, int page_size,
-                                        absl::string_view page_token) {
-  if (page_size == 0) page_size = kDefaultPageSize;
-  if (page_size < 1 || page_size > kMaxPageSize) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("page_size ", page_size, " is outside 1 .. ", kMaxPageSize));
-  }
-  int64_t before = std::numeric_limits<int64_t>::max();
-  if (!page_token.empty()) {
-    absl::StatusOr<int64_t> seq = DecodePageToken(page_token);
-    if (!seq.ok()) return seq.status();
-    before = *seq;
-  }
-  std::set<int> states;
-  for (v1::JobState st : filter.states) {
-    if (st == v1::JOB_STATE_UNSPECIFIED || !v1::JobState_IsValid(st)) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("state filter ", static_cast<int>(st), " is not a job state"));
-    }
-    states.insert(st);
-  }
-  // Only the shape of the query varies (which filters are present), so the statement cache stays
-  // small; values are always bound.
-  std::string sql = "SELECT job, submit_seq FROM jobs WHERE submit_seq < ?";
-  if (!states.empty()) {
-    absl::StrAppend(&sql, " AND state IN (",
-                    absl::StrJoin(std::vector<std::string>(states.size(), "?"), ","), ")");
-  }
-  if (!filter.tenant.empty()) absl::StrAppend(&sql, " AND tenant = ?");
-  if (!filter.kind.empty()) absl::StrAppend(&sql, " AND kind = ?");
-  absl::StrAppend(&sql, " ORDER BY submit_seq DESC LIMIT ?");
-
-  absl::StatusOr<SqliteDb*> db = TakeReader();
-  if (!db.ok()) return db.status();
-  auto give_back = absl::MakeCleanup([this, d = *db] { GiveBack(d); });
-  Query q(*db, sql);
-  q.Int(before);
-  for (int st : states) q.Int(st);
-  if (!filter.tenant.empty()) q.Text(filter.tenant);
-  if (!filter.kind.empty()) q.Text(filter.kind);
-  q.Int(page_size + 1);  // One more row tells whether a next page exists.
-  ListPage page;
-  for (;;) {
-    absl::StatusOr<bool> row = q.Step();
-    if (!row.ok()) return row.status();
-    if (!*row) break;
-    if (static_cast<int>(page.jobs.size()) == page_size) {
-      page.next_page_token = EncodePageToken(page.jobs.back().submit_seq);
-      break;
-    }
-    absl::StatusOr<StoredJob> job = RowToJob(*db, q.ColBlob(0), q.ColInt(1));
-    if (!job.ok()) return job.status();
-    page.jobs.push_back(*std::move(job));
-  }
-  return page;
-}
-
-absl::StatusOr<std::vector<StoredJob>> JobStore::LoadActive() {
-  absl::StatusOr<SqliteDb*> db = TakeReader();
-  if (!db.ok()) return db.status();
-  auto give_back = absl::MakeCleanup([this, d = *db] { GiveBack(d); });
-  Query q(*db,
-          "SELECT job, submit_seq FROM jobs WHERE state NOT IN (?1, ?2, ?3) ORDER BY submit_seq");
-  q.Int(v1::JOB_STATE_SUCCEEDED).Int(v1::JOB_STATE_FAILED).Int(v1::JOB_STATE_CANCELLED);
-  std::vector<StoredJob> jobs;
-  for (;;) {
-    absl::StatusOr<bool> row = q.Step();
-    if (!row.ok()) return row.status();
-    if (!*row) break;
-    absl::StatusOr<StoredJob> job = RowToJob(*db, q.ColBlob(0), q.ColInt(1));
-    if (!job.ok()) return job.status();
-    jobs.push_back(*std::move(job));
-  }
-  return jobs;
-}
-
-absl::StatusOr<std::map<v1::JobState, int64_t>> JobStore::CountByState() {
-  absl::StatusOr<SqliteDb*> db = TakeReader();
-  if (!db.ok()) return db.status();
-  auto give_back = absl::MakeCleanup([this, d = *db] { GiveBack(d); });
-  Query q(*db, "SELECT state, COUNT(*) FROM jobs GROUP BY state");
-  std::map<v1::JobState, int64_t> counts;
-  for (;;) {
-    absl::StatusOr<bool> row = q.Step();
-    if (!row.ok()) return row.status();
-    if (!*row) break;
-    counts[static_cast<v1::JobState>(q.ColInt(0))] = q.ColInt(1);
-  }
-  return counts;
 }
 
 }  // namespace server

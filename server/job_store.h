@@ -67,7 +67,7 @@ namespace server {
 std::optional<std::string> GroupOrWorldAccessWarning(const std::string& dir);
 
 namespace store_internal {
-class SqliteDb;  // One SQLite connection and its prepared statements (job_store.cc).
+class SqliteDb;  // One SQLite connection and its prepared statements (sqlite_db.h).
 struct WriteOp;  // One queued Submit or Update (job_store.cc).
 }  // namespace store_internal
 

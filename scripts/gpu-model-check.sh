@@ -10,6 +10,9 @@
 #                                    dilated_attention_pytorch package; never committed)
 #   scripts/gpu-model-check.sh [run] [steps]    (on the GPU machine, from the repo root, with
 #                                    .device/model carried) run them and print a table last.
+# With BUNDLE=folder, stage also copies this script, gpu-libs.sh, torch_reference.py and
+# .device/model into that folder as a small tree of its own (for a device call made from another
+# checkout than this one: carry the folder and run folder/scripts/gpu-model-check.sh there).
 #
 # steps: comma-separated subset of test,bench,ref (default: all three). Environment: GTEST_FILTER
 # (test step), BENCH_ARGS (flags for model_bench; default --kernels --longest), REF_ARGS (flags
@@ -44,6 +47,14 @@ if [ "$mode" = "stage" ]; then
   cp -r "$seed/dilated_attention_pytorch" "$dir/seed-lib/"
   find "$dir/seed-lib" -name __pycache__ -prune -exec rm -rf {} +
   chmod -R u+w "$dir"
+  if [ -n "${BUNDLE:-}" ]; then
+    rm -rf "$BUNDLE"
+    mkdir -p "$BUNDLE/scripts" "$BUNDLE/bench/model_bench" "$BUNDLE/.device"
+    cp scripts/gpu-model-check.sh scripts/gpu-libs.sh "$BUNDLE/scripts/"
+    cp bench/model_bench/torch_reference.py "$BUNDLE/bench/model_bench/"
+    cp -r "$dir" "$BUNDLE/.device/"
+    du -sh "$BUNDLE"
+  fi
   du -sh "$dir"
   ls -la "$dir"
   exit 0

@@ -36,6 +36,8 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_split.h"
+#include "engine/attention_spec.h"
+#include "engine/cuda/cuda_backend.h"
 #include "model/config.h"
 #include "model/cuda/cuda_adamw.h"
 #include "model/cuda/cuda_longnet.h"
@@ -325,6 +327,52 @@ absl::Status BenchKernels(cudaStream_t stream, Gemm& gemm, const Ceilings& ceil,
       {"GEMM dW 768 x 3072, k = M, fp32 +=", GemmOp::kTN, d, f, m, true, false, false},
       {"GEMM dW head 256 x 768, fp32 +=", GemmOp::kTN, v, d, m, true, false, false},
   };
+  // Attention of one block as the model calls it: q, k, v strided in the [M, 3d] projection
+  // output, causal grouped base spec; FLOPs the engine's nominal count (causal halved).
+  {
+    CudaBackendOptions bo;
+    bo.stream = stream;
+    absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> backend = NewCudaBackend(bo);
+    BENCH_OK(backend.status());
+    const LongNetConfig config;
+    const AttentionSpec spec = config.attention_spec();
+    const int64_t h = 12, dh = 64;
+    absl::StatusOr<bf16_t*> attn_out = b.Take<bf16_t>(m * d), dq = b.Take<bf16_t>(3 * m * d);
+    absl::StatusOr<float*> attn_lse = b.Take<float>(h * m);
+    BENCH_OK(attn_out.status());
+    BENCH_OK(dq.status());
+    BENCH_OK(attn_lse.status());
+    auto view = [&](bf16_t* data, int64_t row) {
+      TensorView t;
+      t.data = data;
+      t.dtype = DType::kBFloat16;
+      t.device = dattn::Device::kCuda;
+      t.shape = {1, m, h, dh};
+      t.strides = {m * row, row, dh, 1};
+      return t;
+    };
+    ForwardArgs fa;
+    fa.q = view(*z, 3 * d);
+    fa.k = view(*z + d, 3 * d);
+    fa.v = view(*z + 2 * d, 3 * d);
+    fa.out = view(*attn_out, d);
+    fa.lse = TensorView::Contiguous(*attn_lse, DType::kFloat32, {1, h, m}, dattn::Device::kCuda);
+    const double fwd_flops = dilation::NominalForwardFlops(spec, 1, m, h, dh);
+    BENCH_OK(add("attention fwd (engine), causal grouped", 0, fwd_flops,
+                 [&]() { return (*backend)->Forward(spec, fa); }));
+    BackwardArgs ba;
+    ba.q = fa.q;
+    ba.k = fa.k;
+    ba.v = fa.v;
+    ba.out = fa.out;
+    ba.lse = fa.lse;
+    ba.dout = view(*x, d);
+    ba.dq = view(*dq, d);
+    ba.dk = view(*dq + m * d, d);
+    ba.dv = view(*dq + 2 * m * d, d);
+    BENCH_OK(add("attention bwd (engine), causal grouped", 0, 2.5 * fwd_flops,
+                 [&]() { return (*backend)->Backward(spec, ba); }));
+  }
   absl::StatusOr<float*> c32 = b.Take<float>(m * v);
   absl::StatusOr<bf16_t*> o = b.Take<bf16_t>(m * f);
   BENCH_OK(c32.status());

@@ -29,6 +29,7 @@ import math
 import os
 import sys
 import time
+import types
 
 import torch
 import torch.nn as nn
@@ -149,7 +150,12 @@ def main():
     p.add_argument("--ours", default="", help="model_bench --csv output")
     p.add_argument("--no-compile", action="store_true")
     args = p.parse_args()
-    sys.path.insert(0, os.path.abspath(args.seed_lib))
+    # The package's __init__ imports every variant it ships, some of which need torchscale,
+    # DeepSpeed or FairScale; only the two modules used here are loaded, under a bare package.
+    package_dir = os.path.join(os.path.abspath(args.seed_lib), "dilated_attention_pytorch")
+    package = types.ModuleType("dilated_attention_pytorch")
+    package.__path__ = [package_dir]
+    sys.modules["dilated_attention_pytorch"] = package
     from dilated_attention_pytorch.multihead_dilated_attention import MultiheadDilatedAttention
 
     lengths = [int(x) for x in args.n.split(",")]

@@ -3,6 +3,7 @@
 #include <cublasLt.h>
 
 #include <cstdint>
+#include <mutex>
 #include <string>
 
 #include "absl/container/flat_hash_map.h"
@@ -52,6 +53,20 @@ const char* OpName(GemmOp op) {
   return "?";
 }
 
+// The algorithm each plan key was given, process-wide, so that every Gemm of a process computes a
+// shape with the same algorithm (the same bits) whichever instance timed it first.
+struct TunedAlgos {
+  std::mutex mu;
+  absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t> algos;
+};
+TunedAlgos& Tuned() {
+  static TunedAlgos* tuned = new TunedAlgos();
+  return *tuned;
+}
+
+constexpr int kCandidates = 8;
+constexpr int kTimedRuns = 3;
+
 }  // namespace
 
 struct Gemm::Impl {
@@ -78,8 +93,10 @@ struct Gemm::Impl {
   }
 };
 
-absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(cudaStream_t stream, int64_t workspace_bytes) {
+absl::StatusOr<std::unique_ptr<Gemm>> Gemm::Create(cudaStream_t stream, int64_t workspace_bytes,
+                                                   bool autotune) {
   std::unique_ptr<Gemm> g(new Gemm());
+  g->autotune_ = autotune;
   g->impl_ = std::make_unique<Impl>();
   g->impl_->stream = stream;
   GEMM_RETURN_IF_ERROR(cublasLtCreate(&g->impl_->handle), "create");
@@ -191,11 +208,11 @@ absl::Status Gemm::Run(const GemmArgs& x) {
       st = cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MIN_ALIGNMENT_D_BYTES,
                                                 &align_d, sizeof(align_d));
     }
-    cublasLtMatmulHeuristicResult_t result = {};
+    cublasLtMatmulHeuristicResult_t results[kCandidates] = {};
     int found = 0;
     if (st == CUBLAS_STATUS_SUCCESS) {
-      st = cublasLtMatmulAlgoGetHeuristic(impl_->handle, p.desc, p.a, p.b, p.c, p.c, pref, 1,
-                                          &result, &found);
+      st = cublasLtMatmulAlgoGetHeuristic(impl_->handle, p.desc, p.a, p.b, p.c, p.c, pref,
+                                          autotune_ ? kCandidates : 1, results, &found);
     }
     cublasLtMatmulPreferenceDestroy(pref);
     if (st == CUBLAS_STATUS_SUCCESS && found == 0) st = CUBLAS_STATUS_NOT_SUPPORTED;
@@ -206,7 +223,28 @@ absl::Status Gemm::Run(const GemmArgs& x) {
       cublasLtMatmulDescDestroy(p.desc);
       return CublasStatus(st, "cublasLtMatmulAlgoGetHeuristic", shape);
     }
-    p.algo = result.algo;
+    p.algo = results[0].algo;
+    int device = 0;
+    cudaGetDevice(&device);
+    const std::string tuned_key = absl::StrCat("device ", device, " ", key);
+    bool cached = false;
+    {
+      std::lock_guard<std::mutex> lock(Tuned().mu);
+      auto t = Tuned().algos.find(tuned_key);
+      if (t != Tuned().algos.end()) {
+        p.algo = t->second;
+        cached = true;
+      }
+    }
+    if (!cached && autotune_ && found > 1) {
+      absl::StatusOr<int> best = Tune(x, p.desc, p.a, p.b, p.c, results, found, shape);
+      if (!best.ok()) return best.status();
+      p.algo = results[*best].algo;
+    }
+    if (!cached) {
+      std::lock_guard<std::mutex> lock(Tuned().mu);
+      Tuned().algos.emplace(tuned_key, p.algo);
+    }
     it = impl_->plans.emplace(key, p).first;
   }
   Impl::Plan& p = it->second;
@@ -220,6 +258,70 @@ absl::Status Gemm::Run(const GemmArgs& x) {
                                       static_cast<size_t>(workspace_bytes_), impl_->stream),
                        shape);
   return absl::OkStatus();
+}
+
+absl::StatusOr<int> Gemm::Tune(const GemmArgs& x, cublasLtMatmulDesc_t desc,
+                               cublasLtMatrixLayout_t a, cublasLtMatrixLayout_t b,
+                               cublasLtMatrixLayout_t c,
+                               const cublasLtMatmulHeuristicResult_t* results, int count,
+                               const std::string& shape) {
+  // Accumulating in place (beta != 0 into C itself) is not repeatable: time on a scratch C.
+  // Every other call is (its output depends only on its inputs): time it where it runs.
+  const bool in_place = x.beta != 0.0f && x.residual == nullptr;
+  void* scratch = nullptr;
+  void* d = x.c;
+  const void* c_in = x.residual != nullptr ? x.residual : x.c;
+  if (in_place) {
+    const size_t bytes =
+        static_cast<size_t>(x.rows) * static_cast<size_t>(x.ldc) * (x.c_fp32 ? 4 : 2);
+    DATTN_CUDA_RETURN_IF_ERROR(cudaMalloc(&scratch, bytes));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaMemsetAsync(scratch, 0, bytes, impl_->stream));
+    d = scratch;
+    c_in = scratch;
+  }
+  if (x.bias != nullptr) {
+    GEMM_RETURN_IF_ERROR(cublasLtMatmulDescSetAttribute(desc, CUBLASLT_MATMUL_DESC_BIAS_POINTER,
+                                                        &x.bias, sizeof(x.bias)),
+                         shape);
+  }
+  cudaEvent_t start = nullptr, stop = nullptr;
+  DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreate(&start));
+  DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreate(&stop));
+  int best = 0;
+  float best_ms = -1.0f;
+  for (int i = 0; i < count; ++i) {
+    auto run = [&]() {
+      return cublasLtMatmul(impl_->handle, desc, &x.alpha, x.b, a, x.a, b, &x.beta, c_in, c, d, c,
+                            &results[i].algo, impl_->workspace,
+                            static_cast<size_t>(workspace_bytes_), impl_->stream);
+    };
+    if (run() != CUBLAS_STATUS_SUCCESS) continue;  // an algorithm that declines: not a candidate
+    cudaEventRecord(start, impl_->stream);
+    bool ok = true;
+    for (int k = 0; k < kTimedRuns && ok; ++k) ok = run() == CUBLAS_STATUS_SUCCESS;
+    cudaEventRecord(stop, impl_->stream);
+    const cudaError_t e = cudaEventSynchronize(stop);
+    if (e != cudaSuccess) {
+      cudaEventDestroy(start);
+      cudaEventDestroy(stop);
+      if (scratch != nullptr) cudaFree(scratch);
+      return ::dattn::cuda::CudaErrorStatus(e, "cudaEventSynchronize (GEMM tuning)", __FILE__,
+                                            __LINE__);
+    }
+    float ms = 0;
+    cudaEventElapsedTime(&ms, start, stop);
+    if (ok && (best_ms < 0 || ms < best_ms)) {
+      best_ms = ms;
+      best = i;
+    }
+  }
+  cudaEventDestroy(start);
+  cudaEventDestroy(stop);
+  if (scratch != nullptr) {
+    DATTN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(impl_->stream));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaFree(scratch));
+  }
+  return best;
 }
 
 }  // namespace cuda

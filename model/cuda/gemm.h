@@ -10,20 +10,27 @@
 // (rows k + k cols) 2 + rows cols sizeof(C) (twice with beta != 0).
 //
 // Each distinct shape (op, sizes, leading dimensions, types, bias, beta != 0, pointer alignments)
-// is planned once: descriptors are built and cuBLASLt's heuristic picks an algorithm within the
-// workspace (cached, one per shape). Calls enqueue on the stream given at Create and never
-// synchronize. Errors: cuBLASLt's status as INTERNAL (RESOURCE_EXHAUSTED for an allocation
-// failure; UNIMPLEMENTED when the heuristic has no algorithm for a shape), naming the call and the
-// shape; INVALID_ARGUMENT for sizes < 1 or leading dimensions too small.
+// is planned once: descriptors are built and cuBLASLt's heuristic proposes up to 8 algorithms
+// within the workspace; with autotune, each is timed on the call's own operands (3 runs after one;
+// a call that accumulates into C in place is timed on a scratch C instead) and the fastest kept.
+// The choice is shared process-wide: every Gemm of a process computes a shape with the same
+// algorithm, so results are the same bits within a process (two processes may choose differently
+// and differ in the last bits). Planning a shape synchronizes the stream once; every other call
+// enqueues on the stream given at Create and never synchronizes. Errors: cuBLASLt's status as
+// INTERNAL (RESOURCE_EXHAUSTED for an allocation failure; UNIMPLEMENTED when the heuristic has no
+// algorithm for a shape), naming the call and the shape; INVALID_ARGUMENT for sizes < 1 or leading
+// dimensions too small.
 //
 // Thread-safety: one call at a time per instance (the plan cache is not locked).
 #ifndef DATTN_MODEL_CUDA_GEMM_H_
 #define DATTN_MODEL_CUDA_GEMM_H_
 
+#include <cublasLt.h>
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
 #include <memory>
+#include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -53,8 +60,10 @@ struct GemmArgs {
 class Gemm {
  public:
   // A cuBLASLt handle and `workspace_bytes` of device memory (RESOURCE_EXHAUSTED if it cannot be
-  // had), for calls on `stream` (not owned) of the current device.
-  static absl::StatusOr<std::unique_ptr<Gemm>> Create(cudaStream_t stream, int64_t workspace_bytes);
+  // had), for calls on `stream` (not owned) of the current device. autotune: time the heuristic's
+  // candidates (above); false: take its first.
+  static absl::StatusOr<std::unique_ptr<Gemm>> Create(cudaStream_t stream, int64_t workspace_bytes,
+                                                      bool autotune = true);
   ~Gemm();
   Gemm(const Gemm&) = delete;
   Gemm& operator=(const Gemm&) = delete;
@@ -67,8 +76,14 @@ class Gemm {
  private:
   struct Impl;
   Gemm() = default;
+  // The index of the fastest of `count` candidates for the call x.
+  absl::StatusOr<int> Tune(const GemmArgs& x, cublasLtMatmulDesc_t desc, cublasLtMatrixLayout_t a,
+                           cublasLtMatrixLayout_t b, cublasLtMatrixLayout_t c,
+                           const cublasLtMatmulHeuristicResult_t* results, int count,
+                           const std::string& shape);
   std::unique_ptr<Impl> impl_;
   int64_t workspace_bytes_ = 0;
+  bool autotune_ = true;
 };
 
 }  // namespace cuda

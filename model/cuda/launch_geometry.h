@@ -24,8 +24,9 @@ struct RowLaunch {
 };
 
 // Rows of n columns (n a multiple of 8 in [8, kMaxRowWidth], rows >= 1) on a device of num_sms
-// multiprocessors. ctas is at most 4 x num_sms, so partial sums do not grow with the rows.
-inline RowLaunch RowLaunchFor(int64_t rows, int64_t n, int num_sms) {
+// multiprocessors. ctas is at most ctas_per_sm x num_sms: 4 for the backward kernels, so that
+// their partial sums do not grow with the rows; the forward kernels, which write none, take 8.
+inline RowLaunch RowLaunchFor(int64_t rows, int64_t n, int num_sms, int ctas_per_sm = 4) {
   RowLaunch l;
   const int64_t chunks = (n + 7) / 8;
   while ((chunks + l.vec - 1) / l.vec > kMaxRowThreads && l.vec < 4) l.vec *= 2;
@@ -33,7 +34,8 @@ inline RowLaunch RowLaunchFor(int64_t rows, int64_t n, int num_sms) {
   l.group = static_cast<int>((per_group + 31) / 32 * 32);
   l.groups = std::max(1, 256 / l.group);
   const int64_t needed = (rows + l.groups - 1) / l.groups;
-  l.ctas = std::max<int64_t>(1, std::min<int64_t>(needed, 4 * static_cast<int64_t>(num_sms)));
+  l.ctas =
+      std::max<int64_t>(1, std::min<int64_t>(needed, static_cast<int64_t>(ctas_per_sm) * num_sms));
   return l;
 }
 

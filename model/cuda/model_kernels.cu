@@ -16,9 +16,6 @@ constexpr float kInvSqrt2Pi = 0.39894228040143267794f;
 constexpr double kInv2Pi = 0.15915494309189533577;
 constexpr double k2PiHi = 6.28318530717958623200;      // 2 pi rounded to fp64
 constexpr double k2PiLo = 2.44929359829470635445e-16;  // 2 pi - k2PiHi
-// Row groups share a CTA only while a row is at most this wide (groups > 1 needs group <= 128
-// threads, so n <= 1024); the per-CTA partial sums of several groups are combined in shared memory.
-constexpr int kCombMax = 1024;
 
 // --- Element access: 8 consecutive values per thread, 16-byte loads and stores.
 __device__ __forceinline__ void Load8(const bf16_t* p, float (&v)[8]) {
@@ -53,9 +50,12 @@ __device__ __forceinline__ void Store8f(float* p, const float (&v)[8]) {
 __device__ __forceinline__ float Gelu(float x) {
   return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, erff(__fmul_rn(x, kInvSqrt2))));
 }
-__device__ __forceinline__ float GeluGrad(float x) {
-  const float cdf = __fmul_rn(0.5f, __fadd_rn(1.0f, erff(__fmul_rn(x, kInvSqrt2))));
-  const float pdf = __fmul_rn(kInvSqrt2Pi, expf(__fmul_rn(-0.5f, __fmul_rn(x, x))));
+// GELU(x) and its derivative Phi(x) + x phi(x) from one erf; *value has Gelu(x)'s bits.
+__device__ __forceinline__ float GeluAndGrad(float x, float* value) {
+  const float one_e = __fadd_rn(1.0f, erff(__fmul_rn(x, kInvSqrt2)));
+  *value = __fmul_rn(__fmul_rn(0.5f, x), one_e);
+  const float cdf = __fmul_rn(0.5f, one_e);
+  const float pdf = __fmul_rn(kInvSqrt2Pi, __expf(__fmul_rn(-0.5f, __fmul_rn(x, x))));
   return __fadd_rn(cdf, __fmul_rn(x, pdf));
 }
 __device__ __forceinline__ float XHat(float v, float mu, float rs) {
@@ -107,49 +107,41 @@ struct Cols {
   }
 };
 
-// Writes the CTA's partial column sums (K rows of n) to partials + blockIdx.x * 3 * n, the row
-// groups' accumulators added in group order through shared memory when there are several.
-template <int K, int kVec>
-__device__ __forceinline__ void FlushPartials(float (&acc)[K][kVec][8], const Cols<kVec>& c,
-                                              int64_t n, int group_id, int groups, float* comb,
+// The per-thread column accumulators of the backward row kernels live in dynamic shared memory
+// (not registers, which the kernels need for their rows: the GELU backward would otherwise hold one
+// CTA per multiprocessor), [3][kVec][8][blockDim] floats: a thread's own slots, consecutive
+// threads in consecutive words (no bank conflicts), no synchronisation until the flush.
+template <int kVec>
+__device__ __forceinline__ float& Acc(float* smem, int k, int i, int e) {
+  return smem[((k * kVec + i) * 8 + e) * blockDim.x + threadIdx.x];
+}
+inline size_t AccBytes(int vec, int threads) {
+  return static_cast<size_t>(3) * 8 * vec * threads * sizeof(float);
+}
+
+// Writes the CTA's partial column sums (3 rows of n) to partials + blockIdx.x * 3 * n: the row
+// groups' accumulators added in group order (0, 1, ...) by the threads of group 0.
+template <int kVec>
+__device__ __forceinline__ void FlushPartials(float* acc, const Cols<kVec>& c, int64_t n, int t,
+                                              int group_id, int group_threads, int groups,
                                               float* partials) {
+  __syncthreads();
+  if (group_id != 0) return;
   float* out = partials + static_cast<int64_t>(blockIdx.x) * 3 * n;
-  if (groups == 1) {
 #pragma unroll
-    for (int k = 0; k < K; ++k) {
+  for (int k = 0; k < 3; ++k) {
 #pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        if (c.ok[i]) Store8f(out + k * n + c.col[i], acc[k][i]);
+    for (int i = 0; i < kVec; ++i) {
+      if (!c.ok[i]) continue;
+      float v[8];
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        const int slot = ((k * kVec + i) * 8 + e) * blockDim.x + t;
+        float s = acc[slot];
+        for (int g = 1; g < groups; ++g) s += acc[slot + g * group_threads];
+        v[e] = s;
       }
-    }
-    return;
-  }
-  for (int g = 0; g < groups; ++g) {
-    if (group_id == g) {
-#pragma unroll
-      for (int k = 0; k < K; ++k) {
-#pragma unroll
-        for (int i = 0; i < kVec; ++i) {
-          if (!c.ok[i]) continue;
-          float* dst = comb + k * n + c.col[i];
-#pragma unroll
-          for (int e = 0; e < 8; ++e) dst[e] = g == 0 ? acc[k][i][e] : dst[e] + acc[k][i][e];
-        }
-      }
-    }
-    __syncthreads();
-  }
-  if (group_id == 0) {
-#pragma unroll
-    for (int k = 0; k < K; ++k) {
-#pragma unroll
-      for (int i = 0; i < kVec; ++i) {
-        if (!c.ok[i]) continue;
-        float v[8];
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[e] = comb[k * n + c.col[i] + e];
-        Store8f(out + k * n + c.col[i], v);
-      }
+      Store8f(out + k * n + c.col[i], v);
     }
   }
 }
@@ -235,6 +227,31 @@ __global__ void EmbeddingRowKernel(const int64_t* __restrict__ token_items,
   Store8f(dtable + v * d + col, row);
 }
 
+// --- Row prefetch: a thread's raw chunks of one row (8 bf16 in a uint4 each), loaded one row ahead
+// so that the next row's loads are in flight while this one is reduced and written.
+template <int kVec>
+struct RawRow {
+  uint4 v[kVec];
+};
+template <int kVec>
+__device__ __forceinline__ void LoadRaw(const bf16_t* base, int64_t r, int64_t rows, int64_t n,
+                                        const Cols<kVec>& c, RawRow<kVec>* out) {
+#pragma unroll
+  for (int i = 0; i < kVec; ++i) {
+    out->v[i] = (r < rows && c.ok[i]) ? *reinterpret_cast<const uint4*>(base + r * n + c.col[i])
+                                      : make_uint4(0, 0, 0, 0);
+  }
+}
+__device__ __forceinline__ void Unpack8(const uint4& raw, float (&v)[8]) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    v[2 * i] = f.x;
+    v[2 * i + 1] = f.y;
+  }
+}
+
 // --- LayerNorm forward (of x or of GELU(x)).
 template <int kVec, bool kGelu, bool kSaved>
 __global__ void __launch_bounds__(kMaxRowThreads)
@@ -246,6 +263,11 @@ __global__ void __launch_bounds__(kMaxRowThreads)
   const int groups = blockDim.x / group_threads;
   const int gid = threadIdx.x / group_threads, t = threadIdx.x % group_threads;
   const Cols<kVec> c(t, group_threads, n);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * groups;
+  const float inv_n = 1.0f / static_cast<float>(n);
+  int64_t base = static_cast<int64_t>(blockIdx.x) * groups;
+  RawRow<kVec> cur;
+  LoadRaw(x, base + gid, rows, n, c, &cur);
   float g[kVec][8], b[kVec][8];
 #pragma unroll
   for (int i = 0; i < kVec; ++i) {
@@ -254,35 +276,30 @@ __global__ void __launch_bounds__(kMaxRowThreads)
       Load8f(shift + c.col[i], b[i]);
     }
   }
-  const float inv_n = 1.0f / static_cast<float>(n);
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * groups; base < rows;
-       base += static_cast<int64_t>(gridDim.x) * groups) {
+  for (; base < rows; base += step) {
     const int64_t r = base + gid;
     const bool live = r < rows;
+    RawRow<kVec> nxt;
+    LoadRaw(x, r + step, rows, n, c, &nxt);
+    float mu = 0.0f, rs = 0.0f;
+    if (kSaved && live) {
+      mu = mean[r];
+      rs = rstd[r];
+    }
     float v[kVec][8];
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
-      if (live && c.ok[i]) {
-        Load8(x + r * n + c.col[i], v[i]);
-        if (kGelu) {
+      Unpack8(cur.v[i], v[i]);
+      if (kGelu) {
 #pragma unroll
-          for (int e = 0; e < 8; ++e) v[i][e] = Gelu(v[i][e]);
-        }
-      } else {
-#pragma unroll
-        for (int e = 0; e < 8; ++e) v[i][e] = 0.0f;
+        for (int e = 0; e < 8; ++e) v[i][e] = Gelu(v[i][e]);
       }
     }
-    float mu = 0.0f, rs = 0.0f;
-    if (kSaved) {
-      if (live) {
-        mu = mean[r];
-        rs = rstd[r];
-      }
-    } else {
+    if (!kSaved) {
       float s[1] = {0.0f};
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
+        if (!c.ok[i]) continue;
 #pragma unroll
         for (int e = 0; e < 8; ++e) s[0] += v[i][e];
       }
@@ -305,99 +322,124 @@ __global__ void __launch_bounds__(kMaxRowThreads)
         rstd[r] = rs;
       }
     }
-    if (!live) continue;
+    if (live) {
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      if (!c.ok[i]) continue;
-      float out[8];
+      for (int i = 0; i < kVec; ++i) {
+        if (!c.ok[i]) continue;
+        float out[8];
 #pragma unroll
-      for (int e = 0; e < 8; ++e) out[e] = NormOut(v[i][e], mu, rs, g[i][e], b[i][e]);
-      Store8(y + r * n + c.col[i], out);
+        for (int e = 0; e < 8; ++e) out[e] = NormOut(v[i][e], mu, rs, g[i][e], b[i][e]);
+        Store8(y + r * n + c.col[i], out);
+      }
     }
+    cur = nxt;
   }
 }
 
 // --- LayerNorm backward. kOut: 0 bf16 dx, 1 residual := dx, 2 residual += dx (NormGradOut).
-template <int kVec, bool kGelu, int kOut, bool kBias>
-__global__ void __launch_bounds__(kMaxRowThreads)
+// The next row's dy and x are loaded while this row is reduced; with GELU, one erf per element
+// gives both the normalised value and the derivative.
+// kMinBlocks 2 (CTAs of at most 384 threads): registers capped so that two CTAs fit on a
+// multiprocessor; the accumulators are in shared memory, so the rows' values stay in registers.
+template <int kVec, bool kGelu, int kOut, bool kBias, int kMaxThreads, int kMinBlocks>
+__global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
     LayerNormBackwardKernel(const bf16_t* dy, const bf16_t* __restrict__ x,
                             const float* __restrict__ mean, const float* __restrict__ rstd,
                             const float* __restrict__ gain, int64_t rows, int64_t n,
                             int group_threads, bf16_t* out_bf16, float* __restrict__ residual,
                             float* __restrict__ partials) {
   __shared__ float red[64];
-  __shared__ float comb[3 * kCombMax];
+  extern __shared__ float acc[];
   const int groups = blockDim.x / group_threads;
   const int gid = threadIdx.x / group_threads, t = threadIdx.x % group_threads;
   const Cols<kVec> c(t, group_threads, n);
+  const int64_t step = static_cast<int64_t>(gridDim.x) * groups;
+  const float inv_n = 1.0f / static_cast<float>(n);
+  int64_t base = static_cast<int64_t>(blockIdx.x) * groups;
+  RawRow<kVec> cur_dy, cur_x;
+  LoadRaw(dy, base + gid, rows, n, c, &cur_dy);
+  LoadRaw(x, base + gid, rows, n, c, &cur_x);
   float g[kVec][8];
-  float acc[3][kVec][8];
 #pragma unroll
   for (int i = 0; i < kVec; ++i) {
     if (c.ok[i]) Load8f(gain + c.col[i], g[i]);
 #pragma unroll
-    for (int e = 0; e < 8; ++e) acc[0][i][e] = acc[1][i][e] = acc[2][i][e] = 0.0f;
+    for (int e = 0; e < 8; ++e) {
+      Acc<kVec>(acc, 0, i, e) = 0.0f;
+      Acc<kVec>(acc, 1, i, e) = 0.0f;
+      Acc<kVec>(acc, 2, i, e) = 0.0f;
+    }
   }
-  const float inv_n = 1.0f / static_cast<float>(n);
-  for (int64_t base = static_cast<int64_t>(blockIdx.x) * groups; base < rows;
-       base += static_cast<int64_t>(gridDim.x) * groups) {
+  for (; base < rows; base += step) {
     const int64_t r = base + gid;
     const bool live = r < rows;
-    float dyv[kVec][8], xin[kVec][8], xh[kVec][8];
+    RawRow<kVec> nxt_dy, nxt_x;
+    LoadRaw(dy, r + step, rows, n, c, &nxt_dy);
+    LoadRaw(x, r + step, rows, n, c, &nxt_x);
     float mu = 0.0f, rs = 0.0f;
     if (live) {
       mu = mean[r];
       rs = rstd[r];
     }
+    float res[kVec][8];
+    if (kOut == 2 && live) {
+#pragma unroll
+      for (int i = 0; i < kVec; ++i) {
+        if (c.ok[i]) Load8f(residual + r * n + c.col[i], res[i]);
+      }
+    }
+    float xh[kVec][8], gg[kVec][8];
     float sums[2] = {0.0f, 0.0f};
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
-      if (live && c.ok[i]) {
-        Load8(dy + r * n + c.col[i], dyv[i]);
-        Load8(x + r * n + c.col[i], xin[i]);
+      float dyv[8], xin[8];
+      Unpack8(cur_dy.v[i], dyv);
+      Unpack8(cur_x.v[i], xin);
 #pragma unroll
-        for (int e = 0; e < 8; ++e) {
-          const float v = kGelu ? Gelu(xin[i][e]) : xin[i][e];
-          xh[i][e] = XHat(v, mu, rs);
-          const float gd = dyv[i][e] * g[i][e];
-          sums[0] += gd;
-          sums[1] += gd * xh[i][e];
-        }
+      for (int e = 0; e < 8; ++e) {
+        float v = xin[e];
+        if (kGelu) gg[i][e] = GeluAndGrad(xin[e], &v);
+        xh[i][e] = XHat(v, mu, rs);
+        const float gd = dyv[e] * g[i][e];
+        sums[0] += c.ok[i] ? gd : 0.0f;
+        sums[1] += c.ok[i] ? gd * xh[i][e] : 0.0f;
       }
     }
     GroupSum<2>(sums, red, group_threads);
-    if (!live) continue;
-    const float a = sums[0] * inv_n, bb = sums[1] * inv_n;
+    if (live) {
+      const float a = sums[0] * inv_n, bb = sums[1] * inv_n;
 #pragma unroll
-    for (int i = 0; i < kVec; ++i) {
-      if (!c.ok[i]) continue;
-      float out[8];
+      for (int i = 0; i < kVec; ++i) {
+        if (!c.ok[i]) continue;
+        float dyv[8], out[8];
+        Unpack8(cur_dy.v[i], dyv);
 #pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        const float gd = dyv[i][e] * g[i][e];
-        float d = rs * (gd - a - xh[i][e] * bb);
-        if (kGelu) d *= GeluGrad(xin[i][e]);
-        acc[0][i][e] += dyv[i][e] * xh[i][e];
-        acc[1][i][e] += dyv[i][e];
-        out[e] = d;
-      }
-      if (kOut != 0) {
-        float res[8];
-        if (kOut == 2) {
-          Load8f(residual + r * n + c.col[i], res);
-#pragma unroll
-          for (int e = 0; e < 8; ++e) out[e] += res[e];
+        for (int e = 0; e < 8; ++e) {
+          const float gd = dyv[e] * g[i][e];
+          float d = rs * (gd - a - xh[i][e] * bb);
+          if (kGelu) d *= gg[i][e];
+          Acc<kVec>(acc, 0, i, e) += dyv[e] * xh[i][e];
+          Acc<kVec>(acc, 1, i, e) += dyv[e];
+          out[e] = d;
         }
-        Store8f(residual + r * n + c.col[i], out);
-      }
-      if (kBias) {
+        if (kOut != 0) {
+          if (kOut == 2) {
 #pragma unroll
-        for (int e = 0; e < 8; ++e) acc[2][i][e] += out[e];
+            for (int e = 0; e < 8; ++e) out[e] += res[i][e];
+          }
+          Store8f(residual + r * n + c.col[i], out);
+        }
+        if (kBias) {
+#pragma unroll
+          for (int e = 0; e < 8; ++e) Acc<kVec>(acc, 2, i, e) += out[e];
+        }
+        Store8(out_bf16 + r * n + c.col[i], out);
       }
-      Store8(out_bf16 + r * n + c.col[i], out);
     }
+    cur_dy = nxt_dy;
+    cur_x = nxt_x;
   }
-  FlushPartials<3, kVec>(acc, c, n, gid, groups, comb, partials);
+  FlushPartials<kVec>(acc, c, n, t, gid, group_threads, groups, partials);
 }
 
 // --- Rotary positions.
@@ -412,7 +454,7 @@ __device__ __forceinline__ void RotaryFactors(const RotaryConsts* __restrict__ r
   const double k = rint(angle * kInv2Pi);
   double r = fma(-k, k2PiHi, angle);
   r = fma(-k, k2PiLo, r);
-  sincosf(static_cast<float>(r), sn, cs);
+  __sincosf(static_cast<float>(r), sn, cs);  // |r| <= pi: the fast path is accurate to 1e-6
   if (rc->xpos) {
     const float a = static_cast<float>(e * rc->log2_zeta_over_base[j]);
     *qs = exp2f(a);
@@ -475,16 +517,19 @@ __global__ void __launch_bounds__(kMaxRowThreads)
                          int64_t offset, int64_t d, int64_t head_dim, int group_threads,
                          const RotaryConsts* __restrict__ rc, bf16_t* __restrict__ dqkv,
                          float* __restrict__ partials) {
-  __shared__ float comb[3 * kCombMax];
+  extern __shared__ float acc[];
   const int groups = blockDim.x / group_threads;
   const int gid = threadIdx.x / group_threads, t = threadIdx.x % group_threads;
   const Cols<kVec> c(t, group_threads, d);
   const int64_t block = rc->block;
-  float acc[3][kVec][8];
 #pragma unroll
   for (int i = 0; i < kVec; ++i) {
 #pragma unroll
-    for (int e = 0; e < 8; ++e) acc[0][i][e] = acc[1][i][e] = acc[2][i][e] = 0.0f;
+    for (int e = 0; e < 8; ++e) {
+      Acc<kVec>(acc, 0, i, e) = 0.0f;
+      Acc<kVec>(acc, 1, i, e) = 0.0f;
+      Acc<kVec>(acc, 2, i, e) = 0.0f;
+    }
   }
   for (int64_t base = static_cast<int64_t>(blockIdx.x) * groups; base < rows;
        base += static_cast<int64_t>(gridDim.x) * groups) {
@@ -504,20 +549,20 @@ __global__ void __launch_bounds__(kMaxRowThreads)
       Load8(dq + src, v);
       RotateChunk(v, cs, sn, qs, -1.0f);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) acc[0][i][k] += v[k];
+      for (int k = 0; k < 8; ++k) Acc<kVec>(acc, 0, i, k) += v[k];
       Store8(out, v);
       Load8(dk + src, v);
       RotateChunk(v, cs, sn, ks, -1.0f);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) acc[1][i][k] += v[k];
+      for (int k = 0; k < 8; ++k) Acc<kVec>(acc, 1, i, k) += v[k];
       Store8(out + d, v);
       Load8(dv + src, v);
 #pragma unroll
-      for (int k = 0; k < 8; ++k) acc[2][i][k] += v[k];
+      for (int k = 0; k < 8; ++k) Acc<kVec>(acc, 2, i, k) += v[k];
       Store8(out + 2 * d, v);
     }
   }
-  FlushPartials<3, kVec>(acc, c, d, gid, groups, comb, partials);
+  FlushPartials<kVec>(acc, c, d, t, gid, group_threads, groups, partials);
 }
 
 // --- Column sums: grid (column tiles of 32, jobs), block (32, 8).
@@ -735,38 +780,41 @@ cudaError_t LaunchNormForward(const RowLaunch& l, const bf16_t* x, int64_t rows,
   return cudaGetLastError();
 }
 
-template <int kVec, bool kGelu>
+// Launches `kernel` with the accumulators' dynamic shared memory, raising the kernel's limit first
+// where it passes the default 48 KiB (rows wider than 4096).
+template <typename Kernel, typename... Args>
+cudaError_t LaunchWithAcc(Kernel kernel, const RowLaunch& l, cudaStream_t stream, Args... args) {
+  const int threads = l.group * l.groups;
+  const size_t smem = AccBytes(l.vec, threads);
+  if (smem > 48 * 1024) {
+    const cudaError_t e = cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                               static_cast<int>(smem));
+    if (e != cudaSuccess) return e;
+  }
+  kernel<<<static_cast<unsigned>(l.ctas), threads, smem, stream>>>(args...);
+  return cudaGetLastError();
+}
+
+template <int kVec, bool kGelu, int kMaxThreads, int kMinBlocks>
 cudaError_t LaunchNormBackward(const RowLaunch& l, const LayerNormBackwardArgs& a,
                                cudaStream_t stream) {
-  const dim3 grid(static_cast<unsigned>(l.ctas)), block(l.group * l.groups);
-#define DATTN_NORM_BWD(O, B)                                              \
-  LayerNormBackwardKernel<kVec, kGelu, O, B><<<grid, block, 0, stream>>>( \
-      a.dy, a.x, a.mean, a.rstd, a.gain, a.rows, a.n, l.group, a.out_bf16, a.residual, a.partials)
+#define DATTN_NORM_BWD(O, B)                                                                   \
+  return LaunchWithAcc(LayerNormBackwardKernel<kVec, kGelu, O, B, kMaxThreads, kMinBlocks>, l, \
+                       stream, a.dy, a.x, a.mean, a.rstd, a.gain, a.rows, a.n, l.group,        \
+                       a.out_bf16, a.residual, a.partials)
   switch (a.out) {
     case NormGradOut::kBf16:
-      if (a.bias_sums) {
-        DATTN_NORM_BWD(0, true);
-      } else {
-        DATTN_NORM_BWD(0, false);
-      }
-      break;
+      if (a.bias_sums) DATTN_NORM_BWD(0, true);
+      DATTN_NORM_BWD(0, false);
     case NormGradOut::kResidualSet:
-      if (a.bias_sums) {
-        DATTN_NORM_BWD(1, true);
-      } else {
-        DATTN_NORM_BWD(1, false);
-      }
-      break;
+      if (a.bias_sums) DATTN_NORM_BWD(1, true);
+      DATTN_NORM_BWD(1, false);
     case NormGradOut::kResidualAdd:
-      if (a.bias_sums) {
-        DATTN_NORM_BWD(2, true);
-      } else {
-        DATTN_NORM_BWD(2, false);
-      }
-      break;
+      if (a.bias_sums) DATTN_NORM_BWD(2, true);
+      DATTN_NORM_BWD(2, false);
   }
 #undef DATTN_NORM_BWD
-  return cudaGetLastError();
+  return cudaErrorInvalidValue;
 }
 
 }  // namespace
@@ -776,7 +824,7 @@ cudaError_t LayerNormForward(const bf16_t* x, int64_t rows, int64_t n, const flo
                              bf16_t* y, float* mean, float* rstd, int num_sms,
                              cudaStream_t stream) {
   if (rows < 1 || !RowWidthOk(n) || num_sms < 1) return cudaErrorInvalidValue;
-  const RowLaunch l = RowLaunchFor(rows, n, num_sms);
+  const RowLaunch l = RowLaunchFor(rows, n, num_sms, /*ctas_per_sm=*/8);
   switch (l.vec) {
     case 1:
       return LaunchNormForward<1>(l, x, rows, n, gain, shift, eps, gelu, use_saved_stats, y, mean,
@@ -796,24 +844,26 @@ cudaError_t LayerNormBackward(const LayerNormBackwardArgs& a, int num_sms, cudaS
     return cudaErrorInvalidValue;
   }
   const RowLaunch l = RowLaunchFor(a.rows, a.n, num_sms);
-  if (l.groups > 1 && a.n > kCombMax) return cudaErrorInvalidValue;
+  const bool two_per_sm = l.vec == 1 && l.group * l.groups <= 384;
   if (a.gelu) {
+    if (two_per_sm) return LaunchNormBackward<1, true, 384, 2>(l, a, stream);
     switch (l.vec) {
       case 1:
-        return LaunchNormBackward<1, true>(l, a, stream);
+        return LaunchNormBackward<1, true, kMaxRowThreads, 1>(l, a, stream);
       case 2:
-        return LaunchNormBackward<2, true>(l, a, stream);
+        return LaunchNormBackward<2, true, kMaxRowThreads, 1>(l, a, stream);
       default:
-        return LaunchNormBackward<4, true>(l, a, stream);
+        return LaunchNormBackward<4, true, kMaxRowThreads, 1>(l, a, stream);
     }
   }
+  if (two_per_sm) return LaunchNormBackward<1, false, 384, 2>(l, a, stream);
   switch (l.vec) {
     case 1:
-      return LaunchNormBackward<1, false>(l, a, stream);
+      return LaunchNormBackward<1, false, kMaxRowThreads, 1>(l, a, stream);
     case 2:
-      return LaunchNormBackward<2, false>(l, a, stream);
+      return LaunchNormBackward<2, false, kMaxRowThreads, 1>(l, a, stream);
     default:
-      return LaunchNormBackward<4, false>(l, a, stream);
+      return LaunchNormBackward<4, false, kMaxRowThreads, 1>(l, a, stream);
   }
 }
 
@@ -824,7 +874,7 @@ cudaError_t RotaryForward(bf16_t* qkv, int64_t rows, int64_t ld, int64_t seq_len
       d % head_dim != 0 || ld < 2 * d || ld % 8 != 0 || num_sms < 1 || position_offset < 0) {
     return cudaErrorInvalidValue;
   }
-  const RowLaunch l = RowLaunchFor(rows, d, num_sms);
+  const RowLaunch l = RowLaunchFor(rows, d, num_sms, /*ctas_per_sm=*/8);
   const dim3 grid(static_cast<unsigned>(l.ctas)), block(l.group * l.groups);
   switch (l.vec) {
     case 1:
@@ -852,23 +902,17 @@ cudaError_t RotaryBackward(const bf16_t* dq, const bf16_t* dk, const bf16_t* dv,
     return cudaErrorInvalidValue;
   }
   const RowLaunch l = RowLaunchFor(rows, d, num_sms);
-  if (l.groups > 1 && d > kCombMax) return cudaErrorInvalidValue;
-  const dim3 grid(static_cast<unsigned>(l.ctas)), block(l.group * l.groups);
   switch (l.vec) {
     case 1:
-      RotaryBackwardKernel<1><<<grid, block, 0, stream>>>(
-          dq, dk, dv, rows, seq_len, position_offset, d, head_dim, l.group, consts, dqkv, partials);
-      break;
+      return LaunchWithAcc(RotaryBackwardKernel<1>, l, stream, dq, dk, dv, rows, seq_len,
+                           position_offset, d, head_dim, l.group, consts, dqkv, partials);
     case 2:
-      RotaryBackwardKernel<2><<<grid, block, 0, stream>>>(
-          dq, dk, dv, rows, seq_len, position_offset, d, head_dim, l.group, consts, dqkv, partials);
-      break;
+      return LaunchWithAcc(RotaryBackwardKernel<2>, l, stream, dq, dk, dv, rows, seq_len,
+                           position_offset, d, head_dim, l.group, consts, dqkv, partials);
     default:
-      RotaryBackwardKernel<4><<<grid, block, 0, stream>>>(
-          dq, dk, dv, rows, seq_len, position_offset, d, head_dim, l.group, consts, dqkv, partials);
-      break;
+      return LaunchWithAcc(RotaryBackwardKernel<4>, l, stream, dq, dk, dv, rows, seq_len,
+                           position_offset, d, head_dim, l.group, consts, dqkv, partials);
   }
-  return cudaGetLastError();
 }
 
 cudaError_t ColumnSums(const ColumnSumJob* jobs, int num_jobs, int64_t max_n, cudaStream_t stream) {

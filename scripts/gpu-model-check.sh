@@ -37,6 +37,9 @@ if [ "$mode" = "stage" ]; then
   mkdir -p "$dir/lib"
   cp -fL bazel-bin/model/cuda/model_kernels_test bazel-bin/model/cuda/cuda_adamw_test \
     bazel-bin/model/cuda/cuda_longnet_test bazel-bin/bench/model_bench/model_bench "$dir/"
+  chmod u+w "$dir"/*
+  strip --strip-debug "$dir"/model_kernels_test "$dir"/cuda_adamw_test "$dir"/cuda_longnet_test \
+    "$dir"/model_bench
   # The CPU model's OpenBLAS (and its Fortran runtime), which the GPU image lacks.
   for lib in libopenblas.so.0 libgfortran.so.5 libquadmath.so.0 libatomic.so.1; do
     cp -fL "/usr/lib/x86_64-linux-gnu/$lib" "$dir/lib/"

@@ -93,6 +93,8 @@ class LongNetLM(nn.Module):
         self.embedding = nn.Embedding(VOCAB, D_MODEL, device="cuda", dtype=dtype)
         self.blocks = nn.ModuleList([Block(mhda_cls, dtype) for _ in range(LAYERS)])
         self.final_norm = nn.LayerNorm(D_MODEL, device="cuda", dtype=dtype)
+        # As our model's MAGNETO init: tied logits of a normalised state start at about unit scale.
+        nn.init.normal_(self.embedding.weight, std=D_MODEL ** -0.5)
 
     def forward(self, tokens, targets):
         x = self.embedding(tokens)

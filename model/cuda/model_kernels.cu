@@ -47,16 +47,36 @@ __device__ __forceinline__ void Store8f(float* p, const float (&v)[8]) {
 
 // --- Element math, written with explicit roundings so that every instantiation (and the
 // recomputation in the backward pass) produces the same bits.
-__device__ __forceinline__ float Gelu(float x) {
-  return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, erff(__fmul_rn(x, kInvSqrt2))));
+// erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7 for every x, far below the 2^-9 of the
+// bf16 values it feeds), branch-free: erf(x) = sign(x) (1 - t P(t) e^(-x^2)), t = 1 / (1 + p |x|).
+// About 14 instructions against libdevice's erff's 25-35 with branches: the GELU kernels are
+// arithmetic-bound. *e_out := e^(-x^2), which GELU's derivative reuses.
+__device__ __forceinline__ float ErfWithExp(float x, float* e_out) {
+  const float a = fabsf(x);
+  const float t = __fdividef(1.0f, __fmaf_rn(0.3275911f, a, 1.0f));
+  float p = __fmaf_rn(t, 1.061405429f, -1.453152027f);
+  p = __fmaf_rn(t, p, 1.421413741f);
+  p = __fmaf_rn(t, p, -0.284496736f);
+  p = __fmaf_rn(t, p, 0.254829592f);
+  p = __fmul_rn(t, p);
+  const float e = __expf(__fmul_rn(-a, a));
+  *e_out = e;
+  return copysignf(__fmaf_rn(-p, e, 1.0f), x);
 }
-// GELU(x) and its derivative Phi(x) + x phi(x) from one erf; *value has Gelu(x)'s bits.
+// GELU(x) = x/2 (1 + erf(x / sqrt 2)).
+__device__ __forceinline__ float Gelu(float x) {
+  float e;
+  const float erf = ErfWithExp(__fmul_rn(x, kInvSqrt2), &e);
+  return __fmul_rn(__fmul_rn(0.5f, x), __fadd_rn(1.0f, erf));
+}
+// GELU(x) and its derivative Phi(x) + x phi(x) from one erf and one exp; *value has Gelu(x)'s bits
+// (phi(x) = e^(-x^2/2) / sqrt(2 pi), the exp of the erf of x / sqrt 2).
 __device__ __forceinline__ float GeluAndGrad(float x, float* value) {
-  const float one_e = __fadd_rn(1.0f, erff(__fmul_rn(x, kInvSqrt2)));
+  float e;
+  const float one_e = __fadd_rn(1.0f, ErfWithExp(__fmul_rn(x, kInvSqrt2), &e));
   *value = __fmul_rn(__fmul_rn(0.5f, x), one_e);
   const float cdf = __fmul_rn(0.5f, one_e);
-  const float pdf = __fmul_rn(kInvSqrt2Pi, __expf(__fmul_rn(-0.5f, __fmul_rn(x, x))));
-  return __fadd_rn(cdf, __fmul_rn(x, pdf));
+  return __fadd_rn(cdf, __fmul_rn(x, __fmul_rn(kInvSqrt2Pi, e)));
 }
 __device__ __forceinline__ float XHat(float v, float mu, float rs) {
   return __fmul_rn(__fsub_rn(v, mu), rs);

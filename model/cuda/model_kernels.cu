@@ -113,50 +113,6 @@ __device__ __forceinline__ void GroupSum(float (&v)[K], float* red, int group_th
   __syncthreads();
 }
 
-// (count, mean, sum of squared deviations) of two sets combined (Chan, Golub, LeVeque): exact in
-// exact arithmetic, and as accurate as two passes in floating point.
-__device__ __forceinline__ void CombineMoments(float& n, float& mean, float& m2, float nb, float mb,
-                                               float m2b) {
-  const float total = n + nb;
-  if (total == 0.0f) return;
-  const float d = mb - mean;
-  const float wb = __fdividef(nb, total);
-  mean = mean + d * wb;
-  m2 = m2 + m2b + d * d * n * wb;
-  n = total;
-}
-
-// The group's (count, mean, M2) from each thread's: one butterfly per warp, one shared-memory round
-// (one pair of barriers instead of two reductions' two). Every thread of the group gets the same
-// bits (lane 0's butterfly result, warps combined in order).
-__device__ __forceinline__ void GroupMoments(float& n, float& mean, float& m2, float* red,
-                                             int group_threads) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  const int warps = group_threads >> 5;
-  const int first = (warp / warps) * warps;
-#pragma unroll
-  for (int off = 16; off > 0; off >>= 1) {
-    const float on = __shfl_xor_sync(0xffffffffu, n, off);
-    const float om = __shfl_xor_sync(0xffffffffu, mean, off);
-    const float o2 = __shfl_xor_sync(0xffffffffu, m2, off);
-    CombineMoments(n, mean, m2, on, om, o2);
-  }
-  if (lane == 0) {
-    red[warp * 3] = n;
-    red[warp * 3 + 1] = mean;
-    red[warp * 3 + 2] = m2;
-  }
-  __syncthreads();
-  n = 0.0f;
-  mean = 0.0f;
-  m2 = 0.0f;
-  for (int w = 0; w < warps; ++w) {
-    CombineMoments(n, mean, m2, red[(first + w) * 3], red[(first + w) * 3 + 1],
-                   red[(first + w) * 3 + 2]);
-  }
-  __syncthreads();
-}
-
 // A thread's columns: chunk i starts at (i * group_threads + t) * 8.
 template <int kVec>
 struct Cols {
@@ -317,13 +273,13 @@ __device__ __forceinline__ void Unpack8(const uint4& raw, float (&v)[8]) {
 }
 
 // --- LayerNorm forward (of x or of GELU(x)).
-template <int kVec, bool kGelu, bool kSaved, int kMaxThreads, int kMinBlocks>
-__global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
+template <int kVec, bool kGelu, bool kSaved>
+__global__ void __launch_bounds__(kMaxRowThreads)
     LayerNormForwardKernel(const bf16_t* __restrict__ x, int64_t rows, int64_t n, int group_threads,
                            const float* __restrict__ gain, const float* __restrict__ shift,
                            float eps, bf16_t* __restrict__ y, float* __restrict__ mean,
                            float* __restrict__ rstd) {
-  __shared__ float red[96];
+  __shared__ float red[64];
   const int groups = blockDim.x / group_threads;
   const int gid = threadIdx.x / group_threads, t = threadIdx.x % group_threads;
   const Cols<kVec> c(t, group_threads, n);
@@ -360,28 +316,27 @@ __global__ void __launch_bounds__(kMaxThreads, kMinBlocks)
       }
     }
     if (!kSaved) {
-      // This thread's count, mean and M2 (two passes over its own values), then the group's.
-      float cnt = 0.0f, sum = 0.0f;
+      float s[1] = {0.0f};
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         if (!c.ok[i]) continue;
-        cnt += 8.0f;
 #pragma unroll
-        for (int e = 0; e < 8; ++e) sum += v[i][e];
+        for (int e = 0; e < 8; ++e) s[0] += v[i][e];
       }
-      float m = cnt > 0.0f ? __fdividef(sum, cnt) : 0.0f, m2 = 0.0f;
+      GroupSum<1>(s, red, group_threads);
+      mu = s[0] * inv_n;
+      float q[1] = {0.0f};
 #pragma unroll
       for (int i = 0; i < kVec; ++i) {
         if (!c.ok[i]) continue;
 #pragma unroll
         for (int e = 0; e < 8; ++e) {
-          const float d = v[i][e] - m;
-          m2 += d * d;
+          const float d = v[i][e] - mu;
+          q[0] += d * d;
         }
       }
-      GroupMoments(cnt, m, m2, red, group_threads);
-      mu = m;
-      rs = rsqrtf(m2 * inv_n + eps);
+      GroupSum<1>(q, red, group_threads);
+      rs = rsqrtf(q[0] * inv_n + eps);
       if (live && t == 0) {
         mean[r] = mu;
         rstd[r] = rs;
@@ -819,14 +774,14 @@ cudaError_t EmbeddingBackward(const int64_t* order, const EmbeddingItem* items, 
 
 namespace {
 
-template <int kVec, int kMaxThreads, int kMinBlocks>
+template <int kVec>
 cudaError_t LaunchNormForward(const RowLaunch& l, const bf16_t* x, int64_t rows, int64_t n,
                               const float* gain, const float* shift, float eps, bool gelu,
                               bool saved, bf16_t* y, float* mean, float* rstd,
                               cudaStream_t stream) {
   const dim3 grid(static_cast<unsigned>(l.ctas)), block(l.group * l.groups);
-#define DATTN_NORM_FWD(G, S)                                  \
-  LayerNormForwardKernel<kVec, G, S, kMaxThreads, kMinBlocks> \
+#define DATTN_NORM_FWD(G, S)         \
+  LayerNormForwardKernel<kVec, G, S> \
       <<<grid, block, 0, stream>>>(x, rows, n, l.group, gain, shift, eps, y, mean, rstd)
   if (gelu) {
     if (saved) {
@@ -890,22 +845,16 @@ cudaError_t LayerNormForward(const bf16_t* x, int64_t rows, int64_t n, const flo
                              cudaStream_t stream) {
   if (rows < 1 || !RowWidthOk(n) || num_sms < 1) return cudaErrorInvalidValue;
   const RowLaunch l = RowLaunchFor(rows, n, num_sms, /*ctas_per_sm=*/8);
-  // Rows of up to 3072 (CTAs of at most 384 threads): registers capped for three CTAs per
-  // multiprocessor, so that more rows are in flight (the kernel is latency-bound).
-  if (l.vec == 1 && l.group * l.groups <= 384) {
-    return LaunchNormForward<1, 384, 3>(l, x, rows, n, gain, shift, eps, gelu, use_saved_stats, y,
-                                        mean, rstd, stream);
-  }
   switch (l.vec) {
     case 1:
-      return LaunchNormForward<1, kMaxRowThreads, 1>(l, x, rows, n, gain, shift, eps, gelu,
-                                                     use_saved_stats, y, mean, rstd, stream);
+      return LaunchNormForward<1>(l, x, rows, n, gain, shift, eps, gelu, use_saved_stats, y, mean,
+                                  rstd, stream);
     case 2:
-      return LaunchNormForward<2, kMaxRowThreads, 1>(l, x, rows, n, gain, shift, eps, gelu,
-                                                     use_saved_stats, y, mean, rstd, stream);
+      return LaunchNormForward<2>(l, x, rows, n, gain, shift, eps, gelu, use_saved_stats, y, mean,
+                                  rstd, stream);
     default:
-      return LaunchNormForward<4, kMaxRowThreads, 1>(l, x, rows, n, gain, shift, eps, gelu,
-                                                     use_saved_stats, y, mean, rstd, stream);
+      return LaunchNormForward<4>(l, x, rows, n, gain, shift, eps, gelu, use_saved_stats, y, mean,
+                                  rstd, stream);
   }
 }
 

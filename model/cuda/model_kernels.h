@@ -19,7 +19,9 @@
 // up, per CTA and in row order, the column sums of the parameter gradients they feed (LayerNorm
 // gain and shift, the bias of the linear layer whose output gradient they produce) into `partials`,
 // [ctas][3][n] fp32; ColumnSums later adds every CTA's row, in CTA order and in fp64, into the
-// fp32 gradients.
+// fp32 gradients. Row kernels load a row ahead (the next row's loads are in flight while the
+// current one is reduced); the backward ones keep their column accumulators in dynamic shared
+// memory (96 bytes per thread per 8-column chunk) so that the row's values stay in registers.
 #ifndef DATTN_MODEL_CUDA_MODEL_KERNELS_H_
 #define DATTN_MODEL_CUDA_MODEL_KERNELS_H_
 

@@ -18,22 +18,6 @@ namespace model {
     if (!model_status_.ok()) return model_status_; \
   } while (0)
 
-ModelFlops CountFlops(const LongNetConfig& c, int64_t batch, int64_t seq_len,
-                      bool checkpoint_activations) {
-  const double m = static_cast<double>(batch) * static_cast<double>(seq_len);
-  const double d = static_cast<double>(c.d_model), f = static_cast<double>(c.ffn_dim);
-  const double layers = static_cast<double>(c.num_layers);
-  const double linear = 2.0 * m * (4.0 * d * d + 2.0 * d * f);
-  const double attention =
-      dilation::NominalForwardFlops(c.attention_spec(), batch, seq_len, c.num_heads, c.head_dim());
-  const double head = 2.0 * m * d * static_cast<double>(c.vocab_size);
-  ModelFlops flops;
-  flops.forward = layers * (linear + attention) + head;
-  flops.backward = layers * (2.0 * linear + 2.5 * attention) + 2.0 * head;
-  if (checkpoint_activations) flops.backward += layers * (linear + attention);
-  return flops;
-}
-
 template <typename T>
 LongNetLM<T>::LongNetLM(const LongNetConfig& config, const ModelOptions& options,
                         ParamLayout layout, ModelOffsets offsets, std::unique_ptr<LayerOps<T>> ops,
@@ -118,43 +102,7 @@ absl::Status LongNetLM<T>::CopyLogitsToHost(T* host) {
 
 template <typename T>
 absl::Status LongNetLM<T>::CheckTokens(const TokenBatch& b) const {
-  if (b.batch < 1 || b.seq_len < 1) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("token batch: batch ", b.batch, " and seq_len ", b.seq_len, " must be >= 1"));
-  }
-  if (b.tokens == nullptr) return absl::InvalidArgumentError("token batch: tokens is null");
-  // Every buffer is at most M x max(d, F, V) elements, and attention's lse B x H x N: they must
-  // fit in int64 (long contexts pass 2^31 easily; 2^63 only by mistake).
-  int64_t m = 0, widest = 0;
-  const int64_t width =
-      std::max({config_.d_model, config_.ffn_dim, config_.vocab_size, config_.num_heads});
-  if (__builtin_mul_overflow(b.batch, b.seq_len, &m) || __builtin_mul_overflow(m, width, &widest) ||
-      widest > std::numeric_limits<int64_t>::max() / static_cast<int64_t>(sizeof(T))) {
-    return absl::InvalidArgumentError(absl::StrCat("token batch: batch ", b.batch, " x seq_len ",
-                                                   b.seq_len, " x width ", width,
-                                                   " overflows int64 bytes"));
-  }
-  const SequencePositions& p = b.positions;
-  if (p.total != 0 && (p.offset < 0 || p.offset > p.total - b.seq_len)) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("token batch: positions [", p.offset, ", ", p.offset, " + ", b.seq_len,
-                     ") do not lie inside a sequence of ", p.total, " positions"));
-  }
-  for (int which = 0; which < 2; ++which) {
-    const int32_t* ids = which == 0 ? b.tokens : b.targets;
-    if (ids == nullptr) continue;
-    for (int64_t t = 0; t < m; ++t) {
-      const int32_t id = ids[t];
-      const bool ok = (id >= 0 && id < config_.vocab_size) || (which == 1 && id == kIgnoreTarget);
-      if (!ok) {
-        return absl::InvalidArgumentError(absl::StrCat(
-            which == 0 ? "tokens" : "targets", "[", t / b.seq_len, ", ", t % b.seq_len, "] = ", id,
-            " is outside [0, vocab_size = ", config_.vocab_size, ")",
-            which == 1 ? absl::StrCat(" and is not ", kIgnoreTarget, " (ignored)") : ""));
-      }
-    }
-  }
-  return absl::OkStatus();
+  return CheckTokenBatch(config_, b, static_cast<int64_t>(sizeof(T)));
 }
 
 template <typename T>

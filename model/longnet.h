@@ -41,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "engine/attention_spec.h"
 #include "model/config.h"
+#include "model/language_model.h"
 #include "model/layer_ops.h"
 #include "model/longnet_params.h"
 #include "model/param_layout.h"
@@ -50,57 +51,11 @@
 namespace dattn {
 namespace model {
 
-struct ModelOptions {
-  // Activation checkpointing of every block: the forward pass keeps only each block's input; the
-  // backward pass recomputes the block's forward from it, then runs its backward. Gradients are
-  // bit-identical to a run without it; costs one more forward of the blocks.
-  bool checkpoint_activations = false;
-  // Fill every activation and scratch buffer with NaN at the start of each Forward and Backward
-  // (and before each recomputed block), so that anything read before it is written this call
-  // shows up as NaN in the loss, logits or gradients. For tests; costs a pass over the memory.
-  bool poison_scratch = false;
-};
-
-// One call's tokens: `batch` sequences of `seq_len` token ids each, row-major, host memory, read
-// during Forward only (the model keeps a copy for Backward).
-struct TokenBatch {
-  const int32_t* tokens = nullptr;   // Each in [0, vocab_size).
-  const int32_t* targets = nullptr;  // Each in [0, vocab_size) or kIgnoreTarget; null: no loss.
-  int64_t batch = 0;
-  int64_t seq_len = 0;
-  // Where the rows sit in the whole sequence (sequence parallelism); total == 0 means the whole
-  // sequence is here: {0, seq_len}. Rotary positions are offset + t.
-  SequencePositions positions;
-};
-
-struct LossResult {
-  double loss = 0;          // loss_sum / num_targets; 0 when there are no targets.
-  double loss_sum = 0;      // Sum over targeted positions of -log p(target), in fp64.
-  int64_t num_targets = 0;  // Positions whose target is not kIgnoreTarget.
-};
-
-struct BackwardOptions {
-  // The gradient computed is that of loss_scale * loss (the mean): 1/k for k accumulated micro-
-  // batches, or num_targets / global_targets for a rank of a sequence-parallel ring.
-  double loss_scale = 1.0;
-  // kOverwrite: grads() := the gradient (every element written); kAdd: grads() += the gradient.
-  Accumulate grads = Accumulate::kOverwrite;
-};
-
-// FLOPs of one call (multiply-add = 2): the linear layers and LM head exactly, attention as the
-// engine's nominal count (engine/attention_spec.h: 4 B heads N D w/r^2 per pattern, halved when
-// causal). LayerNorm, GELU, rotary, softmax and residual adds (O(M d) each) are not counted.
-struct ModelFlops {
-  double forward = 0;   // L (2 M (4 d^2 + 2 d F) + attention) + 2 M d V.
-  double backward = 0;  // Twice the linear FLOPs, 2.5 times attention's; with checkpointing, plus
-                        // the blocks' forward again.
-};
-ModelFlops CountFlops(const LongNetConfig& config, int64_t batch, int64_t seq_len,
-                      bool checkpoint_activations);
-
+// ModelOptions, TokenBatch, LossResult, BackwardOptions and CountFlops are in language_model.h.
+//
 // T is float or double, the type of the parameters, gradients and activations.
 template <typename T>
-class LongNetLM {
+class LongNetLM final : public LanguageModel<T> {
  public:
   // A model with uninitialised parameters (call InitParams or CopyParamsFromHost). The ops and
   // the attention must be on the same device and the ops' dtype must be T. INVALID_ARGUMENT for a
@@ -114,43 +69,44 @@ class LongNetLM {
                                                               const ModelOptions& options,
                                                               int num_threads = 0);
 
-  const LongNetConfig& config() const { return config_; }
-  const ModelOptions& options() const { return options_; }
-  const ParamLayout& layout() const { return layout_; }
+  const LongNetConfig& config() const override { return config_; }
+  const ModelOptions& options() const override { return options_; }
+  const ParamLayout& layout() const override { return layout_; }
+  Device device() const override { return ops_->device(); }
   const ModelOffsets& offsets() const { return offsets_; }
   LayerOps<T>& ops() { return *ops_; }
 
   // The flat parameter and gradient buffers, layout().total() elements each, on the ops' device
   // (host memory on the CPU). Owned by the model; valid for its lifetime. An optimizer may update
   // params() in place between calls.
-  T* params() { return params_.data(); }
-  const T* params() const { return params_.data(); }
-  T* grads() { return grads_.data(); }
-  const T* grads() const { return grads_.data(); }
+  T* params() override { return params_.data(); }
+  const T* params() const override { return params_.data(); }
+  T* grads() override { return grads_.data(); }
+  const T* grads() const override { return grads_.data(); }
 
   // MAGNETO initialisation (longnet_params.h's InitMagneto), computed in fp64 and rounded to T.
-  absl::Status InitParams(uint64_t seed);
+  absl::Status InitParams(uint64_t seed) override;
   // Copies of the whole flat buffers to and from host arrays of layout().total() elements.
-  absl::Status CopyParamsFromHost(const T* host);
-  absl::Status CopyParamsToHost(T* host);
-  absl::Status CopyGradsToHost(T* host);
+  absl::Status CopyParamsFromHost(const T* host) override;
+  absl::Status CopyParamsToHost(T* host) override;
+  absl::Status CopyGradsToHost(T* host) override;
 
   // Runs the model on `batch`: logits for every position and, when targets are given, the loss.
   // Keeps what Backward needs. Errors as in the file comment; tokens and targets are checked and
   // the first bad one named with its (sequence, position). FLOPs: CountFlops(...).forward; bytes:
   // the parameters read about once per use, the activations of the file comment written once and
   // read a few times.
-  absl::StatusOr<LossResult> Forward(const TokenBatch& batch);
+  absl::StatusOr<LossResult> Forward(const TokenBatch& batch) override;
 
   // Gradients of options.loss_scale * (the last Forward's loss) with respect to params(), into
   // grads(). Needs a successful Forward with targets since; may be repeated. FLOPs:
   // CountFlops(...).backward; bytes: the activations read about twice, the gradients written once
   // (plus the recomputed blocks' forward with checkpointing).
-  absl::Status Backward(const BackwardOptions& options = {});
+  absl::Status Backward(const BackwardOptions& options = {}) override;
 
   // The last Forward's logits, [batch * seq_len, vocab_size] on the device; null before any.
   const T* logits() const { return logits_.data(); }
-  absl::Status CopyLogitsToHost(T* host);
+  absl::Status CopyLogitsToHost(T* host) override;
 
  private:
   // One block's saved activations ([M, width] unless noted).

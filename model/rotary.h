@@ -60,6 +60,12 @@ class RotaryPlan {
   // XPOS scales of q and k (1 without XPOS). 2 sincos + 2 exp per pair.
   void Factors(int64_t n, double* cos, double* sin, double* q_scale, double* k_scale) const;
 
+  // The plan's constants, for a device implementation that computes Factors itself: theta_j and
+  // log(zeta_j) for j < head_dim / 2, and xpos_scale_base.
+  const std::vector<double>& inv_freq() const { return inv_freq_; }
+  const std::vector<double>& log_zeta() const { return log_zeta_; }
+  double scale_base() const { return scale_base_; }
+
  private:
   int64_t head_dim_ = 0;
   bool xpos_ = false;

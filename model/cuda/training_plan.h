@@ -1,0 +1,140 @@
+// Where every byte of the CUDA model's training step lives, computed before anything is allocated:
+// the layout of the bf16 working copy of the weights, the layout of the activation arena, and the
+// memory plan of a whole step (weights, gradients, optimizer moments, activations with or without
+// checkpointing, scratch, workspaces). CudaLongNetLM allocates by these same functions (one arena
+// carved at the offsets below), so the plan is the allocation; what it cannot know exactly is the
+// engine's attention workspace pool (planned by engine/cuda/cuda_memory_plan.h), the libraries'
+// own memory (cuBLASLt, cuDNN handles and lazily loaded kernels: a fixed allowance) and the
+// driver's rounding. cuda_longnet_test and bench/model_bench check the plan against the measured
+// peak (device memory in use, from cudaMemGetInfo, above what it was before the model existed).
+//
+// Sizes (M = batch x seq_len rows, d, F, V, H, L as in docs/MODEL.md; bf16 = 2 bytes):
+//   params, grads: 4 P each; working copy: about 2 P (bf16, tensors aligned to 256 bytes);
+//   AdamW moments and decay bits: 8 P + P / 8;
+//   residual stream xs[0..L]: (L + 1) 2 M d;
+//   per block kept for the backward pass: q, k, v, attention output, x_mid: 5 M d; the FFN's
+//     pre-activation h: M F; LayerNorm statistics 8 M and lse 4 H M (fp32) -- plus, unless norms
+//     are recomputed, the four LayerNorm outputs 3 M d + M F;
+//   with checkpoint_activations, one such block set in all (the recomputed block's);
+//   final norm 2 M d + 8 M, logits 4 M V (fp32), their gradient 2 M V, row lse 4 M;
+//   backward scratch: the residual gradient 4 M d (fp32) + 2 M d (bf16), 2 M max(F, 3d),
+//     dqkv 6 M d, one [M, d] bf16 temporary, and with recomputed norms one more [M, d];
+//   per-CTA partial column sums: 4 x 3 ctas (F + 4 d) (ctas = 4 x SMs, independent of M);
+//   tokens, targets, the embedding's sorted positions and item sums: about 16 M + 4 d (M/256 + V).
+// Pure functions; thread-safe.
+#ifndef DATTN_MODEL_CUDA_TRAINING_PLAN_H_
+#define DATTN_MODEL_CUDA_TRAINING_PLAN_H_
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/status/statusor.h"
+#include "model/config.h"
+#include "model/param_layout.h"
+
+namespace dattn {
+namespace model {
+namespace cuda {
+
+// --- The bf16 working copy: one buffer, tensors 128-element (256-byte) aligned, the q, k, v
+// projections stacked into one [3d, d] matrix and one [3d] bias (one GEMM for all three), every
+// bias next to its weight. Segments say how it is filled from the fp32 master buffer.
+struct WorkingBlock {
+  int64_t wqkv = 0, bqkv = 0;  // [3d, d], [3d]
+  int64_t wo = 0, bo = 0;      // [d, d], [d]
+  int64_t w1 = 0, b1 = 0;      // [F, d], [F]
+  int64_t w2 = 0, b2 = 0;      // [d, F], [d]
+};
+struct WorkingCopyLayout {
+  int64_t size = 0;       // elements (a multiple of 8)
+  int64_t embedding = 0;  // [V, d]
+  int64_t head = 0;       // [V, d]: == embedding when tied
+  std::vector<WorkingBlock> blocks;
+  struct Segment {
+    int64_t src = 0, dst = 0, n = 0;  // master[src, src + n) -> working[dst, dst + n)
+  };
+  std::vector<Segment> segments;  // sorted by dst, disjoint
+};
+// INVALID_ARGUMENT unless the config is one the CUDA model runs (CheckCudaConfig).
+absl::StatusOr<WorkingCopyLayout> LayoutWorkingCopy(const LongNetConfig& config,
+                                                    const ParamLayout& layout);
+
+// What the CUDA model takes beyond ValidateConfig: d_model and ffn_dim multiples of 8 and at most
+// 16384 (the row kernels' 16-byte accesses and widths), head_dim a multiple of 8 and at most 256
+// (the engine's CUDA backend; 64 and 128 run on its Hopper kernels). INVALID_ARGUMENT naming the
+// field and value.
+absl::Status CheckCudaConfig(const LongNetConfig& config);
+
+// --- The activation arena: byte offsets of every activation and scratch buffer of one shape.
+struct ArenaOptions {
+  bool checkpoint_activations = false;
+  // Keep the four LayerNorm outputs of each block (faster backward) or recompute them from the
+  // saved inputs and statistics (3 M d + M F less per block; about 14 M d more bytes moved).
+  bool recompute_norms = false;
+  int num_sms = 132;  // the device's multiprocessors (partial sums are per CTA)
+};
+struct BlockSlots {
+  // bf16 [M, width]: ln1, sub1, ln2 [M, d]; qkv [M, 3d]; attn, x_mid [M, d]; h, sub2 [M, F].
+  int64_t ln1 = 0, qkv = 0, attn = 0, sub1 = 0, x_mid = 0, ln2 = 0, h = 0, sub2 = 0;
+  // fp32: (mean [M], rstd [M]) per norm; lse [B, H, N].
+  int64_t ln1_stats = 0, sub1_stats = 0, ln2_stats = 0, sub2_stats = 0, lse = 0;
+};
+struct ArenaLayout {
+  int64_t bytes = 0;
+  int64_t rows = 0;              // M
+  std::vector<int64_t> xs;       // L + 1 residual-stream buffers, bf16 [M, d]
+  std::vector<BlockSlots> sets;  // L sets, or 1 with checkpointing
+  int64_t xf = 0, xf_stats = 0;  // final norm output (bf16) and statistics
+  int64_t logits = 0;            // fp32 [M, V]
+  int64_t row_lse = 0;           // fp32 [M]
+  int64_t dlogits = 0;           // bf16 [M, V]
+  int64_t dres32 = 0;            // fp32 [M, d]: the residual stream's gradient
+  int64_t dres = 0;              // bf16 copy of it
+  int64_t big = 0;               // bf16 [M, max(F, 3d)]: FFN gradient; dq, dk, dv
+  int64_t dqkv = 0;              // bf16 [M, 3d]
+  int64_t tmp = 0;               // bf16 [M, d]
+  int64_t norm_scratch = -1;     // bf16 [M, d], recompute_norms only
+  // fp32 per-CTA partial sums [ctas][3][width] of the backward row kernels of one block.
+  int64_t part_ffn = 0, part_ln2 = 0, part_sub1 = 0, part_rope = 0, part_ln1 = 0;
+  int64_t part_ctas_ffn = 0, part_ctas_d = 0;  // rows of each (RowLaunchFor)
+  int64_t tokens = 0, targets = 0;             // int32 [M]
+  int64_t emb_order = 0;                       // int64 [M]
+  int64_t emb_items = 0, emb_max_items = 0;    // EmbeddingItem [M / 256 + V + 1]
+  int64_t emb_token_items = 0;                 // int64 [V + 1]
+  int64_t emb_partial = 0;                     // fp32 [max items, d]
+  int64_t ce_partials = 0, loss = 0;           // fp64
+};
+absl::StatusOr<ArenaLayout> LayoutArena(const LongNetConfig& config, int64_t batch, int64_t seq_len,
+                                        const ArenaOptions& options);
+
+// --- A whole training step on one GPU.
+struct TrainingMemoryOptions {
+  ArenaOptions arena;
+  bool include_optimizer = true;              // CudaAdamW's moments, bits and scratch
+  int64_t gemm_workspace_bytes = 32ll << 20;  // CudaModelOptions::gemm_workspace_bytes
+  // cuBLASLt's and cuDNN's handles, their lazily loaded kernels, and the engine's item counters:
+  // not computable; a fixed allowance (measured on an H200 with CUDA 13.0, cuDNN 9.19).
+  int64_t library_allowance_bytes = 128ll << 20;
+};
+struct TrainingMemoryPlan {
+  int64_t params_bytes = 0, grads_bytes = 0, working_copy_bytes = 0, optimizer_bytes = 0;
+  int64_t activations_bytes = 0;  // the arena's saved activations (xs, block sets, final norm,
+                                  // logits)
+  int64_t scratch_bytes = 0;      // the rest of the arena
+  int64_t attention_workspace_bytes = 0;  // the engine's pool at its high-water mark
+  int64_t gemm_workspace_bytes = 0;
+  int64_t library_bytes = 0;
+  int64_t total_bytes = 0;
+  std::string DebugString() const;  // one line, every part in MiB
+};
+absl::StatusOr<TrainingMemoryPlan> PlanTrainingMemory(const LongNetConfig& config, int64_t batch,
+                                                      int64_t seq_len,
+                                                      const TrainingMemoryOptions& options);
+
+}  // namespace cuda
+}  // namespace model
+}  // namespace dattn
+
+#endif  // DATTN_MODEL_CUDA_TRAINING_PLAN_H_

@@ -52,6 +52,15 @@ class AttentionKind final : public WorkKind {
                                              size_t device) const override;
   void DescribeRecovery(const JobAnalysis& analysis, size_t device,
                         scheduler::RecoveryInput* input) const override;
+  bool KeepsStoredOutput(const v1::JobResult& result) const override {
+    return result.attention().has_output_info();
+  }
+  const v1::Tensor* InlineOutput(const v1::JobResult& result) const override {
+    return result.attention().has_output() ? &result.attention().output() : nullptr;
+  }
+  void StripInlineOutput(v1::JobResult* result) const override {
+    if (result->has_attention()) result->mutable_attention()->clear_output();
+  }
 
  private:
   Metrics* const metrics_;

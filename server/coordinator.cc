@@ -44,7 +44,7 @@ Coordinator::Coordinator(CoordinatorOptions options, Metrics* metrics)
       runner_(&mu_, &book_, &workers_, &rings_, &dispatcher_, metrics_, clock_, &drain_cv_,
               RunnerOptions{options_.max_attempts, options_.progress_persist_interval,
                             options_.ring_formation_timeout}),
-      recorder_(&mu_, &book_, metrics_, clock_,
+      recorder_(&mu_, &book_, &kinds_, metrics_, clock_,
                 RecorderOptions{options_.store_probe_interval, options_.retention}),
       reader_(&mu_, &book_, &dispatcher_, &kinds_,
               ReaderOptions{options_.retention, options_.max_watch_streams,
@@ -79,13 +79,15 @@ absl::Status Coordinator::Start() {
   recorder_.Attach(store_.get(), outputs_.get());
   reader_.Attach(store_.get(), outputs_.get());
 
-  absl::StatusOr<std::map<v1::JobState, int64_t>> counts = store_->CountByState();
-  if (!counts.ok()) return counts.status();
-  for (v1::JobState state :
-       {v1::JOB_STATE_QUEUED, v1::JOB_STATE_PLACED, v1::JOB_STATE_RUNNING, v1::JOB_STATE_SUCCEEDED,
-        v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
-    auto it = counts->find(state);
-    metrics_->SetJobCount("attention", state, it == counts->end() ? 0 : it->second);
+  for (const WorkKind* kind : kinds_.All()) {
+    absl::StatusOr<std::map<v1::JobState, int64_t>> counts = store_->CountByState(kind->name());
+    if (!counts.ok()) return counts.status();
+    for (v1::JobState state :
+         {v1::JOB_STATE_QUEUED, v1::JOB_STATE_PLACED, v1::JOB_STATE_RUNNING,
+          v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED}) {
+      auto it = counts->find(state);
+      metrics_->SetJobCount(kind->name(), state, it == counts->end() ? 0 : it->second);
+    }
   }
   if (absl::Status s = Recover(); !s.ok()) return s;
   recorder_.CollectOutputs();
@@ -124,9 +126,11 @@ absl::Status Coordinator::Recover() {
     absl::StatusOr<AnalyzedSpec> spec = AnalyzeJobSpec(stored.job.spec(), kinds_);
     if (!spec.ok()) {
       // Only a newer binary's stricter rules (or a kind it no longer runs) get here; the job
-      // cannot run, so say why. It is recorded under the first kind for its metrics.
+      // cannot run, so say why. It is recorded under its kind (the first one if none runs it) for
+      // its metrics.
       AnalyzedSpec any;
-      any.kind = kinds_.Named("attention");
+      any.kind = kinds_.For(stored.job.spec()) != nullptr ? kinds_.For(stored.job.spec())
+                                                          : kinds_.All().front();
       JobRun* run = book_.Add(stored, any.kind, nullptr);
       tickets.push_back(
           runner_.Transition(run, v1::JOB_STATE_FAILED, "failed",
@@ -360,7 +364,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
     *response.mutable_job() = reader_.Public(*run);
   } else {
     *response.mutable_job() = outcome->job;
-    StripTensors(response.mutable_job());
+    StripTensors(kinds_, response.mutable_job());
   }
   return response;
 }
@@ -390,7 +394,7 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const v1::CancelJobRequest& reque
     if (absl::Status s = CheckWritableLocked(); !s.ok()) return s;
   }
   auto terminal_answer = [&](v1::Job job) -> absl::StatusOr<v1::Job> {
-    StripTensors(&job);
+    StripTensors(kinds_, &job);
     if (job.state() == v1::JOB_STATE_CANCELLED) return job;
     return absl::FailedPreconditionError(
         absl::StrCat("job ", job.job_id(), " already ", StateName(job.state()),

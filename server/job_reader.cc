@@ -16,8 +16,10 @@
 namespace dattn {
 namespace server {
 
-void StripTensors(v1::Job* job) {
-  if (job->result().has_attention()) job->mutable_result()->mutable_attention()->clear_output();
+void StripTensors(const WorkKinds& kinds, v1::Job* job) {
+  if (const WorkKind* kind = kinds.For(job->spec()); kind != nullptr) {
+    kind->StripInlineOutput(job->mutable_result());
+  }
 }
 
 v1::Job JobReader::Public(const JobRun& run) const {
@@ -27,7 +29,7 @@ v1::Job JobReader::Public(const JobRun& run) const {
     std::optional<size_t> position = dispatcher_->Position(out.job_id());
     if (position.has_value()) out.set_queue_position(static_cast<int64_t>(*position));
   }
-  StripTensors(&out);
+  StripTensors(*kinds_, &out);
   return out;
 }
 
@@ -67,7 +69,7 @@ absl::StatusOr<v1::Job> JobReader::GetJob(const v1::GetJobRequest& request) {
     absl::StatusOr<StoredJob> stored = store_->GetJob(request.job_id());
     if (!stored.ok()) return Explain(stored.status());
     job = std::move(stored->job);
-    StripTensors(&*job);
+    StripTensors(*kinds_, &*job);
     SetExpireTime(&*job);
   }
   if (request.include_events()) {
@@ -99,7 +101,7 @@ absl::StatusOr<v1::ListJobsResponse> JobReader::ListJobs(const v1::ListJobsReque
       continue;
     }
     *out = std::move(stored.job);
-    StripTensors(out);
+    StripTensors(*kinds_, out);
     SetExpireTime(out);
   }
   response.set_next_page_token(page->next_page_token);
@@ -186,15 +188,21 @@ absl::Status JobReader::ReadOutput(const v1::ReadOutputRequest& request,
         absl::StrCat("job ", job.job_id(), " is ", StateName(job.state()),
                      "; only a succeeded job has an output to read"));
   }
-  const v1::AttentionJobResult& result = job.result().attention();
-  if (result.has_output()) {
+  const WorkKind* kind = kinds_->For(job.spec());
+  if (kind == nullptr) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("job ", job.job_id(), " is of a kind this coordinator does not run (",
+                     JobKind(job.spec()), "; it runs ", kinds_->Names(), ")"));
+  }
+  if (const v1::Tensor* inline_output = kind->InlineOutput(job.result());
+      inline_output != nullptr) {
     // Stored before outputs moved out of the job's record: the tensor is in the row itself.
     v1::TensorChunk head;
-    head.mutable_header()->set_dtype(result.output().dtype());
-    *head.mutable_header()->mutable_shape() = result.output().shape();
-    head.mutable_header()->set_total_bytes(static_cast<int64_t>(result.output().data().size()));
+    head.mutable_header()->set_dtype(inline_output->dtype());
+    *head.mutable_header()->mutable_shape() = inline_output->shape();
+    head.mutable_header()->set_total_bytes(static_cast<int64_t>(inline_output->data().size()));
     if (!emit(head)) return absl::CancelledError("the reader went away");
-    const std::string& data = result.output().data();
+    const std::string& data = inline_output->data();
     for (size_t offset = 0; offset < data.size(); offset += api::kMaxOutputChunkBytes) {
       v1::TensorChunk chunk;
       chunk.set_offset(static_cast<int64_t>(offset));
@@ -203,7 +211,7 @@ absl::Status JobReader::ReadOutput(const v1::ReadOutputRequest& request,
     }
     return absl::OkStatus();
   }
-  if (!result.has_output_info()) {
+  if (!kind->KeepsStoredOutput(job.result())) {
     return absl::NotFoundError(absl::StrCat(
         "job ", job.job_id(), " kept no output (it was submitted without return_output)"));
   }

@@ -48,8 +48,9 @@ using CancelledFn = std::function<bool()>;
 // Events WatchJob reads from the store at a time while it replays a job's history.
 inline constexpr int kWatchHistoryPage = 500;
 
-// Drops a job's output tensor, if its record carries one (see the top of this file).
-void StripTensors(v1::Job* job);
+// Drops a job's output tensor, if its record carries one (see the top of this file): what its kind
+// says (WorkKind::StripInlineOutput).
+void StripTensors(const WorkKinds& kinds, v1::Job* job);
 
 struct ReaderOptions {
   // Finished jobs are deleted this long after they finished (their views say when);

@@ -10,6 +10,11 @@
 namespace dattn {
 namespace server {
 
+bool JobRecorder::KeepsOutput(const v1::Job& job) const {
+  const WorkKind* kind = kinds_->For(job.spec());
+  return kind != nullptr && kind->KeepsStoredOutput(job.result());
+}
+
 absl::Status JobRecorder::Flush(const Tickets& tickets) {
   absl::Status first;
   for (const Ticket& ticket : tickets) {
@@ -34,8 +39,7 @@ absl::Status JobRecorder::FlushOne(const Ticket& ticket) {
     metrics_->ObserveStoreCommit(absl::ToDoubleSeconds(absl::Now() - start));
     if (seq.ok() && IsTerminal(write.job.state())) {
       // The job's end is durable: of its stored shards only a succeeded job's output stays.
-      const bool kept = write.job.state() == v1::JOB_STATE_SUCCEEDED &&
-                        write.job.result().attention().has_output_info();
+      const bool kept = write.job.state() == v1::JOB_STATE_SUCCEEDED && KeepsOutput(write.job);
       outputs_->Discard(write.job.job_id(), kept ? write.job.attempt() : -1);
     }
     absl::MutexLock lock(mu_);
@@ -139,8 +143,7 @@ void JobRecorder::CollectOutputs() {
       if (absl::IsNotFound(stored.status())) outputs_->Discard(job_id, -1);
       continue;
     }
-    const bool kept = stored->job.state() == v1::JOB_STATE_SUCCEEDED &&
-                      stored->job.result().attention().has_output_info();
+    const bool kept = stored->job.state() == v1::JOB_STATE_SUCCEEDED && KeepsOutput(stored->job);
     outputs_->Discard(job_id, kept ? stored->job.attempt() : -1);
   }
 }

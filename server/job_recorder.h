@@ -32,6 +32,7 @@
 #include "server/job_store.h"
 #include "server/metrics.h"
 #include "server/result_store.h"
+#include "server/work_kind.h"
 
 namespace dattn {
 namespace server {
@@ -45,10 +46,11 @@ struct RecorderOptions {
 
 class JobRecorder {
  public:
-  // `mu` is the coordinator's mutex, which guards `book`; none is owned; all outlive the recorder.
-  JobRecorder(absl::Mutex* mu, JobBook* book, Metrics* metrics, const Clock* clock,
-              RecorderOptions options)
-      : mu_(mu), book_(book), metrics_(metrics), clock_(clock), options_(options) {}
+  // `mu` is the coordinator's mutex, which guards `book`; `kinds` say which results keep an
+  // output; none is owned; all outlive the recorder.
+  JobRecorder(absl::Mutex* mu, JobBook* book, const WorkKinds* kinds, Metrics* metrics,
+              const Clock* clock, RecorderOptions options)
+      : mu_(mu), book_(book), kinds_(kinds), metrics_(metrics), clock_(clock), options_(options) {}
   JobRecorder(const JobRecorder&) = delete;
   JobRecorder& operator=(const JobRecorder&) = delete;
 
@@ -82,9 +84,12 @@ class JobRecorder {
 
  private:
   absl::Status FlushOne(const Ticket& ticket) ABSL_LOCKS_EXCLUDED(mu_);
+  // Whether the finished `job`'s result keeps a stored output (its kind says).
+  bool KeepsOutput(const v1::Job& job) const;
 
   absl::Mutex* const mu_;
   JobBook* const book_;
+  const WorkKinds* const kinds_;
   Metrics* const metrics_;
   const Clock* const clock_;
   const RecorderOptions options_;

@@ -210,8 +210,9 @@ class JobStore {
   // on a fake clock expires jobs on that clock).
   absl::StatusOr<std::vector<std::string>> ListExpired(absl::Time before, int limit);
 
-  // Number of jobs in each state that has at least one job.
-  absl::StatusOr<std::map<v1::JobState, int64_t>> CountByState();
+  // Number of jobs in each state that has at least one job; only jobs of `kind` (the spec's work:
+  // "attention") when it is not empty.
+  absl::StatusOr<std::map<v1::JobState, int64_t>> CountByState(const std::string& kind = "");
 
   // OK while writes work; the storage error of the last failed commit or probe until a later probe
   // commits (see the top of the file); UNAVAILABLE once closed. For readiness probes.

@@ -236,11 +236,13 @@ absl::StatusOr<std::vector<StoredJob>> JobStore::LoadActive() {
   return jobs;
 }
 
-absl::StatusOr<std::map<v1::JobState, int64_t>> JobStore::CountByState() {
+absl::StatusOr<std::map<v1::JobState, int64_t>> JobStore::CountByState(const std::string& kind) {
   absl::StatusOr<SqliteDb*> db = TakeReader();
   if (!db.ok()) return db.status();
   auto give_back = absl::MakeCleanup([this, d = *db] { GiveBack(d); });
-  Query q(*db, "SELECT state, COUNT(*) FROM jobs GROUP BY state");
+  Query q(*db, kind.empty() ? "SELECT state, COUNT(*) FROM jobs GROUP BY state"
+                            : "SELECT state, COUNT(*) FROM jobs WHERE kind = ? GROUP BY state");
+  if (!kind.empty()) q.Text(kind);
   std::map<v1::JobState, int64_t> counts;
   for (;;) {
     absl::StatusOr<bool> row = q.Step();

@@ -23,6 +23,12 @@ const WorkKind* WorkKinds::Named(const std::string& name) const {
   return nullptr;
 }
 
+std::vector<const WorkKind*> WorkKinds::All() const {
+  std::vector<const WorkKind*> out;
+  for (const auto& kind : kinds_) out.push_back(kind.get());
+  return out;
+}
+
 std::string WorkKinds::Names() const {
   std::vector<std::string> names;
   for (const auto& kind : kinds_) names.push_back(kind->name());

@@ -108,6 +108,15 @@ class WorkKind {
   // and memory function (scheduler/recovery.h); the caller fills the failure and attempts.
   virtual void DescribeRecovery(const JobAnalysis& analysis, size_t device,
                                 scheduler::RecoveryInput* input) const = 0;
+
+  // Stored results. Whether a finished job's result names an output kept in the ResultStore (its
+  // attempt's shards then stay with the job).
+  virtual bool KeepsStoredOutput(const v1::JobResult& result) const = 0;
+  // A job stored before outputs moved out of band carries its output tensor in its result: that
+  // tensor (ReadOutput streams it), or nullptr.
+  virtual const v1::Tensor* InlineOutput(const v1::JobResult& result) const = 0;
+  // Drops such a tensor from a result (views and listings carry none).
+  virtual void StripInlineOutput(v1::JobResult* result) const = 0;
 };
 
 // The kinds the coordinator runs, found by a spec's `work` or by name. Owns them.
@@ -120,6 +129,8 @@ class WorkKinds {
   const WorkKind* Named(const std::string& name) const;
   // "attention" or "attention, training": for messages.
   std::string Names() const;
+  // Every kind, in the order added (the first is the default where a stored job names none).
+  std::vector<const WorkKind*> All() const;
 
  private:
   std::vector<std::unique_ptr<WorkKind>> kinds_;

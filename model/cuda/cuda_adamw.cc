@@ -1,6 +1,7 @@
 #include "model/cuda/cuda_adamw.h"
 
 #include <cmath>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -13,8 +14,14 @@ namespace model {
 namespace cuda {
 
 absl::StatusOr<std::unique_ptr<CudaAdamW>> CudaAdamW::Create(
-    const ParamLayout& layout, const AdamWOptions& o, cudaStream_t stream,
+    const ParamLayout& layout, const AdamWOptions& options, cudaStream_t stream,
     std::function<bool(const ParamEntry&)> decay) {
+  return CreateShard(layout, options, stream, std::move(decay), 0, layout.total());
+}
+
+absl::StatusOr<std::unique_ptr<CudaAdamW>> CudaAdamW::CreateShard(
+    const ParamLayout& layout, const AdamWOptions& o, cudaStream_t stream,
+    std::function<bool(const ParamEntry&)> decay, int64_t begin, int64_t end) {
   if (!(o.beta1 >= 0 && o.beta1 < 1)) {
     return absl::InvalidArgumentError(absl::StrCat("AdamW beta1 = ", o.beta1, ": need [0, 1)"));
   }
@@ -32,10 +39,16 @@ absl::StatusOr<std::unique_ptr<CudaAdamW>> CudaAdamW::Create(
   if (layout.total() <= 0) {
     return absl::InvalidArgumentError("AdamW: the parameter layout has no elements");
   }
+  if (begin < 0 || end <= begin || end > layout.total()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "AdamW shard [", begin, ", ", end, ") is empty or not inside [0, ", layout.total(), ")"));
+  }
   std::unique_ptr<CudaAdamW> opt(new CudaAdamW());
   opt->options_ = o;
   opt->stream_ = stream;
   opt->total_ = layout.total();
+  opt->begin_ = begin;
+  opt->end_ = end;
   const int64_t words = (opt->total_ + 31) / 32;
   opt->host_bits_.assign(static_cast<size_t>(words), 0u);
   for (const ParamEntry& e : layout.entries()) {
@@ -45,7 +58,7 @@ absl::StatusOr<std::unique_ptr<CudaAdamW>> CudaAdamW::Create(
       opt->host_bits_[static_cast<size_t>(i >> 5)] |= 1u << (i & 31);
     }
   }
-  const size_t bytes = static_cast<size_t>(opt->total_) * sizeof(float);
+  const size_t bytes = static_cast<size_t>(end - begin) * sizeof(float);
   DATTN_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&opt->m_), bytes));
   DATTN_CUDA_RETURN_IF_ERROR(cudaMalloc(reinterpret_cast<void**>(&opt->v_), bytes));
   DATTN_CUDA_RETURN_IF_ERROR(
@@ -78,14 +91,15 @@ bool CudaAdamW::Decays(int64_t index) const {
 }
 
 int64_t CudaAdamW::device_bytes() const {
-  return 2 * total_ * 4 + (total_ + 31) / 32 * 4 + (SumOfSquaresPartials() + 1) * 8;
+  return 2 * (end_ - begin_) * 4 + (total_ + 31) / 32 * 4 + (SumOfSquaresPartials() + 1) * 8;
 }
 
 absl::Status CudaAdamW::Update(int64_t t, double lr, double grad_scale, int64_t begin, int64_t end,
                                float* params, const float* grads) {
-  if (begin < 0 || end < begin || end > total_) {
+  if (begin < begin_ || end < begin || end > end_) {
     return absl::InvalidArgumentError(absl::StrCat("AdamW update range [", begin, ", ", end,
-                                                   ") is not inside [0, ", total_, ")"));
+                                                   ") is not inside the shard [", begin_, ", ",
+                                                   end_, ")"));
   }
   if (t < 1) {
     return absl::InvalidArgumentError(absl::StrCat("AdamW step number t = ", t, ": need >= 1"));
@@ -113,18 +127,19 @@ absl::Status CudaAdamW::Update(int64_t t, double lr, double grad_scale, int64_t 
   f.epsilon = static_cast<float>(options_.epsilon);
   f.grad_scale = static_cast<float>(grad_scale);
   DATTN_CUDA_RETURN_IF_ERROR(AdamWUpdate(f, end - begin, begin, bits_, params + begin,
-                                         grads + begin, m_ + begin, v_ + begin, stream_));
+                                         grads + begin, m_ + (begin - begin_),
+                                         v_ + (begin - begin_), stream_));
   return absl::OkStatus();
 }
 
 absl::Status CudaAdamW::Step(double lr, double grad_scale, float* params, const float* grads) {
-  DATTN_RETURN_IF_ERROR(Update(step_ + 1, lr, grad_scale, 0, total_, params, grads));
+  DATTN_RETURN_IF_ERROR(Update(step_ + 1, lr, grad_scale, begin_, end_, params, grads));
   ++step_;
   return absl::OkStatus();
 }
 
 absl::Status CudaAdamW::CopyMomentsToHost(float* m, float* v) {
-  const size_t bytes = static_cast<size_t>(total_) * sizeof(float);
+  const size_t bytes = static_cast<size_t>(end_ - begin_) * sizeof(float);
   DATTN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m, m_, bytes, cudaMemcpyDeviceToHost, stream_));
   DATTN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(v, v_, bytes, cudaMemcpyDeviceToHost, stream_));
   DATTN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
@@ -132,7 +147,7 @@ absl::Status CudaAdamW::CopyMomentsToHost(float* m, float* v) {
 }
 
 absl::Status CudaAdamW::CopyMomentsFromHost(const float* m, const float* v) {
-  const size_t bytes = static_cast<size_t>(total_) * sizeof(float);
+  const size_t bytes = static_cast<size_t>(end_ - begin_) * sizeof(float);
   DATTN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(m_, m, bytes, cudaMemcpyHostToDevice, stream_));
   DATTN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(v_, v, bytes, cudaMemcpyHostToDevice, stream_));
   DATTN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));

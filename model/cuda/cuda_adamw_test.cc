@@ -1,13 +1,15 @@
 // CudaAdamW on a GPU: against a float64 reference of the update (relative error <= 1e-6 over a
 // few steps: only fp32 roundings), bit for bit against an fp32 host loop written in the documented
 // order (the kernel rounds every operation once and fuses none), ranges (a split update equals one
-// update; elements outside the range are untouched), the per-entry decay mask, the fp64 sum of
-// squares, and the errors. Without a GPU every test skips, saying why.
+// update; elements outside the range are untouched), shards owning their own moments equal the
+// whole, the per-entry decay mask, the fp64 sum of squares, and the errors. Without a GPU every
+// test skips, saying why.
 #include "model/cuda/cuda_adamw.h"
 
 #include <cuda_runtime_api.h>
 
 #include <cmath>
+#include <string>
 #include <vector>
 
 #include "engine/testing/test_util.h"
@@ -199,6 +201,50 @@ TEST_F(CudaAdamWTest, RangesSplitAndUntouched) {
   ASSERT_TRUE((*b)->Update(1, 1e-3, 1.0, 0, cut1, p2, g_).ok());
   ASSERT_TRUE((*b)->Update(1, 1e-3, 1.0, cut2, n_, p2, g_).ok());
   EXPECT_EQ(Get(p_), Get(p2));
+  cudaFree(p2);
+}
+
+// Two shards (ZeRO-1 ranks), each owning only its own moments, equal one optimizer over the whole
+// layout bit for bit, over three steps; each refuses ranges outside itself.
+TEST_F(CudaAdamWTest, ShardsEqualTheWhole) {
+  const int64_t cut = n_ / 2 + 3;
+  absl::StatusOr<std::unique_ptr<CudaAdamW>> whole = CudaAdamW::Create(layout_, {}, stream_);
+  absl::StatusOr<std::unique_ptr<CudaAdamW>> lo =
+      CudaAdamW::CreateShard(layout_, {}, stream_, nullptr, 0, cut);
+  absl::StatusOr<std::unique_ptr<CudaAdamW>> hi =
+      CudaAdamW::CreateShard(layout_, {}, stream_, nullptr, cut, n_);
+  ASSERT_TRUE(whole.ok() && lo.ok() && hi.ok());
+  EXPECT_EQ((*hi)->begin(), cut);
+  EXPECT_EQ((*hi)->end(), n_);
+  EXPECT_EQ((*hi)->total(), n_);
+  EXPECT_LT((*lo)->device_bytes(), (*whole)->device_bytes());
+  float* p2 = nullptr;
+  ASSERT_EQ(cudaMalloc(reinterpret_cast<void**>(&p2), n_ * 4), cudaSuccess);
+  const std::vector<float> p = Random("p", 1.0);
+  Put(p_, p);
+  Put(p2, p);
+  for (int step = 1; step <= 3; ++step) {
+    Put(g_, Random("g" + std::to_string(step), 0.1));
+    ASSERT_TRUE((*whole)->Step(1e-3, 0.5, p_, g_).ok());
+    ASSERT_TRUE((*lo)->Step(1e-3, 0.5, p2, g_).ok());
+    ASSERT_TRUE((*hi)->Step(1e-3, 0.5, p2, g_).ok());
+  }
+  EXPECT_EQ(Get(p_), Get(p2));
+  std::vector<float> m(static_cast<size_t>(n_)), v(m.size());
+  ASSERT_TRUE((*whole)->CopyMomentsToHost(m.data(), v.data()).ok());
+  std::vector<float> m_hi(static_cast<size_t>(n_ - cut)), v_hi(m_hi.size());
+  ASSERT_TRUE((*hi)->CopyMomentsToHost(m_hi.data(), v_hi.data()).ok());
+  for (int64_t i = cut; i < n_; ++i) {
+    ASSERT_EQ(m[i], m_hi[i - cut]) << i;
+    ASSERT_EQ(v[i], v_hi[i - cut]) << i;
+  }
+  EXPECT_EQ((*lo)->Update(1, 1e-3, 1.0, cut - 1, cut + 1, p2, g_).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ((*hi)->Update(1, 1e-3, 1.0, 0, 1, p2, g_).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CudaAdamW::CreateShard(layout_, {}, stream_, nullptr, 5, 5).status().code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(CudaAdamW::CreateShard(layout_, {}, stream_, nullptr, 0, n_ + 1).status().code(),
+            absl::StatusCode::kInvalidArgument);
   cudaFree(p2);
 }
 

@@ -5,8 +5,10 @@
 #include <utility>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/synchronization/mutex.h"
 
 namespace dattn {
 namespace model {
@@ -192,16 +194,78 @@ absl::StatusOr<std::unique_ptr<TrainableModel>> NewCpuTrainableModel(const LongN
   return std::unique_ptr<TrainableModel>(new CpuTrainableModel(*std::move(lm), threads));
 }
 
-std::vector<std::string> TrainingDevices() { return {"cpu"}; }
+namespace {
+
+// The devices registered by this process's binary (RegisterTrainingDevice), in order.
+struct DeviceRegistry {
+  absl::Mutex mu;
+  std::vector<std::pair<std::string, TrainableModelFactory>> devices ABSL_GUARDED_BY(mu);
+};
+
+DeviceRegistry& Registry() {
+  static DeviceRegistry* registry = new DeviceRegistry();
+  return *registry;
+}
+
+}  // namespace
+
+absl::Status RegisterTrainingDevice(const std::string& name, TrainableModelFactory factory) {
+  if (name.empty() || name == "cpu") {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RegisterTrainingDevice: \"", name, "\" cannot be registered"));
+  }
+  if (!factory) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("RegisterTrainingDevice: \"", name, "\" has no factory"));
+  }
+  DeviceRegistry& r = Registry();
+  absl::MutexLock lock(&r.mu);
+  for (const auto& [known, unused] : r.devices) {
+    if (known == name) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("RegisterTrainingDevice: \"", name, "\" is already registered"));
+    }
+  }
+  r.devices.emplace_back(name, std::move(factory));
+  return absl::OkStatus();
+}
+
+std::vector<std::string> TrainingDevices() {
+  std::vector<std::string> names = {"cpu"};
+  DeviceRegistry& r = Registry();
+  absl::MutexLock lock(&r.mu);
+  for (const auto& [name, unused] : r.devices) names.push_back(name);
+  return names;
+}
+
+std::string UnavailableDeviceMessage(const std::string& device) {
+  std::string message = absl::StrCat("\"", device, "\" is not available in this build (",
+                                     absl::StrJoin(TrainingDevices(), ", "), ")");
+  if (device == "cuda") {
+    absl::StrAppend(&message,
+                    ": this binary links no CUDA library; GPU training is dattn-train-gpu "
+                    "(//trainer:dattn-train-gpu, the same flags)");
+  }
+  return message;
+}
 
 absl::StatusOr<std::unique_ptr<TrainableModel>> NewTrainableModel(const std::string& device,
                                                                   const LongNetConfig& config,
                                                                   const ModelOptions& options,
                                                                   int num_threads) {
   if (device == "cpu") return NewCpuTrainableModel(config, options, num_threads);
-  return absl::InvalidArgumentError(absl::StrCat(
-      "device \"", device,
-      "\" is not available in this build (devices: ", absl::StrJoin(TrainingDevices(), ", "), ")"));
+  TrainableModelFactory factory;
+  {
+    DeviceRegistry& r = Registry();
+    absl::MutexLock lock(&r.mu);
+    for (const auto& [name, f] : r.devices) {
+      if (name == device) factory = f;
+    }
+  }
+  if (!factory) {
+    return absl::InvalidArgumentError(absl::StrCat("device ", UnavailableDeviceMessage(device)));
+  }
+  return factory(config, options, num_threads);
 }
 
 }  // namespace model

@@ -1,6 +1,7 @@
 // What the trainer needs of a model on one device, and of the optimizer that updates it there: the
 // seam between the training loop (trainer.h, written once) and a device's model (the CPU model
-// here, NewCpuTrainableModel; a CUDA model implements the same two classes).
+// here, NewCpuTrainableModel; the CUDA model in cuda/cuda_trainable_model.h,
+// NewCudaTrainableModel).
 //
 // TrainableModel: forward and backward on a batch of tokens returning the loss, forward alone for
 // evaluation, and the flat fp32 parameter and gradient buffers that layout() describes
@@ -30,11 +31,18 @@
 // the device's errors otherwise (then grads() and, for Update, the shard's parameters and moments
 // are unspecified: the trainer stops).
 // Thread-safety: one call at a time per model, and the model's optimizers are used from the same
-// thread as the model (they share its buffers and device).
+// thread as the model (they share its buffers and device). The device registry
+// (RegisterTrainingDevice, TrainingDevices, NewTrainableModel) is thread-safe.
+//
+// Devices of a build: "cpu" always. Others are registered by the binary that links them, before
+// it parses a config: dattn-train-gpu's main calls cuda::RegisterCudaTrainingDevice(), which adds
+// "cuda"; dattn-train links no CUDA library and so has only "cpu" (its error for "cuda" names
+// dattn-train-gpu). No static initialiser registers anything.
 #ifndef DATTN_MODEL_TRAINABLE_MODEL_H_
 #define DATTN_MODEL_TRAINABLE_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -90,6 +98,11 @@ class TrainableModel {
   // LongNetLM's CountFlops counts them (the work the model does, recomputation included).
   virtual double TrainingFlops(int64_t batch, int64_t seq_len) const = 0;
 
+  // The device's nominal dense peak in FLOP/s for the model's compute type (a GPU: its bf16 tensor
+  // core rate), the default denominator of MFU; 0 when there is no such figure (the CPU, whose
+  // rate dattn-train measures instead).
+  virtual double NominalPeakFlops() const { return 0; }
+
   // MAGNETO initialisation from `seed` (longnet_params.h's InitMagneto, rounded to fp32).
   virtual absl::Status InitParams(uint64_t seed) = 0;
 
@@ -131,12 +144,24 @@ absl::StatusOr<std::unique_ptr<TrainableModel>> NewCpuTrainableModel(const LongN
                                                                      const ModelOptions& options,
                                                                      int num_threads);
 
-// The devices NewTrainableModel can make a model for in this build: {"cpu"}. A device
-// implementation adds its name here and its branch to NewTrainableModel.
+// Makes a model on one device: (config, options, CPU threads) -> model.
+using TrainableModelFactory = std::function<absl::StatusOr<std::unique_ptr<TrainableModel>>(
+    const LongNetConfig& config, const ModelOptions& options, int num_threads)>;
+
+// Adds `name` to TrainingDevices() and NewTrainableModel, for this process. INVALID_ARGUMENT naming
+// the name for an empty one, "cpu", or one already registered; for a null factory.
+absl::Status RegisterTrainingDevice(const std::string& name, TrainableModelFactory factory);
+
+// The devices NewTrainableModel can make a model for in this process: "cpu", then the registered
+// ones in the order they were registered.
 std::vector<std::string> TrainingDevices();
 
-// A model on `device` (one of TrainingDevices()). INVALID_ARGUMENT naming the device and the
-// available ones otherwise; the device's creation errors.
+// Why `device` cannot be used here: "\"<device>\" is not available in this build (cpu, ...)", and
+// for "cuda" in a process that did not register it, where GPU training is (dattn-train-gpu).
+std::string UnavailableDeviceMessage(const std::string& device);
+
+// A model on `device` (one of TrainingDevices()). INVALID_ARGUMENT with UnavailableDeviceMessage
+// otherwise; the device's creation errors.
 absl::StatusOr<std::unique_ptr<TrainableModel>> NewTrainableModel(const std::string& device,
                                                                   const LongNetConfig& config,
                                                                   const ModelOptions& options,

@@ -186,8 +186,7 @@ absl::Status ValidateTrainerConfig(const TrainerConfig& c) {
   if (!s.ok()) return ModelError(s);
   const std::vector<std::string> devices = TrainingDevices();
   if (std::find(devices.begin(), devices.end(), c.device) == devices.end()) {
-    return FieldError("device", absl::StrCat("\"", c.device, "\" is not available in this build (",
-                                             absl::StrJoin(devices, ", "), ")"));
+    return FieldError("device", UnavailableDeviceMessage(c.device));
   }
   if (c.threads < 0 || c.threads > 4096) {
     return FieldError("threads", absl::StrCat(c.threads, " must be in [0, 4096] (0: every core)"));

@@ -44,7 +44,8 @@ namespace model {
 struct TrainerConfig {
   LongNetConfig model;
 
-  // Where the model runs: one of trainable_model.h's TrainingDevices() ("cpu" in this build).
+  // Where the model runs: one of trainable_model.h's TrainingDevices() ("cpu"; "cuda" in
+  // dattn-train-gpu, which registers it).
   // threads: CPU threads of the model (OpenBLAS and the attention engine), 0 for every core. A
   // resumed run reproduces the uninterrupted one bit for bit only with the same device and thread
   // count.

@@ -38,8 +38,6 @@ using Json = nlohmann::json;
 using model::Trainer;
 using model::TrainerConfig;
 
-constexpr char kProgram[] = "dattn-train";
-
 // A flag that sets one field of the trainer config.
 enum class Kind { kInt, kU64, kDouble, kNormOrNone, kString };
 struct FieldFlag {
@@ -56,7 +54,8 @@ const std::vector<FieldFlag>& FieldFlags() {
        "text: byte-level tokens of a file or folder; tokens: token files (default text)"},
       {"--validation-fraction", "data.validation_fraction", Kind::kDouble, "X",
        "Fraction of the corpus held out for validation, its last tokens (default 0.01)"},
-      {"--device", "device", Kind::kString, "NAME", "Where the model runs: cpu (default cpu)"},
+      {"--device", "device", Kind::kString, "NAME",
+       "Where the model runs: cpu, or cuda in dattn-train-gpu (default cpu)"},
       {"--threads", "threads", Kind::kInt, "N", "CPU threads, 0 for every core (default 0)"},
       {"--steps", "steps", Kind::kInt, "N", "Training steps; the schedule ends there"},
       {"--seq-len", "seq_len", Kind::kInt, "N", "Tokens per sequence"},
@@ -89,8 +88,8 @@ const std::vector<FieldFlag>& FieldFlags() {
   return flags;
 }
 
-std::string Usage(const std::string& message) {
-  return absl::StrCat(kProgram, ": error: ", message, "\nRun '", kProgram, " --help' for usage.\n");
+std::string Usage(const std::string& program, const std::string& message) {
+  return absl::StrCat(program, ": error: ", message, "\nRun '", program, " --help' for usage.\n");
 }
 
 // The JSON value of a flag's text, or INVALID_ARGUMENT naming the flag.
@@ -215,13 +214,13 @@ std::string EvalLine(const model::EvalResult& e) {
   return line;
 }
 
-LossCurve CurveOf(const Trainer& trainer) {
+LossCurve CurveOf(const Trainer& trainer, const std::string& program) {
   const TrainerConfig& c = trainer.config();
   const model::TrainingHistory& h = trainer.history();
   LossCurve curve;
-  curve.title = absl::StrCat(kProgram, ": LongNet on ",
-                             c.data.paths.empty() ? "?" : Basename(c.data.paths[0]),
-                             c.byte_level() ? " (bytes)" : " (tokens)");
+  curve.title =
+      absl::StrCat(program, ": LongNet on ", c.data.paths.empty() ? "?" : Basename(c.data.paths[0]),
+                   c.byte_level() ? " (bytes)" : " (tokens)", ", device ", c.device);
   curve.subtitle = absl::StrFormat(
       "d_model %d, %d layers, %d heads, ffn %d; seq_len %d x batch %d; lr %g, %d steps",
       c.model.d_model, c.model.num_layers, c.model.num_heads, c.model.ffn_dim, c.seq_len,
@@ -240,6 +239,46 @@ LossCurve CurveOf(const Trainer& trainer) {
     }
   }
   return curve;
+}
+
+Json FiniteOrNull(double x) { return std::isfinite(x) ? Json(x) : Json(nullptr); }
+
+// <out>/history.json: the run's losses (every step's, every evaluation's), its device and config,
+// for tables and for --compare-with of another run.
+std::string HistoryJson(const Trainer& trainer, const std::string& program,
+                        const std::string& description) {
+  const model::TrainingHistory& h = trainer.history();
+  Json j;
+  j["program"] = program;
+  j["device"] = trainer.config().device;
+  j["description"] = description;
+  j["config"] = Json::parse(model::TrainerConfigToJson(trainer.config()));
+  Json train = Json::array();
+  for (const model::TrainingHistory::Point& p : h.train) {
+    train.push_back(Json::array({p.step, FiniteOrNull(p.loss)}));
+  }
+  j["train"] = std::move(train);
+  Json evals = Json::array();
+  for (const model::EvalResult& e : h.evals) {
+    Json x;
+    x["step"] = e.step;
+    if (e.has_loss) {
+      x["loss"] = FiniteOrNull(e.loss);
+      x["bits_per_byte"] = FiniteOrNull(e.bits_per_byte);
+      x["targets"] = e.targets;
+    }
+    if (e.has_retrieval) {
+      x["retrieval"] = {{"depth", e.retrieval_depth},
+                        {"seq_len", e.retrieval_seq_len},
+                        {"examples", e.retrieval.examples},
+                        {"exact", e.retrieval.exact},
+                        {"answer_tokens", e.retrieval.answer_tokens},
+                        {"correct_tokens", e.retrieval.correct_tokens}};
+    }
+    evals.push_back(std::move(x));
+  }
+  j["evals"] = std::move(evals);
+  return j.dump(1) + "\n";
 }
 
 // Progress lines: every log_every steps, the mean loss and the throughput of those steps.
@@ -298,8 +337,8 @@ class Progress {
 
 std::string Footer() {
   return absl::StrCat(
-      "\nThe run folder --out holds config.json (the run's full config), checkpoints/ and "
-      "loss.svg.\nFlags override --config, which overrides the config saved in the newest "
+      "\nThe run folder --out holds config.json (the run's full config), checkpoints/, loss.svg "
+      "and history.json.\nFlags override --config, which overrides the config saved in the newest "
       "checkpoint\n(with --resume), which overrides the defaults. Config fields: "
       "docs/TRAINING.md.\n\n",
       TrainExitCodeHelp());
@@ -331,10 +370,12 @@ double MeasureSgemmFlops(int threads) {
 
 int RunTrainCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
                 const TrainCliEnvironment& env) {
-  CLI::App app(
-      "dattn-train: trains a LongNet language model on one device, from a text file or folder "
-      "(byte-level) or token files.",
-      kProgram);
+  const std::string program = env.program;
+  CLI::App app(absl::StrCat(program,
+                            ": trains a LongNet language model on one device, from a text file or "
+                            "folder (byte-level) or token files. Devices in this build: ",
+                            absl::StrJoin(model::TrainingDevices(), ", "), "."),
+               program);
   app.footer(Footer());
   std::vector<std::string> data;
   std::string config_file, model_config_file, out_dir, plot_path;
@@ -344,7 +385,8 @@ int RunTrainCli(int argc, const char* const* argv, std::ostream& out, std::ostre
                  "Training data: a text file or folder, or token files with --format tokens "
                  "(repeat the flag for several)")
       ->type_name("PATH");
-  app.add_option("--out", out_dir, "Run folder: config.json, checkpoints/, loss.svg (required)")
+  app.add_option("--out", out_dir,
+                 "Run folder: config.json, checkpoints/, loss.svg, history.json (required)")
       ->type_name("DIR");
   app.add_option("--config", config_file, "Trainer config JSON (docs/TRAINING.md)")
       ->type_name("FILE");
@@ -355,7 +397,8 @@ int RunTrainCli(int argc, const char* const* argv, std::ostream& out, std::ostre
   app.add_flag("--checkpoint-activations", checkpoint_activations,
                "Recompute each block in the backward pass (less memory, one more forward)");
   app.add_option("--peak-flops", peak_text,
-                 "FLOP/s that MFU divides by (default: this CPU's measured sgemm rate)")
+                 "FLOP/s that MFU divides by (default: on a GPU its nominal dense bf16 rate, "
+                 "989.4e12 on an H100 SXM or H200; on the CPU this machine's measured sgemm rate)")
       ->type_name("X")
       ->multi_option_policy(CLI::MultiOptionPolicy::TakeLast);
   app.add_option("--plot", plot_path, "Where the loss curve goes (default <out>/loss.svg)")
@@ -377,13 +420,13 @@ int RunTrainCli(int argc, const char* const* argv, std::ostream& out, std::ostre
     out << app.help("", CLI::AppFormatMode::All);
     return kExitOk;
   } catch (const CLI::ParseError& e) {
-    err << Usage(e.what());
+    err << Usage(program, e.what());
     return kExitUsage;
   }
 
   // The config: defaults < the newest checkpoint's (--resume) < --config < --model-config < flags.
   if (out_dir.empty()) {
-    err << Usage("--out DIR is required (the run folder)");
+    err << Usage(program, "--out DIR is required (the run folder)");
     return kExitUsage;
   }
   const std::string checkpoint_dir = model::JoinPath(out_dir, "checkpoints");
@@ -391,26 +434,26 @@ int RunTrainCli(int argc, const char* const* argv, std::ostream& out, std::ostre
   if (!config_file.empty()) {
     absl::StatusOr<Json> j = ReadJsonFile(config_file, "--config");
     if (!j.ok()) {
-      err << Usage(std::string(j.status().message()));
+      err << Usage(program, std::string(j.status().message()));
       return kExitUsage;
     }
     doc = *std::move(j);
   } else if (resume) {
     absl::StatusOr<Json> j = ConfigOfNewestCheckpoint(checkpoint_dir);
     if (!j.ok()) {
-      err << kProgram << ": error: --resume: " << j.status().message() << '\n';
+      err << program << ": error: --resume: " << j.status().message() << '\n';
       return kExitResume;
     }
     doc = *std::move(j);
   }
   if (!doc.is_object()) {
-    err << Usage(absl::StrCat("--config: ", config_file, " must hold a JSON object"));
+    err << Usage(program, absl::StrCat("--config: ", config_file, " must hold a JSON object"));
     return kExitUsage;
   }
   if (!model_config_file.empty()) {
     absl::StatusOr<Json> j = ReadJsonFile(model_config_file, "--model-config");
     if (!j.ok()) {
-      err << Usage(std::string(j.status().message()));
+      err << Usage(program, std::string(j.status().message()));
       return kExitUsage;
     }
     doc["model"] = *std::move(j);
@@ -422,7 +465,7 @@ int RunTrainCli(int argc, const char* const* argv, std::ostream& out, std::ostre
     if (field_options[i]->count() == 0) continue;
     absl::StatusOr<Json> value = FlagValue(FieldFlags()[i], field_text[i]);
     if (!value.ok()) {
-      err << Usage(std::string(value.status().message()));
+      err << Usage(program, std::string(value.status().message()));
       return kExitUsage;
     }
     SetPath(&doc, FieldFlags()[i].field, *std::move(value));
@@ -440,18 +483,18 @@ int RunTrainCli(int argc, const char* const* argv, std::ostream& out, std::ostre
     if (message.find("field \"data.paths") != std::string::npos && !data.empty()) {
       message = absl::StrCat("--data: ", message);
     }
-    err << Usage(message);
+    err << Usage(program, message);
     return kExitUsage;
   }
   const TrainerConfig config = *std::move(parsed);
   if (config.data.paths.empty()) {
-    err << Usage("no training data: give --data PATH (or data.paths in --config)");
+    err << Usage(program, "no training data: give --data PATH (or data.paths in --config)");
     return kExitUsage;
   }
   double peak = 0;
   if (!peak_text.empty() &&
       (!absl::SimpleAtod(peak_text, &peak) || !(peak > 0) || !std::isfinite(peak))) {
-    err << Usage(absl::StrCat("--peak-flops: \"", peak_text, "\" is not a number > 0"));
+    err << Usage(program, absl::StrCat("--peak-flops: \"", peak_text, "\" is not a number > 0"));
     return kExitUsage;
   }
 
@@ -459,23 +502,23 @@ int RunTrainCli(int argc, const char* const* argv, std::ostream& out, std::ostre
   std::error_code ec;
   std::filesystem::create_directories(out_dir, ec);
   if (ec) {
-    err << kProgram << ": error: --out: cannot create " << out_dir << ": " << ec.message() << '\n';
+    err << program << ": error: --out: cannot create " << out_dir << ": " << ec.message() << '\n';
     return kExitOutput;
   }
   absl::StatusOr<std::vector<model::CheckpointEntry>> existing =
       model::ListCheckpoints(checkpoint_dir);
   if (!existing.ok()) {
-    err << kProgram << ": error: " << existing.status().message() << '\n';
+    err << program << ": error: " << existing.status().message() << '\n';
     return kExitOutput;
   }
   if (!resume && !existing->empty()) {
-    err << kProgram << ": error: " << checkpoint_dir << " already holds checkpoints (newest "
+    err << program << ": error: " << checkpoint_dir << " already holds checkpoints (newest "
         << Basename(existing->back().path)
         << "): pass --resume to continue that run, or choose another --out\n";
     return kExitResume;
   }
   if (resume && existing->empty()) {
-    err << kProgram << ": error: --resume: no checkpoint under " << checkpoint_dir << '\n';
+    err << program << ": error: --resume: no checkpoint under " << checkpoint_dir << '\n';
     return kExitResume;
   }
 
@@ -483,7 +526,7 @@ int RunTrainCli(int argc, const char* const* argv, std::ostream& out, std::ostre
   model::CorpusReport report;
   absl::StatusOr<model::TokenCorpus> corpus = model::OpenTrainingCorpus(config, &report);
   if (!corpus.ok()) {
-    err << kProgram << ": error: --data: " << corpus.status().message() << '\n';
+    err << program << ": error: --data: " << corpus.status().message() << '\n';
     return kExitData;
   }
   out << "data: " << absl::StrJoin(config.data.paths, ", ") << ": " << corpus->size() << " tokens ("
@@ -499,7 +542,7 @@ int RunTrainCli(int argc, const char* const* argv, std::ostream& out, std::ostre
   absl::StatusOr<std::unique_ptr<model::TrainableModel>> trainable = model::NewTrainableModel(
       config.device, config.model, model_options, static_cast<int>(config.threads));
   if (!trainable.ok()) {
-    err << kProgram << ": error: " << trainable.status().message() << '\n';
+    err << program << ": error: " << trainable.status().message() << '\n';
     return trainable.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage
                                                                            : kExitTrainingFailed;
   }
@@ -510,7 +553,7 @@ int RunTrainCli(int argc, const char* const* argv, std::ostream& out, std::ostre
   absl::StatusOr<std::unique_ptr<Trainer>> created =
       Trainer::Create(config, *corpus, *std::move(trainable), trainer_options);
   if (!created.ok()) {
-    err << kProgram << ": error: " << created.status().message() << '\n';
+    err << program << ": error: " << created.status().message() << '\n';
     return created.status().code() == absl::StatusCode::kInvalidArgument ? kExitUsage
                                                                          : kExitTrainingFailed;
   }
@@ -518,7 +561,7 @@ int RunTrainCli(int argc, const char* const* argv, std::ostream& out, std::ostre
   if (resume) {
     const absl::Status s = trainer.Resume();
     if (!s.ok()) {
-      err << kProgram << ": error: --resume: " << s.message() << '\n';
+      err << program << ": error: --resume: " << s.message() << '\n';
       return kExitResume;
     }
     out << "resumed from " << trainer.resumed_from() << " at step " << trainer.step() << '\n';
@@ -530,14 +573,21 @@ int RunTrainCli(int argc, const char* const* argv, std::ostream& out, std::ostre
     const absl::Status s = model::WriteWholeFile(model::JoinPath(out_dir, "config.json"),
                                                  model::TrainerConfigToJson(config) + "\n", true);
     if (!s.ok()) {
-      err << kProgram << ": error: --out: " << s.message() << '\n';
+      err << program << ": error: --out: " << s.message() << '\n';
       return kExitOutput;
     }
   }
   std::string peak_note = "given";
   if (peak == 0) {
-    peak = MeasureSgemmFlops(static_cast<int>(config.threads));
-    peak_note = "measured: sgemm 1024^3 on this CPU";
+    peak = trainer.model().NominalPeakFlops();
+    if (peak > 0) {
+      peak_note = "the nominal dense bf16 rate of this GPU";
+    } else if (config.device == "cpu") {
+      peak = MeasureSgemmFlops(static_cast<int>(config.threads));
+      peak_note = "measured: sgemm 1024^3 on this CPU";
+    } else {
+      peak_note = "no nominal rate known for this device: pass --peak-flops";
+    }
   }
   out << "model: " << parameters << " parameters (d_model " << config.model.d_model << ", "
       << config.model.num_layers << (config.model.num_layers == 1 ? " layer, " : " layers, ")
@@ -571,20 +621,27 @@ int RunTrainCli(int argc, const char* const* argv, std::ostream& out, std::ostre
     out << "done: step " << trainer.step() << ", " << HumanCount(trainer.tokens_seen())
         << " tokens seen, " << HumanDuration(wall) << " in this process" << '\n';
   } else if (run.code() == absl::StatusCode::kCancelled) {
-    err << kProgram << ": " << run.message() << "; continue with --resume\n";
+    err << program << ": " << run.message() << "; continue with --resume\n";
     code = kExitInterrupted;
   } else {
-    err << kProgram << ": error: " << run.message() << '\n';
+    err << program << ": error: " << run.message() << '\n';
     code = kExitTrainingFailed;
   }
   if (!trainer.history().train.empty()) {
     const std::string plot = plot_path.empty() ? model::JoinPath(out_dir, "loss.svg") : plot_path;
-    const absl::Status s = WriteLossCurveSvg(plot, CurveOf(trainer));
+    const absl::Status s = WriteLossCurveSvg(plot, CurveOf(trainer, program));
     if (!s.ok()) {
-      err << kProgram << ": error: --plot: " << s.message() << '\n';
+      err << program << ": error: --plot: " << s.message() << '\n';
       if (code == kExitOk) code = kExitOutput;
     } else {
       out << "loss curve: " << plot << '\n';
+    }
+    const std::string history = model::JoinPath(out_dir, "history.json");
+    const absl::Status h =
+        model::WriteWholeFile(history, HistoryJson(trainer, program, description), true);
+    if (!h.ok()) {
+      err << program << ": error: --out: " << h.message() << '\n';
+      if (code == kExitOk) code = kExitOutput;
     }
   }
   return code;

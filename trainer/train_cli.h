@@ -7,6 +7,9 @@
 //   <out>/checkpoints/step-N/  checkpoints (model/checkpoint.h), the newest checkpoint.keep_last
 //   <out>/loss.svg             the loss curve, written at the end (also after an error or a stop,
 //                              when at least one step ran)
+//   <out>/history.json         the same losses as numbers (every step's, every evaluation's, with
+//                              bits/byte and retrieval), the device, its description and the
+//                              config; written with loss.svg
 // Progress goes to `out`, one line per log_every steps (step, mean loss since the last line,
 // learning rate, gradient norm, tokens/s, MFU, ETA), plus a line per evaluation and checkpoint;
 // errors go to `err`, each naming the flag, field, file or value at fault. Usage, flags and exit
@@ -19,11 +22,15 @@
 
 #include <atomic>
 #include <ostream>
+#include <string>
 
 namespace dattn {
 namespace trainer {
 
 struct TrainCliEnvironment {
+  // The binary's name, in messages, --help and the curve's title ("dattn-train-gpu" for the build
+  // that registers the "cuda" device, trainer/main.cc).
+  std::string program = "dattn-train";
   // Set (from a signal handler) to stop after the current step: a checkpoint is written and the
   // exit code is kExitInterrupted. Null: never.
   const std::atomic<bool>* stop = nullptr;

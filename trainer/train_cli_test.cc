@@ -4,6 +4,7 @@
 #include "trainer/train_cli.h"
 
 #include <atomic>
+#include <cmath>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -107,7 +108,8 @@ TEST(TrainCliTest, BadFlagsAreUsageErrorsNamingTheFlagAndValue) {
       {Short(out, {"--steps", "0"}), {"--steps", "field \"steps\"", "0 must be >= 1"}},
       {Short(out, {"--lr", "-1"}), {"--lr", "optimizer.lr", "-1"}},
       {Short(out, {"--lr", "fast"}), {"--lr", "\"fast\""}},
-      {Short(out, {"--device", "cuda"}), {"--device", "\"cuda\" is not available", "cpu"}},
+      {Short(out, {"--device", "cuda"}),
+       {"--device", "\"cuda\" is not available in this build (cpu)", "dattn-train-gpu"}},
       {Short(out, {"--micro-batches", "3"}), {"--micro-batches", "3 does not divide"}},
       {Short(out, {"--max-grad-norm", "0"}), {"--max-grad-norm", "0 must be > 0"}},
       {Short(out, {"--format", "words"}), {"--format", "\"words\""}},
@@ -184,7 +186,8 @@ TEST(TrainCliTest, ShortRunWritesCheckpointsConfigAndLossCurve) {
   EXPECT_EQ(svg.rfind("<?xml", 0), 0u);
   EXPECT_NE(svg.find("<svg xmlns=\"http://www.w3.org/2000/svg\""), std::string::npos);
   EXPECT_NE(svg.find("</svg>"), std::string::npos);
-  EXPECT_NE(svg.find(">dattn-train: LongNet on kjv.txt (bytes)</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">dattn-train: LongNet on kjv.txt (bytes), device cpu</text>"),
+            std::string::npos);
   EXPECT_NE(svg.find(">step</text>"), std::string::npos);
   EXPECT_NE(svg.find(">loss (nats per token)</text>"), std::string::npos);
   EXPECT_NE(svg.find("training (6 steps)"), std::string::npos);
@@ -198,6 +201,23 @@ TEST(TrainCliTest, ShortRunWritesCheckpointsConfigAndLossCurve) {
   ASSERT_NE(validation, std::string::npos);
   EXPECT_EQ(Count(svg.substr(validation), "<circle "), 3 + 1);  // Plus the legend's marker.
   EXPECT_NE(r.out.find("loss curve: " + model::JoinPath(out, "loss.svg")), std::string::npos);
+  // history.json: the same losses as numbers, with the device and the config.
+  const nlohmann::json history =
+      nlohmann::json::parse(ReadAll(model::JoinPath(out, "history.json")));
+  EXPECT_EQ(history["program"], "dattn-train");
+  EXPECT_EQ(history["device"], "cpu");
+  EXPECT_NE(history["description"].get<std::string>().find("cpu fp32"), std::string::npos);
+  EXPECT_EQ(history["config"]["steps"], 6);
+  ASSERT_EQ(history["train"].size(), 6u);
+  for (int i = 0; i < 6; ++i) {
+    EXPECT_EQ(history["train"][i][0], i + 1);
+    EXPECT_GT(history["train"][i][1].get<double>(), 0.5);
+  }
+  ASSERT_EQ(history["evals"].size(), 3u);
+  EXPECT_EQ(history["evals"][2]["step"], 6);
+  EXPECT_NEAR(history["evals"][2]["bits_per_byte"].get<double>(),
+              history["evals"][2]["loss"].get<double>() / std::log(2.0), 1e-12);
+  EXPECT_EQ(history["evals"][2]["retrieval"]["examples"], 4);
 }
 
 TEST(TrainCliTest, ResumeContinuesAndRefusesWhatItCannotUse) {

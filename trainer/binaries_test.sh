@@ -2,8 +2,8 @@
 # The two trainer binaries as built: dattn-train links no CUDA (no CUDA symbol, no CUDA library)
 # and refuses --device cuda naming dattn-train-gpu; dattn-train-gpu has the "cuda" device (in
 # --help and in its config check), trains on the CPU like dattn-train, and without a GPU refuses
-# --device cuda with exit 1 and the CUDA runtime's reason. Its GPU runs are
-# scripts/gpu-train-check.sh's.
+# --device cuda with exit 1 and the CUDA runtime's reason; plot_runs draws both runs' history.json
+# on one SVG. The GPU runs are scripts/gpu-train-check.sh's.
 set -uo pipefail
 root="$TEST_SRCDIR/$TEST_WORKSPACE"
 cpu="$root/trainer/dattn-train"
@@ -49,6 +49,22 @@ grep -q '"cuda" is not available in this build (cpu).*dattn-train-gpu' "$dir/err
   fail "dattn-train-gpu --device cpu: $(cat "$dir/out.txt")"
 grep -q '^step 2/2 ' "$dir/out.txt" || fail "no last step: $(cat "$dir/out.txt")"
 grep -q '"program": "dattn-train-gpu"' "$dir/gpu_cpu/history.json" || fail "history.json"
+
+# plot_runs: this run and a dattn-train run of the same config on one SVG, named by device.
+"$cpu" "${common[@]}" --out "$dir/cpu_cpu" > "$dir/out.txt" 2>&1 ||
+  fail "dattn-train: $(cat "$dir/out.txt")"
+plot="$root/trainer/plot_runs"
+"$plot" --out "$dir/both.svg" --title "two <runs>" "$dir/gpu_cpu/history.json" \
+  "$dir/cpu_cpu/history.json" > "$dir/out.txt" 2>&1 || fail "plot_runs: $(cat "$dir/out.txt")"
+grep -q '>two &lt;runs&gt;</text>' "$dir/both.svg" || fail "plot_runs: no title"
+[ "$(grep -c '<g class="train' "$dir/both.svg")" -eq 2 ] || fail "plot_runs: not two runs"
+grep -q '>cpu: cpu fp32, 1 thread: training (2 steps)</text>' "$dir/both.svg" ||
+  fail "plot_runs: no labels in $(grep legend -A4 "$dir/both.svg")"
+"$plot" --out "$dir/bad.svg" "$dir/model.json" > "$dir/out.txt" 2>&1
+code=$?
+[ "$code" -eq 2 ] && grep -q "model.json is not a dattn-train history.json" "$dir/out.txt" ||
+  fail "plot_runs on a model config: exit $code: $(cat "$dir/out.txt")"
+[ ! -e "$dir/bad.svg" ] || fail "plot_runs wrote bad.svg"
 
 # --device cuda is accepted by its config check; without a GPU the model cannot be made.
 if nvidia-smi -L > /dev/null 2>&1; then

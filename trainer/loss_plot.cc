@@ -20,6 +20,9 @@ constexpr double kWidth = 800, kHeight = 500;
 constexpr double kLeft = 80, kRight = 30, kTop = 70, kBottom = 60;
 constexpr char kTrainColor[] = "#1f77b4";
 constexpr char kValidationColor[] = "#d62728";
+// Training and validation colours of LossCurve::others, in order.
+constexpr const char* kOtherColors[kMaxOtherRuns][2] = {
+    {"#2ca02c", "#ff7f0e"}, {"#9467bd", "#8c564b"}, {"#17becf", "#e377c2"}, {"#7f7f7f", "#bcbd22"}};
 
 std::string Escape(const std::string& text) {
   std::string out;
@@ -151,9 +154,19 @@ std::vector<double> NiceTicks(double lo, double hi, int target) {
 
 std::string RenderLossCurveSvg(const LossCurve& curve) {
   const std::vector<std::pair<double, double>> train = Thin(curve.train, kMaxPolylinePoints);
+  const size_t others = std::min<size_t>(curve.others.size(), kMaxOtherRuns);
+  std::vector<std::vector<std::pair<double, double>>> other_train;
+  for (size_t i = 0; i < others; ++i) {
+    other_train.push_back(Thin(curve.others[i].train, kMaxPolylinePoints));
+  }
+  std::vector<const std::vector<std::pair<double, double>>*> all = {&train, &curve.validation};
+  for (size_t i = 0; i < others; ++i) {
+    all.push_back(&other_train[i]);
+    all.push_back(&curve.others[i].validation);
+  }
   double x_lo = std::numeric_limits<double>::infinity(), x_hi = -x_lo;
   double y_lo = x_lo, y_hi = -x_lo;
-  for (const auto* series : {&train, &curve.validation}) {
+  for (const auto* series : all) {
     for (const auto& [px, py] : *series) {
       if (!std::isfinite(px) || !std::isfinite(py)) continue;
       x_lo = std::min(x_lo, px);
@@ -242,37 +255,79 @@ std::string RenderLossCurveSvg(const LossCurve& curve) {
                                           "fill=\"#888\" text-anchor=\"middle\">no data</text>\n",
                                           (x.p0 + x.p1) / 2, (y.p0 + y.p1) / 2));
   }
-  // Curves.
-  absl::StrAppend(&svg, "<g class=\"train\">\n",
-                  Polylines(train, x, y,
-                            absl::StrCat("fill=\"none\" stroke=\"", kTrainColor,
-                                         "\" stroke-width=\"1.2\" stroke-linejoin=\"round\"")),
-                  "</g>\n");
-  absl::StrAppend(&svg, "<g class=\"validation\">\n",
-                  Polylines(curve.validation, x, y,
-                            absl::StrCat("fill=\"none\" stroke=\"", kValidationColor,
-                                         "\" stroke-width=\"1.5\" stroke-dasharray=\"4 3\"")));
-  for (const auto& [px, py] : curve.validation) {
-    if (!std::isfinite(px) || !std::isfinite(py)) continue;
-    absl::StrAppend(&svg,
-                    absl::StrFormat("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/>\n",
-                                    x.Map(px), y.Map(py), kValidationColor));
+  // Curves: this run, then the others.
+  auto draw = [&](const std::string& suffix, const std::vector<std::pair<double, double>>& t,
+                  const std::vector<std::pair<double, double>>& v, const char* train_color,
+                  const char* validation_color) {
+    absl::StrAppend(&svg, "<g class=\"train", suffix, "\">\n",
+                    Polylines(t, x, y,
+                              absl::StrCat("fill=\"none\" stroke=\"", train_color,
+                                           "\" stroke-width=\"1.2\" stroke-linejoin=\"round\"")),
+                    "</g>\n");
+    absl::StrAppend(&svg, "<g class=\"validation", suffix, "\">\n",
+                    Polylines(v, x, y,
+                              absl::StrCat("fill=\"none\" stroke=\"", validation_color,
+                                           "\" stroke-width=\"1.5\" stroke-dasharray=\"4 3\"")));
+    for (const auto& [px, py] : v) {
+      if (!std::isfinite(px) || !std::isfinite(py)) continue;
+      absl::StrAppend(&svg,
+                      absl::StrFormat("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/>\n",
+                                      x.Map(px), y.Map(py), validation_color));
+    }
+    absl::StrAppend(&svg, "</g>\n");
+  };
+  draw("", train, curve.validation, kTrainColor, kValidationColor);
+  for (size_t i = 0; i < others; ++i) {
+    draw(" other", other_train[i], curve.others[i].validation, kOtherColors[i][0],
+         kOtherColors[i][1]);
+  }
+  // Legend (top right of the plot area): a line per curve, a dot per set of validation points.
+  struct Row {
+    std::string text;
+    const char* color;
+    bool line;
+  };
+  auto named = [](const std::string& label, const std::string& what) {
+    return label.empty() ? what : absl::StrCat(label, ": ", what);
+  };
+  std::vector<Row> rows = {
+      {named(curve.label, absl::StrFormat("training (%d steps)", curve.train.size())), kTrainColor,
+       true},
+      {named(curve.label, absl::StrFormat("validation (%d points)", curve.validation.size())),
+       kValidationColor, false}};
+  for (size_t i = 0; i < others; ++i) {
+    const LossSeries& o = curve.others[i];
+    rows.push_back({named(o.label, absl::StrFormat("training (%d steps)", o.train.size())),
+                    kOtherColors[i][0], true});
+    if (!o.validation.empty()) {
+      rows.push_back(
+          {named(o.label, absl::StrFormat("validation (%d points)", o.validation.size())),
+           kOtherColors[i][1], false});
+    }
+  }
+  size_t longest = 0;
+  for (const Row& r : rows) longest = std::max(longest, r.text.size());
+  const double width = std::max(180.0, 48.0 + 6.6 * static_cast<double>(longest));
+  const double lx = x.p1 - width - 10, ly = y.p1 + 12;
+  absl::StrAppend(&svg, "<g class=\"legend\" font-size=\"12\">\n",
+                  absl::StrFormat("<rect x=\"%.1f\" y=\"%.1f\" width=\"%.0f\" height=\"%.0f\" "
+                                  "fill=\"white\" stroke=\"#bbb\"/>\n",
+                                  lx, ly, width, 8.0 + 18.0 * static_cast<double>(rows.size())));
+  for (size_t i = 0; i < rows.size(); ++i) {
+    const double ry = ly + 14 + 18 * static_cast<double>(i);
+    if (rows[i].line) {
+      absl::StrAppend(&svg, absl::StrFormat("<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" "
+                                            "y2=\"%.1f\" stroke=\"%s\" stroke-width=\"2\"/>",
+                                            lx + 8, ry, lx + 32, ry, rows[i].color));
+    } else {
+      absl::StrAppend(&svg, absl::StrFormat("<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" "
+                                            "fill=\"%s\"/>",
+                                            lx + 20, ry, rows[i].color));
+    }
+    absl::StrAppend(&svg, absl::StrFormat("<text x=\"%.1f\" y=\"%.1f\">%s</text>\n", lx + 40,
+                                          ry + 4, Escape(rows[i].text)));
   }
   absl::StrAppend(&svg, "</g>\n");
-  // Legend (top right of the plot area).
-  const double lx = x.p1 - 190, ly = y.p1 + 12;
-  absl::StrAppend(
-      &svg,
-      absl::StrFormat("<g class=\"legend\" font-size=\"12\">\n"
-                      "<rect x=\"%.1f\" y=\"%.1f\" width=\"180\" height=\"44\" fill=\"white\" "
-                      "stroke=\"#bbb\"/>\n"
-                      "<line x1=\"%.1f\" y1=\"%.1f\" x2=\"%.1f\" y2=\"%.1f\" stroke=\"%s\" "
-                      "stroke-width=\"2\"/><text x=\"%.1f\" y=\"%.1f\">training (%d steps)</text>\n"
-                      "<circle cx=\"%.1f\" cy=\"%.1f\" r=\"3.5\" fill=\"%s\"/><text x=\"%.1f\" "
-                      "y=\"%.1f\">validation (%d points)</text>\n</g>\n",
-                      lx, ly, lx + 8, ly + 14, lx + 32, ly + 14, kTrainColor, lx + 40, ly + 18,
-                      static_cast<int>(curve.train.size()), lx + 20, ly + 32, kValidationColor,
-                      lx + 40, ly + 36, static_cast<int>(curve.validation.size())));
   absl::StrAppend(&svg, "</svg>\n");
   return svg;
 }

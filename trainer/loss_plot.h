@@ -9,7 +9,9 @@
 // a polyline, the validation points as circles joined by a line, and a legend. Non-finite values
 // are left out (the line is broken there). More than kMaxPolylinePoints training points are
 // averaged in consecutive buckets of equal size, so the file stays small (a million steps plot
-// as kMaxPolylinePoints averages).
+// as kMaxPolylinePoints averages). Other runs (LossCurve::others: trainer/plot_runs overlays the
+// GPU and the CPU run of one config) are drawn on the same axes, each in its own colour, training
+// as a line and validation as points, and named in the legend.
 //
 // Everything here is pure and thread-safe.
 #ifndef DATTN_TRAINER_LOSS_PLOT_H_
@@ -27,14 +29,28 @@ namespace trainer {
 
 inline constexpr int64_t kMaxPolylinePoints = 4000;
 
+// One more run on the same axes.
+struct LossSeries {
+  std::string label;                                  // Its name in the legend (escaped here).
+  std::vector<std::pair<double, double>> train;       // (step, loss), by increasing step.
+  std::vector<std::pair<double, double>> validation;  // (step, loss), by increasing step.
+};
+
 struct LossCurve {
   std::string title;     // Escaped for XML here.
   std::string subtitle;  // A second, smaller line under the title (may be empty).
   std::vector<std::pair<double, double>> train;       // (step, loss), by increasing step.
   std::vector<std::pair<double, double>> validation;  // (step, loss), by increasing step.
+  // The run's name in the legend ("<label>: training (N steps)"); empty: "training (N steps)".
+  std::string label;
+  // Other runs, drawn after this one in colours of their own (at most kMaxOtherRuns).
+  std::vector<LossSeries> others;
 };
 
+inline constexpr int kMaxOtherRuns = 4;
+
 // The SVG document (800 x 500 user units), UTF-8. An empty curve gives axes and a note "no data".
+// Runs of `others` beyond kMaxOtherRuns are not drawn.
 std::string RenderLossCurveSvg(const LossCurve& curve);
 
 // RenderLossCurveSvg written to `path` (through a temporary file, fsynced and renamed). Errors

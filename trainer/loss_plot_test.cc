@@ -48,6 +48,32 @@ TEST(LossPlotTest, DrawsBothCurvesWithLabels) {
   EXPECT_NE(svg.find(">0</text>"), std::string::npos);   // The x axis starts at step 0.
 }
 
+TEST(LossPlotTest, OtherRunsShareTheAxesWithTheirOwnColoursAndLabels) {
+  LossCurve curve;
+  curve.label = "GPU <bf16>";
+  for (int s = 1; s <= 40; ++s) curve.train.push_back({s, 5.0 / std::sqrt(s)});
+  curve.validation = {{0, 5.5}, {40, 1.0}};
+  LossSeries cpu;
+  cpu.label = "CPU fp32";
+  for (int s = 1; s <= 60; ++s) cpu.train.push_back({s, 9.0 / std::sqrt(s)});  // Wider range.
+  cpu.validation = {{0, 5.6}, {20, 2.0}, {60, 1.1}};
+  curve.others.push_back(cpu);
+  const std::string svg = RenderLossCurveSvg(curve);
+  EXPECT_EQ(Count(svg, "<polyline "), 4);  // Two runs' training and validation.
+  EXPECT_EQ(Count(svg, "<g class=\"train other\">"), 1);
+  EXPECT_NE(svg.find(">GPU &lt;bf16&gt;: training (40 steps)</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">GPU &lt;bf16&gt;: validation (2 points)</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">CPU fp32: training (60 steps)</text>"), std::string::npos);
+  EXPECT_NE(svg.find(">CPU fp32: validation (3 points)</text>"), std::string::npos);
+  EXPECT_NE(svg.find("stroke=\"#2ca02c\""), std::string::npos);  // The other run's colour.
+  EXPECT_EQ(Count(svg, "<circle "), 2 + 3 + 2);                  // Points, legend dots.
+  EXPECT_NE(svg.find(">60</text>"), std::string::npos);          // The axes cover the other run.
+  EXPECT_NE(svg.find(">9</text>"), std::string::npos);
+  // More than kMaxOtherRuns: the rest are not drawn.
+  for (int i = 0; i < kMaxOtherRuns + 2; ++i) curve.others.push_back(cpu);
+  EXPECT_EQ(Count(RenderLossCurveSvg(curve), "<g class=\"train other\">"), kMaxOtherRuns);
+}
+
 TEST(LossPlotTest, NonFiniteValuesBreakTheLine) {
   LossCurve curve;
   for (int s = 1; s <= 10; ++s) {

@@ -14,7 +14,9 @@ namespace {
 // lacks AVX-512 (see cpu_vector_math.cc).
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#ifndef __clang__  // A GCC warning; clang has no such group.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 // R keys x 64 queries of S^T: 4R accumulators; per channel 4 loads of Q^T and R broadcasts of key
 // elements. R = 6: 24 accumulators + 4 operands fit the 32 zmm registers, and 10 loads per 24 FMAs

@@ -10,10 +10,10 @@ ThreadPool::ThreadPool(int num_threads) : num_threads_(num_threads < 1 ? 1 : num
 
 ThreadPool::~ThreadPool() {
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     stop_ = true;
   }
-  work_cv_.notify_all();
+  work_cv_.SignalAll();
   for (std::thread& w : workers_) w.join();
 }
 
@@ -29,15 +29,15 @@ void ThreadPool::WorkerLoop(int thread) {
   uint64_t seen = 0;
   for (;;) {
     {
-      std::unique_lock<std::mutex> lock(mu_);
-      work_cv_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      absl::MutexLock lock(&mu_);
+      while (!stop_ && generation_ == seen) work_cv_.Wait(&mu_);
       if (stop_) return;
       seen = generation_;
     }
     RunItems(thread);
     {
-      std::lock_guard<std::mutex> lock(mu_);
-      if (--active_ == 0) done_cv_.notify_one();
+      absl::MutexLock lock(&mu_);
+      if (--active_ == 0) done_cv_.Signal();
     }
   }
 }
@@ -49,17 +49,17 @@ void ThreadPool::ParallelFor(int64_t n, const std::function<void(int64_t item, i
     return;
   }
   {
-    std::lock_guard<std::mutex> lock(mu_);
+    absl::MutexLock lock(&mu_);
     body_ = &body;
     count_ = n;
     next_.store(0, std::memory_order_relaxed);
     active_ = static_cast<int>(workers_.size());
     ++generation_;
   }
-  work_cv_.notify_all();
+  work_cv_.SignalAll();
   RunItems(0);
-  std::unique_lock<std::mutex> lock(mu_);
-  done_cv_.wait(lock, [&] { return active_ == 0; });
+  absl::MutexLock lock(&mu_);
+  while (active_ != 0) done_cv_.Wait(&mu_);
   body_ = nullptr;
 }
 

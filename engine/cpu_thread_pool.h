@@ -7,12 +7,13 @@
 #define DATTN_ENGINE_CPU_THREAD_POOL_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <cstdint>
 #include <functional>
-#include <mutex>
 #include <thread>
 #include <vector>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/synchronization/mutex.h"
 
 namespace dattn {
 namespace cpu {
@@ -42,12 +43,12 @@ class ThreadPool {
   const int num_threads_;
   std::vector<std::thread> workers_;
 
-  std::mutex mu_;
-  std::condition_variable work_cv_;  // Workers wait here for a new loop (or shutdown).
-  std::condition_variable done_cv_;  // The owner waits here for workers to leave the loop.
-  uint64_t generation_ = 0;          // Guarded by mu_; bumped once per loop.
-  int active_ = 0;                   // Guarded by mu_; workers still inside the current loop.
-  bool stop_ = false;                // Guarded by mu_.
+  absl::Mutex mu_;
+  absl::CondVar work_cv_;                         // Workers wait here for a new loop (or shutdown).
+  absl::CondVar done_cv_;                         // The owner waits here for workers to leave it.
+  uint64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // Bumped once per loop.
+  int active_ ABSL_GUARDED_BY(mu_) = 0;           // Workers still inside the current loop.
+  bool stop_ ABSL_GUARDED_BY(mu_) = false;
 
   // The current loop; written by the owner before generation_ is bumped, read by workers after.
   const std::function<void(int64_t, int)>* body_ = nullptr;

@@ -125,7 +125,9 @@ inline double HorizontalSum4(__m256d v) {
 // AVX-512. The warning is about the header's idiom, not this code.
 #pragma GCC diagnostic push
 #pragma GCC diagnostic ignored "-Wuninitialized"
+#ifndef __clang__  // A GCC warning; clang has no such group.
 #pragma GCC diagnostic ignored "-Wmaybe-uninitialized"
+#endif
 
 // The AVX-512 version of Exp8: the same reduction and polynomial, but 2^n is applied by vscalefps,
 // which handles overflow to inf and gradual underflow itself, so the only clamp keeps -inf from

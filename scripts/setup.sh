@@ -12,6 +12,7 @@ packages=(
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   prometheus-cpp-dev prometheus
   curl python3 procps iproute2 clang-format
+  clang-14  # the clang thread-safety build (.bazelrc, --config=clang-tsa)
   libssl-dev python3-numpy bible-kjv bible-kjv-text
 )
 

@@ -3,7 +3,10 @@
 # compile without a GPU) and runs every test twice: as built, then built with AddressSanitizer,
 # LeakSanitizer and UndefinedBehaviorSanitizer (.bazelrc's --config=sanitize), where memory errors
 # that pass silently in the plain build fail. GPU tests skip, saying why, where no GPU exists.
-# Exit status: non-zero on any build or test failure. Last line: "N passed, N failed" (both passes).
+# Then the host code is compiled once more, by clang with its thread-safety analysis as errors
+# (.bazelrc's --config=clang-tsa: a build, no tests), so that every lock annotation is checked.
+# Exit status: non-zero on any build or test failure. Last line: "N passed, N failed" (the tests of
+# both passes; a failed clang build counts as one failure and is named on that line).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -44,6 +47,12 @@ for pass in plain sanitize; do
   fi
   [ "$status" -ne 0 ] && [ "$total" -eq 0 ] && total=$status
 done
+
+# The clang thread-safety build: objects only, so it adds minutes, not another run of the suite.
+echo "== build: clang thread-safety (--config=clang-tsa) =="
+bazel "${startup[@]}" build //... --config=clang-tsa --keep_going 2>&1 | tee -a "$log"
+tsa_status=${PIPESTATUS[0]}
+
 if [ -n "$fresh_root" ]; then
   bazel "${startup[@]}" shutdown >/dev/null 2>&1 || true
   chmod -R u+w "$fresh_root" 2>/dev/null
@@ -57,5 +66,11 @@ if [ "$total" -ne 0 ] && [ "$failed" -eq 0 ]; then
   echo "bazel test exited with $total (build failure?)"
   failed=1
 fi
-echo "${passed} passed, ${failed} failed"
-[ "$total" -eq 0 ]
+tsa_note=""
+if [ "$tsa_status" -ne 0 ]; then
+  echo "bazel build --config=clang-tsa exited with $tsa_status (clang or its thread-safety analysis)"
+  failed=$((failed + 1))
+  tsa_note=" (the clang thread-safety build failed)"
+fi
+echo "${passed} passed, ${failed} failed${tsa_note}"
+[ "$total" -eq 0 ] && [ "$tsa_status" -eq 0 ]

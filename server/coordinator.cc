@@ -540,10 +540,15 @@ absl::Status Coordinator::StreamAssignments(const v1::StreamAssignmentsRequest& 
   }
   const uint64_t generation = workers_.OpenStream(worker);
   dispatcher_.Kick();  // It may take work again.
+  // Destroyed before `lock`, so with mu_ held: asserted, since the analysis cannot tell that
+  // count.self->mu_ is this->mu_ at the returns.
   struct StreamCount {
     Coordinator* self;
     WorkerEntry* worker;
-    ~StreamCount() ABSL_EXCLUSIVE_LOCKS_REQUIRED(self->mu_) { self->workers_.CloseStream(worker); }
+    ~StreamCount() {
+      self->mu_.AssertHeld();
+      self->workers_.CloseStream(worker);
+    }
   } count{this, worker};  // Entries are forgotten only when dead and stream-less.
   for (;;) {
     StreamStep step = workers_.NextStep(worker, generation, streams_closed_);

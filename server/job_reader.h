@@ -15,8 +15,10 @@
 // watch.
 //
 // Locking: the reader shares the coordinator's mutex (given at construction), which guards the
-// book and the dispatcher. Public() and Close() expect it held (and assert so); the request
-// methods take it themselves and read the stores without it.
+// book and the dispatcher (ABSL_PT_GUARDED_BY). Public() and Close() expect it held and assert so
+// (the analysis cannot tell that the coordinator's mu_ is the reader's *mu_, so they are not
+// ABSL_EXCLUSIVE_LOCKS_REQUIRED); the request methods take it themselves and read the stores
+// without it.
 #ifndef DATTN_SERVER_JOB_READER_H_
 #define DATTN_SERVER_JOB_READER_H_
 
@@ -101,8 +103,8 @@ class JobReader {
   void SetExpireTime(v1::Job* job) const;
 
   absl::Mutex* const mu_;
-  JobBook* const book_;
-  const Dispatcher* const dispatcher_;
+  JobBook* const book_ ABSL_PT_GUARDED_BY(mu_);
+  const Dispatcher* const dispatcher_ ABSL_PT_GUARDED_BY(mu_);
   const WorkKinds* const kinds_;
   const ReaderOptions options_;
   JobStore* store_ = nullptr;

@@ -14,9 +14,10 @@
 // found before a real write fails); once a probe commits the error clears, stalled writes are
 // committed in order, and CheckStore() says the store recovered.
 //
-// Locking: the recorder shares the coordinator's mutex (given at construction). Methods marked
-// LOCKS_EXCLUDED take it themselves and do their I/O without it; the others expect it held (and
-// assert so).
+// Locking: the recorder shares the coordinator's mutex (given at construction), which guards the
+// book (ABSL_PT_GUARDED_BY). Methods marked LOCKS_EXCLUDED take it themselves and do their I/O
+// without it; the others expect it held and assert so (the analysis cannot tell that the
+// coordinator's mu_ is the recorder's *mu_, so they are not ABSL_EXCLUSIVE_LOCKS_REQUIRED).
 #ifndef DATTN_SERVER_JOB_RECORDER_H_
 #define DATTN_SERVER_JOB_RECORDER_H_
 
@@ -88,7 +89,7 @@ class JobRecorder {
   bool KeepsOutput(const v1::Job& job) const;
 
   absl::Mutex* const mu_;
-  JobBook* const book_;
+  JobBook* const book_ ABSL_PT_GUARDED_BY(mu_);
   const WorkKinds* const kinds_;
   Metrics* const metrics_;
   const Clock* const clock_;

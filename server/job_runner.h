@@ -11,7 +11,9 @@
 //
 // Calls go one way: the runner calls the book, the worker registry, the ring rendezvous and the
 // dispatcher (to requeue); nothing calls it back. Locking: it shares the coordinator's mutex (given
-// at construction), which every method expects held (and asserts).
+// at construction), which guards the roles it calls (ABSL_PT_GUARDED_BY). Every public method
+// expects it held and asserts so (the analysis cannot tell that the coordinator's mu_ is the
+// runner's *mu_, so they are not ABSL_EXCLUSIVE_LOCKS_REQUIRED); the private ones require it.
 #ifndef DATTN_SERVER_JOB_RUNNER_H_
 #define DATTN_SERVER_JOB_RUNNER_H_
 
@@ -20,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
 #include "base/clock.h"
@@ -101,25 +104,26 @@ class JobRunner {
 
  private:
   struct Context;
-  void OnStarted(Context& c);
-  void OnProgress(Context& c);
-  void OnSucceeded(Context& c);
-  void OnFailed(Context& c);
-  void OnCancelled(Context& c);
+  void OnStarted(Context& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnProgress(Context& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnSucceeded(Context& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnFailed(Context& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  void OnCancelled(Context& c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The "ring_formation_failed" or "ring_failed" event of a failed ring rank; returns the failure
   // description to recover with.
-  std::string RingFailed(Context& c, const std::string& why);
+  std::string RingFailed(Context& c, const std::string& why) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Forgets one task of the job (its worker's slot frees; no CancelTask).
-  void DropTask(JobRun* run, const std::string& task_id);
+  void DropTask(JobRun* run, const std::string& task_id) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // A rank refused before it started: requeued without counting an attempt (failed after more
   // than kMaxRefusals in a row).
-  void RequeueRefused(JobRun* run, const std::string& why, Tickets* tickets);
+  void RequeueRefused(JobRun* run, const std::string& why, Tickets* tickets)
+      ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex* const mu_;
-  JobBook* const book_;
-  WorkerRegistry* const workers_;
-  RingRendezvous* const rings_;
-  Dispatcher* const dispatcher_;
+  JobBook* const book_ ABSL_PT_GUARDED_BY(mu_);
+  WorkerRegistry* const workers_ ABSL_PT_GUARDED_BY(mu_);
+  RingRendezvous* const rings_ ABSL_PT_GUARDED_BY(mu_);
+  Dispatcher* const dispatcher_ ABSL_PT_GUARDED_BY(mu_);
   Metrics* const metrics_;
   const Clock* const clock_;
   absl::CondVar* const activity_;

@@ -190,7 +190,7 @@ std::string RenderLossCurveSvg(const LossCurve& curve) {
       "<?xml version=\"1.0\" encoding=\"UTF-8\"?>\n"
       "<svg xmlns=\"http://www.w3.org/2000/svg\" width=\"%.0f\" height=\"%.0f\" "
       "viewBox=\"0 0 %.0f %.0f\" font-family=\"DejaVu Sans, Helvetica, Arial, sans-serif\">\n",
-      kWidth, kHeight, kWidth, kHeight, kWidth, kHeight);
+      kWidth, kHeight, kWidth, kHeight);
   absl::StrAppend(&svg, "<title>", Escape(curve.title), "</title>\n");
   absl::StrAppend(&svg, "<rect x=\"0\" y=\"0\" width=\"100%\" height=\"100%\" fill=\"white\"/>\n");
   absl::StrAppend(&svg,

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -128,7 +129,8 @@ TEST(WorkerMainTest, ServesHealthRegistersAndShutsDownCleanlyOnSigterm) {
   ASSERT_TRUE(WaitHealth(health.get(), "", Serving::SERVING)) << "liveness never SERVING";
   ASSERT_TRUE(WaitHealth(health.get(), "dattn-worker", Serving::SERVING))
       << "readiness never SERVING";
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.streams_opened_ >= 1; }));
   {
     absl::MutexLock lock(&fake.mu_);
     ASSERT_EQ(fake.registrations_.size(), 1u);
@@ -153,8 +155,9 @@ TEST(WorkerMainTest, ServesHealthRegistersAndShutsDownCleanlyOnSigterm) {
   job->set_num_ranks(1);
   *task = Planned(*task);
   fake.Push(command);
-  ASSERT_TRUE(
-      fake.WaitFor([&]() { return fake.HasStateLocked("j-main/1/0", v1::TASK_STATE_STARTED); }));
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+    return fake.HasStateLocked("j-main/1/0", v1::TASK_STATE_STARTED);
+  }));
 
   worker.Signal(SIGTERM);
   EXPECT_EQ(worker.WaitExit(absl::Seconds(10)), 0);

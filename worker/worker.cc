@@ -96,8 +96,11 @@ struct Worker::Task {
   int64_t steps_total = 1;
   int64_t reserved_bytes = 0;  // Planned bytes counted in reserved_bytes_.
   int64_t budget_bytes = -1;   // Passed to RunAttentionTask; -1: what the device has free.
-  // Guarded by Worker::mu_. Without a memory budget: from admission until the task finishes, its
-  // plan less the tensors allocated so far (worker.h, Memory); 0 otherwise.
+  // claimed_bytes and done are guarded by Worker::mu_, which ABSL_GUARDED_BY cannot say here: on a
+  // member of Task, clang's analysis takes Worker::mu_ for a mutex of the task itself and matches
+  // it against no lock the worker holds. Every use is in a Worker method holding mu_.
+  // Without a memory budget: from admission until the task finishes, its plan less the tensors
+  // allocated so far (worker.h, Memory); 0 otherwise.
   int64_t claimed_bytes = 0;
   std::atomic<bool> cancel{false};
   std::atomic<bool> silent{false};  // Report nothing more (the coordinator has given up on it).
@@ -109,7 +112,7 @@ struct Worker::Task {
   absl::Mutex comm_mu;
   comm::Communicator* comm ABSL_GUARDED_BY(comm_mu) = nullptr;
   std::thread thread;
-  bool done = false;  // Guarded by Worker::mu_: the thread has finished its work; join it.
+  bool done = false;  // Guarded by Worker::mu_ (see above): the thread has finished; join it.
 };
 
 // Registers a unary call's context for the duration of the call, so that Stop() can cancel it.

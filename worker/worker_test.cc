@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
@@ -130,7 +131,7 @@ class GatedDevice final : public TaskDevice {
     absl::MutexLock lock(&mu_);
     hold_aborts_ = hold;
   }
-  // Waits up to 10 s for `pred` (called with mu_ held).
+  // Waits up to 10 s for `pred` (called with mu(), that is mu_, held).
   bool WaitFor(const std::function<bool()>& pred) {
     absl::MutexLock lock(&mu_);
     return mu_.AwaitWithTimeout(absl::Condition(&pred, &std::function<bool()>::operator()),
@@ -141,6 +142,7 @@ class GatedDevice final : public TaskDevice {
     absl::MutexLock lock(&mu_);
     health_ = std::move(health);
   }
+  absl::Mutex* mu() const ABSL_LOCK_RETURNED(mu_) { return &mu_; }
   int allocations_started() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return allocations_; }
   int aborts_started() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return aborts_; }
 
@@ -281,8 +283,9 @@ TEST(WorkerTest, RegistersWithItsCapabilitiesAndHeartbeats) {
   Worker worker(options);
   ASSERT_TRUE(worker.Start().ok());
   FakeRegistry& fake = coordinator.registry();
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.heartbeats_.size() >= 3; }))
-      << "no heartbeats within 10 s";
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+    return fake.heartbeats_.size() >= 3;
+  })) << "no heartbeats within 10 s";
   EXPECT_TRUE(worker.registered());
   EXPECT_EQ(worker.worker_id(), "w-1-1");
   {
@@ -323,7 +326,8 @@ TEST(WorkerTest, AdvertisesMemTotalWithoutAnOverride) {
   Worker worker(TestOptions(address));
   ASSERT_TRUE(worker.Start().ok());
   FakeRegistry& fake = coordinator.registry();
-  ASSERT_TRUE(fake.WaitFor([&]() { return !fake.heartbeats_.empty(); }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return !fake.heartbeats_.empty(); }));
   absl::MutexLock lock(&fake.mu_);
   EXPECT_EQ(fake.registrations_[0].capabilities().total_memory_bytes(),
             *ReadMeminfoBytes("MemTotal"));
@@ -338,13 +342,15 @@ TEST(WorkerTest, AssignmentRunsToASucceededReportWithItsResult) {
   Worker worker(TestOptions(address));
   ASSERT_TRUE(worker.Start().ok());
   FakeRegistry& fake = coordinator.registry();
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.streams_opened_ >= 1; }));
 
   v1::WorkerCommand command = Assign("j-1/1/0", 20);
   command.mutable_assign()->mutable_spec()->mutable_attention()->set_return_output(true);
   *command.mutable_assign() = Planned(command.assign());
   fake.Push(command);
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-1/1/0"); }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.HasFinalLocked("j-1/1/0"); }));
   std::vector<v1::TaskReport> reports = fake.ReportsOf("j-1/1/0");
   ASSERT_GE(reports.size(), 2u);
   EXPECT_EQ(reports.front().state(), v1::TASK_STATE_STARTED);
@@ -390,7 +396,9 @@ TEST(WorkerTest, AssignmentRunsToASucceededReportWithItsResult) {
     absl::MutexLock lock(&fake.mu_);
     return fake.heartbeats_.size();
   }();
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.heartbeats_.size() >= seen + 2; }));
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+    return fake.heartbeats_.size() >= seen + 2;
+  }));
   absl::MutexLock lock(&fake.mu_);
   EXPECT_EQ(fake.heartbeats_.back().tasks_size(), 0);
   EXPECT_EQ(worker.running_tasks(), 0);
@@ -403,12 +411,14 @@ TEST(WorkerTest, CancelMidRunEndsWithACancelledReport) {
   Worker worker(TestOptions(address));
   ASSERT_TRUE(worker.Start().ok());
   FakeRegistry& fake = coordinator.registry();
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.streams_opened_ >= 1; }));
   fake.Push(LongAssign("j-2/1/0"));
   // Running: a PROGRESS report, and a heartbeat that lists the task with steps done.
-  ASSERT_TRUE(
-      fake.WaitFor([&]() { return fake.HasStateLocked("j-2/1/0", v1::TASK_STATE_PROGRESS); }));
-  ASSERT_TRUE(fake.WaitFor([&]() {
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+    return fake.HasStateLocked("j-2/1/0", v1::TASK_STATE_PROGRESS);
+  }));
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
     return !fake.heartbeats_.empty() && fake.heartbeats_.back().tasks_size() == 1 &&
            fake.heartbeats_.back().tasks(0).task_id() == "j-2/1/0" &&
            fake.heartbeats_.back().tasks(0).steps_done() > 0 &&
@@ -416,7 +426,8 @@ TEST(WorkerTest, CancelMidRunEndsWithACancelledReport) {
   }));
   EXPECT_EQ(worker.running_tasks(), 1);
   fake.Push(Cancel("j-2/1/0"));
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-2/1/0"); }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.HasFinalLocked("j-2/1/0"); }));
   std::vector<v1::TaskReport> reports = fake.ReportsOf("j-2/1/0");
   EXPECT_EQ(reports.back().state(), v1::TASK_STATE_CANCELLED);
   EXPECT_GT(reports.back().progress().steps_done(), 0);
@@ -427,7 +438,8 @@ TEST(WorkerTest, CancelMidRunEndsWithACancelledReport) {
   const double seconds =
       static_cast<double>(reports.back().time().seconds() - reports.front().time().seconds()) + 1;
   EXPECT_LE(progress, seconds / 0.05 + 2);
-  ASSERT_TRUE(fake.WaitFor([&]() { return worker.running_tasks() == 0; }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return worker.running_tasks() == 0; }));
 }
 
 TEST(WorkerTest, SlotsAreLimitedAndStopFromReportTaskEndsATaskSilently) {
@@ -437,12 +449,15 @@ TEST(WorkerTest, SlotsAreLimitedAndStopFromReportTaskEndsATaskSilently) {
   Worker worker(TestOptions(address));  // max_ranks = 1
   ASSERT_TRUE(worker.Start().ok());
   FakeRegistry& fake = coordinator.registry();
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.streams_opened_ >= 1; }));
   fake.Push(LongAssign("j-3/1/0"));
-  ASSERT_TRUE(
-      fake.WaitFor([&]() { return fake.HasStateLocked("j-3/1/0", v1::TASK_STATE_STARTED); }));
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+    return fake.HasStateLocked("j-3/1/0", v1::TASK_STATE_STARTED);
+  }));
   fake.Push(Assign("j-4/1/0", 1));
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-4/1/0"); }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.HasFinalLocked("j-4/1/0"); }));
   std::vector<v1::TaskReport> refused = fake.ReportsOf("j-4/1/0");
   ASSERT_EQ(refused.size(), 1u);
   EXPECT_EQ(refused[0].state(), v1::TASK_STATE_FAILED);
@@ -452,7 +467,8 @@ TEST(WorkerTest, SlotsAreLimitedAndStopFromReportTaskEndsATaskSilently) {
 
   // The coordinator answers the next PROGRESS with stop: the task ends and reports nothing more.
   fake.StopTaskOnReport("j-3/1/0");
-  ASSERT_TRUE(fake.WaitFor([&]() { return worker.running_tasks() == 0; }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return worker.running_tasks() == 0; }));
   absl::SleepFor(absl::Milliseconds(300));
   for (const v1::TaskReport& r : fake.ReportsOf("j-3/1/0")) {
     EXPECT_LT(r.state(), v1::TASK_STATE_SUCCEEDED) << "a final report after stop";
@@ -470,7 +486,8 @@ TEST(WorkerTest, SlotIsFreeWhenTheFinalReportArrives) {
   Worker worker(TestOptions(address));  // max_ranks = 1
   ASSERT_TRUE(worker.Start().ok());
   FakeRegistry& fake = coordinator.registry();
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.streams_opened_ >= 1; }));
 
   constexpr int kTasks = 40;
   absl::Mutex mu;
@@ -515,15 +532,20 @@ TEST(WorkerTest, DrainedWorkerRunsWhatItIsStillSent) {
   ASSERT_TRUE(worker.Start().ok());
   FakeRegistry& fake = coordinator.registry();
   fake.SetDrain(true);
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1 && worker.draining(); }));
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+    return fake.streams_opened_ >= 1 && worker.draining();
+  }));
   fake.Push(Assign("j-5/1/0", 1));
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-5/1/0"); }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.HasFinalLocked("j-5/1/0"); }));
   EXPECT_EQ(fake.ReportsOf("j-5/1/0").back().state(), v1::TASK_STATE_SUCCEEDED);
 
   fake.SetDrain(false);
-  ASSERT_TRUE(fake.WaitFor([&]() { return !worker.draining(); }));
+  ASSERT_TRUE(
+      fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return !worker.draining(); }));
   fake.Push(Assign("j-6/1/0", 1));
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-6/1/0"); }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.HasFinalLocked("j-6/1/0"); }));
   EXPECT_EQ(fake.ReportsOf("j-6/1/0").back().state(), v1::TASK_STATE_SUCCEEDED);
 }
 
@@ -541,16 +563,22 @@ TEST(WorkerTest, UndrainReopensAClosedStreamWithoutWaitingOutTheBackoff) {
   ASSERT_TRUE(worker.Start().ok());
   FakeRegistry& fake = coordinator.registry();
   fake.SetCloseStreamsWhileDrained(true);
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.streams_opened_ >= 1; }));
   fake.SetDrain(true);
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_ended_ >= 1 && worker.draining(); }));
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+    return fake.streams_ended_ >= 1 && worker.draining();
+  }));
   const absl::Time undrained = absl::Now();
   fake.SetDrain(false);
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 2; }, absl::Seconds(5)))
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.streams_opened_ >= 2; },
+      absl::Seconds(5)))
       << "the stream was not reopened within 5 s of the undrain";
   EXPECT_LT(absl::Now() - undrained, absl::Seconds(5));
   fake.Push(Assign("j-7/1/0", 1));
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-7/1/0"); }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.HasFinalLocked("j-7/1/0"); }));
   EXPECT_EQ(fake.ReportsOf("j-7/1/0").back().state(), v1::TASK_STATE_SUCCEEDED);
 }
 
@@ -569,7 +597,8 @@ TEST(WorkerTest, HeartbeatsAndBackoffsFollowTheClock) {
   Worker worker(options);
   ASSERT_TRUE(worker.Start().ok());
   FakeRegistry& fake = coordinator.registry();
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.streams_opened_ >= 1; }));
   auto heartbeats = [&]() {
     absl::MutexLock lock(&fake.mu_);
     return fake.heartbeats_.size();
@@ -578,7 +607,9 @@ TEST(WorkerTest, HeartbeatsAndBackoffsFollowTheClock) {
   absl::SleepFor(absl::Milliseconds(300));
   EXPECT_EQ(heartbeats(), before) << "a heartbeat before the clock moved";
   clock.Advance(absl::Milliseconds(100));
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.heartbeats_.size() == before + 1; }));
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+    return fake.heartbeats_.size() == before + 1;
+  }));
   absl::SleepFor(absl::Milliseconds(200));
   EXPECT_EQ(heartbeats(), before + 1);
 
@@ -587,15 +618,18 @@ TEST(WorkerTest, HeartbeatsAndBackoffsFollowTheClock) {
   fake.SetCloseStreamsWhileDrained(true);
   fake.SetDrain(true);
   clock.Advance(absl::Milliseconds(100));  // The heartbeat that says so.
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_ended_ >= 1 && worker.draining(); }));
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+    return fake.streams_ended_ >= 1 && worker.draining();
+  }));
   absl::SleepFor(absl::Milliseconds(300));
   EXPECT_EQ(WithLock(fake, [&] { return fake.streams_opened_; }), 1);
   clock.Advance(absl::Seconds(47));  // Less than any backoff drawn.
   absl::SleepFor(absl::Milliseconds(300));
   EXPECT_EQ(WithLock(fake, [&] { return fake.streams_opened_; }), 1);
   clock.Advance(absl::Seconds(26));  // More than any.
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 2; }))
-      << "the stream was not reopened once the backoff had passed on the clock";
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+    return fake.streams_opened_ >= 2;
+  })) << "the stream was not reopened once the backoff had passed on the clock";
 }
 
 TEST(WorkerTest, KeepsRetryingUntilTheCoordinatorStarts) {
@@ -609,11 +643,13 @@ TEST(WorkerTest, KeepsRetryingUntilTheCoordinatorStarts) {
   FakeCoordinator coordinator(address);
   ASSERT_TRUE(coordinator.ok());
   FakeRegistry& fake = coordinator.registry();
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }))
-      << "worker did not register and open its stream after the coordinator came up";
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+    return fake.streams_opened_ >= 1;
+  })) << "worker did not register and open its stream after the coordinator came up";
   EXPECT_TRUE(worker.registered());
   fake.Push(Assign("j-7/1/0", 2));
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-7/1/0"); }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.HasFinalLocked("j-7/1/0"); }));
   EXPECT_EQ(fake.ReportsOf("j-7/1/0").back().state(), v1::TASK_STATE_SUCCEEDED);
 }
 
@@ -627,10 +663,12 @@ TEST(WorkerTest, SurvivesACoordinatorRestartAndDeliversTheFinalReport) {
   {
     FakeCoordinator first(address, 1);
     FakeRegistry& fake = first.registry();
-    ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+    ASSERT_TRUE(fake.WaitFor(
+        [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.streams_opened_ >= 1; }));
     fake.Push(command);
-    ASSERT_TRUE(
-        fake.WaitFor([&]() { return fake.HasStateLocked("j-8/1/0", v1::TASK_STATE_STARTED); }));
+    ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+      return fake.HasStateLocked("j-8/1/0", v1::TASK_STATE_STARTED);
+    }));
   }  // The coordinator goes away mid-task.
   ::unlink(address.substr(5).c_str());
   ASSERT_TRUE([&]() {
@@ -644,14 +682,16 @@ TEST(WorkerTest, SurvivesACoordinatorRestartAndDeliversTheFinalReport) {
   // again, and the held final report goes out under the new registration.
   FakeCoordinator second(address, 2);
   FakeRegistry& fake = second.registry();
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-8/1/0"); }))
-      << "final report lost across the coordinator restart";
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+    return fake.HasFinalLocked("j-8/1/0");
+  })) << "final report lost across the coordinator restart";
   std::vector<v1::TaskReport> reports = fake.ReportsOf("j-8/1/0");
   EXPECT_EQ(reports.back().state(), v1::TASK_STATE_SUCCEEDED);
   EXPECT_EQ(reports.back().worker_id(), "w-2-1");
   EXPECT_EQ(reports.back().progress().steps_done(), 30);
   EXPECT_EQ(worker.registrations(), 2);
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.streams_opened_ >= 1; }));
 }
 
 TEST(WorkerTest, StopCancelsRunningTasksAndReportsThem) {
@@ -661,10 +701,12 @@ TEST(WorkerTest, StopCancelsRunningTasksAndReportsThem) {
   FakeRegistry& fake = coordinator.registry();
   Worker worker(TestOptions(address));
   ASSERT_TRUE(worker.Start().ok());
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.streams_opened_ >= 1; }));
   fake.Push(LongAssign("j-9/1/0"));
-  ASSERT_TRUE(
-      fake.WaitFor([&]() { return fake.HasStateLocked("j-9/1/0", v1::TASK_STATE_STARTED); }));
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+    return fake.HasStateLocked("j-9/1/0", v1::TASK_STATE_STARTED);
+  }));
   const absl::Time begin = absl::Now();
   worker.Stop();
   EXPECT_LT(absl::Now() - begin, absl::Seconds(5));
@@ -696,14 +738,17 @@ TEST(WorkerTest, TwoTasksNeverCountTheSameFreeMemory) {
   // Opens the gate before the worker's destructor waits for its tasks, whatever happens above.
   auto open = absl::MakeCleanup([&] { device->HoldAllocations(false); });
   ASSERT_TRUE(worker.Start().ok());
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.streams_opened_ >= 1; }));
 
   fake.Push(first);
-  ASSERT_TRUE(device->WaitFor([&]() { return device->allocations_started() >= 1; }))
-      << "the first task never started allocating";
+  ASSERT_TRUE(device->WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(device->mu()) {
+    return device->allocations_started() >= 1;
+  })) << "the first task never started allocating";
   fake.Push(Assign("j-11/1/0", 2));
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-11/1/0"); }))
-      << "the second task was admitted on memory the first has planned";
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+    return fake.HasFinalLocked("j-11/1/0");
+  })) << "the second task was admitted on memory the first has planned";
   const v1::TaskReport refused = fake.ReportsOf("j-11/1/0").back();
   EXPECT_EQ(refused.state(), v1::TASK_STATE_FAILED);
   EXPECT_EQ(refused.error_code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
@@ -713,12 +758,14 @@ TEST(WorkerTest, TwoTasksNeverCountTheSameFreeMemory) {
       << refused.error();
 
   device->HoldAllocations(false);
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-10/1/0"); }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.HasFinalLocked("j-10/1/0"); }));
   EXPECT_EQ(fake.ReportsOf("j-10/1/0").back().state(), v1::TASK_STATE_SUCCEEDED)
       << fake.ReportsOf("j-10/1/0").back().error();
   // The first task's claim ends with it: the same plan fits again.
   fake.Push(Assign("j-12/1/0", 2));
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-12/1/0"); }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.HasFinalLocked("j-12/1/0"); }));
   EXPECT_EQ(fake.ReportsOf("j-12/1/0").back().state(), v1::TASK_STATE_SUCCEEDED)
       << fake.ReportsOf("j-12/1/0").back().error();
 }
@@ -738,28 +785,32 @@ TEST(WorkerTest, AFailedDeviceIsReportedAndItsAssignmentsRefused) {
   options.on_ready_change = [&](bool r) { ready = r; };
   Worker worker(options);
   ASSERT_TRUE(worker.Start().ok());
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1 && ready; }));
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+    return fake.streams_opened_ >= 1 && ready;
+  }));
 
   device->SetHealth(absl::InternalError("an illegal memory access was encountered"));
-  ASSERT_TRUE(fake.WaitFor([&]() {
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
     return !fake.heartbeats_.empty() && fake.heartbeats_.back().device_error().find(
                                             "illegal memory access") != std::string::npos;
   })) << "no heartbeat reported the failed device";
-  ASSERT_TRUE(fake.WaitFor([&]() { return !ready; }));
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return !ready; }));
   fake.Push(Assign("j-30/1/0", 1));
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-30/1/0"); }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.HasFinalLocked("j-30/1/0"); }));
   const v1::TaskReport refused = fake.ReportsOf("j-30/1/0").back();
   EXPECT_EQ(refused.state(), v1::TASK_STATE_FAILED);
   EXPECT_TRUE(refused.refused());
   EXPECT_NE(refused.error().find("device failed"), std::string::npos) << refused.error();
 
   device->SetHealth(absl::OkStatus());
-  ASSERT_TRUE(fake.WaitFor([&]() {
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
     return !fake.heartbeats_.empty() && fake.heartbeats_.back().device_error().empty();
   }));
-  ASSERT_TRUE(fake.WaitFor([&]() { return ready.load(); }));
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return ready.load(); }));
   fake.Push(Assign("j-31/1/0", 1));
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-31/1/0"); }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.HasFinalLocked("j-31/1/0"); }));
   EXPECT_EQ(fake.ReportsOf("j-31/1/0").back().state(), v1::TASK_STATE_SUCCEEDED);
 }
 
@@ -780,7 +831,8 @@ TEST(WorkerTest, HeartbeatsGoOnWhileACancelledRingRankAborts) {
   Worker worker(options);
   auto open = absl::MakeCleanup([&] { device->HoldAborts(false); });
   ASSERT_TRUE(worker.Start().ok());
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.streams_opened_ >= 1; }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.streams_opened_ >= 1; }));
 
   for (int rank = 0; rank < 2; ++rank) {
     v1::WorkerCommand command = Assign(absl::StrCat("j-20/1/", rank), 1000000);
@@ -799,28 +851,33 @@ TEST(WorkerTest, HeartbeatsGoOnWhileACancelledRingRankAborts) {
     *task = Planned(*task);
     fake.Push(command);
   }
-  ASSERT_TRUE(fake.WaitFor([&]() {
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
     return fake.HasStateLocked("j-20/1/0", v1::TASK_STATE_STARTED) &&
            fake.HasStateLocked("j-20/1/1", v1::TASK_STATE_STARTED);
   })) << "the ring did not start";
 
   device->HoldAborts(true);
   fake.Push(Cancel("j-20/1/0"));
-  ASSERT_TRUE(device->WaitFor([&]() { return device->aborts_started() >= 1; }))
-      << "the cancel did not abort the rank's communicator";
+  ASSERT_TRUE(device->WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(device->mu()) {
+    return device->aborts_started() >= 1;
+  })) << "the cancel did not abort the rank's communicator";
   const size_t seen = [&]() {
     absl::MutexLock lock(&fake.mu_);
     return fake.heartbeats_.size();
   }();
-  EXPECT_TRUE(fake.WaitFor([&]() { return fake.heartbeats_.size() >= seen + 3; }, absl::Seconds(3)))
+  EXPECT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.heartbeats_.size() >= seen + 3; },
+      absl::Seconds(3)))
       << "heartbeats stalled while a communicator was aborting";
 
   device->HoldAborts(false);
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-20/1/0"); }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.HasFinalLocked("j-20/1/0"); }));
   EXPECT_EQ(fake.ReportsOf("j-20/1/0").back().state(), v1::TASK_STATE_CANCELLED)
       << fake.ReportsOf("j-20/1/0").back().error();
   // Its peer loses the ring and fails.
-  ASSERT_TRUE(fake.WaitFor([&]() { return fake.HasFinalLocked("j-20/1/1"); }));
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.HasFinalLocked("j-20/1/1"); }));
   EXPECT_EQ(fake.ReportsOf("j-20/1/1").back().state(), v1::TASK_STATE_FAILED);
 }
 

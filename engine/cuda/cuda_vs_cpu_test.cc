@@ -84,7 +84,9 @@ TEST_P(CudaVsCpuTest, ForwardAndBackwardMatchCpuFp64) {
   for (const auto& o : outs) cudaMemset(o->ptr, 0xFF, elems * DTypeSize(dtype));
   cudaMemset(lse.ptr, 0xFF, b * h * n * 4);
   cudaDeviceSynchronize();
-  auto view = [&](void* p) { return TensorView::Contiguous(p, dtype, dims, dattn::Device::kCuda); };
+  auto view = [&, dtype = dtype](void* p) {
+    return TensorView::Contiguous(p, dtype, dims, dattn::Device::kCuda);
+  };
   const TensorView lse_view =
       TensorView::Contiguous(lse.ptr, DType::kFloat32, lse_dims, dattn::Device::kCuda);
   ASSERT_TRUE(cuda_

@@ -37,13 +37,6 @@ namespace dattn {
 namespace worker {
 namespace {
 
-// `f()` with the fake's mutex held.
-template <typename F>
-auto WithLock(FakeRegistry& fake, F f) {
-  absl::MutexLock lock(&fake.mu_);
-  return f();
-}
-
 WorkerOptions TestOptions(const std::string& address) {
   WorkerOptions options;
   options.coordinator_address = address;
@@ -603,6 +596,10 @@ TEST(WorkerTest, HeartbeatsAndBackoffsFollowTheClock) {
     absl::MutexLock lock(&fake.mu_);
     return fake.heartbeats_.size();
   };
+  auto streams_opened = [&]() {
+    absl::MutexLock lock(&fake.mu_);
+    return fake.streams_opened_;
+  };
   const size_t before = heartbeats();
   absl::SleepFor(absl::Milliseconds(300));
   EXPECT_EQ(heartbeats(), before) << "a heartbeat before the clock moved";
@@ -622,10 +619,10 @@ TEST(WorkerTest, HeartbeatsAndBackoffsFollowTheClock) {
     return fake.streams_ended_ >= 1 && worker.draining();
   }));
   absl::SleepFor(absl::Milliseconds(300));
-  EXPECT_EQ(WithLock(fake, [&] { return fake.streams_opened_; }), 1);
+  EXPECT_EQ(streams_opened(), 1);
   clock.Advance(absl::Seconds(47));  // Less than any backoff drawn.
   absl::SleepFor(absl::Milliseconds(300));
-  EXPECT_EQ(WithLock(fake, [&] { return fake.streams_opened_; }), 1);
+  EXPECT_EQ(streams_opened(), 1);
   clock.Advance(absl::Seconds(26));  // More than any.
   ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
     return fake.streams_opened_ >= 2;

@@ -3,11 +3,12 @@
 #include <cublasLt.h>
 
 #include <cstdint>
-#include <mutex>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/container/flat_hash_map.h"
 #include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
 #include "engine/cuda/cuda_status.h"
 
 namespace dattn {
@@ -56,8 +57,8 @@ const char* OpName(GemmOp op) {
 // The algorithm each plan key was given, process-wide, so that every Gemm of a process computes a
 // shape with the same algorithm (the same bits) whichever instance timed it first.
 struct TunedAlgos {
-  std::mutex mu;
-  absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t> algos;
+  absl::Mutex mu;
+  absl::flat_hash_map<std::string, cublasLtMatmulAlgo_t> algos ABSL_GUARDED_BY(mu);
 };
 TunedAlgos& Tuned() {
   static TunedAlgos* tuned = new TunedAlgos();
@@ -229,7 +230,7 @@ absl::Status Gemm::Run(const GemmArgs& x) {
     const std::string tuned_key = absl::StrCat("device ", device, " ", key);
     bool cached = false;
     {
-      std::lock_guard<std::mutex> lock(Tuned().mu);
+      absl::MutexLock lock(&Tuned().mu);
       auto t = Tuned().algos.find(tuned_key);
       if (t != Tuned().algos.end()) {
         p.algo = t->second;
@@ -242,7 +243,7 @@ absl::Status Gemm::Run(const GemmArgs& x) {
       p.algo = results[*best].algo;
     }
     if (!cached) {
-      std::lock_guard<std::mutex> lock(Tuned().mu);
+      absl::MutexLock lock(&Tuned().mu);
       Tuned().algos.emplace(tuned_key, p.algo);
     }
     it = impl_->plans.emplace(key, p).first;

@@ -19,6 +19,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
+#include "metrics/metrics_server.h"
 #include "server/coordinator.h"
 #include "server/grpc_service.h"
 #include "server/job_store.h"
@@ -34,11 +35,11 @@ void Say(const std::string& message) {
 }  // namespace
 
 int main(int argc, char** argv) {
+  using dattn::metrics::MetricsServer;
   using dattn::server::Coordinator;
   using dattn::server::CoordinatorOptions;
   using dattn::server::GrpcServer;
   using dattn::server::Metrics;
-  using dattn::server::MetricsServer;
 
   std::string listen = "127.0.0.1:7070";
   std::string metrics_listen = "127.0.0.1:7071";

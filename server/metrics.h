@@ -1,9 +1,9 @@
-// The coordinator's Prometheus metrics, and the HTTP endpoint that exposes them (MetricsServer,
-// usable by any process).
+// The coordinator's Prometheus metrics (served by metrics::MetricsServer, metrics/metrics_server.h;
+// the workers' own are in worker/worker_metrics.h).
 //
-// Every metric is named dattn_*; the names and labels are an interface (operators' dashboards and
-// alert rules are written against them; the repository has none yet: deploy/ with its Grafana
-// dashboard and alert rules is planned, docs/ARCHITECTURE.md), so change them only additively. Each
+// Every metric is named dattn_*; the names and labels are an interface (the Grafana dashboards and
+// alert rules in deploy/ are written against them, docs/DEPLOY.md), so change them only
+// additively. Each
 // definition in metrics.cc states its unit and counting rule in its help text; the summary:
 //
 //   name                                   type       counting rule
@@ -47,10 +47,8 @@
 #include <memory>
 #include <string>
 
-#include "absl/status/statusor.h"
 #include "absl/strings/string_view.h"
 #include "dattn/v1/job.pb.h"
-#include "server/http_server.h"
 
 namespace prometheus {
 class Counter;
@@ -146,40 +144,6 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* worker_memory_reserved_;
   prometheus::Family<prometheus::Counter>* ring_formations_;
   prometheus::Family<prometheus::Histogram>* ring_formation_seconds_;
-};
-
-// The HTTP endpoint of a process's metrics, on an HttpServer (server/http_server.h; why not
-// prometheus-cpp's civetweb-based Exposer is explained there). Any dattn process can serve its own
-// registry through it. What it answers:
-//
-//   GET /metrics  the Prometheus text exposition (format 0.0.4) of the registry
-//   GET /healthz  200 "ok": the process is live (its HTTP threads answer). Liveness only: readiness
-//                 is grpc.health.v1 on the gRPC port (the coordinator's turns NOT_SERVING while its
-//                 store cannot be written), which is what load balancers and clients should ask
-//   GET /         200, a short text index of these paths
-//   anything else 404; methods other than GET and HEAD 405; malformed requests 400, heads over
-//                 16 KiB 431, heads not sent within 5 s 408 (http_server.h)
-//
-// Thread-safety: Start and the destructor from one thread; requests are served on the server's
-// own threads.
-class MetricsServer {
- public:
-  // Listens on `address` ("127.0.0.1:7071"; port 0 picks a free port) and serves `registry`.
-  // `process_name` ("dattn-coordinator") titles the index page. INVALID_ARGUMENT quoting a
-  // malformed address; UNAVAILABLE naming the address when it cannot bind. The server keeps a weak
-  // reference: keep the registry alive while the server runs (/metrics answers 503 once it is
-  // gone).
-  static absl::StatusOr<std::unique_ptr<MetricsServer>> Start(
-      const std::string& address, const std::shared_ptr<prometheus::Registry>& registry,
-      const std::string& process_name = "dattn");
-  ~MetricsServer();  // Stops serving; joins the HTTP threads.
-
-  // "host:port" actually bound (the real port when 0 was asked for).
-  const std::string& address() const;
-
- private:
-  explicit MetricsServer(std::unique_ptr<HttpServer> http);
-  std::unique_ptr<HttpServer> http_;
 };
 
 }  // namespace server

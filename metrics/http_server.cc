@@ -1,4 +1,4 @@
-#include "server/http_server.h"
+#include "metrics/http_server.h"
 
 #include <errno.h>
 #include <netdb.h>
@@ -19,7 +19,7 @@
 #include "absl/strings/string_view.h"
 
 namespace dattn {
-namespace server {
+namespace metrics {
 namespace {
 
 // After the response, how long and how much unread input is discarded before closing, so that the
@@ -378,5 +378,5 @@ void HttpServer::ServeConnection(int fd) {
   }
 }
 
-}  // namespace server
+}  // namespace metrics
 }  // namespace dattn

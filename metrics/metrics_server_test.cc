@@ -1,10 +1,10 @@
 // The metrics endpoint over real sockets: every path, method and size a browser, a probe or a port
 // scan sends gets an HTTP answer, and /metrics keeps answering afterwards.
 //
-// The ballast below gives this test process the static TLS that the coordinator carries through
-// OpenBLAS (60 KiB): glibc places static TLS on every thread's stack, which is what made civetweb's
-// fixed 100 KiB worker stacks overflow on its 404 path. With it, this test crashes on any endpoint
-// that runs its handlers on small fixed stacks.
+// The ballast below gives this test process the static TLS that the coordinator and the workers
+// carry through OpenBLAS (60 KiB): glibc places static TLS on every thread's stack, which is what
+// made civetweb's fixed 100 KiB worker stacks overflow on its 404 path. With it, this test crashes
+// on any endpoint that runs its handlers on small fixed stacks.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <poll.h>
@@ -26,12 +26,14 @@
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "metrics/http_server.h"
+#include "metrics/metrics_server.h"
+#include "prometheus/counter.h"
+#include "prometheus/gauge.h"
 #include "prometheus/registry.h"
-#include "server/http_server.h"
-#include "server/metrics.h"
 
 namespace dattn {
-namespace server {
+namespace metrics {
 namespace {
 
 using ::testing::HasSubstr;
@@ -100,9 +102,14 @@ class MetricsServerTest : public ::testing::Test {
  protected:
   void SetUp() override {
     tls_ballast[0] = 1;  // Keeps the ballast in the binary.
-    metrics_.JobSubmitted("attention");
+    prometheus::BuildCounter()
+        .Name("dattn_test_jobs_submitted_total")
+        .Help("Jobs submitted (unit: jobs).")
+        .Register(*registry_)
+        .Add({{"kind", "attention"}})
+        .Increment();
     absl::StatusOr<std::unique_ptr<MetricsServer>> server =
-        MetricsServer::Start("127.0.0.1:0", metrics_.registry(), "dattn-test");
+        MetricsServer::Start("127.0.0.1:0", registry_, "dattn-test");
     ASSERT_TRUE(server.ok()) << server.status();
     server_ = *std::move(server);
     port_ = PortOf(server_->address());
@@ -113,15 +120,40 @@ class MetricsServerTest : public ::testing::Test {
     const std::string r = Get(port_, "/metrics");
     ASSERT_EQ(StatusOf(r), 200) << r;
     EXPECT_THAT(r, HasSubstr("Content-Type: text/plain; version=0.0.4"));
-    EXPECT_THAT(BodyOf(r), HasSubstr("dattn_jobs_submitted_total{kind=\"attention\"} 1"));
+    EXPECT_THAT(BodyOf(r), HasSubstr("dattn_test_jobs_submitted_total{kind=\"attention\"} 1"));
   }
 
-  Metrics metrics_;
+  std::shared_ptr<prometheus::Registry> registry_ = std::make_shared<prometheus::Registry>();
   std::unique_ptr<MetricsServer> server_;
   int port_ = 0;
 };
 
 TEST_F(MetricsServerTest, ServesMetrics) { ExpectMetricsServed(); }
+
+// before_scrape runs before every /metrics answer (and only then), so a gauge it sets is current in
+// that answer; once the registry is gone, /metrics answers 503 and the other paths still answer.
+TEST(MetricsServerScrapeTest, BeforeScrapeRunsForEveryScrapeAndTheRegistryIsWeak) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  prometheus::Gauge& gauge = prometheus::BuildGauge()
+                                 .Name("dattn_test_scrapes")
+                                 .Help("Scrapes so far (unit: scrapes).")
+                                 .Register(*registry)
+                                 .Add({});
+  std::atomic<int> calls{0};
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start("127.0.0.1:0", registry, "dattn-test", [&] { gauge.Set(++calls); });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = PortOf((*server)->address());
+  EXPECT_THAT(BodyOf(Get(port, "/metrics")), HasSubstr("dattn_test_scrapes 1\n"));
+  EXPECT_EQ(StatusOf(Get(port, "/healthz")), 200);
+  EXPECT_THAT(BodyOf(Get(port, "/metrics")), HasSubstr("dattn_test_scrapes 2\n"));
+  EXPECT_EQ(calls.load(), 2);
+  registry.reset();
+  const std::string r = Get(port, "/metrics");
+  EXPECT_EQ(StatusOf(r), 503) << r;
+  EXPECT_EQ(calls.load(), 2);
+  EXPECT_EQ(StatusOf(Get(port, "/healthz")), 200);
+}
 
 // What browsers, probes and scanners ask for: each gets an answer and the endpoint keeps serving.
 TEST_F(MetricsServerTest, EveryPathGetsAnAnswer) {
@@ -299,5 +331,5 @@ TEST(HttpServerTest, StopsPromptlyWithAnIdleClientConnected) {
 }
 
 }  // namespace
-}  // namespace server
+}  // namespace metrics
 }  // namespace dattn

@@ -1,6 +1,6 @@
 // HttpServer: a small HTTP/1.1 server for a process's operational endpoints (/metrics, /healthz),
-// on its own sockets and threads. MetricsServer (server/metrics.h) is built on it; any dattn
-// process (coordinator, worker) can serve its metrics through either.
+// on its own sockets and threads. MetricsServer (metrics/metrics_server.h) is built on it; any
+// dattn process (coordinator, worker) can serve its metrics through either.
 //
 // Why not civetweb (prometheus-cpp's Exposer): Debian's civetweb 1.15 starts its threads with a
 // fixed 100 KiB stack (pthread_attr_setstacksize(102400), its CMake default), and glibc carves
@@ -27,8 +27,8 @@
 //
 // Thread-safety: the handler is called from the serving threads, several at once; it must be
 // thread-safe. Start and the destructor are called from one thread.
-#ifndef DATTN_SERVER_HTTP_SERVER_H_
-#define DATTN_SERVER_HTTP_SERVER_H_
+#ifndef DATTN_METRICS_HTTP_SERVER_H_
+#define DATTN_METRICS_HTTP_SERVER_H_
 
 #include <atomic>
 #include <functional>
@@ -41,7 +41,7 @@
 #include "absl/time/time.h"
 
 namespace dattn {
-namespace server {
+namespace metrics {
 
 struct HttpRequest {
   std::string method;  // "GET" or "HEAD" (other methods never reach the handler).
@@ -100,7 +100,7 @@ class HttpServer {
 // The reason phrase of an HTTP status code ("Not Found"); "Unknown" for codes it does not list.
 const char* HttpReasonPhrase(int status);
 
-}  // namespace server
+}  // namespace metrics
 }  // namespace dattn
 
-#endif  // DATTN_SERVER_HTTP_SERVER_H_
+#endif  // DATTN_METRICS_HTTP_SERVER_H_

@@ -2,28 +2,31 @@
 //
 //   dattn-worker --coordinator host:7070 [--name NAME] [--slots N] [--threads T]
 //                [--heartbeat-ms MS] [--health-port P] [--listen-address A] [--memory-bytes B]
-//                [--ring-address A] [--shutdown-timeout-s S]
+//                [--ring-address A] [--shutdown-timeout-s S] [--metrics-listen HOST:PORT]
 //   dattn-worker-gpu --gpu [--gpu-index I] ...   (the same worker on one GPU)
 //
 // The worker dials the coordinator (it needs no inbound port for work) and serves only
 // grpc.health.v1 on --listen-address:--health-port: service "" is SERVING while the process is
 // alive (liveness); service "dattn-worker" is SERVING while the worker is registered with the
 // coordinator and accepting tasks (readiness). Ring ranks talk to their peers directly: Gloo over
-// TCP on CPU workers, listening on --ring-address (ephemeral ports); NCCL on GPU workers. Every
-// important event is one timestamped line on stderr.
+// TCP on CPU workers, listening on --ring-address (ephemeral ports); NCCL on GPU workers. With
+// --metrics-listen the worker serves its own Prometheus metrics (worker_metrics.h) on /metrics,
+// with /healthz (liveness) and / beside it (metrics/metrics_server.h). Every important event is one
+// timestamped line on stderr.
 //
 // The device is chosen by what the binary and the host offer: dattn-worker runs on the CPU;
 // dattn-worker-gpu runs on GPU --gpu-index with --gpu (one process per GPU), and refuses to start
 // (exit 2) when CUDA finds no such device. dattn-worker refuses --gpu: it links no CUDA library, so
 // it starts on hosts without any.
 //
-// Exit codes: 0 after a signal-initiated shutdown; 1 if the health endpoint cannot listen, or on a
-// second signal during shutdown (immediate exit); 2 for bad flags or a worker that cannot start.
-// The worker never exits because the coordinator is unreachable.
+// Exit codes: 0 after a signal-initiated shutdown; 1 if the health or metrics endpoint cannot
+// listen, or on a second signal during shutdown (immediate exit); 2 for bad flags or a worker that
+// cannot start. The worker never exits because the coordinator is unreachable.
 #include <pthread.h>
 #include <signal.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstdlib>
 #include <memory>
@@ -37,9 +40,12 @@
 #include "grpcpp/generic/async_generic_service.h"
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "metrics/metrics_server.h"
 #include "worker/cpu_device.h"
 #include "worker/log.h"
+#include "worker/metered_device.h"
 #include "worker/worker.h"
+#include "worker/worker_metrics.h"
 #ifdef DATTN_WORKER_WITH_CUDA
 #include "worker/cuda_device.h"
 #endif
@@ -77,6 +83,7 @@ int main(int argc, char** argv) {
   bool gpu = false;
   int gpu_index = 0;
   std::string ring_address;
+  std::string metrics_listen;
 
   CLI::App app{"dattn-worker: runs dilated-attention tasks for a dattn coordinator"};
   app.set_version_flag("--version", dattn::worker::kWorkerVersion);
@@ -116,6 +123,9 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--ring-address", ring_address,
                  "Address CPU ring ranks listen on for their peers (default: --listen-address)");
+  app.add_option("--metrics-listen", metrics_listen,
+                 "HOST:PORT of this worker's Prometheus /metrics (port 0 = ephemeral; printed at "
+                 "start); empty: no metrics endpoint");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
@@ -137,19 +147,63 @@ int main(int argc, char** argv) {
   signal(SIGPIPE, SIG_IGN);
 
   // The device, before anything else starts: a worker that cannot have its device does not run.
+  std::shared_ptr<dattn::worker::TaskDevice> device;
   if (gpu) {
 #ifdef DATTN_WORKER_WITH_CUDA
-    absl::StatusOr<std::unique_ptr<dattn::worker::TaskDevice>> device =
+    absl::StatusOr<std::unique_ptr<dattn::worker::TaskDevice>> gpu_device =
         dattn::worker::NewCudaDevice(dattn::worker::CudaDeviceOptions{gpu_index});
-    if (!device.ok()) {
-      LogEvent("cannot use GPU ", gpu_index, ": ", device.status().ToString());
+    if (!gpu_device.ok()) {
+      LogEvent("cannot use GPU ", gpu_index, ": ", gpu_device.status().ToString());
       return 2;
     }
-    options.device = std::move(*device);
+    device = std::move(*gpu_device);
 #else
     LogEvent("--gpu: this dattn-worker is built without CUDA; run dattn-worker-gpu on GPU hosts");
     return 2;
 #endif
+  } else {
+    dattn::worker::CpuDeviceOptions cpu;
+    cpu.ring_address = options.ring_address;
+    absl::StatusOr<std::unique_ptr<dattn::worker::TaskDevice>> host =
+        dattn::worker::NewCpuDevice(cpu);
+    if (!host.ok()) {
+      LogEvent("cannot use the host as a device: ", host.status().ToString());
+      return 2;
+    }
+    device = std::move(*host);
+  }
+
+  // The worker's own metrics. The device goes to the worker metered, so that its communicators'
+  // failures are counted (metered_device.h); everything else passes through unchanged.
+  dattn::worker::WorkerMetricsOptions metrics_options;
+  metrics_options.name = options.name;
+  metrics_options.version = dattn::worker::kWorkerVersion;
+  metrics_options.slots = options.max_ranks;
+  metrics_options.memory_budget_bytes = options.memory_bytes;
+  dattn::worker::WorkerMetrics metrics(metrics_options, device.get());
+  options.device = dattn::worker::NewMeteredDevice(
+      device, [&metrics](const std::string& backend, const absl::Status& status) {
+        metrics.CommunicatorFailed(backend, status);
+      });
+  options.on_task_end = [&metrics](const dattn::v1::TaskAssignment& assignment,
+                                   const dattn::v1::TaskReport& report,
+                                   dattn::v1::RankPhase last_phase) {
+    metrics.TaskEnded(assignment, report, last_phase);
+  };
+  // Read per scrape; null until the worker exists and again once it is gone.
+  std::atomic<const dattn::worker::Worker*> scraped_worker{nullptr};
+  std::unique_ptr<dattn::metrics::MetricsServer> metrics_server;
+  if (!metrics_listen.empty()) {
+    absl::StatusOr<std::unique_ptr<dattn::metrics::MetricsServer>> started =
+        dattn::metrics::MetricsServer::Start(
+            metrics_listen, metrics.registry(), "dattn-worker",
+            [&metrics, &scraped_worker]() { metrics.Refresh(scraped_worker.load()); });
+    if (!started.ok()) {
+      LogEvent("cannot serve metrics: ", started.status().ToString(), "; exiting");
+      return 1;
+    }
+    metrics_server = *std::move(started);
+    LogEvent("metrics on ", metrics_server->address(), " (/metrics, /healthz)");
   }
 
   // grpc.health.v1 is gRPC's default health service. gRPC adds it only once the server starts, and
@@ -181,8 +235,9 @@ int main(int argc, char** argv) {
   options.address = absl::StrCat(listen_address, ":", bound_port);
   LogEvent("health endpoint on ", options.address, " (service \"\" = live, \"", kReadyService,
            "\" = ready)");
-  options.on_ready_change = [&health](bool ready) {
+  options.on_ready_change = [&health, &metrics](bool ready) {
     health.SetServingStatus(kReadyService, ready);
+    metrics.SetReady(ready);
   };
 
   dattn::worker::Worker worker(options);
@@ -192,6 +247,8 @@ int main(int argc, char** argv) {
     health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
     return 2;
   }
+
+  scraped_worker = &worker;  // Started: its load can be read.
 
   int signal_number = 0;
   while (sigwait(&signals, &signal_number) != 0) {
@@ -220,7 +277,9 @@ int main(int argc, char** argv) {
   // 3. Close the health endpoint (in-flight probes get a second to finish).
   health.Shutdown();  // Everything NOT_SERVING, and Watch streams end.
   health_server->Shutdown(std::chrono::system_clock::now() + std::chrono::seconds(1));
+  // 4. Stop the metrics endpoint last, so that scrapes see the ranks end during the drain.
+  metrics_server.reset();
   LogEvent("shutdown complete");
-  // 4. Exit 0: the shutdown was asked for and done, whatever the coordinator's state.
+  // 5. Exit 0: the shutdown was asked for and done, whatever the coordinator's state.
   return 0;
 }

@@ -1,17 +1,22 @@
 // End-to-end tests of the dattn-worker binary: health endpoint, registration with a fake
-// coordinator, and the SIGTERM shutdown (running task cancelled and reported, exit status 0).
+// coordinator, the SIGTERM shutdown (running task cancelled and reported, exit status 0), and its
+// own metrics endpoint (--metrics-listen).
 #include <netinet/in.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <poll.h>
+
 #include <cstdio>
 #include <cstdlib>
+#include <fstream>
 #include <string>
 #include <vector>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
@@ -182,6 +187,133 @@ TEST(WorkerMainTest, LiveButNotReadyWithoutACoordinatorAndStillExitsOnSigint) {
   EXPECT_EQ(worker.WaitExit(absl::ZeroDuration()), -1) << "exited without a coordinator";
   worker.Signal(SIGINT);
   EXPECT_EQ(worker.WaitExit(absl::Seconds(10)), 0);
+}
+
+// GET http://127.0.0.1:port/path: the whole response (head and body), or "" when nothing answers
+// within 5 s.
+std::string HttpGet(int port, const std::string& path) {
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    close(fd);
+    return "";
+  }
+  const std::string request = absl::StrCat("GET ", path, " HTTP/1.1\r\nHost: x\r\n\r\n");
+  if (send(fd, request.data(), request.size(), MSG_NOSIGNAL) !=
+      static_cast<ssize_t>(request.size())) {
+    close(fd);
+    return "";
+  }
+  std::string response;
+  const absl::Time deadline = absl::Now() + absl::Seconds(5);
+  char buffer[4096];
+  while (absl::Now() < deadline) {
+    pollfd p{fd, POLLIN, 0};
+    if (poll(&p, 1, 100) <= 0) continue;
+    const ssize_t n = recv(fd, buffer, sizeof(buffer), 0);
+    if (n <= 0) break;
+    response.append(buffer, static_cast<size_t>(n));
+  }
+  close(fd);
+  return response;
+}
+
+// GETs /metrics until `want` appears in it (up to 10 s); returns the last body.
+std::string WaitForMetrics(int port, const std::string& want) {
+  std::string body;
+  const absl::Time deadline = absl::Now() + absl::Seconds(10);
+  while (absl::Now() < deadline) {
+    const std::string r = HttpGet(port, "/metrics");
+    const size_t end = r.find("\r\n\r\n");
+    body = end == std::string::npos ? "" : r.substr(end + 4);
+    if (absl::StrContains(body, want)) break;
+    absl::SleepFor(absl::Milliseconds(50));
+  }
+  return body;
+}
+
+// --metrics-listen: the worker serves its own dattn_worker_* metrics, valid for promtool, that
+// follow a rank from assignment to success and the worker's readiness.
+TEST(WorkerMainTest, ServesItsOwnMetrics) {
+  const std::string address = "unix:" + TestSocketPath("metrics");
+  FakeCoordinator coordinator(address);
+  ASSERT_TRUE(coordinator.ok());
+  FakeRegistry& fake = coordinator.registry();
+  const int health_port = FreePort(), metrics_port = FreePort();
+  ASSERT_GT(health_port, 0);
+  ASSERT_GT(metrics_port, 0);
+  WorkerProcess worker({"--coordinator", address, "--name", "metrics-test", "--threads", "1",
+                        "--heartbeat-ms", "100", "--health-port", std::to_string(health_port),
+                        "--metrics-listen", absl::StrCat("127.0.0.1:", metrics_port),
+                        "--memory-bytes", "1073741824"});
+  ASSERT_TRUE(worker.started());
+  std::string text = WaitForMetrics(metrics_port, "dattn_worker_ready 1");
+  ASSERT_TRUE(absl::StrContains(text, "dattn_worker_ready 1")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "dattn_worker_memory_budget_bytes 1073741824")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "dattn_worker_registrations_total 1")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "kind=\"cpu\"")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "worker=\"metrics-test\"")) << text;
+
+  v1::WorkerCommand command;
+  v1::TaskAssignment* task = command.mutable_assign();
+  task->set_task_id("j-metrics/1/0");
+  v1::AttentionJobSpec* job = task->mutable_spec()->mutable_attention();
+  job->mutable_attention()->add_segment_lengths(64);
+  job->mutable_attention()->add_dilation_rates(1);
+  job->mutable_shape()->set_batch(1);
+  job->mutable_shape()->set_seq_len(128);
+  job->mutable_shape()->set_num_heads(2);
+  job->mutable_shape()->set_head_dim(16);
+  job->set_dtype(v1::DTYPE_FP32);
+  job->set_iterations(3);
+  job->set_num_ranks(1);
+  *task = Planned(*task);
+  fake.Push(command);
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() { return fake.HasStateLocked("j-metrics/1/0", v1::TASK_STATE_SUCCEEDED); }));
+  text = WaitForMetrics(metrics_port, "dattn_worker_ranks_total{outcome=\"succeeded\"} 1");
+  EXPECT_TRUE(absl::StrContains(text, "dattn_worker_ranks_total{outcome=\"succeeded\"} 1")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "dattn_worker_steps_total 3")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "dattn_worker_step_seconds_count 1")) << text;
+  EXPECT_TRUE(absl::StrContains(text, "dattn_worker_ranks{phase=\"running\"} 0")) << text;
+
+  // Valid exposition: promtool (Debian's prometheus package, scripts/setup.sh) finds no problem.
+  const std::string file = absl::StrCat(::testing::TempDir(), "/worker-metrics.txt");
+  std::ofstream(file) << text;
+  const std::string check = absl::StrCat("/usr/bin/promtool check metrics < ", file, " 2>&1");
+  FILE* promtool = popen(check.c_str(), "r");
+  ASSERT_NE(promtool, nullptr);
+  std::string said;
+  char line[512];
+  while (fgets(line, sizeof(line), promtool) != nullptr) said += line;
+  EXPECT_EQ(pclose(promtool), 0) << said;
+  EXPECT_EQ(said, "") << said;
+
+  // The endpoint's other paths, as on the coordinator's.
+  EXPECT_TRUE(absl::StartsWith(HttpGet(metrics_port, "/healthz"), "HTTP/1.1 200")) << "healthz";
+  EXPECT_TRUE(absl::StartsWith(HttpGet(metrics_port, "/nope"), "HTTP/1.1 404")) << "404";
+  worker.Signal(SIGTERM);
+  EXPECT_EQ(worker.WaitExit(absl::Seconds(10)), 0);
+}
+
+// A metrics port already taken is a start-up failure (exit 1), as for the health port.
+TEST(WorkerMainTest, AMetricsPortInUseExitsWithOne) {
+  const int taken = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(bind(taken, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)), 0);
+  ASSERT_EQ(listen(taken, 1), 0);
+  socklen_t len = sizeof(addr);
+  getsockname(taken, reinterpret_cast<sockaddr*>(&addr), &len);
+  WorkerProcess worker({"--coordinator", "127.0.0.1:1", "--threads", "1", "--metrics-listen",
+                        absl::StrCat("127.0.0.1:", ntohs(addr.sin_port))});
+  ASSERT_TRUE(worker.started());
+  EXPECT_EQ(worker.WaitExit(absl::Seconds(10)), 1);
+  close(taken);
 }
 
 TEST(WorkerMainTest, BadFlagsExitWithTwo) {

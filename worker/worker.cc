@@ -637,7 +637,7 @@ void Worker::HandleAssign(const v1::TaskAssignment& assign) {
     }
   }
   for (std::thread& t : finished) t.join();
-  if (!refusal.ok()) RefuseTask(id, refusal);
+  if (!refusal.ok()) RefuseTask(assign, refusal);
 }
 
 void Worker::HandleCancel(const v1::CancelTask& cancel) {
@@ -680,7 +680,8 @@ absl::StatusOr<int64_t> Worker::ReserveMemory(Task* task, int64_t planned_bytes)
   return available;
 }
 
-void Worker::RefuseTask(const std::string& task_id, absl::Status why) {
+void Worker::RefuseTask(const v1::TaskAssignment& assign, absl::Status why) {
+  const std::string& task_id = assign.task_id();
   LogEvent("task ", task_id, " refused: ", why.ToString());
   v1::TaskReport report;
   report.set_task_id(task_id);
@@ -688,6 +689,7 @@ void Worker::RefuseTask(const std::string& task_id, absl::Status why) {
   report.set_error(std::string(why.message()));
   report.set_error_code(static_cast<int>(why.code()));
   report.set_refused(true);
+  if (options_.on_task_end) options_.on_task_end(assign, report, v1::RANK_PHASE_UNSPECIFIED);
   Enqueue(std::move(report), /*final=*/true);
 }
 
@@ -778,6 +780,7 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
 
   absl::StatusOr<AttentionTaskResult> result =
       RunAttentionTask(task->assignment, device_.get(), run_options);
+  const auto last_phase = static_cast<v1::RankPhase>(task->phase.load());
   task->phase = v1::RANK_PHASE_FINISHED;
 
   // A kept output goes up before the report that says the rank succeeded.
@@ -808,6 +811,7 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
     report.set_error_code(static_cast<int>(result.status().code()));
     LogEvent("task ", id, " failed: ", result.status().ToString());
   }
+  if (options_.on_task_end) options_.on_task_end(task->assignment, report, last_phase);
 
   // The slot is free (done) before the final report is queued, in one step under the lock: the
   // coordinator frees the slot when the report arrives and may place the next rank here at once,
@@ -1035,6 +1039,31 @@ int64_t Worker::FreeMemoryBytes() const {
   }
   absl::StatusOr<int64_t> available = device_->FreeMemoryBytes();
   return available.ok() ? *available : 0;
+}
+
+Worker::Load Worker::load() const {
+  absl::MutexLock lock(&mu_);
+  Load load;
+  for (const auto& entry : tasks_) {
+    if (entry.second->done) continue;
+    switch (entry.second->phase.load()) {
+      case v1::RANK_PHASE_PREPARING:
+        ++load.preparing;
+        break;
+      case v1::RANK_PHASE_FORMING_RING:
+        ++load.forming_ring;
+        break;
+      case v1::RANK_PHASE_RUNNING:
+        ++load.running;
+        break;
+      default:  // FINISHED: uploading its output; its report follows.
+        ++load.finished;
+        break;
+    }
+  }
+  load.finished += static_cast<int>(unreported_.size());
+  load.reserved_bytes = reserved_bytes_;
+  return load;
 }
 
 void Worker::SleepLocked(absl::Duration d, const std::function<bool()>& wake) {

@@ -113,6 +113,16 @@ struct WorkerOptions {
   absl::Duration default_comm_timeout = absl::Seconds(120);
   // Called when readiness (registered, not draining, not stopping) changes; on a worker thread.
   std::function<void(bool ready)> on_ready_change;
+  // Called once for every assignment this worker took or refused, when its outcome is known and
+  // before its final report is queued (also for a rank the coordinator silenced, whose report is
+  // then never sent): the assignment, the final report (state, error and error_code, rank_result,
+  // ring_formation_seconds, refused; worker_id and time not yet set) and the last phase the rank
+  // reached (PREPARING, FORMING_RING or RUNNING; UNSPECIFIED for a refusal). On the task's thread,
+  // or the stream thread for a refusal, without the worker's lock; it must not block for long or
+  // call the worker (worker_metrics.h counts outcomes here).
+  std::function<void(const v1::TaskAssignment& assignment, const v1::TaskReport& report,
+                     v1::RankPhase last_phase)>
+      on_task_end;
   // The clock of heartbeat intervals, backoffs, progress rate limits, the shutdown report deadline
   // and report timestamps (base/clock.h); not owned; nullptr: the real clock. RPC deadlines and
   // ring waits stay on real time (they bound waits on other processes).
@@ -148,6 +158,16 @@ class Worker {
   int64_t registrations() const;  // Successful RegisterWorker calls so far.
   int running_tasks() const;      // Task threads alive.
   const v1::WorkerCapabilities& capabilities() const { return capabilities_; }
+  // The ranks held here by phase, and the bytes planned for those: one consistent snapshot (for the
+  // metrics endpoint).
+  struct Load {
+    int preparing = 0;
+    int forming_ring = 0;
+    int running = 0;
+    int finished = 0;            // Ended; the final report not yet taken by the coordinator.
+    int64_t reserved_bytes = 0;  // Planned bytes of the ranks not yet ended.
+  };
+  Load load() const ABSL_LOCKS_EXCLUDED(mu_);
 
  private:
   struct Task;
@@ -170,7 +190,7 @@ class Worker {
   // Queues a report; PROGRESS replaces a queued PROGRESS of the same task.
   void Enqueue(v1::TaskReport report, bool final) ABSL_LOCKS_EXCLUDED(mu_);
   void EnqueueLocked(v1::TaskReport report, bool final) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  void RefuseTask(const std::string& task_id, absl::Status why) ABSL_LOCKS_EXCLUDED(mu_);
+  void RefuseTask(const v1::TaskAssignment& assign, absl::Status why) ABSL_LOCKS_EXCLUDED(mu_);
   // Uploads a finished task's output shard (WorkerRegistry.UploadOutput, chunks of
   // api::kMaxOutputChunkBytes) before its SUCCEEDED report: retried with backoff while the
   // coordinator cannot take it, as a final report is, until the worker stops. OK; CANCELLED when

@@ -273,6 +273,12 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       app.add_subcommand("drain", "Stop placing work on a worker; its running tasks finish");
   std::string drain_worker;
   drain->add_option("WORKER", drain_worker, "Worker id or name")->required();
+  double drain_wait_s = 0;
+  drain
+      ->add_option("--wait", drain_wait_s,
+                   "Then wait up to SECONDS until the worker runs no task (exit 8 if some still "
+                   "run); 0: do not wait")
+      ->check(CLI::Range(0.0, 86400.0));
 
   // undrain
   CLI::App* undrain =
@@ -385,7 +391,9 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     if (output->parsed()) return Commands(global, out, err, env).Output(output_job, output_path);
     if (del->parsed()) return Commands(global, out, err, env).Delete(delete_job);
     if (workers->parsed()) return Commands(global, out, err, env).Workers(workers_all);
-    if (drain->parsed()) return Commands(global, out, err, env).Drain(drain_worker);
+    if (drain->parsed()) {
+      return Commands(global, out, err, env).Drain(drain_worker, absl::Seconds(drain_wait_s));
+    }
     if (undrain->parsed()) return Commands(global, out, err, env).Undrain(undrain_worker);
     if (health->parsed()) return Commands(global, out, err, env).Health(health_service);
   } catch (const std::exception& e) {

@@ -358,6 +358,13 @@ class FakeAdminService final : public v1::AdminService::Service {
     absl::MutexLock lock(&mu_);
     return undrains_;
   }
+  // The tasks worker `id` runs from now on.
+  void SetTasks(const std::string& id, const std::vector<std::string>& tasks) {
+    absl::MutexLock lock(&mu_);
+    for (v1::Worker& w : workers_) {
+      if (w.worker_id() == id) *w.mutable_task_ids() = {tasks.begin(), tasks.end()};
+    }
+  }
 
  private:
   absl::Mutex mu_;
@@ -1124,6 +1131,37 @@ TEST_F(CliTest, WorkersTableAndJsonAndDrain) {
   EXPECT_EQ(r.code, kExitRejected);
   EXPECT_THAT(r.err, HasSubstr("is dead"));
   EXPECT_EQ(Run({"undrain"}).code, kExitUsage);
+}
+
+// drain --wait (a Kubernetes worker's preStop hook): returns once the worker runs no task, or exits
+// 8 naming the tasks still running when the wait runs out.
+TEST_F(CliTest, DrainWaitsForTheWorkersTasks) {
+  admin_.AddWorker(Proto<v1::Worker>(R"pb(
+    worker_id: "w-1"
+    name: "dattn-worker-gpu-0"
+    state: WORKER_STATE_READY
+    task_ids: [ "j-1/1/0", "j-2/1/1" ]
+    capabilities { max_ranks: 2 })pb"));
+  Result r = Run({"drain", "dattn-worker-gpu-0", "--wait", "0.6"});
+  EXPECT_EQ(r.code, kExitWaitRanOut) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("worker w-1 still runs 2 task(s) after 600ms: j-1/1/0, j-2/1/1"));
+
+  std::thread finish([&] {
+    absl::SleepFor(absl::Milliseconds(700));
+    admin_.SetTasks("w-1", {});
+  });
+  const absl::Time start = absl::Now();
+  r = Run({"drain", "dattn-worker-gpu-0", "--wait", "30"});
+  const absl::Duration took = absl::Now() - start;
+  finish.join();
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Worker w-1 (dattn-worker-gpu-0) is DRAINING: no new work will be "
+                               "placed on it; it runs no task."));
+  EXPECT_GE(took, absl::Milliseconds(700));
+  EXPECT_LT(took, absl::Seconds(10));
+  // Without tasks it returns at once; a bad --wait is a usage error.
+  EXPECT_EQ(Run({"drain", "w-1", "--wait", "30"}).code, kExitOk);
+  EXPECT_EQ(Run({"drain", "w-1", "--wait", "-1"}).code, kExitUsage);
 }
 
 TEST_F(CliTest, WatchFollowsToSucceeded) {

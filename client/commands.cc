@@ -1,5 +1,6 @@
 #include "client/commands.h"
 
+#include <algorithm>
 #include <cerrno>
 #include <cstring>
 #include <fstream>
@@ -340,12 +341,41 @@ int Commands::Workers(bool include_dead) {
   return kExitOk;
 }
 
-int Commands::Drain(const std::string& worker) {
+int Commands::Drain(const std::string& worker, absl::Duration wait) {
   v1::DrainWorkerRequest request;
   request.set_worker_id(worker);
   v1::Worker response;
   grpc::Status status = admin_->DrainWorker(NewContext().get(), request, &response);
   if (!status.ok()) return RpcFailed(status, "drain worker " + worker);
+  if (wait > absl::ZeroDuration() && response.task_ids_size() > 0) {
+    // The worker's tasks finish on their own; ListWorkers (dead ones included: a worker that died
+    // meanwhile has no task left here either) says when.
+    const absl::Time deadline = absl::Now() + wait;
+    while (response.task_ids_size() > 0) {
+      const absl::Time now = absl::Now();
+      if (now >= deadline) {
+        err_ << "dattn: worker " << Printable(response.worker_id()) << " still runs "
+             << response.task_ids_size() << " task(s) after " << absl::FormatDuration(wait) << ": "
+             << Printable(absl::StrJoin(response.task_ids(), ", ")) << '\n'
+             << std::flush;
+        return kExitWaitRanOut;
+      }
+      absl::SleepFor(std::min(absl::Milliseconds(500), deadline - now));
+      v1::ListWorkersRequest list;
+      list.set_include_dead(true);
+      v1::ListWorkersResponse listed;
+      status = admin_->ListWorkers(NewContext().get(), list, &listed);
+      if (!status.ok()) return RpcFailed(status, "list workers");
+      bool found = false;
+      for (const v1::Worker& w : listed.workers()) {
+        if (w.worker_id() == response.worker_id()) {
+          response = w;
+          found = true;
+        }
+      }
+      if (!found) response.clear_task_ids();  // Forgotten by the coordinator: nothing runs there.
+    }
+  }
   if (args_.json) {
     PrintJson(response);
   } else {
@@ -354,6 +384,8 @@ int Commands::Drain(const std::string& worker) {
     out_ << " is " << WorkerStateName(response.state()) << ": no new work will be placed on it";
     if (response.task_ids_size() > 0) {
       out_ << "; " << response.task_ids_size() << " running task(s) will finish";
+    } else if (wait > absl::ZeroDuration()) {
+      out_ << "; it runs no task";
     }
     out_ << ".\n";
   }

@@ -57,7 +57,9 @@ class Commands {
   int Watch(const std::string& job_id, absl::Duration reconnect_for);
   int Cancel(const std::string& job_id, const std::string& reason);
   int Workers(bool include_dead);
-  int Drain(const std::string& worker);
+  // With `wait` > 0: then waits, up to `wait`, until the worker runs no task (kExitWaitRanOut
+  // when some still run then): a Kubernetes preStop hook lets a worker's ranks finish this way.
+  int Drain(const std::string& worker, absl::Duration wait = absl::ZeroDuration());
   int Undrain(const std::string& worker);
   int Health(const std::string& service);
   // Saves a succeeded job's kept output to `path` as .npy (ReadOutput, streamed chunk by chunk).

@@ -75,7 +75,8 @@ std::string ExitCodeHelp() {
          "     RESOURCE_EXHAUSTED, ...): its message says what to change\n"
          "  5  coordinator unavailable or no answer before --timeout\n"
          "  6  the job was CANCELLED (--watch/--wait/watch)\n"
-         "  7  other internal error\n";
+         "  7  other internal error\n"
+         "  8  drain --wait: the worker still runs tasks when the wait runs out\n";
 }
 
 }  // namespace client

@@ -21,6 +21,7 @@ enum ExitCode : int {
   kExitUnavailable = 5,  // The coordinator could not be reached or did not answer in time.
   kExitCancelled = 6,    // The watched job ended CANCELLED.
   kExitInternal = 7,     // Anything else (a server bug, a local I/O error).
+  kExitWaitRanOut = 8,   // drain --wait: the worker still ran tasks when the wait ran out.
 };
 
 // The exit code for a failed RPC. Must not be called with an OK status (returns kExitInternal

@@ -22,8 +22,37 @@ for p in "${packages[@]}"; do
     missing+=("$p")
   fi
 done
+# Commands that other packages may provide (a kubectl or a Node.js from elsewhere is fine): Debian's
+# packages only when the command is missing, so as not to fight what is installed.
+# kubectl renders the Kubernetes overlays (deploy/); node and npm validate them (deploy/validate).
+command -v kubectl >/dev/null 2>&1 || missing+=(kubernetes-client)
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
+
+# The validator's npm packages (deploy/validate/package-lock.json), installed once per lock file
+# into ~/.cache/dattn/npm/HASH, where deploy:kustomize_test looks for them: npm is the one registry
+# besides Debian's that this machine reaches, and a cache keeps them out of the repository.
+install_npm_packages() {
+  local root lock hash dir
+  root="$(cd "$(dirname "$0")/.." && pwd)"
+  lock="$root/deploy/validate/package-lock.json"
+  hash="$(sha256sum "$lock" | cut -c1-16)"
+  dir="${HOME:?}/.cache/dattn/npm/$hash"
+  [ -f "$dir/complete" ] && return 0
+  echo "setup: installing the manifest validator's npm packages into $dir" >&2
+  rm -rf "$dir" && mkdir -p "$dir"
+  cp "$root/deploy/validate/package.json" "$lock" "$dir/"
+  local log
+  log=$(mktemp)
+  if ! (cd "$dir" && npm ci --ignore-scripts --no-audit --no-fund) >"$log" 2>&1; then
+    cat "$log" >&2; echo "setup: npm ci failed in $dir" >&2; exit 1
+  fi
+  rm -f "$log"
+  touch "$dir/complete"
+}
 
 if [ ${#missing[@]} -eq 0 ]; then
+  install_npm_packages
   exit 0
 fi
 
@@ -40,4 +69,5 @@ if ! $sudo_cmd apt-get install -y -qq --no-install-recommends "${missing[@]}" >"
   cat "$log" >&2; echo "setup: apt-get install failed for: ${missing[*]}" >&2; exit 1
 fi
 rm -f "$log"
+install_npm_packages
 echo "setup: done" >&2

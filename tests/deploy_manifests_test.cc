@@ -92,7 +92,8 @@ Containerfile ParseContainerfile(const std::string& text) {
   std::string line;
   std::smatch m;
   while (std::getline(in, line)) {
-    if (std::regex_match(line, m, std::regex(R"re(ENTRYPOINT \["([^"]+)"\])re"))) c.entrypoint = m[1];
+    if (std::regex_match(line, m, std::regex(R"re(ENTRYPOINT \["([^"]+)"\])re")))
+      c.entrypoint = m[1];
     if (std::regex_match(line, m, std::regex(R"(USER (\S+))"))) c.user = m[1];
     if (line.rfind("EXPOSE ", 0) == 0) {
       std::istringstream ports(line.substr(7));

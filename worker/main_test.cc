@@ -292,9 +292,16 @@ TEST(WorkerMainTest, ServesItsOwnMetrics) {
   EXPECT_EQ(pclose(promtool), 0) << said;
   EXPECT_EQ(said, "") << said;
 
-  // The endpoint's other paths, as on the coordinator's.
+  // The paths browsers, probes and port scans ask (issue 14): answered, and the worker keeps
+  // serving, as the coordinator's port does (tests/front_door_test.cc).
   EXPECT_TRUE(absl::StartsWith(HttpGet(metrics_port, "/healthz"), "HTTP/1.1 200")) << "healthz";
-  EXPECT_TRUE(absl::StartsWith(HttpGet(metrics_port, "/nope"), "HTTP/1.1 404")) << "404";
+  EXPECT_TRUE(absl::StartsWith(HttpGet(metrics_port, "/"), "HTTP/1.1 200")) << "/";
+  EXPECT_TRUE(absl::StartsWith(HttpGet(metrics_port, "/favicon.ico"), "HTTP/1.1 404")) << "favicon";
+  EXPECT_TRUE(
+      absl::StartsWith(HttpGet(metrics_port, "/" + std::string(10 << 10, 'x')), "HTTP/1.1 404"))
+      << "10 KB path";
+  EXPECT_TRUE(absl::StartsWith(HttpGet(metrics_port, "/metrics"), "HTTP/1.1 200"))
+      << "metrics after the other paths";
   worker.Signal(SIGTERM);
   EXPECT_EQ(worker.WaitExit(absl::Seconds(10)), 0);
 }

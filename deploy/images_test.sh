@@ -3,8 +3,8 @@
 # each Containerfile copies only what its context holds, runs as the non-root user 65532:65532,
 # enters through a binary it copied; and each binary starts (--help) in a root file system that
 # holds nothing but its context at the Containerfile's paths and what the base image provides
-# (glibc, the C++ runtime; for the GPU image also the CUDA libraries), with the Containerfile's
-# LD_LIBRARY_PATH: a library missing from the context fails here. The images themselves are not
+# (glibc, the C++ runtime; for the GPU image also the CUDA libraries) and a /proc, as a container
+# has, with the Containerfile's LD_LIBRARY_PATH: a library missing from the context fails here. The images themselves are not
 # built: no registry with the base images is reachable from this machine (docs/DEPLOY.md).
 # tests/deploy_manifests_test checks that the manifests agree with the Containerfiles.
 set -uo pipefail
@@ -23,7 +23,7 @@ deploy/images/stage.sh "$tmp/bin" "$tmp/contexts" || fail "stage.sh failed"
 # CUDA libraries the binary loads (from its base, nvidia/cuda ...-cudnn-runtime).
 base_root() {
   local root="$1" gpu_binary="${2:-}"
-  mkdir -p "$root/lib64" "$root/lib/x86_64-linux-gnu" "$root/usr/local/cuda/lib64"
+  mkdir -p "$root/lib64" "$root/lib/x86_64-linux-gnu" "$root/usr/local/cuda/lib64" "$root/proc"
   cp -L /lib64/ld-linux-x86-64.so.2 "$root/lib64/"
   for lib in libc.so.6 libm.so.6 libdl.so.2 librt.so.1 libpthread.so.0 libstdc++.so.6 \
              libgcc_s.so.1; do
@@ -66,7 +66,8 @@ for image in coordinator worker worker-gpu; do
   for b in "$context"/bin/*; do
     name="$(basename "$b")"
     out="$(env -i LD_LIBRARY_PATH=/usr/local/lib/dattn:/usr/local/cuda/lib64 \
-      "$(command -v unshare)" --user --map-root-user --root="$root" "/usr/local/bin/$name" --help 2>&1)" ||
+      "$(command -v unshare)" --user --map-root-user --mount --pid --fork --mount-proc=/proc \
+      --root="$root" "/usr/local/bin/$name" --help 2>&1)" ||
       fail "$image: $name does not start with only its context and the base image:"$'\n'"$out"
   done
   echo "$image: $(ls "$context/bin" | tr '\n' ' ')start with $(ls "$context/lib" | wc -l) staged libraries"

@@ -10,7 +10,8 @@
 //   or to evaluate), and every metric name in them is one Prometheus has scraped;
 // - every panel has data here, but for those listed with the reason they may be empty; no alert
 //   expression has any (the cluster is healthy); every rule evaluates healthy;
-// - the dashboards' worker variable lists both workers;
+// - the dashboards' worker variable lists both workers; docs/DEPLOY.md lists every panel with its
+//   queries as they are;
 // - no metric name is both the coordinator's and a worker's (a query never mixes the two).
 #include <netinet/in.h>
 #include <signal.h>
@@ -266,12 +267,25 @@ TEST_F(PrometheusE2E, DashboardsAndAlertsQueryWhatTheClusterExports) {
 
   // Every query of every panel, and the dashboards' variable.
   std::vector<NamedQuery> queries;
+  const std::string docs = ReadFile(testutil::RunfilePath("docs/DEPLOY.md"));
+  ASSERT_FALSE(docs.empty());
   for (const char* file : {"dattn-overview.json", "dattn-jobs.json", "dattn-workers.json"}) {
     const nlohmann::json dashboard = nlohmann::json::parse(
         ReadFile(testutil::RunfilePath(std::string("deploy/grafana/dashboards/") + file)));
     ASSERT_FALSE(dashboard["panels"].empty()) << file;
     for (const auto& panel : dashboard["panels"]) {
       ASSERT_FALSE(panel["targets"].empty()) << file << " " << panel["title"];
+      // docs/DEPLOY.md lists the panel with its queries (a table row; '|' escaped in cells).
+      std::string row = "| " + panel["title"].get<std::string>() + " | ";
+      for (size_t t = 0; t < panel["targets"].size(); ++t) {
+        std::string expr = panel["targets"][t]["expr"].get<std::string>();
+        for (size_t at = expr.find('|'); at != std::string::npos; at = expr.find('|', at + 2)) {
+          expr.replace(at, 1, "\\|");
+        }
+        row += (t == 0 ? "`" : "<br>`") + expr + "`";
+      }
+      EXPECT_NE(docs.find(row + " |\n"), std::string::npos)
+          << "docs/DEPLOY.md does not list this panel as it is: " << row << " |";
       for (const auto& target : panel["targets"]) {
         queries.push_back({std::string("dashboard ") + file + " panel '" +
                                panel["title"].get<std::string>() + "'",

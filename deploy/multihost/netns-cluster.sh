@@ -145,9 +145,10 @@ want = [("host-a", "10.77.0.2:7080"), ("host-b", "10.77.0.3:7080")]
 sys.exit(0 if got == want else f"workers registered as {got}, want {want}")
 PY
 # 3. A 2-rank Gloo ring across host-a and host-b.
-out="$(client submit --batch=1 --seq-len=256 --heads=2 --head-dim=16 --segments=64,128 --rates=1,2 \
+out="$(timeout 120 env DATTN_COORDINATOR=10.77.0.1:7070 nsenter --net=/proc/${host_pid[client]}/ns/net \
+  "$bin/dattn" submit --batch=1 --seq-len=256 --heads=2 --head-dim=16 --segments=64,128 --rates=1,2 \
   --dtype=fp32 --pass=fwd-bwd --iterations=2 --device=cpu --ranks=2 --wait)" ||
-  fail "the ring job did not succeed: $out"
+  fail "the ring job did not succeed within 2 minutes: $out"
 job="$(grep -o 'j-[0-9a-f]*' <<<"$out" | head -1)"
 status="$(client status "$job" --json)" || fail "dattn status $job"
 python3 - "$status" <<'PY' || fail "the ring's result"
@@ -163,7 +164,7 @@ sys.exit("; ".join(problems) or 0)
 PY
 # 4. Each worker's metrics, read over the LAN, counted the formed ring.
 for address in 10.77.0.2 10.77.0.3; do
-  metrics="$(on client curl -sf "http://$address:7081/metrics")" || fail "no metrics at $address:7081"
+  metrics="$(on client curl -sf --max-time 10 "http://$address:7081/metrics")" || fail "no metrics at $address:7081"
   grep -q '^dattn_worker_ring_formations_total{backend="gloo",outcome="formed"} 1$' <<<"$metrics" ||
     fail "$address's metrics do not count the formed ring"
 done

@@ -272,8 +272,9 @@ TEST(WorkerMainTest, ServesItsOwnMetrics) {
   job->set_num_ranks(1);
   *task = Planned(*task);
   fake.Push(command);
-  ASSERT_TRUE(fake.WaitFor(
-      [&]() { return fake.HasStateLocked("j-metrics/1/0", v1::TASK_STATE_SUCCEEDED); }));
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+    return fake.HasStateLocked("j-metrics/1/0", v1::TASK_STATE_SUCCEEDED);
+  }));
   text = WaitForMetrics(metrics_port, "dattn_worker_ranks_total{outcome=\"succeeded\"} 1");
   EXPECT_TRUE(absl::StrContains(text, "dattn_worker_ranks_total{outcome=\"succeeded\"} 1")) << text;
   EXPECT_TRUE(absl::StrContains(text, "dattn_worker_steps_total 3")) << text;

@@ -235,9 +235,8 @@ int main(int argc, char** argv) {
   options.address = absl::StrCat(listen_address, ":", bound_port);
   LogEvent("health endpoint on ", options.address, " (service \"\" = live, \"", kReadyService,
            "\" = ready)");
-  options.on_ready_change = [&health, &metrics](bool ready) {
+  options.on_ready_change = [&health](bool ready) {
     health.SetServingStatus(kReadyService, ready);
-    metrics.SetReady(ready);
   };
 
   dattn::worker::Worker worker(options);

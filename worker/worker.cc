@@ -1063,6 +1063,9 @@ Worker::Load Worker::load() const {
   }
   load.finished += static_cast<int>(unreported_.size());
   load.reserved_bytes = reserved_bytes_;
+  load.ready = ready_;
+  load.draining = draining_;
+  load.registrations = generation_;
   return load;
 }
 

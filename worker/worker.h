@@ -158,14 +158,18 @@ class Worker {
   int64_t registrations() const;  // Successful RegisterWorker calls so far.
   int running_tasks() const;      // Task threads alive.
   const v1::WorkerCapabilities& capabilities() const { return capabilities_; }
-  // The ranks held here by phase, and the bytes planned for those: one consistent snapshot (for the
-  // metrics endpoint).
+  // The ranks held here by phase, the bytes planned for those, readiness, drain and registrations:
+  // one consistent snapshot (for the metrics endpoint: a scrape that shows the worker ready also
+  // counts the registration that made it so).
   struct Load {
     int preparing = 0;
     int forming_ring = 0;
     int running = 0;
     int finished = 0;            // Ended; the final report not yet taken by the coordinator.
     int64_t reserved_bytes = 0;  // Planned bytes of the ranks not yet ended.
+    bool ready = false;          // Registered and accepting work (the readiness probe's answer).
+    bool draining = false;
+    int64_t registrations = 0;  // Successful RegisterWorker calls so far.
   };
   Load load() const ABSL_LOCKS_EXCLUDED(mu_);
 

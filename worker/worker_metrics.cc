@@ -246,25 +246,26 @@ void WorkerMetrics::CommunicatorFailed(const std::string& backend, const absl::S
       .Increment();
 }
 
-void WorkerMetrics::SetReady(bool ready) { ready_->Set(ready ? 1 : 0); }
-
 void WorkerMetrics::Refresh(const Worker* worker) {
   absl::MutexLock lock(&mu_);
   device_healthy_->Set(device_->Health().ok() ? 1 : 0);
   absl::StatusOr<int64_t> free_bytes = device_->FreeMemoryBytes();
   if (free_bytes.ok()) memory_free_->Set(static_cast<double>(*free_bytes));
-  if (worker == nullptr) return;
+  if (worker == nullptr) {
+    ready_->Set(0);
+    return;
+  }
   const Worker::Load load = worker->load();
   ranks_->Add({{"phase", "preparing"}}).Set(load.preparing);
   ranks_->Add({{"phase", "forming_ring"}}).Set(load.forming_ring);
   ranks_->Add({{"phase", "running"}}).Set(load.running);
   ranks_->Add({{"phase", "finished"}}).Set(load.finished);
   memory_reserved_->Set(static_cast<double>(load.reserved_bytes));
-  draining_->Set(worker->draining() ? 1 : 0);
-  const int64_t registrations = worker->registrations();
-  if (registrations > registrations_seen_) {
-    registrations_->Increment(static_cast<double>(registrations - registrations_seen_));
-    registrations_seen_ = registrations;
+  ready_->Set(load.ready ? 1 : 0);
+  draining_->Set(load.draining ? 1 : 0);
+  if (load.registrations > registrations_seen_) {
+    registrations_->Increment(static_cast<double>(load.registrations - registrations_seen_));
+    registrations_seen_ = load.registrations;
   }
 }
 

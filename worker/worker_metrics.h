@@ -101,11 +101,10 @@ class WorkerMetrics {
                  v1::RankPhase last_phase);
   // CommunicatorFailureCallback (metered_device.h).
   void CommunicatorFailed(const std::string& backend, const absl::Status& status);
-  // WorkerOptions::on_ready_change.
-  void SetReady(bool ready);
-  // Reads what is read per scrape (MetricsServer's before_scrape): the worker's load, drain state
-  // and registrations, and the device's health and free memory. `worker` may be null before it
-  // exists.
+  // Reads what is read per scrape (MetricsServer's before_scrape): the worker's load, readiness,
+  // drain state and registrations (one snapshot, Worker::load(), so that a scrape never shows the
+  // worker ready before the registration that made it so), and the device's health and free memory.
+  // `worker` may be null before it exists (not ready).
   void Refresh(const Worker* worker);
 
  private:

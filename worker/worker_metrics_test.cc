@@ -216,10 +216,7 @@ TEST_F(WorkerMetricsTest, ScrapeTimeGaugesFollowTheDeviceAndReadiness) {
   metrics_.Refresh(nullptr);
   EXPECT_EQ(Value("dattn_worker_device_healthy"), 0);
   EXPECT_EQ(Value("dattn_worker_device_memory_free_bytes"), 1 << 20);
-  metrics_.SetReady(true);
-  EXPECT_EQ(Value("dattn_worker_ready"), 1);
-  metrics_.SetReady(false);
-  EXPECT_EQ(Value("dattn_worker_ready"), 0);
+  EXPECT_EQ(Value("dattn_worker_ready"), 0);  // No worker yet: not ready.
 }
 
 }  // namespace

@@ -5,6 +5,7 @@
 #include <utility>
 #include <vector>
 
+#include "metrics/buckets.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -303,19 +304,6 @@ const prometheus::Histogram::BucketBoundaries& TflopsBuckets() {
   return *buckets;
 }
 
-// Step times from a GPU's fraction of a millisecond to a CPU's minutes.
-const prometheus::Histogram::BucketBoundaries& StepBuckets() {
-  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
-      0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100, 300};
-  return *buckets;
-}
-
-const prometheus::Histogram::BucketBoundaries& FormationBuckets() {
-  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
-      0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100};
-  return *buckets;
-}
-
 // Removes the series of `family` labelled worker=`worker`, if it exists (Add finds it).
 template <typename T, typename... Args>
 void RemoveSeries(prometheus::Family<T>* family, const std::string& worker, Args&&... args) {
@@ -329,7 +317,8 @@ void RemoveSeries(prometheus::Family<T>* family, const std::string& worker, Args
 void Metrics::ObserveAttentionJob(absl::string_view device, double tflops,
                                   double seconds_per_step) {
   prometheus::Histogram& rate = job_tflops_->Add({{"device", Str(device)}}, TflopsBuckets());
-  prometheus::Histogram& step = step_seconds_->Add({{"device", Str(device)}}, StepBuckets());
+  prometheus::Histogram& step =
+      step_seconds_->Add({{"device", Str(device)}}, metrics::StepSecondsBuckets());
   if (tflops >= 0) rate.Observe(tflops);
   if (seconds_per_step >= 0) step.Observe(seconds_per_step);
 }
@@ -338,7 +327,7 @@ void Metrics::ObserveRank(absl::string_view worker, double seconds_per_step, dou
                           double tflops) {
   const std::map<std::string, std::string> labels = {{"worker", Str(worker)}};
   if (seconds_per_step >= 0)
-    rank_step_seconds_->Add(labels, StepBuckets()).Observe(seconds_per_step);
+    rank_step_seconds_->Add(labels, metrics::StepSecondsBuckets()).Observe(seconds_per_step);
   if (flops > 0) worker_flops_->Add(labels).Increment(flops);
   if (tflops >= 0) worker_tflops_->Add(labels).Set(tflops);
 }
@@ -354,7 +343,7 @@ void Metrics::SetWorkerMemory(absl::string_view worker, int64_t total, int64_t f
 
 void Metrics::RemoveWorker(absl::string_view worker) {
   const std::string name(worker);
-  RemoveSeries(rank_step_seconds_, name, StepBuckets());
+  RemoveSeries(rank_step_seconds_, name, metrics::StepSecondsBuckets());
   RemoveSeries(worker_flops_, name);
   RemoveSeries(worker_tflops_, name);
   RemoveSeries(worker_memory_total_, name);
@@ -365,8 +354,8 @@ void Metrics::RemoveWorker(absl::string_view worker) {
 
 void Metrics::CountRingFormation(absl::string_view backend, absl::string_view outcome,
                                  double seconds) {
-  prometheus::Histogram& h =
-      ring_formation_seconds_->Add({{"backend", Str(backend)}}, FormationBuckets());
+  prometheus::Histogram& h = ring_formation_seconds_->Add({{"backend", Str(backend)}},
+                                                          metrics::RingFormationSecondsBuckets());
   if (outcome.empty()) return;
   ring_formations_->Add({{"backend", Str(backend)}, {"outcome", Str(outcome)}}).Increment();
   if (outcome == "formed" && seconds >= 0) h.Observe(seconds);

@@ -103,44 +103,16 @@ class MeteredCommunicator final : public comm::Communicator {
   std::shared_ptr<FailureLatch> latch_;
 };
 
-class MeteredDevice final : public TaskDevice {
+class MeteredDevice final : public ForwardingDevice {
  public:
   MeteredDevice(std::shared_ptr<TaskDevice> device, CommunicatorFailureCallback on_failure)
-      : device_(std::move(device)), on_failure_(std::move(on_failure)) {}
+      : ForwardingDevice(std::move(device)), on_failure_(std::move(on_failure)) {}
 
-  const BackendCaps& caps() const override { return device_->caps(); }
-  std::string device_name() const override { return device_->device_name(); }
-  int device_index() const override { return device_->device_index(); }
-  int64_t total_memory_bytes() const override { return device_->total_memory_bytes(); }
-  absl::StatusOr<int64_t> FreeMemoryBytes() const override { return device_->FreeMemoryBytes(); }
-  absl::Status Health() const override { return device_->Health(); }
-  std::vector<std::string> ring_backends() const override { return device_->ring_backends(); }
-  bool host_memory() const override { return device_->host_memory(); }
-  absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes, const std::string& what) override {
-    return device_->Allocate(bytes, what);
-  }
-  absl::Status FillInput(uint64_t seed, InputTensor tensor, const FullShape& full,
-                         PositionRange positions, const TensorView& out, int threads) override {
-    return device_->FillInput(seed, tensor, full, positions, out, threads);
-  }
-  absl::Status CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) override {
-    return device_->CopyToDevice(device_dst, host_src, bytes);
-  }
-  absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) override {
-    return device_->CopyToHost(host_dst, device_src, bytes);
-  }
-  absl::StatusOr<std::unique_ptr<AttentionBackend>> NewBackend(int threads) override {
-    return device_->NewBackend(threads);
-  }
-  absl::Status Finish(AttentionBackend* backend) override { return device_->Finish(backend); }
-  absl::StatusOr<std::unique_ptr<ring::BlockKernels>> NewRingKernels(int threads) override {
-    return device_->NewRingKernels(threads);
-  }
   absl::StatusOr<std::unique_ptr<comm::Communicator>> NewCommunicator(
       const std::string& backend, std::shared_ptr<comm::Store> store, int rank, int size,
       const std::string& prefix, absl::Duration timeout) override {
     absl::StatusOr<std::unique_ptr<comm::Communicator>> comm =
-        device_->NewCommunicator(backend, std::move(store), rank, size, prefix, timeout);
+        base().NewCommunicator(backend, std::move(store), rank, size, prefix, timeout);
     if (!comm.ok()) {
       const absl::StatusCode code = comm.status().code();
       if (code != absl::StatusCode::kCancelled && code != absl::StatusCode::kAborted &&
@@ -154,7 +126,6 @@ class MeteredDevice final : public TaskDevice {
   }
 
  private:
-  const std::shared_ptr<TaskDevice> device_;
   const CommunicatorFailureCallback on_failure_;
 };
 

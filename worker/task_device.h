@@ -87,6 +87,54 @@ class TaskDevice {
       const std::string& prefix, absl::Duration timeout) = 0;
 };
 
+// A device that passes every call to another one: derive from it to change a few calls (the
+// worker's MeteredDevice counts communicator failures; tests give the host device a health, a
+// memory size or gates) without restating the rest. Holds `base` shared; thread-safety is base's.
+class ForwardingDevice : public TaskDevice {
+ public:
+  explicit ForwardingDevice(std::shared_ptr<TaskDevice> base) : base_(std::move(base)) {}
+
+  const BackendCaps& caps() const override { return base_->caps(); }
+  std::string device_name() const override { return base_->device_name(); }
+  int device_index() const override { return base_->device_index(); }
+  int64_t total_memory_bytes() const override { return base_->total_memory_bytes(); }
+  absl::StatusOr<int64_t> FreeMemoryBytes() const override { return base_->FreeMemoryBytes(); }
+  absl::Status Health() const override { return base_->Health(); }
+  std::vector<std::string> ring_backends() const override { return base_->ring_backends(); }
+  bool host_memory() const override { return base_->host_memory(); }
+  absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes, const std::string& what) override {
+    return base_->Allocate(bytes, what);
+  }
+  absl::Status FillInput(uint64_t seed, InputTensor tensor, const FullShape& full,
+                         PositionRange positions, const TensorView& out, int threads) override {
+    return base_->FillInput(seed, tensor, full, positions, out, threads);
+  }
+  absl::Status CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) override {
+    return base_->CopyToDevice(device_dst, host_src, bytes);
+  }
+  absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) override {
+    return base_->CopyToHost(host_dst, device_src, bytes);
+  }
+  absl::StatusOr<std::unique_ptr<AttentionBackend>> NewBackend(int threads) override {
+    return base_->NewBackend(threads);
+  }
+  absl::Status Finish(AttentionBackend* backend) override { return base_->Finish(backend); }
+  absl::StatusOr<std::unique_ptr<ring::BlockKernels>> NewRingKernels(int threads) override {
+    return base_->NewRingKernels(threads);
+  }
+  absl::StatusOr<std::unique_ptr<comm::Communicator>> NewCommunicator(
+      const std::string& backend, std::shared_ptr<comm::Store> store, int rank, int size,
+      const std::string& prefix, absl::Duration timeout) override {
+    return base_->NewCommunicator(backend, std::move(store), rank, size, prefix, timeout);
+  }
+
+ protected:
+  TaskDevice& base() const { return *base_; }
+
+ private:
+  const std::shared_ptr<TaskDevice> base_;
+};
+
 }  // namespace worker
 }  // namespace dattn
 

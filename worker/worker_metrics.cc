@@ -4,6 +4,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "metrics/buckets.h"
 #include "prometheus/counter.h"
 #include "prometheus/family.h"
 #include "prometheus/gauge.h"
@@ -13,18 +14,6 @@
 namespace dattn {
 namespace worker {
 namespace {
-
-const prometheus::Histogram::BucketBoundaries& StepBuckets() {
-  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
-      0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100, 300};
-  return *buckets;
-}
-
-const prometheus::Histogram::BucketBoundaries& FormationBuckets() {
-  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
-      0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100};
-  return *buckets;
-}
 
 constexpr const char* kPhases[] = {"preparing", "forming_ring", "running", "finished"};
 constexpr const char* kOutcomes[] = {"succeeded", "failed", "cancelled", "refused"};
@@ -124,7 +113,7 @@ WorkerMetrics::WorkerMetrics(const WorkerMetricsOptions& options, const TaskDevi
                            "Step time of each rank that succeeded on this worker (unit: seconds; "
                            "the median of its steps), one observation per rank.")
                        .Register(*registry_)
-                       .Add({}, StepBuckets());
+                       .Add({}, metrics::StepSecondsBuckets());
   ring_formations_ = &prometheus::BuildCounter()
                           .Name("dattn_worker_ring_formations_total")
                           .Help(
@@ -154,7 +143,7 @@ WorkerMetrics::WorkerMetrics(const WorkerMetricsOptions& options, const TaskDevi
     for (const char* outcome : kFormationOutcomes) {
       ring_formations_->Add({{"backend", backend}, {"outcome", outcome}});
     }
-    ring_formation_seconds_->Add({{"backend", backend}}, FormationBuckets());
+    ring_formation_seconds_->Add({{"backend", backend}}, metrics::RingFormationSecondsBuckets());
     for (absl::StatusCode code : kCommunicatorCodes) {
       communicator_errors_->Add({{"backend", backend}, {"code", absl::StatusCodeToString(code)}});
     }
@@ -232,7 +221,7 @@ void WorkerMetrics::TaskEnded(const v1::TaskAssignment& assignment, const v1::Ta
   const std::string& backend = assignment.ring().backend();
   if (report.ring_formation_seconds() > 0) {
     ring_formations_->Add({{"backend", backend}, {"outcome", "formed"}}).Increment();
-    ring_formation_seconds_->Add({{"backend", backend}}, FormationBuckets())
+    ring_formation_seconds_->Add({{"backend", backend}}, metrics::RingFormationSecondsBuckets())
         .Observe(report.ring_formation_seconds());
   } else if (report.state() == v1::TASK_STATE_FAILED && last_phase == v1::RANK_PHASE_FORMING_RING) {
     const char* how = code == absl::StatusCode::kDeadlineExceeded ? "timed_out" : "failed";

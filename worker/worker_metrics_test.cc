@@ -20,52 +20,25 @@ namespace {
 using ::testing::HasSubstr;
 
 // The host device, with a health and a free figure the test sets.
-class FakeDevice final : public TaskDevice {
+class FakeDevice final : public ForwardingDevice {
  public:
-  FakeDevice() {
-    absl::StatusOr<std::unique_ptr<TaskDevice>> host = NewCpuDevice();
-    EXPECT_TRUE(host.ok()) << host.status();
-    host_ = *std::move(host);
-  }
+  FakeDevice() : ForwardingDevice(HostDevice()) {}
   absl::Status health = absl::OkStatus();
   int64_t free_bytes = 3 << 20;
 
-  const BackendCaps& caps() const override { return host_->caps(); }
   std::string device_name() const override { return "fake \"device\""; }
   int device_index() const override { return 0; }
   int64_t total_memory_bytes() const override { return 8 << 20; }
   absl::StatusOr<int64_t> FreeMemoryBytes() const override { return free_bytes; }
   absl::Status Health() const override { return health; }
   std::vector<std::string> ring_backends() const override { return {"gloo"}; }
-  bool host_memory() const override { return true; }
-  absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes, const std::string& what) override {
-    return host_->Allocate(bytes, what);
-  }
-  absl::Status FillInput(uint64_t seed, InputTensor tensor, const FullShape& full,
-                         PositionRange positions, const TensorView& out, int threads) override {
-    return host_->FillInput(seed, tensor, full, positions, out, threads);
-  }
-  absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override {
-    return host_->CopyToDevice(dst, src, bytes);
-  }
-  absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override {
-    return host_->CopyToHost(dst, src, bytes);
-  }
-  absl::StatusOr<std::unique_ptr<AttentionBackend>> NewBackend(int threads) override {
-    return host_->NewBackend(threads);
-  }
-  absl::Status Finish(AttentionBackend* backend) override { return host_->Finish(backend); }
-  absl::StatusOr<std::unique_ptr<ring::BlockKernels>> NewRingKernels(int threads) override {
-    return host_->NewRingKernels(threads);
-  }
-  absl::StatusOr<std::unique_ptr<comm::Communicator>> NewCommunicator(
-      const std::string& backend, std::shared_ptr<comm::Store> store, int rank, int size,
-      const std::string& prefix, absl::Duration timeout) override {
-    return host_->NewCommunicator(backend, std::move(store), rank, size, prefix, timeout);
-  }
 
  private:
-  std::unique_ptr<TaskDevice> host_;
+  static std::shared_ptr<TaskDevice> HostDevice() {
+    absl::StatusOr<std::unique_ptr<TaskDevice>> host = NewCpuDevice();
+    EXPECT_TRUE(host.ok()) << host.status();
+    return host.ok() ? std::shared_ptr<TaskDevice>(*std::move(host)) : nullptr;
+  }
 };
 
 class WorkerMetricsTest : public ::testing::Test {

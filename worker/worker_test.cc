@@ -108,13 +108,9 @@ class GatedAbortComm;
 // The host device with a memory of `capacity` bytes of which "free" is what its live allocations
 // leave, and two gates: one that holds every tensor allocation, and one that holds every Abort of
 // its communicators.
-class GatedDevice final : public TaskDevice {
+class GatedDevice final : public ForwardingDevice {
  public:
-  explicit GatedDevice(int64_t capacity) : capacity_(capacity) {
-    absl::StatusOr<std::unique_ptr<TaskDevice>> host = NewCpuDevice();
-    EXPECT_TRUE(host.ok()) << host.status();
-    host_ = *std::move(host);
-  }
+  explicit GatedDevice(int64_t capacity) : ForwardingDevice(HostDevice()), capacity_(capacity) {}
 
   void HoldAllocations(bool hold) {
     absl::MutexLock lock(&mu_);
@@ -147,8 +143,6 @@ class GatedDevice final : public TaskDevice {
         +[](bool* hold) { return !*hold; }, &hold_aborts_));
   }
 
-  const BackendCaps& caps() const override { return host_->caps(); }
-  std::string device_name() const override { return host_->device_name(); }
   int device_index() const override { return 0; }
   int64_t total_memory_bytes() const override { return capacity_; }
   absl::StatusOr<int64_t> FreeMemoryBytes() const override {
@@ -159,7 +153,6 @@ class GatedDevice final : public TaskDevice {
     absl::MutexLock lock(&mu_);
     return health_;
   }
-  std::vector<std::string> ring_backends() const override { return host_->ring_backends(); }
   bool host_memory() const override { return true; }
   absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes, const std::string& what) override {
     {
@@ -168,7 +161,7 @@ class GatedDevice final : public TaskDevice {
       mu_.Await(absl::Condition(
           +[](bool* hold) { return !*hold; }, &hold_allocations_));
     }
-    absl::StatusOr<DeviceBuffer> buffer = host_->Allocate(bytes, what);
+    absl::StatusOr<DeviceBuffer> buffer = base().Allocate(bytes, what);
     if (!buffer.ok()) return buffer.status();
     std::function<void(void*)> free_host = buffer->get_deleter();
     absl::MutexLock lock(&mu_);
@@ -179,29 +172,17 @@ class GatedDevice final : public TaskDevice {
       allocated_ -= bytes;
     });
   }
-  absl::Status FillInput(uint64_t seed, InputTensor tensor, const FullShape& full,
-                         PositionRange positions, const TensorView& out, int threads) override {
-    return host_->FillInput(seed, tensor, full, positions, out, threads);
-  }
-  absl::Status CopyToDevice(void* dst, const void* src, int64_t bytes) override {
-    return host_->CopyToDevice(dst, src, bytes);
-  }
-  absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override {
-    return host_->CopyToHost(dst, src, bytes);
-  }
-  absl::StatusOr<std::unique_ptr<AttentionBackend>> NewBackend(int threads) override {
-    return host_->NewBackend(threads);
-  }
-  absl::Status Finish(AttentionBackend* backend) override { return host_->Finish(backend); }
-  absl::StatusOr<std::unique_ptr<ring::BlockKernels>> NewRingKernels(int threads) override {
-    return host_->NewRingKernels(threads);
-  }
   absl::StatusOr<std::unique_ptr<comm::Communicator>> NewCommunicator(
       const std::string& backend, std::shared_ptr<comm::Store> store, int rank, int size,
       const std::string& prefix, absl::Duration timeout) override;
 
  private:
-  std::unique_ptr<TaskDevice> host_;
+  static std::shared_ptr<TaskDevice> HostDevice() {
+    absl::StatusOr<std::unique_ptr<TaskDevice>> host = NewCpuDevice();
+    EXPECT_TRUE(host.ok()) << host.status();
+    return host.ok() ? std::shared_ptr<TaskDevice>(*std::move(host)) : nullptr;
+  }
+
   const int64_t capacity_;
   mutable absl::Mutex mu_;
   int64_t allocated_ ABSL_GUARDED_BY(mu_) = 0;
@@ -255,7 +236,7 @@ absl::StatusOr<std::unique_ptr<comm::Communicator>> GatedDevice::NewCommunicator
     const std::string& backend, std::shared_ptr<comm::Store> store, int rank, int size,
     const std::string& prefix, absl::Duration timeout) {
   absl::StatusOr<std::unique_ptr<comm::Communicator>> inner =
-      host_->NewCommunicator(backend, std::move(store), rank, size, prefix, timeout);
+      base().NewCommunicator(backend, std::move(store), rank, size, prefix, timeout);
   if (!inner.ok()) return inner.status();
   return std::make_unique<GatedAbortComm>(this, *std::move(inner));
 }

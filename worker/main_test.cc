@@ -222,6 +222,12 @@ std::string HttpGet(int port, const std::string& path) {
 }
 
 // GETs /metrics until `want` appears in it (up to 10 s); returns the last body.
+// Whether the exposition `body` has the sample line `sample` ("name{labels} value"), whole: a
+// substring match would also find "dattn_worker_ready 1" in its own HELP text ("... 1 while ...").
+bool HasSample(const std::string& body, const std::string& sample) {
+  return absl::StrContains("\n" + body, "\n" + sample + "\n");
+}
+
 std::string WaitForMetrics(int port, const std::string& want) {
   std::string body;
   const absl::Time deadline = absl::Now() + absl::Seconds(10);
@@ -229,7 +235,7 @@ std::string WaitForMetrics(int port, const std::string& want) {
     const std::string r = HttpGet(port, "/metrics");
     const size_t end = r.find("\r\n\r\n");
     body = end == std::string::npos ? "" : r.substr(end + 4);
-    if (absl::StrContains(body, want)) break;
+    if (HasSample(body, want)) break;
     absl::SleepFor(absl::Milliseconds(50));
   }
   return body;
@@ -251,9 +257,9 @@ TEST(WorkerMainTest, ServesItsOwnMetrics) {
                         "--memory-bytes", "1073741824"});
   ASSERT_TRUE(worker.started());
   std::string text = WaitForMetrics(metrics_port, "dattn_worker_ready 1");
-  ASSERT_TRUE(absl::StrContains(text, "dattn_worker_ready 1")) << text;
-  EXPECT_TRUE(absl::StrContains(text, "dattn_worker_memory_budget_bytes 1073741824")) << text;
-  EXPECT_TRUE(absl::StrContains(text, "dattn_worker_registrations_total 1")) << text;
+  ASSERT_TRUE(HasSample(text, "dattn_worker_ready 1")) << text;
+  EXPECT_TRUE(HasSample(text, "dattn_worker_memory_budget_bytes 1073741824")) << text;
+  EXPECT_TRUE(HasSample(text, "dattn_worker_registrations_total 1")) << text;
   EXPECT_TRUE(absl::StrContains(text, "kind=\"cpu\"")) << text;
   EXPECT_TRUE(absl::StrContains(text, "worker=\"metrics-test\"")) << text;
 
@@ -276,10 +282,10 @@ TEST(WorkerMainTest, ServesItsOwnMetrics) {
     return fake.HasStateLocked("j-metrics/1/0", v1::TASK_STATE_SUCCEEDED);
   }));
   text = WaitForMetrics(metrics_port, "dattn_worker_ranks_total{outcome=\"succeeded\"} 1");
-  EXPECT_TRUE(absl::StrContains(text, "dattn_worker_ranks_total{outcome=\"succeeded\"} 1")) << text;
-  EXPECT_TRUE(absl::StrContains(text, "dattn_worker_steps_total 3")) << text;
-  EXPECT_TRUE(absl::StrContains(text, "dattn_worker_step_seconds_count 1")) << text;
-  EXPECT_TRUE(absl::StrContains(text, "dattn_worker_ranks{phase=\"running\"} 0")) << text;
+  EXPECT_TRUE(HasSample(text, "dattn_worker_ranks_total{outcome=\"succeeded\"} 1")) << text;
+  EXPECT_TRUE(HasSample(text, "dattn_worker_steps_total 3")) << text;
+  EXPECT_TRUE(HasSample(text, "dattn_worker_step_seconds_count 1")) << text;
+  EXPECT_TRUE(HasSample(text, "dattn_worker_ranks{phase=\"running\"} 0")) << text;
 
   // Valid exposition: promtool (Debian's prometheus package, scripts/setup.sh) finds no problem.
   const std::string file = absl::StrCat(::testing::TempDir(), "/worker-metrics.txt");

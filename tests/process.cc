@@ -7,6 +7,7 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <cerrno>
 #include <cstdlib>
 #include <cstring>
 #include <fstream>
@@ -88,9 +89,14 @@ bool Process::Start(std::string* error) {
     // A new process group, so that a test can signal the child without signalling itself.
     setpgid(0, 0);
     execve(argv[0], argv.data(), envp.data());
-    const char msg[] = "exec failed\n";
-    ssize_t ignored = write(2, msg, sizeof(msg) - 1);
-    (void)ignored;
+    // Only async-signal-safe calls after fork: the reason is strerrordesc_np's constant text.
+    const int exec_errno = errno;
+    const char* parts[] = {"exec failed: ", argv[0], ": ", strerrordesc_np(exec_errno), "\n"};
+    for (const char* part : parts) {
+      if (part == nullptr) continue;
+      ssize_t ignored = write(2, part, std::strlen(part));
+      (void)ignored;
+    }
     _exit(127);
   }
   close(out_fd);

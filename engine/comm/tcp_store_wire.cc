@@ -12,7 +12,7 @@ namespace comm {
 namespace {
 
 // How far ahead of the bytes received a value's buffer may grow.
-constexpr size_t kValueStep = size_t{1} << 20;
+constexpr size_t kValueStep = size_t{64} << 10;
 
 void AppendU32(std::string* out, uint32_t v) { out->append(reinterpret_cast<const char*>(&v), 4); }
 void AppendI64(std::string* out, int64_t v) { out->append(reinterpret_cast<const char*>(&v), 8); }

@@ -46,8 +46,8 @@ using StoreReader = absl::FunctionRef<bool(char* data, size_t n)>;
 // Reads one request frame through `read`. UNAVAILABLE when the connection ends before the frame
 // does; INVALID_ARGUMENT naming the length when the key is longer than kMaxStoreKeyBytes or the
 // value longer than kMaxStoreValueBytes (nothing after that length is read: the stream is out of
-// step and the server closes it). The value is allocated as its bytes arrive (at most 1 MiB ahead),
-// so a frame that announces 64 MiB and stops costs no more than it sent.
+// step and the server closes it). The value is allocated as its bytes arrive (at most 64 KiB
+// ahead), so a frame that announces 64 MiB and stops costs no more than it sent.
 absl::StatusOr<StoreRequest> ReadStoreRequest(StoreReader read);
 
 // The request's frame (what the client sends). The key and value must be within the limits.

@@ -93,7 +93,7 @@ TEST(TcpStoreWireTest, LengthsOverTheLimitsAreRefusedBeforeTheirBytes) {
 }
 
 TEST(TcpStoreWireTest, AnAnnouncedValueIsAllocatedAsItsBytesArrive) {
-  // 64 MiB announced, 10 bytes sent: the reader is asked for at most 1 MiB at a time.
+  // 64 MiB announced, 10 bytes sent: the reader is asked for at most 64 KiB at a time.
   size_t largest = 0;
   const std::string frame =
       std::string("\x01", 1) + U32(1) + "k" + U32(kMaxStoreValueBytes) + std::string(10, 'v');
@@ -104,7 +104,7 @@ TEST(TcpStoreWireTest, AnAnnouncedValueIsAllocatedAsItsBytesArrive) {
   });
   EXPECT_TRUE(absl::IsUnavailable(got.status()));
   EXPECT_THAT(got.status().message(), HasSubstr("before the request's value"));
-  EXPECT_EQ(largest, size_t{1} << 20);
+  EXPECT_EQ(largest, size_t{64} << 10);
 }
 
 TEST(TcpStoreWireTest, TheServerAnswersSetGetAddAndUnknownOps) {

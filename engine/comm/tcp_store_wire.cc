@@ -89,7 +89,13 @@ std::string ApplyStoreRequest(StoreRequest request, std::map<std::string, std::s
       return EncodeStoreReply(kStoreInvalid, absl::StrCat("key \"", request.key, "\" holds \"",
                                                           it->second, "\", not an integer"));
     }
-    current += request.arg;
+    int64_t sum = 0;
+    if (__builtin_add_overflow(current, request.arg, &sum)) {
+      return EncodeStoreReply(
+          kStoreInvalid, absl::StrCat("adding ", request.arg, " to key \"", request.key, "\" (",
+                                      current, ") overflows a 64-bit integer"));
+    }
+    current = sum;
     (*data)[request.key] = absl::StrCat(current);
     *changed = true;
     return EncodeStoreReply(kStoreOk, absl::StrCat(current));

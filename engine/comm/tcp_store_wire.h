@@ -58,7 +58,8 @@ std::string EncodeStoreReply(StoreCode code, absl::string_view payload);
 
 // The server's reply to `request` on the map `data`, once any wait of a Get is over: Set stores the
 // value; Get replies with the key's value, or NOT_FOUND; Add adds arg to the key's integer and
-// replies with the sum, or INVALID naming the key when it holds something else than an integer;
+// replies with the sum, or INVALID naming the key when it holds something else than an integer
+// or when the sum overflows int64 (the key then keeps its value);
 // any other op is INVALID naming it. `*changed` says whether `data` changed (waiters to wake).
 std::string ApplyStoreRequest(StoreRequest request, std::map<std::string, std::string>* data,
                               bool* changed);

@@ -131,6 +131,26 @@ TEST(TcpStoreWireTest, TheServerAnswersSetGetAddAndUnknownOps) {
   EXPECT_FALSE(changed);
 }
 
+// Found by fuzz/tcp_store_fuzz (fuzz/corpus/tcp_store_fuzz/add-overflow): two Adds whose sum passes
+// INT64_MAX were signed overflow (UndefinedBehaviorSanitizer); now a refusal that keeps the value.
+TEST(TcpStoreWireTest, AnAddThatOverflowsIsRefusedAndKeepsTheValue) {
+  std::map<std::string, std::string> data;
+  bool changed = false;
+  const int64_t big = int64_t{1} << 62;
+  EXPECT_EQ(ApplyStoreRequest({kStoreAdd, "n", "", big}, &data, &changed),
+            EncodeStoreReply(kStoreOk, "4611686018427387904"));
+  EXPECT_EQ(ApplyStoreRequest({kStoreAdd, "n", "", big}, &data, &changed),
+            EncodeStoreReply(kStoreInvalid,
+                             "adding 4611686018427387904 to key \"n\" (4611686018427387904) "
+                             "overflows a 64-bit integer"));
+  EXPECT_FALSE(changed);
+  EXPECT_EQ(data["n"], "4611686018427387904");
+  data["m"] = "-9223372036854775808";
+  EXPECT_EQ(ApplyStoreRequest({kStoreAdd, "m", "", -1}, &data, &changed)[0], kStoreInvalid);
+  EXPECT_EQ(ApplyStoreRequest({kStoreAdd, "m", "", INT64_MAX}, &data, &changed),
+            EncodeStoreReply(kStoreOk, "-1"));
+}
+
 }  // namespace
 }  // namespace comm
 }  // namespace dattn

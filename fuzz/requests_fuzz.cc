@@ -8,6 +8,7 @@
 #include <memory>
 
 #include "dattn/v1/job_service.pb.h"
+#include "google/protobuf/stubs/logging.h"
 #include "server/attention_kind.h"
 #include "server/metrics.h"
 #include "server/requests.h"
@@ -17,6 +18,9 @@ namespace {
 using dattn::server::WorkKinds;
 
 const WorkKinds& Kinds() {
+  // protobuf logs every string field that is not UTF-8 on stderr: millions of lines, and time.
+  static bool quiet = (google::protobuf::SetLogHandler(nullptr), true);
+  (void)quiet;
   static dattn::server::Metrics* metrics = new dattn::server::Metrics();
   static WorkKinds* kinds = [] {
     auto* k = new WorkKinds();

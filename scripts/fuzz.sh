@@ -6,12 +6,14 @@
 #
 #   --seconds N   run time of each target (default 60)
 #   --jobs J      targets running at once, one core each (default: the machine's cores)
-#   --out DIR     where each target's new inputs, log and any failing input go (default: a new
-#                 folder under $TMPDIR, kept); DIR/<target>/corpus grows across runs of one DIR
+#   --out DIR     where each target's new inputs, log and any failing input go; DIR/<target>/corpus
+#                 grows across runs of one DIR (default: a new folder under $TMPDIR, removed when
+#                 every target passed, kept otherwise)
 #   --no-build    use the binaries already built
 #   TARGET        requests_fuzz, job_file_fuzz, safetensors_fuzz, checkpoint_fuzz, tcp_store_fuzz
 #                 (default: all)
-# Extra Bazel options (e.g. --local_cpu_resources=1) come from $DATTN_BAZEL_FLAGS.
+# Extra Bazel options (e.g. --local_cpu_resources=1) come from $DATTN_BAZEL_FLAGS, startup options
+# (scripts/test.sh's fresh output root) from $DATTN_BAZEL_STARTUP.
 #
 # Each target starts from its checked-in corpus (fuzz/corpus/<target>/, read only) and its
 # dictionary, with -max_len, -rss_limit_mb=2048 (also the largest single allocation) and a 10 s
@@ -25,7 +27,7 @@ cd "$(dirname "$0")/.."
 # target  max_len  dictionary (fuzz/dict/, - for none)
 TARGETS="
 requests_fuzz     4096   -
-job_file_fuzz     8192   job_file.dict
+job_file_fuzz     4096   job_file.dict
 safetensors_fuzz  8192   safetensors.dict
 checkpoint_fuzz   4096   checkpoint.dict
 tcp_store_fuzz    4096   -
@@ -61,7 +63,11 @@ for t in "${selected[@]}"; do
   fi
 done
 
-[ -z "$out" ] && out=$(mktemp -d "${TMPDIR:-/tmp}/dattn-fuzz.XXXXXX")
+keep_out=1
+if [ -z "$out" ]; then
+  out=$(mktemp -d "${TMPDIR:-/tmp}/dattn-fuzz.XXXXXX")
+  keep_out=0
+fi
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
 
@@ -71,27 +77,40 @@ if [ "$build" -eq 1 ]; then
   echo "fuzz: building ${selected[*]} (--config=fuzz)"
   # ld.gold prints a warning per AddressSanitizer helper it links: the log keeps them.
   # shellcheck disable=SC2086
-  if ! bazel build --config=fuzz ${DATTN_BAZEL_FLAGS:-} "${labels[@]}" >"$out/build.log" 2>&1; then
+  if ! bazel ${DATTN_BAZEL_STARTUP:-} build --config=fuzz ${DATTN_BAZEL_FLAGS:-} "${labels[@]}" \
+    >"$out/build.log" 2>&1; then
     grep -v "ld.gold: warning" "$out/build.log" | tail -40
     echo "fuzz: the build failed (log: $out/build.log)"
     exit 1
   fi
 fi
-bin=$(bazel info --config=fuzz ${DATTN_BAZEL_FLAGS:-} bazel-bin 2>/dev/null)
+# shellcheck disable=SC2086
+bin=$(bazel ${DATTN_BAZEL_STARTUP:-} info --config=fuzz ${DATTN_BAZEL_FLAGS:-} bazel-bin 2>/dev/null)
+if [ ! -d "$bin/fuzz" ]; then
+  echo "fuzz: no fuzz binaries under '$bin' (build them: drop --no-build)"
+  exit 1
+fi
 
 # run_one TARGET: runs it for $seconds; writes $out/TARGET/{log,status}.
 run_one() {
-  local t="$1" max_len dict dir options
+  local t="$1" max_len dict dir options scratch
   read -r _ max_len dict <<<"$(echo "$TARGETS" | awk -v t="$t" '$1 == t')"
   dir="$out/$t"
   mkdir -p "$dir/corpus"
   options=(-max_total_time="$seconds" -max_len="$max_len" -rss_limit_mb=2048 -timeout=10
            -print_final_stats=1 -artifact_prefix="$dir/")
   [ "$dict" != "-" ] && options+=(-dict="fuzz/dict/$dict")
+  # Scratch files (checkpoint_fuzz writes a folder per input) on tmpfs where there is one: on a
+  # disk, the writes cut its executions per second about ninefold.
+  scratch="$dir"
+  if [ -d /dev/shm ] && [ -w /dev/shm ]; then
+    scratch=$(mktemp -d "/dev/shm/dattn-fuzz-$t.XXXXXX")
+  fi
   # New inputs go to the first folder; the checked-in corpus is only read.
   ASAN_OPTIONS=detect_leaks=1:abort_on_error=0 UBSAN_OPTIONS=print_stacktrace=1 \
-    TMPDIR="$dir" "$bin/fuzz/$t" "${options[@]}" "$dir/corpus" "fuzz/corpus/$t" >"$dir/log" 2>&1
+    TMPDIR="$scratch" "$bin/fuzz/$t" "${options[@]}" "$dir/corpus" "fuzz/corpus/$t" >"$dir/log" 2>&1
   echo $? >"$dir/status"
+  [ "$scratch" != "$dir" ] && rm -rf "$scratch"
 }
 
 start=$(date +%s)
@@ -136,4 +155,5 @@ for t in "${selected[@]}"; do
   fi
 done
 echo "fuzz: ${#selected[@]} targets, ${total} executions in $(( $(date +%s) - start )) s, ${failed} failed"
+[ "$failed" -eq 0 ] && [ "$keep_out" -eq 0 ] && rm -rf "$out"
 [ "$failed" -eq 0 ]

@@ -71,9 +71,15 @@ void WriteFile(const std::string& path, const std::string& content) {
 
 // The manifest with the sizes of the files present and its own checksum made right, when it is an
 // object listing files; else as given.
+// A manifest nested deeper than the reader accepts (64) is written as given: dump() recurses.
 std::string FixManifest(absl::string_view text, const std::vector<std::string>& parts) {
-  Json manifest = Json::parse(text.begin(), text.end(), nullptr, /*allow_exceptions=*/false);
-  if (!manifest.is_object()) return std::string(text);
+  bool too_deep = false;
+  auto depth_check = [&too_deep](int depth, Json::parse_event_t, Json&) {
+    if (depth > 64) too_deep = true;
+    return true;
+  };
+  Json manifest = Json::parse(text.begin(), text.end(), depth_check, /*allow_exceptions=*/false);
+  if (too_deep || !manifest.is_object()) return std::string(text);
   auto files = manifest.find("files");
   if (files != manifest.end() && files->is_array()) {
     for (Json& entry : *files) {

@@ -4,6 +4,7 @@
 
 #include <algorithm>
 #include <fstream>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -20,8 +21,29 @@ namespace dattn {
 namespace client {
 namespace {
 
+// A job file is three levels deep (the top level, attention:, a list). A JSON document is converted
+// recursively, so one nested deeper than this is refused first: 300,000 '[' (600 KB, under the
+// 1 MiB limit) exhausted the stack, and a few thousand took seconds.
+constexpr int kMaxJsonDepth = 32;
+
+// The depth of `value`'s nesting (a scalar is 0), counted without recursion, up to `limit` + 1.
+int JsonDepth(const nlohmann::json& value, int limit) {
+  std::vector<std::pair<const nlohmann::json*, int>> stack = {{&value, 0}};
+  int deepest = 0;
+  while (!stack.empty()) {
+    const auto [node, depth] = stack.back();
+    stack.pop_back();
+    if (!node->is_structured()) continue;
+    deepest = std::max(deepest, depth + 1);
+    if (deepest > limit) return deepest;
+    for (const nlohmann::json& child : *node) stack.push_back({&child, depth + 1});
+  }
+  return deepest;
+}
+
 // JSON documents are converted to a YAML tree so that one walker checks both formats. Numbers and
 // booleans keep their JSON spelling as the scalar text, which the settings' parsers then read.
+// `value` is at most kMaxJsonDepth deep.
 YAML::Node JsonToYaml(const nlohmann::json& value) {
   switch (value.type()) {
     case nlohmann::json::value_t::object: {
@@ -156,6 +178,11 @@ absl::StatusOr<SubmitOptions> ParseJobFile(const std::string& text, const std::s
       document = nlohmann::json::parse(text);
     } catch (const nlohmann::json::exception& e) {
       return absl::InvalidArgumentError(absl::StrCat(source, ": not valid JSON: ", e.what()));
+    }
+    if (JsonDepth(document, kMaxJsonDepth) > kMaxJsonDepth) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(source, ": nested more than ", kMaxJsonDepth,
+                       " levels deep; a job file has 3 (the top level, attention:, a list)"));
     }
     root = JsonToYaml(document);
   } else {

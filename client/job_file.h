@@ -29,7 +29,8 @@ namespace client {
 // Parses `text`. `source` names the document in errors ("job.yaml"); `json` selects the strict JSON
 // parser, otherwise YAML is used. INVALID_ARGUMENT, with the source, the key and (for YAML) the
 // line, when the document does not parse, is not a mapping, has an unknown key, or a value that its
-// setting refuses. The result has only the settings the document gives.
+// setting refuses; a JSON document nested more than 32 levels deep is refused as such. The result
+// has only the settings the document gives.
 absl::StatusOr<SubmitOptions> ParseJobFile(const std::string& text, const std::string& source,
                                            bool json);
 

@@ -105,6 +105,24 @@ TEST(JobFileTest, StructuralErrors) {
       HasSubstr("m.json: attention.mode: 'sparse' is not one of grouped, mixture"));
 }
 
+// Found while fuzzing the job file parser (fuzz/job_file_fuzz, docs/FUZZING.md): a JSON document
+// nested 300,000 deep (600 KB, under the 1 MiB limit) overflowed the stack in the recursive
+// conversion to YAML (a segmentation fault of `dattn submit -f deep.json`); 4,000 deep took 0.7 s.
+// fuzz/corpus/job_file_fuzz/deep-json is 4,000 deep.
+TEST(JobFileTest, DeeplyNestedJsonIsRefusedNotRecursedInto) {
+  const std::string deep =
+      "{\"attention\": " + std::string(300000, '[') + std::string(300000, ']') + "}";
+  absl::StatusOr<SubmitOptions> parsed = ParseJobFile(deep, "deep.json", true);
+  EXPECT_TRUE(absl::IsInvalidArgument(parsed.status()));
+  EXPECT_THAT(parsed.status().message(),
+              HasSubstr("deep.json: nested more than 32 levels deep; a job file has 3"));
+  // 32 levels still parse as JSON and fail on what they say, not on their depth.
+  const std::string ok_depth =
+      "{\"attention\": {\"segments\": " + std::string(30, '[') + "1" + std::string(30, ']') + "}}";
+  EXPECT_THAT(ParseJobFile(ok_depth, "ok.json", true).status().message(),
+              HasSubstr("ok.json: attention.segments: list entries must be plain values"));
+}
+
 TEST(SubmitOptionsTest, MergeAndBuild) {
   SubmitOptions file;
   file.seq_len = 8192;

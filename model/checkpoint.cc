@@ -98,12 +98,28 @@ class Fields {
     lhs = *dattn_value_;                                  \
   } while (0)
 
+// Our JSON files are a few levels deep (the trainer state's "extra" is the trainer's, and shallow).
+// nlohmann parses without recursion, but dump() (the manifest's digest, "extra") recurses: deeper
+// documents are refused.
+constexpr int kMaxJsonDepth = 64;
+
 absl::StatusOr<Json> ParseJson(absl::string_view text, const std::string& file) {
+  bool too_deep = false;
+  auto depth_check = [&too_deep](int depth, Json::parse_event_t, Json&) {
+    if (depth > kMaxJsonDepth) too_deep = true;
+    return true;
+  };
+  Json parsed;
   try {
-    return Json::parse(text.begin(), text.end());
+    parsed = Json::parse(text.begin(), text.end(), depth_check);
   } catch (const Json::exception& e) {
     return absl::DataLossError(absl::StrCat(file, ": not valid JSON (", e.what(), ")"));
   }
+  if (too_deep) {
+    return absl::DataLossError(
+        absl::StrCat(file, ": JSON nested more than ", kMaxJsonDepth, " levels deep"));
+  }
+  return parsed;
 }
 
 Json CursorToJson(const SamplerCursor& c) {

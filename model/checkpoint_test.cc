@@ -270,6 +270,38 @@ TEST(CheckpointTest, DamagedCheckpointsAreClearErrors) {
 }
 
 // An intact checkpoint of another model: every mismatch with the layout is named.
+// Found by fuzzing (fuzz/checkpoint_fuzz, docs/FUZZING.md): a trainer_state.json whose "extra" held
+// a list nested 300,000 deep (600 KB, under the 64 MiB limit of a JSON file) parsed, then
+// extra->dump() recursed until the stack overflowed (SIGSEGV); a manifest as deep did the same in
+// its digest. fuzz/corpus/checkpoint_fuzz/deep-extra is 4,000 deep.
+TEST(CheckpointTest, DeeplyNestedJsonIsRefusedNotRecursedInto) {
+  const std::string deep = std::string(300000, '[') + std::string(300000, ']');
+  std::string text = TrainerStateToJson(TrainerState());
+  const size_t extra = text.find("\"extra\": {}");
+  ASSERT_NE(extra, std::string::npos) << text;
+  text.replace(extra, 11, "\"extra\": {\"a\": " + deep + "}");
+  absl::StatusOr<TrainerState> state = TrainerStateFromJson(text, "deep/trainer_state.json");
+  EXPECT_TRUE(absl::IsDataLoss(state.status())) << state.status();
+  EXPECT_NE(state.status().message().find(
+                "deep/trainer_state.json: JSON nested more than 64 levels deep"),
+            std::string::npos)
+      << state.status();
+  // 64 levels are read.
+  text = TrainerStateToJson(TrainerState());
+  text.replace(text.find("\"extra\": {}"), 11,
+               "\"extra\": {\"a\": " + std::string(62, '[') + std::string(62, ']') + "}");
+  EXPECT_TRUE(TrainerStateFromJson(text, "ok").ok());
+  // A manifest as deep: the checkpoint is refused as damaged.
+  const std::string dir = TempPath("ckpt_deep/step-00000001");
+  fs::create_directories(dir);
+  ASSERT_TRUE(WriteWholeFile(dir + "/MANIFEST.json", "{\"a\": " + deep + "}", false).ok());
+  absl::StatusOr<Checkpoint> ck = Checkpoint::Open(dir);
+  EXPECT_TRUE(absl::IsDataLoss(ck.status())) << ck.status();
+  EXPECT_NE(ck.status().message().find("MANIFEST.json: JSON nested more than 64 levels deep"),
+            std::string::npos)
+      << ck.status();
+}
+
 TEST(CheckpointTest, LayoutMismatchesAreClearErrors) {
   const std::string root = TempPath("ckpt_layout");
   const Saved s = MakeSaved(2);

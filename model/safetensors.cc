@@ -100,11 +100,18 @@ absl::StatusOr<std::string> BuildHeader(absl::Span<const TensorToWrite> tensors,
   return out;
 }
 
-// Parses JSON, refusing duplicate keys in any object. Throws nothing: errors become a message.
+// A header is three levels deep (the object, a tensor's entry, its shape). nlohmann parses without
+// recursion, but dump() and comparisons recurse: a header nested deeper than this is refused.
+constexpr int kMaxHeaderDepth = 64;
+
+// Parses JSON, refusing duplicate keys in any object and nesting deeper than kMaxHeaderDepth.
+// Throws nothing: errors become a message.
 absl::StatusOr<nlohmann::json> ParseJsonStrict(absl::string_view text, std::string* error) {
   std::vector<std::set<std::string>> keys;
   std::string duplicate;
-  auto callback = [&](int, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+  bool too_deep = false;
+  auto callback = [&](int depth, nlohmann::json::parse_event_t event, nlohmann::json& parsed) {
+    if (depth > kMaxHeaderDepth) too_deep = true;
     switch (event) {
       case nlohmann::json::parse_event_t::object_start:
         keys.emplace_back();
@@ -132,6 +139,10 @@ absl::StatusOr<nlohmann::json> ParseJsonStrict(absl::string_view text, std::stri
   }
   if (!duplicate.empty()) {
     *error = absl::StrCat("duplicate key \"", duplicate, "\"");
+    return absl::InvalidArgumentError(*error);
+  }
+  if (too_deep) {
+    *error = absl::StrCat("nested more than ", kMaxHeaderDepth, " levels deep");
     return absl::InvalidArgumentError(*error);
   }
   return value;
@@ -271,7 +282,14 @@ absl::StatusOr<SafetensorsFile> SafetensorsFile::Check(SafetensorsFile file) {
     if (shape == value.end() || !shape->is_array()) return bad("tensor \"", key, "\": no shape");
     for (const nlohmann::json& d : *shape) {
       const int64_t dim = AsCount(d);
-      if (dim < 0) return bad("tensor \"", key, "\": shape ", shape->dump(), " is not counts");
+      if (dim < 0) {
+        // The offending entry, not the whole shape (which may be as long as the header).
+        return bad("tensor \"", key, "\": shape entry ", info.shape.size(), " (",
+                   d.is_array()    ? "a list"
+                   : d.is_object() ? "an object"
+                                   : d.dump(),
+                   ") is not a count: the shape is not counts");
+      }
       info.shape.push_back(dim);
     }
     auto offsets = value.find("data_offsets");

@@ -194,6 +194,19 @@ TEST(SafetensorsTest, MalformedFilesAreClearErrors) {
   const std::string deep = R"({"a":)" + std::string(1000000, '[') + std::string(1000000, ']') + "}";
   absl::Status s = SafetensorsFile::FromBytes(Make(deep, ""), "deep.safetensors").status();
   EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  // Found by fuzzing (fuzz/safetensors_fuzz, docs/FUZZING.md): a shape holding a list nested
+  // 300,000 deep reached the error message's shape->dump(), which recursed until the stack
+  // overflowed (SIGSEGV). fuzz/corpus/safetensors_fuzz/deep-shape is 4,000 deep.
+  const std::string deep_shape = R"({"a":{"dtype":"F32","shape":[1,)" + std::string(300000, '[') +
+                                 std::string(300000, ']') + R"(],"data_offsets":[0,4]}})";
+  s = SafetensorsFile::FromBytes(Make(deep_shape, "1234"), "deep.safetensors").status();
+  EXPECT_TRUE(absl::IsDataLoss(s)) << s;
+  EXPECT_NE(s.message().find("header: nested more than 64 levels deep"), std::string::npos) << s;
+  // Within the depth, the error names the entry, not the whole shape.
+  s = SafetensorsFile::FromBytes(
+          Make(R"({"a":{"dtype":"F32","shape":[1,[[2]]],"data_offsets":[0,4]}})", "1234"), "l")
+          .status();
+  EXPECT_NE(s.message().find("shape entry 1 (a list) is not a count"), std::string::npos) << s;
   // An empty file of tensors is valid.
   EXPECT_TRUE(SafetensorsFile::FromBytes(Make("{}", ""), "empty").ok());
 }

@@ -13,6 +13,7 @@ packages=(
   prometheus-cpp-dev prometheus
   curl python3 procps iproute2 clang-format
   clang-14  # the clang thread-safety build (.bazelrc, --config=clang-tsa)
+  libclang-rt-14-dev  # libFuzzer and clang's sanitizer runtimes (.bazelrc, --config=fuzz; scripts/fuzz.sh)
   libssl-dev python3-numpy bible-kjv bible-kjv-text
 )
 

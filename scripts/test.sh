@@ -5,8 +5,11 @@
 # that pass silently in the plain build fail. GPU tests skip, saying why, where no GPU exists.
 # Then the host code is compiled once more, by clang with its thread-safety analysis as errors
 # (.bazelrc's --config=clang-tsa: a build, no tests), so that every lock annotation is checked.
+# Last, every libFuzzer target of fuzz/ runs for 60 seconds (scripts/fuzz.sh, two at a time; built by
+# clang with libFuzzer and the sanitizers, .bazelrc's --config=fuzz; docs/FUZZING.md).
 # Exit status: non-zero on any build or test failure. Last line: "N passed, N failed" (the tests of
-# both passes; a failed clang build counts as one failure and is named on that line).
+# both passes; a failed clang build and a failed fuzz run count as one failure each and are named on
+# that line).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -53,6 +56,11 @@ echo "== build: clang thread-safety (--config=clang-tsa) =="
 bazel "${startup[@]}" build //... --config=clang-tsa --keep_going 2>&1 | tee -a "$log"
 tsa_status=${PIPESTATUS[0]}
 
+# The fuzz targets, 60 s each, two at a time (CI has 2 cores): about 3 minutes, plus their build.
+echo "== fuzz: every target for 60 s (scripts/fuzz.sh) =="
+DATTN_BAZEL_STARTUP="${startup[*]}" scripts/fuzz.sh --seconds 60 --jobs 2 2>&1 | tee -a "$log"
+fuzz_status=${PIPESTATUS[0]}
+
 if [ -n "$fresh_root" ]; then
   bazel "${startup[@]}" shutdown >/dev/null 2>&1 || true
   chmod -R u+w "$fresh_root" 2>/dev/null
@@ -72,5 +80,10 @@ if [ "$tsa_status" -ne 0 ]; then
   failed=$((failed + 1))
   tsa_note=" (the clang thread-safety build failed)"
 fi
+if [ "$fuzz_status" -ne 0 ]; then
+  echo "scripts/fuzz.sh exited with $fuzz_status (a fuzz target found a failing input, or did not build)"
+  failed=$((failed + 1))
+  tsa_note="${tsa_note} (the fuzz run failed)"
+fi
 echo "${passed} passed, ${failed} failed${tsa_note}"
-[ "$total" -eq 0 ] && [ "$tsa_status" -eq 0 ]
+[ "$total" -eq 0 ] && [ "$tsa_status" -eq 0 ] && [ "$fuzz_status" -eq 0 ]

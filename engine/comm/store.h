@@ -36,7 +36,7 @@ class Store {
 
   // Adds `delta` to the integer stored at `key` (an absent key counts as 0) and returns the sum.
   // The value is kept as decimal text, so Get sees it too. INVALID_ARGUMENT if the key holds text
-  // that is not an integer.
+  // that is not an integer, or if the sum overflows int64 (the key keeps its value).
   virtual absl::StatusOr<int64_t> Add(const std::string& key, int64_t delta) = 0;
 
   // Returns once every key in `keys` is set; DEADLINE_EXCEEDED after `timeout`, naming the keys

@@ -16,18 +16,13 @@
 #include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "engine/comm/tcp_store_wire.h"
 
 namespace dattn {
 namespace comm {
 namespace {
 
-// Frames. Request: op u8, key length u32, key, value length u32, value, arg i64 (little endian, the
-// only byte order of the machines here). Reply: code u8, payload length u32, payload.
-enum Op : uint8_t { kSet = 1, kGet = 2, kAdd = 3 };
-enum Code : uint8_t { kOk = 0, kNotFound = 1, kInvalid = 2 };
-
-constexpr uint32_t kMaxKeyBytes = 1 << 16;
-constexpr uint32_t kMaxValueBytes = 64 << 20;
+// Frames: tcp_store_wire.h.
 
 std::string ErrnoText(int err) { return std::strerror(err); }
 
@@ -87,9 +82,6 @@ absl::Status RecvAll(int fd, char* data, size_t n, absl::Time deadline) {
   return absl::OkStatus();
 }
 
-void AppendU32(std::string* out, uint32_t v) { out->append(reinterpret_cast<const char*>(&v), 4); }
-void AppendI64(std::string* out, int64_t v) { out->append(reinterpret_cast<const char*>(&v), 8); }
-
 // Server side: blocking reads on a socket that the server shuts down to stop us.
 bool ReadExact(int fd, char* data, size_t n) {
   while (n > 0) {
@@ -118,14 +110,6 @@ bool WriteExact(int fd, const std::string& data) {
     n -= static_cast<size_t>(rv);
   }
   return true;
-}
-
-std::string Reply(Code code, const std::string& payload) {
-  std::string out;
-  out.push_back(static_cast<char>(code));
-  AppendU32(&out, static_cast<uint32_t>(payload.size()));
-  out += payload;
-  return out;
 }
 
 absl::StatusOr<std::pair<std::string, int>> SplitAddress(const std::string& address) {
@@ -215,54 +199,25 @@ void TcpStoreServer::AcceptLoop() {
 
 void TcpStoreServer::Serve(int fd) {
   for (;;) {
-    uint8_t op = 0;
-    uint32_t klen = 0, vlen = 0;
-    int64_t arg = 0;
-    std::string key, value;
-    bool ok = ReadExact(fd, reinterpret_cast<char*>(&op), 1) &&
-              ReadExact(fd, reinterpret_cast<char*>(&klen), 4) && klen <= kMaxKeyBytes;
-    if (ok) {
-      key.resize(klen);
-      ok = ReadExact(fd, key.data(), klen) && ReadExact(fd, reinterpret_cast<char*>(&vlen), 4) &&
-           vlen <= kMaxValueBytes;
-    }
-    if (ok) {
-      value.resize(vlen);
-      ok = ReadExact(fd, value.data(), vlen) && ReadExact(fd, reinterpret_cast<char*>(&arg), 8);
-    }
-    if (!ok) break;
+    absl::StatusOr<StoreRequest> request =
+        ReadStoreRequest([fd](char* data, size_t n) { return ReadExact(fd, data, n); });
+    if (!request.ok()) break;  // Closed, or out of step: either way the connection ends.
 
     std::string reply;
     bool stop = false;
     {
       absl::MutexLock lock(&mu_);
-      if (op == kSet) {
-        data_[key] = std::move(value);
-        changed_.SignalAll();
-        reply = Reply(kOk, "");
-      } else if (op == kGet) {
-        const absl::Time deadline = absl::Now() + absl::Milliseconds(std::max<int64_t>(arg, 0));
-        while (!stopping_ && data_.count(key) == 0) {
+      if (request->op == kStoreGet) {
+        const absl::Time deadline =
+            absl::Now() + absl::Milliseconds(std::max<int64_t>(request->arg, 0));
+        while (!stopping_ && data_.count(request->key) == 0) {
           if (changed_.WaitWithDeadline(&mu_, deadline)) break;  // Timed out.
         }
         stop = stopping_;
-        auto it = data_.find(key);
-        reply = it == data_.end() ? Reply(kNotFound, "") : Reply(kOk, it->second);
-      } else if (op == kAdd) {
-        int64_t current = 0;
-        auto it = data_.find(key);
-        if (it != data_.end() && !absl::SimpleAtoi(it->second, &current)) {
-          reply = Reply(kInvalid, absl::StrCat("key \"", key, "\" holds \"", it->second,
-                                               "\", not an integer"));
-        } else {
-          current += arg;
-          data_[key] = absl::StrCat(current);
-          changed_.SignalAll();
-          reply = Reply(kOk, absl::StrCat(current));
-        }
-      } else {
-        reply = Reply(kInvalid, absl::StrCat("unknown store op ", static_cast<int>(op)));
       }
+      bool changed = false;
+      reply = ApplyStoreRequest(*std::move(request), &data_, &changed);
+      if (changed) changed_.SignalAll();
     }
     if (stop) break;
     if (!WriteExact(fd, reply)) break;
@@ -330,18 +285,12 @@ absl::Status TcpStore::EnsureConnectedLocked(absl::Time deadline) {
 absl::StatusOr<std::string> TcpStore::RoundTrip(uint8_t op, const std::string& key,
                                                 const std::string& value, int64_t arg,
                                                 absl::Duration wait) {
-  if (key.size() > kMaxKeyBytes || value.size() > kMaxValueBytes) {
-    return absl::InvalidArgumentError(absl::StrCat("store key (", key.size(), " bytes) or value (",
-                                                   value.size(), " bytes) exceeds the limits of ",
-                                                   kMaxKeyBytes, " and ", kMaxValueBytes));
+  if (key.size() > kMaxStoreKeyBytes || value.size() > kMaxStoreValueBytes) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "store key (", key.size(), " bytes) or value (", value.size(),
+        " bytes) exceeds the limits of ", kMaxStoreKeyBytes, " and ", kMaxStoreValueBytes));
   }
-  std::string frame;
-  frame.push_back(static_cast<char>(op));
-  AppendU32(&frame, static_cast<uint32_t>(key.size()));
-  frame += key;
-  AppendU32(&frame, static_cast<uint32_t>(value.size()));
-  frame += value;
-  AppendI64(&frame, arg);
+  const std::string frame = EncodeStoreRequest(StoreRequest{op, key, value, arg});
 
   absl::MutexLock lock(&mu_);
   const absl::Time deadline = absl::Now() + wait + request_timeout_;
@@ -352,7 +301,7 @@ absl::StatusOr<std::string> TcpStore::RoundTrip(uint8_t op, const std::string& k
   std::string payload;
   if (s.ok()) s = RecvAll(fd_, reinterpret_cast<char*>(&code), 1, deadline);
   if (s.ok()) s = RecvAll(fd_, reinterpret_cast<char*>(&len), 4, deadline);
-  if (s.ok() && len > kMaxValueBytes) s = absl::UnavailableError("malformed reply");
+  if (s.ok() && len > kMaxStoreValueBytes) s = absl::UnavailableError("malformed reply");
   if (s.ok()) {
     payload.resize(len);
     s = RecvAll(fd_, payload.data(), len, deadline);
@@ -364,26 +313,26 @@ absl::StatusOr<std::string> TcpStore::RoundTrip(uint8_t op, const std::string& k
     return absl::Status(s.code(),
                         absl::StrCat("store ", address_, ", key \"", key, "\": ", s.message()));
   }
-  if (code == kNotFound) {
+  if (code == kStoreNotFound) {
     return absl::DeadlineExceededError(absl::StrCat(
         "store ", address_, ": key \"", key, "\" not set within ", absl::FormatDuration(wait)));
   }
-  if (code != kOk)
+  if (code != kStoreOk)
     return absl::InvalidArgumentError(absl::StrCat("store ", address_, ": ", payload));
   return payload;
 }
 
 absl::Status TcpStore::Set(const std::string& key, const std::string& value) {
-  return RoundTrip(kSet, key, value, 0, absl::ZeroDuration()).status();
+  return RoundTrip(kStoreSet, key, value, 0, absl::ZeroDuration()).status();
 }
 
 absl::StatusOr<std::string> TcpStore::Get(const std::string& key, absl::Duration timeout) {
   timeout = std::max(timeout, absl::ZeroDuration());
-  return RoundTrip(kGet, key, "", absl::ToInt64Milliseconds(timeout), timeout);
+  return RoundTrip(kStoreGet, key, "", absl::ToInt64Milliseconds(timeout), timeout);
 }
 
 absl::StatusOr<int64_t> TcpStore::Add(const std::string& key, int64_t delta) {
-  absl::StatusOr<std::string> r = RoundTrip(kAdd, key, "", delta, absl::ZeroDuration());
+  absl::StatusOr<std::string> r = RoundTrip(kStoreAdd, key, "", delta, absl::ZeroDuration());
   if (!r.ok()) return r.status();
   int64_t value = 0;
   if (!absl::SimpleAtoi(*r, &value)) {

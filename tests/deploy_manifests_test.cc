@@ -533,6 +533,35 @@ TEST_F(DeployManifestsTest, CpuDemoRunsLocallyAsTheManifestsSay) {
   ExpectStopsWithin(*c, seconds(coordinator.grace_seconds), "coordinator");
 }
 
+// The local folders the emulation puts in are not mapped again: with Bazel's output root under
+// /tmp, the GPU worker's /tmp volume once turned its binary's local path into one that does not
+// exist ("exec failed" on every run of a cold CI output root in /tmp).
+TEST_F(DeployManifestsTest, LocalPathsUnderTmpAreNotRemapped) {
+  LocalPodOptions options;
+  options.bin_dir = "/tmp/root/usr-local-bin";
+  options.volumes_dir = *dir_ + "/remap-volumes";
+  LocalContainer local;
+  std::string error;
+  ASSERT_TRUE(Localize(Overlay("gpu"), Overlay("gpu").Find("StatefulSet", "dattn-worker-gpu"),
+                       "worker", 0, options, &local, &error))
+      << error;
+  ASSERT_FALSE(local.argv.empty());
+  EXPECT_EQ(local.argv[0], "/tmp/root/usr-local-bin/dattn-worker-gpu");
+  options.bin_dir = *dir_ + "/bin";
+  LocalContainer coordinator;
+  ASSERT_TRUE(Localize(Overlay("gpu"), Overlay("gpu").Find("StatefulSet", "dattn-coordinator"),
+                       "coordinator", 0, options, &coordinator, &error))
+      << error;
+  bool data_dir = false;
+  for (const std::string& a : coordinator.argv) {
+    if (a.rfind("--data-dir=", 0) == 0) {
+      data_dir = true;
+      EXPECT_EQ(a, "--data-dir=" + options.volumes_dir + "/data/data");
+    }
+  }
+  EXPECT_TRUE(data_dir);
+}
+
 TEST_F(DeployManifestsTest, GpuOverlayRunsLocallyUpToTheGpu) {
   const LocalContainer coordinator = Local("gpu", "dattn-coordinator", "coordinator", "gpu");
   const LocalContainer worker = Local("gpu", "dattn-worker-gpu", "worker", "gpu");

@@ -274,16 +274,26 @@ bool Localize(const Objects& objects, const YAML::Node& statefulset,
     std::filesystem::create_directories(local);
     mounts[Str(m["mountPath"])] = local;
   }
+  // The container's paths to local ones: a mount path where a path starts (the whole argument, or
+  // after '=' as in --data-dir=/var/lib/dattn/data) and ends (the end, or '/'), then the image's
+  // /usr/local/bin. In that order, so that the local folders put in (under $TEST_TMPDIR, which
+  // may itself lie under /tmp) are never mapped again: mapping /tmp inside them once made every
+  // binary of a pod that mounts /tmp unexecutable when Bazel's output root was under /tmp.
   auto map_paths = [&](std::string s) {
-    const std::string bin = "/usr/local/bin/";
-    for (size_t at = s.find(bin); at != std::string::npos; at = s.find(bin, at + 1)) {
-      s.replace(at, bin.size(), options.bin_dir + "/");
-    }
     for (const auto& [path, local] : mounts) {
-      const size_t at = s.find(path);
-      if (at != std::string::npos && (at + path.size() == s.size() || s[at + path.size()] == '/')) {
-        s.replace(at, path.size(), local);
+      for (size_t at = s.find(path); at != std::string::npos; at = s.find(path, at + 1)) {
+        const bool starts = at == 0 || s[at - 1] == '=';
+        const bool ends = at + path.size() == s.size() || s[at + path.size()] == '/';
+        if (starts && ends) {
+          s.replace(at, path.size(), local);
+          break;
+        }
       }
+    }
+    const std::string bin = "/usr/local/bin/";
+    for (size_t at = s.find(bin); at != std::string::npos;
+         at = s.find(bin, at + options.bin_dir.size() + 1)) {
+      s.replace(at, bin.size(), options.bin_dir + "/");
     }
     return s;
   };

@@ -22,6 +22,7 @@
 #include "gtest/gtest.h"
 #include "model/checkpoint.h"
 #include "model/file_io.h"
+#include "model/testing/forwarding_model.h"
 
 namespace dattn {
 namespace model {
@@ -463,40 +464,18 @@ TEST(TrainerTest, KeepsTheLastCheckpointsAndStopsOnRequest) {
 }
 
 // The CPU model, except that its gradients are NaN from step `from` on.
-class NanAfter : public TrainableModel {
+class NanAfter : public ForwardingModel {
  public:
   NanAfter(std::unique_ptr<TrainableModel> inner, int64_t from)
-      : inner_(std::move(inner)), from_(from) {}
-  const LongNetConfig& config() const override { return inner_->config(); }
-  const ParamLayout& layout() const override { return inner_->layout(); }
-  bool checkpoint_activations() const override { return inner_->checkpoint_activations(); }
-  std::string description() const override { return inner_->description(); }
-  double TrainingFlops(int64_t b, int64_t n) const override { return inner_->TrainingFlops(b, n); }
-  absl::Status InitParams(uint64_t seed) override { return inner_->InitParams(seed); }
+      : ForwardingModel(std::move(inner)), from_(from) {}
   absl::StatusOr<LossResult> ForwardBackward(const TokenBatch& batch,
                                              const BackwardOptions& options) override {
-    absl::StatusOr<LossResult> r = inner_->ForwardBackward(batch, options);
-    if (r.ok() && ++calls_ >= from_) inner_->grads()[0] = std::numeric_limits<float>::quiet_NaN();
+    absl::StatusOr<LossResult> r = inner().ForwardBackward(batch, options);
+    if (r.ok() && ++calls_ >= from_) inner().grads()[0] = std::numeric_limits<float>::quiet_NaN();
     return r;
-  }
-  absl::StatusOr<LossResult> Evaluate(const TokenBatch& b, absl::Span<int32_t> p) override {
-    return inner_->Evaluate(b, p);
-  }
-  float* params() override { return inner_->params(); }
-  float* grads() override { return inner_->grads(); }
-  absl::Status ReadParams(int64_t begin, absl::Span<float> out) override {
-    return inner_->ReadParams(begin, out);
-  }
-  absl::Status WriteParams(int64_t begin, absl::Span<const float> in) override {
-    return inner_->WriteParams(begin, in);
-  }
-  absl::StatusOr<std::unique_ptr<ShardOptimizer>> NewOptimizer(const AdamW& adamw, int64_t begin,
-                                                               int64_t end) override {
-    return inner_->NewOptimizer(adamw, begin, end);
   }
 
  private:
-  std::unique_ptr<TrainableModel> inner_;
   int64_t from_;
   int64_t calls_ = 0;
 };

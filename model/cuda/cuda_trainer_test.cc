@@ -39,6 +39,7 @@
 #include "model/file_io.h"
 #include "model/longnet_params.h"
 #include "model/optimizer.h"
+#include "model/testing/forwarding_model.h"
 #include "model/trainer.h"
 
 namespace dattn {
@@ -231,46 +232,22 @@ void CopyCheckpoint(const std::string& from, int64_t step, const std::string& to
 }
 
 // The model with NaN written into its gradient after every ForwardBackward.
-class PoisonedGradients : public TrainableModel {
+class PoisonedGradients : public ForwardingModel {
  public:
-  explicit PoisonedGradients(std::unique_ptr<TrainableModel> inner) : inner_(std::move(inner)) {}
-  const LongNetConfig& config() const override { return inner_->config(); }
-  const ParamLayout& layout() const override { return inner_->layout(); }
-  bool checkpoint_activations() const override { return inner_->checkpoint_activations(); }
-  std::string description() const override { return inner_->description(); }
-  double TrainingFlops(int64_t b, int64_t n) const override { return inner_->TrainingFlops(b, n); }
-  absl::Status InitParams(uint64_t seed) override { return inner_->InitParams(seed); }
+  explicit PoisonedGradients(std::unique_ptr<TrainableModel> inner)
+      : ForwardingModel(std::move(inner)) {}
   absl::StatusOr<LossResult> ForwardBackward(const TokenBatch& batch,
                                              const BackwardOptions& options) override {
-    absl::StatusOr<LossResult> r = inner_->ForwardBackward(batch, options);
+    absl::StatusOr<LossResult> r = inner().ForwardBackward(batch, options);
     if (!r.ok()) return r;
     const float nan = std::numeric_limits<float>::quiet_NaN();
     if (cudaDeviceSynchronize() != cudaSuccess ||
-        cudaMemcpy(inner_->grads() + 5, &nan, 4, cudaMemcpyHostToDevice) != cudaSuccess ||
+        cudaMemcpy(inner().grads() + 5, &nan, 4, cudaMemcpyHostToDevice) != cudaSuccess ||
         cudaDeviceSynchronize() != cudaSuccess) {
       return absl::InternalError("poisoning the gradient failed");
     }
     return r;
   }
-  absl::StatusOr<LossResult> Evaluate(const TokenBatch& batch,
-                                      absl::Span<int32_t> predictions) override {
-    return inner_->Evaluate(batch, predictions);
-  }
-  float* params() override { return inner_->params(); }
-  float* grads() override { return inner_->grads(); }
-  absl::Status ReadParams(int64_t begin, absl::Span<float> out) override {
-    return inner_->ReadParams(begin, out);
-  }
-  absl::Status WriteParams(int64_t begin, absl::Span<const float> in) override {
-    return inner_->WriteParams(begin, in);
-  }
-  absl::StatusOr<std::unique_ptr<ShardOptimizer>> NewOptimizer(const AdamW& adamw, int64_t begin,
-                                                               int64_t end) override {
-    return inner_->NewOptimizer(adamw, begin, end);
-  }
-
- private:
-  std::unique_ptr<TrainableModel> inner_;
 };
 
 TEST(CudaTrainer, NominalPeakOfKnownCards) {

@@ -34,7 +34,20 @@ absl::Time FakeClock::Now() const {
   return now_;
 }
 
+void FakeClock::NoteDeadline(absl::Time deadline) const {
+  absl::MutexLock lock(&mu_);
+  latest_deadline_ = std::max(latest_deadline_, deadline);
+}
+
+bool FakeClock::AwaitDeadlineAfter(absl::Time t, absl::Duration timeout) const {
+  const absl::Time give_up = absl::Now() + timeout;
+  absl::MutexLock lock(&mu_);
+  auto past_t = [this, t]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return latest_deadline_ > t; };
+  return mu_.AwaitWithDeadline(absl::Condition(&past_t), give_up);
+}
+
 bool FakeClock::WaitUntil(absl::CondVar* cv, absl::Mutex* mu, absl::Time deadline) const {
+  NoteDeadline(deadline);
   if (Now() >= deadline) return true;
   // A signal ends the wait at once; otherwise the fake time is looked at again every kPoll.
   if (!cv->WaitWithTimeout(mu, kPoll)) return false;
@@ -42,6 +55,7 @@ bool FakeClock::WaitUntil(absl::CondVar* cv, absl::Mutex* mu, absl::Time deadlin
 }
 
 void FakeClock::SleepUntil(absl::Time deadline) const {
+  NoteDeadline(deadline);
   while (Now() < deadline) absl::SleepFor(kPoll);
 }
 

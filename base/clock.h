@@ -52,9 +52,18 @@ class FakeClock final : public Clock {
   // Moves the clock forward by `d` (>= 0).
   void Advance(absl::Duration d);
 
+  // Blocks (on real time, up to `timeout`) until some thread waits in WaitUntil or SleepUntil for
+  // a deadline later than `t`; false on timeout. A test calls it before Advance to know that the
+  // thread it means to wake has already fixed its deadline: otherwise a thread slow to get there
+  // would compute its deadline from the advanced time and sleep on.
+  bool AwaitDeadlineAfter(absl::Time t, absl::Duration timeout = absl::Seconds(10)) const;
+
  private:
+  void NoteDeadline(absl::Time deadline) const;
+
   mutable absl::Mutex mu_;
   absl::Time now_ ABSL_GUARDED_BY(mu_);
+  mutable absl::Time latest_deadline_ ABSL_GUARDED_BY(mu_) = absl::InfinitePast();  // Max waited.
 };
 
 }  // namespace dattn

@@ -365,7 +365,12 @@ TEST(WorkerTest, AssignmentRunsToASucceededReportWithItsResult) {
     EXPECT_EQ(upload.header.total_bytes(), static_cast<int64_t>(want->output.data().size()));
   }
 
-  // Finished and acknowledged: no longer listed in heartbeats.
+  // Finished and acknowledged: no longer listed in heartbeats. A heartbeat built while the final
+  // report's answer was still on its way may list it; the first one built after it does not, and
+  // none after that does.
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+    return !fake.heartbeats_.empty() && fake.heartbeats_.back().tasks_size() == 0;
+  })) << "heartbeats still list the finished, reported task";
   const size_t seen = [&]() {
     absl::MutexLock lock(&fake.mu_);
     return fake.heartbeats_.size();
@@ -374,7 +379,9 @@ TEST(WorkerTest, AssignmentRunsToASucceededReportWithItsResult) {
     return fake.heartbeats_.size() >= seen + 2;
   }));
   absl::MutexLock lock(&fake.mu_);
-  EXPECT_EQ(fake.heartbeats_.back().tasks_size(), 0);
+  for (size_t i = seen - 1; i < fake.heartbeats_.size(); ++i) {
+    EXPECT_EQ(fake.heartbeats_[i].tasks_size(), 0) << "heartbeat " << i;
+  }
   EXPECT_EQ(worker.running_tasks(), 0);
 }
 
@@ -581,15 +588,20 @@ TEST(WorkerTest, HeartbeatsAndBackoffsFollowTheClock) {
     absl::MutexLock lock(&fake.mu_);
     return fake.streams_opened_;
   };
+  // Before each Advance the test waits until the thread it means to wake waits for a deadline of
+  // the clock as it stands (AwaitDeadlineAfter): a thread slow to get there (a loaded CI machine)
+  // would otherwise count its interval from the advanced time and not wake.
+  ASSERT_TRUE(clock.AwaitDeadlineAfter(clock.Now())) << "the session never waited for a heartbeat";
   const size_t before = heartbeats();
   absl::SleepFor(absl::Milliseconds(300));
   EXPECT_EQ(heartbeats(), before) << "a heartbeat before the clock moved";
   clock.Advance(absl::Milliseconds(100));
   ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
-    return fake.heartbeats_.size() == before + 1;
+    return fake.heartbeats_.size() >= before + 1;
   }));
   absl::SleepFor(absl::Milliseconds(200));
   EXPECT_EQ(heartbeats(), before + 1);
+  ASSERT_TRUE(clock.AwaitDeadlineAfter(clock.Now())) << "no wait for the next heartbeat";
 
   // Drained and idle, the stream is closed; the worker waits its backoff (a minute +-20%) to reopen
   // it.
@@ -599,6 +611,9 @@ TEST(WorkerTest, HeartbeatsAndBackoffsFollowTheClock) {
   ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
     return fake.streams_ended_ >= 1 && worker.draining();
   }));
+  // The stream thread waits out its backoff (at least 48 s; a heartbeat waits 100 ms).
+  ASSERT_TRUE(clock.AwaitDeadlineAfter(clock.Now() + absl::Seconds(30)))
+      << "the stream thread never waited for its backoff";
   absl::SleepFor(absl::Milliseconds(300));
   EXPECT_EQ(streams_opened(), 1);
   clock.Advance(absl::Seconds(47));  // Less than any backoff drawn.

@@ -131,9 +131,22 @@ absl::StatusOr<AttentionJobInfo> Analyze(const v1::AttentionJobSpec& job, const 
   if (job.num_ranks() < 1) {
     return Invalid(path + ".num_ranks", absl::StrCat("must be >= 1, got ", job.num_ranks()));
   }
+  if (job.num_ranks() > kMaxRingRanks) {
+    return Invalid(path + ".num_ranks", absl::StrCat("at most ", kMaxRingRanks,
+                                                     " ranks per ring, got ", job.num_ranks()));
+  }
   if (info.seq_len % job.num_ranks() != 0) {
     return Invalid(path + ".num_ranks", absl::StrCat("must divide shape.seq_len = ", info.seq_len,
                                                      ", got ", job.num_ranks()));
+  }
+  if (const int64_t ranks = job.num_ranks();
+      ranks > 1 && info.num_heads > kMaxRingPlanWork / (ranks * ranks)) {
+    return Invalid(path + ".num_ranks", absl::StrCat(ranks, " ranks with ", info.num_heads,
+                                                     " heads: num_ranks^2 x "
+                                                     "num_heads is over ",
+                                                     kMaxRingPlanWork,
+                                                     ", the largest ring the coordinator plans "
+                                                     "(api/limits.h); use fewer ranks or heads"));
   }
   info.num_ranks = job.num_ranks();
 

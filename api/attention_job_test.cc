@@ -137,6 +137,42 @@ TEST(AttentionJobTest, PatternsAreBounded) {
                         "per job, got 65"));
 }
 
+// Ring planning grows as P^2 H on adversarial shapes (a fuzzer's 20 s input: P = 64, N = 64,
+// H = 2048): the ring size and P^2 H are bounded, each refusal naming the field and the values.
+TEST(AttentionJobTest, RingSizesAreBounded) {
+  v1::AttentionJobSpec spec = Spec();
+  spec.mutable_shape()->set_seq_len(1024);
+  spec.mutable_shape()->set_num_heads(64);
+  spec.set_num_ranks(256);  // 256^2 x 64 = 2^22: the largest plan taken.
+  absl::StatusOr<AttentionJobInfo> largest = AnalyzeAttentionJob(spec, "spec.attention");
+  EXPECT_TRUE(largest.ok()) << largest.status();
+  spec.mutable_shape()->set_num_heads(65);
+  absl::Status s = AnalyzeAttentionJob(spec, "spec.attention").status();
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("spec.attention.num_ranks: 256 ranks with 65 heads: num_ranks^2 x "
+                        "num_heads is over 4194304"));
+  spec.mutable_shape()->set_seq_len(512 * 2);
+  spec.mutable_shape()->set_num_heads(1);
+  spec.set_num_ranks(512);
+  s = AnalyzeAttentionJob(spec, "spec.attention").status();
+  EXPECT_THAT(std::string(s.message()),
+              HasSubstr("spec.attention.num_ranks: at most 256 ranks per ring, got 512"));
+  // The fuzzer's input, refused at once.
+  spec = Spec();
+  spec.mutable_attention()->set_mode(v1::ATTENTION_MODE_GROUPED);
+  spec.mutable_attention()->set_segment_lengths(0, 4480);
+  spec.mutable_attention()->set_segment_lengths(1, 4096);
+  spec.mutable_shape()->set_batch(1);
+  spec.mutable_shape()->set_seq_len(64);
+  spec.mutable_shape()->set_num_heads(2048);
+  spec.mutable_shape()->set_head_dim(256);
+  spec.set_dtype(v1::DTYPE_BF16);
+  spec.set_num_ranks(64);
+  EXPECT_EQ(AnalyzeAttentionJob(spec, "spec.attention").status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
 TEST(AttentionJobTest, ErrorsNameTheFieldAndValue) {
   v1::AttentionJobSpec spec = Spec();
   spec.mutable_shape()->set_num_heads(0);

@@ -29,6 +29,14 @@ inline constexpr int kMaxPatterns = 64;
 // its own (name 128, tenant 64, patterns kMaxPatterns, the rest scalars: under 2 KiB in all); this
 // bounds what a client can make the coordinator store in fields it does not know.
 inline constexpr size_t kMaxSpecBytes = 64 << 10;
+// AttentionJobSpec.num_ranks (P, the ring size): 1 .. kMaxRingRanks, and P^2 x num_heads at most
+// kMaxRingPlanWork. The coordinator plans every rank's exchange buffers when it accepts a ring job
+// (engine/rank_memory_plan.h), and that planning grows as P^2 H on adversarial shapes (a shard of
+// one position, hundreds of distinct head offsets): at these bounds it takes under half a second
+// per pass on one core, where P = 1024 with H = 2048 took 17 s (a fuzzer's find, docs/FUZZING.md).
+// Realistic LongNet rings plan in milliseconds (P = 512, H = 32: 0.16 s).
+inline constexpr int kMaxRingRanks = 256;
+inline constexpr int64_t kMaxRingPlanWork = int64_t{1} << 22;
 // AttentionJobSpec.iterations: 1 .. this many (0 means 1).
 inline constexpr int64_t kMaxIterations = 1000000;
 // AttentionJobSpec.return_output: the largest output a job may return, all ranks together. The

@@ -81,6 +81,25 @@ CallView RowViewOf(const BlockCall& call, const ProblemDims& dims) {
   return ViewOf(call, dims.seq_len, dims.seq_len * dims.num_heads, dims.num_heads, 1);
 }
 
+int64_t CountBlockCalls(const AttentionSpec& spec, const ProblemDims& dims, bool fold_batches) {
+  // Mirrors EnumerateBlockCalls' pushes; block_calls_test checks that the two agree.
+  int64_t count = 0;
+  const int64_t n = dims.seq_len;
+  for (int i = 0; i < spec.num_patterns(); ++i) {
+    const int64_t w = spec.segment_lengths[i];
+    const int64_t r = spec.dilation_rates[i];
+    const int64_t full = w <= n ? n / w : 0;
+    const int64_t partial = n - full * w;
+    for (const HeadGroup& group : PatternHeadGroups(spec, i, dims.num_heads)) {
+      if (full > 0 && dilation::SelectedCount(w, group.offset, r) > 0) {
+        count += partial == 0 && (fold_batches || dims.batch == 1) ? 1 : dims.batch;
+      }
+      if (partial > 0 && dilation::SelectedCount(partial, group.offset, r) > 0) ++count;
+    }
+  }
+  return count;
+}
+
 std::vector<BlockCall> EnumerateBlockCalls(const AttentionSpec& spec, const ProblemDims& dims,
                                            bool fold_batches) {
   std::vector<BlockCall> calls;

@@ -78,6 +78,14 @@ CallView ViewOf(const BlockCall& call, int64_t seq_len, int64_t sb, int64_t sn, 
 // The same in row units of a contiguous (B, N, H) row space (row = (b * N + p) * H + h).
 CallView RowViewOf(const BlockCall& call, const ProblemDims& dims);
 
+// How many calls EnumerateBlockCalls returns, counted without building them (O(patterns x head
+// groups)). A partial last segment unfolds the batch into one call per batch item and pattern
+// head group, so the count can reach B x 64 x min(r, H): the memory plan refuses a problem above
+// kMaxBlockCalls instead of building millions of calls (a 4M-item batch once asked the
+// coordinator for 13 GB here).
+inline constexpr int64_t kMaxBlockCalls = int64_t{1} << 18;
+int64_t CountBlockCalls(const AttentionSpec& spec, const ProblemDims& dims, bool fold_batches);
+
 // Every block call of the spec, pattern by pattern (no chunking, no ordering beyond that).
 // fold_batches: whether full segments of different batch items may share one call.
 std::vector<BlockCall> EnumerateBlockCalls(const AttentionSpec& spec, const ProblemDims& dims,

@@ -136,6 +136,7 @@ TEST(BlockCallsTest, CallsCoverEverySelectedRowOnce) {
                        " B=" + std::to_string(c.dims.batch) + (fold ? " fold" : " no fold"));
           const std::vector<BlockCall> calls = EnumerateBlockCalls(spec, c.dims, fold);
           EXPECT_EQ(Covered(calls, c.dims, fold), Expected(spec, c.dims));
+          EXPECT_EQ(CountBlockCalls(spec, c.dims, fold), static_cast<int64_t>(calls.size()));
         }
       }
     }

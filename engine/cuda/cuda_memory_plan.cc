@@ -40,6 +40,15 @@ absl::StatusOr<CudaMemoryPlan> PlanCudaMemory(const AttentionSpec& spec, int64_t
                                                    " D=", head_dim, " overflow int64"));
   }
   const ProblemDims dims{batch, seq_len, num_heads, head_dim};
+  if (const int64_t calls = CountBlockCalls(spec, dims, /*fold_batches=*/true);
+      calls > kMaxBlockCalls) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "CUDA memory plan: B=", batch, " N=", seq_len, " H=", num_heads, " would need ", calls,
+        " block calls per pass, over the ", kMaxBlockCalls,
+        " the planner takes (a segment length that does not divide the shard length unfolds the "
+        "batch into one call per batch item): use a smaller batch or segment lengths that divide ",
+        seq_len));
+  }
   PlanInputs in;
   in.dtype = dtype;
   in.use_cudnn = dtype == DType::kFloat16 || dtype == DType::kBFloat16;

@@ -118,6 +118,24 @@ TEST(CudaMemoryPlanTest, RejectsWhatTheBackendCannotRun) {
             absl::StatusCode::kInvalidArgument);
 }
 
+// What a fuzzer found: a segment length that does not divide N unfolds the batch into a call per
+// batch item and head group; a huge batch asked for gigabytes of calls. The plan refuses it, at
+// once and naming the count, and still plans the same problem with a modest batch.
+TEST(CudaMemoryPlanTest, RefusesProblemsOfTooManyBlockCalls) {
+  AttentionSpec spec;
+  spec.segment_lengths = {72, 211, 72, 129};
+  spec.dilation_rates = {65, 91, 1, 91};
+  spec.mode = AttentionMode::kMixture;
+  spec.head_offsets = HeadOffsets::kBlocked;
+  absl::StatusOr<CudaMemoryPlan> huge =
+      PlanCudaMemory(spec, 4207741, 1216, 39, 71, DType::kFloat16, false);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(huge.status().message().find("block calls"), std::string::npos) << huge.status();
+  EXPECT_NE(huge.status().message().find("B=4207741"), std::string::npos) << huge.status();
+  EXPECT_TRUE(PlanCudaMemory(spec, 4, 1216, 39, 71, DType::kFloat16, true).ok());
+}
+
 }  // namespace
 }  // namespace cuda
 }  // namespace dattn

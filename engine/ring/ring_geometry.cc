@@ -1,6 +1,7 @@
 #include "engine/ring/ring_geometry.h"
 
 #include <algorithm>
+#include <map>
 
 #include "absl/strings/str_cat.h"
 #include "engine/validate.h"
@@ -57,6 +58,9 @@ absl::StatusOr<RingGeometry> RingGeometry::Create(const AttentionSpec& spec, con
       p.heads.push_back(h);
       p.offsets.push_back(dilation::PatternOffset(spec, i, h, shape.num_heads));
     }
+    std::map<int64_t, int64_t> counts;
+    for (int64_t offset : p.offsets) ++counts[offset];
+    p.offset_counts.assign(counts.begin(), counts.end());
     geo.patterns_.push_back(std::move(p));
   }
   return geo;
@@ -81,21 +85,34 @@ int RingGeometry::LastRank(int pattern, int64_t segment) const {
   return static_cast<int>((Segment(pattern, segment).end - 1) / shard_len_);
 }
 
+namespace {
+
+// The rows j of a chunk [c.begin, c.end) that a head of offset `offset` selects in a segment
+// starting at `s0`: j such that s0 + offset + j r lies in the chunk.
+RowRange OffsetRows(const PositionRange& c, int64_t s0, int64_t offset, int64_t r) {
+  const int64_t base = s0 + offset;
+  const int64_t lo = CeilDiv(std::max<int64_t>(c.begin - base, 0), r);
+  const int64_t hi = CeilDiv(std::max<int64_t>(c.end - base, 0), r);
+  return {lo, std::max(lo, hi)};
+}
+
+}  // namespace
+
 RowRange RingGeometry::Rows(int pattern, int64_t segment, int rank, int slot) const {
   const PositionRange c = Chunk(pattern, segment, rank);
   if (c.empty()) return {0, 0};
   const Pattern& p = patterns_[pattern];
-  const int64_t base = Segment(pattern, segment).begin + p.offsets[slot];
-  // j such that base + j r in [c.begin, c.end).
-  const int64_t lo = CeilDiv(std::max<int64_t>(c.begin - base, 0), p.r);
-  const int64_t hi = CeilDiv(std::max<int64_t>(c.end - base, 0), p.r);
-  return {lo, std::max(lo, hi)};
+  return OffsetRows(c, Segment(pattern, segment).begin, p.offsets[slot], p.r);
 }
 
 int64_t RingGeometry::ChunkRows(int pattern, int64_t segment, int rank) const {
+  const PositionRange c = Chunk(pattern, segment, rank);
+  if (c.empty()) return 0;
+  const Pattern& p = patterns_[pattern];
+  const int64_t s0 = Segment(pattern, segment).begin;
   int64_t rows = 0;
-  for (size_t s = 0; s < patterns_[pattern].heads.size(); ++s) {
-    rows += Rows(pattern, segment, rank, static_cast<int>(s)).count();
+  for (const auto& [offset, heads] : p.offset_counts) {
+    rows += heads * OffsetRows(c, s0, offset, p.r).count();
   }
   return rows;
 }

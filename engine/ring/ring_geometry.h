@@ -20,6 +20,7 @@
 #define DATTN_ENGINE_RING_RING_GEOMETRY_H_
 
 #include <cstdint>
+#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -60,7 +61,11 @@ class RingGeometry {
     std::vector<int64_t>
         heads;  // Heads that use the pattern, ascending; a head's slot is its index.
     std::vector<int64_t> offsets;  // Offset of each slot's head.
-    double factor = 1;             // Output factor: 1/G in grouped mode, 1 in mixture mode.
+    // The distinct offsets (ascending) with how many slots share each: at most min(heads, r)
+    // entries. ChunkRows sums over these, not over heads: heads of one offset select the same rows
+    // (a ring of P ranks with H heads is planned in P^2 min(H, r) steps, not P^2 H).
+    std::vector<std::pair<int64_t, int64_t>> offset_counts;
+    double factor = 1;  // Output factor: 1/G in grouped mode, 1 in mixture mode.
   };
 
   // INVALID_ARGUMENT when P < 1, P does not divide N, a dimension is < 1, `rank` is outside [0, P),

@@ -19,6 +19,7 @@
 #include "client/printable.h"
 #include "client/submit_options.h"
 #include "client/suggest.h"
+#include "security/tokens.h"
 
 namespace dattn {
 namespace client {
@@ -181,6 +182,18 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       ->check(CLI::PositiveNumber);
   app.add_flag("--json", json,
                "Print machine-readable JSON (protobuf JSON of the API messages) instead of tables");
+  std::string tls_ca_flag;
+  std::string token_file_flag;
+  bool insecure_flag = false;
+  app.add_option("--tls-ca", tls_ca_flag,
+                 "Cluster CA (PEM) to check the coordinator's TLS certificate (default: "
+                 "$DATTN_TLS_CA); without one the connection is plaintext")
+      ->type_name("PATH");
+  app.add_option("--token-file", token_file_flag,
+                 "File whose first line is your bearer token (default: the token in $DATTN_TOKEN)")
+      ->type_name("PATH");
+  app.add_flag("--insecure", insecure_flag,
+               "Plaintext to a coordinator started --insecure, even with a token");
 
   // submit
   CLI::App* submit = app.add_subcommand("submit", "Submit an attention job");
@@ -286,6 +299,20 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   std::string undrain_worker;
   undrain->add_option("WORKER", undrain_worker, "Worker id or name")->required();
 
+  // token
+  CLI::App* token =
+      app.add_subcommand("token", "Make a client token (for the coordinator's admin)");
+  token->require_subcommand(1);
+  CLI::App* token_new = token->add_subcommand(
+      "new", "Print a new random token and its line for the coordinator's --token-file");
+  std::string token_tenant;
+  std::string token_role = "user";
+  std::string token_name;
+  token_new->add_option("--tenant", token_tenant, "Tenant of the token's jobs")->required();
+  token_new->add_option("--role", token_role, "user (own tenant) or admin (every tenant)")
+      ->check(CLI::IsMember({"user", "admin"}));
+  token_new->add_option("--name", token_name, "Label in the audit log (default: the hash prefix)");
+
   // health
   CLI::App* health = app.add_subcommand("health", "Ask the coordinator whether it is serving");
   std::string health_service;
@@ -331,10 +358,43 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     return UsageError(err, DescribeParseError(app, parsed, e.what()), command);
   }
 
+  if (token_new->parsed()) {
+    if (!dattn::security::ValidTenant(token_tenant)) {
+      return UsageError(err,
+                        absl::StrCat("--tenant \"", token_tenant,
+                                     "\" must be 1..64 characters of [A-Za-z0-9._-]"),
+                        "token new");
+    }
+    if (!token_name.empty() && token_name.find_first_of(" \t#") != std::string::npos) {
+      return UsageError(err, "--name must not contain spaces, tabs or '#'", "token new");
+    }
+    absl::StatusOr<std::string> secret = dattn::security::NewToken();
+    if (!secret.ok()) {
+      err << "dattn: error: " << secret.status().message() << '\n';
+      return kExitInternal;
+    }
+    out << "token (give it to its holder, who passes it with --token-file or DATTN_TOKEN; it is "
+           "shown only now):\n"
+        << *secret << "\n\nline for the coordinator's --token-file:\n"
+        << dattn::security::HashToken(*secret) << ' ' << token_tenant << ' ' << token_role
+        << (token_name.empty() ? "" : " " + token_name) << '\n';
+    return kExitOk;
+  }
+
   GlobalArgs global;
   global.coordinator =
       ResolveCoordinator(coordinator_flag, env.getenv ? env.getenv(kCoordinatorEnv) : nullptr);
   global.timeout = Seconds(timeout_seconds);
+  {
+    auto getenv = [&env](const char* name) { return env.getenv ? env.getenv(name) : nullptr; };
+    absl::StatusOr<ClientSecurity> security = ResolveSecurity(
+        tls_ca_flag, getenv(kTlsCaEnv), token_file_flag, getenv(kTokenEnv), insecure_flag);
+    if (!security.ok()) return UsageError(err, std::string(security.status().message()), "");
+    absl::StatusOr<std::shared_ptr<grpc::Channel>> channel =
+        MakeChannel(global.coordinator.address, *security);
+    if (!channel.ok()) return UsageError(err, std::string(channel.status().message()), "");
+    global.channel = *std::move(channel);
+  }
   global.json = json;
 
   try {

@@ -37,6 +37,7 @@
 #include "grpcpp/health_check_service_interface.h"
 #include "gtest/gtest.h"
 #include "nlohmann/json.hpp"
+#include "security/tokens.h"
 
 namespace dattn {
 namespace client {
@@ -79,10 +80,14 @@ class FakeJobService final : public v1::JobService::Service {
     int down_after = 0;                // Then the next N GetJob/WatchJob calls answer UNAVAILABLE.
   };
 
-  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
+  grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                          v1::SubmitJobResponse* response) override {
     absl::MutexLock lock(&mu_);
     submits_.push_back(*request);
+    auto auth = context->client_metadata().find("authorization");
+    authorizations_.push_back(auth == context->client_metadata().end()
+                                  ? ""
+                                  : std::string(auth->second.data(), auth->second.size()));
     if (!submit_status_.ok()) return submit_status_;
     v1::Job& job = jobs_["j-00000000000000a1"];
     job.set_job_id("j-00000000000000a1");
@@ -281,6 +286,10 @@ class FakeJobService final : public v1::JobService::Service {
     absl::MutexLock lock(&mu_);
     return watches_;
   }
+  std::vector<std::string> authorizations() {
+    absl::MutexLock lock(&mu_);
+    return authorizations_;
+  }
 
  private:
   absl::Mutex mu_;
@@ -294,6 +303,7 @@ class FakeJobService final : public v1::JobService::Service {
   grpc::Status submit_status_ ABSL_GUARDED_BY(mu_);
   absl::Duration get_delay_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::SubmitJobRequest> submits_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::string> authorizations_ ABSL_GUARDED_BY(mu_);  // Of each submit.
   std::vector<v1::GetJobRequest> gets_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::ListJobsRequest> lists_ ABSL_GUARDED_BY(mu_);
   std::vector<v1::CancelJobRequest> cancels_ ABSL_GUARDED_BY(mu_);
@@ -1599,6 +1609,53 @@ TEST_F(CliTest, HelpAndVersionExitZeroAndListExitCodes) {
   r = RunRaw({"health", "--coordinator", address_, "--json"});
   EXPECT_EQ(r.code, kExitOk) << r.err;
   EXPECT_EQ(nlohmann::json::parse(r.out)["status"], "SERVING");
+}
+
+// `dattn token new` prints a token and the token file's line for it: its SHA-256, tenant, role.
+TEST_F(CliTest, TokenNewPrintsATokenAndItsHashedLine) {
+  Result r = RunRaw({"token", "new", "--tenant", "team-a", "--role", "admin", "--name", "ci"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  std::vector<std::string> lines = absl::StrSplit(r.out, '\n');
+  ASSERT_GE(lines.size(), 5u) << r.out;
+  const std::string token = lines[1];
+  EXPECT_EQ(token.rfind("dattn_", 0), 0u) << r.out;
+  EXPECT_EQ(lines[4], security::HashToken(token) + " team-a admin ci");
+  EXPECT_EQ(r.out.find(token, r.out.find("sha256:")), std::string::npos)
+      << "the token itself must not be in the file's line";
+  r = RunRaw({"token", "new", "--tenant", "a/b"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("--tenant \"a/b\""));
+  r = RunRaw({"token", "new", "--tenant", "a", "--role", "root"});
+  EXPECT_EQ(r.code, kExitUsage);
+}
+
+// The token goes on every call as "Bearer <token>", from DATTN_TOKEN or --token-file; never in
+// plaintext unless --insecure says so.
+TEST_F(CliTest, TokensTravelInTheAuthorizationMetadata) {
+  vars_["DATTN_TOKEN"] = "dattn_secret";
+  Result r = Run(
+      {"submit", "--seq-len=4096", "--heads=8", "--head-dim=64", "--segments=1024", "--rates=1"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("a bearer token goes only over TLS"));
+  r = Run({"--insecure", "submit", "--seq-len=4096", "--heads=8", "--head-dim=64",
+           "--segments=1024", "--rates=1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  const std::string file = WriteTemp("token", "dattn_from_file\n");
+  r = Run({"--insecure", "--token-file", file, "submit", "--seq-len=4096", "--heads=8",
+           "--head-dim=64", "--segments=1024", "--rates=1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  vars_.erase("DATTN_TOKEN");
+  r = Run(
+      {"submit", "--seq-len=4096", "--heads=8", "--head-dim=64", "--segments=1024", "--rates=1"});
+  ASSERT_EQ(r.code, 0) << r.err;
+  EXPECT_THAT(jobs_.authorizations(),
+              ::testing::ElementsAre("Bearer dattn_secret", "Bearer dattn_from_file", ""));
+  r = Run({"--token-file", TempPath("no-such-token"), "list"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("cannot be read"));
+  r = Run({"--tls-ca", TempPath("no-such-ca.pem"), "list"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("--tls-ca"));
 }
 
 }  // namespace

@@ -35,7 +35,7 @@ Commands::Commands(GlobalArgs args, std::ostream& out, std::ostream& err, const 
       out_(out),
       err_(err),
       env_(env),
-      channel_(MakeChannel(args_.coordinator.address)),
+      channel_(args_.channel != nullptr ? args_.channel : *MakeChannel(args_.coordinator.address)),
       jobs_(v1::JobService::NewStub(channel_)),
       admin_(v1::AdminService::NewStub(channel_)) {}
 

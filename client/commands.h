@@ -24,6 +24,9 @@ namespace client {
 
 struct GlobalArgs {
   Coordinator coordinator;
+  // The channel to the coordinator (TLS and token as connection.h resolves them); null: a
+  // plaintext channel to coordinator.address.
+  std::shared_ptr<grpc::Channel> channel;
   absl::Duration timeout = absl::Seconds(10);  // Deadline of each unary RPC.
   bool json = false;
 };

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The main job: a coordinator and two CPU workers on loopback with a data directory, a real attention
 # job submitted through the dattn CLI and watched to completion, its result, and where the metrics are.
+# Secure as a real cluster (docs/SECURITY.md): a CA and certificates from scripts/make-certs.sh (TLS,
+# workers with certificates), and a client token from `dattn token new`.
 #
 #   scripts/demo.sh          run the demo, then shut everything down gracefully (SIGTERM)
 #   scripts/demo.sh --keep   leave the daemons running until Ctrl-C
@@ -48,9 +50,22 @@ stop_all() {
 trap stop_all EXIT
 trap 'exit 130' INT TERM
 
+echo "== a cluster CA and certificates ($dir/certs, scripts/make-certs.sh) and an admin token"
+scripts/make-certs.sh "$dir/certs" --hosts localhost,127.0.0.1 --worker cpu-0 --worker cpu-1 >/dev/null
+if [ ! -f "$dir/token" ]; then
+  (umask 077; dattn token new --tenant demo --role admin --name demo-admin > "$dir/token-new.txt")
+  sed -n 2p "$dir/token-new.txt" > "$dir/token"
+  sed -n 5p "$dir/token-new.txt" > "$dir/tokens"
+  rm -f "$dir/token-new.txt"
+fi
+export DATTN_TLS_CA="$dir/certs/ca.pem"
+DATTN_TOKEN=$(cat "$dir/token")
+export DATTN_TOKEN
+
 echo "== starting dattn-coordinator on 127.0.0.1:$port (store in $dir/data, log $dir/coordinator.log)"
 dattn-coordinator --listen="127.0.0.1:$port" --metrics-listen="127.0.0.1:$metrics_port" \
-  --data-dir="$dir/data" 2>"$dir/coordinator.log" &
+  --data-dir="$dir/data" --tls-ca="$dir/certs/ca.pem" --tls-cert="$dir/certs/coordinator.pem" \
+  --tls-key="$dir/certs/coordinator-key.pem" --token-file="$dir/tokens" 2>"$dir/coordinator.log" &
 pids+=($!)
 for _ in $(seq 100); do
   grep -q "listening on" "$dir/coordinator.log" && break
@@ -61,8 +76,9 @@ done
 threads=$(( $(nproc) / 2 )); [ "$threads" -ge 1 ] || threads=1
 for i in 0 1; do
   echo "== starting dattn-worker cpu-$i ($threads engine threads, log $dir/worker-$i.log)"
-  dattn-worker --coordinator="$DATTN_COORDINATOR" --name="cpu-$i" \
-    --threads="$threads" 2>"$dir/worker-$i.log" &
+  dattn-worker --coordinator="$DATTN_COORDINATOR" --name="cpu-$i" --threads="$threads" \
+    --tls-ca="$dir/certs/ca.pem" --tls-cert="$dir/certs/cpu-$i.pem" \
+    --tls-key="$dir/certs/cpu-$i-key.pem" 2>"$dir/worker-$i.log" &
   pids+=($!)
 done
 for _ in $(seq 100); do
@@ -91,6 +107,6 @@ curl -sf "http://127.0.0.1:$metrics_port/metrics" |
 
 if [ "$keep" = 1 ]; then
   echo
-  echo "== running; try: DATTN_COORDINATOR=$DATTN_COORDINATOR dattn list   (Ctrl-C stops)"
+  echo "== running; try: DATTN_COORDINATOR=$DATTN_COORDINATOR DATTN_TLS_CA=$DATTN_TLS_CA DATTN_TOKEN=\$(cat $dir/token) dattn list   (Ctrl-C stops)"
   wait
 fi

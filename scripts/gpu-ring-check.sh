@@ -120,7 +120,8 @@ cleanup() {
 trap cleanup EXIT
 
 # The coordinator, on ephemeral ports; it prints the real ones once ready.
-"$coordinator" --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+# Plaintext (--insecure): one machine, loopback only, a throwaway cluster for measurements.
+"$coordinator" --insecure --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
   --data-dir "$out/data" --ring-formation-timeout-ms 120000 --heartbeat-ms 1000 \
   2>"$out/coordinator.log" &
 pids+=($!)
@@ -144,7 +145,7 @@ for ((i = 0; i < gpus; i++)); do
   else
     where=(--gpu --gpu-index "$i")
   fi
-  "$worker" "${where[@]}" --name "$device-$i" --coordinator "$addr" \
+  "$worker" --insecure "${where[@]}" --name "$device-$i" --coordinator "$addr" \
     --health-port 0 --slots 1 2>"$out/worker-$i.log" &
   pids+=($!)
 done

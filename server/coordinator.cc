@@ -41,6 +41,7 @@ Coordinator::Coordinator(CoordinatorOptions options, Metrics* metrics)
              metrics_),
       dispatcher_(DispatcherOptions{options_.starvation_bound, options_.feasibility_settle},
                   metrics_),
+      quotas_(options_.quotas),
       runner_(&mu_, &book_, &workers_, &rings_, &dispatcher_, metrics_, clock_, &drain_cv_,
               RunnerOptions{options_.max_attempts, options_.progress_persist_interval,
                             options_.ring_formation_timeout}),
@@ -314,7 +315,8 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
     if (absl::Status s = CheckWritableLocked(); !s.ok()) return s;
   }
   // A retry of an accepted job is answered whatever the cluster looks like now.
-  absl::StatusOr<StoredJob> existing = store_->GetJobByKey(request.idempotency_key());
+  absl::StatusOr<StoredJob> existing =
+      store_->GetJobByKey(request.spec().tenant(), request.idempotency_key());
   if (!existing.ok() && !absl::IsNotFound(existing.status())) return existing.status();
 
   v1::Job job;
@@ -322,6 +324,15 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   {
     absl::MutexLock lock(&mu_);
     if (!existing.ok()) {
+      // Quotas count only what would create a job: a retry of an accepted one was answered above.
+      const std::string tenant =
+          request.spec().tenant().empty() ? "default" : request.spec().tenant();
+      int64_t queued = 0;
+      for (const JobRun* run : book_.Runs()) {
+        const std::string& t = run->job.spec().tenant();
+        queued += run->job.state() == v1::JOB_STATE_QUEUED && (t.empty() ? "default" : t) == tenant;
+      }
+      if (absl::Status s = quotas_.Admit(tenant, queued, Now()); !s.ok()) return s;
       const int64_t ready = workers_.ReadyCount();
       absl::Status feasible =
           dispatcher_.CheckFeasible(*spec->analysis, workers_.View(/*for_placement=*/false), ready);
@@ -375,6 +386,10 @@ absl::StatusOr<v1::Job> Coordinator::GetJob(const v1::GetJobRequest& request) {
     if (absl::Status s = CheckPhaseLocked(/*submit=*/false); !s.ok()) return s;
   }
   return reader_.GetJob(request);
+}
+
+absl::Status Coordinator::JobNotFound(const std::string& job_id) const {
+  return reader_.Explain(absl::NotFoundError(absl::StrCat("job \"", job_id, "\" not found")));
 }
 
 absl::StatusOr<v1::ListJobsResponse> Coordinator::ListJobs(const v1::ListJobsRequest& request) {

@@ -117,6 +117,7 @@
 #include "server/requests.h"
 #include "server/result_store.h"
 #include "server/ring_rendezvous.h"
+#include "server/tenant_quotas.h"
 #include "server/work_kind.h"
 #include "server/worker_registry.h"
 
@@ -157,6 +158,9 @@ class Coordinator {
   // The job as last committed, with live progress and queue_position while QUEUED; events if asked.
   // No tensor: outputs are read with ReadOutput. NOT_FOUND naming the id.
   absl::StatusOr<v1::Job> GetJob(const v1::GetJobRequest& request);
+  // The NOT_FOUND that GetJob answers for a job id that does not exist (what a user is told of
+  // another tenant's job: the two must not be told apart).
+  absl::Status JobNotFound(const std::string& job_id) const;
   // A page of job summaries, newest first (JobStore::List), showing active jobs as the coordinator
   // knows them now; no tensor. INVALID_ARGUMENT for a bad filter, page size or token.
   absl::StatusOr<v1::ListJobsResponse> ListJobs(const v1::ListJobsRequest& request);
@@ -289,6 +293,7 @@ class Coordinator {
   WorkerRegistry workers_ ABSL_GUARDED_BY(mu_);
   RingRendezvous rings_ ABSL_GUARDED_BY(mu_);
   Dispatcher dispatcher_ ABSL_GUARDED_BY(mu_);
+  TenantQuotas quotas_ ABSL_GUARDED_BY(mu_);
   // The acting roles: they hold mu_ and the state roles by pointer, and each method takes mu_ or
   // asserts that it is held (their headers say which).
   JobRunner runner_;

@@ -323,6 +323,43 @@ TEST_F(CoordinatorTest, IdempotentResubmit) {
   EXPECT_THAT(metrics_->Serialize(), HasSubstr("dattn_jobs_submitted_total{kind=\"attention\"} 1"));
 }
 
+// Per-tenant quotas refuse a new job with RESOURCE_EXHAUSTED naming the quota; a retry of an
+// accepted job is answered whatever the quota says; another tenant has its own.
+TEST_F(CoordinatorTest, TenantQuotasRefuseNewJobsButNotRetries) {
+  options_.quotas.max_queued_jobs = 2;
+  UseFakeClock();
+  v1::SubmitJobRequest a1 = ValidRequest("a1"), a2 = ValidRequest("a2"), a3 = ValidRequest("a3");
+  for (v1::SubmitJobRequest* r : {&a1, &a2, &a3}) r->mutable_spec()->set_tenant("alice");
+  const v1::Job first = Submit(a1);
+  Submit(a2);
+  absl::StatusOr<v1::SubmitJobResponse> third = coordinator_->SubmitJob(a3);
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(
+      std::string(third.status().message()),
+      HasSubstr("tenant \"alice\" has 2 queued jobs, its quota (--tenant-max-queued-jobs 2)"));
+  absl::StatusOr<v1::SubmitJobResponse> retry = coordinator_->SubmitJob(a1);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_FALSE(retry->created());
+  EXPECT_EQ(retry->job().job_id(), first.job_id());
+  v1::SubmitJobRequest b1 = ValidRequest("b1");
+  b1.mutable_spec()->set_tenant("bob");
+  EXPECT_TRUE(coordinator_->SubmitJob(b1).ok());
+  // A job that leaves the queue makes room.
+  ASSERT_TRUE(Cancel(first.job_id()).ok());
+  EXPECT_TRUE(coordinator_->SubmitJob(a3).ok());
+}
+
+TEST_F(CoordinatorTest, TenantSubmitRateFollowsTheClock) {
+  options_.quotas.submits_per_second = 1;
+  UseFakeClock();
+  EXPECT_TRUE(coordinator_->SubmitJob(ValidRequest("r1")).ok());
+  absl::StatusOr<v1::SubmitJobResponse> fast = coordinator_->SubmitJob(ValidRequest("r2"));
+  EXPECT_EQ(fast.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(fast.status().message()), HasSubstr("--tenant-submits-per-second"));
+  clock_.Advance(absl::Seconds(1));
+  EXPECT_TRUE(coordinator_->SubmitJob(ValidRequest("r2")).ok());
+}
+
 TEST_F(CoordinatorTest, InfeasibleJobIsRejectedWithPlannerNumbers) {
   AddWorker("tiny", /*memory=*/1024);
   absl::StatusOr<v1::SubmitJobResponse> response = coordinator_->SubmitJob(ValidRequest("big"));

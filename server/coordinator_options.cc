@@ -19,6 +19,14 @@ bool IsIpv4(const std::string& host) {
 
 absl::Status ValidateCoordinatorOptions(const CoordinatorOptions& o) {
   if (o.data_dir.empty()) return absl::InvalidArgumentError("data_dir: required");
+  if (o.quotas.max_queued_jobs < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("quotas.max_queued_jobs: must be >= 0, got ", o.quotas.max_queued_jobs));
+  }
+  if (!(o.quotas.submits_per_second >= 0)) {  // Also refuses NaN.
+    return absl::InvalidArgumentError(
+        absl::StrCat("quotas.submits_per_second: must be >= 0, got ", o.quotas.submits_per_second));
+  }
   const std::pair<const char*, absl::Duration> positive[] = {
       {"dead_after", o.dead_after},
       {"heartbeat_interval", o.heartbeat_interval},

@@ -8,6 +8,7 @@
 #include "absl/time/time.h"
 #include "base/clock.h"
 #include "server/job_store.h"
+#include "server/tenant_quotas.h"
 
 namespace dattn {
 namespace server {
@@ -55,6 +56,8 @@ struct CoordinatorOptions {
   // Finished jobs, their history and outputs are deleted this long after they finished;
   // absl::InfiniteDuration() keeps them for ever. > 0.
   absl::Duration retention = absl::Hours(24 * 7);
+  // Per-tenant quotas on submits (tenant_quotas.h); zeros: none.
+  QuotaOptions quotas;
 };
 
 // INVALID_ARGUMENT naming the first bad option and its value; OK otherwise.

@@ -86,81 +86,155 @@ class CallRunner {
 
 class JobServiceImpl final : public v1::JobService::Service {
  public:
-  JobServiceImpl(Coordinator* coordinator, Metrics* metrics)
-      : core_(coordinator), calls_(metrics) {}
+  JobServiceImpl(Coordinator* coordinator, Metrics* metrics, const Access* access)
+      : core_(coordinator), calls_(metrics), access_(access) {}
 
-  grpc::Status SubmitJob(grpc::ServerContext*, const v1::SubmitJobRequest* request,
+  grpc::Status SubmitJob(grpc::ServerContext* context, const v1::SubmitJobRequest* request,
                          v1::SubmitJobResponse* response) override {
-    return calls_.Run(kSubmitJob, [&] { return Assign(core_->SubmitJob(*request), response); });
+    return calls_.Run(kSubmitJob, [&]() -> absl::Status {
+      absl::StatusOr<security::Principal> caller = access_->Caller(*context);
+      if (!caller.ok()) return caller.status();
+      v1::SubmitJobRequest scoped = *request;
+      if (absl::Status s = Access::ScopeSubmit(*caller, scoped.mutable_spec()); !s.ok()) return s;
+      return Assign(core_->SubmitJob(scoped), response);
+    });
   }
-  grpc::Status GetJob(grpc::ServerContext*, const v1::GetJobRequest* request,
+  grpc::Status GetJob(grpc::ServerContext* context, const v1::GetJobRequest* request,
                       v1::Job* response) override {
-    return calls_.Run(kGetJob, [&] { return Assign(core_->GetJob(*request), response); });
+    return calls_.Run(kGetJob, [&]() -> absl::Status {
+      absl::StatusOr<security::Principal> caller = access_->Caller(*context);
+      if (!caller.ok()) return caller.status();
+      absl::StatusOr<v1::Job> job = core_->GetJob(*request);
+      if (job.ok() && !Access::MaySee(*caller, *job)) return core_->JobNotFound(request->job_id());
+      return Assign(std::move(job), response);
+    });
   }
-  grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
+  grpc::Status ListJobs(grpc::ServerContext* context, const v1::ListJobsRequest* request,
                         v1::ListJobsResponse* response) override {
-    return calls_.Run(kListJobs, [&] { return Assign(core_->ListJobs(*request), response); });
+    return calls_.Run(kListJobs, [&]() -> absl::Status {
+      absl::StatusOr<security::Principal> caller = access_->Caller(*context);
+      if (!caller.ok()) return caller.status();
+      v1::ListJobsRequest scoped = *request;
+      if (caller->role != security::Role::kAdmin) {
+        if (!scoped.tenant().empty() && scoped.tenant() != caller->tenant) {
+          return absl::PermissionDeniedError(
+              absl::StrCat("tenant \"", scoped.tenant().substr(0, 64),
+                           "\": a user lists its own tenant's jobs only (", caller->tenant, ")"));
+        }
+        scoped.set_tenant(caller->tenant);
+      }
+      return Assign(core_->ListJobs(scoped), response);
+    });
   }
-  grpc::Status CancelJob(grpc::ServerContext*, const v1::CancelJobRequest* request,
+  grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                          v1::Job* response) override {
-    return calls_.Run(kCancelJob, [&] { return Assign(core_->CancelJob(*request), response); });
+    return calls_.Run(kCancelJob, [&]() -> absl::Status {
+      absl::StatusOr<security::Principal> caller = access_->Caller(*context);
+      if (!caller.ok()) return caller.status();
+      absl::StatusOr<bool> foreign = Foreign(*caller, request->job_id());
+      if (!foreign.ok()) return foreign.status();
+      absl::Status done = Assign(core_->CancelJob(*request), response);
+      if (*foreign) access_->Audit(*caller, *context, kCancelJob, request->job_id(), done);
+      return done;
+    });
   }
   grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                         grpc::ServerWriter<v1::JobEvent>* writer) override {
-    return calls_.Run(kWatchJob, [&] {
+    return calls_.Run(kWatchJob, [&]() -> absl::Status {
+      absl::StatusOr<security::Principal> caller = access_->Caller(*context);
+      if (!caller.ok()) return caller.status();
+      if (absl::StatusOr<bool> f = Foreign(*caller, request->job_id()); !f.ok()) return f.status();
       return core_->WatchJob(
           *request, [writer](const v1::JobEvent& event) { return writer->Write(event); },
           [context] { return context->IsCancelled(); });
     });
   }
-  grpc::Status ReadOutput(grpc::ServerContext*, const v1::ReadOutputRequest* request,
+  grpc::Status ReadOutput(grpc::ServerContext* context, const v1::ReadOutputRequest* request,
                           grpc::ServerWriter<v1::TensorChunk>* writer) override {
-    return calls_.Run(kReadOutput, [&] {
+    return calls_.Run(kReadOutput, [&]() -> absl::Status {
+      absl::StatusOr<security::Principal> caller = access_->Caller(*context);
+      if (!caller.ok()) return caller.status();
+      if (absl::StatusOr<bool> f = Foreign(*caller, request->job_id()); !f.ok()) return f.status();
       return core_->ReadOutput(
           *request, [writer](const v1::TensorChunk& chunk) { return writer->Write(chunk); });
     });
   }
-  grpc::Status DeleteJob(grpc::ServerContext*, const v1::DeleteJobRequest* request,
+  grpc::Status DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
                          v1::DeleteJobResponse* response) override {
-    return calls_.Run(kDeleteJob, [&] { return Assign(core_->DeleteJob(*request), response); });
+    return calls_.Run(kDeleteJob, [&]() -> absl::Status {
+      absl::StatusOr<security::Principal> caller = access_->Caller(*context);
+      if (!caller.ok()) return caller.status();
+      absl::StatusOr<bool> foreign = Foreign(*caller, request->job_id());
+      if (!foreign.ok()) return foreign.status();
+      absl::Status done = Assign(core_->DeleteJob(*request), response);
+      if (*foreign) access_->Audit(*caller, *context, kDeleteJob, request->job_id(), done);
+      return done;
+    });
   }
 
  private:
+  // Whether `job_id` belongs to another tenant than the caller's (an admin's business, audited).
+  // A user asking for another tenant's job gets the NOT_FOUND of a job that does not exist; a job
+  // that does not exist is left to the call itself to report.
+  absl::StatusOr<bool> Foreign(const security::Principal& caller, const std::string& job_id) {
+    if (!access_->authenticates()) return false;
+    v1::GetJobRequest get;
+    get.set_job_id(job_id);
+    get.set_max_events(1);
+    absl::StatusOr<v1::Job> job = core_->GetJob(get);
+    if (!job.ok()) return false;
+    if (JobTenant(*job) == caller.tenant) return false;
+    if (!Access::MaySee(caller, *job)) return core_->JobNotFound(job_id);
+    return true;
+  }
+
   Coordinator* const core_;
   const CallRunner calls_;
+  const Access* const access_;
 };
 
 class WorkerRegistryImpl final : public v1::WorkerRegistry::Service {
  public:
-  WorkerRegistryImpl(Coordinator* coordinator, Metrics* metrics)
-      : core_(coordinator), calls_(metrics) {}
+  WorkerRegistryImpl(Coordinator* coordinator, Metrics* metrics, const Access* access)
+      : core_(coordinator), calls_(metrics), access_(access) {}
 
-  grpc::Status RegisterWorker(grpc::ServerContext*, const v1::RegisterWorkerRequest* request,
+  grpc::Status RegisterWorker(grpc::ServerContext* context,
+                              const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override {
-    return calls_.Run(kRegisterWorker,
-                      [&] { return Assign(core_->RegisterWorker(*request), response); });
+    return calls_.Run(kRegisterWorker, [&]() -> absl::Status {
+      if (absl::Status s = access_->CheckWorker(*context, kRegisterWorker); !s.ok()) return s;
+      return Assign(core_->RegisterWorker(*request), response);
+    });
   }
-  grpc::Status Heartbeat(grpc::ServerContext*, const v1::HeartbeatRequest* request,
+  grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override {
-    return calls_.Run(kHeartbeat, [&] { return Assign(core_->Heartbeat(*request), response); });
+    return calls_.Run(kHeartbeat, [&]() -> absl::Status {
+      if (absl::Status s = access_->CheckWorker(*context, kHeartbeat); !s.ok()) return s;
+      return Assign(core_->Heartbeat(*request), response);
+    });
   }
   grpc::Status StreamAssignments(grpc::ServerContext* context,
                                  const v1::StreamAssignmentsRequest* request,
                                  grpc::ServerWriter<v1::WorkerCommand>* writer) override {
-    return calls_.Run(kStreamAssignments, [&] {
+    return calls_.Run(kStreamAssignments, [&]() -> absl::Status {
+      if (absl::Status s = access_->CheckWorker(*context, kStreamAssignments); !s.ok()) return s;
       return core_->StreamAssignments(
           *request, [writer](const v1::WorkerCommand& command) { return writer->Write(command); },
           [context] { return context->IsCancelled(); });
     });
   }
-  grpc::Status ReportTask(grpc::ServerContext*, const v1::TaskReport* request,
+  grpc::Status ReportTask(grpc::ServerContext* context, const v1::TaskReport* request,
                           v1::ReportTaskResponse* response) override {
-    return calls_.Run(kReportTask, [&] { return Assign(core_->ReportTask(*request), response); });
+    return calls_.Run(kReportTask, [&]() -> absl::Status {
+      if (absl::Status s = access_->CheckWorker(*context, kReportTask); !s.ok()) return s;
+      return Assign(core_->ReportTask(*request), response);
+    });
   }
-  grpc::Status UploadOutput(grpc::ServerContext*,
+  grpc::Status UploadOutput(grpc::ServerContext* context,
                             grpc::ServerReader<v1::UploadOutputRequest>* reader,
                             v1::UploadOutputResponse* response) override {
-    return calls_.Run(kUploadOutput, [&] {
+    return calls_.Run(kUploadOutput, [&]() -> absl::Status {
+      if (absl::Status s = access_->CheckWorker(*context, kUploadOutput); !s.ok()) return s;
       v1::UploadOutputRequest first;
       if (!reader->Read(&first)) {
         return absl::InvalidArgumentError("UploadOutput: the stream carried no message");
@@ -175,30 +249,52 @@ class WorkerRegistryImpl final : public v1::WorkerRegistry::Service {
  private:
   Coordinator* const core_;
   const CallRunner calls_;
+  const Access* const access_;
 };
 
 class AdminServiceImpl final : public v1::AdminService::Service {
  public:
-  AdminServiceImpl(Coordinator* coordinator, Metrics* metrics)
-      : core_(coordinator), calls_(metrics) {}
+  AdminServiceImpl(Coordinator* coordinator, Metrics* metrics, const Access* access)
+      : core_(coordinator), calls_(metrics), access_(access) {}
 
-  grpc::Status ListWorkers(grpc::ServerContext*, const v1::ListWorkersRequest* request,
+  grpc::Status ListWorkers(grpc::ServerContext* context, const v1::ListWorkersRequest* request,
                            v1::ListWorkersResponse* response) override {
-    return calls_.Run(kListWorkers, [&] { return Assign(core_->ListWorkers(*request), response); });
+    return calls_.Run(kListWorkers, [&] {
+      return Admin(*context, kListWorkers, "",
+                   [&] { return Assign(core_->ListWorkers(*request), response); });
+    });
   }
-  grpc::Status DrainWorker(grpc::ServerContext*, const v1::DrainWorkerRequest* request,
+  grpc::Status DrainWorker(grpc::ServerContext* context, const v1::DrainWorkerRequest* request,
                            v1::Worker* response) override {
-    return calls_.Run(kDrainWorker, [&] { return Assign(core_->DrainWorker(*request), response); });
+    return calls_.Run(kDrainWorker, [&] {
+      return Admin(*context, kDrainWorker, request->worker_id(),
+                   [&] { return Assign(core_->DrainWorker(*request), response); });
+    });
   }
-  grpc::Status UndrainWorker(grpc::ServerContext*, const v1::UndrainWorkerRequest* request,
+  grpc::Status UndrainWorker(grpc::ServerContext* context, const v1::UndrainWorkerRequest* request,
                              v1::Worker* response) override {
-    return calls_.Run(kUndrainWorker,
-                      [&] { return Assign(core_->UndrainWorker(*request), response); });
+    return calls_.Run(kUndrainWorker, [&] {
+      return Admin(*context, kUndrainWorker, request->worker_id(),
+                   [&] { return Assign(core_->UndrainWorker(*request), response); });
+    });
   }
 
  private:
+  // Authenticates, requires the admin role, runs `call` and audits the attempt (refused or not).
+  template <typename Fn>
+  absl::Status Admin(const grpc::ServerContext& context, const char* method,
+                     const std::string& target, Fn&& call) {
+    absl::StatusOr<security::Principal> caller = access_->Caller(context);
+    if (!caller.ok()) return caller.status();
+    absl::Status status = Access::RequireAdmin(*caller, method);
+    if (status.ok()) status = call();
+    access_->Audit(*caller, context, method, target, status);
+    return status;
+  }
+
   Coordinator* const core_;
   const CallRunner calls_;
+  const Access* const access_;
 };
 
 }  // namespace
@@ -214,8 +310,10 @@ grpc::Status ToGrpcStatus(const absl::Status& status) {
 
 class GrpcServer::Services {
  public:
-  Services(Coordinator* coordinator, Metrics* metrics)
-      : jobs(coordinator, metrics), workers(coordinator, metrics), admin(coordinator, metrics) {}
+  Services(Coordinator* coordinator, Metrics* metrics, const Access* access)
+      : jobs(coordinator, metrics, access),
+        workers(coordinator, metrics, access),
+        admin(coordinator, metrics, access) {}
   JobServiceImpl jobs;
   WorkerRegistryImpl workers;
   AdminServiceImpl admin;
@@ -224,14 +322,21 @@ class GrpcServer::Services {
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string& address,
                                                               Coordinator* coordinator,
-                                                              Metrics* metrics) {
+                                                              Metrics* metrics,
+                                                              GrpcServerOptions options) {
   const size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon + 1 == address.size()) {
     return absl::InvalidArgumentError(
         absl::StrCat("listen address must be HOST:PORT, got \"", address, "\""));
   }
   std::unique_ptr<GrpcServer> server(new GrpcServer());
-  server->services_ = std::make_unique<Services>(coordinator, metrics);
+  if (options.access == nullptr) {
+    absl::StatusOr<std::unique_ptr<Access>> open = Access::Create(AccessOptions{});
+    if (!open.ok()) return open.status();
+    server->own_access_ = *std::move(open);
+    options.access = server->own_access_.get();
+  }
+  server->services_ = std::make_unique<Services>(coordinator, metrics, options.access);
   // Process-wide switch; must be on before the server is built.
   grpc::EnableDefaultHealthCheckService(true);
   grpc::ServerBuilder builder;
@@ -239,7 +344,9 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string&
   // gRPC enables SO_REUSEPORT by default; then a second coordinator on the same address would bind
   // too and take half the calls. A port in use must be an error.
   builder.AddChannelArgument(GRPC_ARG_ALLOW_REUSEPORT, 0);
-  builder.AddListeningPort(address, grpc::InsecureServerCredentials(), &port);
+  builder.AddListeningPort(
+      address, options.credentials ? options.credentials : grpc::InsecureServerCredentials(),
+      &port);
   builder.SetMaxReceiveMessageSize(api::kMaxMessageBytes);
   builder.SetMaxSendMessageSize(api::kMaxMessageBytes);
   builder.RegisterService(&server->services_->jobs);

@@ -18,6 +18,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "grpcpp/grpcpp.h"
+#include "server/access.h"
 #include "server/coordinator.h"
 #include "server/metrics.h"
 
@@ -27,6 +28,14 @@ namespace server {
 // absl::Status -> grpc::Status: the code through one table, the message unchanged.
 grpc::Status ToGrpcStatus(const absl::Status& status);
 
+struct GrpcServerOptions {
+  // TLS (security/tls.h); null: plaintext.
+  std::shared_ptr<grpc::ServerCredentials> credentials;
+  // Who may call what (access.h); not owned, outlives the server. Null: no checks at all (an
+  // Access without tokens, certificates or audit log).
+  const Access* access = nullptr;
+};
+
 class GrpcServer {
  public:
   // Serves the three services for `coordinator` on `address` ("127.0.0.1:7070"; port 0 picks a free
@@ -34,7 +43,8 @@ class GrpcServer {
   // starts NOT_SERVING. UNAVAILABLE naming the address if it cannot listen.
   static absl::StatusOr<std::unique_ptr<GrpcServer>> Start(const std::string& address,
                                                            Coordinator* coordinator,
-                                                           Metrics* metrics);
+                                                           Metrics* metrics,
+                                                           GrpcServerOptions options = {});
   // Shutdown(now) if not done yet.
   ~GrpcServer();
 
@@ -52,6 +62,7 @@ class GrpcServer {
   class Services;
   GrpcServer() = default;
 
+  std::unique_ptr<Access> own_access_;  // When options.access was null.
   std::unique_ptr<Services> services_;
   std::unique_ptr<grpc::Server> server_;
   std::string address_;

@@ -96,9 +96,10 @@ class JobReader {
   // Ends every watch (UNAVAILABLE) and makes new ones fail at once. Requires the mutex.
   void Close();
 
- private:
   // A NOT_FOUND job may have been deleted by retention: the message says so.
   absl::Status Explain(const absl::Status& status) const;
+
+ private:
   // A stored finished job's expire_time (none while retention is infinite).
   void SetExpireTime(v1::Job* job) const;
 

@@ -39,9 +39,10 @@ struct WriteOp {
 
   v1::Job job;  // Submit: the job to insert (returned in the outcome). Update: unused.
   std::string job_id;
-  std::string idempotency_key;
-  std::string job_blob;   // Serialized job as stored.
-  std::string spec_blob;  // Deterministic serialization of the spec.
+  std::string idempotency_key;      // Scoped: ScopedIdempotencyKey.
+  std::string raw_idempotency_key;  // As the client gave it, for messages.
+  std::string job_blob;             // Serialized job as stored.
+  std::string spec_blob;            // Deterministic serialization of the spec.
   std::string spec_hash;
   v1::JobState state = v1::JOB_STATE_UNSPECIFIED;
   std::string tenant;
@@ -120,6 +121,14 @@ std::string TenantColumn(const v1::JobSpec& spec) {
   return spec.tenant().empty() ? "default" : spec.tenant();
 }
 
+}  // namespace
+
+std::string ScopedIdempotencyKey(absl::string_view spec_tenant, absl::string_view key) {
+  return absl::StrCat(spec_tenant.empty() ? "default" : spec_tenant, "/", key);
+}
+
+namespace {
+
 // Checks the fields both writes share and fills the op's copy of the event.
 absl::Status PrepareEvent(const v1::Job& job, const v1::JobEvent& event, WriteOp* op) {
   if (!event.job_id().empty() && event.job_id() != job.job_id()) {
@@ -143,7 +152,8 @@ absl::Status PrepareEvent(const v1::Job& job, const v1::JobEvent& event, WriteOp
 void PrepareJob(const v1::Job& job, WriteOp* op) {
   const bool submit = op->kind == WriteOp::Kind::kSubmit;
   op->job_id = job.job_id();
-  op->idempotency_key = job.idempotency_key();
+  op->idempotency_key = ScopedIdempotencyKey(job.spec().tenant(), job.idempotency_key());
+  op->raw_idempotency_key = job.idempotency_key();
   op->state = job.state();
   op->tenant = TenantColumn(job.spec());
   op->kind_name = std::string(JobKind(job.spec()));
@@ -634,9 +644,9 @@ absl::Status JobStore::ApplySubmit(WriteOp* op, int64_t* next_submit_seq) {
           return absl::OkStatus();
         }
       }
-      op->status = absl::AlreadyExistsError(absl::StrCat("idempotency key \"", op->idempotency_key,
-                                                         "\" is already used by job ", existing_id,
-                                                         " with a different spec"));
+      op->status = absl::AlreadyExistsError(
+          absl::StrCat("idempotency key \"", op->raw_idempotency_key, "\" is already used by job ",
+                       existing_id, " with a different spec"));
       return absl::OkStatus();
     }
   }

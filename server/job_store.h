@@ -131,6 +131,12 @@ struct JobStoreStats {
 // ("attention"), or "none" when no work is set.
 std::string JobKind(const v1::JobSpec& spec);
 
+// What the idempotency_key column holds: "TENANT/KEY", the tenant as the tenant column stores it
+// ("default" for an empty spec.tenant), so that keys are per tenant (one tenant's key never finds
+// or blocks another's job). Tenants cannot contain '/' (requests.cc), so the pair is unambiguous.
+// Stores written before schema version 3 are migrated to it.
+std::string ScopedIdempotencyKey(absl::string_view spec_tenant, absl::string_view key);
+
 class JobStore {
  public:
   // Opens (creating if missing, with any missing parent directories) the store at `path` and starts
@@ -184,7 +190,9 @@ class JobStore {
 
   // The stored job. NOT_FOUND naming the id / key.
   absl::StatusOr<StoredJob> GetJob(absl::string_view job_id);
-  absl::StatusOr<StoredJob> GetJobByKey(absl::string_view idempotency_key);
+  // Idempotency keys are per tenant: `tenant` is the spec's ("" = "default").
+  absl::StatusOr<StoredJob> GetJobByKey(absl::string_view tenant,
+                                        absl::string_view idempotency_key);
 
   // The job's events with seq > after_seq in seq order, at most `limit` of them (0 = all).
   // NOT_FOUND naming the id for an unknown job; INVALID_ARGUMENT for a negative after_seq or limit.

@@ -30,6 +30,7 @@ namespace {
 
 using store_test::Ev;
 using store_test::MakeJob;
+using store_test::Move;
 using store_test::OpenOrDie;
 using store_test::TestDir;
 using ::testing::HasSubstr;
@@ -245,6 +246,59 @@ TEST(JobStoreTest, NewerSchemaIsRefused) {
   absl::StatusOr<std::unique_ptr<JobStore>> store = JobStore::Open(path);
   EXPECT_EQ(store.status().code(), absl::StatusCode::kFailedPrecondition) << store.status();
   EXPECT_THAT(store.status().message(), HasSubstr("schema version 99"));
+}
+
+// Idempotency keys are per tenant: the same key in two tenants makes two jobs, a key never finds
+// or blocks another tenant's job, and a clash names the key as the client gave it.
+TEST(JobStoreTest, IdempotencyKeysArePerTenant) {
+  auto store = OpenOrDie(TestDir() + "/jobs.db");
+  ASSERT_NE(store, nullptr);
+  absl::StatusOr<SubmitOutcome> a =
+      store->Submit(MakeJob("j-a", "shared", "alice"), Ev("submitted"));
+  ASSERT_TRUE(a.ok()) << a.status();
+  absl::StatusOr<SubmitOutcome> b = store->Submit(MakeJob("j-b", "shared", "bob"), Ev("submitted"));
+  ASSERT_TRUE(b.ok()) << b.status();
+  EXPECT_TRUE(b->created) << "bob's key found alice's job";
+  EXPECT_EQ(store->GetJobByKey("alice", "shared")->job.job_id(), "j-a");
+  EXPECT_EQ(store->GetJobByKey("bob", "shared")->job.job_id(), "j-b");
+  EXPECT_EQ(store->GetJobByKey("carol", "shared").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store->GetJobByKey("bob", "shared")->job.idempotency_key(), "shared");
+  v1::Job other = MakeJob("j-a2", "shared", "alice", /*priority=*/5);
+  absl::StatusOr<SubmitOutcome> clash = store->Submit(other, Ev("submitted"));
+  ASSERT_EQ(clash.status().code(), absl::StatusCode::kAlreadyExists) << clash.status();
+  EXPECT_THAT(clash.status().message(), HasSubstr("idempotency key \"shared\" is already used"));
+  // Updates keep working with the scoped key.
+  v1::Job job = a->job;
+  EXPECT_GT(Move(*store, job, v1::JOB_STATE_CANCELLED, "cancelled"), 0);
+}
+
+// A store written before keys were per tenant (schema version 2: the bare key in the column) is
+// migrated when opened: its jobs are found by their tenant and key.
+TEST(JobStoreTest, KeysOfAnOlderStoreAreMigratedToTheirTenant) {
+  const std::string path = TestDir() + "/jobs.db";
+  {
+    auto store = OpenOrDie(path);
+    ASSERT_NE(store, nullptr);
+    ASSERT_TRUE(store->Submit(MakeJob("j-1", "k-1", ""), Ev("submitted")).ok());
+    ASSERT_TRUE(store->Submit(MakeJob("j-2", "k-2", "team"), Ev("submitted")).ok());
+    ASSERT_TRUE(store->Close().ok());
+  }
+  sqlite3* db = nullptr;
+  ASSERT_EQ(sqlite3_open(path.c_str(), &db), SQLITE_OK);
+  ASSERT_EQ(sqlite3_exec(db,
+                         "UPDATE jobs SET idempotency_key = substr(idempotency_key, "
+                         "instr(idempotency_key, '/') + 1);"
+                         "DELETE FROM schema_version WHERE version >= 3;",
+                         nullptr, nullptr, nullptr),
+            SQLITE_OK);
+  sqlite3_close(db);
+  auto store = OpenOrDie(path);
+  ASSERT_NE(store, nullptr);
+  absl::StatusOr<StoredJob> one = store->GetJobByKey("", "k-1");
+  ASSERT_TRUE(one.ok()) << one.status();
+  EXPECT_EQ(one->job.job_id(), "j-1");
+  EXPECT_EQ(store->GetJobByKey("team", "k-2")->job.job_id(), "j-2");
+  EXPECT_EQ(store->GetJobByKey("", "k-2").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(JobStoreTest, BadOptionsAndPath) {

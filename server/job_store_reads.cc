@@ -104,9 +104,16 @@ absl::StatusOr<StoredJob> JobStore::GetJob(absl::string_view job_id) {
   return GetOne("SELECT job, submit_seq FROM jobs WHERE job_id = ?1", "job", job_id);
 }
 
-absl::StatusOr<StoredJob> JobStore::GetJobByKey(absl::string_view idempotency_key) {
-  return GetOne("SELECT job, submit_seq FROM jobs WHERE idempotency_key = ?1",
-                "job with idempotency key", idempotency_key);
+absl::StatusOr<StoredJob> JobStore::GetJobByKey(absl::string_view tenant,
+                                                absl::string_view idempotency_key) {
+  absl::StatusOr<StoredJob> job =
+      GetOne("SELECT job, submit_seq FROM jobs WHERE idempotency_key = ?1",
+             "job with idempotency key", ScopedIdempotencyKey(tenant, idempotency_key));
+  if (absl::IsNotFound(job.status())) {
+    return absl::NotFoundError(
+        absl::StrCat("job with idempotency key \"", idempotency_key, "\" not found"));
+  }
+  return job;
 }
 
 absl::StatusOr<std::vector<v1::JobEvent>> JobStore::Events(absl::string_view job_id,

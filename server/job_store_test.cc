@@ -59,7 +59,7 @@ TEST(JobStoreTest, SubmitThenGet) {
   EXPECT_EQ(got->job.SerializeAsString(), out->job.SerializeAsString());
   EXPECT_EQ(got->job.spec().attention().shape().seq_len(), 4096);
 
-  absl::StatusOr<StoredJob> by_key = store->GetJobByKey("k-1");
+  absl::StatusOr<StoredJob> by_key = store->GetJobByKey("t", "k-1");
   ASSERT_TRUE(by_key.ok()) << by_key.status();
   EXPECT_EQ(by_key->job.job_id(), "j-1");
 
@@ -75,7 +75,7 @@ TEST(JobStoreTest, SubmitThenGet) {
   absl::StatusOr<StoredJob> missing = store->GetJob("j-nope");
   EXPECT_EQ(missing.status().code(), absl::StatusCode::kNotFound);
   EXPECT_THAT(missing.status().message(), HasSubstr("j-nope"));
-  EXPECT_EQ(store->GetJobByKey("k-nope").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store->GetJobByKey("t", "k-nope").status().code(), absl::StatusCode::kNotFound);
   EXPECT_EQ(store->Events("j-nope", 0, 0).status().code(), absl::StatusCode::kNotFound);
   absl::StatusOr<std::vector<v1::JobEvent>> none_newer = store->Events("j-1", 1, 0);
   ASSERT_TRUE(none_newer.ok()) << none_newer.status();  // A known job with no newer events.
@@ -207,7 +207,7 @@ TEST(JobStoreTest, IdempotentResubmit) {
   absl::StatusOr<SubmitOutcome> dup_id = store->Submit(MakeJob("j-1", "key-2"), Ev("submitted"));
   EXPECT_EQ(dup_id.status().code(), absl::StatusCode::kAlreadyExists);
   EXPECT_THAT(dup_id.status().message(), HasSubstr("j-1"));
-  EXPECT_EQ(store->GetJobByKey("key-2").status().code(), absl::StatusCode::kNotFound);
+  EXPECT_EQ(store->GetJobByKey("t", "key-2").status().code(), absl::StatusCode::kNotFound);
 }
 
 TEST(JobStoreTest, SubmitRejectsMalformedInput) {
@@ -267,7 +267,7 @@ TEST(JobStoreTest, RacingSubmitsOfOneKey) {
   int created = 0, duplicates = 0, conflicts = 0;
   for (const auto& per_thread : answers) {
     for (const Answer& a : per_thread) {
-      absl::StatusOr<StoredJob> winner = store->GetJobByKey(a.key);
+      absl::StatusOr<StoredJob> winner = store->GetJobByKey("t", a.key);
       ASSERT_TRUE(winner.ok()) << winner.status();
       const uint64_t winning_seed = winner->job.spec().attention().seed();
       if (a.out.ok()) {
@@ -287,7 +287,7 @@ TEST(JobStoreTest, RacingSubmitsOfOneKey) {
   EXPECT_GT(conflicts, 0);
   for (int r = 0; r < kRounds; ++r) {
     for (int k = 0; k < kKeys; ++k) {
-      absl::StatusOr<StoredJob> job = store->GetJobByKey(absl::StrCat("r", r, "-k", k));
+      absl::StatusOr<StoredJob> job = store->GetJobByKey("t", absl::StrCat("r", r, "-k", k));
       ASSERT_TRUE(job.ok());
       EXPECT_EQ(store->Events(job->job.job_id(), 0, 0)->size(), 1u);
     }
@@ -673,7 +673,7 @@ TEST(JobStoreTest, ReopenKeepsEverythingAndTheFileIsLocked) {
   ASSERT_TRUE(got.ok()) << got.status();
   EXPECT_EQ(got->job.state(), v1::JOB_STATE_PLACED);
   EXPECT_EQ(store->Events("j-1", 0, 0)->size(), 2u);
-  EXPECT_EQ(store->GetJobByKey("k-2")->submit_seq, 2);
+  EXPECT_EQ(store->GetJobByKey("t", "k-2")->submit_seq, 2);
   EXPECT_EQ(Move(*store, job, v1::JOB_STATE_RUNNING, "started"), 3);
 }
 

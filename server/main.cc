@@ -8,6 +8,7 @@
 // 2 for bad flags.
 #include <arpa/inet.h>
 #include <signal.h>
+#include <sys/stat.h>
 
 #include <cstdio>
 #include <ctime>
@@ -20,6 +21,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "metrics/metrics_server.h"
+#include "security/tls.h"
+#include "security/tokens.h"
+#include "server/access.h"
 #include "server/coordinator.h"
 #include "server/grpc_service.h"
 #include "server/job_store.h"
@@ -57,6 +61,12 @@ int main(int argc, char** argv) {
   int64_t store_probe_ms = 5000;
   int max_watch_streams = 256;
   double retention_hours = 24 * 7;
+  dattn::security::TlsFiles tls;
+  int64_t tenant_max_queued_jobs = 0;
+  double tenant_submits_per_second = 0;
+  std::string token_file;
+  std::string audit_log;
+  bool insecure = false;
 
   CLI::App app{
       "dattn-coordinator: accepts dilated-attention jobs over gRPC and runs them on workers"};
@@ -121,11 +131,46 @@ int main(int argc, char** argv) {
                  "finished (fractions allowed); 0 keeps them for ever")
       ->check(CLI::Range(0.0, 24.0 * 365 * 100))
       ->capture_default_str();
+  app.add_option("--tenant-max-queued-jobs", tenant_max_queued_jobs,
+                 "most queued jobs of one tenant; more submits get RESOURCE_EXHAUSTED (0: no "
+                 "limit)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
+  app.add_option("--tenant-submits-per-second", tenant_submits_per_second,
+                 "most new jobs a second of one tenant, with bursts of as many (0: no limit)")
+      ->check(CLI::Range(0.0, 1e9))
+      ->capture_default_str();
+  app.add_option("--tls-cert", tls.cert_file,
+                 "PEM certificate of the API and the rendezvous stores (scripts/make-certs.sh); "
+                 "re-read when it changes");
+  app.add_option("--tls-key", tls.key_file, "PEM private key of --tls-cert");
+  app.add_option("--tls-ca", tls.ca_file,
+                 "PEM cluster CA: workers must present a certificate it signed (mutual TLS)");
+  app.add_option("--token-file", token_file,
+                 "bearer tokens of clients: 'sha256:HEX TENANT user|admin [NAME]' per line "
+                 "(`dattn token new`); re-read when it changes");
+  app.add_option("--audit-log", audit_log,
+                 "append-only log of admin actions (default: DATA_DIR/audit.log)");
+  app.add_flag("--insecure", insecure,
+               "plaintext, no client or worker authentication: only for a single trusted machine "
+               "(logs a warning)");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int rc = app.exit(e);  // Prints the help or the error.
     return rc == 0 ? 0 : 2;
+  }
+  // Secure unless told otherwise: TLS with a CA (workers' certificates) and tokens (clients').
+  if (!insecure && (tls.cert_file.empty() || tls.key_file.empty() || tls.ca_file.empty() ||
+                    token_file.empty())) {
+    Say("give --tls-cert, --tls-key, --tls-ca and --token-file (docs/SECURITY.md; "
+        "scripts/make-certs.sh makes a CA and certificates, `dattn token new` a token), or "
+        "--insecure for a plaintext coordinator on a trusted machine");
+    return 2;
+  }
+  if (insecure && !tls.empty()) {
+    Say("--insecure and --tls-* contradict each other: choose one");
+    return 2;
   }
   if (rendezvous_listen.empty()) {
     const size_t colon = listen.rfind(':');
@@ -173,6 +218,8 @@ int main(int argc, char** argv) {
   options.feasibility_settle = absl::Milliseconds(feasibility_settle_ms);
   options.store_probe_interval = absl::Milliseconds(store_probe_ms);
   options.max_watch_streams = max_watch_streams;
+  options.quotas.max_queued_jobs = tenant_max_queued_jobs;
+  options.quotas.submits_per_second = tenant_submits_per_second;
   options.retention =
       retention_hours == 0 ? absl::InfiniteDuration() : absl::Seconds(retention_hours * 3600);
 
@@ -183,9 +230,48 @@ int main(int argc, char** argv) {
     Say(std::string(metrics_server.status().message()));
     return 1;
   }
+  dattn::server::GrpcServerOptions grpc_options;
+  std::unique_ptr<dattn::security::TokenTable> tokens;
+  if (!token_file.empty()) {
+    absl::StatusOr<std::unique_ptr<dattn::security::TokenTable>> loaded =
+        dattn::security::TokenTable::Load(token_file);
+    if (!loaded.ok()) {
+      Say(absl::StrCat("--token-file: ", loaded.status().message()));
+      return 2;
+    }
+    tokens = *std::move(loaded);
+  }
+  if (insecure) {
+    Say("WARNING: --insecure: plaintext gRPC and rendezvous stores, and anyone who reaches "
+        "the port may register a worker" +
+        std::string(tokens == nullptr ? ", submit, cancel or drain anything" : "") +
+        ". Only for a single trusted machine.");
+  } else {
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> credentials =
+        dattn::security::ServerCredentials(tls);
+    if (!credentials.ok()) {
+      Say(std::string(credentials.status().message()));
+      return 2;
+    }
+    grpc_options.credentials = *credentials;
+  }
+  if (audit_log.empty()) audit_log = data_dir + "/audit.log";
+  // The audit log lives in the data dir by default: create it (private) if it is missing.
+  ::mkdir(data_dir.c_str(), 0700);
+  dattn::server::AccessOptions access_options;
+  access_options.tokens = tokens.get();
+  access_options.workers_need_certificate = !insecure;
+  access_options.audit_log = audit_log;
+  absl::StatusOr<std::unique_ptr<dattn::server::Access>> access =
+      dattn::server::Access::Create(access_options);
+  if (!access.ok()) {
+    Say(std::string(access.status().message()));
+    return 2;
+  }
+  grpc_options.access = access->get();
   Coordinator coordinator(options, &metrics);
   absl::StatusOr<std::unique_ptr<GrpcServer>> server =
-      GrpcServer::Start(listen, &coordinator, &metrics);
+      GrpcServer::Start(listen, &coordinator, &metrics, grpc_options);
   if (!server.ok()) {
     Say(std::string(server.status().message()));
     return 1;

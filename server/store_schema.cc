@@ -45,6 +45,9 @@ const char* const kMigrations[] = {
     ") WITHOUT ROWID;",
     // Version 2: finished jobs by the time of their last write, for the retention (ListExpired).
     "CREATE INDEX jobs_by_state_update ON jobs (state, update_time_us);",
+    // Version 3: idempotency keys per tenant ("TENANT/KEY", ScopedIdempotencyKey in job_store.h);
+    // the tenant column already holds "default" for an empty spec.tenant.
+    "UPDATE jobs SET idempotency_key = tenant || '/' || idempotency_key;",
 };
 constexpr int kSchemaVersion = sizeof(kMigrations) / sizeof(kMigrations[0]);
 

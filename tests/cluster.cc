@@ -8,7 +8,9 @@
 #include <regex>
 #include <thread>
 
+#include "client/connection.h"
 #include "engine/testing/test_util.h"
+#include "security/tokens.h"
 
 namespace dattn::testing {
 namespace {
@@ -23,6 +25,51 @@ bool IsTerminal(dattn::v1::JobState s) {
 Cluster::Cluster(ClusterOptions options) : options_(std::move(options)) {
   dir_ = MakeTestDir(options_.name);
   data_dir_ = dir_ + "/data";
+  if (!options_.secure) return;
+  // Certificates from the script users run, and three tokens. A failure here shows up as a
+  // coordinator that does not start, with the script's output in its log folder.
+  certs_dir_ = dir_ + "/certs";
+  ca_file_ = certs_dir_ + "/ca.pem";
+  const std::string make = "bash " + testutil::RunfilePath("scripts/make-certs.sh") + " " +
+                           certs_dir_ + " --hosts localhost,127.0.0.1 > " + dir_ +
+                           "/make-certs.log 2>&1";
+  if (std::system(make.c_str()) != 0)
+    std::fprintf(stderr, "make-certs.sh failed: see %s\n", dir_.c_str());
+  token_file_ = dir_ + "/tokens";
+  std::ofstream file(token_file_);
+  const std::pair<const char*, std::pair<const char*, const char*>> who[] = {
+      {kAdmin, {"ops", "admin"}}, {kAlice, {"alice", "user"}}, {kBob, {"bob", "user"}}};
+  for (const auto& [name, tenant_role] : who) {
+    const std::string token = *security::NewToken();
+    tokens_[name] = token;
+    file << security::HashToken(token) << ' ' << tenant_role.first << ' ' << tenant_role.second
+         << ' ' << name << '\n';
+  }
+}
+
+std::string Cluster::token(const std::string& who) const {
+  auto it = tokens_.find(who);
+  return it == tokens_.end() ? "" : it->second;
+}
+
+std::shared_ptr<grpc::Channel> Cluster::ChannelWithToken(const std::string& token) const {
+  client::ClientSecurity security;
+  security.ca_file = ca_file_;
+  security.token = token;
+  security.insecure = !options_.secure;
+  absl::StatusOr<std::shared_ptr<grpc::Channel>> channel = client::MakeChannel(address_, security);
+  if (!channel.ok()) {
+    std::fprintf(stderr, "cannot make a channel: %s\n",
+                 std::string(channel.status().message()).c_str());
+    return nullptr;
+  }
+  return *channel;
+}
+
+std::vector<std::string> Cluster::WorkerSecurityFlags() const {
+  if (!options_.secure) return {"--insecure"};
+  return {"--tls-ca=" + ca_file_, "--tls-cert=" + certs_dir_ + "/worker.pem",
+          "--tls-key=" + certs_dir_ + "/worker-key.pem"};
 }
 
 Cluster::~Cluster() {
@@ -46,6 +93,14 @@ bool Cluster::StartCoordinator(std::string* error) {
             "--max-attempts=" + std::to_string(options_.max_attempts),
             "--ring-formation-timeout-ms=" + std::to_string(options_.ring_formation_timeout_ms),
             "--ring-timeout-ms=" + std::to_string(options_.ring_timeout_ms)};
+  if (options_.secure) {
+    o.argv.insert(
+        o.argv.end(),
+        {"--tls-ca=" + ca_file_, "--tls-cert=" + certs_dir_ + "/coordinator.pem",
+         "--tls-key=" + certs_dir_ + "/coordinator-key.pem", "--token-file=" + token_file_});
+  } else {
+    o.argv.push_back("--insecure");
+  }
   o.argv.insert(o.argv.end(), options_.coordinator_flags.begin(), options_.coordinator_flags.end());
   coordinator_ = std::make_unique<Process>(o);
   if (!coordinator_->Start(error)) return false;
@@ -66,9 +121,7 @@ bool Cluster::StartCoordinator(std::string* error) {
 }
 
 void Cluster::Connect() {
-  grpc::ChannelArguments args;
-  args.SetMaxReceiveMessageSize(32 << 20);  // api::kMaxMessageBytes.
-  channel_ = grpc::CreateCustomChannel(address_, grpc::InsecureChannelCredentials(), args);
+  channel_ = ChannelWithToken(token(kAdmin));
   jobs_ = dattn::v1::JobService::NewStub(channel_);
   admin_ = dattn::v1::AdminService::NewStub(channel_);
 }
@@ -85,6 +138,8 @@ int Cluster::AddWorker(int threads, std::string* error, const std::string& name,
             "--threads=" + std::to_string(threads),
             "--heartbeat-ms=" + std::to_string(options_.heartbeat_ms),
             "--health-port=0"};
+  const std::vector<std::string> security = WorkerSecurityFlags();
+  o.argv.insert(o.argv.end(), security.begin(), security.end());
   o.argv.insert(o.argv.end(), flags.begin(), flags.end());
   workers_.push_back(std::make_unique<Process>(o));
   if (!workers_.back()->Start(error)) return -1;
@@ -140,14 +195,19 @@ bool Cluster::WaitForReadyWorkers(int count, std::chrono::milliseconds timeout) 
   return false;
 }
 
-ProcessResult Cluster::Cli(const std::vector<std::string>& args,
-                           std::chrono::milliseconds timeout) {
+ProcessResult Cluster::Cli(const std::vector<std::string>& args, std::chrono::milliseconds timeout,
+                           const std::map<std::string, std::string>& env) {
   ProcessOptions o;
   o.name = "cli";
   o.log_dir = dir_;
   o.argv = {testutil::RunfilePath("client/dattn")};
   o.argv.insert(o.argv.end(), args.begin(), args.end());
   o.env["DATTN_COORDINATOR"] = address_;
+  if (options_.secure) {
+    o.env["DATTN_TLS_CA"] = ca_file_;
+    o.env["DATTN_TOKEN"] = token(kAdmin);
+  }
+  for (const auto& [name, value] : env) o.env[name] = value;
   return RunCommand(o, timeout);
 }
 

@@ -8,6 +8,7 @@
 #define DATTN_TESTS_CLUSTER_H_
 
 #include <chrono>
+#include <map>
 #include <memory>
 #include <string>
 #include <vector>
@@ -27,7 +28,15 @@ struct ClusterOptions {
   int ring_timeout_ms = 20000;
   // More coordinator flags (e.g. --feasibility-settle-ms=...).
   std::vector<std::string> coordinator_flags;
+  // TLS with a cluster CA (scripts/make-certs.sh), workers with certificates and clients with
+  // tokens, as a real deployment runs; false: every daemon --insecure.
+  bool secure = true;
 };
+
+// The tokens a secure cluster makes: an admin (tenant "ops") and two users.
+inline constexpr char kAdmin[] = "admin";
+inline constexpr char kAlice[] = "alice";  // user of tenant "alice"
+inline constexpr char kBob[] = "bob";      // user of tenant "bob"
 
 class Cluster {
  public:
@@ -57,9 +66,23 @@ class Cluster {
   const std::string& data_dir() const { return data_dir_; }
   const std::string& dir() const { return dir_; }
 
-  // Runs the dattn CLI with DATTN_COORDINATOR pointing at this cluster.
+  // Runs the dattn CLI with DATTN_COORDINATOR pointing at this cluster (and, when secure,
+  // DATTN_TLS_CA and the admin's DATTN_TOKEN).
   ProcessResult Cli(const std::vector<std::string>& args,
-                    std::chrono::milliseconds timeout = std::chrono::seconds(60));
+                    std::chrono::milliseconds timeout = std::chrono::seconds(60),
+                    const std::map<std::string, std::string>& env = {});
+
+  // Secure clusters: the CA, the worker certificate and key, the token file, and the token of
+  // kAdmin, kAlice or kBob ("" for another name or an insecure cluster).
+  bool secure() const { return options_.secure; }
+  const std::string& ca_file() const { return ca_file_; }
+  const std::string& certs_dir() const { return certs_dir_; }
+  const std::string& token_file() const { return token_file_; }
+  std::string token(const std::string& who) const;
+  // A channel to the coordinator carrying `token` (TLS when secure).
+  std::shared_ptr<grpc::Channel> ChannelWithToken(const std::string& token) const;
+  // The flags that give a worker the cluster's certificate (or --insecure).
+  std::vector<std::string> WorkerSecurityFlags() const;
 
   dattn::v1::JobService::Stub& jobs();
   dattn::v1::AdminService::Stub& admin();
@@ -85,6 +108,10 @@ class Cluster {
   std::shared_ptr<grpc::Channel> channel_;
   std::unique_ptr<dattn::v1::JobService::Stub> jobs_;
   std::unique_ptr<dattn::v1::AdminService::Stub> admin_;
+  std::string certs_dir_;
+  std::string ca_file_;
+  std::string token_file_;
+  std::map<std::string, std::string> tokens_;  // kAdmin, kAlice, kBob -> token.
 };
 
 // The first job id ("j-" + hex) in a CLI's output, or "".

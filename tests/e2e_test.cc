@@ -17,6 +17,7 @@
 #include "dattn/v1/job_service.grpc.pb.h"
 #include "engine/attention_spec.h"
 #include "engine/testing/oracle.h"
+#include "client/connection.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
 #include "tests/cluster.h"
@@ -554,8 +555,7 @@ TEST_F(E2E, MalformedRequestsGetClearErrors) {
   EXPECT_NE(bad.err.find("seq-len"), std::string::npos) << bad.err;
 
   // Still alive and serving.
-  auto health = grpc::health::v1::Health::NewStub(
-      grpc::CreateChannel(cluster_->address(), grpc::InsecureChannelCredentials()));
+  auto health = grpc::health::v1::Health::NewStub(cluster_->ChannelWithToken(""));
   grpc::ClientContext ctx;
   grpc::health::v1::HealthCheckRequest hreq;
   grpc::health::v1::HealthCheckResponse hresp;
@@ -605,8 +605,10 @@ TEST_F(E2E, HealthAndGracefulShutdown) {
       cluster_->worker(0).WaitForStderr("health endpoint on ([0-9.]+:[0-9]+)", seconds(10));
   ASSERT_TRUE(worker_health.has_value()) << cluster_->Logs();
   for (const std::string& address : {cluster_->address(), *worker_health}) {
-    auto health = grpc::health::v1::Health::NewStub(
-        grpc::CreateChannel(address, grpc::InsecureChannelCredentials()));
+    // TLS on both (the worker's health port serves the worker's certificate); no token needed.
+    client::ClientSecurity tls;
+    tls.ca_file = cluster_->ca_file();
+    auto health = grpc::health::v1::Health::NewStub(*client::MakeChannel(address, tls));
     grpc::ClientContext ctx;
     grpc::health::v1::HealthCheckRequest req;
     grpc::health::v1::HealthCheckResponse resp;

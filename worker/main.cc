@@ -3,7 +3,13 @@
 //   dattn-worker --coordinator host:7070 [--name NAME] [--slots N] [--threads T]
 //                [--heartbeat-ms MS] [--health-port P] [--listen-address A] [--memory-bytes B]
 //                [--ring-address A] [--shutdown-timeout-s S] [--metrics-listen HOST:PORT]
+//                (--tls-ca CA --tls-cert CERT --tls-key KEY | --insecure)
 //   dattn-worker-gpu --gpu [--gpu-index I] ...   (the same worker on one GPU)
+//
+// Security (docs/SECURITY.md): with --tls-* the worker dials the coordinator over TLS, checking its
+// certificate against the CA and presenting its own (mutual TLS: the coordinator's WorkerRegistry
+// takes no other caller), and serves its health port over TLS with the same certificate.
+// --insecure: plaintext both ways (logs a warning); one of the two is required (exit 2).
 //
 // The worker dials the coordinator (it needs no inbound port for work) and serves only
 // grpc.health.v1 on --listen-address:--health-port: service "" is SERVING while the process is
@@ -41,6 +47,7 @@
 #include "grpcpp/grpcpp.h"
 #include "grpcpp/health_check_service_interface.h"
 #include "metrics/metrics_server.h"
+#include "security/tls.h"
 #include "worker/cpu_device.h"
 #include "worker/log.h"
 #include "worker/metered_device.h"
@@ -126,11 +133,54 @@ int main(int argc, char** argv) {
   app.add_option("--metrics-listen", metrics_listen,
                  "HOST:PORT of this worker's Prometheus /metrics (port 0 = ephemeral; printed at "
                  "start); empty: no metrics endpoint");
+  dattn::security::TlsFiles tls;
+  bool insecure = false;
+  app.add_option(
+      "--tls-ca", tls.ca_file,
+      "PEM cluster CA that signed the coordinator's certificate (scripts/make-certs.sh)");
+  app.add_option("--tls-cert", tls.cert_file,
+                 "PEM certificate of this worker, signed by the cluster CA (mutual TLS); also "
+                 "served on the health port; re-read when it changes");
+  app.add_option("--tls-key", tls.key_file, "PEM private key of --tls-cert");
+  app.add_flag("--insecure", insecure,
+               "plaintext to the coordinator and on the health port (the coordinator must run "
+               "--insecure too); logs a warning");
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
+  }
+  if (!insecure && (tls.ca_file.empty() || tls.cert_file.empty() || tls.key_file.empty())) {
+    LogEvent(
+        "give --tls-ca, --tls-cert and --tls-key (docs/SECURITY.md; scripts/make-certs.sh "
+        "makes them), or --insecure for a plaintext cluster on a trusted machine");
+    return 2;
+  }
+  if (insecure && !tls.empty()) {
+    LogEvent("--insecure and --tls-* contradict each other: choose one");
+    return 2;
+  }
+  std::shared_ptr<grpc::ServerCredentials> health_credentials = grpc::InsecureServerCredentials();
+  if (insecure) {
+    LogEvent("WARNING: --insecure: plaintext to the coordinator and on the health port");
+  } else {
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> channel =
+        dattn::security::ChannelCredentials(tls);
+    if (!channel.ok()) {
+      LogEvent(channel.status().message());
+      return 2;
+    }
+    options.credentials = *channel;
+    dattn::security::TlsFiles served = tls;
+    served.ca_file.clear();  // Probes present no certificate.
+    absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server =
+        dattn::security::ServerCredentials(served);
+    if (!server.ok()) {
+      LogEvent(server.status().message());
+      return 2;
+    }
+    health_credentials = *server;
   }
   options.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
   options.shutdown_report_deadline = absl::Seconds(shutdown_timeout_s);
@@ -218,7 +268,7 @@ int main(int argc, char** argv) {
   builder.RegisterCallbackGenericService(&unimplemented);
   int bound_port = 0;
   const std::string listen = absl::StrCat(listen_address, ":", health_port);
-  builder.AddListeningPort(listen, grpc::InsecureServerCredentials(), &bound_port);
+  builder.AddListeningPort(listen, health_credentials, &bound_port);
   std::unique_ptr<grpc::Server> health_server = builder.BuildAndStart();
   if (health_server == nullptr || bound_port == 0) {
     LogEvent("cannot listen on ", listen, " for the health endpoint; exiting");

@@ -124,7 +124,7 @@ TEST(WorkerMainTest, ServesHealthRegistersAndShutsDownCleanlyOnSigterm) {
   FakeRegistry& fake = coordinator.registry();
   const int port = FreePort();
   ASSERT_GT(port, 0);
-  WorkerProcess worker({"--coordinator", address, "--name", "main-test", "--slots", "1",
+  WorkerProcess worker({"--insecure", "--coordinator", address, "--name", "main-test", "--slots", "1",
                         "--threads", "1", "--heartbeat-ms", "100", "--health-port",
                         std::to_string(port), "--memory-bytes", "1073741824"});
   ASSERT_TRUE(worker.started());
@@ -176,7 +176,7 @@ TEST(WorkerMainTest, LiveButNotReadyWithoutACoordinatorAndStillExitsOnSigint) {
   const std::string address = "unix:" + TestSocketPath("nobody");
   const int port = FreePort();
   ASSERT_GT(port, 0);
-  WorkerProcess worker({"--coordinator", address, "--health-port", std::to_string(port),
+  WorkerProcess worker({"--insecure", "--coordinator", address, "--health-port", std::to_string(port),
                         "--threads", "1", "--shutdown-timeout-s", "1"});
   ASSERT_TRUE(worker.started());
   auto channel = HealthChannel(port);
@@ -251,7 +251,7 @@ TEST(WorkerMainTest, ServesItsOwnMetrics) {
   const int health_port = FreePort(), metrics_port = FreePort();
   ASSERT_GT(health_port, 0);
   ASSERT_GT(metrics_port, 0);
-  WorkerProcess worker({"--coordinator", address, "--name", "metrics-test", "--threads", "1",
+  WorkerProcess worker({"--insecure", "--coordinator", address, "--name", "metrics-test", "--threads", "1",
                         "--heartbeat-ms", "100", "--health-port", std::to_string(health_port),
                         "--metrics-listen", absl::StrCat("127.0.0.1:", metrics_port),
                         "--memory-bytes", "1073741824"});
@@ -323,7 +323,7 @@ TEST(WorkerMainTest, AMetricsPortInUseExitsWithOne) {
   ASSERT_EQ(listen(taken, 1), 0);
   socklen_t len = sizeof(addr);
   getsockname(taken, reinterpret_cast<sockaddr*>(&addr), &len);
-  WorkerProcess worker({"--coordinator", "127.0.0.1:1", "--threads", "1", "--metrics-listen",
+  WorkerProcess worker({"--insecure", "--coordinator", "127.0.0.1:1", "--threads", "1", "--metrics-listen",
                         absl::StrCat("127.0.0.1:", ntohs(addr.sin_port))});
   ASSERT_TRUE(worker.started());
   EXPECT_EQ(worker.WaitExit(absl::Seconds(10)), 1);
@@ -338,7 +338,7 @@ TEST(WorkerMainTest, BadFlagsExitWithTwo) {
 
 // The CPU worker links no CUDA library: it refuses --gpu rather than start on the wrong device.
 TEST(WorkerMainTest, TheCpuWorkerRefusesGpu) {
-  WorkerProcess worker({"--gpu", "--coordinator", "127.0.0.1:1"});
+  WorkerProcess worker({"--insecure", "--gpu", "--coordinator", "127.0.0.1:1"});
   ASSERT_TRUE(worker.started());
   EXPECT_EQ(worker.WaitExit(absl::Seconds(10)), 2);
 }

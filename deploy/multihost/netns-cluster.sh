@@ -107,26 +107,40 @@ host host-a 10.77.0.2
 host host-b 10.77.0.3
 host client 10.77.0.10
 
+# TLS across the hosts, as a real cluster (docs/SECURITY.md): a CA, the coordinator's certificate for
+# 10.77.0.1, one per worker, and an admin token for the client.
+bash "$(dirname "$0")/../../scripts/make-certs.sh" "$work/certs" --hosts 10.77.0.1 \
+  --worker host-a --worker host-b >/dev/null
+"$bin/dattn" token new --tenant ops --role admin --name netns > "$work/token-new.txt"
+token=$(sed -n 2p "$work/token-new.txt")
+sed -n 5p "$work/token-new.txt" > "$work/tokens"
 start coordinator coordinator "$bin/dattn-coordinator" --listen=10.77.0.1:7070 \
   --metrics-listen=10.77.0.1:7071 --data-dir="$work/data" \
-  --rendezvous-listen=0.0.0.0 --rendezvous-advertise=10.77.0.1 --heartbeat-ms=500
+  --rendezvous-listen=0.0.0.0 --rendezvous-advertise=10.77.0.1 --heartbeat-ms=500 \
+  --tls-ca="$work/certs/ca.pem" --tls-cert="$work/certs/coordinator.pem" \
+  --tls-key="$work/certs/coordinator-key.pem" --token-file="$work/tokens"
 wait_log coordinator "listening on 10.77.0.1:7070, metrics on 10.77.0.1:7071"
 for h in a:10.77.0.2 b:10.77.0.3; do
   name="host-${h%%:*}"
   address="${h#*:}"
   start "$name" "$name" "$bin/dattn-worker" --coordinator=10.77.0.1:7070 --name="$name" \
     --listen-address="$address" --ring-address="$address" --health-port=7080 \
-    --metrics-listen="$address:7081" --threads=1 --slots=1
+    --metrics-listen="$address:7081" --threads=1 --slots=1 --tls-ca="$work/certs/ca.pem" \
+    --tls-cert="$work/certs/$name.pem" --tls-key="$work/certs/$name-key.pem"
 done
 wait_log host-a "ready: registered"
 wait_log host-b "ready: registered"
 echo "coordinator 10.77.0.1, workers host-a 10.77.0.2 and host-b 10.77.0.3: ready"
 
-client() { on client env DATTN_COORDINATOR=10.77.0.1:7070 "$bin/dattn" "$@"; }
+client() {
+  on client env DATTN_COORDINATOR=10.77.0.1:7070 DATTN_TLS_CA="$work/certs/ca.pem" \
+    DATTN_TOKEN="$token" "$bin/dattn" "$@"
+}
 
 if [ "$mode" = demo ]; then
   echo "Ctrl-C stops everything. From another shell, enter the client's namespace with:"
-  echo "  nsenter --preserve-credentials -U -n -t ${host_pid[client]}  (then DATTN_COORDINATOR=10.77.0.1:7070 dattn ...)"
+  echo "  nsenter --preserve-credentials -U -n -t ${host_pid[client]}  (then DATTN_COORDINATOR=10.77.0.1:7070"
+  echo "  DATTN_TLS_CA=$work/certs/ca.pem DATTN_TOKEN=$token dattn ...)"
   wait
   exit 0
 fi
@@ -145,7 +159,8 @@ want = [("host-a", "10.77.0.2:7080"), ("host-b", "10.77.0.3:7080")]
 sys.exit(0 if got == want else f"workers registered as {got}, want {want}")
 PY
 # 3. A 2-rank Gloo ring across host-a and host-b.
-out="$(timeout 120 env DATTN_COORDINATOR=10.77.0.1:7070 nsenter --net=/proc/${host_pid[client]}/ns/net \
+out="$(timeout 120 env DATTN_COORDINATOR=10.77.0.1:7070 DATTN_TLS_CA="$work/certs/ca.pem" \
+  DATTN_TOKEN="$token" nsenter --net=/proc/${host_pid[client]}/ns/net \
   "$bin/dattn" submit --batch=1 --seq-len=256 --heads=2 --head-dim=16 --segments=64,128 --rates=1,2 \
   --dtype=fp32 --pass=fwd-bwd --iterations=2 --device=cpu --ranks=2 --wait)" ||
   fail "the ring job did not succeed within 2 minutes: $out"

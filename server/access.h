@@ -1,0 +1,84 @@
+// Who may make a call: authentication and authorization at the coordinator's gRPC edge.
+//
+// - Clients (JobService, AdminService) authenticate with a bearer token in the `authorization`
+//   metadata ("Bearer <token>"), looked up in the token table (security/tokens.h): the principal's
+//   tenant and role. No or an unknown token: UNAUTHENTICATED. Without a token table (the explicit
+//   --insecure mode) every caller is an admin of the tenant its requests name.
+// - Users see, watch, cancel, read and delete their own tenant's jobs only; another tenant's job is
+//   NOT_FOUND with the very message of a job that does not exist. A job's tenant is the submitter's
+//   (a spec naming another tenant: PERMISSION_DENIED). Admins act on every tenant and alone may use
+//   AdminService (PERMISSION_DENIED otherwise).
+// - Workers (WorkerRegistry) present a certificate signed by the cluster CA (mutual TLS); without
+//   one: UNAUTHENTICATED. Tokens do not open WorkerRegistry, certificates do not open JobService.
+// - Admin actions (AdminService calls, and an admin's cancel or delete of another tenant's job) are
+//   appended to the audit log, one JSON object per line, whatever their outcome.
+//
+// Thread-safety: thread-safe (the audit log under its own mutex).
+#ifndef DATTN_SERVER_ACCESS_H_
+#define DATTN_SERVER_ACCESS_H_
+
+#include <cstdio>
+#include <memory>
+#include <string>
+
+#include "absl/base/thread_annotations.h"
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/synchronization/mutex.h"
+#include "dattn/v1/job.pb.h"
+#include "grpcpp/server_context.h"
+#include "security/tokens.h"
+
+namespace dattn {
+namespace server {
+
+struct AccessOptions {
+  // Not owned; null: no authentication of clients (--insecure).
+  security::TokenTable* tokens = nullptr;
+  // WorkerRegistry calls need a verified client certificate (TLS with a CA).
+  bool workers_need_certificate = false;
+  // Append-only audit log (created 0600); empty: none.
+  std::string audit_log;
+};
+
+// The tenant a job belongs to: its spec's, "default" when empty.
+std::string JobTenant(const v1::Job& job);
+
+class Access {
+ public:
+  // Opens the audit log. INVALID_ARGUMENT naming the path when it cannot be opened for appending.
+  static absl::StatusOr<std::unique_ptr<Access>> Create(AccessOptions options);
+  ~Access();
+
+  // The principal of a JobService or AdminService call.
+  absl::StatusOr<security::Principal> Caller(const grpc::ServerContext& context) const;
+  // OK for a WorkerRegistry call `method` from a peer with a cluster certificate (or when none is
+  // needed).
+  absl::Status CheckWorker(const grpc::ServerContext& context, const char* method) const;
+  // OK for an admin; PERMISSION_DENIED naming `method`, the tenant and its role otherwise.
+  static absl::Status RequireAdmin(const security::Principal& caller, const char* method);
+  // Whether `caller` may act on `job`.
+  static bool MaySee(const security::Principal& caller, const v1::Job& job);
+  // Sets a submitted spec's tenant to the caller's. PERMISSION_DENIED when a user's spec names
+  // another tenant.
+  static absl::Status ScopeSubmit(const security::Principal& caller, v1::JobSpec* spec);
+
+  bool authenticates() const { return options_.tokens != nullptr; }
+
+  // One audit record: who (tenant, name, role, peer address), what (method, target) and the
+  // outcome's code.
+  void Audit(const security::Principal& caller, const grpc::ServerContext& context,
+             const char* method, const std::string& target, const absl::Status& outcome) const;
+
+ private:
+  explicit Access(AccessOptions options) : options_(std::move(options)) {}
+
+  const AccessOptions options_;
+  mutable absl::Mutex audit_mu_;
+  FILE* audit_ ABSL_GUARDED_BY(audit_mu_) = nullptr;
+};
+
+}  // namespace server
+}  // namespace dattn
+
+#endif  // DATTN_SERVER_ACCESS_H_

@@ -1,0 +1,54 @@
+// Per-tenant quotas on submits: how many of a tenant's jobs may wait in the queue, and how fast a
+// tenant may submit (a token bucket: `submits_per_second` a second, bursts of as many). A refusal
+// is RESOURCE_EXHAUSTED naming the tenant, the quota, its value and the flag that sets it. Only a
+// submit that would create a job is counted: a retry of an accepted job (same tenant, same
+// idempotency key) is answered whatever the quotas say, so nothing accepted is lost.
+//
+// Every tenant gets the same quotas (the coordinator's flags); 0 turns one off.
+//
+// Thread-safety: none of its own; the coordinator calls it under its mutex. No I/O: times come
+// from the caller (the coordinator's clock).
+#ifndef DATTN_SERVER_TENANT_QUOTAS_H_
+#define DATTN_SERVER_TENANT_QUOTAS_H_
+
+#include <cstdint>
+#include <map>
+#include <string>
+
+#include "absl/status/status.h"
+#include "absl/time/time.h"
+
+namespace dattn {
+namespace server {
+
+struct QuotaOptions {
+  // Most QUEUED jobs of one tenant (--tenant-max-queued-jobs); 0: no limit.
+  int64_t max_queued_jobs = 0;
+  // Submits a second of one tenant, and the burst (--tenant-submits-per-second); 0: no limit.
+  double submits_per_second = 0;
+};
+
+class TenantQuotas {
+ public:
+  explicit TenantQuotas(QuotaOptions options) : options_(options) {}
+
+  // Whether `tenant`, with `queued` jobs QUEUED now, may create one more at `now`; takes one token
+  // of its bucket when it may.
+  absl::Status Admit(const std::string& tenant, int64_t queued, absl::Time now);
+
+  const QuotaOptions& options() const { return options_; }
+
+ private:
+  struct Bucket {
+    double tokens = 0;
+    absl::Time last;
+  };
+
+  const QuotaOptions options_;
+  std::map<std::string, Bucket> buckets_;  // Tenants seen; a bucket is a few bytes.
+};
+
+}  // namespace server
+}  // namespace dattn
+
+#endif  // DATTN_SERVER_TENANT_QUOTAS_H_

@@ -1,0 +1,311 @@
+// The coordinator's security with the real binaries (docs/SECURITY.md): TLS with a cluster CA,
+// workers with certificates, clients with tokens, tenants apart, admin actions audited.
+#include <chrono>
+#include <fstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
+#include "client/connection.h"
+#include "dattn/v1/admin.grpc.pb.h"
+#include "dattn/v1/job_service.grpc.pb.h"
+#include "dattn/v1/worker.grpc.pb.h"
+#include "engine/testing/test_util.h"
+#include "gmock/gmock.h"
+#include "grpcpp/grpcpp.h"
+#include "gtest/gtest.h"
+#include "security/tls.h"
+#include "tests/cluster_fixture.h"
+
+namespace dattn::testing {
+namespace {
+
+using std::chrono::seconds;
+using ::testing::HasSubstr;
+using ::testing::Not;
+
+const std::vector<std::string> kLongJob = {"--seq-len=96",        "--heads=3",   "--head-dim=8",
+                                           "--segments=16,32",    "--rates=1,2", "--dtype=fp64",
+                                           "--iterations=1000000"};
+
+std::unique_ptr<grpc::ClientContext> Context() {
+  auto context = std::make_unique<grpc::ClientContext>();
+  context->set_deadline(std::chrono::system_clock::now() + seconds(10));
+  return context;
+}
+
+class Security : public ClusterTest {
+ protected:
+  std::unique_ptr<v1::JobService::Stub> JobsAs(const std::string& who) {
+    return v1::JobService::NewStub(cluster_->ChannelWithToken(cluster_->token(who)));
+  }
+  std::unique_ptr<v1::AdminService::Stub> AdminAs(const std::string& who) {
+    return v1::AdminService::NewStub(cluster_->ChannelWithToken(cluster_->token(who)));
+  }
+  // `dattn` as `who` (its token in DATTN_TOKEN).
+  ProcessResult CliAs(const std::string& who, const std::vector<std::string>& args) {
+    return cluster_->Cli(args, seconds(60), {{"DATTN_TOKEN", cluster_->token(who)}});
+  }
+  std::string Submit(const std::string& who) {
+    std::vector<std::string> args = {"submit"};
+    args.insert(args.end(), kLongJob.begin(), kLongJob.end());
+    ProcessResult r = CliAs(who, args);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err << cluster_->Logs();
+    return JobIdFrom(r.out);
+  }
+  std::string AuditLog() {
+    std::ifstream in(cluster_->data_dir() + "/audit.log");
+    return std::string(std::istreambuf_iterator<char>(in), {});
+  }
+};
+
+TEST_F(Security, ClientsWithoutAValidTokenAreRefused) {
+  StartCluster(0);
+  // No token, a wrong token, over TLS.
+  for (const std::string& token : {std::string(""), std::string("dattn_not-a-real-token")}) {
+    auto stub = v1::JobService::NewStub(cluster_->ChannelWithToken(token));
+    v1::ListJobsRequest request;
+    v1::ListJobsResponse response;
+    grpc::Status s = stub->ListJobs(Context().get(), request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+    auto admin = v1::AdminService::NewStub(cluster_->ChannelWithToken(token));
+    v1::ListWorkersResponse workers;
+    s = admin->ListWorkers(Context().get(), v1::ListWorkersRequest(), &workers);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+  }
+  ProcessResult r = cluster_->Cli({"list"}, seconds(30), {{"DATTN_TOKEN", "dattn_wrong"}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("does not know who you are")) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("UNAUTHENTICATED")) << r.err;
+  r = cluster_->Cli({"list"}, seconds(30), {{"DATTN_TOKEN", ""}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("no bearer token")) << r.err;
+
+  // The CLI will not send a token in plaintext, and plaintext against the TLS port fails.
+  r = cluster_->Cli({"list"}, seconds(30), {{"DATTN_TLS_CA", ""}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("a bearer token goes only over TLS")) << r.err;
+  r = cluster_->Cli({"--insecure", "list"}, seconds(30));
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("UNAVAILABLE")) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--tls-ca")) << r.err;
+
+  // A client that trusts another CA does not talk to this coordinator.
+  const std::string foreign = cluster_->dir() + "/foreign";
+  ASSERT_EQ(std::system(("bash " + testutil::RunfilePath("scripts/make-certs.sh") + " " + foreign +
+                         " > /dev/null 2>&1")
+                            .c_str()),
+            0);
+  r = cluster_->Cli({"list"}, seconds(30), {{"DATTN_TLS_CA", foreign + "/ca.pem"}});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("UNAVAILABLE")) << r.err;
+
+  // The right token works.
+  r = cluster_->Cli({"list"});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+}
+
+// Tenant B cannot see, watch, read, cancel or delete tenant A's job: each answer is the NOT_FOUND
+// of a job that does not exist. A job's tenant comes from the token.
+TEST_F(Security, TenantsSeeOnlyTheirOwnJobs) {
+  StartCluster(1);
+  const std::string job_id = Submit(kAlice);
+  ASSERT_FALSE(job_id.empty());
+  const std::string missing = "j-00000000deadbeef";
+
+  auto alice = JobsAs(kAlice);
+  auto bob = JobsAs(kBob);
+  v1::GetJobRequest get;
+  get.set_job_id(job_id);
+  v1::Job job;
+  grpc::Status s = alice->GetJob(Context().get(), get, &job);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(job.spec().tenant(), "alice");
+
+  v1::GetJobRequest get_missing;
+  get_missing.set_job_id(missing);
+  grpc::Status absent = bob->GetJob(Context().get(), get_missing, &job);
+  ASSERT_EQ(absent.error_code(), grpc::StatusCode::NOT_FOUND);
+  const std::string want = absl::StrReplaceAll(absent.error_message(), {{missing, job_id}});
+
+  s = bob->GetJob(Context().get(), get, &job);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(s.error_message(), want);
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job_id);
+  s = bob->CancelJob(Context().get(), cancel, &job);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(s.error_message(), want);
+  v1::DeleteJobRequest del;
+  del.set_job_id(job_id);
+  v1::DeleteJobResponse deleted;
+  s = bob->DeleteJob(Context().get(), del, &deleted);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_EQ(s.error_message(), want);
+  {
+    v1::WatchJobRequest watch;
+    watch.set_job_id(job_id);
+    auto context = Context();
+    auto reader = bob->WatchJob(context.get(), watch);
+    v1::JobEvent event;
+    EXPECT_FALSE(reader->Read(&event)) << "bob read an event of alice's job";
+    s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(s.error_message(), want);
+  }
+  {
+    v1::ReadOutputRequest read;
+    read.set_job_id(job_id);
+    auto context = Context();
+    auto reader = bob->ReadOutput(context.get(), read);
+    v1::TensorChunk chunk;
+    EXPECT_FALSE(reader->Read(&chunk));
+    s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(s.error_message(), want);
+  }
+  // Lists: bob's own tenant only; asking for alice's is refused.
+  v1::ListJobsRequest list;
+  v1::ListJobsResponse listed;
+  s = bob->ListJobs(Context().get(), list, &listed);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  for (const v1::Job& j : listed.jobs()) EXPECT_NE(j.job_id(), job_id);
+  list.set_tenant("alice");
+  s = bob->ListJobs(Context().get(), list, &listed);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED) << s.error_message();
+  // A spec naming another tenant is refused, naming both.
+  ProcessResult r = CliAs(kBob, {"submit", "--seq-len=96", "--heads=3", "--head-dim=8",
+                                 "--segments=16", "--rates=1", "--tenant=alice"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("PERMISSION_DENIED")) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("tenant \"bob\"")) << r.err;
+
+  // Alice's job is untouched by all that; the admin sees it and may cancel it, which is audited.
+  s = alice->GetJob(Context().get(), get, &job);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_NE(job.state(), v1::JOB_STATE_CANCELLED);
+  r = cluster_->Cli({"list", "--all"});
+  EXPECT_THAT(r.out, HasSubstr(job_id)) << r.out << r.err;
+  r = cluster_->Cli({"cancel", job_id});
+  EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+  const std::string audit = AuditLog();
+  EXPECT_THAT(audit, HasSubstr("\"method\":\"/dattn.v1.JobService/CancelJob\"")) << audit;
+  EXPECT_THAT(audit, HasSubstr("\"target\":\"" + job_id + "\"")) << audit;
+  EXPECT_THAT(audit, HasSubstr("\"tenant\":\"ops\"")) << audit;
+  // Bob's refused attempts were not admin actions: not in the audit log.
+  EXPECT_THAT(audit, Not(HasSubstr("\"name\":\"bob\""))) << audit;
+}
+
+TEST_F(Security, AdminServiceNeedsTheAdminRoleAndIsAudited) {
+  StartCluster(1);
+  ProcessResult r = CliAs(kAlice, {"workers"});
+  EXPECT_NE(r.exit_code, 0);
+  EXPECT_THAT(r.err, HasSubstr("PERMISSION_DENIED")) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("needs the admin role")) << r.err;
+
+  auto admin = AdminAs(kAdmin);
+  v1::ListWorkersResponse workers;
+  grpc::Status s = admin->ListWorkers(Context().get(), v1::ListWorkersRequest(), &workers);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(workers.workers_size(), 1);
+  const std::string worker_id = workers.workers(0).worker_id();
+  v1::DrainWorkerRequest drain;
+  drain.set_worker_id(worker_id);
+  v1::Worker drained;
+  s = AdminAs(kAlice)->DrainWorker(Context().get(), drain, &drained);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::PERMISSION_DENIED);
+  s = admin->DrainWorker(Context().get(), drain, &drained);
+  EXPECT_TRUE(s.ok()) << s.error_message();
+
+  const std::string audit = AuditLog();
+  EXPECT_THAT(audit, HasSubstr("\"method\":\"/dattn.v1.AdminService/DrainWorker\"")) << audit;
+  EXPECT_THAT(audit, HasSubstr("\"name\":\"alice\",\"peer\"")) << audit;
+  EXPECT_THAT(audit, HasSubstr("\"code\":\"PERMISSION_DENIED\"")) << audit;
+  EXPECT_THAT(audit, HasSubstr("\"target\":\"" + worker_id + "\"")) << audit;
+}
+
+// Only a peer with a certificate of the cluster CA may use WorkerRegistry; tokens do not open it.
+TEST_F(Security, WorkersNeedAClusterCertificate) {
+  StartCluster(0);
+  // TLS without a client certificate, with an admin token: UNAUTHENTICATED.
+  auto registry = v1::WorkerRegistry::NewStub(cluster_->ChannelWithToken(cluster_->token(kAdmin)));
+  v1::RegisterWorkerRequest request;
+  request.set_name("intruder");
+  v1::RegisterWorkerResponse response;
+  grpc::Status s = registry->RegisterWorker(Context().get(), request, &response);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("certificate signed by the cluster CA"));
+  v1::TaskReport report;
+  report.set_worker_id("w-1");
+  report.set_task_id("j-1/1/0");
+  report.set_state(v1::TASK_STATE_SUCCEEDED);
+  v1::ReportTaskResponse reported;
+  s = registry->ReportTask(Context().get(), report, &reported);
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
+
+  // A worker whose certificate another CA signed never registers.
+  const std::string foreign = cluster_->dir() + "/foreign";
+  ASSERT_EQ(std::system(("bash " + testutil::RunfilePath("scripts/make-certs.sh") + " " + foreign +
+                         " > /dev/null 2>&1")
+                            .c_str()),
+            0);
+  ProcessOptions o;
+  o.name = "foreign-worker";
+  o.log_dir = cluster_->dir();
+  o.argv = {testutil::RunfilePath("worker/dattn-worker"),
+            "--coordinator=" + cluster_->address(),
+            "--name=foreign",
+            "--health-port=0",
+            "--tls-ca=" + cluster_->ca_file(),
+            "--tls-cert=" + foreign + "/worker.pem",
+            "--tls-key=" + foreign + "/worker-key.pem"};
+  Process intruder(o);
+  std::string error;
+  ASSERT_TRUE(intruder.Start(&error)) << error;
+  EXPECT_TRUE(intruder.WaitForStderr("registration with .* failed", seconds(20)).has_value())
+      << intruder.ReadStderr();
+  v1::ListWorkersRequest all;
+  all.set_include_dead(true);
+  v1::ListWorkersResponse workers;
+  s = cluster_->admin().ListWorkers(Context().get(), all, &workers);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  EXPECT_EQ(workers.workers_size(), 0);
+  intruder.Kill();
+
+  // A worker without a certificate does not start; one with the cluster's registers.
+  o.name = "no-cert-worker";
+  o.argv = {testutil::RunfilePath("worker/dattn-worker"), "--coordinator=" + cluster_->address(),
+            "--name=nocert", "--health-port=0", "--tls-ca=" + cluster_->ca_file()};
+  ProcessResult r = RunCommand(o, seconds(20));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("give --tls-ca, --tls-cert and --tls-key")) << r.err;
+  ASSERT_GE(cluster_->AddWorker(1, &error), 0) << error;
+  EXPECT_TRUE(cluster_->WaitForReadyWorkers(1, seconds(30))) << cluster_->Logs();
+}
+
+TEST_F(Security, DaemonsRefuseToStartWithoutTlsOrAnExplicitInsecure) {
+  ProcessOptions o;
+  o.name = "bare-coordinator";
+  o.log_dir = ::testing::TempDir();
+  o.argv = {testutil::RunfilePath("server/dattn-coordinator"), "--listen=127.0.0.1:0",
+            "--metrics-listen=127.0.0.1:0", "--data-dir=" + ::testing::TempDir() + "/bare"};
+  ProcessResult r = RunCommand(o, seconds(20));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--insecure")) << r.err;
+  o.argv.push_back("--insecure");
+  o.argv.push_back("--tls-ca=/nonexistent");
+  r = RunCommand(o, seconds(20));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("contradict")) << r.err;
+  o.name = "bare-worker";
+  o.argv = {testutil::RunfilePath("worker/dattn-worker"), "--coordinator=127.0.0.1:1",
+            "--health-port=0"};
+  r = RunCommand(o, seconds(20));
+  EXPECT_EQ(r.exit_code, 2) << r.err;
+  EXPECT_THAT(r.err, HasSubstr("--insecure")) << r.err;
+}
+
+}  // namespace
+}  // namespace dattn::testing

@@ -591,7 +591,7 @@ absl::StatusOr<v1::ReportTaskResponse> Coordinator::ReportTask(const v1::TaskRep
   std::optional<std::vector<int>> missing_ranks;
   if (request.state() == v1::TASK_STATE_FAILED && request.ring_formation_seconds() <= 0 &&
       !request.refused()) {
-    std::string address, ring_id;
+    std::string address, secret, ring_id;
     int size = 0;
     {
       absl::MutexLock lock(&mu_);
@@ -601,11 +601,13 @@ absl::StatusOr<v1::ReportTaskResponse> Coordinator::ReportTask(const v1::TaskRep
       if (ring != nullptr && run != nullptr && run->job.attempt() == task->attempt &&
           !ring->is_formed()) {
         address = ring->address;
+        secret = ring->secret;
         ring_id = ring->id;
         size = ring->size;
       }
     }
-    if (!address.empty()) missing_ranks = RingRendezvous::ProbeMissingRanks(address, ring_id, size);
+    if (!address.empty())
+      missing_ranks = RingRendezvous::ProbeMissingRanks(address, secret, ring_id, size);
   }
   v1::ReportTaskResponse response;
   Tickets tickets;

@@ -1,6 +1,7 @@
 #include "engine/comm/tcp_store.h"
 
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <poll.h>
@@ -49,68 +50,71 @@ absl::StatusOr<bool> PollUntil(int fd, short events, absl::Time deadline) {
   }
 }
 
-absl::Status SendAll(int fd, const char* data, size_t n, absl::Time deadline) {
-  while (n > 0) {
-    absl::StatusOr<bool> ready = PollUntil(fd, POLLOUT, deadline);
-    if (!ready.ok()) return ready.status();
-    if (!*ready) return absl::DeadlineExceededError("send timed out");
-    const ssize_t rv = ::send(fd, data, n, MSG_NOSIGNAL);
-    if (rv < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return absl::UnavailableError(absl::StrCat("send: ", ErrnoText(errno)));
-    }
-    data += rv;
-    n -= static_cast<size_t>(rv);
-  }
-  return absl::OkStatus();
-}
+void SetNonBlocking(int fd) { ::fcntl(fd, F_SETFL, ::fcntl(fd, F_GETFL) | O_NONBLOCK); }
 
-absl::Status RecvAll(int fd, char* data, size_t n, absl::Time deadline) {
-  while (n > 0) {
-    absl::StatusOr<bool> ready = PollUntil(fd, POLLIN, deadline);
-    if (!ready.ok()) return ready.status();
-    if (!*ready) return absl::DeadlineExceededError("receive timed out");
-    const ssize_t rv = ::recv(fd, data, n, 0);
-    if (rv == 0) return absl::UnavailableError("connection closed by peer");
-    if (rv < 0) {
-      if (errno == EINTR || errno == EAGAIN) continue;
-      return absl::UnavailableError(absl::StrCat("recv: ", ErrnoText(errno)));
-    }
-    data += rv;
-    n -= static_cast<size_t>(rv);
-  }
-  return absl::OkStatus();
-}
+// Deadlines of reads between requests on the server: none (a rank may stay idle for the whole
+// run; the server's destructor shuts the socket down to end the wait).
+constexpr absl::Time kNoDeadline = absl::InfiniteFuture();
 
-// Server side: blocking reads on a socket that the server shuts down to stop us.
-bool ReadExact(int fd, char* data, size_t n) {
-  while (n > 0) {
-    const ssize_t rv = ::recv(fd, data, n, 0);
-    if (rv == 0) return false;
-    if (rv < 0) {
-      if (errno == EINTR) continue;
-      return false;
-    }
-    data += rv;
-    n -= static_cast<size_t>(rv);
-  }
-  return true;
-}
+}  // namespace
 
-bool WriteExact(int fd, const std::string& data) {
-  const char* p = data.data();
-  size_t n = data.size();
-  while (n > 0) {
-    const ssize_t rv = ::send(fd, p, n, MSG_NOSIGNAL);
-    if (rv < 0) {
-      if (errno == EINTR) continue;
-      return false;
+// One connected, non-blocking socket; every read and write waits in poll() up to its deadline.
+// Used by one thread at a time (the client's mutex, or the server's thread of the connection).
+class StoreConnection {
+ public:
+  explicit StoreConnection(int fd) : fd_(fd) {}
+  ~StoreConnection() { ::close(fd_); }
+  StoreConnection(const StoreConnection&) = delete;
+  StoreConnection& operator=(const StoreConnection&) = delete;
+
+  int fd() const { return fd_; }
+
+  // UNAVAILABLE when the connection breaks or the peer closes it, DEADLINE_EXCEEDED when the
+  // deadline passes first.
+  absl::Status Write(const char* data, size_t n, absl::Time deadline) {
+    while (n > 0) {
+      const ssize_t rv = ::send(fd_, data, n, MSG_NOSIGNAL);
+      if (rv < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+          return absl::UnavailableError(absl::StrCat("send: ", ErrnoText(errno)));
+        }
+        absl::StatusOr<bool> ready = PollUntil(fd_, POLLOUT, deadline);
+        if (!ready.ok()) return ready.status();
+        if (!*ready) return absl::DeadlineExceededError("send timed out");
+        continue;
+      }
+      data += rv;
+      n -= static_cast<size_t>(rv);
     }
-    p += rv;
-    n -= static_cast<size_t>(rv);
+    return absl::OkStatus();
   }
-  return true;
-}
+
+  absl::Status Read(char* data, size_t n, absl::Time deadline) {
+    while (n > 0) {
+      const ssize_t rv = ::recv(fd_, data, n, 0);
+      if (rv == 0) return absl::UnavailableError("connection closed by peer");
+      if (rv < 0) {
+        if (errno == EINTR) continue;
+        if (errno != EAGAIN && errno != EWOULDBLOCK) {
+          return absl::UnavailableError(absl::StrCat("recv: ", ErrnoText(errno)));
+        }
+        absl::StatusOr<bool> ready = PollUntil(fd_, POLLIN, deadline);
+        if (!ready.ok()) return ready.status();
+        if (!*ready) return absl::DeadlineExceededError("receive timed out");
+        continue;
+      }
+      data += rv;
+      n -= static_cast<size_t>(rv);
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  const int fd_;
+};
+
+namespace {
 
 absl::StatusOr<std::pair<std::string, int>> SplitAddress(const std::string& address) {
   const size_t colon = address.rfind(':');
@@ -130,9 +134,18 @@ absl::StatusOr<std::pair<std::string, int>> SplitAddress(const std::string& addr
 
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std::string& host,
                                                                       int port) {
+  TcpStoreServerOptions options;
+  options.host = host;
+  options.port = port;
+  return Start(std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
+    TcpStoreServerOptions options) {
+  const std::string& host = options.host;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
-  addr.sin_port = htons(static_cast<uint16_t>(port));
+  addr.sin_port = htons(static_cast<uint16_t>(options.port));
   if (::inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("store host \"", host, "\" is not a numeric IPv4 address"));
@@ -145,24 +158,26 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std:
     const int err = errno;
     ::close(fd);
     return absl::UnavailableError(
-        absl::StrCat("cannot listen on ", host, ":", port, ": ", ErrnoText(err)));
+        absl::StrCat("cannot listen on ", host, ":", options.port, ": ", ErrnoText(err)));
   }
   socklen_t len = sizeof(addr);
   ::getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  auto server = std::unique_ptr<TcpStoreServer>(new TcpStoreServer(host, ntohs(addr.sin_port), fd));
+  const int bound_port = ntohs(addr.sin_port);
+  auto server =
+      std::unique_ptr<TcpStoreServer>(new TcpStoreServer(std::move(options), bound_port, fd));
   server->accept_thread_ = std::thread([s = server.get()] { s->AcceptLoop(); });
   return server;
 }
 
-TcpStoreServer::TcpStoreServer(std::string host, int port, int listen_fd)
-    : host_(std::move(host)), port_(port), listen_fd_(listen_fd) {}
+TcpStoreServer::TcpStoreServer(TcpStoreServerOptions options, int port, int listen_fd)
+    : options_(std::move(options)), port_(port), listen_fd_(listen_fd) {}
 
 TcpStoreServer::~TcpStoreServer() {
   std::vector<std::thread> threads;
   {
     absl::MutexLock lock(&mu_);
     stopping_ = true;
-    // shutdown() wakes the threads blocked in accept() and recv() on these sockets.
+    // shutdown() wakes the threads blocked in accept() and in poll() on these sockets.
     ::shutdown(listen_fd_, SHUT_RDWR);
     for (int fd : client_fds_) ::shutdown(fd, SHUT_RDWR);
     changed_.SignalAll();
@@ -176,11 +191,11 @@ TcpStoreServer::~TcpStoreServer() {
   ::close(listen_fd_);
 }
 
-std::string TcpStoreServer::address() const { return absl::StrCat(host_, ":", port_); }
+std::string TcpStoreServer::address() const { return absl::StrCat(options_.host, ":", port_); }
 
 void TcpStoreServer::AcceptLoop() {
   for (;;) {
-    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC);
+    const int fd = ::accept4(listen_fd_, nullptr, nullptr, SOCK_CLOEXEC | SOCK_NONBLOCK);
     absl::MutexLock lock(&mu_);
     if (stopping_) {
       if (fd >= 0) ::close(fd);
@@ -197,10 +212,25 @@ void TcpStoreServer::AcceptLoop() {
   }
 }
 
+bool TcpStoreServer::Admit(StoreConnection* conn) {
+  if (options_.secret.empty()) return true;
+  const absl::Time deadline = absl::Now() + options_.admission_timeout;
+  absl::StatusOr<StoreRequest> hello =
+      ReadStoreRequest([&](char* data, size_t n) { return conn->Read(data, n, deadline).ok(); });
+  if (!hello.ok()) return false;  // Closed, stalled past the deadline, or out of step.
+  bool admitted = false;
+  const std::string reply = AdmitStoreConnection(*hello, options_.secret, &admitted);
+  const absl::Status written =
+      conn->Write(reply.data(), reply.size(), absl::Now() + options_.reply_timeout);
+  return admitted && written.ok();
+}
+
 void TcpStoreServer::Serve(int fd) {
-  for (;;) {
-    absl::StatusOr<StoreRequest> request =
-        ReadStoreRequest([fd](char* data, size_t n) { return ReadExact(fd, data, n); });
+  auto conn = std::make_unique<StoreConnection>(fd);
+  bool open = Admit(conn.get());
+  while (open) {
+    absl::StatusOr<StoreRequest> request = ReadStoreRequest(
+        [&](char* data, size_t n) { return conn->Read(data, n, kNoDeadline).ok(); });
     if (!request.ok()) break;  // Closed, or out of step: either way the connection ends.
 
     std::string reply;
@@ -220,11 +250,12 @@ void TcpStoreServer::Serve(int fd) {
       if (changed) changed_.SignalAll();
     }
     if (stop) break;
-    if (!WriteExact(fd, reply)) break;
+    open = conn->Write(reply.data(), reply.size(), absl::Now() + options_.reply_timeout).ok();
   }
   absl::MutexLock lock(&mu_);
+  // Forgotten before it is closed, so that the destructor never shuts down a reused descriptor.
   client_fds_.erase(std::remove(client_fds_.begin(), client_fds_.end(), fd), client_fds_.end());
-  ::close(fd);
+  conn.reset();
 }
 
 // ---------------------------------------------------------------------------------------------------
@@ -233,10 +264,19 @@ void TcpStoreServer::Serve(int fd) {
 absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const std::string& address,
                                                             absl::Duration connect_timeout,
                                                             absl::Duration request_timeout) {
+  TcpStoreOptions options;
+  options.connect_timeout = connect_timeout;
+  options.request_timeout = request_timeout;
+  return Connect(address, std::move(options));
+}
+
+absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const std::string& address,
+                                                            TcpStoreOptions options) {
   absl::StatusOr<std::pair<std::string, int>> hp = SplitAddress(address);
   if (!hp.ok()) return hp.status();
+  const absl::Duration connect_timeout = options.connect_timeout;
   auto store =
-      std::unique_ptr<TcpStore>(new TcpStore(address, hp->first, hp->second, request_timeout));
+      std::unique_ptr<TcpStore>(new TcpStore(address, hp->first, hp->second, std::move(options)));
   absl::MutexLock lock(&store->mu_);
   if (absl::Status s = store->EnsureConnectedLocked(absl::Now() + connect_timeout); !s.ok()) {
     return s;
@@ -244,19 +284,19 @@ absl::StatusOr<std::unique_ptr<TcpStore>> TcpStore::Connect(const std::string& a
   return store;
 }
 
-TcpStore::TcpStore(std::string address, std::string host, int port, absl::Duration request_timeout)
+TcpStore::TcpStore(std::string address, std::string host, int port, TcpStoreOptions options)
     : address_(std::move(address)),
       host_(std::move(host)),
       port_(port),
-      request_timeout_(request_timeout) {}
+      options_(std::move(options)) {}
 
 TcpStore::~TcpStore() {
   absl::MutexLock lock(&mu_);
-  if (fd_ >= 0) ::close(fd_);
+  conn_.reset();
 }
 
 absl::Status TcpStore::EnsureConnectedLocked(absl::Time deadline) {
-  if (fd_ >= 0) return absl::OkStatus();
+  if (conn_ != nullptr) return absl::OkStatus();
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port_));
@@ -265,21 +305,54 @@ absl::Status TcpStore::EnsureConnectedLocked(absl::Time deadline) {
         absl::StrCat("store host \"", host_, "\" is not a numeric IPv4 address"));
   }
   std::string last_error = "no attempt";
+  int fd = -1;
   do {
-    const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+    fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
     if (fd < 0) return absl::UnavailableError(absl::StrCat("socket: ", ErrnoText(errno)));
-    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-      int on = 1;
-      ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
-      fd_ = fd;
-      return absl::OkStatus();
-    }
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) break;
     last_error = ErrnoText(errno);
     ::close(fd);
+    fd = -1;
     absl::SleepFor(absl::Milliseconds(20));
   } while (absl::Now() < deadline);
-  return absl::UnavailableError(
-      absl::StrCat("cannot connect to store at ", address_, ": ", last_error));
+  if (fd < 0) {
+    return absl::UnavailableError(
+        absl::StrCat("cannot connect to store at ", address_, ": ", last_error));
+  }
+  int on = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
+  SetNonBlocking(fd);
+  auto conn = std::make_unique<StoreConnection>(fd);
+
+  // The hello, answered within the request timeout; a refusal is final (no retry).
+  const absl::Time hello_deadline = absl::Now() + options_.request_timeout;
+  const std::string frame = EncodeStoreRequest(StoreRequest{kStoreHello, "", options_.secret, 0});
+  uint8_t code = 0;
+  uint32_t len = 0;
+  std::string payload;
+  absl::Status s = conn->Write(frame.data(), frame.size(), hello_deadline);
+  if (s.ok()) s = conn->Read(reinterpret_cast<char*>(&code), 1, hello_deadline);
+  if (s.ok()) s = conn->Read(reinterpret_cast<char*>(&len), 4, hello_deadline);
+  if (s.ok() && len > kMaxStoreKeyBytes) s = absl::UnavailableError("malformed reply");
+  if (s.ok()) {
+    payload.resize(len);
+    s = conn->Read(payload.data(), len, hello_deadline);
+  }
+  if (!s.ok()) {
+    return absl::Status(
+        s.code(), absl::StrCat("store ", address_, ": no answer to the hello: ", s.message()));
+  }
+  if (code == kStoreDenied) {
+    return absl::PermissionDeniedError(
+        absl::StrCat("the rendezvous store ", address_,
+                     " refused this rank: wrong or missing ring secret (", payload, ")"));
+  }
+  if (code != kStoreOk) {
+    return absl::UnavailableError(
+        absl::StrCat("store ", address_, ": unexpected answer to the hello: ", payload));
+  }
+  conn_ = std::move(conn);
+  return absl::OkStatus();
 }
 
 absl::StatusOr<std::string> TcpStore::RoundTrip(uint8_t op, const std::string& key,
@@ -293,23 +366,23 @@ absl::StatusOr<std::string> TcpStore::RoundTrip(uint8_t op, const std::string& k
   const std::string frame = EncodeStoreRequest(StoreRequest{op, key, value, arg});
 
   absl::MutexLock lock(&mu_);
-  const absl::Time deadline = absl::Now() + wait + request_timeout_;
-  absl::Status s = EnsureConnectedLocked(absl::Now() + request_timeout_);
-  if (s.ok()) s = SendAll(fd_, frame.data(), frame.size(), deadline);
+  const absl::Time deadline = absl::Now() + wait + options_.request_timeout;
+  absl::Status s = EnsureConnectedLocked(absl::Now() + options_.request_timeout);
+  if (absl::IsPermissionDenied(s)) return s;
+  if (s.ok()) s = conn_->Write(frame.data(), frame.size(), deadline);
   uint8_t code = 0;
   uint32_t len = 0;
   std::string payload;
-  if (s.ok()) s = RecvAll(fd_, reinterpret_cast<char*>(&code), 1, deadline);
-  if (s.ok()) s = RecvAll(fd_, reinterpret_cast<char*>(&len), 4, deadline);
+  if (s.ok()) s = conn_->Read(reinterpret_cast<char*>(&code), 1, deadline);
+  if (s.ok()) s = conn_->Read(reinterpret_cast<char*>(&len), 4, deadline);
   if (s.ok() && len > kMaxStoreValueBytes) s = absl::UnavailableError("malformed reply");
   if (s.ok()) {
     payload.resize(len);
-    s = RecvAll(fd_, payload.data(), len, deadline);
+    s = conn_->Read(payload.data(), len, deadline);
   }
   if (!s.ok()) {
     // The stream is out of step after a partial exchange: start over on the next request.
-    ::close(fd_);
-    fd_ = -1;
+    conn_.reset();
     return absl::Status(s.code(),
                         absl::StrCat("store ", address_, ", key \"", key, "\": ", s.message()));
   }
@@ -321,7 +394,6 @@ absl::StatusOr<std::string> TcpStore::RoundTrip(uint8_t op, const std::string& k
     return absl::InvalidArgumentError(absl::StrCat("store ", address_, ": ", payload));
   return payload;
 }
-
 absl::Status TcpStore::Set(const std::string& key, const std::string& value) {
   return RoundTrip(kStoreSet, key, value, 0, absl::ZeroDuration()).status();
 }

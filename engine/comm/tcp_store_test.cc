@@ -1,6 +1,11 @@
 #include "engine/comm/tcp_store.h"
 
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <atomic>
 #include <thread>
@@ -177,6 +182,112 @@ TEST(TcpStoreTest, ConnectToNothingFailsWithinTheTimeout) {
   EXPECT_TRUE(absl::IsUnavailable(c.status())) << c.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(3));
   EXPECT_TRUE(absl::IsInvalidArgument(TcpStore::Connect("no-port").status()));
+}
+
+const std::string kSecret(
+    "\x01\x02\x03\x04\x05\x06\x07\x08\x09\x0a\x0b\x0c\x0d\x0e\x0f\x10"
+    "\x11\x12\x13\x14\x15\x16\x17\x18\x19\x1a\x1b\x1c\x1d\x1e\x1f\x00",
+    32);
+
+std::unique_ptr<TcpStoreServer> StartServerWithSecret(
+    absl::Duration admission_timeout = absl::Seconds(10)) {
+  TcpStoreServerOptions options;
+  options.secret = kSecret;
+  options.admission_timeout = admission_timeout;
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> server = TcpStoreServer::Start(options);
+  EXPECT_TRUE(server.ok()) << server.status();
+  return std::move(*server);
+}
+
+absl::StatusOr<std::unique_ptr<TcpStore>> ConnectWithSecret(const TcpStoreServer& server,
+                                                            const std::string& secret) {
+  TcpStoreOptions options;
+  options.connect_timeout = absl::Seconds(5);
+  options.request_timeout = absl::Seconds(5);
+  options.secret = secret;
+  return TcpStore::Connect(server.address(), options);
+}
+
+// A raw TCP connection to `port` on loopback that sends nothing; -1 on failure.
+int RawConnect(int port) {
+  const int fd = ::socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(port));
+  ::inet_pton(AF_INET, "127.0.0.1", &addr.sin_addr);
+  if (::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0) {
+    ::close(fd);
+    return -1;
+  }
+  return fd;
+}
+
+// Whether the server closed `fd` (end of stream) within `timeout`.
+bool ClosedByPeerWithin(int fd, absl::Duration timeout) {
+  pollfd p{fd, POLLIN, 0};
+  if (::poll(&p, 1, static_cast<int>(absl::ToInt64Milliseconds(timeout))) != 1) return false;
+  char byte;
+  return ::recv(fd, &byte, 1, 0) == 0;
+}
+
+TEST(TcpStoreSecretTest, TheRightSecretIsServed) {
+  auto server = StartServerWithSecret();
+  absl::StatusOr<std::unique_ptr<TcpStore>> a = ConnectWithSecret(*server, kSecret);
+  absl::StatusOr<std::unique_ptr<TcpStore>> b = ConnectWithSecret(*server, kSecret);
+  ASSERT_TRUE(a.ok()) << a.status();
+  ASSERT_TRUE(b.ok()) << b.status();
+  ASSERT_TRUE((*a)->Set("k", "v").ok());
+  EXPECT_EQ(*(*b)->Get("k", absl::Seconds(1)), "v");
+}
+
+TEST(TcpStoreSecretTest, AWrongOrMissingSecretIsDeniedAndOthersAreStillServed) {
+  auto server = StartServerWithSecret();
+  absl::StatusOr<std::unique_ptr<TcpStore>> good = ConnectWithSecret(*server, kSecret);
+  ASSERT_TRUE(good.ok()) << good.status();
+  ASSERT_TRUE((*good)->Set("before", "1").ok());
+
+  std::string wrong = kSecret;
+  wrong[0] ^= 1;
+  for (const std::string& secret : {wrong, std::string(), kSecret.substr(0, 31)}) {
+    const absl::Time start = absl::Now();
+    absl::StatusOr<std::unique_ptr<TcpStore>> bad = ConnectWithSecret(*server, secret);
+    EXPECT_TRUE(absl::IsPermissionDenied(bad.status())) << bad.status();
+    EXPECT_NE(bad.status().message().find("wrong or missing ring secret"), std::string::npos)
+        << bad.status();
+    // Refused at once, not retried until the connect timeout.
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  }
+  // The old-style Connect (no secret) is refused the same way.
+  EXPECT_TRUE(absl::IsPermissionDenied(TcpStore::Connect(server->address()).status()));
+
+  // The admitted client and new admitted clients are still served.
+  EXPECT_EQ(*(*good)->Get("before", absl::Seconds(1)), "1");
+  absl::StatusOr<std::unique_ptr<TcpStore>> later = ConnectWithSecret(*server, kSecret);
+  ASSERT_TRUE(later.ok()) << later.status();
+  EXPECT_EQ(*(*later)->Get("before", absl::Seconds(1)), "1");
+}
+
+TEST(TcpStoreSecretTest, AStoreWithoutASecretServesAClientThatSendsOne) {
+  auto server = StartServer();
+  absl::StatusOr<std::unique_ptr<TcpStore>> c = ConnectWithSecret(*server, kSecret);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE((*c)->Set("k", "v").ok());
+}
+
+TEST(TcpStoreSecretTest, ASilentConnectionIsClosedAtItsDeadlineAndBlocksNobody) {
+  auto server = StartServerWithSecret(absl::Milliseconds(500));
+  const int silent = RawConnect(server->port());
+  ASSERT_GE(silent, 0);
+  // Others are admitted and served while the silent connection waits.
+  const absl::Time start = absl::Now();
+  absl::StatusOr<std::unique_ptr<TcpStore>> c = ConnectWithSecret(*server, kSecret);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE((*c)->Set("k", "v").ok());
+  EXPECT_LT(absl::Now() - start, absl::Milliseconds(400));
+  // The server ends the silent connection once its admission deadline passes.
+  EXPECT_TRUE(ClosedByPeerWithin(silent, absl::Seconds(5)));
+  EXPECT_GE(absl::Now() - start, absl::Milliseconds(400));
+  ::close(silent);
 }
 
 }  // namespace

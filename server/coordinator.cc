@@ -37,7 +37,8 @@ Coordinator::Coordinator(CoordinatorOptions options, Metrics* metrics)
       book_(metrics_),
       workers_(metrics_),
       rings_(RingOptions{options_.rendezvous_host, options_.rendezvous_advertise,
-                         options_.ring_formation_timeout, options_.ring_comm_timeout},
+                         options_.ring_formation_timeout, options_.ring_comm_timeout,
+                         options_.rendezvous_tls},
              metrics_),
       dispatcher_(DispatcherOptions{options_.starvation_bound, options_.feasibility_settle},
                   metrics_),
@@ -592,6 +593,7 @@ absl::StatusOr<v1::ReportTaskResponse> Coordinator::ReportTask(const v1::TaskRep
   if (request.state() == v1::TASK_STATE_FAILED && request.ring_formation_seconds() <= 0 &&
       !request.refused()) {
     std::string address, secret, ring_id;
+    comm::StoreTls tls;
     int size = 0;
     {
       absl::MutexLock lock(&mu_);
@@ -602,12 +604,13 @@ absl::StatusOr<v1::ReportTaskResponse> Coordinator::ReportTask(const v1::TaskRep
           !ring->is_formed()) {
         address = ring->address;
         secret = ring->secret;
+        tls = rings_.options().tls;
         ring_id = ring->id;
         size = ring->size;
       }
     }
     if (!address.empty())
-      missing_ranks = RingRendezvous::ProbeMissingRanks(address, secret, ring_id, size);
+      missing_ranks = RingRendezvous::ProbeMissingRanks(address, secret, tls, ring_id, size);
   }
   v1::ReportTaskResponse response;
   Tickets tickets;

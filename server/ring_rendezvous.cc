@@ -44,6 +44,7 @@ absl::StatusOr<const Ring*> RingRendezvous::Start(const std::string& job_id, int
   store_options.host = options_.host;
   store_options.port = 0;
   store_options.secret = *secret;
+  store_options.tls = options_.tls;
   absl::StatusOr<std::unique_ptr<comm::TcpStoreServer>> store =
       comm::TcpStoreServer::Start(std::move(store_options));
   if (!store.ok()) return store.status();
@@ -112,12 +113,14 @@ v1::RingInfo RingRendezvous::Info(const std::string& job_id, int rank) const {
 
 std::optional<std::vector<int>> RingRendezvous::ProbeMissingRanks(const std::string& address,
                                                                   const std::string& secret,
+                                                                  const comm::StoreTls& tls,
                                                                   const std::string& ring_id,
                                                                   int size) {
   comm::TcpStoreOptions connect;
   connect.connect_timeout = absl::Seconds(1);
   connect.request_timeout = absl::Seconds(1);
   connect.secret = secret;
+  connect.tls = tls;
   absl::StatusOr<std::unique_ptr<comm::TcpStore>> store = comm::TcpStore::Connect(address, connect);
   if (!store.ok()) return std::nullopt;
   std::vector<int> missing;

@@ -53,6 +53,11 @@ struct RingOptions {
   std::string advertise;           // Address workers dial; empty: host.
   absl::Duration formation_timeout = absl::Seconds(30);
   absl::Duration comm_timeout = absl::Seconds(120);
+  // Mutual TLS of every store (engine/comm/tcp_store.h): the cluster CA, and the coordinator's
+  // certificate and key signed by it; read when each attempt's store starts, so renewed files are
+  // picked up by the next attempt. Empty: plaintext. ProbeMissingRanks connects with the same
+  // files.
+  comm::StoreTls tls;
 };
 
 class RingRendezvous {
@@ -65,7 +70,8 @@ class RingRendezvous {
 
   // Starts the store of attempt `attempt` of job `job_id` (P = `size` ranks, communicator
   // `backend`) with a new secret. An earlier ring of the job must have ended. UNAVAILABLE when the
-  // store cannot listen; INTERNAL when no random bytes could be drawn.
+  // store cannot listen; INTERNAL when no random bytes could be drawn; INVALID_ARGUMENT when the
+  // TLS files cannot be read.
   absl::StatusOr<const Ring*> Start(const std::string& job_id, int attempt,
                                     const std::string& backend, int size);
   const Ring* Find(const std::string& job_id) const;
@@ -81,10 +87,11 @@ class RingRendezvous {
   v1::RingInfo Info(const std::string& job_id, int rank) const;
 
   // The ranks of ring `ring_id` (of `size`) whose arrival key is missing from the store at
-  // `address` (whose secret is `secret`), or nullopt when the store cannot be asked. A loopback
-  // round trip per rank.
+  // `address` (whose secret is `secret`, reached with `tls`), or nullopt when the store cannot be
+  // asked. A loopback round trip per rank.
   static std::optional<std::vector<int>> ProbeMissingRanks(const std::string& address,
                                                            const std::string& secret,
+                                                           const comm::StoreTls& tls,
                                                            const std::string& ring_id, int size);
 
   const RingOptions& options() const { return options_; }

@@ -2,6 +2,7 @@
 // its RingInfo, and the store admits only connections that present it.
 #include "server/ring_rendezvous.h"
 
+#include <cstdlib>
 #include <memory>
 #include <string>
 
@@ -41,10 +42,10 @@ TEST(RingRendezvousTest, EveryAttemptHasASecretOfItsOwnThatItsStoreRequires) {
   EXPECT_TRUE((*admitted)->Set("k", "v").ok());
   EXPECT_TRUE(
       absl::IsPermissionDenied(comm::TcpStore::Connect(rank0.store_address(), Quick("")).status()));
-  EXPECT_EQ(RingRendezvous::ProbeMissingRanks(rank0.store_address(), rank0.store_secret(),
+  EXPECT_EQ(RingRendezvous::ProbeMissingRanks(rank0.store_address(), rank0.store_secret(), {},
                                               rank0.ring_id(), 2),
             std::vector<int>({0, 1}));
-  EXPECT_EQ(RingRendezvous::ProbeMissingRanks(rank0.store_address(), "", rank0.ring_id(), 2),
+  EXPECT_EQ(RingRendezvous::ProbeMissingRanks(rank0.store_address(), "", {}, rank0.ring_id(), 2),
             std::nullopt);
 
   // The next attempt: a new store with a new secret, which the old one does not open.
@@ -63,6 +64,56 @@ TEST(RingRendezvousTest, EveryAttemptHasASecretOfItsOwnThatItsStoreRequires) {
   admitted->reset();
   rings.End("job", "");
   rings.End("other", "");
+  rings.TakeRetired();
+}
+
+// RingOptions::tls: every attempt's store requires mutual TLS (with the cluster CA) on top of the
+// secret; the files are read as each store starts.
+TEST(RingRendezvousTest, StoresUseTheConfiguredTls) {
+  const char* tmp = std::getenv("TEST_TMPDIR");
+  const std::string dir = std::string(tmp != nullptr ? tmp : "/tmp") + "/ring_rendezvous_pki";
+  const std::string command = "engine/comm/testdata/make_test_pki.sh '" + dir + "'";
+  ASSERT_EQ(std::system(command.c_str()), 0) << command;
+  auto files = [&](const std::string& name) {
+    comm::StoreTls tls;
+    tls.ca_file = dir + "/ca.pem";
+    tls.cert_file = dir + "/" + name + ".pem";
+    tls.key_file = dir + "/" + name + ".key";
+    return tls;
+  };
+  Metrics metrics;
+  RingOptions options;
+  options.tls = files("server");
+  RingRendezvous rings(options, &metrics);
+  ASSERT_TRUE(rings.Start("job", 1, "gloo", 2).ok());
+  const v1::RingInfo info = rings.Info("job", 0);
+
+  comm::TcpStoreOptions rank = Quick(info.store_secret());
+  rank.tls = files("client");
+  absl::StatusOr<std::unique_ptr<comm::TcpStore>> admitted =
+      comm::TcpStore::Connect(info.store_address(), rank);
+  ASSERT_TRUE(admitted.ok()) << admitted.status();
+  EXPECT_TRUE((*admitted)->Set("k", "v").ok());
+  // The secret without TLS is not enough, nor TLS with a certificate of another CA.
+  EXPECT_FALSE(comm::TcpStore::Connect(info.store_address(), Quick(info.store_secret())).ok());
+  comm::TcpStoreOptions rogue = rank;
+  rogue.tls = files("rogue");
+  EXPECT_TRUE(
+      absl::IsPermissionDenied(comm::TcpStore::Connect(info.store_address(), rogue).status()));
+  // The coordinator's own probe connects with the coordinator's files.
+  EXPECT_EQ(RingRendezvous::ProbeMissingRanks(info.store_address(), info.store_secret(),
+                                              options.tls, info.ring_id(), 2),
+            std::vector<int>({0, 1}));
+
+  // A store that cannot read its files does not start (and says which file).
+  rings.End("job", "");
+  RingOptions broken = options;
+  broken.tls.cert_file = dir + "/missing.pem";
+  RingRendezvous broken_rings(broken, &metrics);
+  absl::StatusOr<const Ring*> failed = broken_rings.Start("job", 2, "gloo", 2);
+  EXPECT_TRUE(absl::IsInvalidArgument(failed.status())) << failed.status();
+  EXPECT_NE(failed.status().message().find("missing.pem"), std::string::npos) << failed.status();
+  admitted->reset();
   rings.TakeRetired();
 }
 

@@ -116,10 +116,12 @@ absl::StatusOr<RingMembership> JoinRing(const v1::RingInfo& ring, TaskDevice* de
   connect.connect_timeout = std::min(formation, absl::Seconds(5));
   connect.request_timeout = std::min(formation, kPollSlice * 50);
   connect.secret = ring.store_secret();
+  connect.tls = options.store_tls;
   absl::StatusOr<std::unique_ptr<comm::TcpStore>> connected =
       comm::TcpStore::Connect(ring.store_address(), connect);
-  if (absl::IsPermissionDenied(connected.status())) {
-    // The store is there but will not have this rank: retrying cannot help.
+  if (absl::IsPermissionDenied(connected.status()) || absl::IsUnauthenticated(connected.status()) ||
+      absl::IsInvalidArgument(connected.status())) {
+    // The store will not have this rank, or this rank cannot trust it: retrying cannot help.
     return Prefixed(connected.status(), where);
   }
   if (!connected.ok()) {

@@ -18,8 +18,10 @@
 //
 // Errors carry "ring RING_ID rank R of P: " in front: INVALID_ARGUMENT for a malformed RingInfo;
 // FAILED_PRECONDITION for a backend this device does not form rings with; PERMISSION_DENIED when
-// the store refuses this rank (wrong or missing ring secret); UNAVAILABLE when the store cannot be
-// reached or goes away (the coordinator ended the attempt); DEADLINE_EXCEEDED
+// the store refuses this rank (wrong or missing ring secret, or a TLS handshake without a
+// certificate of the cluster CA); UNAUTHENTICATED when the store's certificate does not verify
+// against options.store_tls's CA; INVALID_ARGUMENT when a TLS file cannot be read; UNAVAILABLE when
+// the store cannot be reached or goes away (the coordinator ended the attempt); DEADLINE_EXCEEDED
 // naming the ranks that did not arrive; CANCELLED when `is_cancelled` said so; the communicator's
 // errors. Thread-safety: call from one thread; `is_cancelled` is called on it.
 #ifndef DATTN_WORKER_RING_JOIN_H_
@@ -34,6 +36,7 @@
 #include "dattn/v1/worker.pb.h"
 #include "engine/comm/communicator.h"
 #include "engine/comm/store.h"
+#include "engine/comm/tcp_store.h"
 #include "worker/task_device.h"
 
 namespace dattn {
@@ -49,6 +52,9 @@ struct RingJoinOptions {
   std::string member_name;  // Stored under the joined key: who this rank is, for diagnostics.
   // Used when ring.comm_timeout_ms is 0.
   absl::Duration default_comm_timeout = absl::Seconds(120);
+  // Mutual TLS to the ring's store (engine/comm/tcp_store.h); empty: plaintext. The files are read
+  // at each join.
+  comm::StoreTls store_tls;
   std::function<bool()> is_cancelled;
 };
 

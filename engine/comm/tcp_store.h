@@ -7,9 +7,20 @@
 // Admission: a server started with a secret (TcpStoreServerOptions::secret, the ring attempt's 32
 // random bytes) serves a connection only after its first frame, a hello, carried that secret; any
 // other connection gets a DENIED answer and is closed, and the server keeps serving the others.
-// Without a secret (the default) every connection is served. The secret is sent in plaintext: it
-// keeps out a peer that does not know it (a stray or stale rank, a rank of another ring, a port
-// scanner), not one that can read the traffic.
+// Without a secret (the default) every connection is served. Without TLS the secret travels in
+// plaintext: it keeps out a peer that does not know it (a stray or stale rank, a rank of another
+// ring, a port scanner), not one that can read the traffic.
+//
+// TLS (StoreTls; empty: plaintext): mutual TLS 1.2 or later with OpenSSL. The server presents its
+// certificate and requires a client certificate that verifies against the CA file (the cluster
+// CA); the client verifies the server's certificate against the same CA and presents its own. The
+// peer's name is not checked (neither a hostname nor a subject): the address is a numeric IP that
+// the coordinator hands out, and any certificate of the cluster CA is trusted; what tells one ring
+// from another is the secret, which TLS then keeps confidential. The files are read when a server
+// starts or a client connects (TcpStoreServer::Start, TcpStore::Connect): a store lives for one
+// ring attempt, so certificates renewed on disk are picked up by the next attempt; a client keeps
+// the files' contents of its Connect for its reconnections. The handshake is part of a connection's
+// admission and has the same deadline as the hello.
 //
 // Server: binds (by default) 127.0.0.1 on an ephemeral port, serves every connection on a thread of
 // its own, and keeps the map in memory. Waits happen on the server, so a Get costs one round trip
@@ -44,14 +55,28 @@
 namespace dattn {
 namespace comm {
 
-class StoreConnection;  // tcp_store.cc: one socket's reads and writes with deadlines.
+class StoreConnection;  // tcp_store.cc: one socket's reads and writes (plain or TLS), with
+                        // deadlines.
+class TlsContext;       // tcp_store.cc: the OpenSSL context built from a StoreTls.
+
+// PEM files of the store's mutual TLS. All empty: plaintext. A server needs all three; a client
+// needs ca_file, and cert_file with key_file to be admitted by a server (which requires a client
+// certificate). Paths are read once, at TcpStoreServer::Start or TcpStore::Connect.
+struct StoreTls {
+  std::string ca_file;    // CA certificate(s) the peer's certificate must verify against.
+  std::string cert_file;  // This side's certificate (chain), signed by the CA.
+  std::string key_file;   // Its private key (unencrypted PEM).
+  bool enabled() const { return !ca_file.empty() || !cert_file.empty() || !key_file.empty(); }
+};
 
 struct TcpStoreServerOptions {
   std::string host = "127.0.0.1";  // A numeric IPv4 address.
   int port = 0;                    // 0: an ephemeral port, see TcpStoreServer::port().
   // Bytes every connection's hello must carry; empty: none required (any peer is served).
   std::string secret;
-  // How long a new connection has to send its hello (and, with TLS, to finish its handshake).
+  // Mutual TLS; empty: plaintext.
+  StoreTls tls;
+  // How long a new connection has to finish its TLS handshake and send its hello.
   absl::Duration admission_timeout = absl::Seconds(10);
   // How long a reply may take to be written (a client that stops reading ends its connection).
   absl::Duration reply_timeout = absl::Seconds(30);
@@ -64,7 +89,8 @@ class TcpStoreServer {
   // not a numeric IPv4 address.
   static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(
       const std::string& host = "127.0.0.1", int port = 0);
-  // Starts serving as `options` say; the same errors.
+  // Starts serving as `options` say; the same errors, and INVALID_ARGUMENT naming the file and
+  // OpenSSL's reason when a TLS file cannot be read or the key does not match the certificate.
   static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(TcpStoreServerOptions options);
 
   // Stops accepting, closes every client connection and joins every thread.
@@ -79,13 +105,16 @@ class TcpStoreServer {
   std::string address() const;
 
  private:
-  TcpStoreServer(TcpStoreServerOptions options, int port, int listen_fd);
+  TcpStoreServer(TcpStoreServerOptions options, std::shared_ptr<TlsContext> tls, int port,
+                 int listen_fd);
   void AcceptLoop();
   void Serve(int fd);
-  // Reads the connection's hello and answers it; false when the connection is to be closed.
+  // The TLS handshake, then the connection's hello and its answer, within admission_timeout; false
+  // when the connection is to be closed.
   bool Admit(StoreConnection* conn);
 
   const TcpStoreServerOptions options_;
+  const std::shared_ptr<TlsContext> tls_;  // Null: plaintext. Shared by the connection threads.
   const int port_;
   const int listen_fd_;
 
@@ -108,6 +137,8 @@ struct TcpStoreOptions {
   // Sent in the hello of every connection: the secret of the ring attempt (RingInfo.store_secret).
   // Empty: the hello carries none, which only a server without a secret accepts.
   std::string secret;
+  // Mutual TLS; empty: plaintext (which a TLS server refuses, as a TLS client a plaintext server).
+  StoreTls tls;
 };
 
 class TcpStore final : public Store {
@@ -115,7 +146,10 @@ class TcpStore final : public Store {
   // Connects to "host:port" and is admitted (the hello), as `options` say. INVALID_ARGUMENT for a
   // malformed address; UNAVAILABLE when no connection was made within connect_timeout or the
   // connection broke during the hello; DEADLINE_EXCEEDED when the hello got no answer within the
-  // request timeout; PERMISSION_DENIED when the store refused the hello (wrong or missing secret).
+  // request timeout; PERMISSION_DENIED when the store refused the hello (wrong or missing secret)
+  // or the TLS handshake (no client certificate, or one the store's CA did not sign);
+  // UNAUTHENTICATED when the store's certificate does not verify against the CA; INVALID_ARGUMENT
+  // naming the file when a TLS file cannot be read. None of these is retried.
   static absl::StatusOr<std::unique_ptr<TcpStore>> Connect(const std::string& address,
                                                            TcpStoreOptions options);
   // Connect without a secret.
@@ -133,7 +167,8 @@ class TcpStore final : public Store {
   const std::string& address() const { return address_; }
 
  private:
-  TcpStore(std::string address, std::string host, int port, TcpStoreOptions options);
+  TcpStore(std::string address, std::string host, int port, TcpStoreOptions options,
+           std::shared_ptr<TlsContext> tls);
   // Connects (retrying TCP connects until `deadline`) and sends the hello, unless connected.
   absl::Status EnsureConnectedLocked(absl::Time deadline) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // Sends one request and reads its reply; closes the connection on any transport error.
@@ -144,6 +179,7 @@ class TcpStore final : public Store {
   const std::string host_;
   const int port_;
   const TcpStoreOptions options_;
+  const std::shared_ptr<TlsContext> tls_;  // Null: plaintext.
 
   absl::Mutex mu_;  // Serialises requests on the one connection.
   std::unique_ptr<StoreConnection> conn_ ABSL_GUARDED_BY(mu_);  // Null: not connected.

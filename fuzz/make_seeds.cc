@@ -105,11 +105,17 @@ void StoreSeeds(const std::string& dir) {
   auto frame = [](uint8_t op, const std::string& key, const std::string& value, int64_t arg) {
     return comm::EncodeStoreRequest(comm::StoreRequest{op, key, value, arg});
   };
+  // Every connection starts with a hello; tcp_store_fuzz.cc's store with a secret requires this
+  // one.
+  const std::string hello = frame(comm::kStoreHello, "", "fuzz-ring-secret-0123456789abcde", 0);
   Write(dir + "/tcp_store_fuzz/rendezvous",
-        frame(comm::kStoreAdd, "job-1/attempt-0/arrived", "", 1) +
+        hello + frame(comm::kStoreAdd, "job-1/attempt-0/arrived", "", 1) +
             frame(comm::kStoreSet, "job-1/attempt-0/rank/0", "10.0.0.1:40123", 0) +
             frame(comm::kStoreGet, "job-1/attempt-0/rank/1", "", 30000) +
             frame(comm::kStoreAdd, "job-1/attempt-0/arrived", "", 1));
+  Write(dir + "/tcp_store_fuzz/wrong-secret",
+        frame(comm::kStoreHello, "", "fuzz-ring-secret-0123456789abcdX", 0) +
+            frame(comm::kStoreSet, "k", "v", 0));
   Write(dir + "/tcp_store_fuzz/set-get", frame(comm::kStoreSet, "k", std::string("v\0w", 3), 0) +
                                              frame(comm::kStoreGet, "k", "", 0));
   Write(dir + "/tcp_store_fuzz/add-to-text",

@@ -37,7 +37,8 @@ Coordinator::Coordinator(CoordinatorOptions options, Metrics* metrics)
       book_(metrics_),
       workers_(metrics_),
       rings_(RingOptions{options_.rendezvous_host, options_.rendezvous_advertise,
-                         options_.ring_formation_timeout, options_.ring_comm_timeout},
+                         options_.ring_formation_timeout, options_.ring_comm_timeout,
+                         options_.rendezvous_tls},
              metrics_),
       dispatcher_(DispatcherOptions{options_.starvation_bound, options_.feasibility_settle},
                   metrics_),
@@ -606,7 +607,8 @@ absl::StatusOr<v1::ReportTaskResponse> Coordinator::ReportTask(const v1::TaskRep
   std::optional<std::vector<int>> missing_ranks;
   if (request.state() == v1::TASK_STATE_FAILED && request.ring_formation_seconds() <= 0 &&
       !request.refused()) {
-    std::string address, ring_id;
+    std::string address, secret, ring_id;
+    comm::StoreTls tls;
     int size = 0;
     {
       absl::MutexLock lock(&mu_);
@@ -616,11 +618,14 @@ absl::StatusOr<v1::ReportTaskResponse> Coordinator::ReportTask(const v1::TaskRep
       if (ring != nullptr && run != nullptr && run->job.attempt() == task->attempt &&
           !ring->is_formed()) {
         address = ring->address;
+        secret = ring->secret;
+        tls = rings_.options().tls;
         ring_id = ring->id;
         size = ring->size;
       }
     }
-    if (!address.empty()) missing_ranks = RingRendezvous::ProbeMissingRanks(address, ring_id, size);
+    if (!address.empty())
+      missing_ranks = RingRendezvous::ProbeMissingRanks(address, secret, tls, ring_id, size);
   }
   v1::ReportTaskResponse response;
   Tickets tickets;

@@ -7,6 +7,7 @@
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "base/clock.h"
+#include "engine/comm/tcp_store.h"
 #include "server/job_store.h"
 #include "server/tenant_quotas.h"
 
@@ -45,6 +46,9 @@ struct CoordinatorOptions {
   absl::Duration ring_formation_timeout = absl::Seconds(30);
   // Longest wait for a peer once a ring is formed (RingInfo.comm_timeout_ms).
   absl::Duration ring_comm_timeout = absl::Seconds(120);
+  // Mutual TLS of the rings' rendezvous stores (RingOptions::tls): the cluster CA, the
+  // coordinator's certificate and key. Empty: plaintext (each store still requires its secret).
+  comm::StoreTls rendezvous_tls;
   // How long the set of ready workers must stay unchanged before unchecked queued jobs are checked
   // against it (coordinator.h, "Unchecked jobs"); >= 0.
   absl::Duration feasibility_settle = absl::Seconds(5);

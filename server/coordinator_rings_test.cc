@@ -63,12 +63,20 @@ TEST_F(CoordinatorTest, RingJobRunsAsAGangWithItsRendezvousAndCombinedResult) {
               absl::ToInt64Milliseconds(options_.ring_formation_timeout));
     EXPECT_EQ(ring.comm_timeout_ms(), absl::ToInt64Milliseconds(options_.ring_comm_timeout));
     EXPECT_EQ(ring.store_address(), ranks[0].ring().store_address());
+    EXPECT_EQ(ring.store_secret().size(), 32u);
+    EXPECT_EQ(ring.store_secret(), ranks[0].ring().store_secret());
   }
-  // The store is up, and it is the ring's own: it holds what ranks put there.
+  // The store is up, and it is the ring's own: it holds what ranks put there, and only ranks that
+  // present the ring's secret get in.
   const std::string address = ranks[0].ring().store_address();
+  comm::TcpStoreOptions connect;
+  connect.connect_timeout = absl::Seconds(2);
+  connect.request_timeout = absl::Seconds(2);
+  EXPECT_TRUE(absl::IsPermissionDenied(comm::TcpStore::Connect(address, connect).status()));
+  connect.secret = ranks[0].ring().store_secret();
   {
     absl::StatusOr<std::unique_ptr<comm::TcpStore>> store =
-        comm::TcpStore::Connect(address, absl::Seconds(2), absl::Seconds(2));
+        comm::TcpStore::Connect(address, connect);
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE((*store)->Set(api::JoinedKey(id + "/1", 0), "rank 0").ok());
     EXPECT_TRUE((*store)->Get(api::JoinedKey(id + "/1", 0), absl::ZeroDuration()).ok());
@@ -140,7 +148,10 @@ TEST_F(CoordinatorTest, RingJobRunsAsAGangWithItsRendezvousAndCombinedResult) {
 
   // The attempt is over: its store goes away (the scheduling loop destroys it).
   EXPECT_TRUE(WaitFor([&] {
-    return !comm::TcpStore::Connect(address, absl::Milliseconds(50), absl::Milliseconds(50)).ok();
+    comm::TcpStoreOptions quick = connect;
+    quick.connect_timeout = absl::Milliseconds(50);
+    quick.request_timeout = absl::Milliseconds(50);
+    return absl::IsUnavailable(comm::TcpStore::Connect(address, quick).status());
   }));
 }
 
@@ -161,8 +172,12 @@ TEST_F(CoordinatorTest, RingFormationTimeoutNamesTheMissingRankAndRequeues) {
   running->set_phase(v1::RANK_PHASE_PREPARING);
   ASSERT_TRUE(coordinator_->Heartbeat(heartbeat).ok());
   {
-    absl::StatusOr<std::unique_ptr<comm::TcpStore>> store = comm::TcpStore::Connect(
-        ranks[0].ring().store_address(), absl::Seconds(2), absl::Seconds(2));
+    comm::TcpStoreOptions connect;
+    connect.connect_timeout = absl::Seconds(2);
+    connect.request_timeout = absl::Seconds(2);
+    connect.secret = ranks[0].ring().store_secret();
+    absl::StatusOr<std::unique_ptr<comm::TcpStore>> store =
+        comm::TcpStore::Connect(ranks[0].ring().store_address(), connect);
     ASSERT_TRUE(store.ok()) << store.status();
     ASSERT_TRUE((*store)->Set(api::JoinedKey(ranks[0].ring().ring_id(), 0), "early").ok());
   }
@@ -194,6 +209,8 @@ TEST_F(CoordinatorTest, RingFormationTimeoutNamesTheMissingRankAndRequeues) {
   EXPECT_EQ(again->assign().attempt(), 2);
   EXPECT_EQ(again->assign().ring().ring_id(), id + "/2");
   EXPECT_NE(again->assign().ring().store_address(), ranks[0].ring().store_address());
+  EXPECT_EQ(again->assign().ring().store_secret().size(), 32u);
+  EXPECT_NE(again->assign().ring().store_secret(), ranks[0].ring().store_secret());
   EXPECT_THAT(metrics_->Serialize(),
               HasSubstr("dattn_ring_formations_total{backend=\"gloo\",outcome=\"timed_out\"} 1"));
 }

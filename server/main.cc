@@ -219,6 +219,10 @@ int main(int argc, char** argv) {
   options.store_probe_interval = absl::Milliseconds(store_probe_ms);
   options.max_watch_streams = max_watch_streams;
   options.quotas.max_queued_jobs = tenant_max_queued_jobs;
+  // The rings' rendezvous stores use the same certificate and CA (mutual TLS with the ranks).
+  options.rendezvous_tls.ca_file = tls.ca_file;
+  options.rendezvous_tls.cert_file = tls.cert_file;
+  options.rendezvous_tls.key_file = tls.key_file;
   options.quotas.submits_per_second = tenant_submits_per_second;
   options.retention =
       retention_hours == 0 ? absl::InfiniteDuration() : absl::Seconds(retention_hours * 3600);

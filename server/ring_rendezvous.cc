@@ -1,6 +1,10 @@
 #include "server/ring_rendezvous.h"
 
+#include <sys/random.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -8,14 +12,44 @@
 
 namespace dattn {
 namespace server {
+namespace {
+
+constexpr size_t kSecretBytes = 32;
+
+// kSecretBytes from the kernel's CSPRNG (getrandom(2), which blocks only before the pool is
+// initialised at boot).
+absl::StatusOr<std::string> NewSecret() {
+  std::string secret(kSecretBytes, '\0');
+  size_t have = 0;
+  while (have < secret.size()) {
+    const ssize_t n = ::getrandom(secret.data() + have, secret.size() - have, 0);
+    if (n < 0) {
+      if (errno == EINTR) continue;
+      return absl::InternalError(
+          absl::StrCat("cannot draw a ring secret: getrandom: ", std::strerror(errno)));
+    }
+    have += static_cast<size_t>(n);
+  }
+  return secret;
+}
+
+}  // namespace
 
 absl::StatusOr<const Ring*> RingRendezvous::Start(const std::string& job_id, int attempt,
                                                   const std::string& backend, int size) {
   End(job_id, "");
+  absl::StatusOr<std::string> secret = NewSecret();
+  if (!secret.ok()) return secret.status();
+  comm::TcpStoreServerOptions store_options;
+  store_options.host = options_.host;
+  store_options.port = 0;
+  store_options.secret = *secret;
+  store_options.tls = options_.tls;
   absl::StatusOr<std::unique_ptr<comm::TcpStoreServer>> store =
-      comm::TcpStoreServer::Start(options_.host, 0);
+      comm::TcpStoreServer::Start(std::move(store_options));
   if (!store.ok()) return store.status();
   auto ring = std::make_unique<Ring>();
+  ring->secret = *std::move(secret);
   ring->id = absl::StrCat(job_id, "/", attempt);
   ring->backend = backend;
   ring->size = size;
@@ -71,16 +105,23 @@ v1::RingInfo RingRendezvous::Info(const std::string& job_id, int rank) const {
   info.set_size(ring->size);
   info.set_backend(ring->backend);
   info.set_store_address(ring->address);
+  info.set_store_secret(ring->secret);
   info.set_formation_timeout_ms(absl::ToInt64Milliseconds(options_.formation_timeout));
   info.set_comm_timeout_ms(absl::ToInt64Milliseconds(options_.comm_timeout));
   return info;
 }
 
 std::optional<std::vector<int>> RingRendezvous::ProbeMissingRanks(const std::string& address,
+                                                                  const std::string& secret,
+                                                                  const comm::StoreTls& tls,
                                                                   const std::string& ring_id,
                                                                   int size) {
-  absl::StatusOr<std::unique_ptr<comm::TcpStore>> store =
-      comm::TcpStore::Connect(address, absl::Seconds(1), absl::Seconds(1));
+  comm::TcpStoreOptions connect;
+  connect.connect_timeout = absl::Seconds(1);
+  connect.request_timeout = absl::Seconds(1);
+  connect.secret = secret;
+  connect.tls = tls;
+  absl::StatusOr<std::unique_ptr<comm::TcpStore>> store = comm::TcpStore::Connect(address, connect);
   if (!store.ok()) return std::nullopt;
   std::vector<int> missing;
   for (int r = 0; r < size; ++r) {

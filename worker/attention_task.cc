@@ -311,6 +311,7 @@ absl::StatusOr<AttentionTaskResult> RunAttentionTask(const v1::TaskAssignment& t
     RingJoinOptions join;
     join.member_name = options.member_name;
     join.default_comm_timeout = options.default_comm_timeout;
+    join.store_tls = options.store_tls;
     join.is_cancelled = options.is_cancelled;
     absl::StatusOr<RingMembership> joined = JoinRing(task.ring(), device, join);
     if (!joined.ok()) return joined.status();

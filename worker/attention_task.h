@@ -38,6 +38,7 @@
 #include "engine/attention.h"
 #include "engine/attention_spec.h"
 #include "engine/comm/communicator.h"
+#include "engine/comm/tcp_store.h"
 #include "engine/tensor.h"
 #include "worker/random_inputs.h"
 #include "worker/task_device.h"
@@ -101,6 +102,8 @@ struct AttentionTaskOptions {
   std::string member_name;
   // Longest wait for a ring peer when the assignment's RingInfo leaves it 0.
   absl::Duration default_comm_timeout = absl::Seconds(120);
+  // TLS to the ring's rendezvous store (ring_join.h); empty: plaintext.
+  comm::StoreTls store_tls;
   // Called as the rank moves through its phases (PREPARING, FORMING_RING, RUNNING).
   std::function<void(v1::RankPhase)> on_phase;
   // Ring tasks: called with the formed communicator and the seconds its formation took, and with

@@ -19,6 +19,7 @@
 #include "engine/cpu_backend.h"
 #include "engine/rank_memory_plan.h"
 #include "engine/validate.h"
+#include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/cpu_device.h"
 #include "worker/random_inputs.h"
@@ -604,6 +605,56 @@ TEST(AttentionTaskRingTest, ACancelIsSeenWhileFormingTheCommunicator) {
   absl::StatusOr<RingMembership> joined = JoinRing(ring, device->get(), options);
   EXPECT_EQ(joined.status().code(), absl::StatusCode::kCancelled) << joined.status();
   EXPECT_LT(absl::Now() - start, absl::Seconds(5)) << "waited for the communicator timeout";
+}
+
+// A ring's store that requires the attempt's secret: a rank with the RingInfo's secret gets in (and
+// gets as far as forming the communicator, where the test cancels it); a rank with another secret,
+// or none, is refused at once with PERMISSION_DENIED, not retried until the formation timeout.
+TEST(AttentionTaskRingTest, JoiningNeedsTheRingSecret) {
+  const std::string secret(32, '\x42');
+  comm::TcpStoreServerOptions store_options;
+  store_options.secret = secret;
+  absl::StatusOr<std::unique_ptr<comm::TcpStoreServer>> server =
+      comm::TcpStoreServer::Start(store_options);
+  ASSERT_TRUE(server.ok()) << server.status();
+  comm::TcpStoreOptions peer_options;
+  peer_options.secret = secret;
+  absl::StatusOr<std::unique_ptr<comm::TcpStore>> peer =
+      comm::TcpStore::Connect((*server)->address(), peer_options);
+  ASSERT_TRUE(peer.ok()) << peer.status();
+  ASSERT_TRUE((*peer)->Set(api::JoinedKey("r-secret", 1), "rank 1").ok());
+  absl::StatusOr<std::unique_ptr<TaskDevice>> device = NewCpuDevice();
+  ASSERT_TRUE(device.ok()) << device.status();
+  v1::RingInfo ring;
+  ring.set_ring_id("r-secret");
+  ring.set_rank(0);
+  ring.set_size(2);
+  ring.set_backend("gloo");
+  ring.set_store_address((*server)->address());
+  ring.set_formation_timeout_ms(10000);
+  ring.set_comm_timeout_ms(60000);
+  for (const std::string& wrong : {std::string(), std::string(32, '\x43')}) {
+    ring.set_store_secret(wrong);
+    RingJoinOptions options;
+    options.member_name = "rank 0";
+    const absl::Time start = absl::Now();
+    absl::StatusOr<RingMembership> joined = JoinRing(ring, device->get(), options);
+    EXPECT_EQ(joined.status().code(), absl::StatusCode::kPermissionDenied) << joined.status();
+    EXPECT_THAT(std::string(joined.status().message()),
+                ::testing::HasSubstr("ring r-secret rank 0 of 2: "));
+    EXPECT_THAT(std::string(joined.status().message()),
+                ::testing::HasSubstr("wrong or missing ring secret"));
+    EXPECT_LT(absl::Now() - start, absl::Seconds(2));
+  }
+  ring.set_store_secret(secret);
+  RingJoinOptions options;
+  options.member_name = "rank 0";
+  const absl::Time start = absl::Now();
+  options.is_cancelled = [start] { return absl::Now() - start > absl::Milliseconds(300); };
+  absl::StatusOr<RingMembership> joined = JoinRing(ring, device->get(), options);
+  EXPECT_EQ(joined.status().code(), absl::StatusCode::kCancelled) << joined.status();
+  EXPECT_TRUE((*peer)->Get(api::JoinedKey("r-secret", 0), absl::ZeroDuration()).ok())
+      << "rank 0 never arrived in the store";
 }
 
 // A cancel aborts the rank's communicator mid-step (the worker does it from another thread); its

@@ -172,6 +172,10 @@ int main(int argc, char** argv) {
       return 2;
     }
     options.credentials = *channel;
+    // Ring rendezvous stores: the same CA and certificate (mutual TLS with the coordinator's).
+    options.store_tls.ca_file = tls.ca_file;
+    options.store_tls.cert_file = tls.cert_file;
+    options.store_tls.key_file = tls.key_file;
     dattn::security::TlsFiles served = tls;
     served.ca_file.clear();  // Probes present no certificate.
     absl::StatusOr<std::shared_ptr<grpc::ServerCredentials>> server =

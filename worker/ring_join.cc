@@ -112,9 +112,18 @@ absl::StatusOr<RingMembership> JoinRing(const v1::RingInfo& ring, TaskDevice* de
 
   // The store already exists (the coordinator starts it before handing out the ranks): a refused
   // connection means the attempt is over, so there is no point in retrying for long.
+  comm::TcpStoreOptions connect;
+  connect.connect_timeout = std::min(formation, absl::Seconds(5));
+  connect.request_timeout = std::min(formation, kPollSlice * 50);
+  connect.secret = ring.store_secret();
+  connect.tls = options.store_tls;
   absl::StatusOr<std::unique_ptr<comm::TcpStore>> connected =
-      comm::TcpStore::Connect(ring.store_address(), std::min(formation, absl::Seconds(5)),
-                              std::min(formation, kPollSlice * 50));
+      comm::TcpStore::Connect(ring.store_address(), connect);
+  if (absl::IsPermissionDenied(connected.status()) || absl::IsUnauthenticated(connected.status()) ||
+      absl::IsInvalidArgument(connected.status())) {
+    // The store will not have this rank, or this rank cannot trust it: retrying cannot help.
+    return Prefixed(connected.status(), where);
+  }
   if (!connected.ok()) {
     return absl::UnavailableError(absl::StrCat(
         where, "cannot reach the ring's rendezvous store: ", connected.status().message()));

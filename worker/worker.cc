@@ -757,6 +757,7 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
   }
   run_options.member_name = absl::StrCat(options_.name, " (", worker_id(), ")");
   run_options.default_comm_timeout = options_.default_comm_timeout;
+  run_options.store_tls = options_.store_tls;
   run_options.on_phase = [&](v1::RankPhase phase) { task->phase = phase; };
   run_options.on_communicator = [&](comm::Communicator* comm, double formation_seconds) {
     task->ring_formation_seconds = formation_seconds;

@@ -67,6 +67,7 @@
 #include "dattn/v1/worker.grpc.pb.h"
 #include "engine/attention.h"
 #include "engine/comm/communicator.h"
+#include "engine/comm/tcp_store.h"
 #include "grpcpp/grpcpp.h"
 #include "worker/task_device.h"
 
@@ -111,6 +112,10 @@ struct WorkerOptions {
   std::string ring_address = "127.0.0.1";
   // Longest wait for a ring peer when an assignment's RingInfo leaves it 0.
   absl::Duration default_comm_timeout = absl::Seconds(120);
+  // Mutual TLS to the rings' rendezvous stores (engine/comm/tcp_store.h): the cluster CA, and this
+  // worker's certificate and key signed by it; the files are read at each ring join. Empty:
+  // plaintext (a coordinator whose stores use TLS then refuses this worker's ranks).
+  comm::StoreTls store_tls;
   // Called when readiness (registered, not draining, not stopping) changes; on a worker thread.
   std::function<void(bool ready)> on_ready_change;
   // Called once for every assignment this worker took or refused, when its outcome is known and

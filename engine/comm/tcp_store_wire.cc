@@ -100,8 +100,39 @@ std::string ApplyStoreRequest(StoreRequest request, std::map<std::string, std::s
     *changed = true;
     return EncodeStoreReply(kStoreOk, absl::StrCat(current));
   }
+  if (request.op == kStoreHello) return EncodeStoreReply(kStoreOk, "");
   return EncodeStoreReply(kStoreInvalid,
                           absl::StrCat("unknown store op ", static_cast<int>(request.op)));
+}
+
+bool StoreSecretsEqual(absl::string_view a, absl::string_view b) {
+  if (a.size() != b.size()) return false;
+  // No early exit: the time taken does not say where the first difference is.
+  volatile unsigned char diff = 0;
+  for (size_t i = 0; i < a.size(); ++i) {
+    diff = diff | static_cast<unsigned char>(a[i] ^ b[i]);
+  }
+  return diff == 0;
+}
+
+std::string AdmitStoreConnection(const StoreRequest& first, absl::string_view secret,
+                                 bool* admitted) {
+  *admitted = false;
+  if (first.op != kStoreHello) {
+    return EncodeStoreReply(kStoreDenied,
+                            absl::StrCat("the store requires a ring secret: the "
+                                         "connection's first request is op ",
+                                         static_cast<int>(first.op), ", not a hello"));
+  }
+  if (first.value.empty()) {
+    return EncodeStoreReply(kStoreDenied,
+                            "the store requires a ring secret and the hello has none");
+  }
+  if (!StoreSecretsEqual(first.value, secret)) {
+    return EncodeStoreReply(kStoreDenied, "the hello's ring secret is wrong");
+  }
+  *admitted = true;
+  return EncodeStoreReply(kStoreOk, "");
 }
 
 }  // namespace comm

@@ -6,7 +6,13 @@
 //   request  op u8, key length u32, key, value length u32, value, arg i64
 //   reply    code u8, payload length u32, payload
 // Ops: Set (key := value), Get (key's value; arg: milliseconds the server waits for the key to be
-// set), Add (key := key + arg, an integer in decimal text; a missing key counts as 0).
+// set), Add (key := key + arg, an integer in decimal text; a missing key counts as 0), Hello
+// (value: the ring's secret; key and arg unused, sent empty and 0).
+//
+// Admission: the client's first frame on every connection is a Hello. A server started with a
+// secret (tcp_store.h) answers it with AdmitStoreConnection: OK when the Hello carries exactly that
+// secret, DENIED otherwise (any other first frame, a missing or a wrong secret), and closes the
+// connection after a DENIED. A server without a secret answers every Hello OK (ApplyStoreRequest).
 //
 // Thread-safety: free functions without state; ApplyStoreRequest's `data` is the caller's to guard.
 #ifndef DATTN_ENGINE_COMM_TCP_STORE_WIRE_H_
@@ -24,8 +30,8 @@
 namespace dattn {
 namespace comm {
 
-enum StoreOp : uint8_t { kStoreSet = 1, kStoreGet = 2, kStoreAdd = 3 };
-enum StoreCode : uint8_t { kStoreOk = 0, kStoreNotFound = 1, kStoreInvalid = 2 };
+enum StoreOp : uint8_t { kStoreSet = 1, kStoreGet = 2, kStoreAdd = 3, kStoreHello = 4 };
+enum StoreCode : uint8_t { kStoreOk = 0, kStoreNotFound = 1, kStoreInvalid = 2, kStoreDenied = 3 };
 
 inline constexpr uint32_t kMaxStoreKeyBytes = 1 << 16;
 inline constexpr uint32_t kMaxStoreValueBytes = 64 << 20;
@@ -60,9 +66,19 @@ std::string EncodeStoreReply(StoreCode code, absl::string_view payload);
 // value; Get replies with the key's value, or NOT_FOUND; Add adds arg to the key's integer and
 // replies with the sum, or INVALID naming the key when it holds something else than an integer
 // or when the sum overflows int64 (the key then keeps its value);
+// Hello is OK (a store without a secret, or a connection already admitted: nothing to check);
 // any other op is INVALID naming it. `*changed` says whether `data` changed (waiters to wake).
 std::string ApplyStoreRequest(StoreRequest request, std::map<std::string, std::string>* data,
                               bool* changed);
+
+// The answer of a server that requires `secret` (not empty) to the first frame of a connection:
+// OK when it is a Hello whose value equals `secret` (compared in constant time for equal lengths),
+// DENIED otherwise, naming what was wrong but never echoing either secret. `*admitted` says which.
+std::string AdmitStoreConnection(const StoreRequest& first, absl::string_view secret,
+                                 bool* admitted);
+
+// Whether `a` and `b` are equal, in time that depends on their lengths only.
+bool StoreSecretsEqual(absl::string_view a, absl::string_view b);
 
 }  // namespace comm
 }  // namespace dattn

@@ -151,6 +151,49 @@ TEST(TcpStoreWireTest, AnAddThatOverflowsIsRefusedAndKeepsTheValue) {
             EncodeStoreReply(kStoreOk, "-1"));
 }
 
+TEST(TcpStoreWireTest, AdmissionNeedsAHelloWithExactlyTheSecret) {
+  const std::string secret(32, '\x5a');
+  bool admitted = true;
+  EXPECT_EQ(AdmitStoreConnection({kStoreHello, "", secret, 0}, secret, &admitted),
+            EncodeStoreReply(kStoreOk, ""));
+  EXPECT_TRUE(admitted);
+
+  std::string wrong = secret;
+  wrong[31] = 'x';
+  for (const StoreRequest& first :
+       {StoreRequest{kStoreHello, "", wrong, 0},
+        StoreRequest{kStoreHello, "", secret.substr(0, 31), 0},
+        StoreRequest{kStoreHello, "", secret + "x", 0}, StoreRequest{kStoreHello, "", "", 0},
+        StoreRequest{kStoreSet, "k", secret, 0}}) {
+    admitted = true;
+    const std::string reply = AdmitStoreConnection(first, secret, &admitted);
+    EXPECT_FALSE(admitted) << first.value.size();
+    ASSERT_GE(reply.size(), 5u);
+    EXPECT_EQ(reply[0], kStoreDenied);
+    EXPECT_EQ(reply.find(secret), std::string::npos) << "the reply echoes the secret";
+  }
+  EXPECT_THAT(AdmitStoreConnection({kStoreSet, "k", "v", 0}, secret, &admitted),
+              HasSubstr("not a hello"));
+}
+
+TEST(TcpStoreWireTest, AHelloToAStoreWithoutASecretIsAnsweredOk) {
+  std::map<std::string, std::string> data;
+  bool changed = true;
+  EXPECT_EQ(ApplyStoreRequest({kStoreHello, "", "anything", 0}, &data, &changed),
+            EncodeStoreReply(kStoreOk, ""));
+  EXPECT_FALSE(changed);
+  EXPECT_TRUE(data.empty());
+}
+
+TEST(TcpStoreWireTest, SecretsCompareByEveryByte) {
+  EXPECT_TRUE(StoreSecretsEqual("", ""));
+  EXPECT_TRUE(StoreSecretsEqual("abc", "abc"));
+  EXPECT_FALSE(StoreSecretsEqual("abc", "abd"));
+  EXPECT_FALSE(StoreSecretsEqual("abc", "xbc"));
+  EXPECT_FALSE(StoreSecretsEqual("abc", "ab"));
+  EXPECT_FALSE(StoreSecretsEqual(std::string("a\0", 2), std::string("a\1", 2)));
+}
+
 }  // namespace
 }  // namespace comm
 }  // namespace dattn

@@ -328,10 +328,14 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
       // Quotas count only what would create a job: a retry of an accepted one was answered above.
       const std::string tenant =
           request.spec().tenant().empty() ? "default" : request.spec().tenant();
+      // The count scans the book (O(active jobs) per new job), only when the quota is on.
       int64_t queued = 0;
-      for (const JobRun* run : book_.Runs()) {
-        const std::string& t = run->job.spec().tenant();
-        queued += run->job.state() == v1::JOB_STATE_QUEUED && (t.empty() ? "default" : t) == tenant;
+      if (quotas_.options().max_queued_jobs > 0) {
+        for (const JobRun* run : book_.Runs()) {
+          const std::string& t = run->job.spec().tenant();
+          queued +=
+              run->job.state() == v1::JOB_STATE_QUEUED && (t.empty() ? "default" : t) == tenant;
+        }
       }
       if (absl::Status s = quotas_.Admit(tenant, queued, Now()); !s.ok()) return s;
       const int64_t ready = workers_.ReadyCount();

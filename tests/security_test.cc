@@ -55,6 +55,14 @@ class Security : public ClusterTest {
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err << cluster_->Logs();
     return JobIdFrom(r.out);
   }
+  // Another CA and its certificates (scripts/make-certs.sh), in the cluster's folder; "" on
+  // failure.
+  std::string MakeForeignCerts() {
+    const std::string dir = cluster_->dir() + "/foreign";
+    const std::string make =
+        "bash " + testutil::RunfilePath("scripts/make-certs.sh") + " " + dir + " > /dev/null 2>&1";
+    return std::system(make.c_str()) == 0 ? dir : "";
+  }
   std::string AuditLog() {
     std::ifstream in(cluster_->data_dir() + "/audit.log");
     return std::string(std::istreambuf_iterator<char>(in), {});
@@ -93,11 +101,8 @@ TEST_F(Security, ClientsWithoutAValidTokenAreRefused) {
   EXPECT_THAT(r.err, HasSubstr("--tls-ca")) << r.err;
 
   // A client that trusts another CA does not talk to this coordinator.
-  const std::string foreign = cluster_->dir() + "/foreign";
-  ASSERT_EQ(std::system(("bash " + testutil::RunfilePath("scripts/make-certs.sh") + " " + foreign +
-                         " > /dev/null 2>&1")
-                            .c_str()),
-            0);
+  const std::string foreign = MakeForeignCerts();
+  ASSERT_FALSE(foreign.empty());
   r = cluster_->Cli({"list"}, seconds(30), {{"DATTN_TLS_CA", foreign + "/ca.pem"}});
   EXPECT_NE(r.exit_code, 0);
   EXPECT_THAT(r.err, HasSubstr("UNAVAILABLE")) << r.err;
@@ -246,11 +251,8 @@ TEST_F(Security, WorkersNeedAClusterCertificate) {
   EXPECT_EQ(s.error_code(), grpc::StatusCode::UNAUTHENTICATED) << s.error_message();
 
   // A worker whose certificate another CA signed never registers.
-  const std::string foreign = cluster_->dir() + "/foreign";
-  ASSERT_EQ(std::system(("bash " + testutil::RunfilePath("scripts/make-certs.sh") + " " + foreign +
-                         " > /dev/null 2>&1")
-                            .c_str()),
-            0);
+  const std::string foreign = MakeForeignCerts();
+  ASSERT_FALSE(foreign.empty());
   ProcessOptions o;
   o.name = "foreign-worker";
   o.log_dir = cluster_->dir();

@@ -137,7 +137,7 @@ TEST(AttentionJobTest, PatternsAreBounded) {
                         "per job, got 65"));
 }
 
-// Ring planning grows as P^2 H on adversarial shapes (a fuzzer's 20 s input: P = 64, N = 64,
+// Ring planning grew as P^2 H on adversarial shapes (a fuzzer's 20 s input: P = 64, N = 64,
 // H = 2048): the ring size and P^2 H are bounded, each refusal naming the field and the values.
 TEST(AttentionJobTest, RingSizesAreBounded) {
   v1::AttentionJobSpec spec = Spec();

@@ -31,10 +31,11 @@ inline constexpr int kMaxPatterns = 64;
 inline constexpr size_t kMaxSpecBytes = 64 << 10;
 // AttentionJobSpec.num_ranks (P, the ring size): 1 .. kMaxRingRanks, and P^2 x num_heads at most
 // kMaxRingPlanWork. The coordinator plans every rank's exchange buffers when it accepts a ring job
-// (engine/rank_memory_plan.h), and that planning grows as P^2 H on adversarial shapes (a shard of
-// one position, hundreds of distinct head offsets): at these bounds it takes under half a second
-// per pass on one core, where P = 1024 with H = 2048 took 17 s (a fuzzer's find, docs/FUZZING.md).
-// Realistic LongNet rings plan in milliseconds (P = 512, H = 32: 0.16 s).
+// (engine/rank_memory_plan.h), and at every restart under its lock. That planning once grew as
+// P^2 H (a fuzzer's input took 20 s, docs/FUZZING.md); it is now near P^2 (P = 1024, H = 2048:
+// 0.55 s on one core), and these bounds keep the worst shape a fuzzer can build to 0.02 s (P = 128,
+// H = 256, a shard of one position, hundreds of distinct head offsets) and a few seconds in the
+// sanitized fuzz build, under its 10 s limit per input.
 inline constexpr int kMaxRingRanks = 256;
 inline constexpr int64_t kMaxRingPlanWork = int64_t{1} << 22;
 // AttentionJobSpec.iterations: 1 .. this many (0 means 1).

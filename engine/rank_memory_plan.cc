@@ -66,18 +66,39 @@ absl::StatusOr<MemoryPlan> PlanShard(const RankProblem& p, BackendKind backend, 
 
 // Bytes of the ring's exchange buffers on `rank` (the larger of the forward and backward calls,
 // which allocate and free their own) plus the agreement check's P + 1 fingerprints.
-absl::StatusOr<int64_t> RingBytes(const RankProblem& p, int rank, BackendKind backend) {
-  if (p.ranks == 1) return int64_t{0};
-  ring::RingShape shape{p.batch, p.seq_len, p.num_heads, p.head_dim, p.ranks};
-  absl::StatusOr<ring::RingGeometry> geo = ring::RingGeometry::Create(p.spec, shape, rank, p.dtype);
-  if (!geo.ok()) return geo.status();
+// The groups of a ring and their schedules, forward and backward: the same for every rank
+// (ring::ScheduledGroups), so PlanLargestRankMemory computes them once for all P ranks.
+struct RingGroups {
+  std::vector<ring::Group> forward;
+  std::vector<ring::Group> backward;
+};
+
+ring::PlanOptions RingPlanOptions(BackendKind backend) {
   ring::PlanOptions options;
   options.mode = ring::ExchangeMode::kAuto;
   options.cost =
       backend == BackendKind::kCuda ? ring::CostModel::ForCuda() : ring::CostModel::ForCpu();
-  int64_t bytes = ring::PlanRing(*geo, /*backward=*/false, options).buffer_bytes;
+  return options;
+}
+
+// `groups`: from a geometry of the same ring (any rank), or null to compute them here.
+absl::StatusOr<int64_t> RingBytes(const RankProblem& p, int rank, BackendKind backend,
+                                  const RingGroups* groups = nullptr) {
+  if (p.ranks == 1) return int64_t{0};
+  ring::RingShape shape{p.batch, p.seq_len, p.num_heads, p.head_dim, p.ranks};
+  absl::StatusOr<ring::RingGeometry> geo = ring::RingGeometry::Create(p.spec, shape, rank, p.dtype);
+  if (!geo.ok()) return geo.status();
+  const ring::PlanOptions options = RingPlanOptions(backend);
+  RingGroups own;
+  if (groups == nullptr) {
+    own.forward = ring::ScheduledGroups(*geo, /*backward=*/false, options);
+    if (p.backward) own.backward = ring::ScheduledGroups(*geo, /*backward=*/true, options);
+    groups = &own;
+  }
+  int64_t bytes = ring::PlanRing(*geo, /*backward=*/false, options, groups->forward).buffer_bytes;
   if (p.backward) {
-    bytes = std::max(bytes, ring::PlanRing(*geo, /*backward=*/true, options).buffer_bytes);
+    bytes = std::max(
+        bytes, ring::PlanRing(*geo, /*backward=*/true, options, groups->backward).buffer_bytes);
   }
   const int64_t agreement = 8 * (static_cast<int64_t>(p.ranks) + 1);
   return bytes + agreement;
@@ -143,9 +164,20 @@ absl::StatusOr<RankMemoryPlan> PlanLargestRankMemory(const RankProblem& problem,
   if (absl::Status s = CheckProblem(problem); !s.ok()) return s;
   absl::StatusOr<RankMemoryPlan> best = PlanRankMemory(problem, 0, backend, cpu_threads);
   if (!best.ok()) return best.status();
-  // The shard part is the same on every rank; only the exchange buffers differ.
+  if (problem.ranks == 1) return best;
+  // The shard part is the same on every rank; only the exchange buffers differ. The groups and
+  // their schedules are the ring's, not a rank's: computed once.
+  ring::RingShape shape{problem.batch, problem.seq_len, problem.num_heads, problem.head_dim,
+                        problem.ranks};
+  absl::StatusOr<ring::RingGeometry> geo =
+      ring::RingGeometry::Create(problem.spec, shape, 0, problem.dtype);
+  if (!geo.ok()) return geo.status();
+  const ring::PlanOptions options = RingPlanOptions(backend);
+  RingGroups groups;
+  groups.forward = ring::ScheduledGroups(*geo, /*backward=*/false, options);
+  if (problem.backward) groups.backward = ring::ScheduledGroups(*geo, /*backward=*/true, options);
   for (int r = 1; r < problem.ranks; ++r) {
-    absl::StatusOr<int64_t> ring = RingBytes(problem, r, backend);
+    absl::StatusOr<int64_t> ring = RingBytes(problem, r, backend, &groups);
     if (!ring.ok()) return ring.status();
     if (*ring > best->ring_bytes) {
       if (*ring > kMax - best->shard.total_bytes()) return Overflow("the rank's total");

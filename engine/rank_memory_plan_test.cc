@@ -82,6 +82,37 @@ TEST(RankMemoryPlanTest, RingRanksHoldTheirShardKernelScratchAndBuffers) {
   }
 }
 
+// PlanLargestRankMemory computes the ring's groups once for all ranks; the answer must be the
+// largest of the ranks planned one by one (each computing its own groups), for rings of several
+// sizes, both modes, causal or not, on both planners' cost models.
+TEST(RankMemoryPlanTest, TheLargestRankIsTheLargestOfEveryRankPlannedAlone) {
+  for (int ranks : {2, 3, 5, 8}) {
+    for (AttentionMode mode : {AttentionMode::kGrouped, AttentionMode::kMixture}) {
+      for (bool causal : {false, true}) {
+        for (BackendKind backend : {BackendKind::kCpu, BackendKind::kCuda}) {
+          RankProblem p = Problem(ranks, /*backward=*/true);
+          p.seq_len = 40 * ranks;
+          p.spec.segment_lengths = {24, 56, 1000};
+          p.spec.dilation_rates = {1, 2, 5};
+          p.spec.mode = mode;
+          p.spec.causal = causal;
+          p.dtype = backend == BackendKind::kCuda ? DType::kBFloat16 : DType::kFloat64;
+          int64_t largest = 0;
+          for (int r = 0; r < ranks; ++r) {
+            absl::StatusOr<RankMemoryPlan> plan = PlanRankMemory(p, r, backend, 1);
+            ASSERT_TRUE(plan.ok()) << plan.status();
+            largest = std::max(largest, plan->total_bytes());
+          }
+          absl::StatusOr<RankMemoryPlan> top = PlanLargestRankMemory(p, backend, 1);
+          ASSERT_TRUE(top.ok()) << top.status();
+          EXPECT_EQ(top->total_bytes(), largest)
+              << "P=" << ranks << " " << AttentionModeName(mode) << (causal ? " causal" : "");
+        }
+      }
+    }
+  }
+}
+
 TEST(RankMemoryPlanTest, SegmentsInsideShardsNeedNoBuffers) {
   RankProblem p = Problem(4, true);
   p.spec.segment_lengths = {8, 24};  // Every segment ends on a shard boundary (L = 24).

@@ -60,7 +60,11 @@ absl::StatusOr<RingGeometry> RingGeometry::Create(const AttentionSpec& spec, con
     }
     std::map<int64_t, int64_t> counts;
     for (int64_t offset : p.offsets) ++counts[offset];
-    p.offset_counts.assign(counts.begin(), counts.end());
+    p.heads_below.push_back(0);
+    for (const auto& [offset, heads] : counts) {
+      p.distinct_offsets.push_back(offset);
+      p.heads_below.push_back(p.heads_below.back() + heads);
+    }
     geo.patterns_.push_back(std::move(p));
   }
   return geo;
@@ -109,12 +113,43 @@ int64_t RingGeometry::ChunkRows(int pattern, int64_t segment, int rank) const {
   const PositionRange c = Chunk(pattern, segment, rank);
   if (c.empty()) return 0;
   const Pattern& p = patterns_[pattern];
+  // A head of offset o < r selects the chunk's positions x = s0 + o + j r; with a = c.begin - s0
+  // and b = c.end - s0 (0 <= a < b) it selects (b/r - a/r) + [o < b%r] - [o < a%r] of them
+  // (integer division): whole periods, plus the partial period at each end. Summed over heads:
+  // (b/r - a/r) H_p + (heads of offset < b%r) - (heads of offset < a%r).
   const int64_t s0 = Segment(pattern, segment).begin;
-  int64_t rows = 0;
-  for (const auto& [offset, heads] : p.offset_counts) {
-    rows += heads * OffsetRows(c, s0, offset, p.r).count();
+  const int64_t a = c.begin - s0;
+  const int64_t b = c.end - s0;
+  auto heads_below = [&p](int64_t x) {
+    const auto it = std::lower_bound(p.distinct_offsets.begin(), p.distinct_offsets.end(), x);
+    return p.heads_below[static_cast<size_t>(it - p.distinct_offsets.begin())];
+  };
+  const int64_t heads = static_cast<int64_t>(p.heads.size());
+  return (b / p.r - a / p.r) * heads + heads_below(b % p.r) - heads_below(a % p.r);
+}
+
+int64_t RingGeometry::MaxHeadRows(int pattern, int64_t segment, int rank) const {
+  const PositionRange c = Chunk(pattern, segment, rank);
+  const Pattern& p = patterns_[pattern];
+  if (c.empty() || p.heads.empty()) return 0;
+  // As in ChunkRows: a head of offset o has (b/r - a/r) + [o < rb] - [o < ra] rows, rb = b%r and
+  // ra = a%r. The bracket is +1 for o in [ra, rb) when ra < rb, -1 for o in [rb, ra) when ra > rb,
+  // 0 otherwise: the most is +1 if some offset lies in [ra, rb), else 0 if some offset lies
+  // outside [rb, ra), else -1.
+  const int64_t s0 = Segment(pattern, segment).begin;
+  const int64_t a = c.begin - s0;
+  const int64_t b = c.end - s0;
+  const int64_t ra = a % p.r;
+  const int64_t rb = b % p.r;
+  const std::vector<int64_t>& o = p.distinct_offsets;
+  int64_t extra = 0;
+  if (ra < rb) {
+    const auto it = std::lower_bound(o.begin(), o.end(), ra);
+    extra = it != o.end() && *it < rb ? 1 : 0;
+  } else if (ra > rb) {
+    extra = o.front() < rb || o.back() >= ra ? 0 : -1;
   }
-  return rows;
+  return b / p.r - a / p.r + extra;
 }
 
 int64_t RingGeometry::SlotRowOffset(int pattern, int64_t segment, int rank, int slot) const {

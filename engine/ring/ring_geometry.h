@@ -20,7 +20,6 @@
 #define DATTN_ENGINE_RING_RING_GEOMETRY_H_
 
 #include <cstdint>
-#include <utility>
 #include <vector>
 
 #include "absl/status/statusor.h"
@@ -61,10 +60,12 @@ class RingGeometry {
     std::vector<int64_t>
         heads;  // Heads that use the pattern, ascending; a head's slot is its index.
     std::vector<int64_t> offsets;  // Offset of each slot's head.
-    // The distinct offsets (ascending) with how many slots share each: at most min(heads, r)
-    // entries. ChunkRows sums over these, not over heads: heads of one offset select the same rows
-    // (a ring of P ranks with H heads is planned in P^2 min(H, r) steps, not P^2 H).
-    std::vector<std::pair<int64_t, int64_t>> offset_counts;
+    // The distinct offsets, ascending (every offset is below r), and heads_below[i] = how many of
+    // the pattern's heads have an offset below distinct_offsets[i] (one more entry: all of them).
+    // ChunkRows counts a chunk's rows from these in O(log distinct offsets) instead of a loop
+    // over heads, which made planning a ring of P ranks and H heads cost P^2 H (docs/FUZZING.md).
+    std::vector<int64_t> distinct_offsets;
+    std::vector<int64_t> heads_below;
     double factor = 1;  // Output factor: 1/G in grouped mode, 1 in mixture mode.
   };
 
@@ -93,6 +94,8 @@ class RingGeometry {
   RowRange Rows(int pattern, int64_t segment, int rank, int slot) const;
   // Sum over slots of Rows(...).count(): rows of the chunk for one batch item.
   int64_t ChunkRows(int pattern, int64_t segment, int rank) const;
+  // Max over slots of Rows(...).count(): the most rows one head has in the chunk. O(log offsets).
+  int64_t MaxHeadRows(int pattern, int64_t segment, int rank) const;
   // Rows before `slot` in a packed block (one batch item).
   int64_t SlotRowOffset(int pattern, int64_t segment, int rank, int slot) const;
   // Elements of a packed K+V block of rank q's chunk: 2 * B * ChunkRows * D.

@@ -1,6 +1,7 @@
 #include "engine/ring/ring_plan.h"
 
 #include <algorithm>
+#include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -60,6 +61,12 @@ int64_t ElementBytes(const RingGeometry& geo, BufferKind kind) {
 
 namespace {
 
+// BlockElements of `rank`, a member of `g` (FindGroups keeps them beside the members).
+int64_t MemberElements(const Group& g, int rank) {
+  const auto it = std::lower_bound(g.members.begin(), g.members.end(), rank);
+  return g.block_elements[static_cast<size_t>(it - g.members.begin())];
+}
+
 // Every group of the call: the segments crossing a shard boundary whose selected rows lie in two or
 // more shards. Each boundary is crossed by at most one segment per pattern.
 std::vector<Group> FindGroups(const RingGeometry& geo) {
@@ -80,7 +87,8 @@ std::vector<Group> FindGroups(const RingGeometry& geo) {
       g.members = geo.Members(i, m);
       if (g.members.size() < 2) continue;
       for (int q : g.members) {
-        g.max_block_elements = std::max(g.max_block_elements, geo.BlockElements(i, m, q));
+        g.block_elements.push_back(geo.BlockElements(i, m, q));
+        g.max_block_elements = std::max(g.max_block_elements, g.block_elements.back());
       }
       groups.push_back(std::move(g));
     }
@@ -93,11 +101,7 @@ void ChooseSchedule(const RingGeometry& geo, bool backward, const PlanOptions& o
   const RingGeometry::Pattern& p = geo.pattern(g->pattern);
   const bool causal = geo.spec().causal;
   int64_t rows = 0;  // Most rows one head has in one chunk.
-  for (int q : g->members) {
-    for (size_t s = 0; s < p.heads.size(); ++s) {
-      rows = std::max(rows, geo.Rows(g->pattern, g->segment, q, static_cast<int>(s)).count());
-    }
-  }
+  for (int q : g->members) rows = std::max(rows, geo.MaxHeadRows(g->pattern, g->segment, q));
   const double n = static_cast<double>(g->members.size());
   double block_flops =
       4.0 * geo.shape().batch * p.heads.size() * double(rows) * double(rows) * geo.shape().head_dim;
@@ -154,7 +158,7 @@ class Builder {
     t.kind = kind;
     t.group = group;
     t.origin = origin;
-    t.elements = geo_.BlockElements(g.pattern, g.segment, origin);
+    t.elements = MemberElements(g, origin);
     At(phase).transfers.push_back(t);
   }
 
@@ -183,7 +187,7 @@ class Builder {
     const int n = static_cast<int>(m.size());
     const int a = static_cast<int>(std::find(m.begin(), m.end(), geo_.rank()) - m.begin());
     const int self = geo_.rank();
-    const int64_t own_elements = geo_.BlockElements(g.pattern, g.segment, self);
+    const int64_t own_elements = MemberElements(g, self);
     auto member = [&](int i) { return m[((i % n) + n) % n]; };
     const bool causal = geo_.spec().causal;
     const BufferKind kKv = BufferKind::kKv, kDkv = BufferKind::kDkv;
@@ -211,7 +215,7 @@ class Builder {
       }
       for (int j = 0; j < n; ++j) {
         if (j == a || (causal && j > a)) continue;
-        const int64_t e = geo_.BlockElements(g.pattern, g.segment, m[j]);
+        const int64_t e = MemberElements(g, m[j]);
         kv[j] = NewBuffer(kKv, e, gi);
         Move(0, false, m[j], kv[j], kKv, gi, m[j]);
         if (backward) {
@@ -292,12 +296,21 @@ class Builder {
 // Segments this rank computes alone: those inside its shard, and those whose selected rows all lie
 // here. Only the first and last segment touching the shard can straddle a boundary, so the local
 // segments form one run [begin, end) per pattern.
+std::pair<int, int64_t> Key(const Group& g) { return {g.pattern, g.segment}; }
+std::pair<int, int64_t> Key(const std::pair<int, int64_t>& k) { return k; }
+
 void AddLocalWork(const RingGeometry& geo, RingPlan* plan) {
   const int self = geo.rank();
+  // A segment is this rank's alone when it lies inside its shard, or when it is not a group (at
+  // most one member: FindGroups lists the others, ordered by pattern and segment) and this rank
+  // has rows of it. Not Members(): that is O(P) for a spanning segment, O(P^2) over a ring.
+  auto is_group = [&](int i, int64_t m) {
+    return std::binary_search(plan->groups.begin(), plan->groups.end(), std::make_pair(i, m),
+                              [](const auto& x, const auto& y) { return Key(x) < Key(y); });
+  };
   auto local = [&](int i, int64_t m) {
     if (geo.InsideOneShard(i, m)) return true;
-    const std::vector<int> members = geo.Members(i, m);
-    return members.size() == 1 && members[0] == self;
+    return !is_group(i, m) && geo.ChunkRows(i, m, self) > 0;
   };
   for (int i = 0; i < geo.num_patterns(); ++i) {
     const int64_t first = geo.FirstSegmentOf(i, self);
@@ -317,11 +330,22 @@ void AddLocalWork(const RingGeometry& geo, RingPlan* plan) {
 
 }  // namespace
 
+std::vector<Group> ScheduledGroups(const RingGeometry& geo, bool backward,
+                                   const PlanOptions& options) {
+  std::vector<Group> groups = FindGroups(geo);
+  for (Group& g : groups) ChooseSchedule(geo, backward, options, &g);
+  return groups;
+}
+
 RingPlan PlanRing(const RingGeometry& geo, bool backward, const PlanOptions& options) {
+  return PlanRing(geo, backward, options, ScheduledGroups(geo, backward, options));
+}
+
+RingPlan PlanRing(const RingGeometry& geo, bool backward, const PlanOptions&,
+                  std::vector<Group> groups) {
   RingPlan plan;
   plan.backward = backward;
-  plan.groups = FindGroups(geo);
-  for (Group& g : plan.groups) ChooseSchedule(geo, backward, options, &g);
+  plan.groups = std::move(groups);
   plan.phases.resize(1);
   AddLocalWork(geo, &plan);
   Builder builder(geo, &plan);

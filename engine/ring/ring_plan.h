@@ -62,6 +62,8 @@ struct Group {
   int pattern = 0;
   int64_t segment = 0;
   std::vector<int> members;  // Ranks, ascending.
+  // BlockElements of each member (same order): the ring simulation asks for them for every step.
+  std::vector<int64_t> block_elements;
   Schedule schedule = Schedule::kRing;
   int64_t max_block_elements = 0;  // Largest member block (K+V elements).
   double ring_seconds = 0;         // Cost model estimates for the group's critical path.
@@ -144,6 +146,15 @@ struct RingPlan {
 
 // The plan of this rank (geo.rank()) for a forward (backward = false) or backward call.
 RingPlan PlanRing(const RingGeometry& geo, bool backward, const PlanOptions& options);
+
+// Every group of the call with its schedule chosen: the same for every rank of the ring (it reads
+// the geometry's spec and shape, never its rank). Planning all P ranks (the largest rank's memory,
+// engine/rank_memory_plan.h) computes it once instead of P times: it alone costs O(P) per rank.
+std::vector<Group> ScheduledGroups(const RingGeometry& geo, bool backward,
+                                   const PlanOptions& options);
+// PlanRing with `groups` from ScheduledGroups of a geometry of the same ring, call and options.
+RingPlan PlanRing(const RingGeometry& geo, bool backward, const PlanOptions& options,
+                  std::vector<Group> groups);
 
 // Bytes of one element of a buffer kind under `geo`.
 int64_t ElementBytes(const RingGeometry& geo, BufferKind kind);

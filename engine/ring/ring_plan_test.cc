@@ -402,6 +402,54 @@ TEST(RingPlanTest, BlocksHoldOnlyTheDilatedRows) {
   }
 }
 
+// ChunkRows and MaxHeadRows count a chunk's rows in closed form; they must equal the sum and the
+// max of every head's rows for
+// every pattern, segment and rank, in both modes and both head-offset layouts, rates above and
+// below H, shards that cut segments anywhere.
+TEST(RingPlanTest, ChunkRowsEqualsTheSumOfEveryHeadsRows) {
+  int checked = 0;
+  for (AttentionMode mode : {AttentionMode::kGrouped, AttentionMode::kMixture}) {
+    for (HeadOffsets layout : {HeadOffsets::kModulo, HeadOffsets::kBlocked}) {
+      for (int64_t heads : {3, 8, 13}) {
+        for (int p : {1, 3, 5}) {
+          for (int64_t l : {1, 7, 24}) {
+            AttentionSpec spec;
+            spec.segment_lengths = {5, 12, 40, 1000};
+            spec.dilation_rates = {1, 3, 7, 16};
+            spec.mode = mode;
+            spec.head_offsets = layout;
+            if (mode == AttentionMode::kGrouped && (heads < 4 || layout == HeadOffsets::kBlocked)) {
+              continue;
+            }
+            absl::StatusOr<RingGeometry> geo =
+                RingGeometry::Create(spec, {1, l * p, heads, 8, p}, 0, DType::kFloat32);
+            ASSERT_TRUE(geo.ok()) << geo.status();
+            for (int i = 0; i < 4; ++i) {
+              for (int64_t m = 0; m < geo->pattern(i).segments; ++m) {
+                for (int q = 0; q < p; ++q) {
+                  int64_t want = 0, most = 0;
+                  for (size_t h = 0; h < geo->pattern(i).heads.size(); ++h) {
+                    const int64_t rows = geo->Rows(i, m, q, static_cast<int>(h)).count();
+                    want += rows;
+                    most = std::max(most, rows);
+                  }
+                  const std::string where =
+                      absl::StrCat(AttentionModeName(mode), " H=", heads, " P=", p, " L=", l,
+                                   " pattern ", i, " segment ", m, " rank ", q);
+                  ASSERT_EQ(geo->ChunkRows(i, m, q), want) << where;
+                  ASSERT_EQ(geo->MaxHeadRows(i, m, q), most) << where;
+                  ++checked;
+                }
+              }
+            }
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 1000);
+}
+
 TEST(RingPlanTest, CostModelPicksAllGatherForTinyBlocksAndRingForHeavyOnes) {
   Case c;
   c.w = {1 << 20};

@@ -12,6 +12,7 @@
 #include "CLI/CLI.hpp"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "api/tenant.h"
 #include "client/commands.h"
 #include "client/exit_codes.h"
 #include "client/job_file.h"
@@ -359,7 +360,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   }
 
   if (token_new->parsed()) {
-    if (!dattn::security::ValidTenant(token_tenant)) {
+    if (!dattn::api::IsTenantName(token_tenant)) {
       return UsageError(err,
                         absl::StrCat("--tenant \"", token_tenant,
                                      "\" must be 1..64 characters of [A-Za-z0-9._-]"),

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "api/tenant.h"
 #include "google/protobuf/util/json_util.h"
 
 namespace dattn {
@@ -207,7 +208,7 @@ void PrintJob(const v1::Job& job, absl::Time now, std::ostream& out) {
   std::vector<std::pair<std::string, std::string>> fields;
   fields.emplace_back("Job", job.job_id());
   if (!job.spec().name().empty()) fields.emplace_back("Name", job.spec().name());
-  fields.emplace_back("Tenant", job.spec().tenant().empty() ? "default" : job.spec().tenant());
+  fields.emplace_back("Tenant", api::TenantOrDefault(job.spec().tenant()));
   std::string state = StateName(job.state());
   if (job.state() == v1::JOB_STATE_QUEUED && job.queue_position() > 0) {
     absl::StrAppend(&state, " (position ", job.queue_position(), " in the queue)");
@@ -317,9 +318,9 @@ Table JobsTable(const std::vector<v1::Job>& jobs, absl::Time now) {
   for (const v1::Job& job : jobs) {
     table.AddRow({job.job_id(), job.spec().has_attention() ? "attention" : "-",
                   job.spec().name().empty() ? "-" : job.spec().name(),
-                  job.spec().tenant().empty() ? "default" : job.spec().tenant(),
-                  StateName(job.state()), absl::StrCat(job.spec().priority()),
-                  FormatProgress(job.progress()), Age(job.create_time(), now)});
+                  api::TenantOrDefault(job.spec().tenant()), StateName(job.state()),
+                  absl::StrCat(job.spec().priority()), FormatProgress(job.progress()),
+                  Age(job.create_time(), now)});
   }
   return table;
 }

@@ -9,10 +9,11 @@
 #include <sstream>
 #include <vector>
 
-#include "absl/strings/ascii.h"
 #include "absl/strings/escaping.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_split.h"
+#include "api/tenant.h"
 
 namespace dattn {
 namespace security {
@@ -78,16 +79,6 @@ absl::StatusOr<std::string> NewToken() {
   return absl::StrCat("dattn_", encoded);
 }
 
-bool ValidTenant(absl::string_view tenant) {
-  if (tenant.empty() || tenant.size() > 64) return false;
-  for (char c : tenant) {
-    if (!(absl::ascii_isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) {
-      return false;
-    }
-  }
-  return true;
-}
-
 absl::StatusOr<std::map<std::string, Principal>> ParseTokenFile(absl::string_view text,
                                                                 const std::string& path) {
   std::map<std::string, Principal> table;
@@ -111,7 +102,7 @@ absl::StatusOr<std::map<std::string, Principal>> ParseTokenFile(absl::string_vie
           "the first field must be sha256: and 64 lowercase hex digits (the token's hash, "
           "never the token itself)"));
     }
-    if (!ValidTenant(fields[1])) {
+    if (!api::IsTenantName(fields[1])) {
       return absl::InvalidArgumentError(
           absl::StrCat(where, "tenant \"", absl::CHexEscape(fields[1]),
                        "\" must be 1..64 characters of [A-Za-z0-9._-]"));

@@ -48,9 +48,6 @@ std::string HashToken(absl::string_view token);
 // A new random token ("dattn_" + 43 characters of base64url, 256 bits from the OS's CSPRNG).
 absl::StatusOr<std::string> NewToken();
 
-// True for 1..64 characters of [A-Za-z0-9._-].
-bool ValidTenant(absl::string_view tenant);
-
 // Parses a token file's text. INVALID_ARGUMENT naming `path`, the line and the bad field.
 absl::StatusOr<std::map<std::string, Principal>> ParseTokenFile(absl::string_view text,
                                                                 const std::string& path);

@@ -8,6 +8,7 @@
 #include <string>
 #include <thread>
 
+#include "api/tenant.h"
 #include "gtest/gtest.h"
 
 namespace dattn {
@@ -134,10 +135,10 @@ TEST(TokensTest, ReloadsWhenTheFileChanges) {
 }
 
 TEST(TokensTest, TenantsFollowTheJobSpecRule) {
-  EXPECT_TRUE(ValidTenant("team-a.b_c"));
-  EXPECT_FALSE(ValidTenant(""));
-  EXPECT_FALSE(ValidTenant("a b"));
-  EXPECT_FALSE(ValidTenant(std::string(65, 'x')));
+  EXPECT_TRUE(api::IsTenantName("team-a.b_c"));
+  EXPECT_FALSE(api::IsTenantName(""));
+  EXPECT_FALSE(api::IsTenantName("a b"));
+  EXPECT_FALSE(api::IsTenantName(std::string(65, 'x')));
 }
 
 }  // namespace

@@ -6,15 +6,12 @@
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
+#include "api/tenant.h"
 #include "nlohmann/json.hpp"
 #include "security/tls.h"
 
 namespace dattn {
 namespace server {
-
-std::string JobTenant(const v1::Job& job) {
-  return job.spec().tenant().empty() ? "default" : job.spec().tenant();
-}
 
 absl::StatusOr<std::unique_ptr<Access>> Access::Create(AccessOptions options) {
   std::unique_ptr<Access> access(new Access(std::move(options)));
@@ -80,7 +77,8 @@ absl::Status Access::RequireAdmin(const security::Principal& caller, const char*
 }
 
 bool Access::MaySee(const security::Principal& caller, const v1::Job& job) {
-  return caller.role == security::Role::kAdmin || JobTenant(job) == caller.tenant;
+  return caller.role == security::Role::kAdmin ||
+         api::TenantOrDefault(job.spec().tenant()) == caller.tenant;
 }
 
 absl::Status Access::ScopeSubmit(const security::Principal& caller, v1::JobSpec* spec) {

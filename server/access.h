@@ -41,9 +41,6 @@ struct AccessOptions {
   std::string audit_log;
 };
 
-// The tenant a job belongs to: its spec's, "default" when empty.
-std::string JobTenant(const v1::Job& job);
-
 class Access {
  public:
   // Opens the audit log. INVALID_ARGUMENT naming the path when it cannot be opened for appending.

@@ -7,6 +7,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "api/limits.h"
+#include "api/tenant.h"
 #include "server/attention_kind.h"
 #include "server/job_state.h"
 #include "server/log.h"
@@ -326,15 +327,13 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
     absl::MutexLock lock(&mu_);
     if (!existing.ok()) {
       // Quotas count only what would create a job: a retry of an accepted one was answered above.
-      const std::string tenant =
-          request.spec().tenant().empty() ? "default" : request.spec().tenant();
+      const std::string tenant = api::TenantOrDefault(request.spec().tenant());
       // The count scans the book (O(active jobs) per new job), only when the quota is on.
       int64_t queued = 0;
       if (quotas_.options().max_queued_jobs > 0) {
         for (const JobRun* run : book_.Runs()) {
-          const std::string& t = run->job.spec().tenant();
-          queued +=
-              run->job.state() == v1::JOB_STATE_QUEUED && (t.empty() ? "default" : t) == tenant;
+          queued += run->job.state() == v1::JOB_STATE_QUEUED &&
+                    api::TenantOrDefault(run->job.spec().tenant()) == tenant;
         }
       }
       if (absl::Status s = quotas_.Admit(tenant, queued, Now()); !s.ok()) return s;

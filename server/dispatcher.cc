@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "api/tenant.h"
 #include "server/log.h"
 #include "server/proto_time.h"
 
@@ -26,7 +27,7 @@ scheduler::JobRequest Dispatcher::Request(const JobRun& run, const JobAnalysis& 
                                           size_t device) const {
   scheduler::JobRequest request;
   request.job_id = run.job.job_id();
-  request.tenant = run.job.spec().tenant().empty() ? "default" : run.job.spec().tenant();
+  request.tenant = api::TenantOrDefault(run.job.spec().tenant());
   request.priority = run.job.spec().priority();
   request.submit_seq = run.submit_seq;
   request.submit_time = FromTimestamp(run.job.create_time());

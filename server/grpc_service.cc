@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "api/limits.h"
+#include "api/tenant.h"
 #include "dattn/v1/admin.grpc.pb.h"
 #include "dattn/v1/job_service.grpc.pb.h"
 #include "dattn/v1/worker.grpc.pb.h"
@@ -183,7 +184,7 @@ class JobServiceImpl final : public v1::JobService::Service {
     get.set_max_events(1);
     absl::StatusOr<v1::Job> job = core_->GetJob(get);
     if (!job.ok()) return false;
-    if (JobTenant(*job) == caller.tenant) return false;
+    if (api::TenantOrDefault(job->spec().tenant()) == caller.tenant) return false;
     if (!Access::MaySee(caller, *job)) return core_->JobNotFound(job_id);
     return true;
   }

@@ -15,6 +15,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/notification.h"
+#include "api/tenant.h"
 #include "google/protobuf/io/coded_stream.h"
 #include "google/protobuf/io/zero_copy_stream_impl_lite.h"
 #include "server/job_state.h"
@@ -117,14 +118,10 @@ void SetTime(absl::Time t, google::protobuf::Timestamp* out) {
   out->set_nanos(static_cast<int32_t>(rem * 1000));
 }
 
-std::string TenantColumn(const v1::JobSpec& spec) {
-  return spec.tenant().empty() ? "default" : spec.tenant();
-}
-
 }  // namespace
 
 std::string ScopedIdempotencyKey(absl::string_view spec_tenant, absl::string_view key) {
-  return absl::StrCat(spec_tenant.empty() ? "default" : spec_tenant, "/", key);
+  return absl::StrCat(api::TenantOrDefault(spec_tenant), "/", key);
 }
 
 namespace {
@@ -155,7 +152,7 @@ void PrepareJob(const v1::Job& job, WriteOp* op) {
   op->idempotency_key = ScopedIdempotencyKey(job.spec().tenant(), job.idempotency_key());
   op->raw_idempotency_key = job.idempotency_key();
   op->state = job.state();
-  op->tenant = TenantColumn(job.spec());
+  op->tenant = api::TenantOrDefault(job.spec().tenant());
   op->kind_name = std::string(JobKind(job.spec()));
   op->priority = job.spec().priority();
   op->spec_blob = SpecBlob(job.spec());

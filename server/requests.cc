@@ -5,6 +5,7 @@
 #include "absl/strings/str_cat.h"
 #include "api/limits.h"
 #include "api/quote.h"
+#include "api/tenant.h"
 
 namespace dattn {
 namespace server {
@@ -16,11 +17,6 @@ absl::Status Invalid(const std::string& path, const std::string& what) {
   return absl::InvalidArgumentError(absl::StrCat(path, ": ", what));
 }
 
-bool TenantChar(char c) {
-  return (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') || c == '.' ||
-         c == '_' || c == '-';
-}
-
 absl::Status ValidateTenantName(const std::string& tenant, const std::string& path) {
   if (tenant.size() > api::kMaxTenantLength) {
     return Invalid(path,
@@ -28,7 +24,7 @@ absl::Status ValidateTenantName(const std::string& tenant, const std::string& pa
                                 tenant.size(), " (", Quote(tenant), ")"));
   }
   for (size_t i = 0; i < tenant.size(); ++i) {
-    if (!TenantChar(tenant[i])) {
+    if (!api::IsTenantChar(tenant[i])) {
       return Invalid(path, absl::StrCat("character ", i, " of ", Quote(tenant),
                                         " is not one of [A-Za-z0-9._-]"));
     }

@@ -81,28 +81,14 @@ CallView RowViewOf(const BlockCall& call, const ProblemDims& dims) {
   return ViewOf(call, dims.seq_len, dims.seq_len * dims.num_heads, dims.num_heads, 1);
 }
 
-int64_t CountBlockCalls(const AttentionSpec& spec, const ProblemDims& dims, bool fold_batches) {
-  // Mirrors EnumerateBlockCalls' pushes; block_calls_test checks that the two agree.
-  int64_t count = 0;
-  const int64_t n = dims.seq_len;
-  for (int i = 0; i < spec.num_patterns(); ++i) {
-    const int64_t w = spec.segment_lengths[i];
-    const int64_t r = spec.dilation_rates[i];
-    const int64_t full = w <= n ? n / w : 0;
-    const int64_t partial = n - full * w;
-    for (const HeadGroup& group : PatternHeadGroups(spec, i, dims.num_heads)) {
-      if (full > 0 && dilation::SelectedCount(w, group.offset, r) > 0) {
-        count += partial == 0 && (fold_batches || dims.batch == 1) ? 1 : dims.batch;
-      }
-      if (partial > 0 && dilation::SelectedCount(partial, group.offset, r) > 0) ++count;
-    }
-  }
-  return count;
-}
+namespace {
 
-std::vector<BlockCall> EnumerateBlockCalls(const AttentionSpec& spec, const ProblemDims& dims,
-                                           bool fold_batches) {
-  std::vector<BlockCall> calls;
+// The calls of EnumerateBlockCalls, pattern by pattern: emit(call, copies) for each, where copies >
+// 1 stands for that many calls one batch item (N flat positions) apart. CountBlockCalls sums the
+// copies without building a call; EnumerateBlockCalls builds them.
+template <typename Emit>
+void ForEachBlockCall(const AttentionSpec& spec, const ProblemDims& dims, bool fold_batches,
+                      Emit emit) {
   const int64_t n = dims.seq_len;
   for (int i = 0; i < spec.num_patterns(); ++i) {
     const int64_t w = spec.segment_lengths[i];
@@ -120,16 +106,13 @@ std::vector<BlockCall> EnumerateBlockCalls(const AttentionSpec& spec, const Prob
         BlockCall c = base;
         c.rows = full_rows;
         c.block_step = w;
+        c.first_flat = group.offset;
         if (partial == 0 && (fold_batches || dims.batch == 1)) {
           c.count = dims.batch * full;
-          c.first_flat = group.offset;
-          calls.push_back(c);
+          emit(c, 1);
         } else {
-          for (int64_t b = 0; b < dims.batch; ++b) {
-            c.count = full;
-            c.first_flat = b * n + group.offset;
-            calls.push_back(c);
-          }
+          c.count = full;
+          emit(c, dims.batch);  // One call per batch item.
         }
       }
       const int64_t partial_rows =
@@ -141,10 +124,27 @@ std::vector<BlockCall> EnumerateBlockCalls(const AttentionSpec& spec, const Prob
         c.first_flat = full * w + group.offset;
         c.block_step = n;
         c.steps_batches = true;
-        calls.push_back(c);
+        emit(c, 1);
       }
     }
   }
+}
+
+}  // namespace
+
+int64_t CountBlockCalls(const AttentionSpec& spec, const ProblemDims& dims, bool fold_batches) {
+  int64_t count = 0;
+  ForEachBlockCall(spec, dims, fold_batches,
+                   [&count](const BlockCall&, int64_t copies) { count += copies; });
+  return count;
+}
+
+std::vector<BlockCall> EnumerateBlockCalls(const AttentionSpec& spec, const ProblemDims& dims,
+                                           bool fold_batches) {
+  std::vector<BlockCall> calls;
+  ForEachBlockCall(spec, dims, fold_batches, [&](BlockCall c, int64_t copies) {
+    for (int64_t b = 0; b < copies; ++b, c.first_flat += dims.seq_len) calls.push_back(c);
+  });
   return calls;
 }
 

@@ -129,64 +129,61 @@ class JobServiceImpl final : public v1::JobService::Service {
   }
   grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                          v1::Job* response) override {
-    return calls_.Run(kCancelJob, [&]() -> absl::Status {
-      absl::StatusOr<security::Principal> caller = access_->Caller(*context);
-      if (!caller.ok()) return caller.status();
-      absl::StatusOr<bool> foreign = Foreign(*caller, request->job_id());
-      if (!foreign.ok()) return foreign.status();
-      absl::Status done = Assign(core_->CancelJob(*request), response);
-      if (*foreign) access_->Audit(*caller, *context, kCancelJob, request->job_id(), done);
-      return done;
+    return calls_.Run(kCancelJob, [&] {
+      return OnJob(*context, kCancelJob, request->job_id(), /*audited=*/true,
+                   [&] { return Assign(core_->CancelJob(*request), response); });
     });
   }
   grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                         grpc::ServerWriter<v1::JobEvent>* writer) override {
-    return calls_.Run(kWatchJob, [&]() -> absl::Status {
-      absl::StatusOr<security::Principal> caller = access_->Caller(*context);
-      if (!caller.ok()) return caller.status();
-      if (absl::StatusOr<bool> f = Foreign(*caller, request->job_id()); !f.ok()) return f.status();
-      return core_->WatchJob(
-          *request, [writer](const v1::JobEvent& event) { return writer->Write(event); },
-          [context] { return context->IsCancelled(); });
+    return calls_.Run(kWatchJob, [&] {
+      return OnJob(*context, kWatchJob, request->job_id(), /*audited=*/false, [&] {
+        return core_->WatchJob(
+            *request, [writer](const v1::JobEvent& event) { return writer->Write(event); },
+            [context] { return context->IsCancelled(); });
+      });
     });
   }
   grpc::Status ReadOutput(grpc::ServerContext* context, const v1::ReadOutputRequest* request,
                           grpc::ServerWriter<v1::TensorChunk>* writer) override {
-    return calls_.Run(kReadOutput, [&]() -> absl::Status {
-      absl::StatusOr<security::Principal> caller = access_->Caller(*context);
-      if (!caller.ok()) return caller.status();
-      if (absl::StatusOr<bool> f = Foreign(*caller, request->job_id()); !f.ok()) return f.status();
-      return core_->ReadOutput(
-          *request, [writer](const v1::TensorChunk& chunk) { return writer->Write(chunk); });
+    return calls_.Run(kReadOutput, [&] {
+      return OnJob(*context, kReadOutput, request->job_id(), /*audited=*/false, [&] {
+        return core_->ReadOutput(
+            *request, [writer](const v1::TensorChunk& chunk) { return writer->Write(chunk); });
+      });
     });
   }
   grpc::Status DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
                          v1::DeleteJobResponse* response) override {
-    return calls_.Run(kDeleteJob, [&]() -> absl::Status {
-      absl::StatusOr<security::Principal> caller = access_->Caller(*context);
-      if (!caller.ok()) return caller.status();
-      absl::StatusOr<bool> foreign = Foreign(*caller, request->job_id());
-      if (!foreign.ok()) return foreign.status();
-      absl::Status done = Assign(core_->DeleteJob(*request), response);
-      if (*foreign) access_->Audit(*caller, *context, kDeleteJob, request->job_id(), done);
-      return done;
+    return calls_.Run(kDeleteJob, [&] {
+      return OnJob(*context, kDeleteJob, request->job_id(), /*audited=*/true,
+                   [&] { return Assign(core_->DeleteJob(*request), response); });
     });
   }
 
  private:
-  // Whether `job_id` belongs to another tenant than the caller's (an admin's business, audited).
-  // A user asking for another tenant's job gets the NOT_FOUND of a job that does not exist; a job
-  // that does not exist is left to the call itself to report.
-  absl::StatusOr<bool> Foreign(const security::Principal& caller, const std::string& job_id) {
-    if (!access_->authenticates()) return false;
-    v1::GetJobRequest get;
-    get.set_job_id(job_id);
-    get.set_max_events(1);
-    absl::StatusOr<v1::Job> job = core_->GetJob(get);
-    if (!job.ok()) return false;
-    if (api::TenantOrDefault(job->spec().tenant()) == caller.tenant) return false;
-    if (!Access::MaySee(caller, *job)) return core_->JobNotFound(job_id);
-    return true;
+  // Authenticates the caller of `method` on `job_id` and runs `call`. A user asking for another
+  // tenant's job gets the NOT_FOUND of a job that does not exist (a job that does not exist is left
+  // to `call` to report); an admin's act on another tenant's job is audited when `audited`.
+  template <typename Fn>
+  absl::Status OnJob(const grpc::ServerContext& context, const char* method,
+                     const std::string& job_id, bool audited, Fn&& call) {
+    absl::StatusOr<security::Principal> caller = access_->Caller(context);
+    if (!caller.ok()) return caller.status();
+    bool foreign = false;
+    if (access_->authenticates()) {
+      v1::GetJobRequest get;
+      get.set_job_id(job_id);
+      get.set_max_events(1);
+      absl::StatusOr<v1::Job> job = core_->GetJob(get);
+      if (job.ok() && api::TenantOrDefault(job->spec().tenant()) != caller->tenant) {
+        if (!Access::MaySee(*caller, *job)) return core_->JobNotFound(job_id);
+        foreign = true;
+      }
+    }
+    absl::Status done = call();
+    if (foreign && audited) access_->Audit(*caller, context, method, job_id, done);
+    return done;
   }
 
   Coordinator* const core_;

@@ -1,21 +1,26 @@
 #!/usr/bin/env bash
 # Makes a cluster CA and the certificates of a dattn cluster with openssl (docs/SECURITY.md):
 #
-#   scripts/make-certs.sh DIR [--hosts H1,H2,...] [--days N] [--worker NAME]... [--force]
+#   scripts/make-certs.sh DIR [--hosts H1,H2,...] [--days N] [--worker NAME[:PATTERN]]... [--force]
 #
 #   DIR         where the files go (created, mode 0700); existing files are kept unless --force
 #   --hosts     names and IPs the coordinator is reached at (its certificate's subjectAltName);
 #               default: localhost,127.0.0.1,dattn-coordinator,dattn-coordinator.dattn.svc,
 #               dattn-coordinator.dattn.svc.cluster.local
 #   --days      validity of the certificates (default 365; the CA gets 10 times that)
-#   --worker    a worker certificate per name (default: one named "worker")
+#   --worker NAME[:PATTERN]
+#               a worker certificate NAME.pem per option (default: one named "worker"), binding the
+#               worker names it may register as (--name of dattn-worker): PATTERN is one name, or a
+#               prefix and '*' ("gpu-*": every name starting with "gpu-"; "*": any name, for a fleet
+#               sharing one certificate, which then can act as any worker). Default PATTERN: NAME.
 #
 # Writes ca.pem and ca-key.pem (keep ca-key.pem offline: whoever has it can mint workers),
 # coordinator.pem + coordinator-key.pem (server and client use: the API, the rendezvous stores),
-# and WORKER.pem + WORKER-key.pem per worker (client and server use: registry calls, ring stores,
-# its health port). Keys are EC P-256, unencrypted, mode 0600. Rotation: rerun with --force into a
-# new DIR, put the new files where the old were (a Kubernetes Secret update); the daemons re-read
-# them within a minute. A new CA needs every certificate re-made, and the old CA bundled with the new
+# and NAME.pem + NAME-key.pem per worker (client and server use: registry calls, ring stores, its
+# health port; subject CN "dattn-worker PATTERN", which the coordinator checks on every registry
+# call). Keys are EC P-256, unencrypted, mode 0600. Rotation: rerun with --force into a new DIR, put
+# the new files where the old were (a Kubernetes Secret update); the daemons re-read them within a
+# minute. A new CA needs every certificate re-made, and the old CA bundled with the new
 # one (cat old-ca.pem new-ca.pem > ca.pem) while they change over.
 set -euo pipefail
 
@@ -30,7 +35,7 @@ while [ $# -gt 0 ]; do
     --days) days="$2"; shift 2 ;;
     --worker) workers+=("$2"); shift 2 ;;
     --force) force=1; shift ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     -*) echo "make-certs.sh: unknown option $1" >&2; exit 2 ;;
     *) [ -n "$dir" ] && { echo "make-certs.sh: one DIR only" >&2; exit 2; }; dir="$1"; shift ;;
   esac
@@ -80,11 +85,18 @@ sign() {
 }
 
 sign coordinator "dattn-coordinator" "$san"
-for w in "${workers[@]}"; do
+for spec in "${workers[@]}"; do
+  w="${spec%%:*}"
+  pattern="$w"
+  [[ "$spec" == *:* ]] && pattern="${spec#*:}"
   [[ "$w" =~ ^[A-Za-z0-9._-]+$ ]] || { echo "make-certs.sh: worker name '$w' must be [A-Za-z0-9._-]" >&2; exit 2; }
+  [[ "$pattern" =~ ^[A-Za-z0-9._-]*\*?$ && -n "$pattern" ]] ||
+    { echo "make-certs.sh: worker pattern '$pattern' must be a name or a prefix and '*' ([A-Za-z0-9._-])" >&2; exit 2; }
   # Workers are dialled by IP on their health ports: localhost and 127.0.0.1 plus their name.
-  sign "$w" "dattn-worker $w" "DNS:$w,DNS:localhost,IP:127.0.0.1"
+  sign "$w" "dattn-worker $pattern" "DNS:$w,DNS:localhost,IP:127.0.0.1"
 done
 rm -f "$dir/ca.srl"
 chmod 600 "$dir"/*.pem
-echo "certificates in $dir: ca.pem, coordinator.pem, ${workers[*]/%/.pem} (and their -key.pem)"
+names=()
+for spec in "${workers[@]}"; do names+=("${spec%%:*}.pem"); done
+echo "certificates in $dir: ca.pem, coordinator.pem, ${names[*]} (and their -key.pem)"

@@ -9,6 +9,7 @@
 #include <sstream>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "grpcpp/security/auth_context.h"
 #include "grpcpp/security/tls_certificate_provider.h"
@@ -172,6 +173,20 @@ std::string PeerCommonName(const grpc::ServerContext& context) {
   std::vector<grpc::string_ref> names = auth->FindPropertyValues("x509_common_name");
   if (names.empty()) return "";
   return std::string(names[0].data(), names[0].size());
+}
+
+std::string WorkerNamePattern(const std::string& common_name) {
+  const absl::string_view prefix = kWorkerCommonNamePrefix;
+  if (!absl::StartsWith(common_name, prefix) || common_name.size() == prefix.size()) return "";
+  return common_name.substr(prefix.size());
+}
+
+bool WorkerNameAllowed(const std::string& pattern, const std::string& name) {
+  if (pattern.empty() || name.empty()) return false;
+  if (pattern.back() == '*') {
+    return absl::StartsWith(name, absl::string_view(pattern).substr(0, pattern.size() - 1));
+  }
+  return name == pattern;
 }
 
 }  // namespace security

@@ -65,6 +65,20 @@ bool PeerHasClusterCertificate(const grpc::ServerContext& context);
 // The peer certificate's subject common name, "" when there is none.
 std::string PeerCommonName(const grpc::ServerContext& context);
 
+// Worker certificates bind the names a worker may register as: scripts/make-certs.sh gives a worker
+// certificate the subject common name "dattn-worker PATTERN", where PATTERN is one name ("host-a":
+// that name only) or a prefix followed by '*' ("dattn-gpu-worker-*": every name that starts with
+// it; "*" alone: any name, for a fleet that shares one certificate). A certificate of the cluster
+// CA without that form (the coordinator's) binds no name.
+inline constexpr char kWorkerCommonNamePrefix[] = "dattn-worker ";
+
+// The worker-name pattern of a common name; "" when `common_name` is not a worker's.
+std::string WorkerNamePattern(const std::string& common_name);
+
+// Whether `pattern` (from WorkerNamePattern) admits the worker name `name`. An empty pattern admits
+// none.
+bool WorkerNameAllowed(const std::string& pattern, const std::string& name);
+
 // Checks that `path` holds what `what` says ("certificate", "private key", "CA bundle"): readable
 // and at least one PEM object of that kind that OpenSSL parses. INVALID_ARGUMENT naming `flag` and
 // the path otherwise. Exposed for the binaries' start-up checks.

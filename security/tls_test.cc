@@ -217,6 +217,25 @@ TEST_F(TlsTest, ARotatedCertificateIsServedWithoutARestart) {
   EXPECT_TRUE(rotated) << "new connections did not get the new certificate within 10 s";
 }
 
+TEST(WorkerNames, ACertificateBindsOneNameAPrefixOrAny) {
+  EXPECT_EQ(WorkerNamePattern("dattn-worker host-a"), "host-a");
+  EXPECT_EQ(WorkerNamePattern("dattn-worker gpu-*"), "gpu-*");
+  EXPECT_EQ(WorkerNamePattern("dattn-coordinator"), "");
+  EXPECT_EQ(WorkerNamePattern("dattn-worker "), "");
+  EXPECT_EQ(WorkerNamePattern("x dattn-worker host-a"), "");
+
+  EXPECT_TRUE(WorkerNameAllowed("host-a", "host-a"));
+  EXPECT_FALSE(WorkerNameAllowed("host-a", "host-a2"));
+  EXPECT_FALSE(WorkerNameAllowed("host-a", "host-"));
+  EXPECT_TRUE(WorkerNameAllowed("gpu-*", "gpu-0"));
+  EXPECT_TRUE(WorkerNameAllowed("gpu-*", "gpu-"));
+  EXPECT_FALSE(WorkerNameAllowed("gpu-*", "gpx-0"));
+  EXPECT_FALSE(WorkerNameAllowed("gpu-*", "gpu"));
+  EXPECT_TRUE(WorkerNameAllowed("*", "anything"));
+  EXPECT_FALSE(WorkerNameAllowed("", "anything"));
+  EXPECT_FALSE(WorkerNameAllowed("*", ""));
+}
+
 }  // namespace
 }  // namespace security
 }  // namespace dattn

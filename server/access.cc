@@ -59,14 +59,25 @@ absl::StatusOr<security::Principal> Access::Caller(const grpc::ServerContext& co
   return options_.tokens->Authenticate(absl::string_view(value).substr(kBearer.size()));
 }
 
-absl::Status Access::CheckWorker(const grpc::ServerContext& context, const char* method) const {
-  if (!options_.workers_need_certificate || security::PeerHasClusterCertificate(context)) {
+absl::Status Access::CheckWorker(const grpc::ServerContext& context, const char* method,
+                                 const std::string& worker_name) const {
+  if (!options_.workers_need_certificate) return absl::OkStatus();
+  if (!security::PeerHasClusterCertificate(context)) {
+    return absl::UnauthenticatedError(absl::StrCat(
+        method,
+        " is for workers: the caller presented no certificate signed by the cluster CA "
+        "(start the worker with --tls-cert and --tls-key from scripts/make-certs.sh)"));
+  }
+  if (worker_name.empty()) return absl::OkStatus();
+  const std::string common_name = security::PeerCommonName(context);
+  if (security::WorkerNameAllowed(security::WorkerNamePattern(common_name), worker_name)) {
     return absl::OkStatus();
   }
-  return absl::UnauthenticatedError(
-      absl::StrCat(method,
-                   " is for workers: the caller presented no certificate signed by the cluster CA "
-                   "(start the worker with --tls-cert and --tls-key from scripts/make-certs.sh)"));
+  return absl::PermissionDeniedError(
+      absl::StrCat(method, ": the caller's certificate (common name \"", common_name,
+                   "\") does not bind the worker name \"", worker_name,
+                   "\"; a worker certificate binds \"", security::kWorkerCommonNamePrefix,
+                   "NAME\" or \"...PREFIX*\" (scripts/make-certs.sh --worker)"));
 }
 
 absl::Status Access::RequireAdmin(const security::Principal& caller, const char* method) {

@@ -9,7 +9,10 @@
 //   (a spec naming another tenant: PERMISSION_DENIED). Admins act on every tenant and alone may use
 //   AdminService (PERMISSION_DENIED otherwise).
 // - Workers (WorkerRegistry) present a certificate signed by the cluster CA (mutual TLS); without
-//   one: UNAUTHENTICATED. Tokens do not open WorkerRegistry, certificates do not open JobService.
+//   one: UNAUTHENTICATED. The certificate binds the worker names it may act as (its common name,
+//   security/tls.h): registering, or calling for a registration, under another name is
+//   PERMISSION_DENIED, so one worker's certificate cannot evict, impersonate or report for another.
+//   Tokens do not open WorkerRegistry, certificates do not open JobService.
 // - Admin actions (AdminService calls, and an admin's cancel or delete of another tenant's job) are
 //   appended to the audit log, one JSON object per line, whatever their outcome.
 //
@@ -49,9 +52,14 @@ class Access {
 
   // The principal of a JobService or AdminService call.
   absl::StatusOr<security::Principal> Caller(const grpc::ServerContext& context) const;
-  // OK for a WorkerRegistry call `method` from a peer with a cluster certificate (or when none is
-  // needed).
-  absl::Status CheckWorker(const grpc::ServerContext& context, const char* method) const;
+  // OK for a WorkerRegistry call `method` acting as the worker named `worker_name`, from a peer
+  // with a cluster certificate that binds that name (security/tls.h's worker-name patterns), or
+  // when no certificate is needed (--insecure). UNAUTHENTICATED without a cluster certificate;
+  // PERMISSION_DENIED naming the certificate's common name and `worker_name` when it does not bind
+  // the name. An empty `worker_name` (an id the coordinator never issued: the call fails on its
+  // own) checks the certificate only.
+  absl::Status CheckWorker(const grpc::ServerContext& context, const char* method,
+                           const std::string& worker_name) const;
   // OK for an admin; PERMISSION_DENIED naming `method`, the tenant and its role otherwise.
   static absl::Status RequireAdmin(const security::Principal& caller, const char* method);
   // Whether `caller` may act on `job`.
@@ -61,6 +69,8 @@ class Access {
   static absl::Status ScopeSubmit(const security::Principal& caller, v1::JobSpec* spec);
 
   bool authenticates() const { return options_.tokens != nullptr; }
+  // Whether worker calls need a certificate binding the worker's name (CheckWorker).
+  bool binds_worker_names() const { return options_.workers_need_certificate; }
 
   // One audit record: who (tenant, name, role, peer address), what (method, target) and the
   // outcome's code.

@@ -518,6 +518,12 @@ absl::StatusOr<v1::RegisterWorkerResponse> Coordinator::RegisterWorker(
   return response;
 }
 
+std::string Coordinator::WorkerName(const std::string& worker_id) {
+  absl::MutexLock lock(&mu_);
+  const WorkerEntry* worker = workers_.Find(worker_id);
+  return worker != nullptr ? worker->info.name() : "";
+}
+
 absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::HeartbeatRequest& request) {
   v1::HeartbeatResponse response;
   absl::MutexLock lock(&mu_);

@@ -213,6 +213,9 @@ class Coordinator {
   // cannot be written.
   absl::StatusOr<v1::UploadOutputResponse> UploadOutput(const v1::UploadOutputRequest& first,
                                                         const UploadSource& next);
+  // The name the worker `worker_id` registered under (live or dead); "" for an id never issued
+  // (or forgotten). The gRPC edge checks it against the caller's certificate (access.h).
+  std::string WorkerName(const std::string& worker_id);
 
   // --- AdminService ----------------------------------------------------------------------------
   absl::StatusOr<v1::ListWorkersResponse> ListWorkers(const v1::ListWorkersRequest& request);

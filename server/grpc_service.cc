@@ -200,14 +200,17 @@ class WorkerRegistryImpl final : public v1::WorkerRegistry::Service {
                               const v1::RegisterWorkerRequest* request,
                               v1::RegisterWorkerResponse* response) override {
     return calls_.Run(kRegisterWorker, [&]() -> absl::Status {
-      if (absl::Status s = access_->CheckWorker(*context, kRegisterWorker); !s.ok()) return s;
+      if (absl::Status s = access_->CheckWorker(*context, kRegisterWorker, request->name());
+          !s.ok())
+        return s;
       return Assign(core_->RegisterWorker(*request), response);
     });
   }
   grpc::Status Heartbeat(grpc::ServerContext* context, const v1::HeartbeatRequest* request,
                          v1::HeartbeatResponse* response) override {
     return calls_.Run(kHeartbeat, [&]() -> absl::Status {
-      if (absl::Status s = access_->CheckWorker(*context, kHeartbeat); !s.ok()) return s;
+      if (absl::Status s = CheckWorkerId(*context, kHeartbeat, request->worker_id()); !s.ok())
+        return s;
       return Assign(core_->Heartbeat(*request), response);
     });
   }
@@ -215,7 +218,9 @@ class WorkerRegistryImpl final : public v1::WorkerRegistry::Service {
                                  const v1::StreamAssignmentsRequest* request,
                                  grpc::ServerWriter<v1::WorkerCommand>* writer) override {
     return calls_.Run(kStreamAssignments, [&]() -> absl::Status {
-      if (absl::Status s = access_->CheckWorker(*context, kStreamAssignments); !s.ok()) return s;
+      if (absl::Status s = CheckWorkerId(*context, kStreamAssignments, request->worker_id());
+          !s.ok())
+        return s;
       return core_->StreamAssignments(
           *request, [writer](const v1::WorkerCommand& command) { return writer->Write(command); },
           [context] { return context->IsCancelled(); });
@@ -224,7 +229,8 @@ class WorkerRegistryImpl final : public v1::WorkerRegistry::Service {
   grpc::Status ReportTask(grpc::ServerContext* context, const v1::TaskReport* request,
                           v1::ReportTaskResponse* response) override {
     return calls_.Run(kReportTask, [&]() -> absl::Status {
-      if (absl::Status s = access_->CheckWorker(*context, kReportTask); !s.ok()) return s;
+      if (absl::Status s = CheckWorkerId(*context, kReportTask, request->worker_id()); !s.ok())
+        return s;
       return Assign(core_->ReportTask(*request), response);
     });
   }
@@ -232,10 +238,13 @@ class WorkerRegistryImpl final : public v1::WorkerRegistry::Service {
                             grpc::ServerReader<v1::UploadOutputRequest>* reader,
                             v1::UploadOutputResponse* response) override {
     return calls_.Run(kUploadOutput, [&]() -> absl::Status {
-      if (absl::Status s = access_->CheckWorker(*context, kUploadOutput); !s.ok()) return s;
+      if (absl::Status s = access_->CheckWorker(*context, kUploadOutput, ""); !s.ok()) return s;
       v1::UploadOutputRequest first;
       if (!reader->Read(&first)) {
         return absl::InvalidArgumentError("UploadOutput: the stream carried no message");
+      }
+      if (absl::Status s = CheckWorkerId(*context, kUploadOutput, first.worker_id()); !s.ok()) {
+        return s;
       }
       return Assign(
           core_->UploadOutput(
@@ -245,6 +254,14 @@ class WorkerRegistryImpl final : public v1::WorkerRegistry::Service {
   }
 
  private:
+  // Access::CheckWorker for a call that names its registration by id: the certificate must bind
+  // the name the id was registered under.
+  absl::Status CheckWorkerId(const grpc::ServerContext& context, const char* method,
+                             const std::string& worker_id) const {
+    return access_->CheckWorker(context, method,
+                                access_->binds_worker_names() ? core_->WorkerName(worker_id) : "");
+  }
+
   Coordinator* const core_;
   const CallRunner calls_;
   const Access* const access_;

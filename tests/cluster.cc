@@ -26,13 +26,14 @@ Cluster::Cluster(ClusterOptions options) : options_(std::move(options)) {
   dir_ = MakeTestDir(options_.name);
   data_dir_ = dir_ + "/data";
   if (!options_.secure) return;
-  // Certificates from the script users run, and three tokens. A failure here shows up as a
-  // coordinator that does not start, with the script's output in its log folder.
+  // Certificates from the script users run (one worker certificate for every worker name, a
+  // fleet's: tests/security_test checks certificates bound to names), and three tokens. A failure
+  // here shows up as a coordinator that does not start, with the script's output in its log folder.
   certs_dir_ = dir_ + "/certs";
   ca_file_ = certs_dir_ + "/ca.pem";
   const std::string make = "bash " + testutil::RunfilePath("scripts/make-certs.sh") + " " +
-                           certs_dir_ + " --hosts localhost,127.0.0.1 > " + dir_ +
-                           "/make-certs.log 2>&1";
+                           certs_dir_ + " --hosts localhost,127.0.0.1 --worker 'worker:*' > " +
+                           dir_ + "/make-certs.log 2>&1";
   if (std::system(make.c_str()) != 0)
     std::fprintf(stderr, "make-certs.sh failed: see %s\n", dir_.c_str());
   token_file_ = dir_ + "/tokens";

@@ -287,6 +287,109 @@ TEST_F(Security, WorkersNeedAClusterCertificate) {
   EXPECT_TRUE(cluster_->WaitForReadyWorkers(1, seconds(30))) << cluster_->Logs();
 }
 
+// A worker certificate binds the names it may act as (scripts/make-certs.sh --worker
+// NAME[:PATTERN]): registering as another worker, or heartbeating, streaming, reporting or
+// uploading for another worker's registration, is PERMISSION_DENIED, and that worker keeps its
+// place.
+TEST_F(Security, AWorkerCertificateActsOnlyForTheNamesItBinds) {
+  StartCluster(0);
+  std::string error;
+  ASSERT_GE(cluster_->AddWorker(1, &error, "victim"), 0) << error;
+  ASSERT_TRUE(cluster_->WaitForReadyWorkers(1, seconds(30))) << cluster_->Logs();
+  v1::ListWorkersResponse workers;
+  grpc::Status s = cluster_->admin().ListWorkers(Context().get(), {}, &workers);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  ASSERT_EQ(workers.workers_size(), 1);
+  const std::string victim_id = workers.workers(0).worker_id();
+
+  // Certificates of the cluster's CA for one name and for a prefix.
+  const std::string certs = cluster_->ca_file().substr(0, cluster_->ca_file().rfind('/'));
+  const std::string make = "bash " + testutil::RunfilePath("scripts/make-certs.sh") + " " + certs +
+                           " --worker host-a --worker 'gpus:gpu-*' > /dev/null 2>&1";
+  ASSERT_EQ(std::system(make.c_str()), 0);
+  auto registry_as = [&](const std::string& name) {
+    security::TlsFiles files;
+    files.ca_file = cluster_->ca_file();
+    files.cert_file = certs + "/" + name + ".pem";
+    files.key_file = certs + "/" + name + "-key.pem";
+    absl::StatusOr<std::shared_ptr<grpc::ChannelCredentials>> credentials =
+        security::ChannelCredentials(files);
+    EXPECT_TRUE(credentials.ok()) << credentials.status();
+    return v1::WorkerRegistry::NewStub(grpc::CreateChannel(cluster_->address(), *credentials));
+  };
+  auto register_as = [&](v1::WorkerRegistry::Stub* registry, const std::string& name) {
+    v1::RegisterWorkerRequest request;
+    request.set_name(name);
+    request.mutable_capabilities()->set_max_ranks(1);
+    request.mutable_capabilities()->add_dtypes(v1::DTYPE_FP64);
+    v1::RegisterWorkerResponse response;
+    return registry->RegisterWorker(Context().get(), request, &response);
+  };
+  auto denied = [](const grpc::Status& status, const std::string& name) {
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::PERMISSION_DENIED) << status.error_message();
+    EXPECT_THAT(status.error_message(),
+                HasSubstr("does not bind the worker name \"" + name + "\""));
+  };
+
+  std::unique_ptr<v1::WorkerRegistry::Stub> host_a = registry_as("host-a");
+  denied(register_as(host_a.get(), "victim"), "victim");
+  denied(register_as(host_a.get(), "host-a2"), "host-a2");
+  s = register_as(host_a.get(), "host-a");
+  EXPECT_TRUE(s.ok()) << s.error_message();
+
+  v1::HeartbeatRequest heartbeat;
+  heartbeat.set_worker_id(victim_id);
+  v1::HeartbeatResponse beat;
+  denied(host_a->Heartbeat(Context().get(), heartbeat, &beat), "victim");
+  v1::TaskReport report;
+  report.set_worker_id(victim_id);
+  report.set_task_id("j-1/1/0");
+  report.set_state(v1::TASK_STATE_FAILED);
+  v1::ReportTaskResponse reported;
+  denied(host_a->ReportTask(Context().get(), report, &reported), "victim");
+  v1::StreamAssignmentsRequest stream_request;
+  stream_request.set_worker_id(victim_id);
+  auto context = Context();
+  std::unique_ptr<grpc::ClientReader<v1::WorkerCommand>> stream =
+      host_a->StreamAssignments(context.get(), stream_request);
+  v1::WorkerCommand command;
+  EXPECT_FALSE(stream->Read(&command));
+  denied(stream->Finish(), "victim");
+  auto upload_context = Context();
+  v1::UploadOutputResponse uploaded;
+  std::unique_ptr<grpc::ClientWriter<v1::UploadOutputRequest>> upload =
+      host_a->UploadOutput(upload_context.get(), &uploaded);
+  v1::UploadOutputRequest first;
+  first.set_worker_id(victim_id);
+  first.set_task_id("j-1/1/0");
+  upload->Write(first);
+  upload->WritesDone();
+  denied(upload->Finish(), "victim");
+
+  // A prefix binds the names that start with it; the coordinator's certificate binds none.
+  std::unique_ptr<v1::WorkerRegistry::Stub> gpus = registry_as("gpus");
+  s = register_as(gpus.get(), "gpu-7");
+  EXPECT_TRUE(s.ok()) << s.error_message();
+  denied(register_as(gpus.get(), "gpx-7"), "gpx-7");
+  denied(register_as(registry_as("coordinator").get(), "anything"), "anything");
+
+  // The victim was neither evicted nor touched (still ready under its id); three registrations in
+  // all (the two made here stop heartbeating and may be dead by now).
+  v1::ListWorkersRequest all;
+  all.set_include_dead(true);
+  s = cluster_->admin().ListWorkers(Context().get(), all, &workers);
+  ASSERT_TRUE(s.ok()) << s.error_message();
+  std::vector<std::string> names;
+  for (const v1::Worker& w : workers.workers()) {
+    names.push_back(w.name());
+    if (w.name() == "victim") {
+      EXPECT_EQ(w.worker_id(), victim_id);
+      EXPECT_EQ(w.state(), v1::WORKER_STATE_READY);
+    }
+  }
+  EXPECT_THAT(names, ::testing::UnorderedElementsAre("victim", "host-a", "gpu-7"));
+}
+
 TEST_F(Security, DaemonsRefuseToStartWithoutTlsOrAnExplicitInsecure) {
   ProcessOptions o;
   o.name = "bare-coordinator";

@@ -6,7 +6,8 @@ namespace dattn {
 namespace scheduler {
 
 absl::StatusOr<std::vector<Placement>> Scheduler::Schedule(const std::vector<WorkerInfo>& workers,
-                                                           absl::Time now) {
+                                                           absl::Time now,
+                                                           const TenantRanks& running) {
   if (absl::Status s = ValidateWorkers(workers); !s.ok()) return s;
   last_reservations_.clear();
   // With no free slot on any ready worker nothing can be placed and nothing needs reserving: skip
@@ -17,6 +18,10 @@ absl::StatusOr<std::vector<Placement>> Scheduler::Schedule(const std::vector<Wor
     any_free_slot |= w.state == WorkerState::kReady && w.free_ranks() > 0;
   }
   if (!any_free_slot) return std::vector<Placement>{};
+  last_quota_waits_.clear();
+  const int64_t quota = options_.tenant_max_running_ranks;
+  TenantRanks held;  // With a quota: `running` plus this pass's placements.
+  if (quota > 0) held = running;
 
   // What is still free in this pass: placements and reservations are subtracted from the copy.
   std::vector<WorkerInfo> pool = workers;
@@ -26,6 +31,13 @@ absl::StatusOr<std::vector<Placement>> Scheduler::Schedule(const std::vector<Wor
   std::vector<bool> reserved(pool.size(), false);
   std::vector<Placement> placements;
   for (const JobRequest& job : queue_.Ordered()) {
+    if (quota > 0) {
+      const int64_t tenant_ranks = held[job.tenant];
+      if (tenant_ranks + job.num_ranks > quota) {
+        last_quota_waits_.push_back({job.job_id, job.tenant, tenant_ranks, job.num_ranks});
+        continue;
+      }
+    }
     absl::StatusOr<std::optional<Placement>> placed = TryPlace(job, pool);
     // Jobs were validated by Enqueue and the pool stays valid, so an error here is a bug in this
     // file; report it rather than guess.
@@ -36,6 +48,7 @@ absl::StatusOr<std::vector<Placement>> Scheduler::Schedule(const std::vector<Wor
         ++w.running_ranks;
         w.free_memory_bytes -= job.memory_per_rank_bytes;
       }
+      if (quota > 0) held[job.tenant] += job.num_ranks;
       absl::StatusOr<JobRequest> dispatched = queue_.Dispatch(job.job_id);
       if (!dispatched.ok()) return dispatched.status();
       placements.push_back(std::move(**placed));

@@ -22,7 +22,13 @@
 // * A full cluster is skipped. When no ready worker has a free slot, a pass returns at once with no
 //   placement and no reservation (nothing could be placed either way); the coordinator runs a pass
 //   after every submit, and a long queue on a busy cluster is the common case.
-// * Determinism. The same queue, workers and `now` always give the same placements.
+// * Tenant quota on running ranks. With `tenant_max_running_ranks` > 0, a job is placed only while
+//   its tenant's running ranks (given by the caller: ranks still held on workers) plus those placed
+//   earlier in the pass plus its own stay within the quota. A job held back by its tenant's quota
+//   is skipped like one that does not fit, but reserves nothing (only its own tenant's work frees
+//   its way); last_quota_waits() lists it. A job asking for more ranks than the quota can never
+//   start: the caller refuses it at submit.
+// * Determinism. The same queue, workers, running ranks and `now` always give the same placements.
 //
 // Thread-safety: none. The owner serialises all calls (the coordinator holds its lock).
 #ifndef DATTN_SCHEDULER_SCHEDULER_H_
@@ -47,6 +53,16 @@ struct SchedulerOptions {
   // Waiting time after which a job that does not fit reserves its workers (see Policy).
   // absl::InfiniteDuration() turns reservation off (pure backfill).
   absl::Duration starvation_bound = absl::Minutes(10);
+  // Most ranks one tenant's jobs hold at once (see Policy); 0: no quota.
+  int tenant_max_running_ranks = 0;
+};
+
+// A job the last pass held back because of its tenant's quota on running ranks.
+struct QuotaWait {
+  std::string job_id;
+  std::string tenant;
+  int64_t tenant_ranks = 0;  // What the tenant held (running and placed in the pass) then.
+  int num_ranks = 0;         // What the job asks for.
 };
 
 class Scheduler {
@@ -65,13 +81,17 @@ class Scheduler {
   // tenants count as served. The caller starts them, and re-enqueues (same submit_seq and
   // submit_time) any that fail to start. INVALID_ARGUMENT if ValidateWorkers fails, with the queue
   // unchanged; validate workers at registration so that this does not happen.
+  // `running` gives each tenant's ranks held now, for the quota on running ranks.
   absl::StatusOr<std::vector<Placement>> Schedule(const std::vector<WorkerInfo>& workers,
-                                                  absl::Time now);
+                                                  absl::Time now, const TenantRanks& running = {});
 
   // The job ids that reserved workers in the last Schedule() call, in queue order (empty if none):
   // for status messages such as "waiting; workers reserved for job-7". A starved job whose workers
   // an earlier one already reserved is not listed.
   const std::vector<std::string>& last_reservations() const { return last_reservations_; }
+  // The jobs the last pass that walked the queue held back for their tenant's quota on running
+  // ranks, in queue order (a pass that returns at once on a full cluster leaves it as it was).
+  const std::vector<QuotaWait>& last_quota_waits() const { return last_quota_waits_; }
 
   const JobQueue& queue() const { return queue_; }
   const SchedulerOptions& options() const { return options_; }
@@ -80,6 +100,7 @@ class Scheduler {
   const SchedulerOptions options_;
   JobQueue queue_;
   std::vector<std::string> last_reservations_;
+  std::vector<QuotaWait> last_quota_waits_;
 };
 
 }  // namespace scheduler

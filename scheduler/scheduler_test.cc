@@ -173,6 +173,44 @@ TEST(SchedulerTest, TwoFloodingTenantsShareTheCluster) {
   EXPECT_EQ(PlacedIds(SchedulePass(s, Gpus(2, 8 * kGiB), kT0)), Ids({"a3", "b3"}));
 }
 
+TEST(SchedulerTest, TenantQuotaOnRunningRanksHoldsBackOnlyThatTenant) {
+  SchedulerOptions options;
+  options.tenant_max_running_ranks = 3;
+  options.starvation_bound = absl::ZeroDuration();  // Every waiting job is starved.
+  Scheduler s(options);
+  // A holds 1 rank already: a0 (2 ranks) fits its quota, a1 (1 rank) would make 4. B is free.
+  ASSERT_TRUE(s.Enqueue(J("a0", 2, kGiB, 1, 0, "A")).ok());
+  ASSERT_TRUE(s.Enqueue(J("a1", 1, kGiB, 2, 0, "A")).ok());
+  ASSERT_TRUE(s.Enqueue(J("b0", 2, kGiB, 3, 0, "B")).ok());
+  ASSERT_TRUE(s.Enqueue(J("b1", 1, kGiB, 4, 0, "B")).ok());
+  const TenantRanks running = {{"A", 1}};
+  absl::StatusOr<std::vector<Placement>> placed = s.Schedule(Gpus(8, 8 * kGiB), kT0, running);
+  ASSERT_TRUE(placed.ok()) << placed.status();
+  EXPECT_EQ(PlacedIds(*placed), Ids({"a0", "b0", "b1"}));
+  ASSERT_EQ(s.last_quota_waits().size(), 1u);
+  EXPECT_EQ(s.last_quota_waits()[0].job_id, "a1");
+  EXPECT_EQ(s.last_quota_waits()[0].tenant, "A");
+  EXPECT_EQ(s.last_quota_waits()[0].tenant_ranks, 3);
+  EXPECT_EQ(s.last_quota_waits()[0].num_ranks, 1);
+  // A job held back by its quota reserves nothing, starved or not.
+  EXPECT_TRUE(s.last_reservations().empty());
+
+  // Once A's ranks end, a1 starts; without `running` nothing is held.
+  placed = s.Schedule(Gpus(8, 8 * kGiB), kT0, {{"A", 2}});
+  ASSERT_TRUE(placed.ok());
+  EXPECT_EQ(PlacedIds(*placed), Ids({"a1"}));
+  EXPECT_TRUE(s.last_quota_waits().empty());
+}
+
+TEST(SchedulerTest, NoTenantQuotaByDefault) {
+  Scheduler s;
+  ASSERT_TRUE(s.Enqueue(J("a0", 4, kGiB, 1, 0, "A")).ok());
+  absl::StatusOr<std::vector<Placement>> placed = s.Schedule(Gpus(4, 8 * kGiB), kT0, {{"A", 100}});
+  ASSERT_TRUE(placed.ok());
+  EXPECT_EQ(PlacedIds(*placed), Ids({"a0"}));
+  EXPECT_TRUE(s.last_quota_waits().empty());
+}
+
 TEST(SchedulerTest, RemovedJobIsNotPlaced) {
   Scheduler s;
   ASSERT_TRUE(s.Enqueue(J("a", 1, kGiB, 1)).ok());

@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -55,6 +56,9 @@ struct WorkerInfo {
   // "gpu-3 (GPU NVIDIA H100, ready, 1/1 ranks, 12 GiB of 80 GiB free)" for logs and errors.
   std::string DebugString() const;
 };
+
+// Ranks each tenant's started jobs hold on workers now (tenants absent hold none).
+using TenantRanks = absl::flat_hash_map<std::string, int64_t>;
 
 // One job waiting for placement: a gang of `num_ranks` ranks that start together or not at all.
 struct JobRequest {

@@ -41,7 +41,8 @@ Coordinator::Coordinator(CoordinatorOptions options, Metrics* metrics)
                          options_.ring_formation_timeout, options_.ring_comm_timeout,
                          options_.rendezvous_tls},
              metrics_),
-      dispatcher_(DispatcherOptions{options_.starvation_bound, options_.feasibility_settle},
+      dispatcher_(DispatcherOptions{options_.starvation_bound, options_.feasibility_settle,
+                                    options_.quotas.max_running_ranks},
                   metrics_),
       quotas_(options_.quotas),
       runner_(&mu_, &book_, &workers_, &rings_, &dispatcher_, metrics_, clock_, &drain_cv_,
@@ -336,7 +337,8 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
                     api::TenantOrDefault(run->job.spec().tenant()) == tenant;
         }
       }
-      if (absl::Status s = quotas_.Admit(tenant, queued, Now()); !s.ok()) return s;
+      if (absl::Status s = quotas_.Admit(tenant, queued, spec->analysis->num_ranks, Now()); !s.ok())
+        return s;
       const int64_t ready = workers_.ReadyCount();
       absl::Status feasible =
           dispatcher_.CheckFeasible(*spec->analysis, workers_.View(/*for_placement=*/false), ready);

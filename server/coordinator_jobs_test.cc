@@ -42,6 +42,7 @@ using ctest::WaitFor;
 using ::testing::Contains;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
+using ::testing::Not;
 using CoordinatorTest = ctest::CoordinatorTest;
 
 struct BadRequest {
@@ -347,6 +348,53 @@ TEST_F(CoordinatorTest, TenantQuotasRefuseNewJobsButNotRetries) {
   // A job that leaves the queue makes room.
   ASSERT_TRUE(Cancel(first.job_id()).ok());
   EXPECT_TRUE(coordinator_->SubmitJob(a3).ok());
+}
+
+// The quota on running ranks: a tenant's jobs beyond it wait in the queue (saying why) while
+// another tenant's run; a job larger than the quota is refused; a finished rank lets the next in.
+TEST_F(CoordinatorTest, TenantRunningRanksQuotaHoldsJobsBackAndRefusesLargerOnes) {
+  options_.quotas.max_running_ranks = 2;
+  Restart();
+  std::vector<FakeWorker*> workers;
+  for (int i = 0; i < 4; ++i) workers.push_back(AddWorker(absl::StrCat("cpu-", i)));
+  v1::SubmitJobRequest large = RingRequest("a-large", 4);
+  large.mutable_spec()->set_tenant("alice");
+  absl::StatusOr<v1::SubmitJobResponse> refused = coordinator_->SubmitJob(large);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("tenant \"alice\" may hold at most 2 ranks at once "
+                        "(--tenant-max-running-ranks) and the job asks for 4"));
+
+  std::vector<std::string> alice;
+  for (int i = 0; i < 3; ++i) {
+    v1::SubmitJobRequest r = ValidRequest(absl::StrCat("a", i));
+    r.mutable_spec()->set_tenant("alice");
+    alice.push_back(Submit(r).job_id());
+  }
+  v1::SubmitJobRequest b = ValidRequest("b0");
+  b.mutable_spec()->set_tenant("bob");
+  const std::string bob = Submit(b).job_id();
+  ASSERT_TRUE(WaitState(alice[0], v1::JOB_STATE_PLACED));
+  ASSERT_TRUE(WaitState(alice[1], v1::JOB_STATE_PLACED));
+  ASSERT_TRUE(WaitState(bob, v1::JOB_STATE_PLACED)) << "another tenant is not held back";
+  v1::Job waiting = Get(alice[2]);
+  EXPECT_EQ(waiting.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_THAT(waiting.state_reason(),
+              HasSubstr("waiting: tenant \"alice\" holds 2 ranks of its quota of 2 "
+                        "(--tenant-max-running-ranks), the job asks for 1"));
+
+  // One of alice's ranks finishes: her third job starts on the free worker.
+  const std::string first_worker = Get(alice[0]).worker_ids(0);
+  for (FakeWorker* w : workers) {
+    if (w->id() != first_worker) continue;
+    std::optional<v1::WorkerCommand> command = w->Next();
+    ASSERT_TRUE(command.has_value() && command->has_assign());
+    ASSERT_TRUE(w->Report(command->assign().task_id(), v1::TASK_STATE_STARTED).ok());
+    ASSERT_TRUE(w->Report(command->assign().task_id(), v1::TASK_STATE_SUCCEEDED).ok());
+  }
+  ASSERT_TRUE(WaitState(alice[0], v1::JOB_STATE_SUCCEEDED));
+  ASSERT_TRUE(WaitState(alice[2], v1::JOB_STATE_PLACED));
+  EXPECT_THAT(Get(alice[2]).state_reason(), Not(HasSubstr("waiting")));
 }
 
 TEST_F(CoordinatorTest, TenantSubmitRateFollowsTheClock) {

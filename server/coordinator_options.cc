@@ -23,6 +23,10 @@ absl::Status ValidateCoordinatorOptions(const CoordinatorOptions& o) {
     return absl::InvalidArgumentError(
         absl::StrCat("quotas.max_queued_jobs: must be >= 0, got ", o.quotas.max_queued_jobs));
   }
+  if (o.quotas.max_running_ranks < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("quotas.max_running_ranks: must be >= 0, got ", o.quotas.max_running_ranks));
+  }
   if (!(o.quotas.submits_per_second >= 0)) {  // Also refuses NaN.
     return absl::InvalidArgumentError(
         absl::StrCat("quotas.submits_per_second: must be >= 0, got ", o.quotas.submits_per_second));

@@ -21,7 +21,8 @@ std::string TaskId(const std::string& job_id, int attempt, int rank) {
 Dispatcher::Dispatcher(DispatcherOptions options, Metrics* metrics)
     : options_(options),
       metrics_(metrics),
-      scheduler_(scheduler::SchedulerOptions{options.starvation_bound}) {}
+      scheduler_(scheduler::SchedulerOptions{options.starvation_bound,
+                                             options.tenant_max_running_ranks}) {}
 
 scheduler::JobRequest Dispatcher::Request(const JobRun& run, const JobAnalysis& analysis,
                                           size_t device) const {
@@ -137,16 +138,35 @@ std::vector<Dispatcher::Verdict> Dispatcher::Check(
 }
 
 absl::StatusOr<std::vector<scheduler::Placement>> Dispatcher::Schedule(
-    const std::vector<scheduler::WorkerInfo>& workers, absl::Time now) {
-  if (scheduler_.queue().empty()) return std::vector<scheduler::Placement>();
-  absl::StatusOr<std::vector<scheduler::Placement>> placements = scheduler_.Schedule(workers, now);
+    const std::vector<scheduler::WorkerInfo>& workers, absl::Time now,
+    const scheduler::TenantRanks& running) {
+  if (scheduler_.queue().empty()) {
+    quota_waits_.clear();
+    return std::vector<scheduler::Placement>();
+  }
+  absl::StatusOr<std::vector<scheduler::Placement>> placements =
+      scheduler_.Schedule(workers, now, running);
+  quota_waits_.clear();
+  for (const scheduler::QuotaWait& wait : scheduler_.last_quota_waits()) {
+    if (!scheduler_.queue().Contains(wait.job_id)) continue;  // Cancelled since.
+    quota_waits_[wait.job_id] =
+        absl::StrCat("waiting: tenant \"", wait.tenant, "\" holds ", wait.tenant_ranks,
+                     " ranks of its quota of ", options_.tenant_max_running_ranks,
+                     " (--tenant-max-running-ranks), the job asks for ", wait.num_ranks);
+  }
   UpdateDepth();
   return placements;
 }
 
+std::string Dispatcher::QuotaWait(const std::string& job_id) const {
+  auto it = quota_waits_.find(job_id);
+  return it == quota_waits_.end() ? "" : it->second;
+}
+
 void Dispatcher::Place(absl::Time now, Tickets* tickets) {
-  absl::StatusOr<std::vector<scheduler::Placement>> placements =
-      Schedule(workers_->View(/*for_placement=*/true), now);
+  absl::StatusOr<std::vector<scheduler::Placement>> placements = Schedule(
+      workers_->View(/*for_placement=*/true), now,
+      options_.tenant_max_running_ranks > 0 ? workers_->RanksByTenant() : scheduler::TenantRanks());
   if (!placements.ok()) {
     Log(absl::StrCat("internal error: scheduling pass failed: ", placements.status().message()));
     return;
@@ -176,6 +196,7 @@ void Dispatcher::Place(absl::Time now, Tickets* tickets) {
       TaskEntry task;
       task.task_id = TaskId(run->job.job_id(), run->job.attempt(), static_cast<int>(rank));
       task.job_id = run->job.job_id();
+      task.tenant = api::TenantOrDefault(run->job.spec().tenant());
       task.worker_id = placement.worker_ids[rank];
       task.attempt = run->job.attempt();
       task.rank = static_cast<int>(rank);

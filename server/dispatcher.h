@@ -30,6 +30,7 @@
 #include <utility>
 #include <vector>
 
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
@@ -47,6 +48,8 @@ namespace server {
 struct DispatcherOptions {
   absl::Duration starvation_bound = absl::Minutes(10);  // scheduler.h, "Anti-starvation".
   absl::Duration feasibility_settle = absl::Seconds(5);
+  // scheduler.h, "Tenant quota on running ranks" (--tenant-max-running-ranks); 0: none.
+  int tenant_max_running_ranks = 0;
 };
 
 class Dispatcher {
@@ -83,10 +86,16 @@ class Dispatcher {
                              const std::vector<JobRun*>& runs,
                              const std::vector<scheduler::WorkerInfo>& workers);
 
-  // One scheduling pass (scheduler.h) against `workers` at `now`: the placements made; those jobs
-  // left the queue. INVALID_ARGUMENT for an invalid worker list (nothing placed).
+  // One scheduling pass (scheduler.h) against `workers` at `now`, with `running` the ranks each
+  // tenant holds (Place gives WorkerRegistry::RanksByTenant): the placements made; those jobs left
+  // the queue. INVALID_ARGUMENT for an invalid worker list (nothing placed).
   absl::StatusOr<std::vector<scheduler::Placement>> Schedule(
-      const std::vector<scheduler::WorkerInfo>& workers, absl::Time now);
+      const std::vector<scheduler::WorkerInfo>& workers, absl::Time now,
+      const scheduler::TenantRanks& running = {});
+  // Why a queued job waits, when the last pass that walked the queue held it back for its
+  // tenant's quota on running ranks ("waiting: tenant ... holds 3 ranks of its quota of 4
+  // (--tenant-max-running-ranks), the job asks for 2"); "" otherwise.
+  std::string QuotaWait(const std::string& job_id) const;
 
   // One pass applied (needs Attach): the placements of Schedule() become tasks on their workers, a
   // rendezvous store for each multi-rank job, and each job's PLACED transition (its write's ticket
@@ -126,7 +135,8 @@ class Dispatcher {
   const DispatcherOptions options_;
   Metrics* const metrics_;
   scheduler::Scheduler scheduler_;
-  std::string ready_set_;  // As of the last Check.
+  absl::flat_hash_map<std::string, std::string> quota_waits_;  // QuotaWait's answers.
+  std::string ready_set_;                                      // As of the last Check.
   absl::Time ready_set_since_ = absl::InfinitePast();
   bool kicked_ = false;
   absl::CondVar kick_cv_;

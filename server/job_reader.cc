@@ -28,6 +28,11 @@ v1::Job JobReader::Public(const JobRun& run) const {
   if (out.state() == v1::JOB_STATE_QUEUED && run.job.state() == v1::JOB_STATE_QUEUED) {
     std::optional<size_t> position = dispatcher_->Position(out.job_id());
     if (position.has_value()) out.set_queue_position(static_cast<int64_t>(*position));
+    // Held back by its tenant's quota on running ranks: say so (after any requeue reason).
+    if (std::string wait = dispatcher_->QuotaWait(out.job_id()); !wait.empty()) {
+      out.set_state_reason(
+          out.state_reason().empty() ? wait : absl::StrCat(out.state_reason(), "; ", wait));
+    }
   }
   StripTensors(*kinds_, &out);
   return out;

@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
   dattn::security::TlsFiles tls;
   int64_t tenant_max_queued_jobs = 0;
   double tenant_submits_per_second = 0;
+  int tenant_max_running_ranks = 0;
   std::string token_file;
   std::string audit_log;
   bool insecure = false;
@@ -139,6 +140,11 @@ int main(int argc, char** argv) {
   app.add_option("--tenant-submits-per-second", tenant_submits_per_second,
                  "most new jobs a second of one tenant, with bursts of as many (0: no limit)")
       ->check(CLI::Range(0.0, 1e9))
+      ->capture_default_str();
+  app.add_option("--tenant-max-running-ranks", tenant_max_running_ranks,
+                 "most ranks (GPUs, CPU worker slots) one tenant's jobs hold at once; more wait "
+                 "in the queue, and a job asking for more is refused (0: no limit)")
+      ->check(CLI::Range(0, 1 << 30))
       ->capture_default_str();
   app.add_option("--tls-cert", tls.cert_file,
                  "PEM certificate of the API and the rendezvous stores (scripts/make-certs.sh); "
@@ -224,6 +230,7 @@ int main(int argc, char** argv) {
   options.rendezvous_tls.cert_file = tls.cert_file;
   options.rendezvous_tls.key_file = tls.key_file;
   options.quotas.submits_per_second = tenant_submits_per_second;
+  options.quotas.max_running_ranks = tenant_max_running_ranks;
   options.retention =
       retention_hours == 0 ? absl::InfiniteDuration() : absl::Seconds(retention_hours * 3600);
 

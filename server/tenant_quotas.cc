@@ -9,7 +9,14 @@
 namespace dattn {
 namespace server {
 
-absl::Status TenantQuotas::Admit(const std::string& tenant, int64_t queued, absl::Time now) {
+absl::Status TenantQuotas::Admit(const std::string& tenant, int64_t queued, int num_ranks,
+                                 absl::Time now) {
+  if (options_.max_running_ranks > 0 && num_ranks > options_.max_running_ranks) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tenant \"", tenant, "\" may hold at most ", options_.max_running_ranks,
+                     " ranks at once (--tenant-max-running-ranks) and the job asks for ", num_ranks,
+                     ": it could never start; ask for fewer ranks"));
+  }
   if (options_.max_queued_jobs > 0 && queued >= options_.max_queued_jobs) {
     return absl::ResourceExhaustedError(
         absl::StrCat("tenant \"", tenant, "\" has ", queued,

@@ -1,5 +1,6 @@
-// Per-tenant quotas on submits: how many of a tenant's jobs may wait in the queue, and how fast a
-// tenant may submit (a token bucket: `submits_per_second` a second, bursts of as many). A refusal
+// Per-tenant quotas on submits: how many of a tenant's jobs may wait in the queue, how fast a
+// tenant may submit (a token bucket: `submits_per_second` a second, bursts of as many), and no job
+// larger than the tenant's quota on running ranks. A refusal
 // is RESOURCE_EXHAUSTED naming the tenant, the quota, its value and the flag that sets it. Only a
 // submit that would create a job is counted: a retry of an accepted job (same tenant, same
 // idempotency key) is answered whatever the quotas say, so nothing accepted is lost.
@@ -26,15 +27,19 @@ struct QuotaOptions {
   int64_t max_queued_jobs = 0;
   // Submits a second of one tenant, and the burst (--tenant-submits-per-second); 0: no limit.
   double submits_per_second = 0;
+  // Most ranks one tenant's jobs hold at once (--tenant-max-running-ranks); 0: no limit. The
+  // scheduler holds jobs back to keep it (scheduler.h); a job asking for more can never start and
+  // is refused here.
+  int max_running_ranks = 0;
 };
 
 class TenantQuotas {
  public:
   explicit TenantQuotas(QuotaOptions options) : options_(options) {}
 
-  // Whether `tenant`, with `queued` jobs QUEUED now, may create one more at `now`; takes one token
-  // of its bucket when it may.
-  absl::Status Admit(const std::string& tenant, int64_t queued, absl::Time now);
+  // Whether `tenant`, with `queued` jobs QUEUED now, may create one more of `num_ranks` ranks at
+  // `now`; takes one token of its bucket when it may.
+  absl::Status Admit(const std::string& tenant, int64_t queued, int num_ranks, absl::Time now);
 
   const QuotaOptions& options() const { return options_; }
 

@@ -329,6 +329,12 @@ TaskEntry* WorkerRegistry::AddTask(TaskEntry task) {
   return &stored;
 }
 
+scheduler::TenantRanks WorkerRegistry::RanksByTenant() const {
+  scheduler::TenantRanks ranks;
+  for (const auto& [id, task] : tasks_) ++ranks[task.tenant];
+  return ranks;
+}
+
 TaskEntry* WorkerRegistry::FindTask(const std::string& task_id) {
   auto it = tasks_.find(task_id);
   return it == tasks_.end() ? nullptr : &it->second;

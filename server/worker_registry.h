@@ -51,6 +51,7 @@ namespace server {
 struct TaskEntry {
   std::string task_id;  // job_id + "/" + attempt + "/" + rank.
   std::string job_id;
+  std::string tenant;  // The job's (api::TenantOrDefault), for the quota on running ranks.
   std::string worker_id;
   int attempt = 0;
   int rank = 0;
@@ -144,6 +145,9 @@ class WorkerRegistry {
   // Adds a task and links it to its worker (which must exist).
   TaskEntry* AddTask(TaskEntry task);
   TaskEntry* FindTask(const std::string& task_id);
+  // Ranks (live tasks, started or not, until their final report or their worker's death) per
+  // tenant: what the tenants hold, for the scheduler's quota on running ranks.
+  scheduler::TenantRanks RanksByTenant() const;
   // Forgets a task (freeing its worker's slot and reservation), sending CancelTask with `reason`
   // when `cancel` and it was dispatched to a live worker.
   void EraseTask(const std::string& task_id, bool cancel, const std::string& reason);

@@ -14,6 +14,10 @@ namespace dattn {
 namespace server {
 
 absl::StatusOr<std::unique_ptr<Access>> Access::Create(AccessOptions options) {
+  if (options.max_streams_per_client < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("--max-streams-per-client: must be >= 1, got ",
+                                                   options.max_streams_per_client));
+  }
   std::unique_ptr<Access> access(new Access(std::move(options)));
   if (!access->options_.audit_log.empty()) {
     const int fd =
@@ -104,6 +108,41 @@ absl::Status Access::ScopeSubmit(const security::Principal& caller, v1::JobSpec*
   return absl::PermissionDeniedError(absl::StrCat(
       "spec.tenant \"", spec->tenant().substr(0, 64), "\" is not yours: the token of ", caller.name,
       " submits for tenant \"", caller.tenant, "\" (leave spec.tenant empty)"));
+}
+
+namespace {
+
+// "ipv4:10.0.0.7:53211" / "ipv6:[::1]:53211" -> the address without the port.
+std::string PeerHost(const std::string& peer) {
+  const size_t colon = peer.rfind(':');
+  return colon == std::string::npos ? peer : peer.substr(0, colon);
+}
+
+}  // namespace
+
+absl::StatusOr<Access::StreamSlot> Access::OpenStream(const security::Principal& caller,
+                                                      const grpc::ServerContext& context,
+                                                      const char* method) const {
+  const std::string client =
+      authenticates() ? absl::StrCat("token ", caller.name, " (tenant ", caller.tenant, ")")
+                      : absl::StrCat("peer ", PeerHost(context.peer()));
+  absl::MutexLock lock(&streams_mu_);
+  int& open = streams_[client];
+  if (open >= options_.max_streams_per_client) {
+    return absl::ResourceExhaustedError(absl::StrCat(
+        method, ": ", client, " has ", options_.max_streams_per_client,
+        " WatchJob and ReadOutput streams open, its limit (--max-streams-per-client); close "
+        "some, or poll GetJob"));
+  }
+  ++open;
+  return StreamSlot(this, client);
+}
+
+Access::StreamSlot::~StreamSlot() {
+  if (access_ == nullptr) return;
+  absl::MutexLock lock(&access_->streams_mu_);
+  auto it = access_->streams_.find(client_);
+  if (it != access_->streams_.end() && --it->second <= 0) access_->streams_.erase(it);
 }
 
 void Access::Audit(const security::Principal& caller, const grpc::ServerContext& context,

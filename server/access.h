@@ -15,16 +15,22 @@
 //   Tokens do not open WorkerRegistry, certificates do not open JobService.
 // - Admin actions (AdminService calls, and an admin's cancel or delete of another tenant's job) are
 //   appended to the audit log, one JSON object per line, whatever their outcome.
+// - Streams per client: each open WatchJob or ReadOutput holds a server thread, so one client may
+//   hold at most `max_streams_per_client` at once (OpenStream); more are RESOURCE_EXHAUSTED naming
+//   the client and the flag. A client is its token (tenant and name); without tokens (--insecure),
+//   the peer's IP address. The coordinator's --max-watch-streams bounds all clients together.
 //
-// Thread-safety: thread-safe (the audit log under its own mutex).
+// Thread-safety: thread-safe (the audit log and the stream counts under their own mutexes).
 #ifndef DATTN_SERVER_ACCESS_H_
 #define DATTN_SERVER_ACCESS_H_
 
 #include <cstdio>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_map.h"
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
@@ -42,11 +48,14 @@ struct AccessOptions {
   bool workers_need_certificate = false;
   // Append-only audit log (created 0600); empty: none.
   std::string audit_log;
+  // Open WatchJob/ReadOutput streams of one client at once (--max-streams-per-client); >= 1.
+  int max_streams_per_client = 64;
 };
 
 class Access {
  public:
-  // Opens the audit log. INVALID_ARGUMENT naming the path when it cannot be opened for appending.
+  // Opens the audit log. INVALID_ARGUMENT naming the path when it cannot be opened for appending,
+  // or naming the flag for max_streams_per_client < 1.
   static absl::StatusOr<std::unique_ptr<Access>> Create(AccessOptions options);
   ~Access();
 
@@ -68,6 +77,27 @@ class Access {
   // another tenant.
   static absl::Status ScopeSubmit(const security::Principal& caller, v1::JobSpec* spec);
 
+  // One open stream of a client: released when destroyed.
+  class StreamSlot {
+   public:
+    StreamSlot(StreamSlot&& other) noexcept
+        : access_(std::exchange(other.access_, nullptr)), client_(std::move(other.client_)) {}
+    StreamSlot& operator=(StreamSlot&&) = delete;
+    ~StreamSlot();
+
+   private:
+    friend class Access;
+    StreamSlot(const Access* access, std::string client)
+        : access_(access), client_(std::move(client)) {}
+    const Access* access_;
+    std::string client_;
+  };
+  // A slot for one more stream (`method`) of `caller`, whose call is `context`; RESOURCE_EXHAUSTED
+  // when the client holds max_streams_per_client already.
+  absl::StatusOr<StreamSlot> OpenStream(const security::Principal& caller,
+                                        const grpc::ServerContext& context,
+                                        const char* method) const;
+
   bool authenticates() const { return options_.tokens != nullptr; }
   // Whether worker calls need a certificate binding the worker's name (CheckWorker).
   bool binds_worker_names() const { return options_.workers_need_certificate; }
@@ -81,6 +111,8 @@ class Access {
   explicit Access(AccessOptions options) : options_(std::move(options)) {}
 
   const AccessOptions options_;
+  mutable absl::Mutex streams_mu_;
+  mutable absl::flat_hash_map<std::string, int> streams_ ABSL_GUARDED_BY(streams_mu_);
   mutable absl::Mutex audit_mu_;
   FILE* audit_ ABSL_GUARDED_BY(audit_mu_) = nullptr;
 };

@@ -1,5 +1,6 @@
 #include "server/grpc_service.h"
 
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -130,14 +131,14 @@ class JobServiceImpl final : public v1::JobService::Service {
   grpc::Status CancelJob(grpc::ServerContext* context, const v1::CancelJobRequest* request,
                          v1::Job* response) override {
     return calls_.Run(kCancelJob, [&] {
-      return OnJob(*context, kCancelJob, request->job_id(), /*audited=*/true,
+      return OnJob(*context, kCancelJob, request->job_id(), kAudited,
                    [&] { return Assign(core_->CancelJob(*request), response); });
     });
   }
   grpc::Status WatchJob(grpc::ServerContext* context, const v1::WatchJobRequest* request,
                         grpc::ServerWriter<v1::JobEvent>* writer) override {
     return calls_.Run(kWatchJob, [&] {
-      return OnJob(*context, kWatchJob, request->job_id(), /*audited=*/false, [&] {
+      return OnJob(*context, kWatchJob, request->job_id(), kStream, [&] {
         return core_->WatchJob(
             *request, [writer](const v1::JobEvent& event) { return writer->Write(event); },
             [context] { return context->IsCancelled(); });
@@ -147,7 +148,7 @@ class JobServiceImpl final : public v1::JobService::Service {
   grpc::Status ReadOutput(grpc::ServerContext* context, const v1::ReadOutputRequest* request,
                           grpc::ServerWriter<v1::TensorChunk>* writer) override {
     return calls_.Run(kReadOutput, [&] {
-      return OnJob(*context, kReadOutput, request->job_id(), /*audited=*/false, [&] {
+      return OnJob(*context, kReadOutput, request->job_id(), kStream, [&] {
         return core_->ReadOutput(
             *request, [writer](const v1::TensorChunk& chunk) { return writer->Write(chunk); });
       });
@@ -156,20 +157,31 @@ class JobServiceImpl final : public v1::JobService::Service {
   grpc::Status DeleteJob(grpc::ServerContext* context, const v1::DeleteJobRequest* request,
                          v1::DeleteJobResponse* response) override {
     return calls_.Run(kDeleteJob, [&] {
-      return OnJob(*context, kDeleteJob, request->job_id(), /*audited=*/true,
+      return OnJob(*context, kDeleteJob, request->job_id(), kAudited,
                    [&] { return Assign(core_->DeleteJob(*request), response); });
     });
   }
 
  private:
+  // What OnJob's call is: an act audited when an admin does it to another tenant's job, or a
+  // stream that takes one of the caller's stream slots while it is open.
+  enum CallKind { kAudited, kStream };
+
   // Authenticates the caller of `method` on `job_id` and runs `call`. A user asking for another
   // tenant's job gets the NOT_FOUND of a job that does not exist (a job that does not exist is left
-  // to `call` to report); an admin's act on another tenant's job is audited when `audited`.
+  // to `call` to report); an admin's act on another tenant's job is audited when kAudited; a
+  // kStream call holds one of the caller's stream slots (Access::OpenStream) until it ends.
   template <typename Fn>
   absl::Status OnJob(const grpc::ServerContext& context, const char* method,
-                     const std::string& job_id, bool audited, Fn&& call) {
+                     const std::string& job_id, CallKind kind, Fn&& call) {
     absl::StatusOr<security::Principal> caller = access_->Caller(context);
     if (!caller.ok()) return caller.status();
+    std::optional<Access::StreamSlot> slot;
+    if (kind == kStream) {
+      absl::StatusOr<Access::StreamSlot> opened = access_->OpenStream(*caller, context, method);
+      if (!opened.ok()) return opened.status();
+      slot.emplace(*std::move(opened));
+    }
     bool foreign = false;
     if (access_->authenticates()) {
       v1::GetJobRequest get;
@@ -182,7 +194,7 @@ class JobServiceImpl final : public v1::JobService::Service {
       }
     }
     absl::Status done = call();
-    if (foreign && audited) access_->Audit(*caller, context, method, job_id, done);
+    if (foreign && kind == kAudited) access_->Audit(*caller, context, method, job_id, done);
     return done;
   }
 

@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
   int64_t feasibility_settle_ms = 5000;
   int64_t store_probe_ms = 5000;
   int max_watch_streams = 256;
+  int max_streams_per_client = 64;
   double retention_hours = 24 * 7;
   dattn::security::TlsFiles tls;
   int64_t tenant_max_queued_jobs = 0;
@@ -126,6 +127,11 @@ int main(int argc, char** argv) {
                  "most WatchJob streams open at once (each holds a server thread); more are "
                  "refused with RESOURCE_EXHAUSTED")
       ->check(CLI::Range(1, 100000))
+      ->capture_default_str();
+  app.add_option("--max-streams-per-client", max_streams_per_client,
+                 "open WatchJob and ReadOutput streams of one client (token; peer address with "
+                 "--insecure) at most; more get RESOURCE_EXHAUSTED")
+      ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
   app.add_option("--retention-hours", retention_hours,
                  "finished jobs, their history and their outputs are deleted this long after they "
@@ -273,6 +279,7 @@ int main(int argc, char** argv) {
   access_options.tokens = tokens.get();
   access_options.workers_need_certificate = !insecure;
   access_options.audit_log = audit_log;
+  access_options.max_streams_per_client = max_streams_per_client;
   absl::StatusOr<std::unique_ptr<dattn::server::Access>> access =
       dattn::server::Access::Create(access_options);
   if (!access.ok()) {

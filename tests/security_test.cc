@@ -390,6 +390,71 @@ TEST_F(Security, AWorkerCertificateActsOnlyForTheNamesItBinds) {
   EXPECT_THAT(names, ::testing::UnorderedElementsAre("victim", "host-a", "gpu-7"));
 }
 
+// One client cannot hold every stream: its WatchJob/ReadOutput streams are bounded
+// (--max-streams-per-client); another client is not affected, and a closed stream frees its slot.
+TEST_F(Security, StreamsPerClientAreBounded) {
+  ClusterOptions options;
+  options.coordinator_flags = {"--max-streams-per-client=2"};
+  StartCluster(0, options);
+  const std::string alice_job = Submit(kAlice);
+  const std::string bob_job = Submit(kBob);
+  ASSERT_FALSE(alice_job.empty());
+  ASSERT_FALSE(bob_job.empty());
+
+  struct Watch {
+    std::unique_ptr<grpc::ClientContext> context;
+    std::unique_ptr<grpc::ClientReader<v1::JobEvent>> reader;
+  };
+  auto watch = [](v1::JobService::Stub* stub, const std::string& job_id) {
+    Watch w{Context(), nullptr};
+    v1::WatchJobRequest request;
+    request.set_job_id(job_id);
+    w.reader = stub->WatchJob(w.context.get(), request);
+    return w;
+  };
+  auto alice = JobsAs(kAlice);
+  std::vector<Watch> open;
+  for (int i = 0; i < 2; ++i) {
+    open.push_back(watch(alice.get(), alice_job));
+    v1::JobEvent event;
+    ASSERT_TRUE(open.back().reader->Read(&event)) << "the watch replays the job's history first";
+  }
+  Watch third = watch(alice.get(), alice_job);
+  v1::JobEvent event;
+  EXPECT_FALSE(third.reader->Read(&event));
+  grpc::Status s = third.reader->Finish();
+  EXPECT_EQ(s.error_code(), grpc::StatusCode::RESOURCE_EXHAUSTED) << s.error_message();
+  EXPECT_THAT(s.error_message(), HasSubstr("token alice (tenant alice) has 2 WatchJob and "
+                                           "ReadOutput streams open, its limit "
+                                           "(--max-streams-per-client)"));
+
+  // Another client still watches.
+  auto bob = JobsAs(kBob);
+  Watch bobs = watch(bob.get(), bob_job);
+  EXPECT_TRUE(bobs.reader->Read(&event)) << bobs.reader->Finish().error_message();
+
+  // Closing one of alice's streams frees its slot (once the server sees the cancel).
+  open[0].context->TryCancel();
+  open[0].reader->Finish();
+  bool reopened = false;
+  for (int i = 0; i < 50 && !reopened; ++i) {
+    Watch again = watch(alice.get(), alice_job);
+    reopened = again.reader->Read(&event);
+    if (!reopened) {
+      again.reader->Finish();
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    } else {
+      again.context->TryCancel();
+      again.reader->Finish();
+    }
+  }
+  EXPECT_TRUE(reopened) << "a closed stream's slot was not given back within 5 s";
+  for (Watch* w : {&open[1], &bobs}) {
+    w->context->TryCancel();
+    w->reader->Finish();
+  }
+}
+
 TEST_F(Security, DaemonsRefuseToStartWithoutTlsOrAnExplicitInsecure) {
   ProcessOptions o;
   o.name = "bare-coordinator";

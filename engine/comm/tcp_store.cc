@@ -396,6 +396,11 @@ absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(const std:
 
 absl::StatusOr<std::unique_ptr<TcpStoreServer>> TcpStoreServer::Start(
     TcpStoreServerOptions options) {
+  if (options.max_admitting < 1 || options.max_connections < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("store connection bounds must be >= 1, got max_admitting ",
+                     options.max_admitting, " and max_connections ", options.max_connections));
+  }
   const std::string& host = options.host;
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
@@ -445,7 +450,8 @@ TcpStoreServer::~TcpStoreServer() {
   accept_thread_.join();
   {
     absl::MutexLock lock(&mu_);
-    threads = std::move(client_threads_);
+    for (auto& [id, thread] : client_threads_) threads.push_back(std::move(thread));
+    client_threads_.clear();
   }
   for (std::thread& t : threads) t.join();
   ::close(listen_fd_);
@@ -465,11 +471,33 @@ void TcpStoreServer::AcceptLoop() {
       if (errno == EINTR || errno == ECONNABORTED) continue;
       return;
     }
+    // Threads of ended connections: joined here, so that their stacks do not pile up.
+    for (const std::thread::id& id : finished_) {
+      auto it = client_threads_.find(id);
+      if (it == client_threads_.end()) continue;
+      it->second.join();  // It has left Serve (it marked itself under mu_ as its last act).
+      client_threads_.erase(it);
+    }
+    finished_.clear();
+    if (admitting_ >= options_.max_admitting ||
+        static_cast<int>(client_fds_.size()) >= options_.max_connections) {
+      ++refused_;
+      ::close(fd);
+      continue;
+    }
     int on = 1;
     ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof(on));
     client_fds_.push_back(fd);
-    client_threads_.emplace_back([this, fd] { Serve(fd); });
+    ++admitting_;
+    std::thread thread([this, fd] { Serve(fd); });
+    const std::thread::id id = thread.get_id();
+    client_threads_.emplace(id, std::move(thread));
   }
+}
+
+int64_t TcpStoreServer::refused_connections() {
+  absl::MutexLock lock(&mu_);
+  return refused_;
 }
 
 bool TcpStoreServer::Admit(StoreConnection* conn) {
@@ -497,8 +525,12 @@ void TcpStoreServer::Serve(int fd) {
   if (made.ok()) {
     conn = *std::move(made);
     open = Admit(conn.get());
-    if (!open) conn->Linger(absl::Now() + kLinger);
   }
+  {
+    absl::MutexLock lock(&mu_);
+    --admitting_;  // A refused connection lingers below, counted in max_connections only.
+  }
+  if (conn != nullptr && !open) conn->Linger(absl::Now() + kLinger);
   while (open) {
     absl::StatusOr<StoreRequest> request = ReadStoreRequest(
         [&](char* data, size_t n) { return conn->Read(data, n, kNoDeadline).ok(); });
@@ -531,6 +563,7 @@ void TcpStoreServer::Serve(int fd) {
   } else {
     ::close(fd);
   }
+  finished_.push_back(std::this_thread::get_id());
 }
 
 // ---------------------------------------------------------------------------------------------------

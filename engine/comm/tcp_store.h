@@ -80,6 +80,13 @@ struct TcpStoreServerOptions {
   absl::Duration admission_timeout = absl::Seconds(10);
   // How long a reply may take to be written (a client that stops reading ends its connection).
   absl::Duration reply_timeout = absl::Seconds(30);
+  // Connections served at once: those still in admission (TLS handshake and hello, each up to
+  // admission_timeout), and all together. Each holds a thread; a connection over either bound is
+  // closed as soon as it is accepted, so a flood of connections (a port scan, a peer that never
+  // says hello) cannot use up the server's threads or memory. The first bound is at least the
+  // largest ring (api/limits.h: 256 ranks), so a ring forming at once is never refused.
+  int max_admitting = 256;
+  int max_connections = 2048;
 };
 
 class TcpStoreServer {
@@ -90,7 +97,8 @@ class TcpStoreServer {
   static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(
       const std::string& host = "127.0.0.1", int port = 0);
   // Starts serving as `options` say; the same errors, and INVALID_ARGUMENT naming the file and
-  // OpenSSL's reason when a TLS file cannot be read or the key does not match the certificate.
+  // OpenSSL's reason when a TLS file cannot be read or the key does not match the certificate, or
+  // for a connection bound < 1.
   static absl::StatusOr<std::unique_ptr<TcpStoreServer>> Start(TcpStoreServerOptions options);
 
   // Stops accepting, closes every client connection and joins every thread.
@@ -101,6 +109,8 @@ class TcpStoreServer {
 
   const std::string& host() const { return options_.host; }
   int port() const { return port_; }
+  // Connections closed at once because max_admitting or max_connections was reached.
+  int64_t refused_connections();
   // "host:port", what clients pass to TcpStore::Connect.
   std::string address() const;
 
@@ -122,7 +132,11 @@ class TcpStoreServer {
   absl::CondVar changed_;  // Signalled on every Set/Add and on shutdown.
   std::map<std::string, std::string> data_ ABSL_GUARDED_BY(mu_);
   std::vector<int> client_fds_ ABSL_GUARDED_BY(mu_);  // Open client connections.
-  std::vector<std::thread> client_threads_ ABSL_GUARDED_BY(mu_);
+  int admitting_ ABSL_GUARDED_BY(mu_) = 0;            // Of those, not yet admitted.
+  // One thread per open connection; a finished one is joined by the next accept (finished_).
+  std::map<std::thread::id, std::thread> client_threads_ ABSL_GUARDED_BY(mu_);
+  std::vector<std::thread::id> finished_ ABSL_GUARDED_BY(mu_);
+  int64_t refused_ ABSL_GUARDED_BY(mu_) = 0;  // Connections closed for the bounds above.
   bool stopping_ ABSL_GUARDED_BY(mu_) = false;
   std::thread accept_thread_;  // Set once by Start.
 };

@@ -291,6 +291,54 @@ TEST(TcpStoreSecretTest, ASilentConnectionIsClosedAtItsDeadlineAndBlocksNobody) 
   ::close(silent);
 }
 
+// A flood of connections that never say hello: beyond max_admitting they are closed at once (no
+// thread each), the connections in admission end at their deadline, and then ranks are served.
+TEST(TcpStoreSecretTest, AFloodOfSilentConnectionsIsBounded) {
+  TcpStoreServerOptions options;
+  options.secret = kSecret;
+  options.admission_timeout = absl::Seconds(4);
+  options.max_admitting = 4;
+  options.max_connections = 6;
+  absl::StatusOr<std::unique_ptr<TcpStoreServer>> started = TcpStoreServer::Start(options);
+  ASSERT_TRUE(started.ok()) << started.status();
+  TcpStoreServer& server = **started;
+  std::vector<int> flood;
+  for (int i = 0; i < 20; ++i) {
+    const int fd = RawConnect(server.port());
+    ASSERT_GE(fd, 0);
+    flood.push_back(fd);
+  }
+  // 4 are in admission; the other 16 are closed by the server at once, well before the deadline.
+  absl::SleepFor(absl::Seconds(1));
+  int closed_at_once = 0;
+  for (int fd : flood) closed_at_once += ClosedByPeerWithin(fd, absl::ZeroDuration());
+  EXPECT_EQ(closed_at_once, 16);
+  EXPECT_EQ(server.refused_connections(), 16);
+  // The 4 are closed at their admission deadline; then a rank with the secret is admitted.
+  for (int fd : flood) EXPECT_TRUE(ClosedByPeerWithin(fd, absl::Seconds(10)));
+  absl::StatusOr<std::unique_ptr<TcpStore>> c = ConnectWithSecret(server, kSecret);
+  ASSERT_TRUE(c.ok()) << c.status();
+  EXPECT_TRUE((*c)->Set("k", "v").ok());
+  for (int fd : flood) ::close(fd);
+  absl::SleepFor(absl::Milliseconds(1500));  // Refused connections linger up to 1 s.
+
+  // max_connections bounds admitted connections too: 6 ranks are served, a 7th is closed.
+  std::vector<std::unique_ptr<TcpStore>> ranks;
+  ranks.push_back(*std::move(c));
+  for (int i = 1; i < 6; ++i) {
+    absl::StatusOr<std::unique_ptr<TcpStore>> more = ConnectWithSecret(server, kSecret);
+    ASSERT_TRUE(more.ok()) << i << ": " << more.status();
+    ranks.push_back(*std::move(more));
+  }
+  const int seventh = RawConnect(server.port());
+  ASSERT_GE(seventh, 0);
+  EXPECT_TRUE(ClosedByPeerWithin(seventh, absl::Milliseconds(500)));
+  ::close(seventh);
+  TcpStoreServerOptions none;
+  none.max_admitting = 0;
+  EXPECT_TRUE(absl::IsInvalidArgument(TcpStoreServer::Start(none).status()));
+}
+
 // Mutual TLS, with a PKI that engine/comm/testdata/make_test_pki.sh writes for this run.
 class TcpStoreTlsTest : public ::testing::Test {
  protected:

@@ -126,8 +126,9 @@ absl::Status Coordinator::Recover() {
                          e.kind() == "refused";
       }
     }
-    absl::MutexLock lock(&mu_);
+    // Analysed before the lock (kinds_ is fixed; a large ring takes milliseconds to plan).
     absl::StatusOr<AnalyzedSpec> spec = AnalyzeJobSpec(stored.job.spec(), kinds_);
+    absl::MutexLock lock(&mu_);
     if (!spec.ok()) {
       // Only a newer binary's stricter rules (or a kind it no longer runs) get here; the job
       // cannot run, so say why. It is recorded under its kind (the first one if none runs it) for
@@ -427,15 +428,19 @@ absl::StatusOr<v1::Job> Coordinator::CancelJob(const v1::CancelJobRequest& reque
     absl::MutexLock lock(&mu_);
     JobRun* run = book_.Find(request.job_id());
     if (run == nullptr) {
+      // The store is read, and an active job's spec analysed, without the lock.
       mu_.Unlock();
       absl::StatusOr<StoredJob> stored = store_->GetJob(request.job_id());
+      absl::StatusOr<AnalyzedSpec> spec = absl::UnknownError("not analysed");
+      if (stored.ok() && !IsTerminal(stored->job.state())) {
+        spec = AnalyzeJobSpec(stored->job.spec(), kinds_);
+      }
       mu_.Lock();
       if (!stored.ok()) return stored.status();
       if (IsTerminal(stored->job.state())) return terminal_answer(stored->job);
       run = book_.Find(request.job_id());
       if (run == nullptr) {
         // Stored but not yet in memory: its SubmitJob is between the store and the queue.
-        absl::StatusOr<AnalyzedSpec> spec = AnalyzeJobSpec(stored->job.spec(), kinds_);
         if (!spec.ok()) return spec.status();
         AdoptLocked(*stored, *spec, /*checked=*/false);
         run = book_.Find(request.job_id());
@@ -821,9 +826,9 @@ void Coordinator::MonitorPass() {
     // then retries with its idempotency key and is told the job exists): such a job is queued, so
     // that no acknowledged job waits unseen.
     for (const StoredJob& stored : recorder_.QueuedNotInBook()) {
-      absl::MutexLock lock(&mu_);
       absl::StatusOr<AnalyzedSpec> spec = AnalyzeJobSpec(stored.job.spec(), kinds_);
       if (!spec.ok()) continue;
+      absl::MutexLock lock(&mu_);
       Log(absl::StrCat("job ", stored.job.job_id(), " was stored while the store failed; queued"));
       AdoptLocked(stored, *spec, /*checked=*/false);
     }

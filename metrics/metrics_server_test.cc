@@ -155,6 +155,27 @@ TEST(MetricsServerScrapeTest, BeforeScrapeRunsForEveryScrapeAndTheRegistryIsWeak
   EXPECT_EQ(StatusOf(Get(port, "/healthz")), 200);
 }
 
+TEST(MetricsServerReadyTest, ReadyzFollowsTheProcessReadiness) {
+  auto registry = std::make_shared<prometheus::Registry>();
+  std::atomic<bool> ready{false};
+  absl::StatusOr<std::unique_ptr<MetricsServer>> server =
+      MetricsServer::Start("127.0.0.1:0", registry, "dattn-test", nullptr, [&]() -> absl::Status {
+        if (ready) return absl::OkStatus();
+        return absl::UnavailableError("the job store cannot be written");
+      });
+  ASSERT_TRUE(server.ok()) << server.status();
+  const int port = PortOf((*server)->address());
+  std::string r = Get(port, "/readyz");
+  EXPECT_EQ(StatusOf(r), 503) << r;
+  EXPECT_THAT(BodyOf(r), HasSubstr("not ready: the job store cannot be written"));
+  EXPECT_EQ(StatusOf(Get(port, "/healthz")), 200) << "liveness does not follow readiness";
+  ready = true;
+  r = Get(port, "/readyz");
+  EXPECT_EQ(StatusOf(r), 200) << r;
+  EXPECT_THAT(BodyOf(r), StartsWith("ready"));
+  EXPECT_THAT(BodyOf(Get(port, "/")), HasSubstr("/readyz"));
+}
+
 // What browsers, probes and scanners ask for: each gets an answer and the endpoint keeps serving.
 TEST_F(MetricsServerTest, EveryPathGetsAnAnswer) {
   std::string r = Get(port_, "/");

@@ -548,6 +548,12 @@ absl::StatusOr<v1::HeartbeatResponse> Coordinator::Heartbeat(const v1::Heartbeat
                                                    " tasks for worker ", worker->info.name(),
                                                    ", got ", request.tasks_size()));
   }
+  // A leaving worker (SIGTERM with --drain-wait-s) drains itself: nothing new is placed on it.
+  if (request.draining() && worker->state == scheduler::WorkerState::kReady) {
+    workers_.SetDraining(worker, true).IgnoreError();  // Not dead: checked above.
+    Log(absl::StrCat("worker ", workers_.Describe(worker->info.worker_id()),
+                     " is leaving: drained at its own request"));
+  }
   const absl::Time now = Now();
   for (TaskEntry* task : workers_.Heartbeat(worker, request, now, options_.heartbeat_interval)) {
     const JobRun* run = book_.Find(task->job_id);

@@ -317,6 +317,33 @@ TEST_F(CoordinatorTest, DrainedWorkerGetsNoNewWorkAndItsStreamEnds) {
   EXPECT_TRUE(list->workers(0).has_last_heartbeat());
 }
 
+// A worker leaving (SIGTERM with --drain-wait-s) drains itself through its heartbeat: the answer
+// says drain, nothing new is placed on it, and its running rank finishes.
+TEST_F(CoordinatorTest, ALeavingWorkerDrainsItselfByHeartbeat) {
+  FakeWorker* worker = AddWorker("leaving");
+  const std::string a = Submit(ValidRequest("a")).job_id();
+  std::optional<v1::WorkerCommand> assign = worker->Next();
+  ASSERT_TRUE(assign.has_value() && assign->has_assign());
+  v1::HeartbeatRequest leaving;
+  leaving.set_worker_id(worker->id());
+  leaving.set_free_memory_bytes(int64_t{1} << 30);
+  leaving.add_tasks()->set_task_id(assign->assign().task_id());
+  leaving.set_draining(true);
+  absl::StatusOr<v1::HeartbeatResponse> answer = coordinator_->Heartbeat(leaving);
+  ASSERT_TRUE(answer.ok()) << answer.status();
+  EXPECT_TRUE(answer->drain());
+  absl::StatusOr<v1::ListWorkersResponse> list =
+      coordinator_->ListWorkers(v1::ListWorkersRequest());
+  ASSERT_TRUE(list.ok());
+  ASSERT_EQ(list->workers_size(), 1);
+  EXPECT_EQ(list->workers(0).state(), v1::WORKER_STATE_DRAINING);
+  const std::string b = Submit(ValidRequest("b")).job_id();
+  ASSERT_TRUE(worker->Report(assign->assign().task_id(), v1::TASK_STATE_SUCCEEDED).ok());
+  ASSERT_TRUE(WaitState(a, v1::JOB_STATE_SUCCEEDED));
+  absl::SleepFor(absl::Milliseconds(300));
+  EXPECT_EQ(Get(b).state(), v1::JOB_STATE_QUEUED) << "nothing new on a leaving worker";
+}
+
 TEST_F(CoordinatorTest, AWorkerWhoseStreamBrokeGetsNoNewRanks) {
   FakeWorker* worker = AddWorker("flaky");
   worker->StopStream();  // The worker's connection goes away; it still heartbeats.

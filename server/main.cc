@@ -10,6 +10,7 @@
 #include <signal.h>
 #include <sys/stat.h>
 
+#include <atomic>
 #include <cstdio>
 #include <ctime>
 #include <memory>
@@ -241,8 +242,20 @@ int main(int argc, char** argv) {
       retention_hours == 0 ? absl::InfiniteDuration() : absl::Seconds(retention_hours * 3600);
 
   Metrics metrics;
-  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server =
-      MetricsServer::Start(metrics_listen, metrics.registry(), "dattn-coordinator");
+  // /readyz on the metrics port answers what grpc.health.v1 does (kubelet's HTTP probes reach it
+  // whatever the gRPC port's TLS). Set once the coordinator has started; it outlives the metrics
+  // endpoint on the path that sets it (stage 6 below).
+  std::atomic<Coordinator*> started_coordinator{nullptr};
+  absl::StatusOr<std::unique_ptr<MetricsServer>> metrics_server = MetricsServer::Start(
+      metrics_listen, metrics.registry(), "dattn-coordinator", nullptr,
+      [&started_coordinator]() -> absl::Status {
+        Coordinator* coordinator = started_coordinator.load();
+        if (coordinator == nullptr) {
+          return absl::UnavailableError(
+              "starting: opening the job store and recovering the active jobs");
+        }
+        return coordinator->Health();
+      });
   if (!metrics_server.ok()) {
     Say(std::string(metrics_server.status().message()));
     return 1;
@@ -302,6 +315,7 @@ int main(int argc, char** argv) {
     return 1;
   }
   (*server)->SetServing(true);
+  started_coordinator = &coordinator;
   Say(absl::StrCat("job store ", data_dir, "/jobs.db open"));
   // The store creates what is missing private (0700/0600); a folder that existed keeps its mode.
   if (std::optional<std::string> warning = dattn::server::GroupOrWorldAccessWarning(data_dir)) {

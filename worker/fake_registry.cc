@@ -30,6 +30,7 @@ grpc::Status FakeRegistry::Heartbeat(grpc::ServerContext*, const v1::HeartbeatRe
   absl::MutexLock lock(&mu_);
   heartbeats_.push_back(*request);
   if (known_.count(request->worker_id()) == 0) response->set_reregister(true);
+  if (request->draining()) drain_ = true;  // As the coordinator: a leaving worker is drained.
   response->set_drain(drain_);
   cv_.SignalAll();
   return grpc::Status::OK;

@@ -2,7 +2,8 @@
 //
 //   dattn-worker --coordinator host:7070 [--name NAME] [--slots N] [--threads T]
 //                [--heartbeat-ms MS] [--health-port P] [--listen-address A] [--memory-bytes B]
-//                [--ring-address A] [--shutdown-timeout-s S] [--metrics-listen HOST:PORT]
+//                [--ring-address A] [--drain-wait-s S] [--shutdown-timeout-s S]
+//                [--metrics-listen HOST:PORT]
 //                (--tls-ca CA --tls-cert CERT --tls-key KEY | --insecure)
 //   dattn-worker-gpu --gpu [--gpu-index I] ...   (the same worker on one GPU)
 //
@@ -17,8 +18,8 @@
 // coordinator and accepting tasks (readiness). Ring ranks talk to their peers directly: Gloo over
 // TCP on CPU workers, listening on --ring-address (ephemeral ports); NCCL on GPU workers. With
 // --metrics-listen the worker serves its own Prometheus metrics (worker_metrics.h) on /metrics,
-// with /healthz (liveness) and / beside it (metrics/metrics_server.h). Every important event is one
-// timestamped line on stderr.
+// with /healthz (liveness), /readyz (readiness, as "dattn-worker") and / beside it
+// (metrics/metrics_server.h). Every important event is one timestamped line on stderr.
 //
 // The device is chosen by what the binary and the host offer: dattn-worker runs on the CPU;
 // dattn-worker-gpu runs on GPU --gpu-index with --gpu (one process per GPU), and refuses to start
@@ -87,6 +88,7 @@ int main(int argc, char** argv) {
   int health_port = 0;
   std::string listen_address = "127.0.0.1";
   int shutdown_timeout_s = 10;
+  int drain_wait_s = 0;
   bool gpu = false;
   int gpu_index = 0;
   std::string ring_address;
@@ -119,6 +121,11 @@ int main(int argc, char** argv) {
   app.add_option("--memory-bytes", options.memory_bytes,
                  "Advertise and budget this much memory instead of MemTotal; 0 = MemTotal")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 60))
+      ->capture_default_str();
+  app.add_option("--drain-wait-s", drain_wait_s,
+                 "On SIGTERM, first ask the coordinator to drain this worker and wait this long "
+                 "for its running tasks to finish (0: cancel them at once)")
+      ->check(CLI::Range(0, 24 * 3600))
       ->capture_default_str();
   app.add_option("--shutdown-timeout-s", shutdown_timeout_s,
                  "On SIGTERM, how long to keep trying to deliver final reports")
@@ -246,18 +253,25 @@ int main(int argc, char** argv) {
   };
   // Read per scrape; null until the worker exists and again once it is gone.
   std::atomic<const dattn::worker::Worker*> scraped_worker{nullptr};
+  // /readyz: the "dattn-worker" health service's answer (set by on_ready_change below).
+  std::atomic<bool> ready{false};
   std::unique_ptr<dattn::metrics::MetricsServer> metrics_server;
   if (!metrics_listen.empty()) {
     absl::StatusOr<std::unique_ptr<dattn::metrics::MetricsServer>> started =
         dattn::metrics::MetricsServer::Start(
             metrics_listen, metrics.registry(), "dattn-worker",
-            [&metrics, &scraped_worker]() { metrics.Refresh(scraped_worker.load()); });
+            [&metrics, &scraped_worker]() { metrics.Refresh(scraped_worker.load()); },
+            [&ready]() -> absl::Status {
+              if (ready) return absl::OkStatus();
+              return absl::UnavailableError(
+                  "not registered with the coordinator, draining, leaving or its device failed");
+            });
     if (!started.ok()) {
       LogEvent("cannot serve metrics: ", started.status().ToString(), "; exiting");
       return 1;
     }
     metrics_server = *std::move(started);
-    LogEvent("metrics on ", metrics_server->address(), " (/metrics, /healthz)");
+    LogEvent("metrics on ", metrics_server->address(), " (/metrics, /healthz, /readyz)");
   }
 
   // grpc.health.v1 is gRPC's default health service. gRPC adds it only once the server starts, and
@@ -289,8 +303,9 @@ int main(int argc, char** argv) {
   options.address = absl::StrCat(listen_address, ":", bound_port);
   LogEvent("health endpoint on ", options.address, " (service \"\" = live, \"", kReadyService,
            "\" = ready)");
-  options.on_ready_change = [&health](bool ready) {
-    health.SetServingStatus(kReadyService, ready);
+  options.on_ready_change = [&health, &ready](bool now_ready) {
+    health.SetServingStatus(kReadyService, now_ready);
+    ready = now_ready;
   };
 
   dattn::worker::Worker worker(options);
@@ -318,8 +333,12 @@ int main(int argc, char** argv) {
 
   // Shutdown order:
   // 1. Readiness goes NOT_SERVING, so probes and operators see the worker leaving. Liveness stays
-  //    SERVING until the end: the process still answers.
+  //    SERVING until the end: the process still answers. With --drain-wait-s, the worker first
+  //    leaves gracefully: its heartbeats ask the coordinator to drain it, and running tasks get up
+  //    to that long to finish (a second signal cuts it short).
   health.SetServingStatus(kReadyService, false);
+  ready = false;
+  if (drain_wait_s > 0) worker.Leave(absl::Seconds(drain_wait_s));
   // 2. Worker::Stop(): refuse new assignments and close the assignment stream; cancel running tasks
   //    (each stops before its next engine step: a step in progress finishes first); wait for the
   //    task threads; deliver their CANCELLED reports (and any other pending final report) for up to

@@ -124,8 +124,8 @@ TEST(WorkerMainTest, ServesHealthRegistersAndShutsDownCleanlyOnSigterm) {
   FakeRegistry& fake = coordinator.registry();
   const int port = FreePort();
   ASSERT_GT(port, 0);
-  WorkerProcess worker({"--insecure", "--coordinator", address, "--name", "main-test", "--slots", "1",
-                        "--threads", "1", "--heartbeat-ms", "100", "--health-port",
+  WorkerProcess worker({"--insecure", "--coordinator", address, "--name", "main-test", "--slots",
+                        "1", "--threads", "1", "--heartbeat-ms", "100", "--health-port",
                         std::to_string(port), "--memory-bytes", "1073741824"});
   ASSERT_TRUE(worker.started());
 
@@ -176,8 +176,8 @@ TEST(WorkerMainTest, LiveButNotReadyWithoutACoordinatorAndStillExitsOnSigint) {
   const std::string address = "unix:" + TestSocketPath("nobody");
   const int port = FreePort();
   ASSERT_GT(port, 0);
-  WorkerProcess worker({"--insecure", "--coordinator", address, "--health-port", std::to_string(port),
-                        "--threads", "1", "--shutdown-timeout-s", "1"});
+  WorkerProcess worker({"--insecure", "--coordinator", address, "--health-port",
+                        std::to_string(port), "--threads", "1", "--shutdown-timeout-s", "1"});
   ASSERT_TRUE(worker.started());
   auto channel = HealthChannel(port);
   auto health = grpc::health::v1::Health::NewStub(channel);
@@ -251,10 +251,10 @@ TEST(WorkerMainTest, ServesItsOwnMetrics) {
   const int health_port = FreePort(), metrics_port = FreePort();
   ASSERT_GT(health_port, 0);
   ASSERT_GT(metrics_port, 0);
-  WorkerProcess worker({"--insecure", "--coordinator", address, "--name", "metrics-test", "--threads", "1",
-                        "--heartbeat-ms", "100", "--health-port", std::to_string(health_port),
-                        "--metrics-listen", absl::StrCat("127.0.0.1:", metrics_port),
-                        "--memory-bytes", "1073741824"});
+  WorkerProcess worker({"--insecure", "--coordinator", address, "--name", "metrics-test",
+                        "--threads", "1", "--heartbeat-ms", "100", "--health-port",
+                        std::to_string(health_port), "--metrics-listen",
+                        absl::StrCat("127.0.0.1:", metrics_port), "--memory-bytes", "1073741824"});
   ASSERT_TRUE(worker.started());
   std::string text = WaitForMetrics(metrics_port, "dattn_worker_ready 1");
   ASSERT_TRUE(HasSample(text, "dattn_worker_ready 1")) << text;
@@ -323,8 +323,8 @@ TEST(WorkerMainTest, AMetricsPortInUseExitsWithOne) {
   ASSERT_EQ(listen(taken, 1), 0);
   socklen_t len = sizeof(addr);
   getsockname(taken, reinterpret_cast<sockaddr*>(&addr), &len);
-  WorkerProcess worker({"--insecure", "--coordinator", "127.0.0.1:1", "--threads", "1", "--metrics-listen",
-                        absl::StrCat("127.0.0.1:", ntohs(addr.sin_port))});
+  WorkerProcess worker({"--insecure", "--coordinator", "127.0.0.1:1", "--threads", "1",
+                        "--metrics-listen", absl::StrCat("127.0.0.1:", ntohs(addr.sin_port))});
   ASSERT_TRUE(worker.started());
   EXPECT_EQ(worker.WaitExit(absl::Seconds(10)), 1);
   close(taken);

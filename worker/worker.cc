@@ -372,8 +372,9 @@ void Worker::SessionLoop() {
     }
     const int64_t generation = generation_;
     SleepLocked(heartbeat_interval_, [this, generation]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      return stop_session_ || reregister_ || generation_ != generation;
+      return stop_session_ || reregister_ || generation_ != generation || heartbeat_now_;
     });
+    heartbeat_now_ = false;
     if (stop_session_) break;
     if (reregister_ || worker_id_.empty()) continue;
     std::vector<std::thread> finished;
@@ -433,6 +434,7 @@ void Worker::Heartbeat() {
   {
     absl::MutexLock lock(&mu_);
     request.set_worker_id(worker_id_);
+    request.set_draining(leaving_);
     generation = generation_;
     std::map<std::string, int64_t> listed = unreported_;
     for (const auto& entry : tasks_) {
@@ -1089,7 +1091,39 @@ absl::Duration Worker::Backoff(int attempt) {
 }
 
 void Worker::UpdateReadyLocked() {
-  ready_ = !worker_id_.empty() && !draining_ && !stopping_ && !reregister_ && device_error_.empty();
+  ready_ = !worker_id_.empty() && !draining_ && !leaving_ && !stopping_ && !reregister_ &&
+           device_error_.empty();
+}
+
+bool Worker::Leave(absl::Duration wait) {
+  const absl::Time deadline = absl::Now() + wait;
+  {
+    absl::MutexLock lock(&mu_);
+    leaving_ = true;
+    heartbeat_now_ = true;
+    UpdateReadyLocked();
+    cv_.SignalAll();
+  }
+  NotifyReady();
+  LogEvent("leaving: asking the coordinator to drain this worker; waiting up to ",
+           absl::FormatDuration(wait), " for running tasks to finish");
+  absl::MutexLock lock(&mu_);
+  auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+    if (!draining_) return false;  // The coordinator may still place work here.
+    for (const auto& entry : tasks_) {
+      if (!entry.second->done) return false;
+    }
+    return true;
+  };
+  // Task threads do not signal cv_ when they end: look again every 50 ms.
+  while (!done() && !stopping_ && absl::Now() < deadline) {
+    cv_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + absl::Milliseconds(50)));
+  }
+  const bool drained = done();
+  LogEvent(drained ? "leaving: drained and idle"
+                   : (draining_ ? "leaving: tasks still running at the deadline; cancelling them"
+                                : "leaving: the coordinator did not confirm the drain in time"));
+  return drained;
 }
 
 void Worker::NotifyReady() {

@@ -156,6 +156,13 @@ class Worker {
   // dropped); stop heartbeats. Blocks until done; idempotent; a no-op before Start().
   void Stop();
 
+  // Leaving gracefully (dattn-worker's SIGTERM with --drain-wait-s), before Stop(): readiness turns
+  // off and every heartbeat from now on (the first at once) asks the coordinator to drain this
+  // worker (HeartbeatRequest.draining), so that nothing new is placed here; then waits up to `wait`
+  // until the coordinator has answered with the drain and no task is left running. Returns true
+  // when both happened in time, false at the deadline (Stop() then cancels what is left).
+  bool Leave(absl::Duration wait) ABSL_LOCKS_EXCLUDED(mu_);
+
   // Introspection, for tests and the health endpoint.
   std::string worker_id() const;  // Empty while not registered.
   bool registered() const;
@@ -254,6 +261,8 @@ class Worker {
   int64_t generation_ ABSL_GUARDED_BY(mu_) = 0;  // Registrations so far.
   bool reregister_ ABSL_GUARDED_BY(mu_) = false;
   bool draining_ ABSL_GUARDED_BY(mu_) = false;
+  bool leaving_ ABSL_GUARDED_BY(mu_) = false;        // Leave() was called.
+  bool heartbeat_now_ ABSL_GUARDED_BY(mu_) = false;  // Send the next heartbeat without waiting.
   // The device's last health check (TaskDevice::Health) failed with this; empty while it works.
   std::string device_error_ ABSL_GUARDED_BY(mu_);
   bool reopen_stream_now_ ABSL_GUARDED_BY(mu_) = false;  // A drain was lifted: skip the backoff.

@@ -708,6 +708,53 @@ TEST(WorkerTest, StopCancelsRunningTasksAndReportsThem) {
   EXPECT_EQ(reports.back().state(), v1::TASK_STATE_CANCELLED);
 }
 
+// Leave(): heartbeats ask for a drain at once, readiness is off, and the call waits for the running
+// task, then returns false at its deadline (Stop cancels the task); an idle worker leaves as soon
+// as the coordinator has answered with the drain.
+TEST(WorkerTest, LeavingAsksForADrainAndWaitsForRunningTasks) {
+  const std::string address = "unix:" + TestSocketPath("leave");
+  FakeCoordinator coordinator(address);
+  ASSERT_TRUE(coordinator.ok());
+  FakeRegistry& fake = coordinator.registry();
+  WorkerOptions options = TestOptions(address);
+  options.heartbeat_interval = absl::Seconds(30);  // Only Leave's own heartbeat comes in time.
+  Worker worker(options);
+  ASSERT_TRUE(worker.Start().ok());
+  ASSERT_TRUE(fake.WaitFor(
+      [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.streams_opened_ >= 1; }));
+  fake.Push(LongAssign("j-8/1/0"));
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+    return fake.HasStateLocked("j-8/1/0", v1::TASK_STATE_STARTED);
+  }));
+  const absl::Time begin = absl::Now();
+  EXPECT_FALSE(worker.Leave(absl::Milliseconds(600))) << "the long task is still running";
+  EXPECT_GE(absl::Now() - begin, absl::Milliseconds(600));
+  EXPECT_LT(absl::Now() - begin, absl::Seconds(10));
+  EXPECT_TRUE(worker.draining()) << "the coordinator answered the leaving heartbeat with a drain";
+  EXPECT_FALSE(worker.load().ready);
+  {
+    absl::MutexLock lock(&fake.mu_);
+    ASSERT_FALSE(fake.heartbeats_.empty());
+    EXPECT_TRUE(fake.heartbeats_.back().draining());
+  }
+  worker.Stop();
+  EXPECT_EQ(fake.ReportsOf("j-8/1/0").back().state(), v1::TASK_STATE_CANCELLED);
+
+  // Idle: Leave returns true within a heartbeat round trip, not a heartbeat interval.
+  const std::string address2 = "unix:" + TestSocketPath("leave-idle");
+  FakeCoordinator coordinator2(address2);
+  ASSERT_TRUE(coordinator2.ok());
+  WorkerOptions idle_options = options;  // Heartbeats every 30 s: Leave sends its own at once.
+  idle_options.coordinator_address = address2;
+  Worker idle(idle_options);
+  ASSERT_TRUE(idle.Start().ok());
+  ASSERT_TRUE(coordinator2.registry().WaitFor([&]() { return idle.registered(); }));
+  const absl::Time idle_begin = absl::Now();
+  EXPECT_TRUE(idle.Leave(absl::Seconds(20)));
+  EXPECT_LT(absl::Now() - idle_begin, absl::Seconds(5));
+  idle.Stop();
+}
+
 // Two slots, a device whose free memory fits one plan and not two. The first task is admitted and
 // held before it allocates anything (the device still shows all its memory free); the second must
 // not count the same free bytes: it is refused at once, naming its plan and the bytes left for it.

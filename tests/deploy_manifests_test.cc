@@ -1,21 +1,23 @@
 // The Kubernetes manifests in deploy/ as rendered (deploy/render.sh, every overlay), checked for
 // what Kubernetes itself would only find out on a cluster, and run: each container's command, args
 // and environment started as a local process the way the kubelet would (tests/manifests.h), its
-// probes and metrics port asked as the manifest says, a job run through it, its preStop hook and
-// SIGTERM within its grace period.
+// probes and metrics port asked as the manifest says, a job run through it, and SIGTERM within its
+// grace period.
 //
 // - Pods run as the non-root user the images declare, with startup, readiness and liveness probes
-//   on ports they expose, resource requests, a read-only root; the TLS Secret is mounted optional
-//   and read-only, nothing claims TLS, and every dattn daemon says --insecure (the daemons refuse
-//   plaintext without it; the manifests' gRPC probes are plaintext).
+//   on the metrics ports (plaintext /healthz and /readyz: kubelet's gRPC probes cannot speak TLS),
+//   resource requests, a read-only root; every daemon runs TLS from its Secret (the coordinator's
+//   certificate and tokens, the workers' fleet certificate), none says --insecure.
 // - Grace periods cover the drains configured in dattn-config; every $(VAR) resolves.
 // - Services, monitors and the PodDisruptionBudgets select pods that exist, on ports that exist;
 //   the monitors name the jobs the alert rules and dashboards use; the PrometheusRule is the rules
 //   file; the ConfigMaps carry the files they are made of.
-// - The Containerfiles agree with the manifests (entrypoint, user, ports, the CLI for preStop).
-// - cpu-demo: the coordinator and a CPU worker from their manifests pass their probes, serve
-//   metrics, run a job, drain in preStop, and stop on SIGTERM. gpu: the coordinator likewise; the
-//   GPU worker's flags are accepted and it stops at the missing GPU (no GPU on CI machines).
+// - The Containerfiles agree with the manifests (entrypoint, user, ports).
+// - cpu-demo: with Secrets made as docs/DEPLOY.md says (scripts/make-certs.sh, `dattn token new`),
+//   the coordinator and a CPU worker from their manifests pass their probes, serve metrics, run a
+//   job submitted with the CA and a token, and stop on SIGTERM (the worker leaving first). gpu: the
+//   coordinator likewise; the GPU worker's flags are accepted and it stops at the missing GPU (no
+//   GPU on CI machines).
 //
 // The containers listen on their manifests' fixed ports: the BUILD rule gives this test a network
 // namespace of its own (tag block-network), as a pod has.
@@ -134,6 +136,31 @@ class DeployManifestsTest : public ::testing::Test {
     return local;
   }
 
+  // The Secrets of docs/DEPLOY.md ("TLS") in the volumes of run `run` (Local's folders): the
+  // certificates from scripts/make-certs.sh (the coordinator's and the workers' fleet certificate
+  // share the folder standing for both pods' "tls" volume) and a token file from `dattn token new`.
+  // Returns the admin token the CLI then passes; "" on failure (with a test failure).
+  static std::string MakeSecrets(const std::string& run) {
+    const std::string volumes = *dir_ + "/" + run + "-volumes";
+    const std::string make = "bash " + testutil::RunfilePath("scripts/make-certs.sh") + " " +
+                             volumes + "/tls --worker 'worker:dattn-worker-*' > " + volumes +
+                             "-make-certs.log 2>&1";
+    EXPECT_EQ(std::system(make.c_str()), 0) << make;
+    ProcessOptions o;
+    o.name = run + "-token-new";
+    o.log_dir = *dir_;
+    o.argv = {BinDir() + "/dattn", "token", "new", "--tenant=ops", "--role=admin", "--name=test"};
+    ProcessResult r = RunCommand(o, seconds(30));
+    std::vector<std::string> lines;
+    std::istringstream out(r.out);
+    for (std::string line; std::getline(out, line);) lines.push_back(line);
+    EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
+    if (r.exit_code != 0 || lines.size() < 5) return "";
+    std::filesystem::create_directories(volumes + "/tokens");
+    std::ofstream(volumes + "/tokens/tokens") << lines[4] << "\n";
+    return lines[1];
+  }
+
   // A folder standing for the images' /usr/local/bin: the built binaries under their image names.
   static std::string BinDir() {
     const std::string bin = *dir_ + "/usr-local-bin";
@@ -178,7 +205,7 @@ TEST_F(DeployManifestsTest, TheOverlaysHoldWhatTheySay) {
   }
 }
 
-TEST_F(DeployManifestsTest, PodsRunAsNonRootWithProbesRequestsAndNoTlsClaimed) {
+TEST_F(DeployManifestsTest, PodsRunAsNonRootWithHttpProbesRequestsAndTls) {
   for (const std::string& overlay : Workloads()) {
     for (const YAML::Node& set : Overlay(overlay).OfKind("StatefulSet")) {
       const std::string name = Str(set["metadata"]["name"]);
@@ -194,29 +221,49 @@ TEST_F(DeployManifestsTest, PodsRunAsNonRootWithProbesRequestsAndNoTlsClaimed) {
       EXPECT_TRUE(c["resources"]["requests"]["cpu"]);
       EXPECT_TRUE(c["resources"]["requests"]["memory"]);
       EXPECT_TRUE(c["resources"]["limits"]["memory"]);
+      // Every probe is plaintext HTTP on the metrics port: the gRPC ports speak TLS.
       for (const char* probe : {"startupProbe", "readinessProbe", "livenessProbe"}) {
         ASSERT_TRUE(c[probe]) << probe;
-        if (c[probe]["grpc"]) {
-          const int port = c[probe]["grpc"]["port"].as<int>();
-          bool exposed = false;
-          for (const YAML::Node& p : c["ports"]) exposed |= p["containerPort"].as<int>() == port;
-          EXPECT_TRUE(exposed) << probe << " port " << port << " is not a container port";
-        } else {
-          ASSERT_TRUE(c[probe]["httpGet"]) << probe << ": grpc or httpGet";
-          EXPECT_GT(ContainerPort(c, Str(c[probe]["httpGet"]["port"])), 0) << probe;
-        }
+        EXPECT_FALSE(c[probe]["grpc"]) << probe << ": kubelet's gRPC probes cannot speak TLS";
+        ASSERT_TRUE(c[probe]["httpGet"]) << probe;
+        EXPECT_EQ(Str(c[probe]["httpGet"]["port"]), "metrics") << probe;
       }
       EXPECT_GT(ContainerPort(c, "metrics"), 0) << "no port named metrics";
+      EXPECT_EQ(Str(c["readinessProbe"]["httpGet"]["path"]), "/readyz");
+      EXPECT_EQ(Str(c["livenessProbe"]["httpGet"]["path"]), "/healthz");
+      EXPECT_FALSE(c["lifecycle"]) << "no preStop hook: SIGTERM is the drain";
       const bool worker = name != "dattn-coordinator";
+      // TLS: the pod's own Secret (never the other's), mounted read-only, not optional; the
+      // flags read the files it holds.
+      std::map<std::string, std::string> mounted;  // mountPath -> Secret.
+      for (const YAML::Node& m : c["volumeMounts"]) {
+        for (const YAML::Node& v : pod["volumes"]) {
+          if (Str(v["name"]) != Str(m["name"]) || !v["secret"]) continue;
+          EXPECT_EQ(Str(m["readOnly"]), "true") << Str(m["mountPath"]);
+          EXPECT_NE(Str(v["secret"]["optional"]), "true") << "a daemon cannot run without it";
+          mounted[Str(m["mountPath"])] = Str(v["secret"]["secretName"]);
+        }
+      }
+      std::map<std::string, std::string> want = {
+          {"/etc/dattn/tls", worker ? "dattn-worker-tls" : "dattn-coordinator-tls"}};
+      if (!worker) want["/etc/dattn/tokens"] = "dattn-tokens";
+      EXPECT_EQ(mounted, want);
+      std::set<std::string> args;
+      for (const char* key : {"command", "args"}) {
+        for (const YAML::Node& a : c[key]) args.insert(Str(a));
+      }
+      EXPECT_EQ(args.count("--insecure"), 0u) << "the manifests run secure";
+      const std::string cert = worker ? "worker" : "coordinator";
+      for (const std::string& flag : {std::string("--tls-ca=/etc/dattn/tls/ca.pem"),
+                                      "--tls-cert=/etc/dattn/tls/" + cert + ".pem",
+                                      "--tls-key=/etc/dattn/tls/" + cert + "-key.pem"}) {
+        EXPECT_EQ(args.count(flag), 1u) << flag;
+      }
+      EXPECT_EQ(args.count("--token-file=/etc/dattn/tokens/tokens"), worker ? 0u : 1u);
       if (worker) {
-        EXPECT_EQ(Str(c["readinessProbe"]["grpc"]["service"]), "dattn-worker");
-        EXPECT_EQ(Str(c["livenessProbe"]["grpc"]["service"]), "");
-        EXPECT_EQ(Str(c["startupProbe"]["grpc"]["service"]), "");
-        ASSERT_TRUE(c["lifecycle"]["preStop"]["exec"]["command"]);
+        EXPECT_EQ(Str(c["startupProbe"]["httpGet"]["path"]), "/healthz");
       } else {
-        EXPECT_EQ(Str(c["readinessProbe"]["grpc"]["service"]), "");
-        EXPECT_EQ(Str(c["startupProbe"]["grpc"]["service"]), "");
-        EXPECT_EQ(Str(c["livenessProbe"]["httpGet"]["path"]), "/healthz");
+        EXPECT_EQ(Str(c["startupProbe"]["httpGet"]["path"]), "/readyz");
         ASSERT_TRUE(set["spec"]["volumeClaimTemplates"]);
         EXPECT_EQ(Str(set["spec"]["volumeClaimTemplates"][0]["metadata"]["name"]), "data");
         EXPECT_TRUE(
@@ -226,30 +273,8 @@ TEST_F(DeployManifestsTest, PodsRunAsNonRootWithProbesRequestsAndNoTlsClaimed) {
       if (name == "dattn-worker-gpu") {
         EXPECT_EQ(Str(c["resources"]["limits"]["nvidia.com/gpu"]), "1");
       }
-      // TLS: an optional Secret, mounted read-only, that no flag or variable refers to.
-      bool mounted = false;
-      for (const YAML::Node& m : c["volumeMounts"]) {
-        if (Str(m["mountPath"]) != "/etc/dattn/tls") continue;
-        mounted = true;
-        EXPECT_EQ(Str(m["readOnly"]), "true");
-        for (const YAML::Node& v : pod["volumes"]) {
-          if (Str(v["name"]) != Str(m["name"])) continue;
-          EXPECT_EQ(Str(v["secret"]["secretName"]), "dattn-tls");
-          EXPECT_EQ(Str(v["secret"]["optional"]), "true") << "a missing Secret must not stop pods";
-        }
-      }
-      EXPECT_TRUE(mounted) << "no /etc/dattn/tls mount";
-      bool insecure = false;
-      for (const char* key : {"command", "args"}) {
-        for (const YAML::Node& a : c[key]) {
-          EXPECT_EQ(Str(a).find("tls"), std::string::npos)
-              << Str(a) << ": the manifests run plaintext (gRPC probes); see docs/DEPLOY.md, TLS";
-          insecure |= Str(a) == "--insecure";
-        }
-      }
-      EXPECT_TRUE(insecure) << name << ": plaintext must be said with --insecure";
       for (const YAML::Node& p : c["ports"]) {
-        EXPECT_EQ(Str(p["name"]).find("https"), std::string::npos) << "ports are plaintext";
+        EXPECT_EQ(Str(p["name"]).find("https"), std::string::npos) << "named by role";
       }
     }
   }
@@ -281,18 +306,19 @@ TEST_F(DeployManifestsTest, GracePeriodsCoverTheDrainsAndEveryVariableResolves) 
       const LocalContainer worker = Local(overlay, name, "worker", overlay + "-check");
       EXPECT_TRUE(worker.unexpanded.empty())
           << name << " undefined: " << ::testing::PrintToString(worker.unexpanded);
-      // preStop waits up to the drain wait, then SIGTERM's reports get the shutdown timeout.
+      // SIGTERM: the worker leaves for up to the drain wait, then its reports get the shutdown
+      // timeout.
       EXPECT_GE(worker.grace_seconds, number("DATTN_WORKER_DRAIN_WAIT_S") +
                                           number("DATTN_WORKER_SHUTDOWN_TIMEOUT_S") + 20)
           << name;
-      ASSERT_EQ(worker.pre_stop.size(), 3u) << name;
-      EXPECT_NE(worker.pre_stop[2].find("--wait \"$DATTN_WORKER_DRAIN_WAIT_S\""), std::string::npos)
-          << worker.pre_stop[2];
-      EXPECT_NE(std::find(worker.argv.begin(), worker.argv.end(),
-                          "--shutdown-timeout-s=" +
-                              config["data"]["DATTN_WORKER_SHUTDOWN_TIMEOUT_S"].as<std::string>()),
-                worker.argv.end())
-          << name;
+      for (const auto& [flag, key] :
+           {std::pair<std::string, std::string>{"--drain-wait-s=", "DATTN_WORKER_DRAIN_WAIT_S"},
+            {"--shutdown-timeout-s=", "DATTN_WORKER_SHUTDOWN_TIMEOUT_S"}}) {
+        EXPECT_NE(std::find(worker.argv.begin(), worker.argv.end(),
+                            flag + config["data"][key].as<std::string>()),
+                  worker.argv.end())
+            << name << " does not take " << flag << " from dattn-config";
+      }
       // Workers find the coordinator through its Service (DATTN_COORDINATOR), here resolved to
       // this machine, on the port the coordinator listens on.
       EXPECT_EQ(worker.env.at("DATTN_COORDINATOR"), "127.0.0.1:7070");
@@ -423,18 +449,12 @@ TEST_F(DeployManifestsTest, ContainerfilesAgreeWithTheManifests) {
       std::set<int> ports;
       for (const YAML::Node& p : c["ports"]) ports.insert(p["containerPort"].as<int>());
       EXPECT_EQ(file.exposed, ports);
-      // The preStop hook's programs are in the image.
-      const YAML::Node pre_stop = c["lifecycle"]["preStop"]["exec"]["command"];
+      // The container's program is copied into the image.
       std::string copied;
       for (const std::string& line : file.copy_lines) copied += line + "\n";
-      for (const YAML::Node& word : pre_stop) {
-        std::smatch bin;
-        const std::string text = Str(word);
-        if (std::regex_search(text, bin, std::regex(R"(/usr/local/bin/([a-z-]+))"))) {
-          EXPECT_NE(copied.find("bin/" + bin[1].str() + " "), std::string::npos)
-              << bin[0] << " is not copied into the image";
-        }
-      }
+      const std::string program = std::filesystem::path(Str(c["command"][0])).filename().string();
+      EXPECT_NE(copied.find("bin/" + program + " "), std::string::npos)
+          << program << " is not copied into the image";
     }
   }
 }
@@ -477,7 +497,7 @@ void ExpectProbesAndMetrics(const LocalContainer& local, Process& process,
       << local.pod_name << " metrics lack " << want_in_metrics;
 }
 
-// SIGTERM, as the kubelet sends it after preStop; the process must exit 0 within `grace`.
+// SIGTERM, as the kubelet sends it; the process must exit 0 within `grace`.
 void ExpectStopsWithin(Process& process, std::chrono::milliseconds grace, const std::string& name) {
   process.Signal(SIGTERM);
   std::optional<ProcessResult> r = process.Wait(grace);
@@ -488,6 +508,8 @@ void ExpectStopsWithin(Process& process, std::chrono::milliseconds grace, const 
 TEST_F(DeployManifestsTest, CpuDemoRunsLocallyAsTheManifestsSay) {
   const LocalContainer coordinator = Local("cpu-demo", "dattn-coordinator", "coordinator", "cpu");
   const LocalContainer worker = Local("cpu-demo", "dattn-worker", "worker", "cpu");
+  const std::string token = MakeSecrets("cpu");
+  ASSERT_FALSE(token.empty());
   auto c = StartLocal(coordinator, "cpu-coordinator", *dir_);
   ExpectProbesAndMetrics(coordinator, *c, "# TYPE dattn_jobs gauge");
   auto w = StartLocal(worker, "cpu-worker", *dir_);
@@ -502,6 +524,8 @@ TEST_F(DeployManifestsTest, CpuDemoRunsLocallyAsTheManifestsSay) {
               "--head-dim=16",     "--segments=64",  "--rates=1",     "--dtype=fp32",
               "--device=cpu",      "--iterations=2", "--wait"};
   cli.env["DATTN_COORDINATOR"] = worker.env.at("DATTN_COORDINATOR");
+  cli.env["DATTN_TLS_CA"] = *dir_ + "/cpu-volumes/tls/ca.pem";
+  cli.env["DATTN_TOKEN"] = token;
   ProcessResult job = RunCommand(cli, seconds(60));
   EXPECT_EQ(job.exit_code, 0) << job.out << job.err << w->ReadStderr();
   EXPECT_NE(job.out.find("SUCCEEDED"), std::string::npos) << job.out;
@@ -511,30 +535,13 @@ TEST_F(DeployManifestsTest, CpuDemoRunsLocallyAsTheManifestsSay) {
             std::string::npos)
       << metrics.body;
 
-  // preStop: the worker drains (nothing runs, so at once) and turns not ready.
-  const auto start = std::chrono::steady_clock::now();
-  ProcessOptions hook;
-  hook.name = "cpu-worker-prestop";
-  hook.log_dir = *dir_;
-  hook.argv = worker.pre_stop;
-  hook.env = worker.env;
-  const auto grace = seconds(worker.grace_seconds);
-  ProcessResult drained = RunCommand(hook, grace);
-  EXPECT_EQ(drained.exit_code, 0) << drained.out << drained.err;
-  EXPECT_NE(drained.out.find("is DRAINING"), std::string::npos) << drained.out;
-  std::string detail;
-  const YAML::Node& readiness = worker.spec["readinessProbe"];
-  bool unready = false;
-  for (auto until = std::chrono::steady_clock::now() + seconds(15);
-       !unready && std::chrono::steady_clock::now() < until;) {
-    unready = !ProbeOnce(readiness, worker.spec, "127.0.0.1", &detail);
-    if (!unready) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  EXPECT_TRUE(unready) << "a drained worker stays ready";
-  ExpectStopsWithin(*w,
-                    std::chrono::duration_cast<std::chrono::milliseconds>(
-                        grace - (std::chrono::steady_clock::now() - start)),
-                    "cpu worker");
+  // SIGTERM: the worker leaves (the coordinator drains it; nothing runs, so at once), turns not
+  // ready, and stops within its grace period.
+  ExpectStopsWithin(*w, seconds(worker.grace_seconds), "cpu worker");
+  EXPECT_NE(w->ReadStderr().find("leaving: drained and idle"), std::string::npos)
+      << w->ReadStderr();
+  EXPECT_NE(c->ReadStderr().find("is leaving: drained at its own request"), std::string::npos)
+      << c->ReadStderr();
   ExpectStopsWithin(*c, seconds(coordinator.grace_seconds), "coordinator");
 }
 
@@ -570,6 +577,7 @@ TEST_F(DeployManifestsTest, LocalPathsUnderTmpAreNotRemapped) {
 TEST_F(DeployManifestsTest, GpuOverlayRunsLocallyUpToTheGpu) {
   const LocalContainer coordinator = Local("gpu", "dattn-coordinator", "coordinator", "gpu");
   const LocalContainer worker = Local("gpu", "dattn-worker-gpu", "worker", "gpu");
+  ASSERT_FALSE(MakeSecrets("gpu").empty());
   auto c = StartLocal(coordinator, "gpu-coordinator", *dir_);
   ExpectProbesAndMetrics(coordinator, *c, "# TYPE dattn_jobs gauge");
   auto w = StartLocal(worker, "gpu-worker", *dir_);

@@ -307,8 +307,10 @@ bool Localize(const Objects& objects, const YAML::Node& statefulset,
     *error = "container " + container_name + " has no command (the image's ENTRYPOINT is implied)";
     return false;
   }
-  for (const YAML::Node& c : container["lifecycle"]["preStop"]["exec"]["command"]) {
-    out->pre_stop.push_back(map_paths(Str(c)));
+  if (container["lifecycle"]) {
+    *error = "container " + container_name +
+             ": lifecycle hooks are not emulated (dattn's manifests use none: SIGTERM drains)";
+    return false;
   }
   return true;
 }

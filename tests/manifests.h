@@ -58,7 +58,6 @@ struct LocalContainer {
   YAML::Node spec;                         // The container as rendered.
   std::vector<std::string> argv;           // command + args, expanded and mapped.
   std::map<std::string, std::string> env;  // Its environment, resolved.
-  std::vector<std::string> pre_stop;       // lifecycle.preStop.exec.command, mapped; may be empty.
   int grace_seconds = 30;                  // terminationGracePeriodSeconds.
   // $(VAR) references left unexpanded (the kubelet leaves an unknown one as it is).
   std::vector<std::string> unexpanded;

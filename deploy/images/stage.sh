@@ -12,8 +12,8 @@ bin_dir="${1:?usage: stage.sh BIN_DIR OUT_DIR}"
 out="${2:?usage: stage.sh BIN_DIR OUT_DIR}"
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 
-# image -> the binaries in it (the CLI in every image: the workers' preStop hook runs it, and
-# `kubectl exec` into the coordinator can use it).
+# image -> the binaries in it (the CLI in every image, for `kubectl exec` with the CA and a
+# token).
 declare -A binaries=(
   [coordinator]="dattn-coordinator dattn"
   [worker]="dattn-worker dattn"

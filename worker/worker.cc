@@ -1109,7 +1109,11 @@ bool Worker::Leave(absl::Duration wait) {
            absl::FormatDuration(wait), " for running tasks to finish");
   absl::MutexLock lock(&mu_);
   auto done = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-    if (!draining_) return false;  // The coordinator may still place work here.
+    // Until the coordinator confirms the drain it may still place work here; one that cannot be
+    // reached (not registered, heartbeats failing) places nothing, and a task it placed before is
+    // recovered when this worker's heartbeats stop.
+    const bool reachable = !worker_id_.empty() && heartbeat_error_.empty();
+    if (!draining_ && reachable) return false;
     for (const auto& entry : tasks_) {
       if (!entry.second->done) return false;
     }
@@ -1120,7 +1124,8 @@ bool Worker::Leave(absl::Duration wait) {
     cv_.WaitWithDeadline(&mu_, std::min(deadline, absl::Now() + absl::Milliseconds(50)));
   }
   const bool drained = done();
-  LogEvent(drained ? "leaving: drained and idle"
+  LogEvent(drained ? (draining_ ? "leaving: drained and idle"
+                                : "leaving: idle, and the coordinator cannot be reached")
                    : (draining_ ? "leaving: tasks still running at the deadline; cancelling them"
                                 : "leaving: the coordinator did not confirm the drain in time"));
   return drained;

@@ -159,8 +159,9 @@ class Worker {
   // Leaving gracefully (dattn-worker's SIGTERM with --drain-wait-s), before Stop(): readiness turns
   // off and every heartbeat from now on (the first at once) asks the coordinator to drain this
   // worker (HeartbeatRequest.draining), so that nothing new is placed here; then waits up to `wait`
-  // until the coordinator has answered with the drain and no task is left running. Returns true
-  // when both happened in time, false at the deadline (Stop() then cancels what is left).
+  // until the coordinator has answered with the drain (or cannot be reached: not registered, or
+  // heartbeats failing) and no task is left running. Returns true when that happened in time,
+  // false at the deadline (Stop() then cancels what is left).
   bool Leave(absl::Duration wait) ABSL_LOCKS_EXCLUDED(mu_);
 
   // Introspection, for tests and the health endpoint.

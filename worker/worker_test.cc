@@ -753,6 +753,16 @@ TEST(WorkerTest, LeavingAsksForADrainAndWaitsForRunningTasks) {
   EXPECT_TRUE(idle.Leave(absl::Seconds(20)));
   EXPECT_LT(absl::Now() - idle_begin, absl::Seconds(5));
   idle.Stop();
+
+  // No coordinator to confirm the drain (never registered): an idle worker does not wait for it.
+  WorkerOptions alone = options;
+  alone.coordinator_address = "unix:" + TestSocketPath("leave-alone");
+  Worker lonely(alone);
+  ASSERT_TRUE(lonely.Start().ok());
+  const absl::Time lonely_begin = absl::Now();
+  EXPECT_TRUE(lonely.Leave(absl::Seconds(20)));
+  EXPECT_LT(absl::Now() - lonely_begin, absl::Seconds(5));
+  lonely.Stop();
 }
 
 // Two slots, a device whose free memory fits one plan and not two. The first task is admitted and

@@ -23,7 +23,8 @@
 namespace {
 
 std::atomic<bool> release_thread{false};
-std::thread* late_thread = nullptr;
+std::atomic<bool> error_queued{false};
+std::thread* late_thread = nullptr;  // Joined by the exit handler, after the test body returned.
 
 void FinishTheThreadAfterOpenSslsExitHandler() {
   release_thread = true;
@@ -38,8 +39,7 @@ void FinishTheThreadAfterOpenSslsExitHandler() {
 
 TEST(OpenSslAtExit, AThreadFinishingAfterExitBeganFindsOpenSslAlive) {
   ASSERT_EQ(std::atexit(FinishTheThreadAfterOpenSslsExitHandler), 0);
-  std::atomic<bool> error_queued{false};
-  late_thread = new std::thread([&error_queued] {
+  late_thread = new std::thread([] {
     // Not a certificate: OpenSSL queues an error (with data) on this thread's error queue.
     static const char kGarbage[] = "not a certificate";
     BIO* bio = BIO_new_mem_buf(kGarbage, sizeof kGarbage - 1);

@@ -730,13 +730,13 @@ TEST(WorkerTest, LeavingAsksForADrainAndWaitsForRunningTasks) {
   EXPECT_FALSE(worker.Leave(absl::Milliseconds(600))) << "the long task is still running";
   EXPECT_GE(absl::Now() - begin, absl::Milliseconds(600));
   EXPECT_LT(absl::Now() - begin, absl::Seconds(10));
-  EXPECT_TRUE(worker.draining()) << "the coordinator answered the leaving heartbeat with a drain";
   EXPECT_FALSE(worker.load().ready);
-  {
-    absl::MutexLock lock(&fake.mu_);
-    ASSERT_FALSE(fake.heartbeats_.empty());
-    EXPECT_TRUE(fake.heartbeats_.back().draining());
-  }
+  // The leaving heartbeat went out at once (the interval is 30 s) and its answer drains the worker.
+  ASSERT_TRUE(fake.WaitFor([&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) {
+    return !fake.heartbeats_.empty() && fake.heartbeats_.back().draining();
+  }));
+  EXPECT_TRUE(fake.WaitFor([&]() { return worker.draining(); }))
+      << "the coordinator answered the leaving heartbeat with a drain";
   worker.Stop();
   EXPECT_EQ(fake.ReportsOf("j-8/1/0").back().state(), v1::TASK_STATE_CANCELLED);
 

@@ -175,6 +175,18 @@ std::string PeerCommonName(const grpc::ServerContext& context) {
   return std::string(names[0].data(), names[0].size());
 }
 
+absl::Status CheckTransportFlags(const TlsFiles& files, bool insecure,
+                                 const std::vector<std::string>& other_required,
+                                 const std::string& missing) {
+  if (insecure) {
+    if (files.empty()) return absl::OkStatus();
+    return absl::InvalidArgumentError("--insecure and --tls-* contradict each other: choose one");
+  }
+  bool complete = !files.ca_file.empty() && !files.cert_file.empty() && !files.key_file.empty();
+  for (const std::string& value : other_required) complete &= !value.empty();
+  return complete ? absl::OkStatus() : absl::InvalidArgumentError(missing);
+}
+
 std::string WorkerNamePattern(const std::string& common_name) {
   const absl::string_view prefix = kWorkerCommonNamePrefix;
   if (!absl::StartsWith(common_name, prefix) || common_name.size() == prefix.size()) return "";

@@ -24,6 +24,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -78,6 +79,15 @@ std::string WorkerNamePattern(const std::string& common_name);
 // Whether `pattern` (from WorkerNamePattern) admits the worker name `name`. An empty pattern admits
 // none.
 bool WorkerNameAllowed(const std::string& pattern, const std::string& name);
+
+// The daemons' start-up rule for their transport flags, one for both binaries: `insecure` together
+// with any --tls-* file is INVALID_ARGUMENT ("contradict each other"); without `insecure`,
+// `files.ca_file`, `cert_file` and `key_file` and every value in `other_required` (the
+// coordinator's --token-file) must be given, else INVALID_ARGUMENT with `missing` (the daemon's
+// message naming the flags and how to make them).
+absl::Status CheckTransportFlags(const TlsFiles& files, bool insecure,
+                                 const std::vector<std::string>& other_required,
+                                 const std::string& missing);
 
 // Checks that `path` holds what `what` says ("certificate", "private key", "CA bundle"): readable
 // and at least one PEM object of that kind that OpenSSL parses. INVALID_ARGUMENT naming `flag` and

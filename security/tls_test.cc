@@ -236,6 +236,25 @@ TEST(WorkerNames, ACertificateBindsOneNameAPrefixOrAny) {
   EXPECT_FALSE(WorkerNameAllowed("*", ""));
 }
 
+TEST(TransportFlags, TlsOrAnExplicitInsecureButNotBoth) {
+  TlsFiles all;
+  all.ca_file = "ca.pem";
+  all.cert_file = "c.pem";
+  all.key_file = "k.pem";
+  EXPECT_TRUE(CheckTransportFlags(all, false, {"tokens"}, "missing").ok());
+  EXPECT_TRUE(CheckTransportFlags(TlsFiles(), true, {}, "missing").ok());
+  absl::Status s = CheckTransportFlags(all, false, {""}, "give them");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "give them");
+  TlsFiles no_key = all;
+  no_key.key_file.clear();
+  EXPECT_EQ(CheckTransportFlags(no_key, false, {}, "give them").message(), "give them");
+  EXPECT_EQ(CheckTransportFlags(TlsFiles(), false, {}, "give them").message(), "give them");
+  s = CheckTransportFlags(no_key, true, {}, "give them");
+  EXPECT_EQ(s.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s.message(), "--insecure and --tls-* contradict each other: choose one");
+}
+
 }  // namespace
 }  // namespace security
 }  // namespace dattn

@@ -174,15 +174,13 @@ int main(int argc, char** argv) {
     return rc == 0 ? 0 : 2;
   }
   // Secure unless told otherwise: TLS with a CA (workers' certificates) and tokens (clients').
-  if (!insecure && (tls.cert_file.empty() || tls.key_file.empty() || tls.ca_file.empty() ||
-                    token_file.empty())) {
-    Say("give --tls-cert, --tls-key, --tls-ca and --token-file (docs/SECURITY.md; "
-        "scripts/make-certs.sh makes a CA and certificates, `dattn token new` a token), or "
-        "--insecure for a plaintext coordinator on a trusted machine");
-    return 2;
-  }
-  if (insecure && !tls.empty()) {
-    Say("--insecure and --tls-* contradict each other: choose one");
+  if (absl::Status s = dattn::security::CheckTransportFlags(
+          tls, insecure, {token_file},
+          "give --tls-cert, --tls-key, --tls-ca and --token-file (docs/SECURITY.md; "
+          "scripts/make-certs.sh makes a CA and certificates, `dattn token new` a token), or "
+          "--insecure for a plaintext coordinator on a trusted machine");
+      !s.ok()) {
+    Say(std::string(s.message()));
     return 2;
   }
   if (rendezvous_listen.empty()) {

@@ -158,14 +158,12 @@ int main(int argc, char** argv) {
     const int code = app.exit(e);
     return code == 0 ? 0 : 2;
   }
-  if (!insecure && (tls.ca_file.empty() || tls.cert_file.empty() || tls.key_file.empty())) {
-    LogEvent(
-        "give --tls-ca, --tls-cert and --tls-key (docs/SECURITY.md; scripts/make-certs.sh "
-        "makes them), or --insecure for a plaintext cluster on a trusted machine");
-    return 2;
-  }
-  if (insecure && !tls.empty()) {
-    LogEvent("--insecure and --tls-* contradict each other: choose one");
+  if (absl::Status s = dattn::security::CheckTransportFlags(
+          tls, insecure, {},
+          "give --tls-ca, --tls-cert and --tls-key (docs/SECURITY.md; scripts/make-certs.sh "
+          "makes them), or --insecure for a plaintext cluster on a trusted machine");
+      !s.ok()) {
+    LogEvent(s.message());
     return 2;
   }
   std::shared_ptr<grpc::ServerCredentials> health_credentials = grpc::InsecureServerCredentials();

@@ -423,6 +423,20 @@ TEST(AttentionTaskTest, DefaultsOfUnspecifiedEnums) {
 // Ranks of a ring: threads of this process, each a rank with its own Gloo communicator, meeting
 // through a rendezvous store as the coordinator would host it.
 
+// Rank `rank` of the Gloo ring `ring_id` of `size` ranks whose rendezvous store is `store`.
+v1::RingInfo GlooRing(const std::string& ring_id, const std::string& store, int rank, int size,
+                      int64_t formation_ms, int64_t comm_ms) {
+  v1::RingInfo ring;
+  ring.set_ring_id(ring_id);
+  ring.set_rank(rank);
+  ring.set_size(size);
+  ring.set_backend("gloo");
+  ring.set_store_address(store);
+  ring.set_formation_timeout_ms(formation_ms);
+  ring.set_comm_timeout_ms(comm_ms);
+  return ring;
+}
+
 v1::TaskAssignment RingTask(v1::TaskAssignment task, const std::string& store, int rank, int size,
                             int64_t formation_ms = 20000) {
   // Every ring attempt needs an id of its own: its keys in the store must not meet another's.
@@ -430,14 +444,7 @@ v1::TaskAssignment RingTask(v1::TaskAssignment task, const std::string& store, i
   task.set_task_id(absl::StrCat(ring_id, "/", rank));
   task.set_rank(rank);
   task.mutable_spec()->mutable_attention()->set_num_ranks(size);
-  v1::RingInfo* ring = task.mutable_ring();
-  ring->set_ring_id(ring_id);
-  ring->set_rank(rank);
-  ring->set_size(size);
-  ring->set_backend("gloo");
-  ring->set_store_address(store);
-  ring->set_formation_timeout_ms(formation_ms);
-  ring->set_comm_timeout_ms(20000);
+  *task.mutable_ring() = GlooRing(ring_id, store, rank, size, formation_ms, 20000);
   return task;
 }
 
@@ -590,14 +597,7 @@ TEST(AttentionTaskRingTest, ACancelIsSeenWhileFormingTheCommunicator) {
   ASSERT_TRUE((*peer)->Set(api::JoinedKey("r-dead", 1), "a peer that died after arriving").ok());
   absl::StatusOr<std::unique_ptr<TaskDevice>> device = NewCpuDevice();
   ASSERT_TRUE(device.ok()) << device.status();
-  v1::RingInfo ring;
-  ring.set_ring_id("r-dead");
-  ring.set_rank(0);
-  ring.set_size(2);
-  ring.set_backend("gloo");
-  ring.set_store_address((*server)->address());
-  ring.set_formation_timeout_ms(10000);
-  ring.set_comm_timeout_ms(60000);
+  v1::RingInfo ring = GlooRing("r-dead", (*server)->address(), 0, 2, 10000, 60000);
   RingJoinOptions options;
   options.member_name = "rank 0";
   const absl::Time start = absl::Now();
@@ -625,14 +625,7 @@ TEST(AttentionTaskRingTest, JoiningNeedsTheRingSecret) {
   ASSERT_TRUE((*peer)->Set(api::JoinedKey("r-secret", 1), "rank 1").ok());
   absl::StatusOr<std::unique_ptr<TaskDevice>> device = NewCpuDevice();
   ASSERT_TRUE(device.ok()) << device.status();
-  v1::RingInfo ring;
-  ring.set_ring_id("r-secret");
-  ring.set_rank(0);
-  ring.set_size(2);
-  ring.set_backend("gloo");
-  ring.set_store_address((*server)->address());
-  ring.set_formation_timeout_ms(10000);
-  ring.set_comm_timeout_ms(60000);
+  v1::RingInfo ring = GlooRing("r-secret", (*server)->address(), 0, 2, 10000, 60000);
   for (const std::string& wrong : {std::string(), std::string(32, '\x43')}) {
     ring.set_store_secret(wrong);
     RingJoinOptions options;

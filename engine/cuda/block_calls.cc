@@ -204,42 +204,82 @@ int64_t DefaultWorkspaceLimit(const ProblemDims& dims, DType dtype, bool backwar
   return std::max(floor, static_cast<int64_t>(five_percent));
 }
 
-CallPlan PlanBlockCalls(const AttentionSpec& spec, const ProblemDims& dims, const PlanInputs& in) {
-  CallPlan plan;
-  const std::vector<BlockCall> all = EnumerateBlockCalls(spec, dims, in.fold_batches);
-  const int64_t limit = in.workspace_limit > 0
-                            ? in.workspace_limit
-                            : DefaultWorkspaceLimit(dims, in.dtype, in.backward, in.hopper);
+namespace {
 
+// How PlanBlockCalls cuts a pass, decided once from the spec and the inputs (CountPlannedCalls
+// decides it the same way).
+struct Chunking {
+  int direct_pattern = -1;  // CallPlan::direct_pattern.
+  bool scaled_out = false;
+  bool overlap = false;    // Calls overlap: two scratch slots.
+  int64_t call_limit = 0;  // Scratch bytes one call may take.
+};
+
+Chunking ChunkingOf(const AttentionSpec& spec, const ProblemDims& dims, const PlanInputs& in) {
+  Chunking k;
   // Mixture: the pattern covering the most (row, head) pairs writes directly.
   if (spec.mode == AttentionMode::kMixture) {
     std::vector<int64_t> covered(spec.num_patterns(), 0);
-    for (const BlockCall& c : all) covered[c.pattern] += CoveredRows(c);
-    plan.direct_pattern = 0;
+    ForEachBlockCall(spec, dims, in.fold_batches, [&](const BlockCall& c, int64_t copies) {
+      covered[c.pattern] += copies * CoveredRows(c);
+    });
+    k.direct_pattern = 0;
     for (int i = 1; i < spec.num_patterns(); ++i) {
-      if (covered[i] > covered[plan.direct_pattern]) plan.direct_pattern = i;
+      if (covered[i] > covered[k.direct_pattern]) k.direct_pattern = i;
     }
   }
-
-  auto role_of = [&](const BlockCall& c) {
-    return spec.mode == AttentionMode::kGrouped || c.pattern == plan.direct_pattern
-               ? CallRole::kDirect
-               : CallRole::kMerge;
-  };
-  const bool scaled_out = NeedsScaledOut(spec, in.backward, in.use_cudnn);
+  const int64_t limit = in.workspace_limit > 0
+                            ? in.workspace_limit
+                            : DefaultWorkspaceLimit(dims, in.dtype, in.backward, in.hopper);
+  k.scaled_out = NeedsScaledOut(spec, in.backward, in.use_cudnn);
   // Overlapping calls take two scratch slots, each within half the limit.
-  const bool overlap = in.overlap_calls && in.hopper;
-  const int64_t call_limit = overlap ? std::max<int64_t>(1, limit / 2) : limit;
+  k.overlap = in.overlap_calls && in.hopper;
+  k.call_limit = k.overlap ? std::max<int64_t>(1, limit / 2) : limit;
+  return k;
+}
+
+CallRole RoleOf(const AttentionSpec& spec, const Chunking& k, const BlockCall& c) {
+  return spec.mode == AttentionMode::kGrouped || c.pattern == k.direct_pattern ? CallRole::kDirect
+                                                                               : CallRole::kMerge;
+}
+
+// Blocks per planned call: what fits the call limit and, for cuDNN, 2^31 elements of span.
+int64_t ChunkOf(const BlockCall& c, CallRole role, const Chunking& k, const PlanInputs& in,
+                const ProblemDims& dims) {
+  const int64_t per_block =
+      std::max<int64_t>(1, BytesPerBlock(c, role, in, dims.head_dim, k.scaled_out));
+  int64_t chunk = std::max<int64_t>(1, k.call_limit / per_block);
+  if (in.use_cudnn) {
+    const int64_t block_span = c.block_step * dims.num_heads * dims.head_dim;
+    chunk =
+        std::min(chunk, std::max<int64_t>(1, kMaxSpanElements / std::max<int64_t>(1, block_span)));
+  }
+  return chunk;
+}
+
+}  // namespace
+
+int64_t CountPlannedCalls(const AttentionSpec& spec, const ProblemDims& dims,
+                          const PlanInputs& in) {
+  const Chunking k = ChunkingOf(spec, dims, in);
+  constexpr int64_t kSaturated = std::numeric_limits<int64_t>::max() / 2;
+  int64_t count = 0;
+  ForEachBlockCall(spec, dims, in.fold_batches, [&](const BlockCall& c, int64_t copies) {
+    const int64_t chunk = ChunkOf(c, RoleOf(spec, k, c), k, in, dims);
+    // copies x pieces <= B x N (copies > 1 only for per-batch-item calls of N / w blocks).
+    count = std::min(kSaturated, count + copies * ((c.count + chunk - 1) / chunk));
+  });
+  return count;
+}
+
+CallPlan PlanBlockCalls(const AttentionSpec& spec, const ProblemDims& dims, const PlanInputs& in) {
+  CallPlan plan;
+  const std::vector<BlockCall> all = EnumerateBlockCalls(spec, dims, in.fold_batches);
+  const Chunking k = ChunkingOf(spec, dims, in);
+  plan.direct_pattern = k.direct_pattern;
   auto emit = [&](const BlockCall& c) {
-    const CallRole role = role_of(c);
-    const int64_t per_block =
-        std::max<int64_t>(1, BytesPerBlock(c, role, in, dims.head_dim, scaled_out));
-    int64_t chunk = std::max<int64_t>(1, call_limit / per_block);
-    if (in.use_cudnn) {
-      const int64_t block_span = c.block_step * dims.num_heads * dims.head_dim;
-      chunk = std::min(chunk,
-                       std::max<int64_t>(1, kMaxSpanElements / std::max<int64_t>(1, block_span)));
-    }
+    const CallRole role = RoleOf(spec, k, c);
+    const int64_t chunk = ChunkOf(c, role, k, in, dims);
     for (int64_t j0 = 0; j0 < c.count; j0 += chunk) {
       PlannedCall p;
       p.call = c;
@@ -249,7 +289,7 @@ CallPlan PlanBlockCalls(const AttentionSpec& spec, const ProblemDims& dims, cons
       const CallScratch s = LayoutCallScratch(
           p.call, role, in.backward, in.use_cudnn, in.dtype, dims.head_dim,
           in.use_cudnn ? ModeledLibraryWorkspace(p.call, in.backward, dims.head_dim) : 0,
-          scaled_out, in.hopper);
+          k.scaled_out, in.hopper);
       plan.slot_bytes = std::max(plan.slot_bytes, s.total);
       plan.calls.push_back(p);
     }
@@ -263,7 +303,7 @@ CallPlan PlanBlockCalls(const AttentionSpec& spec, const ProblemDims& dims, cons
       if (c.pattern != plan.direct_pattern) emit(c);
     }
   }
-  if (overlap && plan.calls.size() >= 2) plan.slots = 2;
+  if (k.overlap && plan.calls.size() >= 2) plan.slots = 2;
   plan.workspace_bytes = plan.slots * plan.slot_bytes;
   return plan;
 }

@@ -177,6 +177,12 @@ int64_t DefaultWorkspaceLimit(const ProblemDims& dims, DType dtype, bool backwar
 // (a single block may still exceed it) and, for cuDNN, so that no call spans 2^31 elements.
 CallPlan PlanBlockCalls(const AttentionSpec& spec, const ProblemDims& dims, const PlanInputs& in);
 
+// How many calls PlanBlockCalls returns (plan.calls.size()), counted without building them
+// (O(block calls)); saturates far above kMaxBlockCalls. The chunking multiplies the block calls:
+// tiny segments over a huge N cut into chunks of 2^31 elements once asked for tens of millions of
+// calls (2 GB), so the memory plan refuses a pass of more than kMaxBlockCalls planned calls too.
+int64_t CountPlannedCalls(const AttentionSpec& spec, const ProblemDims& dims, const PlanInputs& in);
+
 // Whether in-batch position p is a selected row of pattern (w, r) with offset o.
 inline bool IsSelected(int64_t p, int64_t w, int64_t r, int64_t o) {
   const int64_t local = p % w;

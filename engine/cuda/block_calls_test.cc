@@ -211,6 +211,35 @@ TEST(BlockCallsTest, ChunkedPlanKeepsCoverageAndLimit) {
   }
 }
 
+// CountPlannedCalls is the size of the plan PlanBlockCalls builds, for segments that divide N and
+// ones that do not (batch items unfolded), folded or not, every mode, pass, library and limit.
+TEST(BlockCallsTest, CountPlannedCallsIsThePlansSize) {
+  const std::vector<std::pair<std::vector<int64_t>, std::vector<int64_t>>> patterns = {
+      {{8, 16, 32}, {1, 2, 4}}, {{7, 20, 96}, {1, 3, 5}}, {{100}, {2}}};
+  for (const ProblemDims& d : {ProblemDims{2, 96, 6, 16}, ProblemDims{3, 250, 4, 64}}) {
+    for (const auto& [segments, rates] : patterns) {
+      for (AttentionMode mode : {AttentionMode::kGrouped, AttentionMode::kMixture}) {
+        const AttentionSpec spec = MakeSpec(segments, rates, mode);
+        for (int variant = 0; variant < 32; ++variant) {
+          PlanInputs in;
+          in.dtype = DType::kBFloat16;
+          in.backward = variant & 1;
+          in.use_cudnn = variant & 2;
+          in.hopper = variant & 4;
+          in.overlap_calls = variant & 8;
+          in.fold_batches = variant & 16;
+          for (int64_t limit : {int64_t{0}, int64_t{1}, int64_t{4096}, int64_t{1} << 20}) {
+            in.workspace_limit = limit;
+            EXPECT_EQ(CountPlannedCalls(spec, d, in),
+                      static_cast<int64_t>(PlanBlockCalls(spec, d, in).calls.size()))
+                << "variant " << variant << " limit " << limit << " N=" << d.seq_len;
+          }
+        }
+      }
+    }
+  }
+}
+
 // Our Hopper backward's scratch: the gathered lse and two row terms per row, padded to whole
 // 128-row tiles per (block, head); a merge call adds in place (no tile), and nothing of cuDNN's.
 TEST(BlockCallsTest, HopperBackwardScratchIsTheRowTerms) {

@@ -58,16 +58,31 @@ absl::StatusOr<CudaMemoryPlan> PlanCudaMemory(const AttentionSpec& spec, int64_t
   // What CudaBackendOptions' kAuto picks for both passes.
   in.hopper = hopper_kernels && in.use_cudnn && (head_dim == 64 || head_dim == 128);
   in.overlap_calls = true;  // CudaBackendOptions::overlap_calls's default
-  int64_t workspace = PlanBlockCalls(spec, dims, in).workspace_bytes;
+  // Each pass's calls after chunking, counted before they are built.
+  auto pass_workspace = [&](const PlanInputs& pass) -> absl::StatusOr<int64_t> {
+    if (const int64_t calls = CountPlannedCalls(spec, dims, pass); calls > kMaxBlockCalls) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "CUDA memory plan: B=", batch, " N=", seq_len, " H=", num_heads, " D=", head_dim,
+          " would need ", calls, " kernel calls per ", pass.backward ? "backward" : "forward",
+          " pass (the segments' blocks, cut to fit the workspace and 2^31 elements per call), "
+          "over the ",
+          kMaxBlockCalls, " the planner takes: use a shorter sequence or longer segments"));
+    }
+    return PlanBlockCalls(spec, dims, pass).workspace_bytes;
+  };
+  absl::StatusOr<int64_t> workspace = pass_workspace(in);
+  if (!workspace.ok()) return workspace.status();
   if (backward) {
     in.backward = true;
-    workspace = std::max(workspace, PlanBlockCalls(spec, dims, in).workspace_bytes);
+    absl::StatusOr<int64_t> backward_workspace = pass_workspace(in);
+    if (!backward_workspace.ok()) return backward_workspace.status();
+    workspace = std::max(*workspace, *backward_workspace);
   }
   CudaMemoryPlan plan;
   plan.inputs_bytes = tensor * (backward ? 4 : 3);
   plan.outputs_bytes = tensor * (backward ? 4 : 1);
   plan.lse_bytes = lse;
-  plan.workspace_bytes = workspace;
+  plan.workspace_bytes = *workspace;
   return plan;
 }
 

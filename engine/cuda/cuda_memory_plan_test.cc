@@ -136,6 +136,27 @@ TEST(CudaMemoryPlanTest, RefusesProblemsOfTooManyBlockCalls) {
   EXPECT_TRUE(PlanCudaMemory(spec, 4, 1216, 39, 71, DType::kFloat16, true).ok());
 }
 
+// What the fuzzer found next: few block calls, but tiny segments over N = 6e11 positions (a shard
+// of 2.5e12 on 4 ranks), each call cut into chunks of 2^31 elements: 1.7 GB of planned calls. The
+// plan counts them first and refuses, naming the count; a sequence that fits is still planned.
+TEST(CudaMemoryPlanTest, RefusesPassesOfTooManyPlannedCalls) {
+  AttentionSpec spec;
+  spec.segment_lengths = {47, 211, 72, 129};
+  spec.dilation_rates = {65, 91, 1, 91};
+  spec.mode = AttentionMode::kMixture;
+  spec.head_offsets = HeadOffsets::kBlocked;
+  const int64_t n = 616575695648;
+  ASSERT_LE(CountBlockCalls(spec, {3, n, 39, 71}, /*fold_batches=*/true), kMaxBlockCalls)
+      << "the block-call bound alone would let it through";
+  absl::StatusOr<CudaMemoryPlan> huge = PlanCudaMemory(spec, 3, n, 39, 71, DType::kFloat16, false);
+  ASSERT_FALSE(huge.ok());
+  EXPECT_EQ(huge.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(huge.status().message().find("kernel calls per forward pass"), std::string::npos)
+      << huge.status();
+  EXPECT_NE(huge.status().message().find("N=616575695648"), std::string::npos) << huge.status();
+  EXPECT_TRUE(PlanCudaMemory(spec, 3, 1 << 20, 39, 71, DType::kFloat16, true).ok());
+}
+
 }  // namespace
 }  // namespace cuda
 }  // namespace dattn

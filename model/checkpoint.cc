@@ -9,6 +9,7 @@
 #include <cstring>
 #include <filesystem>
 #include <limits>
+#include <map>
 #include <set>
 #include <utility>
 
@@ -29,6 +30,9 @@ using Json = nlohmann::json;
 
 constexpr char kManifestFormat[] = "dattn-checkpoint";
 constexpr int64_t kManifestVersion = 1;
+constexpr int64_t kShardedManifestVersion = 2;
+// Version 2's ranks (file names have 5 digits).
+constexpr int64_t kMaxShards = 99999;
 constexpr char kTrainerFormat[] = "dattn-trainer-state";
 constexpr int64_t kTrainerVersion = 1;
 constexpr int64_t kMaxJsonFile = int64_t{64} << 20;
@@ -220,6 +224,102 @@ absl::Status CheckRange(const ParamLayout& layout, int64_t begin, int64_t size) 
   return absl::OkStatus();
 }
 
+// The manifest entry of a file written under `dir`.
+absl::StatusOr<CheckpointFile> DescribeFile(const std::string& dir, const std::string& name) {
+  const std::string path = JoinPath(dir, name);
+  absl::StatusOr<std::string> digest = Sha256FileHex(path);
+  if (!digest.ok()) return digest.status();
+  struct stat st;
+  if (::stat(path.c_str(), &st) != 0) return FileError("stat", path, errno);
+  return CheckpointFile{name, static_cast<int64_t>(st.st_size), *digest};
+}
+
+// Writes MANIFEST.json (with its own checksum) into `dir`, then fsyncs `dir`, renames it to
+// `final_dir` and fsyncs `root`.
+absl::Status WriteManifestAndCommit(const std::string& root, const std::string& dir,
+                                    const std::string& final_dir, Json manifest) {
+  absl::StatusOr<std::string> self = ManifestDigest(manifest);
+  if (!self.ok()) return self.status();
+  manifest["manifest_sha256"] = *self;
+  if (absl::Status s = WriteWholeFile(JoinPath(dir, kManifestFile), manifest.dump(2) + "\n", true);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = FsyncPath(dir); !s.ok()) return s;
+  if (::rename(dir.c_str(), final_dir.c_str()) != 0) {
+    return FileError(absl::StrCat("rename ", dir, " to"), final_dir, errno);
+  }
+  return FsyncPath(root);
+}
+
+// Checks a listed file of the manifest: present, of the listed size, and (verify) of the listed
+// SHA-256. DATA_LOSS naming the file otherwise.
+absl::Status VerifyListedFile(const std::string& dir, const std::string& manifest_path,
+                              const Json& files, const std::string& file, bool verify) {
+  const Json* entry = nullptr;
+  for (const Json& f : files) {
+    if (f.is_object() && f.contains("name") && f["name"] == file) entry = &f;
+  }
+  if (entry == nullptr) {
+    return absl::DataLossError(absl::StrCat(manifest_path, " does not list ", file));
+  }
+  Fields ff(*entry, manifest_path, absl::StrCat("files[", file, "]."));
+  int64_t bytes;
+  DATTN_ASSIGN(bytes, ff.Int("bytes"));
+  std::string sha;
+  DATTN_ASSIGN(sha, ff.String("sha256"));
+  const std::string path = JoinPath(dir, file);
+  struct stat fst;
+  if (::stat(path.c_str(), &fst) != 0) {
+    if (errno == ENOENT) return absl::DataLossError(absl::StrCat(path, " is missing"));
+    return absl::DataLossError(FileError("stat", path, errno).message());
+  }
+  if (static_cast<int64_t>(fst.st_size) != bytes) {
+    return absl::DataLossError(absl::StrCat(path, " is ", static_cast<int64_t>(fst.st_size),
+                                            " bytes, the manifest says ", bytes,
+                                            fst.st_size < bytes ? " (truncated)" : " (grown)"));
+  }
+  if (verify) {
+    absl::StatusOr<std::string> digest = Sha256FileHex(path);
+    if (!digest.ok()) return digest.status();
+    if (*digest != sha) {
+      return absl::DataLossError(absl::StrCat(
+          path, ": SHA-256 is ", *digest, ", the manifest says ", sha, " (the file is corrupt)"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+// An int64 from a safetensors metadata value; DATA_LOSS naming the file and key otherwise.
+absl::StatusOr<int64_t> MetadataInt(const SafetensorsFile& file, const std::string& key) {
+  auto it = file.metadata().find(key);
+  int64_t value;
+  if (it == file.metadata().end() || !absl::SimpleAtoi(it->second, &value)) {
+    return absl::DataLossError(
+        absl::StrCat(file.name(), ": metadata \"", key, "\" is missing or not an integer"));
+  }
+  return value;
+}
+
+absl::Status CheckCommonContents(const std::string& model_config_json, const TrainerState& t,
+                                 const char* who) {
+  if (t.step < 0) return absl::InvalidArgumentError(absl::StrCat(who, ": step ", t.step));
+  if (absl::StatusOr<Json> config = ParseJson(model_config_json, "the model config");
+      !config.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(who, ": ", config.status().message()));
+  }
+  absl::StatusOr<Json> extra = ParseJson(t.extra_json, "trainer extra_json");
+  if (!extra.ok() || !extra->is_object()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(who, ": trainer extra_json is not a JSON object: ", t.extra_json));
+  }
+  return absl::OkStatus();
+}
+
+std::string TempFolder(const std::string& root, int64_t step) {
+  return JoinPath(root, absl::StrCat(".", CheckpointFolderName(step), ".tmp"));
+}
+
 }  // namespace
 
 std::string CheckpointFolderName(int64_t step) { return absl::StrFormat("step-%08d", step); }
@@ -325,17 +425,9 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Checkp
         "SaveCheckpoint: the layout has ", total, " elements; params ", c.params.size(), ", m ",
         c.optimizer->m.size(), ", v ", c.optimizer->v.size()));
   }
-  if (c.trainer.step < 0) {
-    return absl::InvalidArgumentError(absl::StrCat("SaveCheckpoint: step ", c.trainer.step));
-  }
-  if (absl::StatusOr<Json> config = ParseJson(c.model_config_json, "the model config");
-      !config.ok()) {
-    return absl::InvalidArgumentError(absl::StrCat("SaveCheckpoint: ", config.status().message()));
-  }
-  absl::StatusOr<Json> extra = ParseJson(c.trainer.extra_json, "trainer extra_json");
-  if (!extra.ok() || !extra->is_object()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "SaveCheckpoint: trainer extra_json is not a JSON object: ", c.trainer.extra_json));
+  if (absl::Status s = CheckCommonContents(c.model_config_json, c.trainer, "SaveCheckpoint");
+      !s.ok()) {
+    return s;
   }
 
   std::error_code ec;
@@ -398,31 +490,15 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Checkp
     }
     Json files = Json::array();
     for (const char* file : kDataFiles) {
-      const std::string path = JoinPath(tmp, file);
-      absl::StatusOr<std::string> digest = Sha256FileHex(path);
-      if (!digest.ok()) return digest.status();
-      struct stat st;
-      if (::stat(path.c_str(), &st) != 0) return FileError("stat", path, errno);
-      files.push_back(
-          Json{{"name", file}, {"bytes", static_cast<int64_t>(st.st_size)}, {"sha256", *digest}});
+      absl::StatusOr<CheckpointFile> f = DescribeFile(tmp, file);
+      if (!f.ok()) return f.status();
+      files.push_back(Json{{"name", f->name}, {"bytes", f->bytes}, {"sha256", f->sha256}});
     }
     Json manifest = {{"format", kManifestFormat},
                      {"version", kManifestVersion},
                      {"step", c.trainer.step},
                      {"files", files}};
-    absl::StatusOr<std::string> self = ManifestDigest(manifest);
-    if (!self.ok()) return self.status();
-    manifest["manifest_sha256"] = *self;
-    if (absl::Status s =
-            WriteWholeFile(JoinPath(tmp, kManifestFile), manifest.dump(2) + "\n", true);
-        !s.ok()) {
-      return s;
-    }
-    if (absl::Status s = FsyncPath(tmp); !s.ok()) return s;
-    if (::rename(tmp.c_str(), final_dir.c_str()) != 0) {
-      return FileError(absl::StrCat("rename ", tmp, " to"), final_dir, errno);
-    }
-    return FsyncPath(root);
+    return WriteManifestAndCommit(root, tmp, final_dir, std::move(manifest));
   };
   absl::Status s = write_all();
   if (!s.ok()) {
@@ -430,6 +506,232 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root, const Checkp
     return s;
   }
   return final_dir;
+}
+
+std::string WeightsShardFileName(int shard, int shards) {
+  return absl::StrFormat("weights-%05d-of-%05d.safetensors", shard, shards);
+}
+
+std::string OptimizerShardFileName(int shard, int shards) {
+  return absl::StrFormat("optimizer-%05d-of-%05d.safetensors", shard, shards);
+}
+
+std::vector<int> WeightsShardOfEntries(const ParamLayout& layout, int shards) {
+  std::vector<int> out;
+  const __int128 total = std::max<int64_t>(layout.total(), 1);
+  for (const ParamEntry& e : layout.entries()) {
+    // Twice the midpoint, against twice the total: exact in integers.
+    const __int128 mid2 = 2 * static_cast<__int128>(e.offset) + e.numel;
+    const int shard = static_cast<int>(static_cast<__int128>(shards) * mid2 / (2 * total));
+    out.push_back(std::min(std::max(shard, 0), shards - 1));
+  }
+  return out;
+}
+
+ElementRange WeightsShardRange(const ParamLayout& layout, int shard, int shards) {
+  const std::vector<int> of = WeightsShardOfEntries(layout, shards);
+  ElementRange range{layout.total(), layout.total()};
+  bool any = false;
+  for (size_t i = 0; i < of.size(); ++i) {
+    const ParamEntry& e = layout.entries()[i];
+    if (of[i] == shard) {
+      if (!any) range.begin = e.offset;
+      range.end = e.offset + e.numel;
+      any = true;
+    } else if (of[i] > shard) {
+      if (!any) range = {e.offset, e.offset};
+      break;
+    }
+  }
+  return range;
+}
+
+absl::StatusOr<std::string> BeginShardedCheckpoint(const std::string& root, int64_t step) {
+  if (step < 0) {
+    return absl::InvalidArgumentError(absl::StrCat("BeginShardedCheckpoint: step ", step));
+  }
+  std::error_code ec;
+  fs::create_directories(root, ec);
+  if (ec) return FileError("create folder", root, ec.value());
+  const std::string final_dir = JoinPath(root, CheckpointFolderName(step));
+  if (Exists(final_dir)) {
+    return absl::AlreadyExistsError(absl::StrCat(final_dir, " already exists"));
+  }
+  const std::string tmp = TempFolder(root, step);
+  if (absl::Status s = RemoveTree(tmp); !s.ok()) return s;
+  if (::mkdir(tmp.c_str(), 0755) != 0) return FileError("create folder", tmp, errno);
+  return tmp;
+}
+
+absl::StatusOr<std::vector<CheckpointFile>> WriteCheckpointShard(const std::string& tmp_dir,
+                                                                 const CheckpointShard& c) {
+  if (c.layout == nullptr) {
+    return absl::InvalidArgumentError("WriteCheckpointShard: a layout is required");
+  }
+  if (c.shards < 1 || c.shards > kMaxShards || c.shard < 0 || c.shard >= c.shards) {
+    return absl::InvalidArgumentError(absl::StrCat("WriteCheckpointShard: shard ", c.shard, " of ",
+                                                   c.shards, " (shards must be 1 .. ", kMaxShards,
+                                                   ")"));
+  }
+  const ParamLayout& layout = *c.layout;
+  const ElementRange weights = WeightsShardRange(layout, c.shard, c.shards);
+  const int64_t params_end = c.weights_begin + static_cast<int64_t>(c.params.size());
+  if (c.weights_begin > weights.begin || params_end < weights.end) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("WriteCheckpointShard: params cover elements [", c.weights_begin, ", ",
+                     params_end, "); weights file ", c.shard, " of ", c.shards, " holds [",
+                     weights.begin, ", ", weights.end, ")"));
+  }
+  const int64_t moments_end = c.moments_begin + static_cast<int64_t>(c.m.size());
+  if (c.m.size() != c.v.size() || c.moments_begin < 0 || moments_end > layout.total()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "WriteCheckpointShard: moments of ", c.m.size(), " and ", c.v.size(),
+        " elements from element ", c.moments_begin, " in a layout of ", layout.total()));
+  }
+  const std::string step_text = absl::StrCat(c.step);
+  const std::string shard_text = absl::StrCat(c.shard);
+  const std::string shards_text = absl::StrCat(c.shards);
+  const std::vector<int> of = WeightsShardOfEntries(layout, c.shards);
+  std::vector<TensorToWrite> tensors;
+  for (size_t i = 0; i < of.size(); ++i) {
+    if (of[i] != c.shard) continue;
+    const ParamEntry& e = layout.entries()[i];
+    tensors.push_back(
+        TensorToWrite::F32(e.name, e.shape, c.params.subspan(e.offset - c.weights_begin, e.numel)));
+  }
+  const std::string weights_name = WeightsShardFileName(c.shard, c.shards);
+  if (absl::Status s = WriteSafetensors(JoinPath(tmp_dir, weights_name), tensors,
+                                        {{"format", "pt"},
+                                         {"dattn", "weights-shard"},
+                                         {"step", step_text},
+                                         {"shard", shard_text},
+                                         {"shards", shards_text}},
+                                        /*sync=*/true);
+      !s.ok()) {
+    return s;
+  }
+  const int64_t len = static_cast<int64_t>(c.m.size());
+  const int64_t opt_step = c.optimizer_step;
+  std::vector<TensorToWrite> moments = {
+      TensorToWrite::F32("exp_avg", {len}, c.m), TensorToWrite::F32("exp_avg_sq", {len}, c.v),
+      TensorToWrite{"step",
+                    SafeDtype::kI64,
+                    {},
+                    absl::string_view(reinterpret_cast<const char*>(&opt_step), 8)}};
+  const std::string optimizer_name = OptimizerShardFileName(c.shard, c.shards);
+  if (absl::Status s = WriteSafetensors(JoinPath(tmp_dir, optimizer_name), moments,
+                                        {{"format", "pt"},
+                                         {"dattn", "adamw-shard"},
+                                         {"step", step_text},
+                                         {"shard", shard_text},
+                                         {"shards", shards_text},
+                                         {"begin", absl::StrCat(c.moments_begin)},
+                                         {"end", absl::StrCat(moments_end)},
+                                         {"total", absl::StrCat(layout.total())}},
+                                        /*sync=*/true);
+      !s.ok()) {
+    return s;
+  }
+  std::vector<CheckpointFile> files;
+  for (const std::string& name : {weights_name, optimizer_name}) {
+    absl::StatusOr<CheckpointFile> f = DescribeFile(tmp_dir, name);
+    if (!f.ok()) return f.status();
+    files.push_back(*std::move(f));
+  }
+  return files;
+}
+
+absl::StatusOr<std::string> CommitShardedCheckpoint(const std::string& root,
+                                                    const ShardedCheckpointCommit& c) {
+  if (c.layout == nullptr) {
+    return absl::InvalidArgumentError("CommitShardedCheckpoint: a layout is required");
+  }
+  if (c.shards < 1 || c.shards > kMaxShards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("CommitShardedCheckpoint: ", c.shards, " shards (1 .. ", kMaxShards, ")"));
+  }
+  if (absl::Status s =
+          CheckCommonContents(c.model_config_json, c.trainer, "CommitShardedCheckpoint");
+      !s.ok()) {
+    return s;
+  }
+  // Exactly the files the shards write, each once.
+  std::set<std::string> expected;
+  for (int r = 0; r < c.shards; ++r) {
+    expected.insert(WeightsShardFileName(r, c.shards));
+    expected.insert(OptimizerShardFileName(r, c.shards));
+  }
+  std::set<std::string> given;
+  for (const CheckpointFile& f : c.shard_files) {
+    if (!expected.count(f.name) || !given.insert(f.name).second) {
+      return absl::InvalidArgumentError(absl::StrCat("CommitShardedCheckpoint: file \"", f.name,
+                                                     "\" is not one of the ", c.shards,
+                                                     " shards' files, or is listed twice"));
+    }
+  }
+  if (given.size() != expected.size()) {
+    for (const std::string& name : expected) {
+      if (!given.count(name)) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("CommitShardedCheckpoint: no digest of ", name));
+      }
+    }
+  }
+  const std::string tmp = TempFolder(root, c.trainer.step);
+  const std::string final_dir = JoinPath(root, CheckpointFolderName(c.trainer.step));
+  if (Exists(final_dir)) {
+    return absl::AlreadyExistsError(absl::StrCat(final_dir, " already exists"));
+  }
+  // The index of the weights, as Hugging Face's model.safetensors.index.json.
+  Json weight_map = Json::object();
+  const std::vector<int> of = WeightsShardOfEntries(*c.layout, c.shards);
+  for (size_t i = 0; i < of.size(); ++i) {
+    weight_map[c.layout->entries()[i].name] = WeightsShardFileName(of[i], c.shards);
+  }
+  const Json index = {{"metadata", {{"total_size", c.layout->total() * 4}}},
+                      {"weight_map", weight_map}};
+  if (absl::Status s = WriteWholeFile(JoinPath(tmp, kWeightsIndexFile), index.dump(2) + "\n", true);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s = WriteWholeFile(JoinPath(tmp, kConfigFile), c.model_config_json, true);
+      !s.ok()) {
+    return s;
+  }
+  if (absl::Status s =
+          WriteWholeFile(JoinPath(tmp, kTrainerStateFile), TrainerStateToJson(c.trainer), true);
+      !s.ok()) {
+    return s;
+  }
+  Json files = Json::array();
+  for (int r = 0; r < c.shards; ++r) {
+    for (const std::string& name :
+         {WeightsShardFileName(r, c.shards), OptimizerShardFileName(r, c.shards)}) {
+      for (const CheckpointFile& f : c.shard_files) {
+        if (f.name == name) {
+          files.push_back(Json{{"name", f.name}, {"bytes", f.bytes}, {"sha256", f.sha256}});
+        }
+      }
+    }
+  }
+  for (const char* name : {kWeightsIndexFile, kConfigFile, kTrainerStateFile}) {
+    absl::StatusOr<CheckpointFile> f = DescribeFile(tmp, name);
+    if (!f.ok()) return f.status();
+    files.push_back(Json{{"name", f->name}, {"bytes", f->bytes}, {"sha256", f->sha256}});
+  }
+  Json manifest = {{"format", kManifestFormat},
+                   {"version", kShardedManifestVersion},
+                   {"step", c.trainer.step},
+                   {"world", c.shards},
+                   {"files", files}};
+  if (absl::Status s = WriteManifestAndCommit(root, tmp, final_dir, std::move(manifest)); !s.ok()) {
+    return s;
+  }
+  return final_dir;
+}
+
+absl::Status AbortShardedCheckpoint(const std::string& root, int64_t step) {
+  return RemoveTree(TempFolder(root, step));
 }
 
 absl::StatusOr<Checkpoint> Checkpoint::Open(const std::string& dir, bool verify_checksums) {
@@ -468,44 +770,37 @@ absl::StatusOr<Checkpoint> Checkpoint::Open(const std::string& dir, bool verify_
   if (format != kManifestFormat) return mf.Bad("format", absl::StrCat("is \"", format, "\""));
   int64_t version;
   DATTN_ASSIGN(version, mf.Int("version"));
-  if (version != kManifestVersion) {
-    return absl::FailedPreconditionError(absl::StrCat(
-        manifest_path, ": checkpoint version ", version, ", this build reads ", kManifestVersion));
+  if (version != kManifestVersion && version != kShardedManifestVersion) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(manifest_path, ": checkpoint version ", version, ", this build reads ",
+                     kManifestVersion, " and ", kShardedManifestVersion));
   }
   const Json* files;
   DATTN_ASSIGN(files, mf.Get("files"));
   if (!files->is_array()) return mf.Bad("files", "is not a list");
-  for (const char* file : kDataFiles) {
-    const Json* entry = nullptr;
-    for (const Json& f : *files) {
-      if (f.is_object() && f.contains("name") && f["name"] == file) entry = &f;
+  int64_t world = 1;
+  if (version == kShardedManifestVersion) {
+    DATTN_ASSIGN(world, mf.Int("world"));
+    if (world < 1 || world > kMaxShards) {
+      return mf.Bad("world", absl::StrCat("is ", world, ", not in 1 .. ", kMaxShards));
     }
-    if (entry == nullptr) {
-      return absl::DataLossError(absl::StrCat(manifest_path, " does not list ", file));
+  }
+  std::vector<std::string> required;
+  if (version == kManifestVersion) {
+    for (const char* file : kDataFiles) required.push_back(file);
+  } else {
+    for (int r = 0; r < world; ++r) {
+      required.push_back(WeightsShardFileName(r, static_cast<int>(world)));
+      required.push_back(OptimizerShardFileName(r, static_cast<int>(world)));
     }
-    Fields ff(*entry, manifest_path, absl::StrCat("files[", file, "]."));
-    int64_t bytes;
-    DATTN_ASSIGN(bytes, ff.Int("bytes"));
-    std::string sha;
-    DATTN_ASSIGN(sha, ff.String("sha256"));
-    const std::string path = JoinPath(dir, file);
-    struct stat fst;
-    if (::stat(path.c_str(), &fst) != 0) {
-      if (errno == ENOENT) return absl::DataLossError(absl::StrCat(path, " is missing"));
-      return absl::DataLossError(FileError("stat", path, errno).message());
+    for (const char* file : {kWeightsIndexFile, kConfigFile, kTrainerStateFile}) {
+      required.push_back(file);
     }
-    if (static_cast<int64_t>(fst.st_size) != bytes) {
-      return absl::DataLossError(absl::StrCat(path, " is ", static_cast<int64_t>(fst.st_size),
-                                              " bytes, the manifest says ", bytes,
-                                              fst.st_size < bytes ? " (truncated)" : " (grown)"));
-    }
-    if (verify_checksums) {
-      absl::StatusOr<std::string> digest = Sha256FileHex(path);
-      if (!digest.ok()) return digest.status();
-      if (*digest != sha) {
-        return absl::DataLossError(absl::StrCat(
-            path, ": SHA-256 is ", *digest, ", the manifest says ", sha, " (the file is corrupt)"));
-      }
+  }
+  for (const std::string& file : required) {
+    if (absl::Status s = VerifyListedFile(dir, manifest_path, *files, file, verify_checksums);
+        !s.ok()) {
+      return s;
     }
   }
 
@@ -528,15 +823,156 @@ absl::StatusOr<Checkpoint> Checkpoint::Open(const std::string& dir, bool verify_
     return absl::DataLossError(absl::StrCat(manifest_path, ": step ", manifest_step, " but ",
                                             state_path, " says ", ck.trainer_.step));
   }
-  DATTN_ASSIGN(ck.weights_, SafetensorsFile::Open(JoinPath(dir, kWeightsFile)));
-  DATTN_ASSIGN(ck.optimizer_, SafetensorsFile::Open(JoinPath(dir, kOptimizerFile)));
-  absl::StatusOr<const SafeTensorInfo*> step = ck.optimizer_.Find("step");
-  if (!step.ok() || (*step)->dtype != SafeDtype::kI64 || !(*step)->shape.empty()) {
-    return absl::DataLossError(
-        absl::StrCat(ck.optimizer_.name(), ": no tensor \"step\" (an I64 scalar)"));
+  ck.version_ = static_cast<int>(version);
+  ck.world_ = static_cast<int>(world);
+  if (version == kShardedManifestVersion) {
+    if (absl::Status s = ck.OpenV2(world); !s.ok()) return s;
+    return ck;
   }
-  std::memcpy(&ck.optimizer_step_, ck.optimizer_.Data(**step).data(), 8);
+  ck.weights_.resize(1);
+  ck.optimizer_.resize(1);
+  DATTN_ASSIGN(ck.weights_[0], SafetensorsFile::Open(JoinPath(dir, kWeightsFile)));
+  DATTN_ASSIGN(ck.optimizer_[0], SafetensorsFile::Open(JoinPath(dir, kOptimizerFile)));
+  const SafetensorsFile& opt = ck.optimizer_[0];
+  absl::StatusOr<const SafeTensorInfo*> step = opt.Find("step");
+  if (!step.ok() || (*step)->dtype != SafeDtype::kI64 || !(*step)->shape.empty()) {
+    return absl::DataLossError(absl::StrCat(opt.name(), ": no tensor \"step\" (an I64 scalar)"));
+  }
+  std::memcpy(&ck.optimizer_step_, opt.Data(**step).data(), 8);
   return ck;
+}
+
+absl::Status Checkpoint::OpenV2(int64_t world) {
+  const int shards = static_cast<int>(world);
+  // The weights files and their index: every tensor of the files in the index, mapped to the file
+  // that holds it, and nothing else in the index.
+  std::map<std::string, int> holder;  // Tensor name -> file.
+  for (int r = 0; r < shards; ++r) {
+    absl::StatusOr<SafetensorsFile> f =
+        SafetensorsFile::Open(JoinPath(dir_, WeightsShardFileName(r, shards)));
+    if (!f.ok()) return f.status();
+    for (const SafeTensorInfo& t : f->tensors()) {
+      if (!holder.emplace(t.name, r).second) {
+        return absl::DataLossError(absl::StrCat(f->name(), ": tensor \"", t.name, "\" is also in ",
+                                                WeightsShardFileName(holder[t.name], shards)));
+      }
+    }
+    weights_.push_back(*std::move(f));
+  }
+  const std::string index_path = JoinPath(dir_, kWeightsIndexFile);
+  absl::StatusOr<std::string> index_text = ReadSmallFile(index_path, kMaxJsonFile);
+  if (!index_text.ok()) return absl::DataLossError(index_text.status().message());
+  absl::StatusOr<Json> index = ParseJson(*index_text, index_path);
+  if (!index.ok()) return index.status();
+  Fields fi(*index, index_path);
+  const Json* weight_map;
+  DATTN_ASSIGN(weight_map, fi.Get("weight_map"));
+  if (!weight_map->is_object()) return fi.Bad("weight_map", "is not an object");
+  for (auto it = weight_map->begin(); it != weight_map->end(); ++it) {
+    auto held = holder.find(it.key());
+    if (held == holder.end()) {
+      return absl::DataLossError(
+          absl::StrCat(index_path, ": tensor \"", it.key(), "\" is in no weights file"));
+    }
+    const std::string file = WeightsShardFileName(held->second, shards);
+    if (!it.value().is_string() || it.value().get<std::string>() != file) {
+      return absl::DataLossError(absl::StrCat(index_path, ": tensor \"", it.key(), "\" maps to ",
+                                              it.value().dump(), ", it is in ", file));
+    }
+  }
+  if (weight_map->size() != holder.size()) {
+    for (const auto& [name, r] : holder) {
+      if (!weight_map->contains(name)) {
+        return absl::DataLossError(absl::StrCat(index_path, ": tensor \"", name, "\" of ",
+                                                WeightsShardFileName(r, shards),
+                                                " is not in the index"));
+      }
+    }
+  }
+  // The optimizer shards: consecutive ranges tiling [0, total), one update count.
+  int64_t next = 0;
+  for (int r = 0; r < shards; ++r) {
+    absl::StatusOr<SafetensorsFile> f =
+        SafetensorsFile::Open(JoinPath(dir_, OptimizerShardFileName(r, shards)));
+    if (!f.ok()) return f.status();
+    int64_t begin, end, total;
+    DATTN_ASSIGN(begin, MetadataInt(*f, "begin"));
+    DATTN_ASSIGN(end, MetadataInt(*f, "end"));
+    DATTN_ASSIGN(total, MetadataInt(*f, "total"));
+    if (begin != next || end < begin || (r > 0 && total != moments_total_) ||
+        (r == shards - 1 && end != total)) {
+      return absl::DataLossError(
+          absl::StrCat(f->name(), ": elements [", begin, ", ", end, ") of ", total,
+                       " do not continue the shards before it (which end at ", next, ")"));
+    }
+    moments_total_ = total;
+    next = end;
+    for (const char* name : {"exp_avg", "exp_avg_sq"}) {
+      absl::StatusOr<const SafeTensorInfo*> t = f->Find(name);
+      if (!t.ok() || (*t)->dtype != SafeDtype::kF32 ||
+          (*t)->shape != std::vector<int64_t>{end - begin}) {
+        return absl::DataLossError(
+            absl::StrCat(f->name(), ": no tensor \"", name, "\" of F32[", end - begin, "]"));
+      }
+    }
+    absl::StatusOr<const SafeTensorInfo*> step = f->Find("step");
+    if (!step.ok() || (*step)->dtype != SafeDtype::kI64 || !(*step)->shape.empty()) {
+      return absl::DataLossError(absl::StrCat(f->name(), ": no tensor \"step\" (an I64 scalar)"));
+    }
+    int64_t updates;
+    std::memcpy(&updates, f->Data(**step).data(), 8);
+    if (r > 0 && updates != optimizer_step_) {
+      return absl::DataLossError(absl::StrCat(f->name(), ": step ", updates, ", ",
+                                              OptimizerShardFileName(0, shards), " says ",
+                                              optimizer_step_));
+    }
+    optimizer_step_ = updates;
+    moment_ranges_.push_back({begin, end});
+    optimizer_.push_back(*std::move(f));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Checkpoint::CheckWeights(const ParamLayout& layout) const {
+  if (version_ == kManifestVersion) return CheckAgainstLayout(weights_[0], layout, {""}, {});
+  const std::string index = JoinPath(dir_, kWeightsIndexFile);
+  for (const ParamEntry& e : layout.entries()) {
+    const SafeTensorInfo* info = nullptr;
+    const SafetensorsFile* file = nullptr;
+    for (const SafetensorsFile& f : weights_) {
+      absl::StatusOr<const SafeTensorInfo*> t = f.Find(e.name);
+      if (t.ok()) {
+        info = *t;
+        file = &f;
+        break;
+      }
+    }
+    if (info == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(index, ": no tensor \"", e.name, "\", which the model's layout has"));
+    }
+    if (info->shape != e.shape) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(file->name(), ": tensor \"", e.name, "\" has shape ",
+                       ShapeString(info->shape), ", the model's layout ", ShapeString(e.shape)));
+    }
+    if (info->dtype != SafeDtype::kF32) {
+      return absl::FailedPreconditionError(absl::StrCat(file->name(), ": tensor \"", e.name,
+                                                        "\" is ", SafeDtypeName(info->dtype),
+                                                        ", expected F32"));
+    }
+  }
+  std::set<std::string> names;
+  for (const ParamEntry& e : layout.entries()) names.insert(e.name);
+  for (const SafetensorsFile& f : weights_) {
+    for (const SafeTensorInfo& t : f.tensors()) {
+      if (!names.count(t.name)) {
+        return absl::FailedPreconditionError(
+            absl::StrCat(f.name(), ": tensor \"", t.name, "\" is not in the model's layout"));
+      }
+    }
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Checkpoint::ReadWeights(const ParamLayout& layout, int64_t begin,
@@ -544,8 +980,24 @@ absl::Status Checkpoint::ReadWeights(const ParamLayout& layout, int64_t begin,
   if (absl::Status s = CheckRange(layout, begin, static_cast<int64_t>(out.size())); !s.ok()) {
     return s;
   }
-  if (absl::Status s = CheckAgainstLayout(weights_, layout, {""}, {}); !s.ok()) return s;
-  CopyRange(weights_, layout, "", begin, out);
+  if (absl::Status s = CheckWeights(layout); !s.ok()) return s;
+  if (version_ == kManifestVersion) {
+    CopyRange(weights_[0], layout, "", begin, out);
+    return absl::OkStatus();
+  }
+  const int64_t end = begin + static_cast<int64_t>(out.size());
+  for (const ParamEntry& e : layout.entries()) {
+    const int64_t lo = std::max(begin, e.offset);
+    const int64_t hi = std::min(end, e.offset + e.numel);
+    if (lo >= hi) continue;
+    for (const SafetensorsFile& f : weights_) {
+      absl::StatusOr<const SafeTensorInfo*> info = f.Find(e.name);
+      if (!info.ok()) continue;
+      const char* src = f.Data(**info).data() + (lo - e.offset) * 4;
+      std::memcpy(out.data() + (lo - begin), src, static_cast<size_t>(hi - lo) * 4);
+      break;
+    }
+  }
   return absl::OkStatus();
 }
 
@@ -558,13 +1010,36 @@ absl::Status Checkpoint::ReadMoments(const ParamLayout& layout, int64_t begin, a
   if (absl::Status s = CheckRange(layout, begin, static_cast<int64_t>(m.size())); !s.ok()) {
     return s;
   }
-  if (absl::Status s =
-          CheckAgainstLayout(optimizer_, layout, {"exp_avg.", "exp_avg_sq."}, {"step"});
-      !s.ok()) {
-    return s;
+  if (version_ == kManifestVersion) {
+    if (absl::Status s =
+            CheckAgainstLayout(optimizer_[0], layout, {"exp_avg.", "exp_avg_sq."}, {"step"});
+        !s.ok()) {
+      return s;
+    }
+    CopyRange(optimizer_[0], layout, "exp_avg.", begin, m);
+    CopyRange(optimizer_[0], layout, "exp_avg_sq.", begin, v);
+    return absl::OkStatus();
   }
-  CopyRange(optimizer_, layout, "exp_avg.", begin, m);
-  CopyRange(optimizer_, layout, "exp_avg_sq.", begin, v);
+  // The moments are flat: the layout must have their total (and the weights its tensors).
+  if (moments_total_ != layout.total()) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(optimizer_[0].name(), ": moments of ", moments_total_,
+                     " elements, the model's layout has ", layout.total()));
+  }
+  if (absl::Status s = CheckWeights(layout); !s.ok()) return s;
+  const int64_t end = begin + static_cast<int64_t>(m.size());
+  for (size_t r = 0; r < optimizer_.size(); ++r) {
+    const ElementRange& range = moment_ranges_[r];
+    const int64_t lo = std::max(begin, range.begin);
+    const int64_t hi = std::min(end, range.end);
+    if (lo >= hi) continue;
+    const SafetensorsFile& f = optimizer_[r];
+    const size_t bytes = static_cast<size_t>(hi - lo) * 4;
+    std::memcpy(m.data() + (lo - begin),
+                f.Data(**f.Find("exp_avg")).data() + (lo - range.begin) * 4, bytes);
+    std::memcpy(v.data() + (lo - begin),
+                f.Data(**f.Find("exp_avg_sq")).data() + (lo - range.begin) * 4, bytes);
+  }
   return absl::OkStatus();
 }
 

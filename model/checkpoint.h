@@ -1,7 +1,10 @@
 // Checkpoints: everything a trainer needs to continue bit for bit, in one folder, written
-// atomically and verified when read.
+// atomically and verified when read. Two versions of the folder: version 1, written by one process
+// (SaveCheckpoint), and version 2, sharded, written by the W ranks of a data-parallel run together
+// (BeginShardedCheckpoint, WriteCheckpointShard, CommitShardedCheckpoint). Checkpoint::Open reads
+// both, and reads any element range of either, so a run resumes on another number of ranks.
 //
-// Layout. <root>/step-<step, zero-padded to 8 digits>/ holds
+// Version 1. <root>/step-<step, zero-padded to 8 digits>/ holds
 //   weights.safetensors    one F32 tensor per ParamLayout entry, named and shaped as the entry
 //                          (metadata: "format": "pt", "dattn": "weights", "step"). Loadable as is
 //                          by safetensors.torch.load_file / safe_open.
@@ -18,11 +21,41 @@
 //                          (Python: json.dumps(m, sort_keys=True, separators=(",", ":"))), so a
 //                          damaged manifest is told apart from a damaged file it lists.
 //
+// Version 2 (sharded; W ranks, r = 0 .. W-1, both numbers zero-padded to 5 digits). The same
+// folder name, with
+//   weights-<r>-of-<W>.safetensors    whole tensors of the ParamLayout, split between W files by
+//                          bytes: entry e goes to file floor(W * (e.offset + e.numel / 2) / total)
+//                          (WeightsShardOfEntries), so every tensor is in exactly one file, a file
+//                          holds consecutive entries (WeightsShardRange) and the files' sizes are
+//                          balanced to within a tensor (a file may hold none). Each is a plain
+//                          safetensors file (metadata "format": "pt", "dattn": "weights-shard",
+//                          "step", "shard", "shards"): safetensors.torch.load_file loads it.
+//   weights.safetensors.index.json    Hugging Face's index of sharded weights (as
+//                          model.safetensors.index.json): {"metadata": {"total_size": bytes of all
+//                          tensors}, "weight_map": {tensor name: file name}}.
+//   optimizer-<r>-of-<W>.safetensors  rank r's ZeRO-1 shard of AdamW: "exp_avg" and "exp_avg_sq",
+//                          F32 vectors of elements [begin, end) of the flat buffer (ShardRanges(
+//                          total, W)[r], collective.h), and "step" (I64 scalar: updates applied);
+//                          metadata "begin", "end", "total" (decimal strings), "format": "pt",
+//                          "dattn": "adamw-shard", "step", "shard", "shards".
+//   config.json, trainer_state.json   as in version 1.
+//   MANIFEST.json          written last: version 2, "world": W, and "files" listing every file
+//                          above (name, bytes, sha256), with manifest_sha256 as in version 1.
+// Open checks, besides every listed file's size and SHA-256: the index maps exactly the tensors of
+// the weights files, each to the file that holds it; the optimizer shards tile [0, total) in
+// order and agree on "step". A shard missing, truncated or bit-flipped is DATA_LOSS naming it.
+//
 // Atomic save. Files are written into <root>/.step-<step>.tmp (removed first if a crashed save left
 // it), each fsynced; the manifest last; then the folder is fsynced, renamed to step-<step>, and
 // <root> fsynced. A crash at any point leaves either no step-<step> folder or a complete one.
 // One process writes checkpoints under a root at a time (the temporary name is per step, not per
-// process).
+// process). A sharded save is the same with W writers in three parts: rank 0
+// BeginShardedCheckpoint (the temporary folder), then every rank WriteCheckpointShard (its two
+// files, in parallel; the folder is shared by the ranks, e.g. a network file system), then rank 0
+// CommitShardedCheckpoint with every rank's file digests (the index, config, trainer state and the
+// manifest, fsync, rename). The caller (trainer.h) orders the parts with its collective (a barrier
+// after the first, an all-gather of the digests after the second) and calls
+// AbortShardedCheckpoint when a rank failed.
 //
 // Verified load. Checkpoint::Open reads the manifest, checks its own checksum, then checks every
 // listed file: present, exactly the listed size, and (verify_checksums) the listed SHA-256; then
@@ -37,7 +70,8 @@
 //                        header, a trainer state missing a field).
 //   FAILED_PRECONDITION  an intact checkpoint that does not fit: a manifest version this build
 //                        cannot read, or tensors that differ from the given layout (a missing or
-//                        extra tensor, another shape, another dtype).
+//                        extra tensor, another shape, another dtype; version 2's moments: another
+//                        total).
 //   INVALID_ARGUMENT     a bad argument (a span of the wrong length, a range outside the layout).
 //
 // Threads: SaveCheckpoint, ListCheckpoints, LatestCheckpoint and PruneCheckpoints may be called
@@ -69,6 +103,11 @@ inline constexpr char kOptimizerFile[] = "optimizer.safetensors";
 inline constexpr char kConfigFile[] = "config.json";
 inline constexpr char kTrainerStateFile[] = "trainer_state.json";
 inline constexpr char kManifestFile[] = "MANIFEST.json";
+inline constexpr char kWeightsIndexFile[] = "weights.safetensors.index.json";
+
+// Version 2's file names: "weights-00001-of-00004.safetensors" is rank 1's of 4.
+std::string WeightsShardFileName(int shard, int shards);
+std::string OptimizerShardFileName(int shard, int shards);
 
 // What the trainer needs besides the tensors. Stored as trainer_state.json.
 struct TrainerState {
@@ -104,23 +143,106 @@ struct CheckpointContents {
 absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
                                            const CheckpointContents& contents);
 
+// ---- Sharded save (version 2) ----
+
+// The weights file of each layout entry in a checkpoint of `shards` files (in entry order): entry
+// e goes to floor(shards * (e.offset + e.numel / 2) / total). Non-decreasing. shards >= 1.
+std::vector<int> WeightsShardOfEntries(const ParamLayout& layout, int shards);
+// The elements of the flat buffer that weights file `shard` holds: its entries are consecutive, so
+// this is one range (empty, at the next entry's offset, when it holds none).
+struct ElementRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+ElementRange WeightsShardRange(const ParamLayout& layout, int shard, int shards);
+
+// A file of a checkpoint as the manifest lists it.
+struct CheckpointFile {
+  std::string name;  // Inside the step folder.
+  int64_t bytes = 0;
+  std::string sha256;  // Lower-case hex.
+};
+
+// What one rank writes. Views: nothing is owned.
+struct CheckpointShard {
+  const ParamLayout* layout = nullptr;
+  int shard = 0;   // This rank, in [0, shards).
+  int shards = 1;  // W.
+  int64_t step = 0;
+  // params[i] is element weights_begin + i of the flat buffer; it covers at least
+  // WeightsShardRange(*layout, shard, shards).
+  int64_t weights_begin = 0;
+  absl::Span<const float> params;
+  // This rank's AdamW moments: elements [moments_begin, moments_begin + m.size()) of the flat
+  // buffers (ShardRanges(total, shards)[shard] in the trainer), and the updates applied.
+  int64_t moments_begin = 0;
+  absl::Span<const float> m;
+  absl::Span<const float> v;
+  int64_t optimizer_step = 0;
+};
+
+// Rank 0, first: creates <root> if missing and the temporary folder <root>/.step-<step>.tmp
+// (removing one a crashed save left), and returns its path. ALREADY_EXISTS when step-<step>
+// exists; INVALID_ARGUMENT for a negative step; file-system errors naming the path.
+absl::StatusOr<std::string> BeginShardedCheckpoint(const std::string& root, int64_t step);
+
+// Every rank, once the temporary folder exists: writes WeightsShardFileName(shard, shards) and
+// OptimizerShardFileName(shard, shards) into `tmp_dir`, each fsynced, and returns the two files
+// with their sizes and SHA-256. INVALID_ARGUMENT for a null layout, a shard outside [0, shards),
+// spans that do not cover what they must or lie outside the layout, m and v of different sizes;
+// file-system errors naming the path.
+absl::StatusOr<std::vector<CheckpointFile>> WriteCheckpointShard(const std::string& tmp_dir,
+                                                                 const CheckpointShard& shard);
+
+// What rank 0 commits. `shard_files` are every rank's files (WriteCheckpointShard's results, in
+// any order); the layout gives the index.
+struct ShardedCheckpointCommit {
+  const ParamLayout* layout = nullptr;
+  int shards = 1;
+  std::string model_config_json;  // Any JSON text; stored verbatim.
+  TrainerState trainer;
+  std::vector<CheckpointFile> shard_files;
+};
+
+// Rank 0, last, once every rank's WriteCheckpointShard returned: writes the index, config.json,
+// trainer_state.json and MANIFEST.json (version 2) into <root>/.step-<step>.tmp, fsyncs it,
+// renames it to step-<step>, fsyncs <root>, and returns the final path. INVALID_ARGUMENT as
+// SaveCheckpoint's for the config and extra, and when shard_files is not exactly the 2 x shards
+// files the shards write; file-system errors naming the path (the temporary folder is left for
+// AbortShardedCheckpoint or the next save to remove).
+absl::StatusOr<std::string> CommitShardedCheckpoint(const std::string& root,
+                                                    const ShardedCheckpointCommit& commit);
+
+// Removes <root>/.step-<step>.tmp (after a rank failed); OK when there is none.
+absl::Status AbortShardedCheckpoint(const std::string& root, int64_t step);
+
 class Checkpoint {
  public:
   // Opens and verifies the checkpoint folder `dir` (see above).
   static absl::StatusOr<Checkpoint> Open(const std::string& dir, bool verify_checksums = true);
 
   const std::string& dir() const { return dir_; }
+  // The manifest's version (1: one process's files; 2: sharded) and, for version 2, the number of
+  // ranks that wrote it (1 for version 1).
+  int version() const { return version_; }
+  int world() const { return world_; }
   int64_t step() const { return trainer_.step; }
   const std::string& model_config_json() const { return config_; }
   const TrainerState& trainer_state() const { return trainer_; }
   int64_t optimizer_step() const { return optimizer_step_; }
-  const SafetensorsFile& weights_file() const { return weights_; }
+  // The weights files: version 1's weights.safetensors, or version 2's shards in order.
+  const std::vector<SafetensorsFile>& weights_files() const { return weights_; }
+  // The first of them (version 1: the only one).
+  const SafetensorsFile& weights_file() const { return weights_.front(); }
 
   // Copies elements [begin, begin + out.size()) of the flat parameter buffer `layout` describes
-  // (a data-parallel rank may read only its shard). The whole file is first checked against the
-  // layout, so nothing is copied from a checkpoint that does not fit.
+  // (a data-parallel rank may read only its shard), from whichever files hold them (version 2:
+  // across shard files, whatever the number of ranks reading). Every weights tensor is first
+  // checked against the layout, so nothing is copied from a checkpoint that does not fit.
   absl::Status ReadWeights(const ParamLayout& layout, int64_t begin, absl::Span<float> out) const;
-  // The same for AdamW's two moments (m and v cover the same elements).
+  // The same for AdamW's two moments (m and v cover the same elements); version 2 reads the
+  // ranges of the optimizer shards that overlap [begin, begin + m.size()).
   absl::Status ReadMoments(const ParamLayout& layout, int64_t begin, absl::Span<float> m,
                            absl::Span<float> v) const;
   // Everything for a single process: the weights into `params` (layout.total() elements) and
@@ -130,12 +252,20 @@ class Checkpoint {
 
  private:
   Checkpoint() = default;
+  absl::Status CheckWeights(const ParamLayout& layout) const;
+  absl::Status OpenV2(int64_t world);
+
   std::string dir_;
+  int version_ = 1;
+  int world_ = 1;
   std::string config_;
   TrainerState trainer_;
   int64_t optimizer_step_ = 0;
-  SafetensorsFile weights_;
-  SafetensorsFile optimizer_;
+  std::vector<SafetensorsFile> weights_;    // Version 1: one; version 2: one per rank.
+  std::vector<SafetensorsFile> optimizer_;  // Likewise.
+  // Version 2: the optimizer shards' ranges of the flat buffer (tiling [0, moments_total_)).
+  std::vector<ElementRange> moment_ranges_;
+  int64_t moments_total_ = 0;
 };
 
 // A step folder under a root.

@@ -393,6 +393,240 @@ TEST(CheckpointTest, CrashedSaveLeavesNoCheckpoint) {
   EXPECT_TRUE(Checkpoint::Open(root + "/step-00000007").ok());
 }
 
+// ---- Version 2: sharded ----
+
+// Five entries of different sizes, so that shards hold different numbers of tensors.
+ParamLayout ShardedLayout() {
+  ParamLayout layout;
+  EXPECT_TRUE(layout.Add("embed.weight", {16, 4}).ok());
+  EXPECT_TRUE(layout.Add("blocks.0.ln.weight", {4}).ok());
+  EXPECT_TRUE(layout.Add("blocks.0.mlp.weight", {4, 8}).ok());
+  EXPECT_TRUE(layout.Add("blocks.1.mlp.weight", {8, 4}).ok());
+  EXPECT_TRUE(layout.Add("final.bias", {3}).ok());
+  return layout;
+}
+
+// What W ranks write, each its part (as the trainer does, one after another here).
+absl::StatusOr<std::string> SaveSharded(const std::string& root, const Saved& s,
+                                        const ParamLayout& layout, int world) {
+  absl::StatusOr<std::string> tmp = BeginShardedCheckpoint(root, s.trainer.step);
+  if (!tmp.ok()) return tmp.status();
+  ShardedCheckpointCommit commit;
+  commit.layout = &layout;
+  commit.shards = world;
+  commit.model_config_json = s.config;
+  commit.trainer = s.trainer;
+  const int64_t total = layout.total();
+  for (int r = 0; r < world; ++r) {
+    CheckpointShard shard;
+    shard.layout = &layout;
+    shard.shard = r;
+    shard.shards = world;
+    shard.step = s.trainer.step;
+    const ElementRange w = WeightsShardRange(layout, r, world);
+    shard.weights_begin = w.begin;
+    shard.params = absl::MakeConstSpan(s.params).subspan(w.begin, w.size());
+    const int64_t begin = total * r / world, end = total * (r + 1) / world;
+    shard.moments_begin = begin;
+    shard.m = absl::MakeConstSpan(s.state.m).subspan(begin, end - begin);
+    shard.v = absl::MakeConstSpan(s.state.v).subspan(begin, end - begin);
+    shard.optimizer_step = s.state.step;
+    absl::StatusOr<std::vector<CheckpointFile>> files = WriteCheckpointShard(*tmp, shard);
+    if (!files.ok()) return files.status();
+    commit.shard_files.insert(commit.shard_files.end(), files->begin(), files->end());
+  }
+  return CommitShardedCheckpoint(root, commit);
+}
+
+Saved MakeShardedSaved(int64_t step) {
+  Saved s = MakeSaved(step);
+  s.layout = ShardedLayout();
+  s.params = Random(s.layout.total(), 11);
+  s.state.m = Random(s.layout.total(), 12);
+  s.state.v = Random(s.layout.total(), 13);
+  return s;
+}
+
+uint32_t Bits(float x) {
+  uint32_t b;
+  std::memcpy(&b, &x, 4);
+  return b;
+}
+
+bool SameBits(absl::Span<const float> a, absl::Span<const float> b) {
+  if (a.size() != b.size()) return false;
+  for (size_t i = 0; i < a.size(); ++i) {
+    if (Bits(a[i]) != Bits(b[i])) return false;
+  }
+  return true;
+}
+
+TEST(CheckpointTest, ShardsSplitWholeTensorsBalancedByBytes) {
+  const ParamLayout layout = ShardedLayout();  // 64, 4, 32, 32, 3 elements: 135.
+  EXPECT_EQ(WeightsShardOfEntries(layout, 1), (std::vector<int>{0, 0, 0, 0, 0}));
+  // Midpoints 32, 66, 84, 116, 133.5 of 135.
+  EXPECT_EQ(WeightsShardOfEntries(layout, 2), (std::vector<int>{0, 0, 1, 1, 1}));
+  EXPECT_EQ(WeightsShardOfEntries(layout, 3), (std::vector<int>{0, 1, 1, 2, 2}));
+  // More files than the entries' midpoints reach: empty files, at the next entry.
+  EXPECT_EQ(WeightsShardOfEntries(layout, 8), (std::vector<int>{1, 3, 4, 6, 7}));
+  const ElementRange empty = WeightsShardRange(layout, 2, 8);
+  EXPECT_EQ(empty.begin, 64);
+  EXPECT_EQ(empty.size(), 0);
+  EXPECT_EQ(WeightsShardRange(layout, 0, 8).begin, 0);
+  EXPECT_EQ(WeightsShardRange(layout, 0, 8).size(), 0);
+  const ElementRange last = WeightsShardRange(layout, 2, 3);
+  EXPECT_EQ(last.begin, 100);
+  EXPECT_EQ(last.end, 135);
+  EXPECT_EQ(WeightsShardFileName(3, 4), "weights-00003-of-00004.safetensors");
+  EXPECT_EQ(OptimizerShardFileName(0, 12), "optimizer-00000-of-00012.safetensors");
+}
+
+TEST(CheckpointTest, ShardedSaveReadsBackAnyRange) {
+  for (int world : {2, 3, 8}) {
+    SCOPED_TRACE(world);
+    const std::string root = TempPath("ckpt_sharded_" + std::to_string(world));
+    fs::remove_all(root);
+    const Saved s = MakeShardedSaved(5);
+    absl::StatusOr<std::string> dir = SaveSharded(root, s, s.layout, world);
+    ASSERT_TRUE(dir.ok()) << dir.status();
+    EXPECT_EQ(*dir, root + "/step-00000005");
+    EXPECT_FALSE(fs::exists(root + "/.step-00000005.tmp"));
+    absl::StatusOr<Checkpoint> ck = Checkpoint::Open(*dir);
+    ASSERT_TRUE(ck.ok()) << ck.status();
+    EXPECT_EQ(ck->version(), 2);
+    EXPECT_EQ(ck->world(), world);
+    EXPECT_EQ(ck->step(), 5);
+    EXPECT_EQ(ck->optimizer_step(), 4);
+    EXPECT_EQ(ck->model_config_json(), s.config);
+    EXPECT_EQ(ck->trainer_state().sampler, s.trainer.sampler);
+    EXPECT_EQ(static_cast<int>(ck->weights_files().size()), world);
+    // Every tensor is in exactly one file, and every file opens alone.
+    size_t tensors = 0;
+    for (const SafetensorsFile& f : ck->weights_files()) {
+      tensors += f.tensors().size();
+      EXPECT_EQ(f.metadata().at("format"), "pt");
+      EXPECT_TRUE(SafetensorsFile::Open(f.name()).ok());
+    }
+    EXPECT_EQ(tensors, s.layout.entries().size());
+    // Everything, as one process resumes.
+    std::vector<float> params(s.layout.total());
+    AdamWState state;
+    ASSERT_TRUE(ck->Restore(s.layout, absl::MakeSpan(params), &state).ok());
+    EXPECT_TRUE(SameBits(params, s.params));
+    EXPECT_TRUE(SameBits(state.m, s.state.m));
+    EXPECT_TRUE(SameBits(state.v, s.state.v));
+    EXPECT_EQ(state.step, 4);
+    // Ranges across shard boundaries (another world's shards).
+    for (int64_t begin : {0, 7, 60, 66, 99, 130}) {
+      for (int64_t len : {1, 5, 40}) {
+        if (begin + len > s.layout.total()) continue;
+        std::vector<float> w(len), m(len), v(len);
+        ASSERT_TRUE(ck->ReadWeights(s.layout, begin, absl::MakeSpan(w)).ok());
+        ASSERT_TRUE(ck->ReadMoments(s.layout, begin, absl::MakeSpan(m), absl::MakeSpan(v)).ok());
+        EXPECT_TRUE(SameBits(w, absl::MakeConstSpan(s.params).subspan(begin, len))) << begin;
+        EXPECT_TRUE(SameBits(m, absl::MakeConstSpan(s.state.m).subspan(begin, len))) << begin;
+        EXPECT_TRUE(SameBits(v, absl::MakeConstSpan(s.state.v).subspan(begin, len))) << begin;
+      }
+    }
+    // The index in Hugging Face's form.
+    const std::string index = Read(*dir + "/" + kWeightsIndexFile);
+    EXPECT_NE(index.find("\"total_size\": 540"), std::string::npos) << index;
+    EXPECT_NE(index.find("\"final.bias\": \"" + WeightsShardFileName(world - 1, world) + "\""),
+              std::string::npos)
+        << index;
+    // Listing, latest and pruning see it like a version 1 checkpoint.
+    EXPECT_EQ(LatestCheckpoint(root)->step, 5);
+    EXPECT_EQ(SaveSharded(root, s, s.layout, world).status().code(),
+              absl::StatusCode::kAlreadyExists);
+  }
+}
+
+TEST(CheckpointTest, DamagedShardsAreDataLossNamingTheFile) {
+  const std::string root = TempPath("ckpt_sharded_damage");
+  fs::remove_all(root);
+  const Saved s = MakeShardedSaved(2);
+  const std::string dir = *SaveSharded(root, s, s.layout, 3);
+  ASSERT_TRUE(Checkpoint::Open(dir).ok());
+
+  std::string d = CopyOf(dir, "sharded_short");
+  const std::string opt = d + "/" + OptimizerShardFileName(1, 3);
+  fs::resize_file(opt, fs::file_size(opt) - 4);
+  ExpectError(Checkpoint::Open(d).status(), absl::StatusCode::kDataLoss, opt, "(truncated)");
+
+  d = CopyOf(dir, "sharded_flipped");
+  const std::string weights = d + "/" + WeightsShardFileName(2, 3);
+  std::string w = Read(weights);
+  w[w.size() - 2] ^= 0x01;
+  Overwrite(weights, w);
+  ExpectError(Checkpoint::Open(d).status(), absl::StatusCode::kDataLoss, weights,
+              "(the file is corrupt)");
+  // Without checksums the flip passes (it is a valid float): the digest is what catches it.
+  EXPECT_TRUE(Checkpoint::Open(d, /*verify_checksums=*/false).ok());
+
+  d = CopyOf(dir, "sharded_missing");
+  fs::remove(d + "/" + WeightsShardFileName(0, 3));
+  ExpectError(Checkpoint::Open(d).status(), absl::StatusCode::kDataLoss,
+              d + "/" + WeightsShardFileName(0, 3), "is missing");
+
+  d = CopyOf(dir, "sharded_no_index");
+  fs::remove(d + "/" + kWeightsIndexFile);
+  ExpectError(Checkpoint::Open(d).status(), absl::StatusCode::kDataLoss, kWeightsIndexFile,
+              "is missing");
+}
+
+TEST(CheckpointTest, ShardedSaveRefusesWhatDoesNotFit) {
+  const std::string root = TempPath("ckpt_sharded_refuse");
+  fs::remove_all(root);
+  const Saved s = MakeShardedSaved(4);
+  absl::StatusOr<std::string> tmp = BeginShardedCheckpoint(root, 4);
+  ASSERT_TRUE(tmp.ok());
+  CheckpointShard shard;
+  shard.layout = &s.layout;
+  shard.shard = 1;
+  shard.shards = 2;
+  shard.params = absl::MakeConstSpan(s.params).subspan(0, 10);  // File 1 holds [68, 135).
+  ExpectError(WriteCheckpointShard(*tmp, shard).status(), absl::StatusCode::kInvalidArgument,
+              "params cover elements [0, 10)", "holds [68, 135)");
+  shard.shard = 2;
+  ExpectError(WriteCheckpointShard(*tmp, shard).status(), absl::StatusCode::kInvalidArgument,
+              "shard 2 of 2", "");
+  // A commit without every shard's digests.
+  ShardedCheckpointCommit commit;
+  commit.layout = &s.layout;
+  commit.shards = 2;
+  commit.model_config_json = s.config;
+  commit.trainer = s.trainer;
+  commit.shard_files = {{WeightsShardFileName(0, 2), 10, "ab"}};
+  ExpectError(CommitShardedCheckpoint(root, commit).status(), absl::StatusCode::kInvalidArgument,
+              "no digest of", OptimizerShardFileName(0, 2));
+  ASSERT_TRUE(AbortShardedCheckpoint(root, 4).ok());
+  EXPECT_FALSE(fs::exists(*tmp));
+  EXPECT_TRUE(AbortShardedCheckpoint(root, 4).ok());
+
+  // Reading with another layout.
+  const std::string dir = *SaveSharded(root, s, s.layout, 2);
+  absl::StatusOr<Checkpoint> ck = Checkpoint::Open(dir);
+  ASSERT_TRUE(ck.ok());
+  ParamLayout more = s.layout;
+  ASSERT_TRUE(more.Add("head.weight", {4, 16}).ok());
+  std::vector<float> buffer(more.total()), v(more.total());
+  ExpectError(ck->ReadWeights(more, 0, absl::MakeSpan(buffer)),
+              absl::StatusCode::kFailedPrecondition, kWeightsIndexFile,
+              "no tensor \"head.weight\"");
+  ExpectError(ck->ReadMoments(more, 0, absl::MakeSpan(buffer), absl::MakeSpan(v)),
+              absl::StatusCode::kFailedPrecondition, OptimizerShardFileName(0, 2),
+              "moments of 135 elements, the model's layout has 199");
+  ParamLayout reshaped;
+  ASSERT_TRUE(reshaped.Add("embed.weight", {16, 4}).ok());
+  ASSERT_TRUE(reshaped.Add("blocks.0.ln.weight", {4}).ok());
+  ASSERT_TRUE(reshaped.Add("blocks.0.mlp.weight", {8, 4}).ok());
+  ASSERT_TRUE(reshaped.Add("blocks.1.mlp.weight", {8, 4}).ok());
+  ASSERT_TRUE(reshaped.Add("final.bias", {3}).ok());
+  ExpectError(ck->ReadWeights(reshaped, 0, absl::MakeSpan(buffer).subspan(0, 135)),
+              absl::StatusCode::kFailedPrecondition, WeightsShardFileName(1, 2),
+              "\"blocks.0.mlp.weight\" has shape [4, 8], the model's layout [8, 4]");
+}
+
 }  // namespace
 }  // namespace model
 }  // namespace dattn

@@ -17,6 +17,10 @@ class SingleProcessCollective : public TrainerCollective {
   absl::StatusOr<std::vector<double>> AllGather(absl::Span<const double> values) override {
     return std::vector<double>(values.begin(), values.end());
   }
+  absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& bytes) override {
+    return std::vector<std::string>{bytes};
+  }
+  absl::Status Barrier() override { return absl::OkStatus(); }
 };
 
 }  // namespace

@@ -12,8 +12,16 @@
 //   4. each rank updates its shard (ShardOptimizer::Update);
 //   5. AllGatherParameters: every rank's params() becomes the whole updated buffer.
 // The loss and target counts are AllGather'ed the same way (fp64, added in rank order), so every
-// rank reports the same loss. A sequence-parallel group inside a rank (the ring) is the model's
-// business (sequence_attention.h), not this interface's.
+// rank reports the same loss. With sequence parallelism (trainer.h, TrainerOptions::
+// sequence_parallel) the collective spans every rank of the run, data-parallel and sequence ranks
+// alike: each rank's gradient is a partial sum over its slice of positions of the same parameters,
+// so the reduce-scatter adds them all, and the optimizer state is sharded over the whole world.
+// The attention exchange inside a sequence-parallel group is the model's business
+// (sequence_attention.h, ring_sequence_attention.h), not this interface's. Sharded checkpoints use
+// AllGatherBytes (each rank's file names, sizes and digests) and Barrier.
+//
+// Implementations: NewSingleProcessCollective (here), NewCommunicatorCollective
+// (comm_collective.h: any comm::Communicator on host memory, e.g. Gloo).
 //
 // Buffers are the model's (TrainableModel::params()/grads(): fp32, on its device). Errors are the
 // transport's; after one, the run stops (buffers are unspecified).
@@ -23,6 +31,7 @@
 
 #include <cstdint>
 #include <memory>
+#include <string>
 #include <vector>
 
 #include "absl/status/status.h"
@@ -60,10 +69,15 @@ class TrainerCollective {
   // Every rank's `values` (the same count on every rank), rank-major: result[r * k + i] is rank
   // r's values[i].
   virtual absl::StatusOr<std::vector<double>> AllGather(absl::Span<const double> values) = 0;
+  // Every rank's `bytes` (any length, which may differ between ranks), by rank: result[r] is rank
+  // r's. For small messages (checkpoint file lists, statuses): each rank holds every message.
+  virtual absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& bytes) = 0;
+  // Returns once every rank has called Barrier.
+  virtual absl::Status Barrier() = 0;
 };
 
 // One process: rank 0 of 1. The reductions have nothing to add (each is the identity on the
-// buffers) and AllGather returns its argument.
+// buffers), AllGather and AllGatherBytes return their argument, Barrier returns at once.
 std::unique_ptr<TrainerCollective> NewSingleProcessCollective();
 
 }  // namespace model

@@ -10,6 +10,9 @@ It reads what the C++ code wrote and checks every value, and writes files for th
   interop_check.py check-token-file PATH     a file written by `interop_fixture write-token-file`
   interop_check.py write-token-file PATH     a file for `interop_fixture read-token-file`
   interop_check.py check-checkpoint DIR      a folder written by `interop_fixture write-checkpoint`
+  interop_check.py check-sharded-checkpoint DIR
+                                             a sharded (version 2) folder written by
+                                             `interop_fixture write-sharded-checkpoint`
 
 Exit status 0 when every check passes; otherwise 1, with what differed on stderr.
 """
@@ -226,6 +229,68 @@ def check_checkpoint(directory):
     require(state["extra"] == {"note": "interop"}, f"extra {state['extra']}")
 
 
+def check_sharded_checkpoint(directory):
+    """A version 2 checkpoint of two ranks: the weights through the index from plain safetensors
+    files, the moments from the ranks' flat shards, the same values as check_checkpoint's."""
+    with open(os.path.join(directory, "MANIFEST.json")) as f:
+        manifest = json.load(f)
+    recorded = manifest.pop("manifest_sha256")
+    canonical = json.dumps(manifest, sort_keys=True, separators=(",", ":"))
+    require(hashlib.sha256(canonical.encode()).hexdigest() == recorded, "manifest self-checksum")
+    require(manifest["format"] == "dattn-checkpoint" and manifest["version"] == 2, "manifest kind")
+    require(manifest["step"] == 3 and manifest["world"] == 2, "manifest step and world")
+    listed = {f["name"]: f for f in manifest["files"]}
+    shards = [f"weights-{r:05d}-of-00002.safetensors" for r in range(2)]
+    optimizers = [f"optimizer-{r:05d}-of-00002.safetensors" for r in range(2)]
+    require(sorted(listed) == sorted(shards + optimizers + [
+        "config.json", "trainer_state.json", "weights.safetensors.index.json"]),
+        f"files {sorted(listed)}")
+    for name, entry in listed.items():
+        path = os.path.join(directory, name)
+        require(os.path.getsize(path) == entry["bytes"], f"{name}: size")
+        require(sha256_file(path) == entry["sha256"], f"{name}: sha256")
+
+    layout = [("embed.weight", (8, 4)), ("blocks.0.ln.weight", (4,)), ("blocks.0.mlp.weight", (4, 6))]
+    total = sum(int(np.prod(shape)) for _, shape in layout)
+    flat = np.arange(total, dtype=np.float32) * np.float32(0.001) - np.float32(0.05)
+    with open(os.path.join(directory, "weights.safetensors.index.json")) as f:
+        index = json.load(f)
+    require(index["metadata"]["total_size"] == 4 * total, f"index metadata {index['metadata']}")
+    require(sorted(index["weight_map"]) == sorted(name for name, _ in layout), "index names")
+    files = {name: read_safetensors(os.path.join(directory, name)) for name in shards}
+    seen = 0
+    offset = 0
+    for name, shape in layout:
+        count = int(np.prod(shape))
+        weights, metadata = files[index["weight_map"][name]]
+        require(metadata.get("format") == "pt", f"weights metadata {metadata}")
+        dtype, array = weights[name]
+        require(dtype == "F32", f"{name}: {dtype}")
+        expect_array(name, array, flat[offset:offset + count].reshape(shape))
+        offset += count
+    for weights, _ in files.values():
+        seen += len(weights)
+    require(seen == len(layout), f"{seen} tensors in the weight files")
+    m = np.zeros(total, dtype=np.float32)
+    v = np.zeros(total, dtype=np.float32)
+    covered = 0
+    for name in optimizers:
+        tensors, metadata = read_safetensors(os.path.join(directory, name))
+        begin, end = int(metadata["begin"]), int(metadata["end"])
+        require(begin == covered and int(metadata["total"]) == total, f"{name}: range {metadata}")
+        m[begin:end] = tensors["exp_avg"][1]
+        v[begin:end] = tensors["exp_avg_sq"][1]
+        step_dtype, step = tensors["step"]
+        require(step_dtype == "I64" and int(step) == 2, f"{name}: step {step}")
+        covered = end
+    require(covered == total, f"moments cover {covered} of {total}")
+    expect_array("exp_avg", m, flat * np.float32(2))
+    expect_array("exp_avg_sq", v, flat * flat)
+    with open(os.path.join(directory, "trainer_state.json")) as f:
+        state = json.load(f)
+    require(state["step"] == 3 and state["extra"] == {"note": "interop"}, f"trainer state {state}")
+
+
 def main(argv):
     if len(argv) != 3:
         print(__doc__, file=sys.stderr)
@@ -242,6 +307,8 @@ def main(argv):
             write_token_file(path, [i * 31 % 1000 for i in range(500)], 1000)
         elif command == "check-checkpoint":
             check_checkpoint(path)
+        elif command == "check-sharded-checkpoint":
+            check_sharded_checkpoint(path)
         else:
             print(f"unknown command {command}", file=sys.stderr)
             return 2

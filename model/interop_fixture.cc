@@ -137,6 +137,54 @@ absl::StatusOr<std::string> WriteCheckpoint(const std::string& root) {
   return SaveCheckpoint(root, c);
 }
 
+// The same tensors as WriteCheckpoint, saved by two ranks (version 2): the weights split between
+// two safetensors files with an index, each rank's half of the moments in its own file.
+absl::StatusOr<std::string> WriteShardedCheckpoint(const std::string& root) {
+  ParamLayout layout;
+  for (auto [name, shape] :
+       std::vector<std::pair<std::string, std::vector<int64_t>>>{{"embed.weight", {8, 4}},
+                                                                 {"blocks.0.ln.weight", {4}},
+                                                                 {"blocks.0.mlp.weight", {4, 6}}}) {
+    if (absl::Status s = layout.Add(name, shape); !s.ok()) return s;
+  }
+  std::vector<float> params(layout.total()), m(params.size()), v(params.size());
+  for (size_t i = 0; i < params.size(); ++i) {
+    params[i] = static_cast<float>(i) * 0.001f - 0.05f;
+    m[i] = params[i] * 2.0f;
+    v[i] = params[i] * params[i];
+  }
+  constexpr int kWorld = 2;
+  ShardedCheckpointCommit commit;
+  commit.layout = &layout;
+  commit.shards = kWorld;
+  commit.model_config_json = R"({"d_model": 4, "n_layers": 1})";
+  commit.trainer.step = 3;
+  commit.trainer.tokens_seen = 3 * 256;
+  commit.trainer.sampler.seed = 42;
+  commit.trainer.max_grad_norm = std::numeric_limits<double>::infinity();
+  commit.trainer.extra_json = R"({"note": "interop"})";
+  absl::StatusOr<std::string> tmp = BeginShardedCheckpoint(root, commit.trainer.step);
+  if (!tmp.ok()) return tmp.status();
+  const int64_t total = layout.total();
+  for (int r = 0; r < kWorld; ++r) {
+    CheckpointShard shard;
+    shard.layout = &layout;
+    shard.shard = r;
+    shard.shards = kWorld;
+    shard.step = commit.trainer.step;
+    shard.params = params;
+    const int64_t begin = total * r / kWorld, end = total * (r + 1) / kWorld;
+    shard.moments_begin = begin;
+    shard.m = absl::MakeConstSpan(m).subspan(begin, end - begin);
+    shard.v = absl::MakeConstSpan(v).subspan(begin, end - begin);
+    shard.optimizer_step = 2;
+    absl::StatusOr<std::vector<CheckpointFile>> files = WriteCheckpointShard(*tmp, shard);
+    if (!files.ok()) return files.status();
+    commit.shard_files.insert(commit.shard_files.end(), files->begin(), files->end());
+  }
+  return CommitShardedCheckpoint(root, commit);
+}
+
 int Main(int argc, char** argv) {
   if (argc != 3) {
     std::fprintf(stderr, "usage: interop_fixture COMMAND PATH\n");
@@ -156,6 +204,10 @@ int Main(int argc, char** argv) {
     status = ReadPythonTokenFile(path);
   } else if (command == "write-checkpoint") {
     absl::StatusOr<std::string> dir = WriteCheckpoint(path);
+    status = dir.status();
+    if (dir.ok()) std::printf("%s\n", dir->c_str());
+  } else if (command == "write-sharded-checkpoint") {
+    absl::StatusOr<std::string> dir = WriteShardedCheckpoint(path);
     status = dir.status();
     if (dir.ok()) std::printf("%s\n", dir->c_str());
   } else {

@@ -32,4 +32,14 @@ if "$python" "$check" check-checkpoint "$dir" 2>/dev/null; then
   echo "a corrupted checkpoint passed the Python check"
   exit 1
 fi
+# A sharded (version 2) checkpoint of two ranks: plain safetensors files and an index.
+dir=$("$fixture" write-sharded-checkpoint "$tmp/sharded")
+"$python" "$check" check-sharded-checkpoint "$dir"
+shard="$dir/optimizer-00001-of-00002.safetensors"
+size=$(stat -c %s "$shard")
+printf "\x01" | dd of="$shard" bs=1 seek=$((size - 10)) conv=notrunc status=none
+if "$python" "$check" check-sharded-checkpoint "$dir" 2>/dev/null; then
+  echo "a corrupted sharded checkpoint passed the Python check"
+  exit 1
+fi
 echo "interop: all checks passed"

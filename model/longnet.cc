@@ -142,6 +142,20 @@ absl::Status LongNetLM<T>::PoisonActs(BlockActs* a) {
 }
 
 template <typename T>
+int64_t LongNetLM<T>::BufferElements(const LongNetConfig& config, const ModelOptions& options,
+                                     int64_t batch, int64_t seq_len) {
+  const int64_t m = batch * seq_len, d = config.d_model, f = config.ffn_dim;
+  const int64_t v = config.vocab_size, layers = config.num_layers, h = config.num_heads;
+  // AllocateActs: 8 [M, d], 3 [M, F], the lse [B, H, N] and 8 statistics of M.
+  const int64_t acts = 8 * m * d + 3 * m * f + m * h + 8 * m;
+  const int64_t sets = options.checkpoint_activations ? 1 : layers;
+  // EnsureBuffers: xs (L + 1 of [M, d]); the final norm [M, d] + 2 M; logits and their gradient
+  // [M, V] each; row_lse M; dx, dtmp, dq, dk, dv, dattn [M, d]; dh, dh2 [M, F].
+  return (layers + 1) * m * d + sets * acts + (m * d + 2 * m) + 2 * m * v + m + 6 * m * d +
+         2 * m * f;
+}
+
+template <typename T>
 absl::Status LongNetLM<T>::EnsureBuffers(int64_t batch, int64_t seq_len) {
   if (batch == buffer_batch_ && seq_len == buffer_seq_len_) return absl::OkStatus();
   // Free the old set first, so that a larger shape does not need both at once.

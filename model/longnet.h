@@ -69,6 +69,13 @@ class LongNetLM final : public LanguageModel<T> {
                                                               const ModelOptions& options,
                                                               int num_threads = 0);
 
+  // The elements of T that Forward allocates for a call of `batch` x `seq_len` tokens (the
+  // activations, logits and backward scratch of the file comment; EnsureBuffers), beyond the
+  // parameters and gradients (2 x layout().total()). Kept until the shape changes. Memory plans
+  // (training_memory.h) count with it; training_memory_test checks it against the allocations.
+  static int64_t BufferElements(const LongNetConfig& config, const ModelOptions& options,
+                                int64_t batch, int64_t seq_len);
+
   const LongNetConfig& config() const override { return config_; }
   const ModelOptions& options() const override { return options_; }
   const ParamLayout& layout() const override { return layout_; }

@@ -9,6 +9,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/synchronization/mutex.h"
+#include "model/cpu_layer_ops.h"
 
 namespace dattn {
 namespace model {
@@ -185,8 +186,16 @@ absl::StatusOr<std::unique_ptr<ShardOptimizer>> NewHostShardOptimizer(const Adam
 absl::StatusOr<std::unique_ptr<TrainableModel>> NewCpuTrainableModel(const LongNetConfig& config,
                                                                      const ModelOptions& options,
                                                                      int num_threads) {
-  absl::StatusOr<std::unique_ptr<LongNetLM<float>>> lm =
-      LongNetLM<float>::CreateCpu(config, options, num_threads);
+  return NewCpuTrainableModel(config, options, num_threads, NewCpuLocalAttention(num_threads));
+}
+
+absl::StatusOr<std::unique_ptr<TrainableModel>> NewCpuTrainableModel(
+    const LongNetConfig& config, const ModelOptions& options, int num_threads,
+    std::unique_ptr<SequenceAttention> attention) {
+  CpuLayerOpsOptions ops_options;
+  ops_options.num_threads = num_threads;
+  absl::StatusOr<std::unique_ptr<LongNetLM<float>>> lm = LongNetLM<float>::Create(
+      config, options, NewCpuLayerOps<float>(ops_options), std::move(attention));
   if (!lm.ok()) return lm.status();
   const int threads = num_threads > 0
                           ? num_threads

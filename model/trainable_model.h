@@ -54,6 +54,7 @@
 #include "model/longnet.h"
 #include "model/optimizer.h"
 #include "model/param_layout.h"
+#include "model/sequence_attention.h"
 
 namespace dattn {
 namespace model {
@@ -143,6 +144,15 @@ class TrainableModel {
 absl::StatusOr<std::unique_ptr<TrainableModel>> NewCpuTrainableModel(const LongNetConfig& config,
                                                                      const ModelOptions& options,
                                                                      int num_threads);
+
+// The same CPU model with its attention given (owned by the model): a sequence-parallel rank's
+// model is made with ring_sequence_attention.h's NewCpuRingSequenceAttention over the rank's
+// sequence-parallel communicator, and is then driven by the trainer with TrainerOptions::
+// sequence_parallel set. The attention must be on the CPU. Errors are LongNetLM::Create's
+// (INVALID_ARGUMENT for a null attention or one on another device).
+absl::StatusOr<std::unique_ptr<TrainableModel>> NewCpuTrainableModel(
+    const LongNetConfig& config, const ModelOptions& options, int num_threads,
+    std::unique_ptr<SequenceAttention> attention);
 
 // Makes a model on one device: (config, options, CPU threads) -> model.
 using TrainableModelFactory = std::function<absl::StatusOr<std::unique_ptr<TrainableModel>>(

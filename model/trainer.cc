@@ -7,6 +7,7 @@
 #include <map>
 #include <utility>
 
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "model/checkpoint.h"
@@ -133,12 +134,34 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& co
   }
   const int world = t->collective_->world();
   const int rank = t->collective_->rank();
-  if (config.batch_size % (config.micro_batches * world) != 0) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "trainer config field \"batch_size\": ", config.batch_size,
-        " is not a multiple of micro_batches (", config.micro_batches, ") x ranks (", world, ")"));
+  const int sp = options.sequence_parallel;
+  if (sp < 1 || world % sp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("TrainerOptions::sequence_parallel: ", sp,
+                     " must be >= 1 and divide the collective's world of ", world, " ranks"));
   }
-  t->micro_rows_ = config.batch_size / config.micro_batches / world;
+  const int dp = world / sp;
+  t->data_parallel_ = dp;
+  t->sequence_parallel_ = sp;
+  t->data_rank_ = rank / sp;
+  t->sequence_rank_ = rank % sp;
+  if (config.seq_len % sp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer config field \"seq_len\": ", config.seq_len,
+                     " is not a multiple of the sequence-parallel degree ", sp));
+  }
+  if (config.retrieval.examples > 0 && config.retrieval_seq_len() % sp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer config field \"retrieval.seq_len\": ", config.retrieval_seq_len(),
+                     " is not a multiple of the sequence-parallel degree ", sp));
+  }
+  if (config.batch_size % (config.micro_batches * dp) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer config field \"batch_size\": ", config.batch_size,
+                     " is not a multiple of micro_batches (", config.micro_batches,
+                     ") x data-parallel ranks (", dp, ")"));
+  }
+  t->micro_rows_ = config.batch_size / config.micro_batches / dp;
   const int64_t n = config.seq_len;
 
   // Data: the split, the training sampler, the validation windows, the retrieval tasks.
@@ -155,13 +178,13 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& co
   t->train_sampler_ = *std::move(train);
   if (split->validation.size() > 0) {
     const int64_t windows = (split->validation.size() - 1) / n;
-    int64_t rows = t->micro_rows_ * world;
-    if (windows < rows) rows = windows / world * world;
+    int64_t rows = t->micro_rows_ * dp;
+    if (windows < rows) rows = windows / dp * dp;
     if (rows < 1) {
       return absl::InvalidArgumentError(absl::StrCat(
           "trainer config field \"data.validation_fraction\": ", config.data.validation_fraction,
           " holds out ", split->validation.size(), " tokens: ", windows, " windows of seq_len ", n,
-          " + 1, fewer than the ", world, " ranks"));
+          " + 1, fewer than the ", dp, " data-parallel ranks"));
     }
     absl::StatusOr<WindowSampler> validation =
         WindowSampler::Create(corpus, split->validation, {n, rows, 0, false});
@@ -234,7 +257,65 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& co
 
 double Trainer::flops_per_step() const {
   return static_cast<double>(config_.micro_batches) *
-         model_->TrainingFlops(micro_rows_, config_.seq_len);
+         model_->TrainingFlops(micro_rows_, config_.seq_len) / sequence_parallel_;
+}
+
+TokenBatch Trainer::SliceRows(const Batch& batch, int64_t first_row, int64_t rows, int64_t n,
+                              std::vector<int32_t>* tokens, std::vector<int32_t>* targets) const {
+  const int64_t len = n / sequence_parallel_;
+  const int64_t begin = sequence_rank_ * len;
+  tokens->resize(static_cast<size_t>(rows * len));
+  targets->resize(static_cast<size_t>(rows * len));
+  for (int64_t r = 0; r < rows; ++r) {
+    const size_t from = static_cast<size_t>((first_row + r) * n + begin);
+    std::copy_n(batch.inputs.begin() + from, len, tokens->begin() + r * len);
+    std::copy_n(batch.targets.begin() + from, len, targets->begin() + r * len);
+  }
+  TokenBatch tb;
+  tb.tokens = tokens->data();
+  tb.targets = targets->data();
+  tb.batch = rows;
+  tb.seq_len = len;
+  // One sequence rank holds the whole rows: positions stay the default (offset 0, the whole).
+  if (sequence_parallel_ > 1) tb.positions = {begin, n};
+  return tb;
+}
+
+absl::Status Trainer::AgreeOnStatus(const absl::Status& mine) {
+  if (collective_->world() == 1) return mine;
+  std::string message;
+  if (!mine.ok()) {
+    message = absl::StrCat(static_cast<int>(mine.code()), ":", mine.message());
+  }
+  absl::StatusOr<std::vector<std::string>> all = collective_->AllGatherBytes(message);
+  if (!all.ok()) return mine.ok() ? all.status() : mine;
+  if (!mine.ok()) return mine;
+  for (size_t r = 0; r < all->size(); ++r) {
+    const std::string& m = (*all)[r];
+    if (m.empty()) continue;
+    const size_t colon = m.find(':');
+    int code = static_cast<int>(absl::StatusCode::kUnknown);
+    if (colon == std::string::npos || !absl::SimpleAtoi(m.substr(0, colon), &code)) {
+      return absl::UnknownError(absl::StrCat("rank ", r, ": ", m));
+    }
+    return absl::Status(static_cast<absl::StatusCode>(code),
+                        absl::StrCat("rank ", r, ": ", m.substr(colon + 1)));
+  }
+  return absl::OkStatus();
+}
+
+absl::StatusOr<std::vector<int>> Trainer::RanksAskingToStop(bool mine) {
+  std::vector<int> asking;
+  if (collective_->world() == 1) {
+    if (mine) asking.push_back(0);
+    return asking;
+  }
+  absl::StatusOr<std::vector<double>> flags = collective_->AllGather({mine ? 1.0 : 0.0});
+  if (!flags.ok()) return flags.status();
+  for (size_t r = 0; r < flags->size(); ++r) {
+    if ((*flags)[r] != 0) asking.push_back(static_cast<int>(r));
+  }
+  return asking;
 }
 
 absl::Status Trainer::MixRetrieval(Batch* batch, int64_t* replaced) {
@@ -264,15 +345,20 @@ absl::StatusOr<StepResult> Trainer::Step() {
   result.step = step_ + 1;
 
   Batch batch;
-  TRAINER_RETURN_IF_ERROR(train_sampler_->Next(&batch, collective_->rank(), collective_->world()));
+  TRAINER_RETURN_IF_ERROR(train_sampler_->Next(&batch, data_rank_, data_parallel_));
   TRAINER_RETURN_IF_ERROR(MixRetrieval(&batch, &result.retrieval_rows));
 
-  // The global batch's scored targets: each micro-batch's share of the mean.
-  const size_t micro_size = static_cast<size_t>(micro_rows_ * n);
-  std::vector<int64_t> micro_targets(static_cast<size_t>(config_.micro_batches));
+  // This rank's slices of the micro-batches, and the global batch's scored targets: each
+  // micro-batch's share of the mean.
+  const size_t micros = static_cast<size_t>(config_.micro_batches);
+  std::vector<std::vector<int32_t>> tokens(micros), targets(micros);
+  std::vector<TokenBatch> slices(micros);
+  std::vector<int64_t> micro_targets(micros);
   int64_t local_targets = 0;
-  for (size_t i = 0; i < micro_targets.size(); ++i) {
-    micro_targets[i] = CountScored(batch.targets, i * micro_size, (i + 1) * micro_size);
+  for (size_t i = 0; i < micros; ++i) {
+    slices[i] = SliceRows(batch, static_cast<int64_t>(i) * micro_rows_, micro_rows_, n, &tokens[i],
+                          &targets[i]);
+    micro_targets[i] = CountScored(targets[i], 0, targets[i].size());
     local_targets += micro_targets[i];
   }
   absl::StatusOr<std::vector<double>> counts =
@@ -286,16 +372,11 @@ absl::StatusOr<StepResult> Trainer::Step() {
 
   // Forward and backward, micro-batch by micro-batch, accumulating into grads().
   double loss_sum = 0;
-  for (size_t i = 0; i < micro_targets.size(); ++i) {
-    TokenBatch tb;
-    tb.tokens = batch.inputs.data() + i * micro_size;
-    tb.targets = batch.targets.data() + i * micro_size;
-    tb.batch = micro_rows_;
-    tb.seq_len = n;
+  for (size_t i = 0; i < micros; ++i) {
     BackwardOptions bo;
     bo.loss_scale = static_cast<double>(micro_targets[i]) / static_cast<double>(global_targets);
     bo.grads = i == 0 ? Accumulate::kOverwrite : Accumulate::kAdd;
-    absl::StatusOr<LossResult> loss = model_->ForwardBackward(tb, bo);
+    absl::StatusOr<LossResult> loss = model_->ForwardBackward(slices[i], bo);
     if (!loss.ok()) return WithPrefix(loss.status(), absl::StrCat("step ", result.step, ": "));
     loss_sum += loss->loss_sum;
   }
@@ -354,23 +435,19 @@ absl::StatusOr<StepResult> Trainer::Step() {
 
 absl::StatusOr<EvalResult> Trainer::EvaluateNow() {
   const auto start = std::chrono::steady_clock::now();
-  const int rank = collective_->rank();
-  const int world = collective_->world();
   EvalResult result;
   result.step = step_;
-  // Validation loss: the same windows every time.
+  // Validation loss: the same windows every time; each rank evaluates its data-parallel rank's
+  // rows and its sequence rank's positions of them.
   double loss_sum = 0;
   int64_t targets = 0;
+  std::vector<int32_t> tokens, scored;
   if (validation_sampler_.has_value()) {
     TRAINER_RETURN_IF_ERROR(validation_sampler_->Restore(validation_start_));
     for (int64_t b = 0; b < validation_batches_; ++b) {
       Batch vb;
-      TRAINER_RETURN_IF_ERROR(validation_sampler_->Next(&vb, rank, world));
-      TokenBatch tb;
-      tb.tokens = vb.inputs.data();
-      tb.targets = vb.targets.data();
-      tb.batch = vb.rows;
-      tb.seq_len = vb.seq_len;
+      TRAINER_RETURN_IF_ERROR(validation_sampler_->Next(&vb, data_rank_, data_parallel_));
+      const TokenBatch tb = SliceRows(vb, 0, vb.rows, vb.seq_len, &tokens, &scored);
       absl::StatusOr<LossResult> loss = model_->Evaluate(tb, {});
       if (!loss.ok()) return WithPrefix(loss.status(), "validation: ");
       loss_sum += loss->loss_sum;
@@ -378,41 +455,58 @@ absl::StatusOr<EvalResult> Trainer::EvaluateNow() {
     }
   }
   // Retrieval: examples [0, examples) of the held-out task, in global batches of the training
-  // micro-batch's rows; each rank scores its part of each batch.
+  // micro-batch's rows; each data-parallel rank takes its part of each batch, each sequence rank
+  // its positions of those rows. The answer's positions may lie on several sequence ranks, so
+  // each rank marks which of the batch's answer tokens it holds and got right, the marks are
+  // all-gathered (each token is held by exactly one rank) and every rank scores the whole batch.
   RetrievalScore score;
   if (eval_task_.has_value()) {
     const int64_t examples = config_.retrieval.examples;
-    const int64_t rows = micro_rows_ * world;
+    const int64_t rows = micro_rows_ * data_parallel_;
     const int64_t n = eval_task_->options().seq_len;
+    const int64_t answer = eval_task_->options().value_length;
+    const int64_t len = n / sequence_parallel_;
+    const int64_t begin = sequence_rank_ * len;
     for (int64_t first = 0; first < examples; first += rows) {
       const int64_t count = std::min(rows, examples - first);
-      const int64_t mine = first + rank * count / world;
-      const int64_t mine_end = first + (rank + 1) * count / world;
-      if (mine_end == mine) continue;
-      Batch rb;
-      TRAINER_RETURN_IF_ERROR(eval_task_->MakeBatch(mine, mine_end - mine, &rb));
-      std::vector<int32_t> predictions(static_cast<size_t>(rb.rows * n));
-      TokenBatch tb;
-      tb.tokens = rb.inputs.data();
-      tb.targets = rb.targets.data();
-      tb.batch = rb.rows;
-      tb.seq_len = n;
-      absl::StatusOr<LossResult> loss = model_->Evaluate(tb, absl::MakeSpan(predictions));
-      if (!loss.ok()) return WithPrefix(loss.status(), "retrieval evaluation: ");
-      absl::StatusOr<RetrievalScore> s = eval_task_->Score(rb, predictions);
-      if (!s.ok()) return s.status();
-      score.examples += s->examples;
-      score.exact += s->exact;
-      score.answer_tokens += s->answer_tokens;
-      score.correct_tokens += s->correct_tokens;
+      const int64_t mine = first + data_rank_ * count / data_parallel_;
+      const int64_t mine_end = first + (data_rank_ + 1) * count / data_parallel_;
+      std::vector<double> right(static_cast<size_t>(count * answer), 0.0);
+      if (mine_end > mine) {
+        Batch rb;
+        TRAINER_RETURN_IF_ERROR(eval_task_->MakeBatch(mine, mine_end - mine, &rb));
+        const TokenBatch tb = SliceRows(rb, 0, rb.rows, n, &tokens, &scored);
+        std::vector<int32_t> predictions(static_cast<size_t>(rb.rows * len));
+        absl::StatusOr<LossResult> loss = model_->Evaluate(tb, absl::MakeSpan(predictions));
+        if (!loss.ok()) return WithPrefix(loss.status(), "retrieval evaluation: ");
+        // The answer is the last `answer` targets of each row (retrieval.h's Score).
+        for (int64_t r = 0; r < rb.rows; ++r) {
+          for (int64_t i = std::max(n - answer, begin); i < begin + len; ++i) {
+            const bool ok = predictions[static_cast<size_t>(r * len + i - begin)] ==
+                            rb.targets[static_cast<size_t>(r * n + i)];
+            right[static_cast<size_t>((mine - first + r) * answer + i - (n - answer))] = ok;
+          }
+        }
+      }
+      absl::StatusOr<std::vector<double>> all = collective_->AllGather(right);
+      if (!all.ok()) return all.status();
+      for (int64_t e = 0; e < count; ++e) {
+        int64_t correct = 0;
+        for (int64_t j = 0; j < answer; ++j) {
+          correct += std::llround(SumStrided(*all, static_cast<size_t>(e * answer + j),
+                                             static_cast<size_t>(count * answer)));
+        }
+        score.correct_tokens += correct;
+        score.exact += correct == answer;
+      }
+      score.examples += count;
+      score.answer_tokens += count * answer;
     }
   }
-  absl::StatusOr<std::vector<double>> gathered = collective_->AllGather(
-      {loss_sum, static_cast<double>(targets), static_cast<double>(score.examples),
-       static_cast<double>(score.exact), static_cast<double>(score.answer_tokens),
-       static_cast<double>(score.correct_tokens)});
+  absl::StatusOr<std::vector<double>> gathered =
+      collective_->AllGather({loss_sum, static_cast<double>(targets)});
   if (!gathered.ok()) return gathered.status();
-  constexpr size_t k = 6;
+  constexpr size_t k = 2;
   if (validation_sampler_.has_value()) {
     result.has_loss = true;
     result.targets = std::llround(SumStrided(*gathered, 1, k));
@@ -425,10 +519,7 @@ absl::StatusOr<EvalResult> Trainer::EvaluateNow() {
     result.has_retrieval = true;
     result.retrieval_depth = config_.retrieval.depth;
     result.retrieval_seq_len = eval_task_->options().seq_len;
-    result.retrieval.examples = std::llround(SumStrided(*gathered, 2, k));
-    result.retrieval.exact = std::llround(SumStrided(*gathered, 3, k));
-    result.retrieval.answer_tokens = std::llround(SumStrided(*gathered, 4, k));
-    result.retrieval.correct_tokens = std::llround(SumStrided(*gathered, 5, k));
+    result.retrieval = score;
   }
   result.seconds = Seconds(start);
   return result;
@@ -517,15 +608,25 @@ absl::Status Trainer::RestoreExtra(const std::string& extra_json, const std::str
   return absl::OkStatus();
 }
 
+TrainerState Trainer::TrainerStateNow() const {
+  TrainerState ts;
+  ts.step = step_;
+  ts.tokens_seen = tokens_seen_;
+  ts.sampler = train_sampler_->cursor();
+  ts.rng_state = rng_.state();
+  ts.schedule = config_.schedule();
+  ts.adamw = config_.adamw();
+  ts.max_grad_norm = config_.optimizer.max_grad_norm;
+  ts.extra_json = ExtraJson();
+  return ts;
+}
+
 absl::StatusOr<std::string> Trainer::Save() {
   if (options_.checkpoint_dir.empty()) {
     return absl::FailedPreconditionError("Trainer::Save: no checkpoint folder was given");
   }
-  if (collective_->world() != 1) {
-    return absl::FailedPreconditionError(
-        "Trainer::Save writes a single process's checkpoint; a data-parallel run saves per rank");
-  }
   if (last_saved_step_ == step_) return last_saved_path_;
+  if (collective_->world() > 1) return SaveSharded();
   const ParamLayout& layout = model_->layout();
   const size_t total = static_cast<size_t>(layout.total());
   std::vector<float> params(total);
@@ -541,15 +642,7 @@ absl::StatusOr<std::string> Trainer::Save() {
   contents.params = params;
   contents.optimizer = &state;
   contents.model_config_json = ConfigToJson(config_.model);
-  TrainerState& ts = contents.trainer;
-  ts.step = step_;
-  ts.tokens_seen = tokens_seen_;
-  ts.sampler = train_sampler_->cursor();
-  ts.rng_state = rng_.state();
-  ts.schedule = config_.schedule();
-  ts.adamw = config_.adamw();
-  ts.max_grad_norm = config_.optimizer.max_grad_norm;
-  ts.extra_json = ExtraJson();
+  contents.trainer = TrainerStateNow();
   absl::StatusOr<std::string> path = SaveCheckpoint(options_.checkpoint_dir, contents);
   if (!path.ok()) return path.status();
   absl::StatusOr<std::vector<std::string>> removed =
@@ -560,88 +653,213 @@ absl::StatusOr<std::string> Trainer::Save() {
   return path;
 }
 
+absl::StatusOr<std::string> Trainer::SaveSharded() {
+  const std::string& root = options_.checkpoint_dir;
+  const int rank = collective_->rank();
+  const int world = collective_->world();
+  const ParamLayout& layout = model_->layout();
+  // 1. Rank 0 makes the temporary folder; the others wait for it (and for its errors).
+  absl::Status begun = absl::OkStatus();
+  if (rank == 0) begun = BeginShardedCheckpoint(root, step_).status();
+  TRAINER_RETURN_IF_ERROR(AgreeOnStatus(begun));
+  const std::string tmp = JoinPath(root, absl::StrCat(".", CheckpointFolderName(step_), ".tmp"));
+  // 2. Every rank writes its weights file (its whole tensors, from its copy of the parameters)
+  // and its shard of the moments, and the ranks share their files' sizes and digests.
+  auto write = [&]() -> absl::StatusOr<std::vector<CheckpointFile>> {
+    const ElementRange weights = WeightsShardRange(layout, rank, world);
+    std::vector<float> params(static_cast<size_t>(weights.size()));
+    TRAINER_RETURN_IF_ERROR(model_->ReadParams(weights.begin, absl::MakeSpan(params)));
+    const ShardRange mine = shards_[static_cast<size_t>(rank)];
+    std::vector<float> m(static_cast<size_t>(mine.size())), v(m.size());
+    TRAINER_RETURN_IF_ERROR(optimizer_->ReadMoments(absl::MakeSpan(m), absl::MakeSpan(v)));
+    CheckpointShard shard;
+    shard.layout = &layout;
+    shard.shard = rank;
+    shard.shards = world;
+    shard.step = step_;
+    shard.weights_begin = weights.begin;
+    shard.params = params;
+    shard.moments_begin = mine.begin;
+    shard.m = m;
+    shard.v = v;
+    shard.optimizer_step = updates_;
+    return WriteCheckpointShard(tmp, shard);
+  };
+  absl::StatusOr<std::vector<CheckpointFile>> written = write();
+  Json mine = Json::array();
+  if (written.ok()) {
+    for (const CheckpointFile& f : *written) {
+      mine.push_back(Json{{"name", f.name}, {"bytes", f.bytes}, {"sha256", f.sha256}});
+    }
+  }
+  absl::Status wrote = AgreeOnStatus(written.status());
+  absl::StatusOr<std::vector<std::string>> lists =
+      wrote.ok() ? collective_->AllGatherBytes(mine.dump()) : wrote;
+  if (!lists.ok()) {
+    if (rank == 0) (void)AbortShardedCheckpoint(root, step_);
+    return lists.status();
+  }
+  // 3. Rank 0 writes the rest, the manifest last, renames and prunes; every rank gets its result.
+  absl::StatusOr<std::string> path = JoinPath(root, CheckpointFolderName(step_));
+  if (rank == 0) {
+    ShardedCheckpointCommit commit;
+    commit.layout = &layout;
+    commit.shards = world;
+    commit.model_config_json = ConfigToJson(config_.model);
+    commit.trainer = TrainerStateNow();
+    for (const std::string& list : *lists) {
+      for (const Json& f : Json::parse(list)) {
+        commit.shard_files.push_back(CheckpointFile{f.at("name").get<std::string>(),
+                                                    f.at("bytes").get<int64_t>(),
+                                                    f.at("sha256").get<std::string>()});
+      }
+    }
+    path = CommitShardedCheckpoint(root, commit);
+    if (path.ok()) {
+      absl::StatusOr<std::vector<std::string>> removed =
+          PruneCheckpoints(root, config_.checkpoint.keep_last);
+      if (!removed.ok()) path = removed.status();
+    } else {
+      (void)AbortShardedCheckpoint(root, step_);
+    }
+  }
+  TRAINER_RETURN_IF_ERROR(AgreeOnStatus(path.status()));
+  last_saved_step_ = step_;
+  last_saved_path_ = JoinPath(root, CheckpointFolderName(step_));
+  return last_saved_path_;
+}
+
 absl::Status Trainer::Resume() {
   const std::string& root = options_.checkpoint_dir;
   if (root.empty()) {
     return absl::FailedPreconditionError("Trainer::Resume: no checkpoint folder was given");
   }
-  if (collective_->world() != 1) {
-    return absl::FailedPreconditionError(
-        "Trainer::Resume reads a single process's checkpoint; a data-parallel run resumes per "
-        "rank");
-  }
-  // The newest complete step folder (one with a manifest). The writer never leaves a step folder
-  // without one (it renames a finished folder into place), so a newer folder without one was
-  // damaged or copied in part: it is moved aside below, once the complete one has been read.
-  absl::StatusOr<std::vector<CheckpointEntry>> all = ListCheckpoints(root);
-  if (!all.ok()) return all.status();
-  const CheckpointEntry* latest = nullptr;
-  for (auto it = all->rbegin(); it != all->rend() && latest == nullptr; ++it) {
-    if (it->has_manifest) latest = &*it;
-  }
-  if (latest == nullptr) {
-    return absl::NotFoundError(absl::StrCat(
-        "no complete checkpoint under ", root,
-        all->empty() ? std::string()
-                     : absl::StrCat(" (", all->size(), " step folder", all->size() == 1 ? "" : "s",
-                                    " without ", kManifestFile, ")")));
-  }
-  // A complete folder that does not verify is damaged: an error naming the file, never silently
-  // passed over for an older one.
-  absl::StatusOr<Checkpoint> ck = Checkpoint::Open(latest->path, /*verify_checksums=*/true);
-  if (!ck.ok()) return WithPrefix(ck.status(), absl::StrCat("cannot resume from ", root, ": "));
-  const std::string config_file = JoinPath(latest->path, kConfigFile);
-  absl::StatusOr<LongNetConfig> saved = ParseConfigJson(ck->model_config_json());
-  if (!saved.ok()) {
-    return absl::DataLossError(absl::StrCat(config_file, ": ", saved.status().message()));
-  }
-  if (*saved != config_.model) {
-    const std::vector<std::string> diff =
-        Differences(Json::parse(ConfigToJson(*saved)), Json::parse(ConfigToJson(config_.model)));
-    return absl::FailedPreconditionError(
-        absl::StrCat(config_file,
-                     ": the checkpoint's model differs from this run's (trainer config field "
-                     "\"model\"): ",
-                     absl::StrJoin(diff, "; ")));
-  }
+  const int rank = collective_->rank();
+  const ShardRange mine = shards_[static_cast<size_t>(rank)];
   const ParamLayout& layout = model_->layout();
   std::vector<float> params(static_cast<size_t>(layout.total()));
-  AdamWState state;
-  TRAINER_RETURN_IF_ERROR(ck->Restore(layout, absl::MakeSpan(params), &state));
-  const TrainerState& ts = ck->trainer_state();
-  const std::string state_file = JoinPath(latest->path, kTrainerStateFile);
-  absl::Status cursor = train_sampler_->Restore(ts.sampler);
-  if (!cursor.ok()) {
-    return absl::FailedPreconditionError(
-        absl::StrCat(state_file,
-                     ": the checkpoint's data cursor does not fit this run (its seed, seq_len, "
-                     "batch_size or split differ): ",
-                     cursor.message()));
+  std::vector<float> m(static_cast<size_t>(mine.size())), v(m.size());
+  std::vector<CheckpointEntry> all;
+  CheckpointEntry latest;
+  std::vector<std::pair<std::string, std::string>> moves;  // Incomplete folder -> aside.
+  int64_t updates = 0;
+  absl::StatusOr<Rng> rng = Rng::FromState({1, 0, 0, 0});
+  // Every rank reads on its own: the newest complete checkpoint, verified, all the weights and
+  // this rank's range of the moments (whatever number of ranks wrote it).
+  auto read = [&]() -> absl::Status {
+    // The newest complete step folder (one with a manifest). The writer never leaves a step
+    // folder without one (it renames a finished folder into place), so a newer folder without
+    // one was damaged or copied in part: it is moved aside below, once the complete one has been
+    // read.
+    absl::StatusOr<std::vector<CheckpointEntry>> listed = ListCheckpoints(root);
+    if (!listed.ok()) return listed.status();
+    all = *std::move(listed);
+    const CheckpointEntry* newest = nullptr;
+    for (auto it = all.rbegin(); it != all.rend() && newest == nullptr; ++it) {
+      if (it->has_manifest) newest = &*it;
+    }
+    if (newest == nullptr) {
+      return absl::NotFoundError(absl::StrCat(
+          "no complete checkpoint under ", root,
+          all.empty() ? std::string()
+                      : absl::StrCat(" (", all.size(), " step folder", all.size() == 1 ? "" : "s",
+                                     " without ", kManifestFile, ")")));
+    }
+    latest = *newest;
+    // A complete folder that does not verify is damaged: an error naming the file, never
+    // silently passed over for an older one.
+    absl::StatusOr<Checkpoint> ck = Checkpoint::Open(latest.path, /*verify_checksums=*/true);
+    if (!ck.ok()) return WithPrefix(ck.status(), absl::StrCat("cannot resume from ", root, ": "));
+    const std::string config_file = JoinPath(latest.path, kConfigFile);
+    absl::StatusOr<LongNetConfig> saved = ParseConfigJson(ck->model_config_json());
+    if (!saved.ok()) {
+      return absl::DataLossError(absl::StrCat(config_file, ": ", saved.status().message()));
+    }
+    if (*saved != config_.model) {
+      const std::vector<std::string> diff =
+          Differences(Json::parse(ConfigToJson(*saved)), Json::parse(ConfigToJson(config_.model)));
+      return absl::FailedPreconditionError(
+          absl::StrCat(config_file,
+                       ": the checkpoint's model differs from this run's (trainer config field "
+                       "\"model\"): ",
+                       absl::StrJoin(diff, "; ")));
+    }
+    TRAINER_RETURN_IF_ERROR(ck->ReadWeights(layout, 0, absl::MakeSpan(params)));
+    TRAINER_RETURN_IF_ERROR(
+        ck->ReadMoments(layout, mine.begin, absl::MakeSpan(m), absl::MakeSpan(v)));
+    updates = ck->optimizer_step();
+    const TrainerState& ts = ck->trainer_state();
+    const std::string state_file = JoinPath(latest.path, kTrainerStateFile);
+    absl::Status cursor = train_sampler_->Restore(ts.sampler);
+    if (!cursor.ok()) {
+      return absl::FailedPreconditionError(
+          absl::StrCat(state_file,
+                       ": the checkpoint's data cursor does not fit this run (its seed, seq_len, "
+                       "batch_size or split differ): ",
+                       cursor.message()));
+    }
+    rng = Rng::FromState(ts.rng_state);
+    if (!rng.ok()) {
+      return absl::DataLossError(absl::StrCat(state_file, ": ", rng.status().message()));
+    }
+    TRAINER_RETURN_IF_ERROR(RestoreExtra(ts.extra_json, state_file));
+    step_ = ts.step;
+    tokens_seen_ = ts.tokens_seen;
+    // Where the newer incomplete folders go, named before rank 0 moves any (after every rank has
+    // read, below).
+    for (const CheckpointEntry& e : all) {
+      if (e.step <= latest.step) continue;
+      std::string aside = absl::StrCat(e.path, ".incomplete");
+      for (int i = 2; fs::exists(aside); ++i) aside = absl::StrCat(e.path, ".incomplete-", i);
+      moves.emplace_back(e.path, aside);
+    }
+    return absl::OkStatus();
+  };
+  TRAINER_RETURN_IF_ERROR(AgreeOnStatus(read()));
+  // The ranks must have read the same checkpoint (they list one shared folder; a save in between
+  // or a folder that is not shared would make them differ).
+  if (collective_->world() > 1) {
+    absl::StatusOr<std::vector<double>> steps =
+        collective_->AllGather({static_cast<double>(latest.step)});
+    if (!steps.ok()) return steps.status();
+    for (size_t r = 0; r < steps->size(); ++r) {
+      if ((*steps)[r] != (*steps)[0]) {
+        std::vector<std::string> seen;
+        for (size_t q = 0; q < steps->size(); ++q) {
+          seen.push_back(absl::StrCat("rank ", q, " step ", std::llround((*steps)[q])));
+        }
+        return absl::FailedPreconditionError(
+            absl::StrCat("the ranks see different newest checkpoints under ", root, ": ",
+                         absl::StrJoin(seen, ", "),
+                         " (is the folder shared, and was nothing saved meanwhile?)"));
+      }
+    }
   }
-  absl::StatusOr<Rng> rng = Rng::FromState(ts.rng_state);
-  if (!rng.ok()) return absl::DataLossError(absl::StrCat(state_file, ": ", rng.status().message()));
-  TRAINER_RETURN_IF_ERROR(RestoreExtra(ts.extra_json, state_file));
   TRAINER_RETURN_IF_ERROR(model_->WriteParams(0, params));
-  TRAINER_RETURN_IF_ERROR(optimizer_->WriteMoments(state.m, state.v));
-  // Incomplete folders newer than this one: moved aside (not deleted), so that this run can write
-  // those steps again.
-  for (const CheckpointEntry& e : *all) {
-    if (e.step <= latest->step) continue;
-    std::string aside = absl::StrCat(e.path, ".incomplete");
-    for (int i = 2; fs::exists(aside); ++i) aside = absl::StrCat(e.path, ".incomplete-", i);
-    std::error_code ec;
-    fs::rename(e.path, aside, ec);
-    if (ec) return FileError("rename", e.path, ec.value());
-    resume_notes_.push_back(
-        absl::StrCat(e.path, " has no ", kManifestFile, " (incomplete): moved to ", aside));
+  TRAINER_RETURN_IF_ERROR(optimizer_->WriteMoments(m, v));
+  // Incomplete folders newer than this one: moved aside (not deleted, by rank 0), so that this
+  // run can write those steps again.
+  std::vector<std::string> notes;
+  absl::Status moved = absl::OkStatus();
+  for (const auto& [path, aside] : moves) {
+    if (rank == 0) {
+      std::error_code ec;
+      fs::rename(path, aside, ec);
+      if (ec) {
+        moved = FileError("rename", path, ec.value());
+        break;
+      }
+    }
+    notes.push_back(
+        absl::StrCat(path, " has no ", kManifestFile, " (incomplete): moved to ", aside));
   }
+  TRAINER_RETURN_IF_ERROR(AgreeOnStatus(moved));
+  resume_notes_.insert(resume_notes_.end(), notes.begin(), notes.end());
   rng_ = *rng;
-  updates_ = state.step;
-  step_ = ts.step;
-  tokens_seen_ = ts.tokens_seen;
+  updates_ = updates;
   last_saved_step_ = step_;
-  last_saved_path_ = latest->path;
-  resumed_from_ = latest->path;
+  last_saved_path_ = latest.path;
+  resumed_from_ = latest.path;
   return absl::OkStatus();
 }
 
@@ -666,11 +884,19 @@ absl::Status Trainer::Run(const RunCallbacks& callbacks) {
     TRAINER_RETURN_IF_ERROR(evaluate());
   }
   while (step_ < config_.steps) {
-    if (callbacks.stop != nullptr && callbacks.stop->load()) {
+    // With several ranks the decision is collective: every rank stops at the same step.
+    absl::StatusOr<std::vector<int>> asking =
+        RanksAskingToStop(callbacks.stop != nullptr && callbacks.stop->load());
+    if (!asking.ok()) return asking.status();
+    if (!asking->empty()) {
       TRAINER_RETURN_IF_ERROR(save());
-      return absl::CancelledError(
-          absl::StrCat("stopped by request after step ", step_,
-                       can_save ? absl::StrCat("; checkpoint ", last_saved_path_) : std::string()));
+      return absl::CancelledError(absl::StrCat(
+          "stopped by request",
+          collective_->world() > 1 ? absl::StrCat(" of rank", asking->size() == 1 ? " " : "s ",
+                                                  absl::StrJoin(*asking, ", "))
+                                   : std::string(),
+          " after step ", step_,
+          can_save ? absl::StrCat("; checkpoint ", last_saved_path_) : std::string()));
     }
     absl::StatusOr<StepResult> result = Step();
     if (!result.ok()) return result.status();

@@ -1,0 +1,209 @@
+#include "model/comm_collective.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+
+namespace dattn {
+namespace model {
+namespace {
+
+using comm::P2POp;
+using comm::Stream;
+
+absl::Status Prefixed(const absl::Status& s, const char* call) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(call, ": ", s.message()));
+}
+
+class CommunicatorCollective final : public TrainerCollective {
+ public:
+  CommunicatorCollective(comm::Communicator* comm, const CommCollectiveOptions& options)
+      : comm_(comm), options_(options) {}
+
+  int rank() const override { return comm_->rank(); }
+  int world() const override { return comm_->size(); }
+
+  absl::Status ReduceScatterGradients(float* grads, int64_t n,
+                                      absl::Span<const ShardRange> shards) override {
+    constexpr char kCall[] = "ReduceScatterGradients";
+    if (absl::Status s = Check(kCall, grads, n, shards); !s.ok()) return s;
+    const int w = world();
+    const int me = rank();
+    if (w == 1) return absl::OkStatus();
+    int64_t largest = 0;
+    for (const ShardRange& s : shards) largest = std::max(largest, s.size());
+    const int64_t budget = std::max<int64_t>(options_.max_temp_bytes, 0) / 4 / w;
+    const int64_t chunk = std::max<int64_t>(1, std::min(largest, std::max<int64_t>(1024, budget)));
+    const ShardRange mine = shards[static_cast<size_t>(me)];
+    const int64_t my_chunk = std::min(chunk, mine.size());
+    // Slot p holds peer p's copy of this chunk of my shard (slot me is unused: my copy is in
+    // grads); acc accumulates the sum.
+    std::vector<float> received(static_cast<size_t>(w) * static_cast<size_t>(my_chunk));
+    std::vector<float> acc(static_cast<size_t>(my_chunk));
+    const int64_t rounds = largest == 0 ? 0 : (largest + chunk - 1) / chunk;
+    std::vector<P2POp> ops;
+    std::vector<const float*> sources(static_cast<size_t>(w));
+    for (int64_t round = 0; round < rounds; ++round) {
+      ops.clear();
+      const int64_t lo = mine.begin + round * chunk;
+      const int64_t len = std::max<int64_t>(0, std::min(mine.end, lo + chunk) - lo);
+      for (int p = 0; p < w; ++p) {
+        if (p == me) continue;
+        const ShardRange& theirs = shards[static_cast<size_t>(p)];
+        const int64_t their_lo = theirs.begin + round * chunk;
+        const int64_t their_len = std::min(theirs.end, their_lo + chunk) - their_lo;
+        if (their_len > 0) {
+          ops.push_back(P2POp::Send(p, grads + their_lo, their_len, DType::kFloat32));
+        }
+        if (len > 0) {
+          ops.push_back(P2POp::Recv(p, received.data() + static_cast<size_t>(p) * my_chunk, len,
+                                    DType::kFloat32));
+        }
+      }
+      if (!ops.empty()) {
+        if (absl::Status s = Exchange(ops); !s.ok()) return Prefixed(s, kCall);
+      }
+      if (len == 0) continue;
+      for (int p = 0; p < w; ++p) {
+        sources[static_cast<size_t>(p)] =
+            p == me ? grads + lo : received.data() + static_cast<size_t>(p) * my_chunk;
+      }
+      // The documented order: ((g_0 + g_1) + g_2) + ... in fp32, element by element.
+      std::memcpy(acc.data(), sources[0], static_cast<size_t>(len) * sizeof(float));
+      for (int p = 1; p < w; ++p) {
+        const float* src = sources[static_cast<size_t>(p)];
+        for (int64_t i = 0; i < len; ++i) acc[static_cast<size_t>(i)] += src[i];
+      }
+      std::memcpy(grads + lo, acc.data(), static_cast<size_t>(len) * sizeof(float));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status AllGatherParameters(float* params, int64_t n,
+                                   absl::Span<const ShardRange> shards) override {
+    constexpr char kCall[] = "AllGatherParameters";
+    if (absl::Status s = Check(kCall, params, n, shards); !s.ok()) return s;
+    const int w = world();
+    const int me = rank();
+    if (w == 1) return absl::OkStatus();
+    const ShardRange mine = shards[static_cast<size_t>(me)];
+    std::vector<P2POp> ops;
+    for (int p = 0; p < w; ++p) {
+      if (p == me) continue;
+      const ShardRange& theirs = shards[static_cast<size_t>(p)];
+      if (mine.size() > 0) {
+        ops.push_back(P2POp::Send(p, params + mine.begin, mine.size(), DType::kFloat32));
+      }
+      if (theirs.size() > 0) {
+        ops.push_back(P2POp::Recv(p, params + theirs.begin, theirs.size(), DType::kFloat32));
+      }
+    }
+    if (ops.empty()) return absl::OkStatus();
+    return Prefixed(Exchange(ops), kCall);
+  }
+
+  absl::StatusOr<std::vector<double>> AllGather(absl::Span<const double> values) override {
+    if (absl::Status s = HostOnly("AllGather"); !s.ok()) return s;
+    const int64_t k = static_cast<int64_t>(values.size());
+    std::vector<double> out(static_cast<size_t>(k) * static_cast<size_t>(world()));
+    if (k == 0) return out;
+    absl::Status s = comm_->AllGather(values.data(), out.data(), k, DType::kFloat64, Stream{});
+    if (!s.ok()) return Prefixed(s, "AllGather");
+    return out;
+  }
+
+  absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& bytes) override {
+    constexpr char kCall[] = "AllGatherBytes";
+    if (absl::Status s = HostOnly(kCall); !s.ok()) return s;
+    const int w = world();
+    // The lengths (exact in fp64 below 2^53), then every message padded to the longest, moved as
+    // fp64 words (raw copies: the transport does no arithmetic on an all-gather).
+    const double length = static_cast<double>(bytes.size());
+    std::vector<double> lengths(static_cast<size_t>(w));
+    absl::Status s = comm_->AllGather(&length, lengths.data(), 1, DType::kFloat64, Stream{});
+    if (!s.ok()) return Prefixed(s, kCall);
+    int64_t longest = 0;
+    for (double l : lengths) longest = std::max(longest, static_cast<int64_t>(l));
+    const int64_t words = (longest + 7) / 8;
+    std::vector<std::string> out(static_cast<size_t>(w));
+    if (words == 0) return out;
+    std::vector<double> send(static_cast<size_t>(words), 0.0);
+    std::memcpy(send.data(), bytes.data(), bytes.size());
+    std::vector<double> all(static_cast<size_t>(words) * static_cast<size_t>(w));
+    s = comm_->AllGather(send.data(), all.data(), words, DType::kFloat64, Stream{});
+    if (!s.ok()) return Prefixed(s, kCall);
+    for (int r = 0; r < w; ++r) {
+      const char* from = reinterpret_cast<const char*>(all.data() + static_cast<size_t>(r) * words);
+      out[static_cast<size_t>(r)].assign(from,
+                                         static_cast<size_t>(lengths[static_cast<size_t>(r)]));
+    }
+    return out;
+  }
+
+  absl::Status Barrier() override {
+    if (absl::Status s = HostOnly("Barrier"); !s.ok()) return s;
+    return Prefixed(comm_->Barrier(), "Barrier");
+  }
+
+ private:
+  absl::Status HostOnly(const char* call) const {
+    if (comm_->device() != Device::kCpu) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          call, ": the communicator collective works on host memory; this ", comm_->name(),
+          " communicator's buffers are on ", DeviceName(comm_->device())));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Check(const char* call, const float* buffer, int64_t n,
+                     absl::Span<const ShardRange> shards) const {
+    if (absl::Status s = HostOnly(call); !s.ok()) return s;
+    if (buffer == nullptr || n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(call, ": a buffer of ", n, " elements at ",
+                                                     buffer == nullptr ? "null" : "a pointer"));
+    }
+    if (static_cast<int64_t>(shards.size()) != world()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(call, ": ", shards.size(), " shards for ", world(), " ranks"));
+    }
+    int64_t next = 0;
+    for (size_t r = 0; r < shards.size(); ++r) {
+      if (shards[r].begin != next || shards[r].end < shards[r].begin) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(call, ": shard ", r, " is [", shards[r].begin, ", ", shards[r].end,
+                         "); the shards must tile [0, ", n,
+                         ") in rank order (the previous ended at ", next, ")"));
+      }
+      next = shards[r].end;
+    }
+    if (next != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(call, ": the shards end at ", next, ", the buffer has ", n, " elements"));
+    }
+    return absl::OkStatus();
+  }
+
+  absl::Status Exchange(const std::vector<P2POp>& ops) {
+    absl::StatusOr<std::unique_ptr<comm::Work>> work = comm_->StartGroup(ops, Stream{});
+    if (!work.ok()) return work.status();
+    return (*work)->Wait(Stream{});
+  }
+
+  comm::Communicator* const comm_;
+  const CommCollectiveOptions options_;
+};
+
+}  // namespace
+
+std::unique_ptr<TrainerCollective> NewCommunicatorCollective(comm::Communicator* world,
+                                                             const CommCollectiveOptions& options) {
+  return std::make_unique<CommunicatorCollective>(world, options);
+}
+
+}  // namespace model
+}  // namespace dattn

@@ -1,4 +1,5 @@
-// Fuzzes the coordinator's request validation (server/requests.h) with the attention kind: the
+// Fuzzes the coordinator's request validation (server/requests.h) with its kinds (attention and
+// training jobs: the trainer config's JSON included): the
 // input is a serialized SubmitJobRequest (as gRPC hands it over); a request that validates is
 // carried through everything the coordinator derives from its analysis (each rank's plan on each
 // device kind, the output layout and shard headers, a result accumulator). The same bytes are also
@@ -12,6 +13,7 @@
 #include "server/attention_kind.h"
 #include "server/metrics.h"
 #include "server/requests.h"
+#include "server/training_kind.h"
 
 namespace {
 
@@ -25,6 +27,7 @@ const WorkKinds& Kinds() {
   static WorkKinds* kinds = [] {
     auto* k = new WorkKinds();
     k->Add(std::make_unique<dattn::server::AttentionKind>(metrics));
+    k->Add(std::make_unique<dattn::server::TrainingKind>(metrics));
     return k;
   }();
   return *kinds;

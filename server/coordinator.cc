@@ -9,6 +9,7 @@
 #include "api/limits.h"
 #include "api/tenant.h"
 #include "server/attention_kind.h"
+#include "server/training_kind.h"
 #include "server/job_state.h"
 #include "server/log.h"
 #include "server/proto_time.h"
@@ -55,6 +56,7 @@ Coordinator::Coordinator(CoordinatorOptions options, Metrics* metrics)
                             options_.stream_poll_interval}) {
   // The kinds of work this coordinator runs: adding a kind is one line here.
   kinds_.Add(std::make_unique<AttentionKind>(metrics_));
+  kinds_.Add(std::make_unique<TrainingKind>(metrics_));
   absl::MutexLock lock(&mu_);
   dispatcher_.Attach(&book_, &workers_, &rings_);
 }

@@ -57,6 +57,14 @@ void JobRunner::TakeReport(const Report& report, Tickets* tickets) {
             absl::StrCat("rank ", task->rank, " on ", workers_->Describe(task->worker_id)),
             report.missing_ranks,
             tickets};
+  // The kind's own figures (a training job's loss, evaluations, checkpoints), from any report.
+  {
+    JobRun* run = report.run;
+    std::vector<v1::JobEvent> events;
+    run->kind->TakeProgress(*run->analysis, run->device, task->rank, *report.report, &run->job,
+                            &events);
+    for (v1::JobEvent& event : events) tickets->push_back(Append(run, std::move(event)));
+  }
   switch (report.report->state()) {
     case v1::TASK_STATE_STARTED:
       OnStarted(c);
@@ -140,7 +148,10 @@ Ticket JobRunner::Transition(JobRun* run, v1::JobState state, const std::string&
     rings_->End(run->job.job_id(), "");
     dispatcher_->Kick();  // The scheduling loop destroys the retired store.
   }
-  if (IsActiveRun(from) && !IsActiveRun(state)) activity_->SignalAll();
+  if (IsActiveRun(from) && !IsActiveRun(state)) {
+    run->kind->AttemptEnded(run->job.job_id());
+    activity_->SignalAll();
+  }
   return ticket;
 }
 
@@ -177,6 +188,11 @@ void JobRunner::Requeue(JobRun* run, const std::string& kind, const std::string&
   mu_->AssertHeld();
   run->job.set_attempt(run->job.attempt() + 1);
   run->job.mutable_progress()->set_steps_done(0);
+  // Per-attempt figures start again; what the attempts share (a training job's checkpoints, its
+  // last loss) stays until the next attempt reports.
+  if (run->job.progress().has_training()) {
+    run->job.mutable_progress()->mutable_training()->set_resumed_from_step(0);
+  }
   tickets->push_back(Transition(run, v1::JOB_STATE_QUEUED, kind, message));
   run->queued_since = clock_->Now();
   Enqueue(run);
@@ -292,8 +308,7 @@ void JobRunner::OnProgress(Context& c) {
   run->last_progress_write = now;
   v1::JobEvent event;
   event.set_kind("progress");
-  event.set_message(
-      absl::StrCat(progress->steps_done(), " of ", progress->steps_total(), " steps"));
+  event.set_message(run->kind->ProgressMessage(*progress));
   *event.mutable_progress() = *progress;
   c.tickets->push_back(Append(run, std::move(event)));
 }

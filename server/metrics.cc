@@ -184,21 +184,92 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                      "observation per formed ring).")
                                  .Register(*registry_);
 
+  training_loss_ = &prometheus::BuildGauge()
+                        .Name("dattn_training_loss")
+                        .Help(
+                            "Training loss of the last step a running training job reported "
+                            "(unit: nats per token; NaN when not finite). One series per running "
+                            "job, removed when it ends.")
+                        .Register(*registry_);
+  training_validation_loss_ =
+      &prometheus::BuildGauge()
+           .Name("dattn_training_validation_loss")
+           .Help(
+               "Validation loss of a running training job's last evaluation (unit: nats per "
+               "token). One series per running job that evaluated, removed when it ends.")
+           .Register(*registry_);
+  training_tokens_per_second_ =
+      &prometheus::BuildGauge()
+           .Name("dattn_training_tokens_per_second")
+           .Help(
+               "Training tokens of a running job's last reported step over its time, all ranks "
+               "together (unit: tokens per second).")
+           .Register(*registry_);
+  training_mfu_ = &prometheus::BuildGauge()
+                       .Name("dattn_training_mfu")
+                       .Help(
+                           "Model FLOPs of a running training job's last reported step over its "
+                           "time and its ranks' nominal peak (unit: ratio 0..1; 0 where no peak "
+                           "is known: CPU workers).")
+                       .Register(*registry_);
+  training_steps_ = &prometheus::BuildCounter()
+                         .Name("dattn_training_steps_total")
+                         .Help(
+                             "Training steps done by every training job, as their progress "
+                             "reports say (unit: steps; steps redone after a resume count again).")
+                         .Register(*registry_)
+                         .Add({});
+  training_tokens_ = &prometheus::BuildCounter()
+                          .Name("dattn_training_tokens_total")
+                          .Help(
+                              "Training tokens consumed by every training job (unit: tokens; "
+                              "batch_size * seq_len per step).")
+                          .Register(*registry_)
+                          .Add({});
+  training_step_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("dattn_training_step_seconds")
+           .Help(
+               "Time of a training step as each progress report gives it: the last step before "
+               "the report (unit: seconds).")
+           .Register(*registry_);
+  training_checkpoint_seconds_ =
+      &prometheus::BuildHistogram()
+           .Name("dattn_training_checkpoint_seconds")
+           .Help(
+               "Time to write one checkpoint of a training job, every rank's shard and the "
+               "manifest (unit: seconds; one observation per checkpoint).")
+           .Register(*registry_)
+           .Add({}, prometheus::Histogram::BucketBoundaries{0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100,
+                                                            300});
+  training_checkpoint_bytes_ =
+      &prometheus::BuildHistogram()
+           .Name("dattn_training_checkpoint_bytes")
+           .Help("Size of one checkpoint of a training job, every file (unit: bytes).")
+           .Register(*registry_)
+           .Add({}, prometheus::Histogram::BucketBoundaries{1 << 20, 16 << 20, 256 << 20, 1 << 30,
+                                                            4.0 * (1 << 30), 16.0 * (1 << 30),
+                                                            64.0 * (1 << 30)});
+
   // Label sets known now, at zero, so that every name is scrapeable from the start.
-  for (v1::JobState state : kAllStates) {
-    JobGauge("attention", state);
-    if (IsTerminal(state))
-      finished_->Add({{"kind", "attention"}, {"state", Str(StateName(state))}});
+  for (const char* kind : {"attention", "training"}) {
+    for (v1::JobState state : kAllStates) {
+      JobGauge(kind, state);
+      if (IsTerminal(state)) finished_->Add({{"kind", kind}, {"state", Str(StateName(state))}});
+    }
+    submitted_->Add({{"kind", kind}});
+    ObserveJobDuration(kind, -1);  // Creates the series; negative values are not recorded.
+    ObserveQueueWait(kind, -1);
   }
-  submitted_->Add({{"kind", "attention"}});
   for (const char* state : {"ready", "draining", "dead"}) workers_->Add({{"state", state}});
   for (const char* kind : {"worker_lost", "coordinator_restarted", "worker_reregistered",
                            "task_failed", "drain_timeout"}) {
     recoveries_->Add({{"kind", kind}});
   }
-  ObserveJobDuration("attention", -1);  // Creates the series; negative values are not recorded.
-  ObserveQueueWait("attention", -1);
-  for (const char* device : {"cpu", "gpu"}) ObserveAttentionJob(device, -1, -1);
+  for (const char* device : {"cpu", "gpu"}) {
+    ObserveAttentionJob(device, -1, -1);
+    training_step_seconds_->Add({{"device", device}}, metrics::StepSecondsBuckets());
+  }
   for (const char* backend : {"gloo", "nccl"}) {
     for (const char* outcome : {"formed", "timed_out", "failed"}) {
       ring_formations_->Add({{"backend", backend}, {"outcome", outcome}});
@@ -359,6 +430,37 @@ void Metrics::CountRingFormation(absl::string_view backend, absl::string_view ou
   if (outcome.empty()) return;
   ring_formations_->Add({{"backend", Str(backend)}, {"outcome", Str(outcome)}}).Increment();
   if (outcome == "formed" && seconds >= 0) h.Observe(seconds);
+}
+
+void Metrics::ObserveTrainingProgress(absl::string_view job_id, absl::string_view device,
+                                      double loss, double tokens_per_second, double mfu,
+                                      double step_seconds, int64_t steps, int64_t tokens) {
+  const std::map<std::string, std::string> labels = {{"job_id", Str(job_id)}};
+  training_loss_->Add(labels).Set(loss);
+  training_tokens_per_second_->Add(labels).Set(tokens_per_second);
+  training_mfu_->Add(labels).Set(mfu);
+  if (steps > 0) training_steps_->Increment(static_cast<double>(steps));
+  if (tokens > 0) training_tokens_->Increment(static_cast<double>(tokens));
+  prometheus::Histogram& h =
+      training_step_seconds_->Add({{"device", Str(device)}}, metrics::StepSecondsBuckets());
+  if (step_seconds > 0) h.Observe(step_seconds);
+}
+
+void Metrics::SetTrainingValidationLoss(absl::string_view job_id, double loss) {
+  training_validation_loss_->Add({{"job_id", Str(job_id)}}).Set(loss);
+}
+
+void Metrics::ObserveTrainingCheckpoint(double seconds, int64_t bytes) {
+  if (seconds >= 0) training_checkpoint_seconds_->Observe(seconds);
+  if (bytes >= 0) training_checkpoint_bytes_->Observe(static_cast<double>(bytes));
+}
+
+void Metrics::RemoveTrainingJob(absl::string_view job_id) {
+  const std::map<std::string, std::string> labels = {{"job_id", Str(job_id)}};
+  for (prometheus::Family<prometheus::Gauge>* family :
+       {training_loss_, training_validation_loss_, training_tokens_per_second_, training_mfu_}) {
+    if (family->Has(labels)) family->Remove(&family->Add(labels));
+  }
 }
 
 }  // namespace server

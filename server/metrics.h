@@ -35,6 +35,18 @@
 //                                                     ended: formed | timed_out | failed
 //   dattn_ring_formation_seconds{backend}  histogram  formation time of each formed ring (its
 //                                                     slowest rank: arrival to communicator)
+//   dattn_training_loss{job_id}            gauge      last reported training loss of each running
+//                                                     training job (NaN when not finite)
+//   dattn_training_validation_loss{job_id} gauge      its last validation loss
+//   dattn_training_tokens_per_second{job_id} gauge    its last step's tokens/s (all ranks)
+//   dattn_training_mfu{job_id}             gauge      its last step's model FLOPs utilisation
+//   dattn_training_steps_total             counter    training steps done (all jobs)
+//   dattn_training_tokens_total            counter    training tokens consumed (all jobs)
+//   dattn_training_step_seconds{device}    histogram  each reported step's time
+//   dattn_training_checkpoint_seconds      histogram  time to write each checkpoint
+//   dattn_training_checkpoint_bytes        histogram  size of each checkpoint
+//
+// Per-job training series (job_id) exist while the job runs and are removed when it ends.
 //
 // Per-worker series are labelled with the worker's name (stable across its restarts) and removed
 // when the coordinator forgets the worker.
@@ -117,6 +129,18 @@ class Metrics {
   // is observed for "formed" only.
   void CountRingFormation(absl::string_view backend, absl::string_view outcome, double seconds);
 
+  // A training job's new figures: its last step's loss (any value: NaN and infinities are kept,
+  // for the "loss not finite" alert), tokens/s and MFU; `steps` and `tokens` more steps and
+  // tokens done since its last report (counted once: the caller passes differences); `step_seconds`
+  // observed when > 0. `device` is "cpu" or "gpu".
+  void ObserveTrainingProgress(absl::string_view job_id, absl::string_view device, double loss,
+                               double tokens_per_second, double mfu, double step_seconds,
+                               int64_t steps, int64_t tokens);
+  void SetTrainingValidationLoss(absl::string_view job_id, double loss);
+  void ObserveTrainingCheckpoint(double seconds, int64_t bytes);
+  // Drops the job's per-job training series (it ended, or is no longer running here).
+  void RemoveTrainingJob(absl::string_view job_id);
+
  private:
   prometheus::Gauge& JobGauge(absl::string_view kind, v1::JobState state);
 
@@ -144,6 +168,15 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* worker_memory_reserved_;
   prometheus::Family<prometheus::Counter>* ring_formations_;
   prometheus::Family<prometheus::Histogram>* ring_formation_seconds_;
+  prometheus::Family<prometheus::Gauge>* training_loss_;
+  prometheus::Family<prometheus::Gauge>* training_validation_loss_;
+  prometheus::Family<prometheus::Gauge>* training_tokens_per_second_;
+  prometheus::Family<prometheus::Gauge>* training_mfu_;
+  prometheus::Counter* training_steps_;
+  prometheus::Counter* training_tokens_;
+  prometheus::Family<prometheus::Histogram>* training_step_seconds_;
+  prometheus::Histogram* training_checkpoint_seconds_;
+  prometheus::Histogram* training_checkpoint_bytes_;
 };
 
 }  // namespace server

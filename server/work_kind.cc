@@ -2,10 +2,20 @@
 
 #include <utility>
 
+#include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 
 namespace dattn {
 namespace server {
+
+void WorkKind::TakeProgress(const JobAnalysis&, size_t, int, const v1::TaskReport&, v1::Job*,
+                            std::vector<v1::JobEvent>*) const {}
+
+std::string WorkKind::ProgressMessage(const v1::JobProgress& progress) const {
+  return absl::StrCat(progress.steps_done(), " of ", progress.steps_total(), " steps");
+}
+
+void WorkKind::AttemptEnded(const std::string&) const {}
 
 void WorkKinds::Add(std::unique_ptr<WorkKind> kind) { kinds_.push_back(std::move(kind)); }
 

@@ -11,7 +11,9 @@
 //      worker never analyses the spec again;
 //   3. combines the ranks' reports of one attempt into the job's result (AttemptResults), and
 //      describes its stored output's layout;
-//   4. says which recoveries apply to its jobs after a failure.
+//   4. says which recoveries apply to its jobs after a failure;
+//   5. folds its own figures of the ranks' reports into the job (a training job's loss,
+//      evaluations and checkpoints) and names the events they imply.
 // The dispatcher turns JobAnalysis::devices into the scheduler's resource request.
 //
 // Kinds are immutable after construction and every method may be called from any thread.
@@ -108,6 +110,19 @@ class WorkKind {
   // and memory function (scheduler/recovery.h); the caller fills the failure and attempts.
   virtual void DescribeRecovery(const JobAnalysis& analysis, size_t device,
                                 scheduler::RecoveryInput* input) const = 0;
+
+  // A report of rank `rank` (any state) may carry the kind's own figures (a training job's
+  // progress.training): folds them into `job` (its live progress) and appends the events they
+  // imply to `events` (a training job's "checkpoint", "evaluation", "resumed"), which the caller
+  // records durably. Called under the coordinator's lock: must be quick. Default: nothing.
+  virtual void TakeProgress(const JobAnalysis& analysis, size_t device, int rank,
+                            const v1::TaskReport& report, v1::Job* job,
+                            std::vector<v1::JobEvent>* events) const;
+  // The message of a stored "progress" event. Default: "D of T steps".
+  virtual std::string ProgressMessage(const v1::JobProgress& progress) const;
+  // The job's attempt stopped running (the job ended, or went back to the queue): the kind drops
+  // what it keeps of a running attempt (its per-job metric series). Default: nothing.
+  virtual void AttemptEnded(const std::string& job_id) const;
 
   // Stored results. Whether a finished job's result names an output kept in the ResultStore (its
   // attempt's shards then stay with the job).

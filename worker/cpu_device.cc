@@ -10,6 +10,9 @@
 #include "engine/cpu_backend.h"
 #include "engine/memory_plan.h"
 #include "engine/ring/cpu_block_kernels.h"
+#include "model/comm_collective.h"
+#include "model/ring_sequence_attention.h"
+#include "model/trainable_model.h"
 #include "worker/host_info.h"
 
 namespace dattn {
@@ -82,6 +85,18 @@ class CpuDevice final : public TaskDevice {
     options.timeout = timeout;
     options.prefix = prefix;
     return comm::CreateGlooCommunicator(std::move(store), rank, size, options);
+  }
+  absl::StatusOr<std::unique_ptr<model::TrainableModel>> NewTrainableModel(
+      const model::LongNetConfig& config, const model::ModelOptions& options, int threads,
+      comm::Communicator* sequence_group) override {
+    if (sequence_group == nullptr) return model::NewCpuTrainableModel(config, options, threads);
+    return model::NewCpuTrainableModel(config, options, threads,
+                                       model::NewCpuRingSequenceAttention(sequence_group, threads));
+  }
+  absl::StatusOr<std::unique_ptr<model::TrainerCollective>> NewTrainerCollective(
+      comm::Communicator* world, model::TrainableModel*) override {
+    // The CPU model's buffers are host memory, which the Gloo communicator reads and writes.
+    return model::NewCommunicatorCollective(world);
   }
 
  private:

@@ -12,6 +12,7 @@
 #include "engine/cuda/cuda_status.h"
 #include "engine/memory_plan.h"
 #include "engine/ring/cuda_block_kernels.h"
+#include "model/cuda/cuda_trainable_model.h"
 #include "worker/normal_generator.h"
 #include "worker/random_inputs_cuda.h"
 
@@ -151,6 +152,20 @@ class CudaDevice final : public TaskDevice {
     options.prefix = prefix;
     return comm::CreateNcclCommunicator(std::move(store), rank, size, options);
   }
+  absl::StatusOr<std::unique_ptr<model::TrainableModel>> NewTrainableModel(
+      const model::LongNetConfig& config, const model::ModelOptions& options, int,
+      comm::Communicator* sequence_group) override {
+    if (sequence_group != nullptr) {
+      return absl::UnimplementedError(
+          "sequence-parallel training on GPU workers is not built yet: the CUDA model runs its "
+          "attention on this GPU alone");
+    }
+    model::cuda::CudaModelOptions cuda_options;
+    cuda_options.device = device_;
+    return model::cuda::NewCudaTrainableModel(config, options, cuda_options);
+  }
+  absl::StatusOr<std::unique_ptr<model::TrainerCollective>> NewTrainerCollective(
+      comm::Communicator* world, model::TrainableModel* model) override;
 
  private:
   const int device_;
@@ -158,6 +173,12 @@ class CudaDevice final : public TaskDevice {
   const std::string name_;
   const int64_t total_;
 };
+
+absl::StatusOr<std::unique_ptr<model::TrainerCollective>> CudaDevice::NewTrainerCollective(
+    comm::Communicator*, model::TrainableModel*) {
+  return absl::UnimplementedError(
+      "data-parallel training on GPU workers needs the NCCL collective of the CUDA model");
+}
 
 }  // namespace
 

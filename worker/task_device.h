@@ -25,6 +25,9 @@
 #include "engine/comm/communicator.h"
 #include "engine/comm/store.h"
 #include "engine/ring/block_kernels.h"
+#include "model/collective.h"
+#include "model/language_model.h"
+#include "model/trainable_model.h"
 #include "worker/random_inputs.h"
 
 namespace dattn {
@@ -85,6 +88,21 @@ class TaskDevice {
   virtual absl::StatusOr<std::unique_ptr<comm::Communicator>> NewCommunicator(
       const std::string& backend, std::shared_ptr<comm::Store> store, int rank, int size,
       const std::string& prefix, absl::Duration timeout) = 0;
+
+  // Training (worker/training_task.h). The LongNet model of `config` on this device
+  // (model/trainable_model.h: the CPU model with `threads` threads, or the CUDA model on this GPU).
+  // With `sequence_group` (borrowed; from NewCommunicator, it must outlive the model) the model's
+  // attention is the ring engine over it on this device's ring kernels
+  // (model/ring_sequence_attention.h): a sequence-parallel rank; null: the whole sequence here.
+  // UNIMPLEMENTED for what this device cannot train; the model's errors.
+  virtual absl::StatusOr<std::unique_ptr<model::TrainableModel>> NewTrainableModel(
+      const model::LongNetConfig& config, const model::ModelOptions& options, int threads,
+      comm::Communicator* sequence_group) = 0;
+  // The data-parallel collective (model/collective.h) over `world` (borrowed, from
+  // NewCommunicator) for `model` (borrowed; from NewTrainableModel). UNIMPLEMENTED where none
+  // exists.
+  virtual absl::StatusOr<std::unique_ptr<model::TrainerCollective>> NewTrainerCollective(
+      comm::Communicator* world, model::TrainableModel* model) = 0;
 };
 
 // A device that passes every call to another one: derive from it to change a few calls (the
@@ -126,6 +144,15 @@ class ForwardingDevice : public TaskDevice {
       const std::string& backend, std::shared_ptr<comm::Store> store, int rank, int size,
       const std::string& prefix, absl::Duration timeout) override {
     return base_->NewCommunicator(backend, std::move(store), rank, size, prefix, timeout);
+  }
+  absl::StatusOr<std::unique_ptr<model::TrainableModel>> NewTrainableModel(
+      const model::LongNetConfig& config, const model::ModelOptions& options, int threads,
+      comm::Communicator* sequence_group) override {
+    return base_->NewTrainableModel(config, options, threads, sequence_group);
+  }
+  absl::StatusOr<std::unique_ptr<model::TrainerCollective>> NewTrainerCollective(
+      comm::Communicator* world, model::TrainableModel* model) override {
+    return base_->NewTrainerCollective(world, model);
   }
 
  protected:

@@ -13,6 +13,7 @@
 #include "worker/cpu_device.h"
 #include "worker/host_info.h"
 #include "worker/log.h"
+#include "worker/training_task.h"
 
 namespace dattn {
 namespace worker {
@@ -74,6 +75,14 @@ const char* StateName(v1::TaskState state) {
 }
 
 std::string Describe(const v1::TaskAssignment& task) {
+  if (task.spec().has_training()) {
+    const v1::TrainingRankPlan& p = task.training_plan();
+    return absl::StrCat(
+        "training rank ", p.rank(), " of ", p.data_parallel(), " x ", p.sequence_parallel(), ", ",
+        p.memory_plan().empty() ? "" : "memory ", p.memory_plan(),
+        p.checkpoint_dir().empty() ? ", no checkpoints"
+                                   : absl::StrCat(", checkpoints in ", p.checkpoint_dir()));
+  }
   if (!task.spec().has_attention()) return "no attention work";
   const v1::AttentionJobSpec& job = task.spec().attention();
   const v1::TensorShape& s = job.shape();
@@ -109,8 +118,15 @@ struct Worker::Task {
   std::atomic<double> ring_formation_seconds{0};
   // The ring communicator while the task has one; a cancel aborts it so that a step waiting for
   // peers ends at once. Set and cleared by the task thread. Never locked together with mu_.
+  // Training tasks register none: their ranks stop together at a step boundary and save a
+  // checkpoint (worker/training_task.h), aborting their communicators themselves only when that
+  // takes too long.
   absl::Mutex comm_mu;
   comm::Communicator* comm ABSL_GUARDED_BY(comm_mu) = nullptr;
+  // A training task's figures as last reported (task thread only): every report of rank 0 carries
+  // them.
+  v1::TrainingProgress training;
+  bool reports_training = false;
   std::thread thread;
   bool done = false;  // Guarded by Worker::mu_ (see above): the thread has finished; join it.
 };
@@ -623,10 +639,18 @@ void Worker::HandleAssign(const v1::TaskAssignment& assign) {
     } else {
       auto task = std::make_shared<Task>();
       task->assignment = assign;
-      task->steps_total = std::max(1, assign.spec().attention().iterations());
-      absl::StatusOr<AttentionTaskPlan> plan = PlanAttentionTask(assign, device_->caps());
-      // A task whose plan is unusable fails in RunAttentionTask with the same error.
-      task->reserved_bytes = plan.ok() ? plan->memory_bytes : 0;
+      if (assign.spec().has_training()) {
+        // A task whose plan is unusable fails in RunTrainingTask with the same error.
+        absl::StatusOr<TrainingTaskPlan> plan = PlanTrainingTask(assign, device_->caps());
+        task->steps_total = plan.ok() ? std::max<int64_t>(1, plan->config.steps) : 1;
+        task->reserved_bytes = plan.ok() ? plan->memory_bytes : 0;
+        task->reports_training = plan.ok() && plan->rank == 0;
+      } else {
+        task->steps_total = std::max(1, assign.spec().attention().iterations());
+        absl::StatusOr<AttentionTaskPlan> plan = PlanAttentionTask(assign, device_->caps());
+        // A task whose plan is unusable fails in RunAttentionTask with the same error.
+        task->reserved_bytes = plan.ok() ? plan->memory_bytes : 0;
+      }
       if (options_.memory_bytes > 0) {
         task->budget_bytes = std::max<int64_t>(0, options_.memory_bytes - reserved_bytes_);
       }
@@ -740,79 +764,144 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
     report.set_state(state);
     report.mutable_progress()->set_steps_done(task->steps_done.load());
     report.mutable_progress()->set_steps_total(total);
+    if (task->reports_training) *report.mutable_progress()->mutable_training() = task->training;
     report.set_ring_formation_seconds(task->ring_formation_seconds.load());
     return report;
   };
 
   absl::Time last_progress = absl::InfinitePast();
-  AttentionTaskOptions run_options;
-  run_options.num_threads = threads_per_task_;
-  run_options.available_memory_bytes = task->budget_bytes;
-  if (task->budget_bytes < 0) {
-    run_options.reserve_memory = [this, &task](int64_t planned_bytes) {
-      return ReserveMemory(task.get(), planned_bytes);
-    };
-    run_options.on_allocated = [this, &task](int64_t bytes) {
-      absl::MutexLock lock(&mu_);
-      task->claimed_bytes = std::max<int64_t>(0, task->claimed_bytes - bytes);
-    };
-  }
-  run_options.member_name = absl::StrCat(options_.name, " (", worker_id(), ")");
-  run_options.default_comm_timeout = options_.default_comm_timeout;
-  run_options.store_tls = options_.store_tls;
-  run_options.on_phase = [&](v1::RankPhase phase) { task->phase = phase; };
-  run_options.on_communicator = [&](comm::Communicator* comm, double formation_seconds) {
-    task->ring_formation_seconds = formation_seconds;
-    absl::MutexLock lock(&task->comm_mu);
-    task->comm = comm;
-    // A cancel that came while the ring was forming finds the communicator here.
-    if (comm != nullptr && task->cancel.load()) comm->Abort("the task was cancelled");
-  };
-  run_options.on_started = [&]() {
-    if (!task->silent) Enqueue(make_report(v1::TASK_STATE_STARTED), /*final=*/false);
-  };
-  run_options.on_progress = [&](int64_t done, int64_t) {
+  auto progressed = [&](int64_t done, bool force) {
     task->steps_done = done;
     const absl::Time now = clock_->Now();
-    if (done < total && now - last_progress >= options_.progress_interval && !task->silent) {
+    if ((force || (done < total && now - last_progress >= options_.progress_interval)) &&
+        !task->silent) {
       last_progress = now;
       Enqueue(make_report(v1::TASK_STATE_PROGRESS), /*final=*/false);
     }
   };
-  run_options.is_cancelled = [&]() { return task->cancel.load(); };
+  auto reserve = [this, &task](int64_t planned_bytes) {
+    return ReserveMemory(task.get(), planned_bytes);
+  };
+  auto on_phase = [&](v1::RankPhase phase) { task->phase = phase; };
+  auto on_started = [&]() {
+    if (!task->silent) Enqueue(make_report(v1::TASK_STATE_STARTED), /*final=*/false);
+  };
+  auto is_cancelled = [&]() { return task->cancel.load(); };
+  const std::string member_name = absl::StrCat(options_.name, " (", worker_id(), ")");
 
-  absl::StatusOr<AttentionTaskResult> result =
-      RunAttentionTask(task->assignment, device_.get(), run_options);
+  // The outcome, whatever the kind: SUCCEEDED with its result, or the error.
+  absl::Status failure = absl::OkStatus();
+  v1::TaskReport success;
+  bool has_output = false;
+  v1::Tensor output;
+  if (task->assignment.spec().has_training()) {
+    TrainingTaskOptions run_options;
+    run_options.num_threads = threads_per_task_;
+    if (task->budget_bytes < 0) {
+      run_options.reserve_memory = reserve;
+    } else {
+      const int64_t budget = task->budget_bytes;
+      run_options.reserve_memory = [budget](int64_t) -> absl::StatusOr<int64_t> { return budget; };
+    }
+    run_options.member_name = member_name;
+    run_options.default_comm_timeout = options_.default_comm_timeout;
+    run_options.store_tls = options_.store_tls;
+    run_options.on_phase = on_phase;
+    run_options.on_communicators = [&](const std::vector<comm::Communicator*>&,
+                                       double formation_seconds) {
+      task->ring_formation_seconds = formation_seconds;
+    };
+    run_options.on_started = on_started;
+    run_options.on_progress = [&](const v1::TrainingProgress& progress) {
+      // A new checkpoint or evaluation is news worth a report at once; a step waits its turn.
+      auto newest = [](const v1::TrainingProgress& p) -> int64_t {
+        return p.checkpoints_size() > 0 ? p.checkpoints(p.checkpoints_size() - 1).step() : -1;
+      };
+      auto evaluated = [](const v1::TrainingProgress& p) -> int64_t {
+        return p.has_last_evaluation() ? p.last_evaluation().step() : -1;
+      };
+      const bool news = newest(progress) != newest(task->training) ||
+                        evaluated(progress) != evaluated(task->training);
+      task->training = progress;
+      progressed(progress.step(), news && task->reports_training);
+    };
+    run_options.is_cancelled = is_cancelled;
+    absl::StatusOr<TrainingTaskResult> result =
+        RunTrainingTask(task->assignment, device_.get(), run_options);
+    if (result.ok()) {
+      task->steps_done = result->steps_done;
+      success = make_report(v1::TASK_STATE_SUCCEEDED);
+      *success.mutable_training_result() = result->result;
+      LogEvent("task ", id, " succeeded: ", result->steps_done, " training step(s), loss ",
+               result->result.final_loss());
+    } else {
+      failure = result.status();
+    }
+  } else {
+    AttentionTaskOptions run_options;
+    run_options.num_threads = threads_per_task_;
+    run_options.available_memory_bytes = task->budget_bytes;
+    if (task->budget_bytes < 0) {
+      run_options.reserve_memory = reserve;
+      run_options.on_allocated = [this, &task](int64_t bytes) {
+        absl::MutexLock lock(&mu_);
+        task->claimed_bytes = std::max<int64_t>(0, task->claimed_bytes - bytes);
+      };
+    }
+    run_options.member_name = member_name;
+    run_options.default_comm_timeout = options_.default_comm_timeout;
+    run_options.store_tls = options_.store_tls;
+    run_options.on_phase = on_phase;
+    run_options.on_communicator = [&](comm::Communicator* comm, double formation_seconds) {
+      task->ring_formation_seconds = formation_seconds;
+      absl::MutexLock lock(&task->comm_mu);
+      task->comm = comm;
+      // A cancel that came while the ring was forming finds the communicator here.
+      if (comm != nullptr && task->cancel.load()) comm->Abort("the task was cancelled");
+    };
+    run_options.on_started = on_started;
+    run_options.on_progress = [&](int64_t done, int64_t) { progressed(done, false); };
+    run_options.is_cancelled = is_cancelled;
+    absl::StatusOr<AttentionTaskResult> result =
+        RunAttentionTask(task->assignment, device_.get(), run_options);
+    if (result.ok()) {
+      task->steps_done = result->steps_done;
+      success = make_report(v1::TASK_STATE_SUCCEEDED);
+      *success.mutable_rank_result() = result->rank_result;
+      has_output = result->has_output;
+      if (has_output) output = std::move(result->output);
+      LogEvent("task ", id, " succeeded: ", result->steps_done, " step(s), ",
+               result->rank_result.seconds_per_step() * 1e3, " ms/step, ",
+               result->rank_result.tflops(), " TFLOP/s");
+    } else {
+      failure = result.status();
+    }
+  }
   const auto last_phase = static_cast<v1::RankPhase>(task->phase.load());
   task->phase = v1::RANK_PHASE_FINISHED;
 
   // A kept output goes up before the report that says the rank succeeded.
   absl::Status uploaded = absl::OkStatus();
-  if (result.ok() && result->has_output) {
-    uploaded = UploadOutput(*task, result->output);
-    result->output.Clear();
+  if (failure.ok() && has_output) {
+    uploaded = UploadOutput(*task, output);
+    output.Clear();
   }
   v1::TaskReport report;
-  if (result.ok() && !uploaded.ok()) {
+  if (failure.ok() && !uploaded.ok()) {
     report = make_report(v1::TASK_STATE_FAILED);
     report.set_error(absl::StrCat("the output shard could not be uploaded: ", uploaded.message()));
     report.set_error_code(static_cast<int>(uploaded.code()));
     LogEvent("task ", id, " failed: ", report.error());
-  } else if (result.ok()) {
-    task->steps_done = result->steps_done;
-    report = make_report(v1::TASK_STATE_SUCCEEDED);
-    *report.mutable_rank_result() = result->rank_result;
-    LogEvent("task ", id, " succeeded: ", result->steps_done, " step(s), ",
-             result->rank_result.seconds_per_step() * 1e3, " ms/step, ",
-             result->rank_result.tflops(), " TFLOP/s");
-  } else if (result.status().code() == absl::StatusCode::kCancelled && task->cancel.load()) {
+  } else if (failure.ok()) {
+    report = std::move(success);
+  } else if (failure.code() == absl::StatusCode::kCancelled && task->cancel.load()) {
     report = make_report(v1::TASK_STATE_CANCELLED);
-    LogEvent("task ", id, " cancelled: ", result.status().message());
+    LogEvent("task ", id, " cancelled: ", failure.message());
   } else {
     report = make_report(v1::TASK_STATE_FAILED);
-    report.set_error(std::string(result.status().message()));
-    report.set_error_code(static_cast<int>(result.status().code()));
-    LogEvent("task ", id, " failed: ", result.status().ToString());
+    report.set_error(std::string(failure.message()));
+    report.set_error_code(static_cast<int>(failure.code()));
+    LogEvent("task ", id, " failed: ", failure.ToString());
   }
   if (options_.on_task_end) options_.on_task_end(task->assignment, report, last_phase);
 

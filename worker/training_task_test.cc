@@ -1,0 +1,255 @@
+#include "worker/training_task.h"
+
+#include <atomic>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "api/training_job.h"
+#include "engine/comm/tcp_store.h"
+#include "gtest/gtest.h"
+#include "worker/cpu_device.h"
+
+namespace dattn {
+namespace worker {
+namespace {
+
+// A folder of its own under the test's temporary directory.
+std::string TempDir(const std::string& name) {
+  const char* base = std::getenv("TEST_TMPDIR");
+  const std::string dir = absl::StrCat(base != nullptr ? base : "/tmp", "/", name);
+  std::filesystem::remove_all(dir);
+  std::filesystem::create_directories(dir);
+  return dir;
+}
+
+// About 60 KB of structured text.
+std::string Corpus() {
+  static const std::string path = [] {
+    const std::string p = TempDir("corpus") + "/text.txt";
+    std::ofstream out(p);
+    static const char* const kWords[] = {"in",    "the",   "beginning", "was",    "word", "and",
+                                         "light", "shone", "upon",      "waters", "of",   "deep"};
+    uint64_t x = 99;
+    for (int line = 0; out.tellp() < 60000; ++line) {
+      out << line << ": ";
+      for (int w = 0; w < 10; ++w) {
+        x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+        out << kWords[(x >> 33) % 12] << (w == 9 ? ".\n" : " ");
+      }
+    }
+    return p;
+  }();
+  return path;
+}
+
+std::string Config(int steps, int checkpoint_every, const std::string& data = Corpus()) {
+  return absl::StrCat(R"({
+    "model": {"vocab_size": 256, "d_model": 32, "num_layers": 2, "num_heads": 2, "ffn_dim": 64,
+              "attention": {"segment_lengths": [16, 32], "dilation_rates": [1, 2]}},
+    "threads": 1,
+    "data": {"paths": [")",
+                      data, R"("], "validation_fraction": 0.05},
+    "seq_len": 64, "batch_size": 4, "steps": )",
+                      steps, R"(, "seed": 3,
+    "optimizer": {"lr": 3e-3, "warmup_steps": 2},
+    "eval": {"every": 0, "batches": 1},
+    "checkpoint": {"every": )",
+                      checkpoint_every, R"(, "keep_last": 2}})");
+}
+
+// The assignment of rank `rank` of a D x S job, planned by the coordinator's own analysis.
+v1::TaskAssignment Task(const std::string& config, int data, int sequence, int rank,
+                        const std::string& checkpoint_root, const std::string& store,
+                        const std::string& ring_id, const std::string& init_from = "") {
+  v1::TrainingJobSpec spec;
+  spec.set_config_json(config);
+  spec.set_data_parallel(data);
+  spec.set_sequence_parallel(sequence);
+  spec.set_device(v1::DEVICE_PREFERENCE_CPU);
+  spec.set_checkpoint_dir(checkpoint_root);
+  spec.set_init_from(init_from);
+  absl::StatusOr<api::TrainingJobInfo> info = api::AnalyzeTrainingJob(spec, "spec.training");
+  EXPECT_TRUE(info.ok()) << info.status();
+  v1::TaskAssignment task;
+  task.set_job_id("j-test");
+  task.set_attempt(1);
+  task.set_rank(rank);
+  task.set_task_id(absl::StrCat(ring_id, "/", rank));
+  *task.mutable_spec()->mutable_training() = spec;
+  if (info.ok()) {
+    *task.mutable_training_plan() =
+        api::PlanTrainingRank(*info, info->variants[0], rank, task.job_id());
+  }
+  if (data * sequence > 1) {
+    v1::RingInfo* ring = task.mutable_ring();
+    ring->set_ring_id(ring_id);
+    ring->set_rank(rank);
+    ring->set_size(data * sequence);
+    ring->set_backend("gloo");
+    ring->set_store_address(store);
+    ring->set_formation_timeout_ms(20000);
+    ring->set_comm_timeout_ms(20000);
+  }
+  return task;
+}
+
+struct JobRun {
+  std::vector<absl::StatusOr<TrainingTaskResult>> results;
+  std::vector<v1::TrainingProgress> last;  // Each rank's last reported progress.
+};
+
+// Runs every rank of a D x S job on its own thread (one CPU device each) through a fresh store.
+JobRun RunJob(const std::string& config, int data, int sequence, const std::string& root,
+              const std::string& ring_id,
+              const std::function<bool(int rank, int64_t step)>& cancel = nullptr,
+              const std::string& init_from = "") {
+  const int world = data * sequence;
+  absl::StatusOr<std::unique_ptr<comm::TcpStoreServer>> server = comm::TcpStoreServer::Start();
+  EXPECT_TRUE(server.ok()) << server.status();
+  JobRun run;
+  run.results.assign(world, absl::UnknownError("not run"));
+  run.last.resize(world);
+  std::vector<std::thread> threads;
+  for (int r = 0; r < world; ++r) {
+    threads.emplace_back([&, r] {
+      absl::StatusOr<std::unique_ptr<TaskDevice>> device = NewCpuDevice();
+      ASSERT_TRUE(device.ok()) << device.status();
+      std::atomic<int64_t> step{0};
+      TrainingTaskOptions options;
+      options.member_name = absl::StrCat("thread-", r);
+      options.on_progress = [&, r](const v1::TrainingProgress& p) {
+        step = p.step();
+        run.last[r] = p;
+      };
+      if (cancel) options.is_cancelled = [&, r] { return cancel(r, step.load()); };
+      run.results[r] = RunTrainingTask(
+          Task(config, data, sequence, r, root, (*server)->address(), ring_id, init_from),
+          device->get(), options);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  return run;
+}
+
+std::vector<double> Curve(const TrainingTaskResult& r) {
+  std::vector<double> out;
+  for (const v1::LossPoint& p : r.result.loss_curve()) out.push_back(p.loss());
+  return out;
+}
+
+TEST(TrainingTaskTest, PlansAreCheckedAgainstTheTaskAndTheDevice) {
+  const BackendCaps cpu{"cpu", Device::kCpu, {DType::kFloat32}, {}};
+  v1::TaskAssignment task = Task(Config(4, 0), 2, 1, 1, "", "127.0.0.1:1", "j/1");
+  EXPECT_TRUE(PlanTrainingTask(task, cpu).ok());
+  v1::TaskAssignment no_plan = task;
+  no_plan.clear_training_plan();
+  EXPECT_NE(PlanTrainingTask(no_plan, cpu).status().message().find("no training_plan"),
+            std::string::npos);
+  v1::TaskAssignment wrong_ring = task;
+  wrong_ring.mutable_ring()->set_rank(0);
+  EXPECT_NE(PlanTrainingTask(wrong_ring, cpu).status().message().find("does not match"),
+            std::string::npos);
+  const BackendCaps gpu{"cuda", Device::kCuda, {DType::kFloat32}, {}};
+  EXPECT_NE(PlanTrainingTask(task, gpu).status().message().find("planned for a CPU worker"),
+            std::string::npos);
+}
+
+// A 2 x 2 gang (data x sequence) follows the single rank's losses, every rank reports the same
+// figures, and the job's checkpoints are written once, sharded.
+TEST(TrainingTaskTest, TwoByTwoFollowsOneRank) {
+  const std::string config = Config(6, 3);
+  JobRun one = RunJob(config, 1, 1, TempDir("one"), "one/1");
+  JobRun four = RunJob(config, 2, 2, TempDir("four"), "four/1");
+  ASSERT_TRUE(one.results[0].ok()) << one.results[0].status();
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(four.results[r].ok()) << four.results[r].status();
+  const std::vector<double> x = Curve(*one.results[0]);
+  ASSERT_EQ(x.size(), 6u);
+  for (int r = 0; r < 4; ++r) {
+    const std::vector<double> y = Curve(*four.results[r]);
+    ASSERT_EQ(y.size(), x.size());
+    for (size_t i = 0; i < x.size(); ++i) {
+      EXPECT_NEAR(y[i], x[i], 1e-4 * std::abs(x[i])) << "rank " << r << " step " << i + 1;
+      EXPECT_EQ(y[i], Curve(*four.results[0])[i]) << "ranks disagree at step " << i + 1;
+    }
+  }
+  const v1::TrainingJobResult& r = four.results[0]->result;
+  EXPECT_EQ(r.steps(), 6);
+  ASSERT_EQ(r.checkpoints_size(), 2);
+  EXPECT_EQ(r.checkpoints(0).step(), 3);
+  EXPECT_EQ(r.checkpoints(1).step(), 6);
+  EXPECT_GT(r.checkpoints(1).bytes(), 0);
+  EXPECT_EQ(r.final_checkpoint(), r.checkpoints(1).path());
+  EXPECT_TRUE(std::filesystem::exists(r.final_checkpoint() + "/MANIFEST.json"));
+  EXPECT_EQ(four.last[0].checkpoints_size(), 2);
+  EXPECT_GT(r.tokens_per_second(), 0);
+}
+
+// A cancel stops every rank at the same step with a checkpoint; the job run again continues from
+// it and ends with the losses of a run that never stopped, bit for bit.
+TEST(TrainingTaskTest, ACancelledGangSavesAndTheRerunContinuesBitForBit) {
+  const std::string config = Config(8, 0);  // No periodic checkpoint: the cancel writes one.
+  JobRun whole = RunJob(config, 2, 2, TempDir("whole"), "whole/1");
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(whole.results[r].ok()) << whole.results[r].status();
+
+  const std::string root = TempDir("stopped");
+  // Rank 2 alone sees the cancel, after its third step: the others learn it collectively.
+  JobRun stopped = RunJob(config, 2, 2, root, "stopped/1",
+                          [](int rank, int64_t step) { return rank == 2 && step >= 3; });
+  int64_t saved = -1;
+  for (int r = 0; r < 4; ++r) {
+    ASSERT_EQ(stopped.results[r].status().code(), absl::StatusCode::kCancelled)
+        << r << ": " << stopped.results[r].status();
+    ASSERT_EQ(stopped.last[r].checkpoints_size(), 1) << "rank " << r;
+    if (saved < 0) saved = stopped.last[r].checkpoints(0).step();
+    EXPECT_EQ(stopped.last[r].checkpoints(0).step(), saved) << "rank " << r;
+  }
+  EXPECT_GE(saved, 3);
+  EXPECT_LT(saved, 8);
+
+  JobRun again = RunJob(config, 2, 2, root, "stopped/2");
+  for (int r = 0; r < 4; ++r) ASSERT_TRUE(again.results[r].ok()) << again.results[r].status();
+  EXPECT_EQ(again.results[0]->result.resumed_from_step(), saved);
+  const std::vector<double> want = Curve(*whole.results[0]);
+  const std::vector<double> got = Curve(*again.results[0]);
+  ASSERT_EQ(got.size(), want.size());
+  for (size_t i = 0; i < want.size(); ++i) EXPECT_EQ(got[i], want[i]) << "step " << i + 1;
+}
+
+// init_from: a new job starts from another run's final weights (a lower first loss than a fresh
+// start), and a checkpoint of another model is refused naming the difference.
+TEST(TrainingTaskTest, InitFromLoadsTheWeightsOfAnotherRun) {
+  const std::string config = Config(6, 0);
+  const std::string trained = TempDir("trained");
+  JobRun first = RunJob(config, 1, 1, trained, "trained/1");
+  ASSERT_TRUE(first.results[0].ok()) << first.results[0].status();
+  JobRun fresh = RunJob(config, 1, 1, "", "fresh/1");
+  JobRun warm = RunJob(config, 2, 1, "", "warm/1", nullptr, trained + "/j-test");
+  ASSERT_TRUE(fresh.results[0].ok()) << fresh.results[0].status();
+  ASSERT_TRUE(warm.results[0].ok()) << warm.results[0].status();
+  EXPECT_LT(Curve(*warm.results[0]).front(), Curve(*fresh.results[0]).front() - 0.1);
+
+  std::string other = config;
+  other.replace(other.find("\"d_model\": 32"), 13, "\"d_model\": 16");
+  JobRun refused = RunJob(other, 1, 1, "", "other/1", nullptr, trained + "/j-test");
+  EXPECT_EQ(refused.results[0].status().code(), absl::StatusCode::kFailedPrecondition)
+      << refused.results[0].status();
+  EXPECT_NE(refused.results[0].status().message().find("model config differs"), std::string::npos)
+      << refused.results[0].status();
+}
+
+TEST(TrainingTaskTest, AMissingDataFileIsNamed) {
+  JobRun run = RunJob(Config(2, 0, "/nonexistent/corpus.txt"), 1, 1, "", "missing/1");
+  ASSERT_FALSE(run.results[0].ok());
+  EXPECT_NE(run.results[0].status().message().find("/nonexistent/corpus.txt"), std::string::npos)
+      << run.results[0].status();
+}
+
+}  // namespace
+}  // namespace worker
+}  // namespace dattn

@@ -6,17 +6,18 @@
 #include <atomic>
 #include <chrono>
 #include <cmath>
-#include <condition_variable>
 #include <filesystem>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <utility>
 
+#include "absl/base/thread_annotations.h"
 #include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
 #include "api/training_job.h"
 #include "model/checkpoint.h"
 #include "model/collective.h"
@@ -85,52 +86,45 @@ class CancelWatchdog {
   }
   ~CancelWatchdog() {
     {
-      std::lock_guard<std::mutex> lock(mu_);
+      absl::MutexLock lock(&mu_);
       done_ = true;
     }
-    cv_.notify_all();
     if (thread_.joinable()) thread_.join();
   }
-  void Watch(std::vector<comm::Communicator*> comms) {
-    std::lock_guard<std::mutex> lock(mu_);
+  void Watch(std::vector<comm::Communicator*> comms) ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::MutexLock lock(&mu_);
     comms_ = std::move(comms);
   }
   bool fired() const { return fired_.load(); }
 
  private:
-  void Loop() {
-    std::unique_lock<std::mutex> lock(mu_);
-    std::chrono::steady_clock::time_point cancelled_at{};
-    bool seen = false;
-    while (!done_) {
-      cv_.wait_for(lock, std::chrono::milliseconds(100));
-      if (done_) break;
-      if (!seen) {
-        lock.unlock();
-        const bool now = is_cancelled_();
-        lock.lock();
-        if (!now) continue;
-        seen = true;
-        cancelled_at = std::chrono::steady_clock::now();
+  void Loop() ABSL_LOCKS_EXCLUDED(mu_) {
+    absl::Time cancelled_at = absl::InfiniteFuture();
+    for (;;) {
+      {
+        absl::MutexLock lock(&mu_);
+        // Polls every 100 ms; the destructor's `done_` ends the wait at once.
+        mu_.AwaitWithTimeout(absl::Condition(&done_), absl::Milliseconds(100));
+        if (done_) return;
       }
-      if (std::chrono::steady_clock::now() - cancelled_at < absl::ToChronoNanoseconds(grace_)) {
-        continue;
+      if (cancelled_at == absl::InfiniteFuture()) {
+        if (!is_cancelled_()) continue;
+        cancelled_at = absl::Now();
       }
-      if (!fired_.exchange(true)) {
-        for (comm::Communicator* c : comms_) {
-          c->Abort(absl::StrCat("the task was cancelled and did not stop within ",
-                                absl::FormatDuration(grace_)));
-        }
+      if (absl::Now() - cancelled_at < grace_ || fired_.exchange(true)) continue;
+      absl::MutexLock lock(&mu_);
+      for (comm::Communicator* c : comms_) {
+        c->Abort(absl::StrCat("the task was cancelled and did not stop within ",
+                              absl::FormatDuration(grace_)));
       }
     }
   }
 
   const std::function<bool()> is_cancelled_;
   const absl::Duration grace_;
-  std::mutex mu_;
-  std::condition_variable cv_;
-  bool done_ = false;
-  std::vector<comm::Communicator*> comms_;
+  absl::Mutex mu_;
+  bool done_ ABSL_GUARDED_BY(mu_) = false;
+  std::vector<comm::Communicator*> comms_ ABSL_GUARDED_BY(mu_);
   std::atomic<bool> fired_{false};
   std::thread thread_;
 };

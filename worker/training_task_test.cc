@@ -1,6 +1,7 @@
 #include "worker/training_task.h"
 
 #include <atomic>
+#include <chrono>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
@@ -102,19 +103,22 @@ v1::TaskAssignment Task(const std::string& config, int data, int sequence, int r
 struct JobRun {
   std::vector<absl::StatusOr<TrainingTaskResult>> results;
   std::vector<v1::TrainingProgress> last;  // Each rank's last reported progress.
+  std::vector<double> seconds;             // Each rank's wall time.
 };
 
 // Runs every rank of a D x S job on its own thread (one CPU device each) through a fresh store.
 JobRun RunJob(const std::string& config, int data, int sequence, const std::string& root,
               const std::string& ring_id,
               const std::function<bool(int rank, int64_t step)>& cancel = nullptr,
-              const std::string& init_from = "") {
+              const std::string& init_from = "",
+              const std::function<void(int rank, TrainingTaskOptions*)>& edit = nullptr) {
   const int world = data * sequence;
   absl::StatusOr<std::unique_ptr<comm::TcpStoreServer>> server = comm::TcpStoreServer::Start();
   EXPECT_TRUE(server.ok()) << server.status();
   JobRun run;
   run.results.assign(world, absl::UnknownError("not run"));
   run.last.resize(world);
+  run.seconds.resize(world);
   std::vector<std::thread> threads;
   for (int r = 0; r < world; ++r) {
     threads.emplace_back([&, r] {
@@ -128,9 +132,13 @@ JobRun RunJob(const std::string& config, int data, int sequence, const std::stri
         run.last[r] = p;
       };
       if (cancel) options.is_cancelled = [&, r] { return cancel(r, step.load()); };
+      if (edit) edit(r, &options);
+      const auto start = std::chrono::steady_clock::now();
       run.results[r] = RunTrainingTask(
           Task(config, data, sequence, r, root, (*server)->address(), ring_id, init_from),
           device->get(), options);
+      run.seconds[r] =
+          std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
     });
   }
   for (std::thread& t : threads) t.join();
@@ -241,6 +249,31 @@ TEST(TrainingTaskTest, InitFromLoadsTheWeightsOfAnotherRun) {
       << refused.results[0].status();
   EXPECT_NE(refused.results[0].status().message().find("model config differs"), std::string::npos)
       << refused.results[0].status();
+}
+
+// A cancel that the gang cannot answer together (a peer stuck in a step: here rank 0 blocks for
+// 5 s in its progress callback) ends the cancelled rank after its grace, not at the communicator's
+// timeout (20 s here): the watchdog aborts its communicators.
+TEST(TrainingTaskTest, ACancelThatCannotBeAgreedEndsAfterTheGrace) {
+  JobRun run = RunJob(
+      Config(50, 0), 2, 1, "", "stuck/1",
+      [](int rank, int64_t step) { return rank == 1 && step >= 2; }, "",
+      [](int rank, TrainingTaskOptions* options) {
+        options->cancel_grace = absl::Milliseconds(300);
+        if (rank != 0) return;
+        auto report = options->on_progress;
+        options->on_progress = [report](const v1::TrainingProgress& p) {
+          report(p);
+          if (p.step() == 2) std::this_thread::sleep_for(std::chrono::seconds(5));
+        };
+      });
+  ASSERT_EQ(run.results[1].status().code(), absl::StatusCode::kCancelled)
+      << run.results[1].status();
+  EXPECT_NE(run.results[1].status().message().find("did not stop within"), std::string::npos)
+      << run.results[1].status();
+  EXPECT_LT(run.seconds[1], 4.0) << "the cancelled rank waited for its stuck peer";
+  // Rank 0 woke to a closed peer.
+  EXPECT_FALSE(run.results[0].ok());
 }
 
 TEST(TrainingTaskTest, AMissingDataFileIsNamed) {

@@ -99,8 +99,11 @@ struct SubmitFieldFlags {
 };
 
 void AddSubmitFieldFlags(CLI::App* submit, SubmitFieldFlags* flags) {
-  const std::string group = "Job settings (override --file)";
   for (const SubmitField& field : SubmitFields()) {
+    const std::string group =
+        field.sections == kAttentionSection  ? "Attention job settings (override --file)"
+        : field.sections == kTrainingSection ? "Training job settings (override --file)"
+                                             : "Job settings (override --file)";
     std::string names = field.short_flag.empty() ? field.flag : field.short_flag + "," + field.flag;
     flags->text.emplace_back();
     flags->on.push_back(false);
@@ -165,8 +168,10 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
 
 int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
            const CliEnvironment& env) {
-  CLI::App app("dattn: submit dilated-attention jobs to a dattn coordinator and follow them.",
-               "dattn");
+  CLI::App app(
+      "dattn: submit dilated-attention and LongNet training jobs to a dattn coordinator and follow "
+      "them.",
+      "dattn");
   app.footer(Footer());
   app.require_subcommand(1);
   app.fallthrough();
@@ -197,7 +202,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
                "Plaintext to a coordinator started --insecure, even with a token");
 
   // submit
-  CLI::App* submit = app.add_subcommand("submit", "Submit an attention job");
+  CLI::App* submit = app.add_subcommand(
+      "submit", "Submit an attention job, or a training job (--train-config, or a training: file)");
   SubmitFieldFlags submit_fields;
   std::string job_file;
   bool watch_flag = false;
@@ -413,7 +419,20 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
         return UsageError(err, std::string(from_flags.status().message()), "submit");
       }
       MergeSubmitOptions(*from_flags, &options);
-      if (!output_file.empty()) options.return_output = true;
+      absl::StatusOr<JobKind> kind = JobKindOf(options);
+      if (!kind.ok()) return UsageError(err, std::string(kind.status().message()), "submit");
+      if (!output_file.empty()) {
+        if (*kind == JobKind::kTraining) {
+          return UsageError(
+              err,
+              absl::StrCat("--output-file saves an attention job's output tensor, "
+                           "but this is a training job (",
+                           options.kind.has_value() ? options.kind_source : "its settings say so",
+                           "): its model is its checkpoints"),
+              "submit");
+        }
+        options.return_output = true;
+      }
       absl::StatusOr<v1::JobSpec> spec = BuildJobSpec(options);
       if (!spec.ok()) return UsageError(err, std::string(spec.status().message()), "submit");
 

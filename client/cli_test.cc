@@ -1658,6 +1658,218 @@ TEST_F(CliTest, TokensTravelInTheAuthorizationMetadata) {
   EXPECT_THAT(r.err, HasSubstr("--tls-ca"));
 }
 
+// ---- Training jobs ----
+
+// A trainer config file, as `dattn-train --config` takes it.
+constexpr char kTrainerConfig[] = R"({
+  "model": {"vocab_size": 256, "d_model": 128, "num_layers": 4, "num_heads": 4, "ffn_dim": 512,
+            "attention": {"mode": "grouped", "segment_lengths": [64, 128, 256],
+                          "dilation_rates": [1, 2, 4]}},
+  "data": {"paths": ["/shared/data/kjv.txt"], "format": "text"},
+  "seq_len": 256, "batch_size": 8, "steps": 300, "optimizer": {"lr": 2e-3}
+})";
+
+// Every training flag at once: a TrainingJobSpec whose config_json is the file's text.
+TEST_F(CliTest, SubmitTrainingFlagsBuildTheExactRequest) {
+  const std::string config = WriteTemp("kjv.json", absl::StrCat(kTrainerConfig, "\n\n"));
+  Result r = Run({"submit",
+                  "--train-config",
+                  config,
+                  "--data-parallel",
+                  "2",
+                  "--sequence-parallel",
+                  "4",
+                  "--checkpoint-dir",
+                  "/shared/ckpt",
+                  "--init-from",
+                  "/shared/ckpt/j-00000000000000ff/step-00000300",
+                  "--device",
+                  "gpu",
+                  "--name",
+                  "kjv",
+                  "--tenant",
+                  "team-a",
+                  "--priority",
+                  "5",
+                  "--idempotency-key",
+                  "train-1"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  v1::SubmitJobRequest expected = Proto<v1::SubmitJobRequest>(R"pb(
+    idempotency_key: "train-1"
+    spec {
+      name: "kjv"
+      tenant: "team-a"
+      priority: 5
+      training {
+        data_parallel: 2
+        sequence_parallel: 4
+        device: DEVICE_PREFERENCE_GPU
+        checkpoint_dir: "/shared/ckpt"
+        init_from: "/shared/ckpt/j-00000000000000ff/step-00000300"
+      }
+    })pb");
+  expected.mutable_spec()->mutable_training()->set_config_json(kTrainerConfig);
+  ASSERT_EQ(jobs_.submits().size(), 1u);
+  std::string diff;
+  google::protobuf::util::MessageDifferencer differencer;
+  differencer.ReportDifferencesToString(&diff);
+  EXPECT_TRUE(differencer.Compare(expected, jobs_.submits()[0])) << diff;
+  EXPECT_THAT(r.out, HasSubstr("Submitted job j-00000000000000a1 (QUEUED"));
+
+  // Only the config: the defaults (1 x 1, any device, no checkpoints).
+  r = Run({"submit", "--train-config", config});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const v1::TrainingJobSpec defaults = jobs_.submits()[1].spec().training();
+  EXPECT_EQ(defaults.data_parallel(), 1);
+  EXPECT_EQ(defaults.sequence_parallel(), 1);
+  EXPECT_EQ(defaults.device(), v1::DEVICE_PREFERENCE_ANY);
+  EXPECT_EQ(defaults.checkpoint_dir(), "");
+  EXPECT_EQ(defaults.config_json(), kTrainerConfig);
+}
+
+// The shipped example: 2 x 2 CPU ranks, a checkpoint folder, the trainer config written in YAML and
+// sent as the JSON object it means (numbers, lists and strings as such).
+TEST_F(CliTest, SubmitFromTheTrainingExampleYamlFile) {
+  Result r = Run({"submit", "--file", "client/examples/training-job.yaml"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(jobs_.submits().size(), 1u);
+  const v1::JobSpec spec = jobs_.submits()[0].spec();
+  EXPECT_EQ(spec.name(), "kjv-small-2x2");
+  EXPECT_EQ(spec.tenant(), "research");
+  ASSERT_TRUE(spec.has_training()) << spec.DebugString();
+  EXPECT_EQ(spec.training().data_parallel(), 2);
+  EXPECT_EQ(spec.training().sequence_parallel(), 2);
+  EXPECT_EQ(spec.training().device(), v1::DEVICE_PREFERENCE_CPU);
+  EXPECT_EQ(spec.training().checkpoint_dir(), "/srv/dattn/checkpoints");
+  EXPECT_EQ(spec.training().init_from(), "");
+  const nlohmann::json config = nlohmann::json::parse(spec.training().config_json());
+  EXPECT_EQ(config["model"]["d_model"], 128);
+  EXPECT_EQ(config["model"]["attention"]["segment_lengths"], nlohmann::json({64, 128, 256}));
+  EXPECT_EQ(config["model"]["attention"]["mode"], "grouped");
+  EXPECT_EQ(config["data"]["paths"], nlohmann::json({"/srv/dattn/data/kjv.txt"}));
+  EXPECT_EQ(config["seq_len"], 256);
+  EXPECT_EQ(config["steps"], 300);
+  EXPECT_DOUBLE_EQ(config["optimizer"]["lr"].get<double>(), 2e-3);
+  EXPECT_DOUBLE_EQ(config["data"]["validation_fraction"].get<double>(), 0.01);
+  EXPECT_EQ(config["checkpoint"]["keep_last"], 2);
+  // The example's D and S fit its config: D divides the batch, S the sequence.
+  EXPECT_EQ(config["batch_size"].get<int>() % spec.training().data_parallel(), 0);
+  EXPECT_EQ(config["seq_len"].get<int>() % spec.training().sequence_parallel(), 0);
+  // The trainer's own "device" is left to the placement (TrainingJobSpec.device).
+  EXPECT_FALSE(config.contains("device"));
+
+  // Flags override it, as for attention jobs.
+  r = Run({"submit", "-f", "client/examples/training-job.yaml", "--data-parallel", "1",
+           "--sequence-parallel", "4", "--checkpoint-dir", ""});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(jobs_.submits()[1].spec().training().data_parallel(), 1);
+  EXPECT_EQ(jobs_.submits()[1].spec().training().sequence_parallel(), 4);
+  EXPECT_EQ(jobs_.submits()[1].spec().training().checkpoint_dir(), "");
+}
+
+// config_file is read relative to the job file's folder, wherever `dattn submit` runs; a
+// --train-config flag replaces the file's config.
+TEST_F(CliTest, TrainingJobFileConfigFileIsRelativeToTheJobFile) {
+  const std::string dir = TempPath("training-job-dir");
+  std::filesystem::create_directories(dir + "/configs");
+  std::ofstream(dir + "/configs/kjv.json") << kTrainerConfig;
+  std::ofstream(dir + "/job.yaml") << "kind: training\n"
+                                      "training:\n"
+                                      "  config_file: configs/kjv.json\n"
+                                      "  data_parallel: 2\n";
+  Result r = Run({"submit", "-f", dir + "/job.yaml"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(jobs_.submits()[0].spec().training().config_json(), kTrainerConfig);
+  EXPECT_EQ(jobs_.submits()[0].spec().training().data_parallel(), 2);
+
+  const std::string other = WriteTemp("other.json", R"({"steps": 5})");
+  r = Run({"submit", "-f", dir + "/job.yaml", "--train-config", other});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(jobs_.submits()[1].spec().training().config_json(), R"({"steps": 5})");
+
+  // A config file that is missing or not a JSON object: exit 2 naming the file and the key.
+  std::ofstream(dir + "/job.yaml") << "training:\n  config_file: configs/missing.json\n";
+  r = Run({"submit", "-f", dir + "/job.yaml"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(
+      r.err, HasSubstr(absl::StrCat(dir, "/job.yaml:2: training.config_file: trainer config '", dir,
+                                    "/configs/missing.json' cannot be read")));
+  const std::string list = WriteTemp("list.json", "[1, 2]");
+  r = Run({"submit", "--train-config", list});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat("--train-config: trainer config '", list,
+                                            "' is a JSON array, not an object")));
+  const std::string broken = WriteTemp("broken.json", R"({"steps": 5,})");
+  r = Run({"submit", "--train-config", broken});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("is not valid JSON"));
+  r = Run({"submit", "--train-config", dir});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("is a directory"));
+  EXPECT_EQ(jobs_.submits().size(), 2u);
+}
+
+// Settings of the other kind of job are refused, naming them; so are files with both sections.
+TEST_F(CliTest, MixingAttentionAndTrainingSettingsIsAUsageError) {
+  const std::string config = WriteTemp("mix.json", kTrainerConfig);
+  const std::string training = WriteTemp("mix-training.yaml", "training:\n  config: {steps: 1}\n");
+  const std::string attention =
+      WriteTemp("mix-attention.yaml",
+                "attention: {seq_len: 64, heads: 1, head_dim: 8, segments: [64], rates: [1]}\n");
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{"submit", "-f", training, "--seq-len", "4096", "--ranks", "2"},
+       "--seq-len (attention.seq_len), --ranks (attention.ranks) are settings of attention jobs, "
+       "but this is a training job (training: in " +
+           training + ")"},
+      {{"submit", "-f", attention, "--data-parallel", "2"},
+       "--data-parallel (training.data_parallel) is a setting of training jobs, but this is an "
+       "attention job"},
+      {{"submit", "--train-config", config, "--segments", "64", "--causal"},
+       "--segments (attention.segments), --causal (attention.causal) (attention) and "
+       "--train-config (training.config or training.config_file) (training) are settings of "
+       "different kinds of job"},
+      {{"submit", "-f", training, "--output-file", TempPath("x.npy")},
+       "--output-file saves an attention job's output tensor, but this is a training job"},
+      {{"submit", "--sequence-parallel", "2"},
+       "missing --train-config (training.config or training.config_file)"},
+      {{"submit", "--train-config", config, "--checkpoint-dir", "ckpt"},
+       "--checkpoint-dir: 'ckpt' is not an absolute path"},
+      {{"submit", "--train-config", config, "--data-parallel", "0"},
+       "--data-parallel: '0' is out of range"},
+      {{"submit", "--train-config", config, "--data-paralel", "2"},
+       "unknown flag --data-paralel for 'dattn submit' (did you mean --data-parallel?)"},
+  };
+  for (const Case& c : cases) {
+    Result r = Run(c.args);
+    EXPECT_EQ(r.code, kExitUsage) << absl::StrJoin(c.args, " ");
+    EXPECT_THAT(r.err, HasSubstr(c.expected)) << absl::StrJoin(c.args, " ");
+  }
+  const std::string both = WriteTemp("both.yaml",
+                                     "attention: {seq_len: 64}\n"
+                                     "training: {config: {steps: 1}}\n");
+  Result r = Run({"submit", "-f", both});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("both.yaml:2: training: the file has both attention: and training: "
+                               "sections, but a job is one kind of work"));
+  const std::string typo = WriteTemp("typo-training.yaml", "training:\n  checkpoint-dri: /c\n");
+  r = Run({"submit", "-f", typo});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("training.checkpoint-dri: unknown key (did you mean "
+                               "'checkpoint_dir'?)"));
+  EXPECT_TRUE(jobs_.submits().empty());
+
+  // `dattn submit --help` lists the training flags in their own group.
+  r = RunRaw({"submit", "--help"});
+  EXPECT_EQ(r.code, kExitOk);
+  EXPECT_THAT(r.out, HasSubstr("Training job settings"));
+  EXPECT_THAT(r.out, HasSubstr("--train-config"));
+  EXPECT_THAT(r.out, HasSubstr("--sequence-parallel"));
+}
+
 }  // namespace
 }  // namespace client
 }  // namespace dattn

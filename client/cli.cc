@@ -200,6 +200,10 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       ->type_name("PATH");
   app.add_flag("--insecure", insecure_flag,
                "Plaintext to a coordinator started --insecure, even with a token");
+  bool ascii_flag = false;
+  app.add_flag("--ascii", ascii_flag,
+               "Draw charts (a training job's loss curve) in ASCII; the default unless stdout is a "
+               "UTF-8 terminal");
 
   // submit
   CLI::App* submit = app.add_subcommand(
@@ -338,14 +342,20 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       ->type_name("PATH")
       ->required();
 
+  // checkpoints
+  CLI::App* checkpoints =
+      app.add_subcommand("checkpoints", "List a training job's complete checkpoints");
+  std::string checkpoints_job;
+  checkpoints->add_option("JOB_ID", checkpoints_job, "The training job")->required();
+
   // delete
   CLI::App* del =
       app.add_subcommand("delete", "Delete a finished job, its history and its kept output");
   std::string delete_job;
   del->add_option("JOB_ID", delete_job, "The job")->required();
 
-  for (CLI::App* sub :
-       {submit, status, list, watch, cancel, output, del, workers, drain, undrain, health}) {
+  for (CLI::App* sub : {submit, status, list, watch, cancel, output, checkpoints, del, workers,
+                        drain, undrain, health}) {
     sub->footer("Exit codes: see 'dattn --help'. Details: docs/CLI.md");
   }
 
@@ -403,6 +413,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     global.channel = *std::move(channel);
   }
   global.json = json;
+  global.ascii = ascii_flag;
 
   try {
     if (submit->parsed()) {
@@ -428,7 +439,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
               absl::StrCat("--output-file saves an attention job's output tensor, "
                            "but this is a training job (",
                            options.kind.has_value() ? options.kind_source : "its settings say so",
-                           "): its model is its checkpoints"),
+                           "): its model is its checkpoints (dattn checkpoints "
+                           "JOB_ID)"),
               "submit");
         }
         options.return_output = true;
@@ -470,6 +482,9 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     }
     if (output->parsed()) return Commands(global, out, err, env).Output(output_job, output_path);
     if (del->parsed()) return Commands(global, out, err, env).Delete(delete_job);
+    if (checkpoints->parsed()) {
+      return Commands(global, out, err, env).Checkpoints(checkpoints_job);
+    }
     if (workers->parsed()) return Commands(global, out, err, env).Workers(workers_all);
     if (drain->parsed()) {
       return Commands(global, out, err, env).Drain(drain_worker, absl::Seconds(drain_wait_s));

@@ -1,5 +1,6 @@
 // Unit tests of the CLI's building blocks: value parsers, job files, tables and formatting.
 // client/cli_test.cc covers them end to end through RunCli.
+#include <cmath>
 #include <set>
 #include <sstream>
 #include <string>
@@ -411,6 +412,38 @@ TEST(FormatTest, Units) {
   EXPECT_EQ(FormatTimestamp(ts), "-");
   ts.set_seconds(1714564800);
   EXPECT_EQ(FormatTimestamp(ts), "2024-05-01 12:00:00 UTC");
+}
+
+// The loss curve is the same text for the same points: 8 rows, the extremes labelled, the steps
+// below; ASCII marks one '*' per column, Unicode fills eighths of a row.
+TEST(FormatTest, LossChartIsDeterministic) {
+  google::protobuf::RepeatedPtrField<v1::LossPoint> points;
+  const double losses[] = {4.0, 3.0, 2.5, 2.0, 1.75, 1.5, 1.25, 1.0};
+  for (int i = 0; i < 8; ++i) {
+    v1::LossPoint* point = points.Add();
+    point->set_step(10 * (i + 1));
+    point->set_loss(losses[i]);
+  }
+  EXPECT_THAT(LossChart(points, 60, 4, /*unicode=*/false),
+              ElementsAre("4.0000 |*",         //
+                          "       | **",       //
+                          "       |   ***",    //
+                          "1.0000 |      **",  //
+                          "       +--------",  //
+                          "        10    80"));
+  EXPECT_THAT(LossChart(points, 60, 2, /*unicode=*/true),
+              ElementsAre("4.0000 \u2524\u2588\u2583\u2581",                                //
+                          "1.0000 \u2524\u2588\u2588\u2588\u2586\u2585\u2584\u2582\u2581",  //
+                          "       \u2514\u2500\u2500\u2500\u2500\u2500\u2500\u2500\u2500",  //
+                          "        10    80"));
+  // Four columns: each the mean of two points; too narrow for both steps under the axis.
+  EXPECT_THAT(LossChart(points, 4, 2, false),
+              ElementsAre("3.5000 |*", "1.1250 | ***", "       +----", "        steps 10..80"));
+  // Non-finite losses are left out; nothing finite, no chart.
+  points.Mutable(0)->set_loss(std::nan(""));
+  EXPECT_EQ(LossChart(points, 60, 4, false).front(), "3.0000 |*");
+  google::protobuf::RepeatedPtrField<v1::LossPoint> none;
+  EXPECT_TRUE(LossChart(none, 60, 8, false).empty());
 }
 
 TEST(SuggestTest, EditDistance) {

@@ -99,8 +99,11 @@ struct SubmitFieldFlags {
 };
 
 void AddSubmitFieldFlags(CLI::App* submit, SubmitFieldFlags* flags) {
-  const std::string group = "Job settings (override --file)";
   for (const SubmitField& field : SubmitFields()) {
+    const std::string group =
+        field.sections == kAttentionSection  ? "Attention job settings (override --file)"
+        : field.sections == kTrainingSection ? "Training job settings (override --file)"
+                                             : "Job settings (override --file)";
     std::string names = field.short_flag.empty() ? field.flag : field.short_flag + "," + field.flag;
     flags->text.emplace_back();
     flags->on.push_back(false);
@@ -165,8 +168,10 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
 
 int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& err,
            const CliEnvironment& env) {
-  CLI::App app("dattn: submit dilated-attention jobs to a dattn coordinator and follow them.",
-               "dattn");
+  CLI::App app(
+      "dattn: submit dilated-attention and LongNet training jobs to a dattn coordinator and follow "
+      "them.",
+      "dattn");
   app.footer(Footer());
   app.require_subcommand(1);
   app.fallthrough();
@@ -195,9 +200,14 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       ->type_name("PATH");
   app.add_flag("--insecure", insecure_flag,
                "Plaintext to a coordinator started --insecure, even with a token");
+  bool ascii_flag = false;
+  app.add_flag("--ascii", ascii_flag,
+               "Draw charts (a training job's loss curve) in ASCII; the default unless stdout is a "
+               "UTF-8 terminal");
 
   // submit
-  CLI::App* submit = app.add_subcommand("submit", "Submit an attention job");
+  CLI::App* submit = app.add_subcommand(
+      "submit", "Submit an attention job, or a training job (--train-config, or a training: file)");
   SubmitFieldFlags submit_fields;
   std::string job_file;
   bool watch_flag = false;
@@ -332,14 +342,20 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       ->type_name("PATH")
       ->required();
 
+  // checkpoints
+  CLI::App* checkpoints =
+      app.add_subcommand("checkpoints", "List a training job's complete checkpoints");
+  std::string checkpoints_job;
+  checkpoints->add_option("JOB_ID", checkpoints_job, "The training job")->required();
+
   // delete
   CLI::App* del =
       app.add_subcommand("delete", "Delete a finished job, its history and its kept output");
   std::string delete_job;
   del->add_option("JOB_ID", delete_job, "The job")->required();
 
-  for (CLI::App* sub :
-       {submit, status, list, watch, cancel, output, del, workers, drain, undrain, health}) {
+  for (CLI::App* sub : {submit, status, list, watch, cancel, output, checkpoints, del, workers,
+                        drain, undrain, health}) {
     sub->footer("Exit codes: see 'dattn --help'. Details: docs/CLI.md");
   }
 
@@ -397,6 +413,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     global.channel = *std::move(channel);
   }
   global.json = json;
+  global.ascii = ascii_flag;
 
   try {
     if (submit->parsed()) {
@@ -413,7 +430,21 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
         return UsageError(err, std::string(from_flags.status().message()), "submit");
       }
       MergeSubmitOptions(*from_flags, &options);
-      if (!output_file.empty()) options.return_output = true;
+      absl::StatusOr<JobKind> kind = JobKindOf(options);
+      if (!kind.ok()) return UsageError(err, std::string(kind.status().message()), "submit");
+      if (!output_file.empty()) {
+        if (*kind == JobKind::kTraining) {
+          return UsageError(
+              err,
+              absl::StrCat("--output-file saves an attention job's output tensor, "
+                           "but this is a training job (",
+                           options.kind.has_value() ? options.kind_source : "its settings say so",
+                           "): its model is its checkpoints (dattn checkpoints "
+                           "JOB_ID)"),
+              "submit");
+        }
+        options.return_output = true;
+      }
       absl::StatusOr<v1::JobSpec> spec = BuildJobSpec(options);
       if (!spec.ok()) return UsageError(err, std::string(spec.status().message()), "submit");
 
@@ -451,6 +482,9 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     }
     if (output->parsed()) return Commands(global, out, err, env).Output(output_job, output_path);
     if (del->parsed()) return Commands(global, out, err, env).Delete(delete_job);
+    if (checkpoints->parsed()) {
+      return Commands(global, out, err, env).Checkpoints(checkpoints_job);
+    }
     if (workers->parsed()) return Commands(global, out, err, env).Workers(workers_all);
     if (drain->parsed()) {
       return Commands(global, out, err, env).Drain(drain_worker, absl::Seconds(drain_wait_s));

@@ -9,6 +9,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
@@ -30,6 +31,7 @@
 #include "client/exit_codes.h"
 #include "dattn/v1/admin.grpc.pb.h"
 #include "dattn/v1/job_service.grpc.pb.h"
+#include "dattn/v1/training.pb.h"
 #include "gmock/gmock.h"
 #include "google/protobuf/text_format.h"
 #include "google/protobuf/util/message_differencer.h"
@@ -515,6 +517,105 @@ class CliTest : public ::testing::Test {
     job.clear_result();
     job.clear_end_time();
     job.mutable_progress()->set_steps_done(3);
+    return job;
+  }
+
+  // A training job of 300 steps that SUCCEEDED: 2 x 2 ranks, two checkpoints kept, a loss curve
+  // falling from 5.5 to 1.7.
+  v1::Job SucceededTrainingJob(const std::string& id) {
+    v1::Job job = Proto<v1::Job>(R"pb(
+      state: JOB_STATE_SUCCEEDED
+      spec {
+        name: "kjv-small"
+        tenant: "research"
+        training {
+          config_json: "{\"steps\":300}"
+          data_parallel: 2
+          sequence_parallel: 2
+          device: DEVICE_PREFERENCE_CPU
+          checkpoint_dir: "/shared/ckpt"
+        }
+      }
+      create_time { seconds: 1714564800 }
+      start_time { seconds: 1714564802 }
+      end_time { seconds: 1714565057 }
+      progress { steps_done: 300 steps_total: 300 }
+      attempt: 1
+      worker_ids: [ "w-1", "w-2", "w-3", "w-4" ]
+      result {
+        training {
+          steps: 300
+          final_loss: 1.7234
+          final_evaluation {
+            step: 300
+            has_validation: true
+            validation_loss: 1.6729
+            bits_per_byte: 2.4135
+            retrieval_examples: 16
+            retrieval_accuracy: 0.125
+            retrieval_token_accuracy: 0.4
+          }
+          tokens_seen: 614400
+          parameters: 831232
+          data_parallel: 2
+          sequence_parallel: 2
+          seconds: 252.5
+          tokens_per_second: 2433.4
+          mfu: 0.215
+          flops_per_step: 1.9e10
+          checkpoints {
+            step: 200
+            bytes: 10020000
+            seconds: 0.31
+            time { seconds: 1714564980 }
+          }
+          checkpoints {
+            step: 300
+            bytes: 10020000
+            seconds: 0.29
+            time { seconds: 1714565055 }
+          }
+        }
+      })pb");
+    job.set_job_id(id);
+    v1::TrainingJobResult* result = job.mutable_result()->mutable_training();
+    result->set_final_checkpoint(absl::StrCat("/shared/ckpt/", id, "/step-00000300"));
+    result->mutable_checkpoints(0)->set_path(absl::StrCat("/shared/ckpt/", id, "/step-00000200"));
+    result->mutable_checkpoints(1)->set_path(result->final_checkpoint());
+    for (int step = 1; step <= 300; ++step) {
+      v1::LossPoint* point = result->add_loss_curve();
+      point->set_step(step);
+      point->set_loss(1.7 + 3.8 * std::exp(-step / 40.0));
+    }
+    return job;
+  }
+
+  // The same job at step 120, with its latest figures and one checkpoint.
+  v1::Job RunningTrainingJob(const std::string& id) {
+    v1::Job job = SucceededTrainingJob(id);
+    job.set_state(v1::JOB_STATE_RUNNING);
+    job.clear_result();
+    job.clear_end_time();
+    job.mutable_progress()->set_steps_done(120);
+    v1::TrainingProgress* progress = job.mutable_progress()->mutable_training();
+    *progress = Proto<v1::TrainingProgress>(R"pb(
+      step: 120
+      steps_total: 300
+      loss: 2.3456
+      learning_rate: 0.0003
+      grad_norm: 0.8125
+      tokens_per_second: 12345
+      step_seconds: 0.166
+      tokens_seen: 245760
+      resumed_from_step: 100
+      last_evaluation { step: 100 has_validation: true validation_loss: 2.31 bits_per_byte: 3.3326 }
+      checkpoints {
+        step: 100
+        bytes: 10020000
+        seconds: 0.31
+        time { seconds: 1714564900 }
+      })pb");
+    progress->mutable_checkpoints(0)->set_path(absl::StrCat("/shared/ckpt/", id, "/step-00000100"));
     return job;
   }
 
@@ -1656,6 +1757,450 @@ TEST_F(CliTest, TokensTravelInTheAuthorizationMetadata) {
   r = Run({"--tls-ca", TempPath("no-such-ca.pem"), "list"});
   EXPECT_EQ(r.code, kExitUsage);
   EXPECT_THAT(r.err, HasSubstr("--tls-ca"));
+}
+
+// ---- Training jobs ----
+
+// A trainer config file, as `dattn-train --config` takes it.
+constexpr char kTrainerConfig[] = R"({
+  "model": {"vocab_size": 256, "d_model": 128, "num_layers": 4, "num_heads": 4, "ffn_dim": 512,
+            "attention": {"mode": "grouped", "segment_lengths": [64, 128, 256],
+                          "dilation_rates": [1, 2, 4]}},
+  "data": {"paths": ["/shared/data/kjv.txt"], "format": "text"},
+  "seq_len": 256, "batch_size": 8, "steps": 300, "optimizer": {"lr": 2e-3}
+})";
+
+// Every training flag at once: a TrainingJobSpec whose config_json is the file's text.
+TEST_F(CliTest, SubmitTrainingFlagsBuildTheExactRequest) {
+  const std::string config = WriteTemp("kjv.json", absl::StrCat(kTrainerConfig, "\n\n"));
+  Result r = Run({"submit",
+                  "--train-config",
+                  config,
+                  "--data-parallel",
+                  "2",
+                  "--sequence-parallel",
+                  "4",
+                  "--checkpoint-dir",
+                  "/shared/ckpt",
+                  "--init-from",
+                  "/shared/ckpt/j-00000000000000ff/step-00000300",
+                  "--device",
+                  "gpu",
+                  "--name",
+                  "kjv",
+                  "--tenant",
+                  "team-a",
+                  "--priority",
+                  "5",
+                  "--idempotency-key",
+                  "train-1"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  v1::SubmitJobRequest expected = Proto<v1::SubmitJobRequest>(R"pb(
+    idempotency_key: "train-1"
+    spec {
+      name: "kjv"
+      tenant: "team-a"
+      priority: 5
+      training {
+        data_parallel: 2
+        sequence_parallel: 4
+        device: DEVICE_PREFERENCE_GPU
+        checkpoint_dir: "/shared/ckpt"
+        init_from: "/shared/ckpt/j-00000000000000ff/step-00000300"
+      }
+    })pb");
+  expected.mutable_spec()->mutable_training()->set_config_json(kTrainerConfig);
+  ASSERT_EQ(jobs_.submits().size(), 1u);
+  std::string diff;
+  google::protobuf::util::MessageDifferencer differencer;
+  differencer.ReportDifferencesToString(&diff);
+  EXPECT_TRUE(differencer.Compare(expected, jobs_.submits()[0])) << diff;
+  EXPECT_THAT(r.out, HasSubstr("Submitted job j-00000000000000a1 (QUEUED"));
+
+  // Only the config: the defaults (1 x 1, any device, no checkpoints).
+  r = Run({"submit", "--train-config", config});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const v1::TrainingJobSpec defaults = jobs_.submits()[1].spec().training();
+  EXPECT_EQ(defaults.data_parallel(), 1);
+  EXPECT_EQ(defaults.sequence_parallel(), 1);
+  EXPECT_EQ(defaults.device(), v1::DEVICE_PREFERENCE_ANY);
+  EXPECT_EQ(defaults.checkpoint_dir(), "");
+  EXPECT_EQ(defaults.config_json(), kTrainerConfig);
+}
+
+// The shipped example: 2 x 2 CPU ranks, a checkpoint folder, the trainer config written in YAML and
+// sent as the JSON object it means (numbers, lists and strings as such).
+TEST_F(CliTest, SubmitFromTheTrainingExampleYamlFile) {
+  Result r = Run({"submit", "--file", "client/examples/training-job.yaml"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(jobs_.submits().size(), 1u);
+  const v1::JobSpec spec = jobs_.submits()[0].spec();
+  EXPECT_EQ(spec.name(), "kjv-small-2x2");
+  EXPECT_EQ(spec.tenant(), "research");
+  ASSERT_TRUE(spec.has_training()) << spec.DebugString();
+  EXPECT_EQ(spec.training().data_parallel(), 2);
+  EXPECT_EQ(spec.training().sequence_parallel(), 2);
+  EXPECT_EQ(spec.training().device(), v1::DEVICE_PREFERENCE_CPU);
+  EXPECT_EQ(spec.training().checkpoint_dir(), "/srv/dattn/checkpoints");
+  EXPECT_EQ(spec.training().init_from(), "");
+  const nlohmann::json config = nlohmann::json::parse(spec.training().config_json());
+  EXPECT_EQ(config["model"]["d_model"], 128);
+  EXPECT_EQ(config["model"]["attention"]["segment_lengths"], nlohmann::json({64, 128, 256}));
+  EXPECT_EQ(config["model"]["attention"]["mode"], "grouped");
+  EXPECT_EQ(config["data"]["paths"], nlohmann::json({"/srv/dattn/data/kjv.txt"}));
+  EXPECT_EQ(config["seq_len"], 256);
+  EXPECT_EQ(config["steps"], 300);
+  EXPECT_DOUBLE_EQ(config["optimizer"]["lr"].get<double>(), 2e-3);
+  EXPECT_DOUBLE_EQ(config["data"]["validation_fraction"].get<double>(), 0.01);
+  EXPECT_EQ(config["checkpoint"]["keep_last"], 2);
+  // The example's D and S fit its config: D divides the batch, S the sequence.
+  EXPECT_EQ(config["batch_size"].get<int>() % spec.training().data_parallel(), 0);
+  EXPECT_EQ(config["seq_len"].get<int>() % spec.training().sequence_parallel(), 0);
+  // The trainer's own "device" is left to the placement (TrainingJobSpec.device).
+  EXPECT_FALSE(config.contains("device"));
+
+  // Flags override it, as for attention jobs.
+  r = Run({"submit", "-f", "client/examples/training-job.yaml", "--data-parallel", "1",
+           "--sequence-parallel", "4", "--checkpoint-dir", ""});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(jobs_.submits()[1].spec().training().data_parallel(), 1);
+  EXPECT_EQ(jobs_.submits()[1].spec().training().sequence_parallel(), 4);
+  EXPECT_EQ(jobs_.submits()[1].spec().training().checkpoint_dir(), "");
+}
+
+// config_file is read relative to the job file's folder, wherever `dattn submit` runs; a
+// --train-config flag replaces the file's config.
+TEST_F(CliTest, TrainingJobFileConfigFileIsRelativeToTheJobFile) {
+  const std::string dir = TempPath("training-job-dir");
+  std::filesystem::create_directories(dir + "/configs");
+  std::ofstream(dir + "/configs/kjv.json") << kTrainerConfig;
+  std::ofstream(dir + "/job.yaml") << "kind: training\n"
+                                      "training:\n"
+                                      "  config_file: configs/kjv.json\n"
+                                      "  data_parallel: 2\n";
+  Result r = Run({"submit", "-f", dir + "/job.yaml"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(jobs_.submits()[0].spec().training().config_json(), kTrainerConfig);
+  EXPECT_EQ(jobs_.submits()[0].spec().training().data_parallel(), 2);
+
+  const std::string other = WriteTemp("other.json", R"({"steps": 5})");
+  r = Run({"submit", "-f", dir + "/job.yaml", "--train-config", other});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(jobs_.submits()[1].spec().training().config_json(), R"({"steps": 5})");
+
+  // A config file that is missing or not a JSON object: exit 2 naming the file and the key.
+  std::ofstream(dir + "/job.yaml") << "training:\n  config_file: configs/missing.json\n";
+  r = Run({"submit", "-f", dir + "/job.yaml"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(
+      r.err, HasSubstr(absl::StrCat(dir, "/job.yaml:2: training.config_file: trainer config '", dir,
+                                    "/configs/missing.json' cannot be read")));
+  const std::string list = WriteTemp("list.json", "[1, 2]");
+  r = Run({"submit", "--train-config", list});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr(absl::StrCat("--train-config: trainer config '", list,
+                                            "' is a JSON array, not an object")));
+  const std::string broken = WriteTemp("broken.json", R"({"steps": 5,})");
+  r = Run({"submit", "--train-config", broken});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("is not valid JSON"));
+  r = Run({"submit", "--train-config", dir});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("is a directory"));
+  EXPECT_EQ(jobs_.submits().size(), 2u);
+}
+
+// Settings of the other kind of job are refused, naming them; so are files with both sections.
+TEST_F(CliTest, MixingAttentionAndTrainingSettingsIsAUsageError) {
+  const std::string config = WriteTemp("mix.json", kTrainerConfig);
+  const std::string training = WriteTemp("mix-training.yaml", "training:\n  config: {steps: 1}\n");
+  const std::string attention =
+      WriteTemp("mix-attention.yaml",
+                "attention: {seq_len: 64, heads: 1, head_dim: 8, segments: [64], rates: [1]}\n");
+  struct Case {
+    std::vector<std::string> args;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {{"submit", "-f", training, "--seq-len", "4096", "--ranks", "2"},
+       "--seq-len (attention.seq_len), --ranks (attention.ranks) are settings of attention jobs, "
+       "but this is a training job (training: in " +
+           training + ")"},
+      {{"submit", "-f", attention, "--data-parallel", "2"},
+       "--data-parallel (training.data_parallel) is a setting of training jobs, but this is an "
+       "attention job"},
+      {{"submit", "--train-config", config, "--segments", "64", "--causal"},
+       "--segments (attention.segments), --causal (attention.causal) (attention) and "
+       "--train-config (training.config or training.config_file) (training) are settings of "
+       "different kinds of job"},
+      {{"submit", "-f", training, "--output-file", TempPath("x.npy")},
+       "--output-file saves an attention job's output tensor, but this is a training job"},
+      {{"submit", "--sequence-parallel", "2"},
+       "missing --train-config (training.config or training.config_file)"},
+      {{"submit", "--train-config", config, "--checkpoint-dir", "ckpt"},
+       "--checkpoint-dir: 'ckpt' is not an absolute path"},
+      {{"submit", "--train-config", config, "--data-parallel", "0"},
+       "--data-parallel: '0' is out of range"},
+      {{"submit", "--train-config", config, "--data-paralel", "2"},
+       "unknown flag --data-paralel for 'dattn submit' (did you mean --data-parallel?)"},
+  };
+  for (const Case& c : cases) {
+    Result r = Run(c.args);
+    EXPECT_EQ(r.code, kExitUsage) << absl::StrJoin(c.args, " ");
+    EXPECT_THAT(r.err, HasSubstr(c.expected)) << absl::StrJoin(c.args, " ");
+  }
+  const std::string both = WriteTemp("both.yaml",
+                                     "attention: {seq_len: 64}\n"
+                                     "training: {config: {steps: 1}}\n");
+  Result r = Run({"submit", "-f", both});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("both.yaml:2: training: the file has both attention: and training: "
+                               "sections, but a job is one kind of work"));
+  const std::string typo = WriteTemp("typo-training.yaml", "training:\n  checkpoint-dri: /c\n");
+  r = Run({"submit", "-f", typo});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("training.checkpoint-dri: unknown key (did you mean "
+                               "'checkpoint_dir'?)"));
+  EXPECT_TRUE(jobs_.submits().empty());
+
+  // `dattn submit --help` lists the training flags in their own group.
+  r = RunRaw({"submit", "--help"});
+  EXPECT_EQ(r.code, kExitOk);
+  EXPECT_THAT(r.out, HasSubstr("Training job settings"));
+  EXPECT_THAT(r.out, HasSubstr("--train-config"));
+  EXPECT_THAT(r.out, HasSubstr("--sequence-parallel"));
+}
+
+// The events a training job writes, one line each when stdout is not a terminal; a progress event
+// without a message shows its figures. The end prints the result with its loss curve (ASCII).
+TEST_F(CliTest, WatchATrainingJobPrintsItsEvents) {
+  jobs_.AddJob(RunningTrainingJob("j-tr"));
+  jobs_.SetFinal(SucceededTrainingJob("j-tr"));
+  v1::JobEvent progress = Event("j-tr", 3, v1::JOB_STATE_RUNNING, "progress", 20, 300,
+                                "step 20 of 300: loss 3.1416, lr 0.002, 2.4K tokens/s");
+  v1::JobEvent quiet = Event("j-tr", 6, v1::JOB_STATE_RUNNING, "progress", 40, 300);
+  quiet.mutable_progress()->mutable_training()->set_loss(2.7183);
+  quiet.mutable_progress()->mutable_training()->set_learning_rate(0.0019);
+  quiet.mutable_progress()->mutable_training()->set_tokens_per_second(2456);
+  jobs_.SetWatchScript(
+      {{{Event("j-tr", 1, v1::JOB_STATE_QUEUED, "submitted"),
+         Event("j-tr", 2, v1::JOB_STATE_RUNNING, "started"), progress,
+         Event("j-tr", 4, v1::JOB_STATE_RUNNING, "checkpoint", 0, 0,
+               "checkpoint of step 20 committed: /shared/ckpt/j-tr/step-00000020 (1.2 MiB in "
+               "0.31 s)"),
+         Event("j-tr", 5, v1::JOB_STATE_RUNNING, "evaluation", 0, 0,
+               "evaluation at step 20: validation loss 2.3100 (3.3326 bits/byte), retrieval 12.5% "
+               "exact of 16 examples"),
+         quiet,
+         Event("j-tr", 7, v1::JOB_STATE_RUNNING, "resumed", 0, 0,
+               "attempt 2 continued from the checkpoint of step 20 "
+               "(/shared/ckpt/j-tr/step-00000020)"),
+         Event("j-tr", 8, v1::JOB_STATE_SUCCEEDED, "succeeded", 300, 300)},
+        grpc::Status::OK}});
+  Result r = Run({"watch", "j-tr"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("#3  RUNNING  progress  20/300 steps  step 20 of 300: loss 3.1416, "
+                               "lr 0.002, 2.4K tokens/s\n"));
+  EXPECT_THAT(r.out, HasSubstr("#4  RUNNING  checkpoint  checkpoint of step 20 committed: "
+                               "/shared/ckpt/j-tr/step-00000020 (1.2 MiB in 0.31 s)\n"));
+  EXPECT_THAT(r.out,
+              HasSubstr("#5  RUNNING  evaluation  evaluation at step 20: validation loss "
+                        "2.3100 (3.3326 bits/byte), retrieval 12.5% exact of 16 examples\n"));
+  EXPECT_THAT(r.out, HasSubstr("#6  RUNNING  progress  40/300 steps  loss 2.7183, lr 0.0019, "
+                               "2.5K tokens/s\n"));
+  EXPECT_THAT(r.out, HasSubstr("#7  RUNNING  resumed  attempt 2 continued from the checkpoint of "
+                               "step 20"));
+  EXPECT_THAT(r.out, HasSubstr("Job j-tr SUCCEEDED after 4m17s"));
+  EXPECT_THAT(r.out, HasSubstr("Final loss        1.7234"));
+  EXPECT_THAT(r.out, HasSubstr("Loss curve (training loss by step, 300 points)"));
+  EXPECT_THAT(r.out, HasSubstr("  5.2276 |*"));  // The first column's mean, top left.
+  EXPECT_FALSE(HasTerminalControls(r.out, false)) << r.out;
+
+  // --json: the events as they are, one per line.
+  r = Run({"watch", "j-tr", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  std::vector<std::string> lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 8u) << r.out;
+  EXPECT_EQ(nlohmann::json::parse(lines[3])["kind"], "checkpoint");
+  EXPECT_EQ(nlohmann::json::parse(lines[5])["progress"]["training"]["loss"], 2.7183);
+}
+
+// On a terminal the live line carries the loss, the rate and the last validation loss, and ends
+// on the run's own final figures.
+TEST_F(CliTest, WatchATrainingJobOnATerminalShowsTheLoss) {
+  env_.out_is_tty = true;
+  jobs_.AddJob(RunningTrainingJob("j-tt"));
+  jobs_.SetFinal(SucceededTrainingJob("j-tt"));
+  v1::JobEvent progress = Event("j-tt", 2, v1::JOB_STATE_RUNNING, "progress", 150, 300, "step 150");
+  *progress.mutable_progress()->mutable_training() =
+      RunningTrainingJob("j-tt").progress().training();
+  progress.mutable_progress()->mutable_training()->set_loss(2.0001);
+  jobs_.SetWatchScript({{{Event("j-tt", 1, v1::JOB_STATE_RUNNING, "started"), progress,
+                          Event("j-tt", 3, v1::JOB_STATE_RUNNING, "evaluation", 0, 0,
+                                "evaluation at step 150: validation loss 1.9000"),
+                          Event("j-tt", 4, v1::JOB_STATE_SUCCEEDED, "succeeded")},
+                         grpc::Status::OK}});
+  Result r = Run({"watch", "j-tt"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("j-tt  RUNNING  [###############---------------]  150/300 steps  "
+                               "50%  loss 2.0001  12.3K tok/s  val 2.3100  elapsed"));
+  EXPECT_THAT(r.out, HasSubstr("#3  RUNNING  evaluation  evaluation at step 150"));
+  EXPECT_THAT(LastLine(r.out),
+              StartsWith("j-tt  SUCCEEDED  [##############################]  300/300 steps  100%  "
+                         "loss 1.7234  2.4K tok/s  val 1.6729  elapsed 4m17s"))
+      << r.out;
+}
+
+// `dattn status` of a running training job: its latest figures, newest checkpoint included.
+TEST_F(CliTest, StatusShowsARunningTrainingJobsFigures) {
+  jobs_.AddJob(RunningTrainingJob("j-run"));
+  Result r = Run({"status", "j-run"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out,
+              HasSubstr("Training        2 data x 2 sequence parallel (4 ranks), device cpu"));
+  EXPECT_THAT(r.out, HasSubstr("Checkpoints to  /shared/ckpt\n"));
+  EXPECT_THAT(r.out, HasSubstr("Progress        120/300 steps (40%)"));
+  EXPECT_THAT(r.out, HasSubstr("  Step               120 of 300\n"));
+  EXPECT_THAT(r.out, HasSubstr("  Loss               2.3456\n"));
+  EXPECT_THAT(r.out, HasSubstr("  Learning rate      0.0003\n"));
+  EXPECT_THAT(r.out, HasSubstr("  Throughput         12.3K tokens/s (166.00 ms/step)\n"));
+  EXPECT_THAT(r.out, Not(HasSubstr("MFU")));  // 0 on CPU workers: not known, not shown.
+  EXPECT_THAT(r.out, HasSubstr("  Resumed            this attempt continued from the checkpoint of "
+                               "step 100\n"));
+  EXPECT_THAT(r.out, HasSubstr("  Last evaluation    step 100: validation loss 2.3100 (3.3326 "
+                               "bits/byte)\n"));
+  EXPECT_THAT(r.out, HasSubstr("  Newest checkpoint  step 100: /shared/ckpt/j-run/step-00000100 "
+                               "(9.6 MiB)\n"));
+  EXPECT_THAT(r.out, HasSubstr("1 complete (`dattn checkpoints j-run` lists them)"));
+  EXPECT_THAT(r.out, Not(HasSubstr("Loss curve")));
+}
+
+// `dattn status` of a finished training job: the result and its loss curve, in ASCII unless stdout
+// is a UTF-8 terminal (and --ascii does not say otherwise).
+TEST_F(CliTest, StatusDrawsAFinishedTrainingJobsLossCurve) {
+  jobs_.AddJob(SucceededTrainingJob("j-done"));
+  Result r = Run({"status", "j-done"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("  Steps             300\n"));
+  EXPECT_THAT(r.out, HasSubstr("  Final loss        1.7234\n"));
+  EXPECT_THAT(r.out, HasSubstr("  Final evaluation  step 300: validation loss 1.6729 (2.4135 "
+                               "bits/byte), retrieval 12.5% exact (40.0% of answer tokens) of 16 "
+                               "examples\n"));
+  EXPECT_THAT(r.out, HasSubstr("  Throughput        2.4K tokens/s (over 4m12s)\n"));
+  EXPECT_THAT(r.out, HasSubstr("  MFU               21.5%\n"));
+  EXPECT_THAT(r.out, HasSubstr("  Parameters        831232 (831.2K)\n"));
+  EXPECT_THAT(r.out, HasSubstr("  Parallelism       2 data x 2 sequence (4 ranks)\n"));
+  EXPECT_THAT(r.out, HasSubstr("  Final checkpoint  /shared/ckpt/j-done/step-00000300\n"));
+  EXPECT_THAT(r.out, HasSubstr("2 complete (`dattn checkpoints j-done` lists them)"));
+  // The curve: 60 columns of 5 points each, 8 rows, labelled with its highest and lowest column.
+  const size_t curve = r.out.find("Loss curve (training loss by step, 300 points)\n");
+  ASSERT_NE(curve, std::string::npos) << r.out;
+  std::vector<std::string> chart = absl::StrSplit(r.out.substr(curve), '\n', absl::SkipEmpty());
+  ASSERT_EQ(chart.size(), 11u) << r.out;  // The title, 8 rows, the axis, the steps.
+  EXPECT_EQ(chart[1], "  5.2276 |*");
+  EXPECT_EQ(chart[2], "         | *");
+  EXPECT_EQ(chart[8], absl::StrCat("  1.7022 |", std::string(22, ' '), std::string(38, '*')));
+  EXPECT_EQ(chart[9], absl::StrCat("         +", std::string(60, '-')));
+  EXPECT_EQ(chart[10], absl::StrCat("          1", std::string(56, ' '), "300"));
+  for (const std::string& line : chart)
+    EXPECT_EQ(line.find_first_of("\x80\xff"), std::string::npos);
+
+  // A UTF-8 terminal: block elements.
+  env_.out_is_tty = true;
+  vars_["LANG"] = "en_US.UTF-8";
+  r = Run({"status", "j-done"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("  5.2276 \u2524\u2588\u2581\n"));
+  EXPECT_THAT(r.out, HasSubstr("\u2514\u2500\u2500"));
+  // --ascii, or a terminal of another character set: ASCII again.
+  r = Run({"status", "j-done", "--ascii"});
+  EXPECT_THAT(r.out, HasSubstr("  5.2276 |*"));
+  vars_["LC_ALL"] = "C";
+  r = Run({"status", "j-done"});
+  EXPECT_THAT(r.out, HasSubstr("  5.2276 |*"));
+
+  // --json: the Job as it is, its curve among the result's fields.
+  r = Run({"status", "j-done", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const nlohmann::json parsed = nlohmann::json::parse(r.out);
+  EXPECT_EQ(parsed["result"]["training"]["loss_curve"].size(), 300u);
+  EXPECT_EQ(parsed["spec"]["training"]["data_parallel"], 2);
+}
+
+TEST_F(CliTest, CheckpointsListsATrainingJobsCheckpoints) {
+  jobs_.AddJob(SucceededTrainingJob("j-done"));
+  Result r = Run({"checkpoints", "j-done"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  std::vector<std::string> lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u) << r.out;
+  EXPECT_EQ(lines[0], "STEP  PATH                               SIZE     WRITE TIME  COMMITTED");
+  EXPECT_EQ(
+      lines[1],
+      "200   /shared/ckpt/j-done/step-00000200  9.6 MiB  310.00 ms   2024-05-01 12:03:00 UTC");
+  EXPECT_EQ(
+      lines[2],
+      "300   /shared/ckpt/j-done/step-00000300  9.6 MiB  290.00 ms   2024-05-01 12:04:15 UTC");
+
+  r = Run({"checkpoints", "j-done", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  const nlohmann::json parsed = nlohmann::json::parse(r.out);
+  EXPECT_EQ(parsed["job_id"], "j-done");
+  EXPECT_EQ(parsed["state"], "JOB_STATE_SUCCEEDED");
+  EXPECT_EQ(parsed["checkpoint_dir"], "/shared/ckpt");
+  ASSERT_EQ(parsed["checkpoints"].size(), 2u);
+  EXPECT_EQ(parsed["checkpoints"][1]["step"],
+            "300");  // int64 as a string, as protobuf JSON has it.
+  EXPECT_EQ(parsed["checkpoints"][1]["path"], "/shared/ckpt/j-done/step-00000300");
+  EXPECT_EQ(parsed["checkpoints"][1]["bytes"], "10020000");
+  EXPECT_EQ(parsed["checkpoints"][1]["time"], "2024-05-01T12:04:15Z");
+
+  // A running job: the checkpoints its progress lists (those that exist now).
+  jobs_.AddJob(RunningTrainingJob("j-run"));
+  r = Run({"checkpoints", "j-run"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("100   /shared/ckpt/j-run/step-00000100"));
+  EXPECT_THAT(r.out, HasSubstr("job j-run is RUNNING: the checkpoints complete so far"));
+  r = Run({"checkpoints", "j-run", "--json"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(nlohmann::json::parse(r.out)["checkpoints"].size(), 1u);
+
+  // None yet, and none ever (no checkpoint_dir).
+  v1::Job fresh = RunningTrainingJob("j-fresh");
+  fresh.mutable_progress()->mutable_training()->clear_checkpoints();
+  jobs_.AddJob(fresh);
+  r = Run({"checkpoints", "j-fresh"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Job j-fresh (RUNNING) has no complete checkpoint in /shared/ckpt "
+                               "yet."));
+  fresh.set_job_id("j-none");
+  fresh.mutable_spec()->mutable_training()->clear_checkpoint_dir();
+  jobs_.AddJob(fresh);
+  r = Run({"checkpoints", "j-none"});
+  EXPECT_THAT(r.out, HasSubstr("submitted without a checkpoint_dir, so it writes none"));
+
+  // An attention job has none: a usage error; an unknown job NOT_FOUND.
+  jobs_.AddJob(SucceededJob("j-att"));
+  r = Run({"checkpoints", "j-att"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("job j-att is an attention job: only training jobs have "
+                               "checkpoints"));
+  EXPECT_EQ(r.out, "");
+  r = Run({"checkpoints", "j-missing"});
+  EXPECT_EQ(r.code, kExitNotFound);
+  EXPECT_THAT(r.err, HasSubstr("j-missing does not exist"));
+  EXPECT_EQ(Run({"checkpoints"}).code, kExitUsage);
+}
+
+TEST_F(CliTest, ListShowsTrainingJobsWithTheirKind) {
+  jobs_.AddJob(RunningTrainingJob("j-train"));
+  jobs_.AddJob(RunningJob("j-attn"));
+  Result r = Run({"list"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  std::vector<std::string> lines = absl::StrSplit(r.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u) << r.out;
+  EXPECT_THAT(lines[1], HasSubstr("j-train  training   kjv-small"));
+  EXPECT_THAT(lines[1], HasSubstr("120/300"));
+  EXPECT_THAT(lines[2], HasSubstr("j-attn   attention  bench"));
 }
 
 }  // namespace

@@ -6,6 +6,8 @@
 #include <fstream>
 #include <utility>
 
+#include "absl/strings/ascii.h"
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "client/exit_codes.h"
@@ -13,6 +15,7 @@
 #include "client/npy.h"
 #include "client/watch.h"
 #include "grpc/health/v1/health.grpc.pb.h"
+#include "nlohmann/json.hpp"
 
 namespace dattn {
 namespace client {
@@ -53,6 +56,18 @@ int Commands::RpcFailed(const grpc::Status& status, const std::string& what) {
 
 void Commands::PrintJson(const google::protobuf::Message& message) {
   out_ << ToJson(message, /*pretty=*/true) << '\n';
+}
+
+bool Commands::Unicode() const {
+  if (args_.ascii || !env_.out_is_tty) return false;
+  // The locale's character set, as the C library picks it: LC_ALL, else LC_CTYPE, else LANG.
+  for (const char* name : {"LC_ALL", "LC_CTYPE", "LANG"}) {
+    const char* value = env_.getenv ? env_.getenv(name) : nullptr;
+    if (value == nullptr || *value == '\0') continue;
+    const std::string locale = absl::AsciiStrToLower(value);
+    return absl::StrContains(locale, "utf-8") || absl::StrContains(locale, "utf8");
+  }
+  return false;
 }
 
 int Commands::Submit(const SubmitArgs& args) {
@@ -117,7 +132,7 @@ int Commands::FollowJob(const std::string& job_id, bool quiet, absl::Duration re
     if (args_.json) {
       PrintJson(job);
     } else {
-      PrintJob(job, absl::Now(), out_);
+      PrintJob(job, absl::Now(), Unicode(), out_);
     }
   } else if (!args_.json) {
     out_ << "Job " << Printable(job.job_id()) << " " << StateName(job.state());
@@ -131,6 +146,10 @@ int Commands::FollowJob(const std::string& job_id, bool quiet, absl::Duration re
     if (job.result().has_attention()) {
       out_ << '\n';
       PrintAttentionResult(job.result().attention(), job.spec().attention().pass(), out_);
+    }
+    if (job.result().has_training()) {
+      out_ << '\n';
+      PrintTrainingResult(job.result().training(), job.job_id(), Unicode(), out_);
     }
   }
   out_ << std::flush;
@@ -244,10 +263,61 @@ int Commands::Status(const std::string& job_id, bool events, int max_events,
   if (args_.json) {
     PrintJson(job);
   } else {
-    PrintJob(job, absl::Now(), out_);
+    PrintJob(job, absl::Now(), Unicode(), out_);
   }
   out_ << std::flush;
   if (!output_file.empty()) return SaveOutput(job, output_file);
+  return kExitOk;
+}
+
+int Commands::Checkpoints(const std::string& job_id) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  v1::Job job;
+  grpc::Status status = jobs_->GetJob(NewContext().get(), request, &job);
+  if (!status.ok()) return RpcFailed(status, "get job " + job_id);
+  if (!job.spec().has_training()) {
+    err_ << "dattn: error: job " << Printable(job.job_id()) << " is "
+         << (job.spec().has_attention() ? "an attention job" : "not a training job")
+         << ": only training jobs have checkpoints\n";
+    return kExitUsage;
+  }
+  // A succeeded job's result lists its checkpoints as they were at the end; until then (and for a
+  // job that failed or was cancelled) its progress lists those that exist now.
+  const bool from_result = job.result().has_training();
+  const google::protobuf::RepeatedPtrField<v1::TrainingCheckpoint>& checkpoints =
+      from_result ? job.result().training().checkpoints() : job.progress().training().checkpoints();
+  if (args_.json) {
+    // One document: the job, its state, and the checkpoints in the protobuf JSON mapping.
+    nlohmann::ordered_json document;
+    document["job_id"] = job.job_id();
+    document["state"] = v1::JobState_Name(job.state());
+    document["checkpoint_dir"] = job.spec().training().checkpoint_dir();
+    document["checkpoints"] = nlohmann::ordered_json::array();
+    for (const v1::TrainingCheckpoint& checkpoint : checkpoints) {
+      document["checkpoints"].push_back(
+          nlohmann::ordered_json::parse(ToJson(checkpoint, /*pretty=*/false)));
+    }
+    out_ << document.dump(2) << '\n' << std::flush;
+    return kExitOk;
+  }
+  if (checkpoints.empty()) {
+    out_ << "Job " << Printable(job.job_id()) << " (" << StateName(job.state())
+         << ") has no complete checkpoint";
+    if (job.spec().training().checkpoint_dir().empty()) {
+      out_ << ": it was submitted without a checkpoint_dir, so it writes none";
+    } else {
+      out_ << " in " << Printable(job.spec().training().checkpoint_dir()) << " yet";
+    }
+    out_ << ".\n" << std::flush;
+    return kExitOk;
+  }
+  CheckpointsTable(checkpoints).Print(out_);
+  if (!from_result && !IsTerminal(job.state())) {
+    out_ << "(job " << Printable(job.job_id()) << " is " << StateName(job.state())
+         << ": the checkpoints complete so far; older ones are pruned to checkpoint.keep_last)\n";
+  }
+  out_ << std::flush;
   return kExitOk;
 }
 

@@ -29,6 +29,8 @@ struct GlobalArgs {
   std::shared_ptr<grpc::Channel> channel;
   absl::Duration timeout = absl::Seconds(10);  // Deadline of each unary RPC.
   bool json = false;
+  // Charts in ASCII even on a UTF-8 terminal (--ascii).
+  bool ascii = false;
 };
 
 struct SubmitArgs {
@@ -69,6 +71,9 @@ class Commands {
   int Output(const std::string& job_id, const std::string& path);
   // Deletes a finished job, its history and its output.
   int Delete(const std::string& job_id);
+  // Lists a training job's complete checkpoints: its result's when it SUCCEEDED, else those its
+  // progress lists (the ones that exist now). kExitUsage for a job that is not a training job.
+  int Checkpoints(const std::string& job_id);
 
  private:
   std::unique_ptr<grpc::ClientContext> NewContext() const;
@@ -81,6 +86,8 @@ class Commands {
   // Writes the job's kept output to `path` (.npy); `saved` (optional) gets the tensor's header.
   int SaveOutput(const v1::Job& job, const std::string& path, v1::TensorHeader* saved = nullptr);
   void PrintJson(const google::protobuf::Message& message);
+  // Whether charts may use Unicode: `out` is a terminal whose locale is UTF-8, and not --ascii.
+  bool Unicode() const;
 
   const GlobalArgs args_;
   std::ostream& out_;

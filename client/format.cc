@@ -52,6 +52,23 @@ std::string RunSummary(const v1::AttentionJobSpec& job) {
   return text;
 }
 
+std::string TrainingSummary(const v1::TrainingJobSpec& job) {
+  const int data = std::max(job.data_parallel(), 1);
+  const int sequence = std::max(job.sequence_parallel(), 1);
+  return absl::StrCat(data, " data x ", sequence, " sequence parallel (", data * sequence,
+                      data * sequence == 1 ? " rank" : " ranks", "), device ",
+                      DeviceName(job.device()));
+}
+
+std::string Loss(double loss) { return absl::StrFormat("%.4f", loss); }
+std::string LearningRate(double lr) { return absl::StrFormat("%.3g", lr); }
+std::string Percent(double fraction) { return absl::StrFormat("%.1f%%", fraction * 100); }
+
+std::string CheckpointText(const v1::TrainingCheckpoint& checkpoint) {
+  return absl::StrCat("step ", checkpoint.step(), ": ", checkpoint.path(), " (",
+                      FormatBytes(checkpoint.bytes()), ")");
+}
+
 std::string Age(const google::protobuf::Timestamp& ts, absl::Time now) {
   const absl::Time t = ToTime(ts);
   if (t == absl::InfinitePast()) return "-";
@@ -130,6 +147,17 @@ std::string DeviceName(v1::DevicePreference device) {
   }
 }
 
+std::string WorkKindName(const v1::JobSpec& spec) {
+  switch (spec.work_case()) {
+    case v1::JobSpec::kAttention:
+      return "attention";
+    case v1::JobSpec::kTraining:
+      return "training";
+    default:
+      return "-";
+  }
+}
+
 bool IsTerminal(v1::JobState state) {
   return state == v1::JOB_STATE_SUCCEEDED || state == v1::JOB_STATE_FAILED ||
          state == v1::JOB_STATE_CANCELLED;
@@ -195,6 +223,38 @@ std::string FormatProgress(const v1::JobProgress& progress) {
   return absl::StrCat(progress.steps_done(), "/", progress.steps_total());
 }
 
+std::string FormatCount(double value) {
+  if (!std::isfinite(value)) return absl::StrFormat("%g", value);
+  const double magnitude = std::fabs(value);
+  if (magnitude < 1e3) return absl::StrFormat("%.0f", value);
+  if (magnitude < 1e6) return absl::StrFormat("%.1fK", value / 1e3);
+  if (magnitude < 1e9) return absl::StrFormat("%.2fM", value / 1e6);
+  return absl::StrFormat("%.2fG", value / 1e9);
+}
+
+std::string FormatEvaluation(const v1::TrainingEvaluation& e) {
+  std::vector<std::string> parts;
+  if (e.has_validation()) {
+    std::string validation = absl::StrCat("validation loss ", Loss(e.validation_loss()));
+    if (e.bits_per_byte() > 0) {
+      absl::StrAppend(&validation, absl::StrFormat(" (%.4f bits/byte)", e.bits_per_byte()));
+    }
+    parts.push_back(std::move(validation));
+  }
+  if (e.retrieval_examples() > 0) {
+    parts.push_back(absl::StrCat("retrieval ", Percent(e.retrieval_accuracy()), " exact (",
+                                 Percent(e.retrieval_token_accuracy()), " of answer tokens) of ",
+                                 e.retrieval_examples(), " examples"));
+  }
+  if (parts.empty()) parts.push_back("nothing measured");
+  return absl::StrCat("step ", e.step(), ": ", absl::StrJoin(parts, ", "));
+}
+
+std::string TrainingFigures(const v1::TrainingProgress& p) {
+  return absl::StrCat("loss ", Loss(p.loss()), ", lr ", LearningRate(p.learning_rate()), ", ",
+                      FormatCount(p.tokens_per_second()), " tokens/s");
+}
+
 std::string ProgressBar(int64_t done, int64_t total, int width) {
   int filled = 0;
   if (total > 0) {
@@ -204,7 +264,7 @@ std::string ProgressBar(int64_t done, int64_t total, int width) {
   return absl::StrCat("[", std::string(filled, '#'), std::string(width - filled, '-'), "]");
 }
 
-void PrintJob(const v1::Job& job, absl::Time now, std::ostream& out) {
+void PrintJob(const v1::Job& job, absl::Time now, bool unicode, std::ostream& out) {
   std::vector<std::pair<std::string, std::string>> fields;
   fields.emplace_back("Job", job.job_id());
   if (!job.spec().name().empty()) fields.emplace_back("Name", job.spec().name());
@@ -245,11 +305,30 @@ void PrintJob(const v1::Job& job, absl::Time now, std::ostream& out) {
     fields.emplace_back("Attention", AttentionSummary(job.spec().attention()));
     fields.emplace_back("Run", RunSummary(job.spec().attention()));
   }
+  if (job.spec().has_training()) {
+    const v1::TrainingJobSpec& training = job.spec().training();
+    fields.emplace_back("Training", TrainingSummary(training));
+    fields.emplace_back(
+        "Trainer config",
+        absl::StrCat(FormatBytes(static_cast<int64_t>(training.config_json().size())),
+                     " of JSON (`dattn status --json` shows it)"));
+    fields.emplace_back("Checkpoints to", training.checkpoint_dir().empty()
+                                              ? "- (no checkpoint_dir: none are written)"
+                                              : training.checkpoint_dir());
+    if (!training.init_from().empty()) fields.emplace_back("Init from", training.init_from());
+  }
   PrintFields(fields, 0, out);
 
   if (job.result().has_attention()) {
     out << "\n";
     PrintAttentionResult(job.result().attention(), job.spec().attention().pass(), out);
+  }
+  if (job.result().has_training()) {
+    out << "\n";
+    PrintTrainingResult(job.result().training(), job.job_id(), unicode, out);
+  } else if (job.progress().has_training()) {
+    out << "\n";
+    PrintTrainingProgress(job.progress().training(), job.job_id(), out);
   }
   if (job.events_size() > 0) {
     out << "\nEvents\n";
@@ -313,10 +392,176 @@ void PrintAttentionResult(const v1::AttentionJobResult& r, v1::Pass pass, std::o
   table.Print(out);
 }
 
+void PrintTrainingResult(const v1::TrainingJobResult& r, const std::string& job_id, bool unicode,
+                         std::ostream& out) {
+  std::vector<std::pair<std::string, std::string>> fields;
+  std::string steps = absl::StrCat(r.steps());
+  if (r.resumed_from_step() > 0) {
+    absl::StrAppend(&steps, " (the last attempt continued from step ", r.resumed_from_step(), ")");
+  }
+  fields.emplace_back("Steps", steps);
+  fields.emplace_back("Final loss", Loss(r.final_loss()));
+  if (r.has_final_evaluation()) {
+    fields.emplace_back("Final evaluation", FormatEvaluation(r.final_evaluation()));
+  }
+  std::string rate = absl::StrCat(FormatCount(r.tokens_per_second()), " tokens/s");
+  if (r.seconds() > 0)
+    absl::StrAppend(&rate, " (over ", HumanDuration(absl::Seconds(r.seconds())), ")");
+  fields.emplace_back("Throughput", rate);
+  if (r.mfu() > 0) fields.emplace_back("MFU", Percent(r.mfu()));
+  fields.emplace_back("Tokens seen", FormatCount(static_cast<double>(r.tokens_seen())));
+  fields.emplace_back(
+      "Parameters",
+      absl::StrCat(r.parameters(), " (", FormatCount(static_cast<double>(r.parameters())), ")"));
+  const int data = std::max(r.data_parallel(), 1);
+  const int sequence = std::max(r.sequence_parallel(), 1);
+  fields.emplace_back("Parallelism", absl::StrCat(data, " data x ", sequence, " sequence (",
+                                                  data * sequence, " ranks)"));
+  if (r.flops_per_step() > 0) {
+    fields.emplace_back("FLOPs/step", absl::StrFormat("%.4g", r.flops_per_step()));
+  }
+  if (r.skipped_steps() > 0) {
+    fields.emplace_back("Skipped steps",
+                        absl::StrCat(r.skipped_steps(), " (non-finite gradient norm: no update)"));
+  }
+  fields.emplace_back("Final checkpoint", r.final_checkpoint().empty() ? "- (no checkpoint_dir)"
+                                                                       : r.final_checkpoint());
+  if (r.checkpoints_size() > 0) {
+    fields.emplace_back("Checkpoints", absl::StrCat(r.checkpoints_size(),
+                                                    " complete (`dattn "
+                                                    "checkpoints ",
+                                                    job_id, "` lists them)"));
+  }
+  out << "Result\n";
+  PrintFields(fields, 2, out);
+  const std::vector<std::string> chart = LossChart(r.loss_curve(), 60, 8, unicode);
+  if (chart.empty()) return;
+  out << "\nLoss curve (training loss by step, " << r.loss_curve_size() << " points)\n";
+  for (const std::string& line : chart) out << "  " << line << '\n';
+}
+
+void PrintTrainingProgress(const v1::TrainingProgress& p, const std::string& job_id,
+                           std::ostream& out) {
+  std::vector<std::pair<std::string, std::string>> fields;
+  fields.emplace_back("Step", p.steps_total() > 0 ? absl::StrCat(p.step(), " of ", p.steps_total())
+                                                  : absl::StrCat(p.step()));
+  fields.emplace_back("Loss", Loss(p.loss()));
+  fields.emplace_back("Learning rate", LearningRate(p.learning_rate()));
+  fields.emplace_back("Gradient norm", absl::StrFormat("%.4g", p.grad_norm()));
+  std::string rate = absl::StrCat(FormatCount(p.tokens_per_second()), " tokens/s");
+  if (p.step_seconds() > 0) absl::StrAppend(&rate, " (", FormatSeconds(p.step_seconds()), "/step)");
+  fields.emplace_back("Throughput", rate);
+  if (p.mfu() > 0) fields.emplace_back("MFU", Percent(p.mfu()));
+  fields.emplace_back("Tokens seen", FormatCount(static_cast<double>(p.tokens_seen())));
+  if (p.skipped_steps() > 0) {
+    fields.emplace_back("Skipped steps",
+                        absl::StrCat(p.skipped_steps(), " (non-finite gradient norm: no update)"));
+  }
+  if (p.resumed_from_step() > 0) {
+    fields.emplace_back(
+        "Resumed",
+        absl::StrCat("this attempt continued from the checkpoint of step ", p.resumed_from_step()));
+  }
+  if (p.has_last_evaluation()) {
+    fields.emplace_back("Last evaluation", FormatEvaluation(p.last_evaluation()));
+  }
+  if (p.checkpoints_size() > 0) {
+    fields.emplace_back("Newest checkpoint",
+                        CheckpointText(p.checkpoints(p.checkpoints_size() - 1)));
+    fields.emplace_back("Checkpoints", absl::StrCat(p.checkpoints_size(),
+                                                    " complete (`dattn "
+                                                    "checkpoints ",
+                                                    job_id, "` lists them)"));
+  }
+  out << "Training\n";
+  PrintFields(fields, 2, out);
+}
+
+std::vector<std::string> LossChart(const google::protobuf::RepeatedPtrField<v1::LossPoint>& points,
+                                   int width, int height, bool unicode) {
+  std::vector<const v1::LossPoint*> finite;
+  for (const v1::LossPoint& point : points) {
+    if (std::isfinite(point.loss())) finite.push_back(&point);
+  }
+  if (finite.empty() || width < 1 || height < 1) return {};
+  const int64_t n = static_cast<int64_t>(finite.size());
+  const int columns = static_cast<int>(std::min<int64_t>(width, n));
+  // Each column: the mean of its share of the points, in order.
+  std::vector<double> values(columns);
+  for (int c = 0; c < columns; ++c) {
+    const int64_t begin = c * n / columns;
+    const int64_t end = (c + 1) * n / columns;
+    double sum = 0;
+    for (int64_t i = begin; i < end; ++i) sum += finite[i]->loss();
+    values[c] = sum / static_cast<double>(end - begin);
+  }
+  const double lo = *std::min_element(values.begin(), values.end());
+  const double hi = *std::max_element(values.begin(), values.end());
+  // The height of each column: in eighths of a row (Unicode, at least one eighth) or as the row of
+  // its mark from the bottom (ASCII). A flat curve sits in the middle.
+  const int eighths = height * 8;
+  std::vector<int> level(columns);
+  for (int c = 0; c < columns; ++c) {
+    const double t = hi > lo ? (values[c] - lo) / (hi - lo) : 0.5;
+    level[c] = unicode ? 1 + static_cast<int>(std::lround(t * (eighths - 1)))
+                       : static_cast<int>(std::lround(t * (height - 1)));
+  }
+  const std::string top = Loss(hi);
+  const std::string bottom = Loss(lo);
+  const size_t label_width = std::max(top.size(), bottom.size());
+  static const char* const kBlocks[] = {" ",      "\u2581", "\u2582", "\u2583", "\u2584",
+                                        "\u2585", "\u2586", "\u2587", "\u2588"};
+  std::vector<std::string> lines;
+  for (int row = 0; row < height; ++row) {  // From the top.
+    std::string label = row == 0 ? top : row == height - 1 ? bottom : "";
+    std::string line = std::string(label_width - label.size(), ' ') + label + " ";
+    const bool labelled = !label.empty();
+    absl::StrAppend(&line, unicode ? (labelled ? "\u2524" : "\u2502") : "|");
+    for (int c = 0; c < columns; ++c) {
+      if (unicode) {
+        const int fill = std::clamp(level[c] - (height - 1 - row) * 8, 0, 8);
+        absl::StrAppend(&line, kBlocks[fill]);
+      } else {
+        line += level[c] == height - 1 - row ? '*' : ' ';
+      }
+    }
+    while (!line.empty() && line.back() == ' ') line.pop_back();
+    lines.push_back(std::move(line));
+  }
+  std::string axis = std::string(label_width + 1, ' ');
+  if (unicode) {
+    absl::StrAppend(&axis, "\u2514");
+    for (int c = 0; c < columns; ++c) absl::StrAppend(&axis, "\u2500");
+  } else {
+    absl::StrAppend(&axis, "+", std::string(columns, '-'));
+  }
+  lines.push_back(std::move(axis));
+  const std::string first = absl::StrCat(finite.front()->step());
+  const std::string last = absl::StrCat(finite.back()->step());
+  std::string steps = std::string(label_width + 2, ' ');
+  if (first.size() + 1 + last.size() <= static_cast<size_t>(columns)) {
+    absl::StrAppend(&steps, first, std::string(columns - first.size() - last.size(), ' '), last);
+  } else {
+    absl::StrAppend(&steps, "steps ", first, "..", last);
+  }
+  lines.push_back(std::move(steps));
+  return lines;
+}
+
+Table CheckpointsTable(
+    const google::protobuf::RepeatedPtrField<v1::TrainingCheckpoint>& checkpoints) {
+  Table table({"STEP", "PATH", "SIZE", "WRITE TIME", "COMMITTED"});
+  for (const v1::TrainingCheckpoint& c : checkpoints) {
+    table.AddRow({absl::StrCat(c.step()), c.path(), FormatBytes(c.bytes()),
+                  FormatSeconds(c.seconds()), FormatTimestamp(c.time())});
+  }
+  return table;
+}
+
 Table JobsTable(const std::vector<v1::Job>& jobs, absl::Time now) {
   Table table({"JOB ID", "KIND", "NAME", "TENANT", "STATE", "PRI", "PROGRESS", "AGE"});
   for (const v1::Job& job : jobs) {
-    table.AddRow({job.job_id(), job.spec().has_attention() ? "attention" : "-",
+    table.AddRow({job.job_id(), WorkKindName(job.spec()),
                   job.spec().name().empty() ? "-" : job.spec().name(),
                   api::TenantOrDefault(job.spec().tenant()), StateName(job.state()),
                   absl::StrCat(job.spec().priority()), FormatProgress(job.progress()),
@@ -368,7 +613,11 @@ std::string EventLine(const v1::JobEvent& e) {
   if (e.has_progress() && e.progress().steps_total() > 0) {
     absl::StrAppend(&line, "  ", FormatProgress(e.progress()), " steps");
   }
-  if (!e.message().empty()) absl::StrAppend(&line, "  ", Printable(e.message()));
+  if (!e.message().empty()) {
+    absl::StrAppend(&line, "  ", Printable(e.message()));
+  } else if (e.kind() == "progress" && e.progress().has_training()) {
+    absl::StrAppend(&line, "  ", TrainingFigures(e.progress().training()));
+  }
   return line;
 }
 

@@ -1,9 +1,12 @@
 // Unit tests of the CLI's building blocks: value parsers, job files, tables and formatting.
 // client/cli_test.cc covers them end to end through RunCli.
+#include <cmath>
 #include <set>
 #include <sstream>
 #include <string>
+#include <vector>
 
+#include "absl/strings/str_cat.h"
 #include "client/format.h"
 #include "client/job_file.h"
 #include "client/parse.h"
@@ -91,8 +94,11 @@ TEST(JobFileTest, StructuralErrors) {
               HasSubstr("not a list"));
   EXPECT_THAT(ParseJobFile("attention: 5\n", "s.yaml", false).status().message(),
               HasSubstr("must be a mapping"));
-  EXPECT_THAT(ParseJobFile("kind: training\n", "k.yaml", false).status().message(),
-              HasSubstr("'training' is not a job kind"));
+  EXPECT_THAT(ParseJobFile("kind: inference\n", "k.yaml", false).status().message(),
+              HasSubstr("'inference' is not a job kind this CLI submits: use attention or "
+                        "training"));
+  EXPECT_THAT(ParseJobFile("kind: trainig\n", "k.yaml", false).status().message(),
+              HasSubstr("(did you mean 'training'?)"));
   EXPECT_THAT(ParseJobFile("attention:\n  name: x\n", "n.yaml", false).status().message(),
               HasSubstr("'name' belongs at the top level"));
   EXPECT_THAT(ParseJobFile("attention:\n  heads: [1, 2]\n", "h.yaml", false).status().message(),
@@ -153,11 +159,208 @@ TEST(SubmitOptionsTest, FieldTableIsConsistent) {
   for (const SubmitField& f : SubmitFields()) {
     EXPECT_TRUE(flags.insert(f.flag).second) << f.flag;
     EXPECT_TRUE(keys.insert(f.key).second) << f.key;
+    EXPECT_NE(f.sections, 0u) << f.flag;
+    // The one exception: the trainer config's file is `config_file` beside `config`, the config
+    // written inline; its flag says what it is among the others of `dattn submit`.
+    if (f.flag == "--train-config") {
+      EXPECT_EQ(f.key, "config_file");
+      EXPECT_EQ(f.sections, static_cast<unsigned>(kTrainingSection));
+      continue;
+    }
     // The file key is the flag without dashes, '-' -> '_': one name to learn.
     std::string expected = f.flag.substr(2);
     std::replace(expected.begin(), expected.end(), '-', '_');
     EXPECT_EQ(f.key, expected);
   }
+}
+
+// A trainer config written as a YAML mapping becomes a JSON object with YAML 1.2's types: plain
+// scalars are null, booleans, integers or numbers where the core schema says so, strings
+// otherwise; quoted scalars stay strings; keys keep the file's order.
+TEST(JobFileTest, TrainingConfigMappingBecomesJsonWithItsTypes) {
+  absl::StatusOr<SubmitOptions> options = ParseJobFile(R"(name: t
+training:
+  data_parallel: 2
+  sequence-parallel: 4
+  device: gpu
+  checkpoint_dir: /shared/ckpt
+  config:
+    steps: 1000
+    seq_len: 0x100
+    model: {d_model: 128, attention: {segment_lengths: [64, 128], mode: grouped}}
+    optimizer: {lr: 2e-3, min_lr: .5, warmup_steps: +20, max_grad_norm: ~, beta1: 9.0E-1}
+    checkpoint_activations: true
+    threads: "2"
+    seed: '18446744073709551615'
+    big: 18446744073709551615
+    negative: -7
+    data: {paths: [kjv.txt, "123", yes, null], format: text, quoted_null: "null"}
+    empty:
+    block: |
+      two
+      lines
+)",
+                                                       "t.yaml", false);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->kind, JobKind::kTraining);
+  EXPECT_EQ(options->kind_source, "training: in t.yaml");
+  EXPECT_EQ(*options->data_parallel, 2);
+  EXPECT_EQ(*options->sequence_parallel, 4);
+  EXPECT_EQ(*options->device, v1::DEVICE_PREFERENCE_GPU);
+  EXPECT_EQ(*options->checkpoint_dir, "/shared/ckpt");
+  ASSERT_TRUE(options->train_config.has_value());
+  EXPECT_EQ(options->train_config->path, "");
+  EXPECT_EQ(options->train_config->origin, "t.yaml:8: training.config");
+  EXPECT_EQ(options->train_config->json,
+            R"({"steps":1000,"seq_len":256,)"
+            R"("model":{"d_model":128,"attention":{"segment_lengths":[64,128],"mode":"grouped"}},)"
+            R"("optimizer":{"lr":0.002,"min_lr":0.5,"warmup_steps":20,"max_grad_norm":null,)"
+            R"("beta1":0.9},"checkpoint_activations":true,"threads":"2",)"
+            R"("seed":"18446744073709551615","big":18446744073709551615,"negative":-7,)"
+            R"("data":{"paths":["kjv.txt","123","yes",null],"format":"text","quoted_null":"null"},)"
+            R"("empty":null,"block":"two\nlines\n"})");
+  // The same file as JSON: its strings stay strings, its numbers numbers (the keys come sorted, as
+  // nlohmann::json holds them).
+  absl::StatusOr<SubmitOptions> json = ParseJobFile(
+      R"({"kind": "training", "training": {"config": {"steps": 10, "threads": "2", "lr": 2e-3,
+          "on": true, "off": "false", "none": null, "list": [1, "1", 1.5]}}})",
+      "t.json", true);
+  ASSERT_TRUE(json.ok()) << json.status();
+  EXPECT_EQ(json->kind_source, "kind: training in t.json");
+  EXPECT_EQ(json->train_config->json,
+            R"({"list":[1,"1",1.5],"lr":0.002,"none":null,"off":"false","on":true,"steps":10,)"
+            R"("threads":"2"})");
+}
+
+TEST(JobFileTest, TrainingConfigErrorsNameTheKey) {
+  struct Case {
+    std::string yaml;
+    std::string expected;
+  };
+  const std::vector<Case> cases = {
+      {"training:\n  config:\n    optimizer: {lr: .inf}\n",
+       "c.yaml:3: training.config.optimizer.lr: .inf is not a finite number"},
+      {"training:\n  config:\n    seed: 99999999999999999999\n",
+       "training.config.seed: the integer 99999999999999999999 is out of range"},
+      {"training:\n  config:\n    steps: !!int 5\n",
+       "training.config.steps: the YAML tag 'tag:yaml.org,2002:int' is not supported"},
+      {"training:\n  config:\n    steps: 1\n    steps: 2\n",
+       "c.yaml:4: training.config.steps: the key appears twice"},
+      {"training:\n  config: [1, 2]\n", "training.config: must be a mapping"},
+      {"training:\n  config: {steps: 1}\n  config_file: a.json\n",
+       "c.yaml:3: training.config_file: config and config_file both give the trainer config"},
+      {"training:\n  config_file: a.json\n  config: {steps: 1}\n",
+       "c.yaml:3: training.config: config and config_file both give the trainer config"},
+      {"training:\n  config: {steps: 1}\nattention:\n  seq_len: 64\n",
+       "c.yaml:4: attention: the file has both training: and attention: sections"},
+      {"kind: attention\ntraining:\n  config: {steps: 1}\n",
+       "c.yaml:1: kind: 'attention' but the file has a training: section"},
+      {"training:\n  data_paralel: 2\n",
+       "training.data_paralel: unknown key (did you mean 'data_parallel'?); the keys here are "
+       "config, device, config_file, data_parallel, sequence_parallel, checkpoint_dir, init_from"},
+      {"training:\n  seq_len: 64\n", "'seq_len' belongs under attention:, not under training:"},
+      {"attention:\n  data_parallel: 2\n",
+       "'data_parallel' belongs under training:, not under attention:"},
+      {"config_file: a.json\n", "'config_file' belongs under training:"},
+      {"config: {steps: 1}\n", "'config' belongs under training:"},
+      {"device: cpu\n", "'device' belongs under attention: or under training:"},
+      {"training:\n  checkpoint_dir: ckpt\n",
+       "training.checkpoint_dir: 'ckpt' is not an absolute path"},
+      {"training:\n  data_parallel: 0\n", "training.data_parallel: '0' is out of range"},
+      {"training: 5\n", "training: must be a mapping of training settings"},
+  };
+  for (const Case& c : cases) {
+    absl::StatusOr<SubmitOptions> parsed = ParseJobFile(c.yaml, "c.yaml", false);
+    EXPECT_TRUE(absl::IsInvalidArgument(parsed.status())) << c.yaml;
+    EXPECT_THAT(parsed.status().message(), HasSubstr(c.expected)) << c.yaml;
+  }
+}
+
+// YAML aliases can repeat a value without end, and nesting has no bound in YAML itself: the
+// conversion to JSON stops at its limits instead of running out of memory or stack.
+TEST(JobFileTest, TrainingConfigBombsAreRefused) {
+  std::string aliases = "training:\n  config:\n    a0: &a0 [" + std::string(1000, 'x') + "]\n";
+  for (int i = 1; i <= 12; ++i) {
+    aliases += absl::StrCat("    a", i, ": &a", i, " [*a", i - 1, ", *a", i - 1, ", *a", i - 1,
+                            ", *a", i - 1, "]\n");
+  }
+  absl::StatusOr<SubmitOptions> parsed = ParseJobFile(aliases, "bomb.yaml", false);
+  EXPECT_TRUE(absl::IsInvalidArgument(parsed.status()));
+  EXPECT_THAT(parsed.status().message(), HasSubstr("grows past 100000 values or 1 MiB of JSON"));
+
+  std::string deep = "training:\n  config:\n    a: ";
+  for (int i = 0; i < 40; ++i) deep += "[";
+  for (int i = 0; i < 40; ++i) deep += "]";
+  parsed = ParseJobFile(deep + "\n", "deep.yaml", false);
+  EXPECT_TRUE(absl::IsInvalidArgument(parsed.status()));
+  EXPECT_THAT(parsed.status().message(), HasSubstr("nested more than 32 levels deep"));
+}
+
+// A relative config_file is relative to the job file's folder; an absolute one stays as it is. The
+// file is read by BuildJobSpec, not by the parser.
+TEST(JobFileTest, ConfigFileIsRelativeToTheJobFile) {
+  absl::StatusOr<SubmitOptions> options =
+      ParseJobFile("training:\n  config_file: configs/kjv.json\n", "dir/job.yaml", false, "dir/");
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->train_config->path, "dir/configs/kjv.json");
+  EXPECT_EQ(options->train_config->json, "");
+  EXPECT_EQ(options->train_config->origin, "dir/job.yaml:2: training.config_file");
+  options = ParseJobFile("training:\n  config_file: /etc/kjv.json\n", "j.yaml", false, "dir");
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->train_config->path, "/etc/kjv.json");
+  options = ParseJobFile("training:\n  config_file: kjv.json\n", "j.yaml", false);
+  ASSERT_TRUE(options.ok()) << options.status();
+  EXPECT_EQ(options->train_config->path, "kjv.json");
+}
+
+TEST(SubmitOptionsTest, BuildTrainingSpec) {
+  SubmitOptions options;
+  options.train_config =
+      TrainingConfigSource{"  {\"steps\": 5}\n", "", "t.yaml:3: training.config"};
+  options.data_parallel = 2;
+  options.checkpoint_dir = "/shared/ckpt";
+  options.name = "t";
+  absl::StatusOr<v1::JobSpec> spec = BuildJobSpec(options);
+  ASSERT_TRUE(spec.ok()) << spec.status();
+  ASSERT_TRUE(spec->has_training());
+  EXPECT_EQ(spec->name(), "t");
+  EXPECT_EQ(spec->training().config_json(), "{\"steps\": 5}");
+  EXPECT_EQ(spec->training().data_parallel(), 2);
+  EXPECT_EQ(spec->training().sequence_parallel(), 1);
+  EXPECT_EQ(spec->training().device(), v1::DEVICE_PREFERENCE_ANY);
+  EXPECT_EQ(spec->training().checkpoint_dir(), "/shared/ckpt");
+  EXPECT_EQ(spec->training().init_from(), "");
+
+  options.train_config->json = "[1, 2]";
+  EXPECT_THAT(BuildJobSpec(options).status().message(),
+              HasSubstr("t.yaml:3: training.config: the trainer config is a JSON array, not an "
+                        "object"));
+  options.train_config = TrainingConfigSource{"", "/no/such/config.json", "--train-config"};
+  EXPECT_THAT(BuildJobSpec(options).status().message(),
+              HasSubstr("--train-config: trainer config '/no/such/config.json' cannot be read: No "
+                        "such file or directory"));
+
+  // A training setting without the config.
+  SubmitOptions partial;
+  partial.sequence_parallel = 2;
+  EXPECT_EQ(*JobKindOf(partial), JobKind::kTraining);
+  EXPECT_THAT(BuildJobSpec(partial).status().message(),
+              HasSubstr("missing --train-config (training.config or training.config_file)"));
+  // Settings of both kinds.
+  partial.seq_len = 64;
+  EXPECT_THAT(JobKindOf(partial).status().message(),
+              HasSubstr("--seq-len (attention.seq_len) (attention) and --sequence-parallel "
+                        "(training.sequence_parallel) (training) are settings of different kinds"));
+  partial.kind = JobKind::kTraining;
+  partial.kind_source = "training: in t.yaml";
+  EXPECT_THAT(JobKindOf(partial).status().message(),
+              HasSubstr("--seq-len (attention.seq_len) is a setting of attention jobs, but this is "
+                        "a training job (training: in t.yaml): leave it out"));
+  // --device belongs to both.
+  SubmitOptions device;
+  device.device = v1::DEVICE_PREFERENCE_CPU;
+  device.kind = JobKind::kTraining;
+  EXPECT_EQ(*JobKindOf(device), JobKind::kTraining);
 }
 
 TEST(SubmitOptionsTest, RandomKeysAreUuidV4) {
@@ -209,6 +412,38 @@ TEST(FormatTest, Units) {
   EXPECT_EQ(FormatTimestamp(ts), "-");
   ts.set_seconds(1714564800);
   EXPECT_EQ(FormatTimestamp(ts), "2024-05-01 12:00:00 UTC");
+}
+
+// The loss curve is the same text for the same points: 8 rows, the extremes labelled, the steps
+// below; ASCII marks one '*' per column, Unicode fills eighths of a row.
+TEST(FormatTest, LossChartIsDeterministic) {
+  google::protobuf::RepeatedPtrField<v1::LossPoint> points;
+  const double losses[] = {4.0, 3.0, 2.5, 2.0, 1.75, 1.5, 1.25, 1.0};
+  for (int i = 0; i < 8; ++i) {
+    v1::LossPoint* point = points.Add();
+    point->set_step(10 * (i + 1));
+    point->set_loss(losses[i]);
+  }
+  EXPECT_THAT(LossChart(points, 60, 4, /*unicode=*/false),
+              ElementsAre("4.0000 |*",         //
+                          "       | **",       //
+                          "       |   ***",    //
+                          "1.0000 |      **",  //
+                          "       +--------",  //
+                          "        10    80"));
+  EXPECT_THAT(LossChart(points, 60, 2, /*unicode=*/true),
+              ElementsAre("4.0000 \u2524\u2588\u2583\u2581",                                //
+                          "1.0000 \u2524\u2588\u2588\u2588\u2586\u2585\u2584\u2582\u2581",  //
+                          "       \u2514\u2500\u2500\u2500\u2500\u2500\u2500\u2500\u2500",  //
+                          "        10    80"));
+  // Four columns: each the mean of two points; too narrow for both steps under the axis.
+  EXPECT_THAT(LossChart(points, 4, 2, false),
+              ElementsAre("3.5000 |*", "1.1250 | ***", "       +----", "        steps 10..80"));
+  // Non-finite losses are left out; nothing finite, no chart.
+  points.Mutable(0)->set_loss(std::nan(""));
+  EXPECT_EQ(LossChart(points, 60, 4, false).front(), "3.0000 |*");
+  google::protobuf::RepeatedPtrField<v1::LossPoint> none;
+  EXPECT_TRUE(LossChart(none, 60, 8, false).empty());
 }
 
 TEST(SuggestTest, EditDistance) {

@@ -4,9 +4,12 @@
 #include <memory>
 #include <optional>
 #include <thread>
+#include <tuple>
+#include <utility>
 
 #include "absl/base/thread_annotations.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/synchronization/notification.h"
 #include "client/exit_codes.h"
@@ -47,16 +50,41 @@ bool IsTransient(grpc::StatusCode code) {
   }
 }
 
+// A training job's figures on the live line: the last step's loss and rate, the last validation
+// loss.
+struct TrainingLine {
+  double loss = 0;
+  double tokens_per_second = 0;
+  std::optional<double> validation_loss;
+};
+
+TrainingLine TrainingLineOf(const v1::TrainingProgress& progress) {
+  TrainingLine line;
+  line.loss = progress.loss();
+  line.tokens_per_second = progress.tokens_per_second();
+  if (progress.has_last_evaluation() && progress.last_evaluation().has_validation()) {
+    line.validation_loss = progress.last_evaluation().validation_loss();
+  }
+  return line;
+}
+
+// The steps of `progress`: the job's count, else (a training job's progress that carries only its
+// own) the trainer's.
+std::pair<int64_t, int64_t> StepsOf(const v1::JobProgress& progress) {
+  if (progress.steps_total() <= 0 && progress.has_training()) {
+    return {progress.training().step(), progress.training().steps_total()};
+  }
+  return {progress.steps_done(), progress.steps_total()};
+}
+
 // The live progress line of kTty mode. Events update it from the watching thread; a ticker thread
 // redraws it so that the elapsed time moves while no event arrives.
 class ProgressLine {
  public:
   ProgressLine(std::ostream& out, const v1::Job& job, absl::Duration redraw_every)
-      : out_(out),
-        job_id_(job.job_id()),
-        state_(job.state()),
-        done_(job.progress().steps_done()),
-        total_(job.progress().steps_total()) {
+      : out_(out), job_id_(job.job_id()), state_(job.state()) {
+    std::tie(done_, total_) = StepsOf(job.progress());
+    if (job.progress().has_training()) training_ = TrainingLineOf(job.progress().training());
     const absl::Time created = ToTime(job.create_time());
     start_ = created == absl::InfinitePast() ? absl::Now() : created;
     {
@@ -77,9 +105,15 @@ class ProgressLine {
     absl::MutexLock lock(&mu_);
     if (finished_) return;
     state_ = event.state();
-    if (event.has_progress() && event.progress().steps_total() > 0) {
-      done_ = event.progress().steps_done();
-      total_ = event.progress().steps_total();
+    if (event.has_progress()) {
+      const auto [done, total] = StepsOf(event.progress());
+      if (total > 0) {
+        done_ = done;
+        total_ = total;
+      }
+      if (event.progress().has_training()) {
+        training_ = TrainingLineOf(event.progress().training());
+      }
     }
     if (event.kind() != "progress") out_ << "\r\x1b[2K" << EventLine(event) << '\n';
     RedrawLocked();
@@ -103,9 +137,26 @@ class ProgressLine {
     finished_ = true;
     if (final_job != nullptr) {
       state_ = final_job->state();
-      if (final_job->progress().steps_total() > 0) {
-        done_ = final_job->progress().steps_done();
-        total_ = final_job->progress().steps_total();
+      const auto [done, total] = StepsOf(final_job->progress());
+      if (total > 0) {
+        done_ = done;
+        total_ = total;
+      }
+      if (final_job->progress().has_training()) {
+        training_ = TrainingLineOf(final_job->progress().training());
+      }
+      if (final_job->result().has_training()) {
+        // The run's own end: its last step's loss, its rate, its final evaluation.
+        const v1::TrainingJobResult& result = final_job->result().training();
+        TrainingLine line;
+        line.loss = result.final_loss();
+        line.tokens_per_second = result.tokens_per_second();
+        if (result.has_final_evaluation() && result.final_evaluation().has_validation()) {
+          line.validation_loss = result.final_evaluation().validation_loss();
+        } else if (training_.has_value()) {
+          line.validation_loss = training_->validation_loss;
+        }
+        training_ = line;
       }
       const absl::Time ended = ToTime(final_job->end_time());
       if (ended != absl::InfinitePast()) end_ = ended;
@@ -134,6 +185,13 @@ class ProgressLine {
                         std::min<int64_t>(done_ * 100 / total_, 100), "%  ");
       }
     }
+    if (training_.has_value()) {
+      absl::StrAppend(&line, absl::StrFormat("loss %.4f  ", training_->loss));
+      if (!stopped) absl::StrAppend(&line, FormatCount(training_->tokens_per_second), " tok/s  ");
+      if (training_->validation_loss.has_value()) {
+        absl::StrAppend(&line, absl::StrFormat("val %.4f  ", *training_->validation_loss));
+      }
+    }
     const absl::Time until = end_.value_or(absl::Now());
     absl::StrAppend(&line, "elapsed ", HumanDuration(until - start_));
     out_ << line << std::flush;
@@ -145,6 +203,8 @@ class ProgressLine {
   v1::JobState state_ ABSL_GUARDED_BY(mu_);
   int64_t done_ ABSL_GUARDED_BY(mu_);
   int64_t total_ ABSL_GUARDED_BY(mu_);
+  // A training job's figures, once it has some.
+  std::optional<TrainingLine> training_ ABSL_GUARDED_BY(mu_);
   bool complete_ ABSL_GUARDED_BY(mu_) = false;  // Ended SUCCEEDED: the bar is full.
   std::optional<absl::Time> end_ ABSL_GUARDED_BY(mu_);
   absl::Time start_;  // Fixed after construction.

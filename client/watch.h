@@ -10,9 +10,11 @@
 // coordinator answers again; failed attempts in between print nothing. When the job ends it reads
 // the job again to return its final state and result.
 //
-// kTty: the live line ends on the job's final state, from the final job: a SUCCEEDED job's bar full
-// (N/N steps, 100%) even when the last progress event said less; a FAILED or CANCELLED job's line
-// without a bar ("J  FAILED  at step 3 of 10  elapsed 4.1s"; the caller prints the reason).
+// kTty: a training job's line adds its last loss, tokens/s and last validation loss
+// ("J  RUNNING  [###---]  120/1000 steps  12%  loss 2.3456  12.3K tok/s  val 2.3100  elapsed
+// 1m02s"). The live line ends on the job's final state, from the final job: a SUCCEEDED job's bar
+// full (N/N steps, 100%) even when the last progress event said less; a FAILED or CANCELLED job's
+// line without a bar ("J  FAILED  at step 3 of 10  elapsed 4.1s"; the caller prints the reason).
 //
 // Thread-safety: WatchJob may be called from any thread; it writes to `out`/`err` only from the
 // calling thread, except in kTty mode, where a helper thread it owns redraws the progress line once
@@ -35,7 +37,8 @@ struct WatchOptions {
   enum class Display {
     kTty,    // A live progress line (bar, steps, state, elapsed), redrawn in place; other events
              // print above it.
-    kLines,  // One line per event (stdout is not a terminal).
+    kLines,  // One line per event (stdout is not a terminal): EventLine. A training job's progress,
+             // checkpoint, evaluation and resumed events carry their figures in their messages.
     kJson,   // One compact JSON JobEvent per line.
     kQuiet,  // Nothing (--wait); only the final job is returned.
   };

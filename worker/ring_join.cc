@@ -111,14 +111,31 @@ absl::StatusOr<RingMembership> JoinRing(const v1::RingInfo& ring, TaskDevice* de
   const absl::Time deadline = start + formation;
 
   // The store already exists (the coordinator starts it before handing out the ranks): a refused
-  // connection means the attempt is over, so there is no point in retrying for long.
+  // connection means the attempt is over, so there is no point in retrying for long. Tries are
+  // short and the cancellation is checked between them: the coordinator ends an attempt (and its
+  // store) when one of its ranks is refused, then cancels the others, and a rank that went on
+  // retrying for seconds would keep its worker's slot busy and make the next attempt's rank there
+  // refused in turn.
   comm::TcpStoreOptions connect;
-  connect.connect_timeout = std::min(formation, absl::Seconds(5));
   connect.request_timeout = std::min(formation, kPollSlice * 50);
   connect.secret = ring.store_secret();
   connect.tls = options.store_tls;
-  absl::StatusOr<std::unique_ptr<comm::TcpStore>> connected =
-      comm::TcpStore::Connect(ring.store_address(), connect);
+  const absl::Time connect_deadline = start + std::min(formation, absl::Seconds(5));
+  absl::StatusOr<std::unique_ptr<comm::TcpStore>> connected = absl::UnavailableError("not tried");
+  for (;;) {
+    connect.connect_timeout =
+        std::max(absl::Milliseconds(1), std::min(kPollSlice * 2, connect_deadline - absl::Now()));
+    connected = comm::TcpStore::Connect(ring.store_address(), connect);
+    if (connected.ok() || absl::IsPermissionDenied(connected.status()) ||
+        absl::IsUnauthenticated(connected.status()) ||
+        absl::IsInvalidArgument(connected.status()) || absl::Now() >= connect_deadline) {
+      break;
+    }
+    if (cancelled()) {
+      return absl::CancelledError(
+          absl::StrCat(where, "cancelled while reaching the ring's rendezvous store"));
+    }
+  }
   if (absl::IsPermissionDenied(connected.status()) || absl::IsUnauthenticated(connected.status()) ||
       absl::IsInvalidArgument(connected.status())) {
     // The store will not have this rank, or this rank cannot trust it: retrying cannot help.

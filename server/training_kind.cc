@@ -184,7 +184,8 @@ void TrainingKind::TakeProgress(const JobAnalysis& analysis, size_t device, int 
                                 const v1::TaskReport& report, v1::Job* job,
                                 std::vector<v1::JobEvent>* events) const {
   // Every rank computes the same figures; rank 0 reports them.
-  if (rank != 0 || !report.progress().has_training()) return;
+  // A report without figures (steps_total 0: the rank is still preparing) changes nothing.
+  if (rank != 0 || report.progress().training().steps_total() == 0) return;
   const v1::TrainingProgress& next = report.progress().training();
   v1::TrainingProgress* current = job->mutable_progress()->mutable_training();
   if (next.resumed_from_step() > 0 && next.resumed_from_step() != current->resumed_from_step()) {

@@ -409,6 +409,10 @@ absl::StatusOr<TrainingTaskResult> RunTrainingTask(const v1::TaskAssignment& tas
   };
 
   phase(v1::RANK_PHASE_RUNNING);
+  // Where the run starts (resumed or fresh, the checkpoints there): the STARTED report says it.
+  progress.set_step(trainer.step());
+  progress.set_tokens_seen(trainer.tokens_seen());
+  report();
   if (options.on_started) options.on_started();
   if (options.is_cancelled && options.is_cancelled()) stop = true;
   absl::Status run = trainer.Run(callbacks);

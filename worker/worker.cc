@@ -764,7 +764,10 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
     report.set_state(state);
     report.mutable_progress()->set_steps_done(task->steps_done.load());
     report.mutable_progress()->set_steps_total(total);
-    if (task->reports_training) *report.mutable_progress()->mutable_training() = task->training;
+    // Before the task reported any figures (it is still preparing) there is nothing to say.
+    if (task->reports_training && task->training.steps_total() > 0) {
+      *report.mutable_progress()->mutable_training() = task->training;
+    }
     report.set_ring_formation_seconds(task->ring_formation_seconds.load());
     return report;
   };

@@ -621,9 +621,12 @@ absl::StatusOr<v1::ReportTaskResponse> Coordinator::ReportTask(const v1::TaskRep
     return absl::InvalidArgumentError(
         absl::StrCat("state: must be a task state (STARTED .. CANCELLED), got ", request.state()));
   }
-  if (request.state() == v1::TASK_STATE_SUCCEEDED && !request.has_rank_result()) {
+  if (request.state() == v1::TASK_STATE_SUCCEEDED && !request.has_rank_result() &&
+      !request.has_training_result()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("rank_result: required with state SUCCEEDED (task ", request.task_id(), ")"));
+        absl::StrCat("rank_result (attention) or training_result (training): required with state "
+                     "SUCCEEDED (task ",
+                     request.task_id(), ")"));
   }
   // A ring rank that failed before its ring formed: ask the ring's store which ranks never
   // arrived, before taking the lock for the report itself (the answer is only used if the task is

@@ -289,7 +289,7 @@ TEST_F(CoordinatorTest, OtherRequestValidation) {
   EXPECT_EQ(coordinator_->ReportTask(report).status().code(), absl::StatusCode::kInvalidArgument);
   report.set_state(v1::TASK_STATE_SUCCEEDED);
   EXPECT_THAT(std::string(coordinator_->ReportTask(report).status().message()),
-              HasSubstr("rank_result: required"));
+              HasSubstr("rank_result (attention) or training_result (training): required"));
 }
 
 TEST_F(CoordinatorTest, SubmitWithoutWorkersQueues) {

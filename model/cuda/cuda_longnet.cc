@@ -146,13 +146,28 @@ absl::Status CudaLongNetLM::Init() {
       Gemm::Create(stream_, cuda_options_.gemm_workspace_bytes);
   if (!gemm.ok()) return gemm.status();
   impl_->gemm = *std::move(gemm);
-  CudaBackendOptions backend_options;
-  backend_options.device = cuda_options_.device;
-  backend_options.stream = stream_;
-  absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> backend = NewCudaBackend(backend_options);
-  if (!backend.ok()) return backend.status();
-  impl_->backend = *std::move(backend);
-  impl_->attention = NewLocalAttention(impl_->backend.get());
+  if (cuda_options_.attention_factory) {
+    absl::StatusOr<std::unique_ptr<SequenceAttention>> attention =
+        cuda_options_.attention_factory(stream_);
+    if (!attention.ok()) return attention.status();
+    if (*attention == nullptr || (*attention)->device() != Device::kCuda) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("CudaModelOptions::attention_factory made ",
+                       *attention == nullptr
+                           ? std::string("no attention (null)")
+                           : absl::StrCat("an attention on ", DeviceName((*attention)->device())),
+                       "; the CUDA model needs one on CUDA device ", cuda_options_.device));
+    }
+    impl_->attention = *std::move(attention);
+  } else {
+    CudaBackendOptions backend_options;
+    backend_options.device = cuda_options_.device;
+    backend_options.stream = stream_;
+    absl::StatusOr<std::unique_ptr<CudaAttentionBackend>> backend = NewCudaBackend(backend_options);
+    if (!backend.ok()) return backend.status();
+    impl_->backend = *std::move(backend);
+    impl_->attention = NewLocalAttention(impl_->backend.get());
+  }
   impl_->fixed_bytes = 8 * p + 2 * working_.size +
                        static_cast<int64_t>(segments.size() * sizeof(PackSegment)) +
                        static_cast<int64_t>(sizeof(RotaryConsts)) +

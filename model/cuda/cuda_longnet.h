@@ -19,7 +19,11 @@
 //     deterministic, so gradients are the same bits run after run (and with or without
 //     checkpointing: the recomputed block runs the same kernels on the same inputs).
 //   - Attention through the engine's CUDA backend (our Hopper kernels for head dims 64 and 128),
-//     causal, reading q, k, v in place from the [M, 3d] projection output (strided views).
+//     causal, reading q, k, v in place from the [M, 3d] projection output (strided views); or,
+//     with CudaModelOptions::attention_factory, through the attention it makes (a
+//     sequence-parallel rank: the ring of cuda_sequence_attention.h over its group's NCCL
+//     communicator, with TokenBatch::positions = {offset, total}: rotary positions start at the
+//     offset, the causal mask and the dilated patterns are the whole sequence's).
 // No loss scaling: bf16 has fp32's exponent range (model/optimizer.h on the model-io branch and
 // docs/MODEL.md say why that suffices).
 //
@@ -46,6 +50,7 @@
 #include <cuda_runtime_api.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <vector>
 
@@ -57,10 +62,21 @@
 #include "model/longnet_params.h"
 #include "model/param_layout.h"
 #include "model/rotary.h"
+#include "model/sequence_attention.h"
 
 namespace dattn {
 namespace model {
 namespace cuda {
+
+// Makes the model's attention (sequence_attention.h) on the model's stream, once, at Create: what
+// lets a sequence-parallel rank's model attend over its ring (cuda_sequence_attention.h's
+// NewCudaRingSequenceAttention, whose kernels must run on `model_stream` so that they are ordered
+// between the model's projections and output GEMMs). The attention must be on the CUDA device of
+// CudaModelOptions::device, read the model's strided bf16 q, k, v views ([B, n, H, dh] with strides
+// {n 3d, 3d, dh, 1} into the [M, 3d] projection output) and write contiguous outputs, as
+// attention.h allows any backend to; the model owns it and destroys it before the stream.
+using AttentionFactory =
+    std::function<absl::StatusOr<std::unique_ptr<SequenceAttention>>(cudaStream_t model_stream)>;
 
 struct CudaModelOptions {
   int device = 0;  // CUDA ordinal
@@ -70,6 +86,12 @@ struct CudaModelOptions {
   enum class Norms { kAuto, kKeep, kRecompute };
   Norms norms = Norms::kAuto;
   int64_t gemm_workspace_bytes = 32ll << 20;
+  // Null (the default): the engine's CUDA backend on the model's stream, the whole sequence on
+  // this GPU (NewLocalAttention). Otherwise called once at Create; its error is Create's, and a
+  // null attention or one not on the CUDA device is INVALID_ARGUMENT. The model then creates no
+  // CUDA backend of its own (memory().attention_pool_reserved_high stays 0: the factory's
+  // attention owns its pool).
+  AttentionFactory attention_factory;
 };
 
 // What the model holds on the device (bytes), for the memory planner's checks.

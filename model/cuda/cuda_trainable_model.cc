@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "engine/cuda/cuda_status.h"
 #include "model/cuda/cuda_adamw.h"
+#include "model/cuda/cuda_sequence_attention.h"
 
 namespace dattn {
 namespace model {
@@ -143,6 +144,7 @@ class CudaTrainableModel : public TrainableModel {
 
   float* params() override { return lm_->params(); }
   float* grads() override { return lm_->grads(); }
+  cudaStream_t stream() const { return lm_->stream(); }
 
   absl::Status ReadParams(int64_t begin, absl::Span<float> out) override {
     const int64_t n = static_cast<int64_t>(out.size());
@@ -216,6 +218,33 @@ absl::StatusOr<std::unique_ptr<TrainableModel>> NewCudaTrainableModel(
                                                   cuda_options.device, props.major, props.minor);
   return std::unique_ptr<TrainableModel>(new CudaTrainableModel(
       *std::move(lm), description, NominalBf16PeakFlops(props.name, props.major, props.minor)));
+}
+
+absl::StatusOr<std::unique_ptr<TrainableModel>> NewCudaTrainableModel(
+    const LongNetConfig& config, const ModelOptions& options, const CudaModelOptions& cuda_options,
+    comm::Communicator* sp, const ring::RingOptions& ring_options) {
+  if (sp == nullptr || sp->size() == 1) return NewCudaTrainableModel(config, options, cuda_options);
+  if (cuda_options.attention_factory) {
+    return absl::InvalidArgumentError(
+        "NewCudaTrainableModel: both a sequence-parallel communicator and "
+        "CudaModelOptions::attention_factory were given; pass one");
+  }
+  CudaModelOptions ring_model = cuda_options;
+  const int device = cuda_options.device;
+  ring_model.attention_factory = [sp, device, ring_options](cudaStream_t stream) {
+    return NewCudaRingSequenceAttention(sp, stream, device, ring_options);
+  };
+  return NewCudaTrainableModel(config, options, ring_model);
+}
+
+absl::StatusOr<cudaStream_t> CudaTrainableModelStream(TrainableModel& model) {
+  const CudaTrainableModel* cuda = dynamic_cast<const CudaTrainableModel*>(&model);
+  if (cuda == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat("CudaTrainableModelStream: the model (",
+                                                   model.description(),
+                                                   ") is not one NewCudaTrainableModel made"));
+  }
+  return cuda->stream();
 }
 
 absl::Status RegisterCudaTrainingDevice() {

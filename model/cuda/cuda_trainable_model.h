@@ -21,6 +21,12 @@
 //     the checkpoint's exact state (weights, moments, cursor, Rng) but is not bit-exact with the
 //     uninterrupted run; on the CPU it is.
 //   - The `num_threads` of NewTrainableModel is ignored (the host side of a step is one thread).
+//   - A rank of a run of several GPUs (trainer.h's D x S ranks): its collective is
+//     nccl_collective.h's NewCudaCollective over the world's NCCL communicator on the model's
+//     stream (CudaTrainableModelStream), so that the reduce-scatter follows the backward pass and
+//     precedes the optimizer on one stream; with S > 1 its attention is the ring over the
+//     sequence-parallel group's communicator (the overload with `sp` below). docs/TRAINING.md,
+//     "Training on several GPUs".
 //
 // Errors: CudaLongNetLM::Create's (UNAVAILABLE without a usable GPU, INVALID_ARGUMENT for a config
 // CheckCudaConfig refuses, RESOURCE_EXHAUSTED naming the bytes); INVALID_ARGUMENT naming the value
@@ -30,11 +36,15 @@
 #ifndef DATTN_MODEL_CUDA_CUDA_TRAINABLE_MODEL_H_
 #define DATTN_MODEL_CUDA_CUDA_TRAINABLE_MODEL_H_
 
+#include <cuda_runtime_api.h>
+
 #include <memory>
 #include <string>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "engine/comm/communicator.h"
+#include "engine/ring/ring_attention.h"
 #include "model/config.h"
 #include "model/cuda/cuda_longnet.h"
 #include "model/language_model.h"
@@ -44,10 +54,27 @@ namespace dattn {
 namespace model {
 namespace cuda {
 
-// The CUDA model on device cuda_options.device (CUDA_VISIBLE_DEVICES picks which GPU that is).
+// The CUDA model on device cuda_options.device (CUDA_VISIBLE_DEVICES picks which GPU that is);
+// its attention is cuda_options.attention_factory's when set (cuda_longnet.h).
 absl::StatusOr<std::unique_ptr<TrainableModel>> NewCudaTrainableModel(
     const LongNetConfig& config, const ModelOptions& options,
     const CudaModelOptions& cuda_options = {});
+
+// A sequence-parallel rank's model: the same, its attention the ring over `sp` (the rank's group
+// of S GPUs, an NCCL communicator on device cuda_options.device; borrowed, it must outlive the
+// model) through cuda_sequence_attention.h's NewCudaRingSequenceAttention on the model's stream.
+// The trainer drives it with TrainerOptions::sequence_parallel = S (TokenBatch::positions = this
+// rank's slice). sp null or of size 1: the local attention, as above. INVALID_ARGUMENT when
+// cuda_options.attention_factory is also set; NewCudaRingSequenceAttention's errors; the above.
+absl::StatusOr<std::unique_ptr<TrainableModel>> NewCudaTrainableModel(
+    const LongNetConfig& config, const ModelOptions& options, const CudaModelOptions& cuda_options,
+    comm::Communicator* sp, const ring::RingOptions& ring_options = {});
+
+// The stream a model made by NewCudaTrainableModel enqueues all its work on: what a collective
+// (nccl_collective.h's NewCudaCollective) or anything else that reads grads() or writes params()
+// between the model's calls must order its work on (CudaAdamW, the model's optimizer, already
+// does). INVALID_ARGUMENT for a model that is not this file's CUDA model.
+absl::StatusOr<cudaStream_t> CudaTrainableModelStream(TrainableModel& model);
 
 // Adds "cuda" (NewCudaTrainableModel on device 0) to TrainingDevices() and NewTrainableModel.
 // Touches no GPU (a binary can register and still print --help without one). The registry's

@@ -6,6 +6,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "engine/cuda/cuda_memory_plan.h"
+#include "engine/rank_memory_plan.h"
 #include "model/cuda/launch_geometry.h"
 #include "model/longnet_params.h"
 
@@ -203,12 +204,35 @@ absl::StatusOr<ArenaLayout> LayoutArena(const LongNetConfig& config, int64_t bat
 
 std::string TrainingMemoryPlan::DebugString() const {
   auto mib = [](int64_t b) { return absl::StrFormat("%.1f", static_cast<double>(b) / 1048576.0); };
-  return absl::StrCat("total ", mib(total_bytes), " MiB = params ", mib(params_bytes), " + grads ",
-                      mib(grads_bytes), " + bf16 copy ", mib(working_copy_bytes), " + AdamW ",
-                      mib(optimizer_bytes), " + activations ", mib(activations_bytes),
-                      " + scratch ", mib(scratch_bytes), " + attention workspace ",
-                      mib(attention_workspace_bytes), " + GEMM workspace ",
-                      mib(gemm_workspace_bytes), " + libraries ", mib(library_bytes));
+  return absl::StrCat(
+      "total ", mib(total_bytes), " MiB = params ", mib(params_bytes), " + grads ",
+      mib(grads_bytes), " + bf16 copy ", mib(working_copy_bytes), " + AdamW ", mib(optimizer_bytes),
+      " + activations ", mib(activations_bytes), " + scratch ", mib(scratch_bytes),
+      " + attention workspace ", mib(attention_workspace_bytes), " + GEMM workspace ",
+      mib(gemm_workspace_bytes), " + libraries ", mib(library_bytes),
+      ring_bytes > 0 ? absl::StrCat(" + ring buffers ", mib(ring_bytes)) : std::string(),
+      collective_bytes > 0 ? absl::StrCat(" + collective ", mib(collective_bytes)) : std::string());
+}
+
+int64_t CollectiveChunkElements(int64_t largest_shard, int world, int64_t max_temp_bytes) {
+  const int64_t peers = std::max(1, world - 1);
+  const int64_t budget = std::max<int64_t>(max_temp_bytes, 0) / 4 / peers;
+  return std::max<int64_t>(1, std::min(largest_shard, std::max<int64_t>(1024, budget)));
+}
+
+int64_t CollectiveDeviceBytes(int64_t total, int world, const CudaCollectiveOptions& options) {
+  if (world <= 1 || total < 1) return 0;
+  const int64_t largest = (total + world - 1) / world;  // ShardRanges' largest shard
+  const int64_t chunk = CollectiveChunkElements(largest, world, options.max_temp_bytes);
+  return RoundUp((world - 1) * chunk * 4, kMallocGranule) +
+         RoundUp(kCollectiveStagingBytes, kMallocGranule);
+}
+
+int64_t ShardOptimizerBytes(int64_t total, int64_t shard_elements) {
+  auto rounded = [](int64_t bytes) { return RoundUp(std::max<int64_t>(bytes, 1), kMallocGranule); };
+  // CudaAdamW: m and v of the shard, one decay bit per element of the layout, the sum of squares'
+  // SumOfSquaresPartials() (1024) + 1 doubles.
+  return 2 * rounded(4 * shard_elements) + rounded((total + 31) / 32 * 4) + rounded(1025 * 8);
 }
 
 absl::StatusOr<TrainingMemoryPlan> PlanTrainingMemory(const LongNetConfig& config, int64_t batch,
@@ -233,9 +257,7 @@ absl::StatusOr<TrainingMemoryPlan> PlanTrainingMemory(const LongNetConfig& confi
   plan.working_copy_bytes = rounded(2 * working->size) +
                             rounded(static_cast<int64_t>(working->segments.size()) * 24) +
                             rounded(4096) + rounded((config.num_layers + 1) * 16 * 40);
-  if (options.include_optimizer) {
-    plan.optimizer_bytes = 2 * rounded(4 * p) + rounded((p + 31) / 32 * 4) + rounded(1025 * 8);
-  }
+  if (options.include_optimizer) plan.optimizer_bytes = ShardOptimizerBytes(p, p);
   const ArenaLayout& a = *arena;
   // Saved activations: from the first residual-stream buffer to the end of the row lse, less the
   // scratch laid out among them (norm_scratch and big come before the sets).
@@ -252,6 +274,65 @@ absl::StatusOr<TrainingMemoryPlan> PlanTrainingMemory(const LongNetConfig& confi
                      plan.optimizer_bytes + plan.activations_bytes + plan.scratch_bytes +
                      plan.attention_workspace_bytes + plan.gemm_workspace_bytes +
                      plan.library_bytes;
+  return plan;
+}
+
+absl::StatusOr<TrainingMemoryPlan> PlanTrainingRankMemory(const LongNetConfig& config,
+                                                          int64_t micro_rows, int64_t seq_len,
+                                                          int data_parallel, int sequence_parallel,
+                                                          const TrainingMemoryOptions& options) {
+  if (data_parallel < 1 || sequence_parallel < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("training rank memory plan: data_parallel ",
+                                                   data_parallel, " and sequence_parallel ",
+                                                   sequence_parallel, " must be >= 1"));
+  }
+  if (micro_rows < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training rank memory plan: micro_rows ", micro_rows, " must be >= 1"));
+  }
+  if (seq_len < 1 || seq_len % sequence_parallel != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("training rank memory plan: sequence_parallel ",
+                                                   sequence_parallel, " does not divide seq_len ",
+                                                   seq_len));
+  }
+  const int64_t world = static_cast<int64_t>(data_parallel) * sequence_parallel;
+  absl::StatusOr<ParamLayout> layout = BuildParamLayout(config);
+  if (!layout.ok()) return layout.status();
+  const int64_t p = layout->total();
+  if (world > p) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training rank memory plan: ", p, " parameters cannot be sharded over ", world,
+                     " ranks (", data_parallel, " x ", sequence_parallel, ")"));
+  }
+  TrainingMemoryOptions step = options;
+  step.include_optimizer = false;
+  absl::StatusOr<TrainingMemoryPlan> plan =
+      PlanTrainingMemory(config, micro_rows, seq_len / sequence_parallel, step);
+  if (!plan.ok()) return plan.status();
+  if (options.include_optimizer) {
+    plan->optimizer_bytes = ShardOptimizerBytes(p, (p + world - 1) / world);
+  }
+  if (sequence_parallel > 1) {
+    RankProblem ring;
+    ring.spec = config.attention_spec();
+    ring.batch = micro_rows;
+    ring.seq_len = seq_len;
+    ring.num_heads = config.num_heads;
+    ring.head_dim = config.head_dim();
+    ring.ranks = sequence_parallel;
+    ring.dtype = DType::kBFloat16;
+    ring.backward = true;
+    absl::StatusOr<RankMemoryPlan> rank =
+        PlanLargestRankMemory(ring, BackendKind::kCuda, /*cpu_threads=*/0);
+    if (!rank.ok()) return rank.status();
+    plan->attention_workspace_bytes = rank->shard.workspace_bytes;
+    plan->ring_bytes = rank->ring_bytes;
+  }
+  plan->collective_bytes = CollectiveDeviceBytes(p, static_cast<int>(world), options.collective);
+  plan->total_bytes = plan->params_bytes + plan->grads_bytes + plan->working_copy_bytes +
+                      plan->optimizer_bytes + plan->activations_bytes + plan->scratch_bytes +
+                      plan->attention_workspace_bytes + plan->gemm_workspace_bytes +
+                      plan->library_bytes + plan->ring_bytes + plan->collective_bytes;
   return plan;
 }
 

@@ -21,6 +21,9 @@
 //     dqkv 6 M d, one [M, d] bf16 temporary, and with recomputed norms one more [M, d];
 //   per-CTA partial column sums: 4 x 3 ctas (F + 4 d) (ctas = 4 x SMs, independent of M);
 //   tokens, targets, the embedding's sorted positions and item sums: about 16 M + 4 d (M/256 + V).
+// A rank of a run of several GPUs (PlanTrainingRankMemory) holds the same for its slice of the
+// sequence, with ZeRO-1's optimizer shard, the ring's workspace and exchange buffers (S > 1) and
+// the GPU collective's buffers (nccl_collective.h) instead.
 // Pure functions; thread-safe.
 #ifndef DATTN_MODEL_CUDA_TRAINING_PLAN_H_
 #define DATTN_MODEL_CUDA_TRAINING_PLAN_H_
@@ -109,6 +112,29 @@ struct ArenaLayout {
 absl::StatusOr<ArenaLayout> LayoutArena(const LongNetConfig& config, int64_t batch, int64_t seq_len,
                                         const ArenaOptions& options);
 
+// --- The GPU collective of a data- and sequence-parallel run (nccl_collective.h): its options and
+// device memory, here so that a plan (and the coordinator, which links no CUDA runtime) can count
+// them.
+struct CudaCollectiveOptions {
+  // Bound on ReduceScatterGradients' receive buffer: W - 1 slots of `chunk` fp32 elements,
+  // chunk = CollectiveChunkElements(largest shard, W, max_temp_bytes).
+  int64_t max_temp_bytes = int64_t{64} << 20;
+  // Whether ReduceScatterGradients and AllGatherParameters end with Communicator::Synchronize on
+  // the model's stream (a host wait bounded by the communicator's timeout); false: they only
+  // enqueue (nccl_collective.h says what each choice costs).
+  bool wait_on_host = true;
+};
+// Elements of one receive slot: min(largest_shard, max(1024, max_temp_bytes / 4 / (W - 1))), at
+// least 1. Pure.
+int64_t CollectiveChunkElements(int64_t largest_shard, int world, int64_t max_temp_bytes);
+// The device staging buffer of the collective's host values (AllGather, AllGatherBytes) as
+// allocated at creation: 64 KiB (it grows only for larger messages than that holds).
+inline constexpr int64_t kCollectiveStagingBytes = int64_t{64} << 10;
+// Device bytes the collective holds for a buffer of `total` elements sharded over `world` ranks
+// (ShardRanges): the receive buffer, (W - 1) x chunk x 4, and the staging buffer; 0 for W = 1.
+// Each rounded up to the 2 MiB allocation granule. Pure.
+int64_t CollectiveDeviceBytes(int64_t total, int world, const CudaCollectiveOptions& options);
+
 // --- A whole training step on one GPU.
 struct TrainingMemoryOptions {
   ArenaOptions arena;
@@ -117,6 +143,8 @@ struct TrainingMemoryOptions {
   // cuBLASLt's and cuDNN's handles, their lazily loaded kernels, and the engine's item counters:
   // not computable; a fixed allowance (measured on an H200 with CUDA 13.0, cuDNN 9.19).
   int64_t library_allowance_bytes = 128ll << 20;
+  // PlanTrainingRankMemory only: the collective whose buffers the rank holds.
+  CudaCollectiveOptions collective;
 };
 struct TrainingMemoryPlan {
   int64_t params_bytes = 0, grads_bytes = 0, working_copy_bytes = 0, optimizer_bytes = 0;
@@ -126,12 +154,44 @@ struct TrainingMemoryPlan {
   int64_t attention_workspace_bytes = 0;  // the engine's pool at its high-water mark
   int64_t gemm_workspace_bytes = 0;
   int64_t library_bytes = 0;
+  // A rank of several (PlanTrainingRankMemory): the ring's exchange buffers (S > 1) and the
+  // collective's buffers (W > 1); 0 on one GPU.
+  int64_t ring_bytes = 0;
+  int64_t collective_bytes = 0;
   int64_t total_bytes = 0;
   std::string DebugString() const;  // one line, every part in MiB
 };
 absl::StatusOr<TrainingMemoryPlan> PlanTrainingMemory(const LongNetConfig& config, int64_t batch,
                                                       int64_t seq_len,
                                                       const TrainingMemoryOptions& options);
+
+// Bytes of CudaAdamW over a shard of `shard_elements` of a layout of `total` elements
+// (CudaAdamW::CreateShard): the two fp32 moments of the shard, the decay bits of the whole layout
+// and the sum-of-squares scratch, each rounded to the allocation granule. Pure.
+int64_t ShardOptimizerBytes(int64_t total, int64_t shard_elements);
+
+// --- One GPU rank of a training run of W = D x S ranks (trainer.h: D data-parallel groups of S
+// sequence-parallel ranks; TrainerOptions::sequence_parallel), what the coordinator reserves on
+// the rank's GPU and the worker budgets. `micro_rows`: the rank's rows per micro-batch (batch_size
+// / micro_batches / D); `seq_len`: the whole sequence N (S must divide it). The plan is
+// PlanTrainingMemory for (micro_rows, N / S) with:
+//   - the optimizer: ZeRO-1's shard, ShardOptimizerBytes(P, ceil(P / W)) (the largest of
+//     ShardRanges(P, W));
+//   - S > 1: the attention is the ring's (NewCudaRingSequenceAttention), not the local backend:
+//     attention_workspace_bytes is the ring kernels' workspace for the shard and ring_bytes the
+//     exchange buffers and agreement check, both of engine/rank_memory_plan.h's
+//     PlanLargestRankMemory for the (micro_rows, N, H, head_dim, bf16, forward + backward) problem
+//     on S ranks of the CUDA backend (the shard's q, k, v, out and gradients are the arena's and
+//     are not counted twice);
+//   - W > 1: collective_bytes, CollectiveDeviceBytes(P, W, options.collective).
+// D = S = 1 gives PlanTrainingMemory(config, micro_rows, N, options) exactly. options.
+// include_optimizer false leaves the optimizer out as there. INVALID_ARGUMENT naming the value for
+// D or S < 1, micro_rows < 1, S not dividing seq_len, W larger than the parameters, and the errors
+// of PlanTrainingMemory and PlanLargestRankMemory. Host-only (no CUDA runtime); pure.
+absl::StatusOr<TrainingMemoryPlan> PlanTrainingRankMemory(const LongNetConfig& config,
+                                                          int64_t micro_rows, int64_t seq_len,
+                                                          int data_parallel, int sequence_parallel,
+                                                          const TrainingMemoryOptions& options);
 
 }  // namespace cuda
 }  // namespace model

@@ -9,6 +9,7 @@
 #include <utility>
 #include <vector>
 
+#include "engine/rank_memory_plan.h"
 #include "gtest/gtest.h"
 #include "model/cuda/launch_geometry.h"
 #include "model/longnet_params.h"
@@ -217,6 +218,122 @@ TEST(Plan, BaseModelMatchesTheFormulas) {
   absl::StatusOr<TrainingMemoryPlan> million = PlanTrainingMemory(c, 1, 1 << 20, o);
   ASSERT_TRUE(million.ok());
   EXPECT_LT(million->total_bytes, 80ll * 1000 * 1000 * 1000) << million->DebugString();
+}
+
+// A rank of D x S: the one-GPU plan of its slice, ZeRO-1's optimizer shard, the ring's workspace
+// and exchange buffers (engine/rank_memory_plan.h's figures) and the collective's buffers, adding
+// up.
+TEST(TrainingRankPlan, AddsTheShardTheRingAndTheCollective) {
+  LongNetConfig c = Small();
+  c.segment_lengths = {64, 128, 256};
+  c.dilation_rates = {1, 2, 4};
+  absl::StatusOr<ParamLayout> layout = BuildParamLayout(c);
+  ASSERT_TRUE(layout.ok());
+  const int64_t p = layout->total();
+  constexpr int64_t kGranule = 2 << 20;
+  auto round = [](int64_t b) {
+    return (std::max<int64_t>(b, 1) + kGranule - 1) / kGranule * kGranule;
+  };
+  auto sum = [](const TrainingMemoryPlan& t) {
+    return t.params_bytes + t.grads_bytes + t.working_copy_bytes + t.optimizer_bytes +
+           t.activations_bytes + t.scratch_bytes + t.attention_workspace_bytes +
+           t.gemm_workspace_bytes + t.library_bytes + t.ring_bytes + t.collective_bytes;
+  };
+  const int64_t rows = 2, n = 256;
+  TrainingMemoryOptions o;
+  absl::StatusOr<TrainingMemoryPlan> one = PlanTrainingMemory(c, rows, n, o);
+  ASSERT_TRUE(one.ok());
+  // 1 x 1 is the one-GPU plan, field by field.
+  absl::StatusOr<TrainingMemoryPlan> solo = PlanTrainingRankMemory(c, rows, n, 1, 1, o);
+  ASSERT_TRUE(solo.ok()) << solo.status();
+  EXPECT_EQ(solo->total_bytes, one->total_bytes);
+  EXPECT_EQ(solo->optimizer_bytes, one->optimizer_bytes);
+  EXPECT_EQ(solo->optimizer_bytes, ShardOptimizerBytes(p, p));
+  EXPECT_EQ(solo->attention_workspace_bytes, one->attention_workspace_bytes);
+  EXPECT_EQ(solo->ring_bytes, 0);
+  EXPECT_EQ(solo->collective_bytes, 0);
+  EXPECT_EQ(solo->DebugString(), one->DebugString());
+
+  for (int d : {1, 2, 4}) {
+    for (int s : {1, 2, 4}) {
+      if (d * s == 1) continue;
+      SCOPED_TRACE(testing::Message() << d << " x " << s);
+      const int w = d * s;
+      absl::StatusOr<TrainingMemoryPlan> rank = PlanTrainingRankMemory(c, rows, n, d, s, o);
+      ASSERT_TRUE(rank.ok()) << rank.status();
+      absl::StatusOr<TrainingMemoryPlan> slice = PlanTrainingMemory(c, rows, n / s, o);
+      ASSERT_TRUE(slice.ok());
+      // The model's own parts are the slice's.
+      EXPECT_EQ(rank->params_bytes, slice->params_bytes);
+      EXPECT_EQ(rank->grads_bytes, slice->grads_bytes);
+      EXPECT_EQ(rank->working_copy_bytes, slice->working_copy_bytes);
+      EXPECT_EQ(rank->activations_bytes, slice->activations_bytes);
+      EXPECT_EQ(rank->scratch_bytes, slice->scratch_bytes);
+      EXPECT_EQ(rank->gemm_workspace_bytes, slice->gemm_workspace_bytes);
+      // ZeRO-1: moments of the largest shard, ceil(P / W) elements; the decay bits are whole.
+      const int64_t shard = (p + w - 1) / w;
+      EXPECT_EQ(rank->optimizer_bytes,
+                2 * round(4 * shard) + round((p + 31) / 32 * 4) + round(1025 * 8));
+      EXPECT_LE(rank->optimizer_bytes, one->optimizer_bytes);
+      // The collective: W - 1 receive slots of the chunk and the staging buffer.
+      const int64_t chunk = CollectiveChunkElements(shard, w, o.collective.max_temp_bytes);
+      EXPECT_EQ(chunk, std::min<int64_t>(shard, std::max<int64_t>(1024, (64 << 20) / 4 / (w - 1))));
+      EXPECT_EQ(rank->collective_bytes,
+                round((w - 1) * chunk * 4) + round(kCollectiveStagingBytes));
+      // The attention: the local backend's plan for S = 1, the ring's for S > 1.
+      if (s == 1) {
+        EXPECT_EQ(rank->attention_workspace_bytes, slice->attention_workspace_bytes);
+        EXPECT_EQ(rank->ring_bytes, 0);
+      } else {
+        RankProblem problem;
+        problem.spec = c.attention_spec();
+        problem.batch = rows;
+        problem.seq_len = n;
+        problem.num_heads = c.num_heads;
+        problem.head_dim = c.head_dim();
+        problem.ranks = s;
+        problem.dtype = DType::kBFloat16;
+        problem.backward = true;
+        absl::StatusOr<RankMemoryPlan> ring = PlanLargestRankMemory(problem, BackendKind::kCuda, 0);
+        ASSERT_TRUE(ring.ok()) << ring.status();
+        EXPECT_EQ(rank->attention_workspace_bytes, ring->shard.workspace_bytes);
+        EXPECT_EQ(rank->ring_bytes, ring->ring_bytes);
+        EXPECT_GT(rank->ring_bytes, 8 * (s + 1));  // segments of 128 and 256 cross the shards
+        EXPECT_NE(rank->DebugString().find("ring buffers"), std::string::npos);
+      }
+      EXPECT_NE(rank->DebugString().find("collective"), std::string::npos);
+      EXPECT_EQ(rank->total_bytes, sum(*rank));
+    }
+  }
+  // Without the optimizer, as PlanTrainingMemory.
+  o.include_optimizer = false;
+  absl::StatusOr<TrainingMemoryPlan> bare = PlanTrainingRankMemory(c, rows, n, 2, 2, o);
+  ASSERT_TRUE(bare.ok());
+  EXPECT_EQ(bare->optimizer_bytes, 0);
+  EXPECT_EQ(bare->total_bytes, sum(*bare));
+  // A smaller receive budget, a smaller collective.
+  o.collective.max_temp_bytes = 1 << 20;
+  absl::StatusOr<TrainingMemoryPlan> lean = PlanTrainingRankMemory(c, rows, n, 2, 1, o);
+  ASSERT_TRUE(lean.ok());
+  const int64_t half = (p + 1) / 2;
+  EXPECT_EQ(CollectiveChunkElements(half, 2, 1 << 20), std::min<int64_t>(half, (1 << 20) / 4));
+  EXPECT_EQ(lean->collective_bytes,
+            round(4 * CollectiveChunkElements(half, 2, 1 << 20)) + round(kCollectiveStagingBytes));
+}
+
+TEST(TrainingRankPlan, RefusesWhatCannotBeARank) {
+  const LongNetConfig c = Small();
+  auto message = [&](int64_t rows, int64_t n, int d, int s) {
+    return std::string(PlanTrainingRankMemory(c, rows, n, d, s, {}).status().message());
+  };
+  EXPECT_NE(message(1, 64, 0, 1).find("data_parallel 0"), std::string::npos);
+  EXPECT_NE(message(1, 64, 1, 0).find("sequence_parallel 0"), std::string::npos);
+  EXPECT_NE(message(0, 64, 1, 1).find("micro_rows 0"), std::string::npos);
+  EXPECT_NE(message(1, 64, 1, 3).find("sequence_parallel 3 does not divide seq_len 64"),
+            std::string::npos);
+  EXPECT_NE(message(1, 64, 1 << 22, 1).find("cannot be sharded over 4194304 ranks"),
+            std::string::npos);
+  EXPECT_EQ(CollectiveDeviceBytes(1000, 1, {}), 0);
 }
 
 TEST(Config, CudaRulesNameTheField) {

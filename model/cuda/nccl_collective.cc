@@ -1,0 +1,302 @@
+#include "model/cuda/nccl_collective.h"
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "engine/cuda/cuda_status.h"
+#include "model/cuda/collective_kernels.h"
+
+namespace dattn {
+namespace model {
+namespace cuda {
+namespace {
+
+using comm::P2POp;
+using comm::Stream;
+
+absl::Status Prefixed(const absl::Status& s, const char* call) {
+  if (s.ok()) return s;
+  return absl::Status(s.code(), absl::StrCat(call, ": ", s.message()));
+}
+
+// A device buffer that grows (never shrinks) on demand. Plain cudaMalloc / cudaFree: the buffer
+// does not depend on the stream's lifetime (the trainer owns the model, and so its stream, but
+// borrows the collective, which may therefore outlive both).
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+  ~DeviceBuffer() {
+    if (ptr_ != nullptr) cudaFree(ptr_);
+  }
+  bool Holds(int64_t bytes) const { return bytes <= bytes_; }
+  // At least `bytes`. The caller has made sure that no queued work uses the old buffer.
+  absl::Status Reserve(int64_t bytes, const char* what) {
+    if (Holds(bytes)) return absl::OkStatus();
+    if (ptr_ != nullptr) DATTN_CUDA_RETURN_IF_ERROR(cudaFree(ptr_));
+    ptr_ = nullptr;
+    bytes_ = 0;
+    const cudaError_t e = cudaMalloc(&ptr_, static_cast<size_t>(bytes));
+    if (e != cudaSuccess) {
+      ptr_ = nullptr;
+      cudaGetLastError();
+      if (e == cudaErrorMemoryAllocation) {
+        return absl::ResourceExhaustedError(
+            absl::StrCat("the CUDA collective could not allocate ", bytes, " bytes for ", what));
+      }
+      return ::dattn::cuda::CudaErrorStatus(e, "cudaMalloc", __FILE__, __LINE__);
+    }
+    bytes_ = bytes;
+    return absl::OkStatus();
+  }
+  template <typename T>
+  T* as() const {
+    return static_cast<T*>(ptr_);
+  }
+
+ private:
+  void* ptr_ = nullptr;
+  int64_t bytes_ = 0;
+};
+
+class CudaCollective final : public TrainerCollective {
+ public:
+  CudaCollective(comm::Communicator* comm, cudaStream_t stream, int device,
+                 const CudaCollectiveOptions& options)
+      : comm_(comm), stream_(stream), device_(device), options_(options) {}
+
+  ~CudaCollective() override { cudaSetDevice(device_); }  // Then the buffers are freed there.
+
+  absl::Status Init() {
+    DATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    return staging_.Reserve(kCollectiveStagingBytes, "host values");
+  }
+
+  int rank() const override { return comm_->rank(); }
+  int world() const override { return comm_->size(); }
+
+  absl::Status ReduceScatterGradients(float* grads, int64_t n,
+                                      absl::Span<const ShardRange> shards) override {
+    constexpr char kCall[] = "ReduceScatterGradients";
+    DATTN_RETURN_IF_ERROR(Check(kCall, grads, n, shards));
+    const int w = world();
+    const int me = rank();
+    if (w == 1) return absl::OkStatus();
+    DATTN_RETURN_IF_ERROR(Enter(kCall));
+    int64_t largest = 0;
+    for (const ShardRange& s : shards) largest = std::max(largest, s.size());
+    const int64_t chunk = CollectiveChunkElements(largest, w, options_.max_temp_bytes);
+    const ShardRange mine = shards[static_cast<size_t>(me)];
+    // Slot p (p != me, packed: slot(p) = p < me ? p : p - 1) receives peer p's copy of this
+    // chunk of my shard.
+    const int64_t slot = std::min(chunk, mine.size());
+    if (!temp_.Holds((w - 1) * slot * 4)) {
+      // Once per run (the first call, or a larger buffer): earlier adds may still read the old one.
+      DATTN_RETURN_IF_ERROR(Prefixed(comm_->Synchronize(Stream{stream_}), kCall));
+      DATTN_RETURN_IF_ERROR(Prefixed(
+          temp_.Reserve((w - 1) * slot * 4, "the reduce-scatter's receive buffer"), kCall));
+    }
+    float* received = temp_.as<float>();
+    const int64_t rounds = largest == 0 ? 0 : (largest + chunk - 1) / chunk;
+    std::vector<P2POp> ops;
+    for (int64_t round = 0; round < rounds; ++round) {
+      ops.clear();
+      const int64_t lo = mine.begin + round * chunk;
+      const int64_t len = std::max<int64_t>(0, std::min(mine.end, lo + chunk) - lo);
+      for (int p = 0; p < w; ++p) {
+        if (p == me) continue;
+        const ShardRange& theirs = shards[static_cast<size_t>(p)];
+        const int64_t their_lo = theirs.begin + round * chunk;
+        const int64_t their_len = std::min(theirs.end, their_lo + chunk) - their_lo;
+        if (their_len > 0) {
+          ops.push_back(P2POp::Send(p, grads + their_lo, their_len, DType::kFloat32));
+        }
+        if (len > 0) {
+          ops.push_back(P2POp::Recv(p, received + static_cast<int64_t>(p < me ? p : p - 1) * slot,
+                                    len, DType::kFloat32));
+        }
+      }
+      // The group starts after everything queued on the model's stream, the previous round's add
+      // included (so the receive slots are free again).
+      if (!ops.empty()) DATTN_RETURN_IF_ERROR(Prefixed(Exchange(ops), kCall));
+      if (len == 0) continue;
+      // The documented order: ((g_0 + g_1) + g_2) + ... in fp32, element by element, in place.
+      DATTN_CUDA_RETURN_IF_ERROR(
+          SumInRankOrder(received, slot, grads + lo, me, w, len, grads + lo, stream_));
+    }
+    return Finish(kCall);
+  }
+
+  absl::Status AllGatherParameters(float* params, int64_t n,
+                                   absl::Span<const ShardRange> shards) override {
+    constexpr char kCall[] = "AllGatherParameters";
+    DATTN_RETURN_IF_ERROR(Check(kCall, params, n, shards));
+    const int w = world();
+    const int me = rank();
+    if (w == 1) return absl::OkStatus();
+    DATTN_RETURN_IF_ERROR(Enter(kCall));
+    const ShardRange mine = shards[static_cast<size_t>(me)];
+    std::vector<P2POp> ops;
+    for (int p = 0; p < w; ++p) {
+      if (p == me) continue;
+      const ShardRange& theirs = shards[static_cast<size_t>(p)];
+      if (mine.size() > 0) {
+        ops.push_back(P2POp::Send(p, params + mine.begin, mine.size(), DType::kFloat32));
+      }
+      if (theirs.size() > 0) {
+        ops.push_back(P2POp::Recv(p, params + theirs.begin, theirs.size(), DType::kFloat32));
+      }
+    }
+    if (!ops.empty()) DATTN_RETURN_IF_ERROR(Prefixed(Exchange(ops), kCall));
+    return Finish(kCall);
+  }
+
+  absl::StatusOr<std::vector<double>> AllGather(absl::Span<const double> values) override {
+    constexpr char kCall[] = "AllGather";
+    const int64_t k = static_cast<int64_t>(values.size());
+    std::vector<double> out(static_cast<size_t>(k) * static_cast<size_t>(world()));
+    if (k == 0) return out;
+    DATTN_RETURN_IF_ERROR(Enter(kCall));
+    DATTN_RETURN_IF_ERROR(Prefixed(GatherWords(values.data(), k, out.data()), kCall));
+    return out;
+  }
+
+  absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& bytes) override {
+    constexpr char kCall[] = "AllGatherBytes";
+    const int w = world();
+    DATTN_RETURN_IF_ERROR(Enter(kCall));
+    // The lengths (exact in fp64 below 2^53), then every message padded to the longest, moved as
+    // fp64 words (raw copies: an all-gather does no arithmetic).
+    const double length = static_cast<double>(bytes.size());
+    std::vector<double> lengths(static_cast<size_t>(w));
+    DATTN_RETURN_IF_ERROR(Prefixed(GatherWords(&length, 1, lengths.data()), kCall));
+    int64_t longest = 0;
+    for (double l : lengths) longest = std::max(longest, static_cast<int64_t>(l));
+    const int64_t words = (longest + 7) / 8;
+    std::vector<std::string> out(static_cast<size_t>(w));
+    if (words == 0) return out;
+    std::vector<double> send(static_cast<size_t>(words), 0.0);
+    if (!bytes.empty()) std::memcpy(send.data(), bytes.data(), bytes.size());
+    std::vector<double> all(static_cast<size_t>(words) * static_cast<size_t>(w));
+    DATTN_RETURN_IF_ERROR(Prefixed(GatherWords(send.data(), words, all.data()), kCall));
+    for (int r = 0; r < w; ++r) {
+      const char* from = reinterpret_cast<const char*>(all.data() + static_cast<size_t>(r) * words);
+      out[static_cast<size_t>(r)].assign(from,
+                                         static_cast<size_t>(lengths[static_cast<size_t>(r)]));
+    }
+    return out;
+  }
+
+  absl::Status Barrier() override {
+    DATTN_RETURN_IF_ERROR(Enter("Barrier"));
+    return Prefixed(comm_->Barrier(), "Barrier");
+  }
+
+ private:
+  // Makes the stream's device current on this thread; the communicator's sticky error, if any.
+  absl::Status Enter(const char* call) {
+    DATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    return Prefixed(comm_->health(), call);
+  }
+
+  // The end of a reduction: a bounded host wait when asked (see the header).
+  absl::Status Finish(const char* call) {
+    if (!options_.wait_on_host) return absl::OkStatus();
+    return Prefixed(comm_->Synchronize(Stream{stream_}), call);
+  }
+
+  absl::Status Check(const char* call, const float* buffer, int64_t n,
+                     absl::Span<const ShardRange> shards) const {
+    if (buffer == nullptr || n < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(call, ": a buffer of ", n, " elements at ",
+                                                     buffer == nullptr ? "null" : "a pointer"));
+    }
+    if (static_cast<int64_t>(shards.size()) != world()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(call, ": ", shards.size(), " shards for ", world(), " ranks"));
+    }
+    int64_t next = 0;
+    for (size_t r = 0; r < shards.size(); ++r) {
+      if (shards[r].begin != next || shards[r].end < shards[r].begin) {
+        return absl::InvalidArgumentError(
+            absl::StrCat(call, ": shard ", r, " is [", shards[r].begin, ", ", shards[r].end,
+                         "); the shards must tile [0, ", n,
+                         ") in rank order (the previous ended at ", next, ")"));
+      }
+      next = shards[r].end;
+    }
+    if (next != n) {
+      return absl::InvalidArgumentError(
+          absl::StrCat(call, ": the shards end at ", next, ", the buffer has ", n, " elements"));
+    }
+    return absl::OkStatus();
+  }
+
+  // One group of point-to-point ops, ordered after the work queued on the model's stream, whose
+  // later work waits for it (an event: no host wait).
+  absl::Status Exchange(const std::vector<P2POp>& ops) {
+    absl::StatusOr<std::unique_ptr<comm::Work>> work = comm_->StartGroup(ops, Stream{stream_});
+    if (!work.ok()) return work.status();
+    return (*work)->Wait(Stream{stream_});
+  }
+
+  // out[r * k + i] := rank r's send[i], for host arrays of k fp64 words per rank. Waits for the
+  // work queued on the stream first (bounded, Communicator::Synchronize): the copy from pageable
+  // host memory would otherwise wait for it without a deadline.
+  absl::Status GatherWords(const double* send, int64_t k, double* out) {
+    const int64_t w = world();
+    DATTN_RETURN_IF_ERROR(comm_->Synchronize(Stream{stream_}));
+    DATTN_RETURN_IF_ERROR(staging_.Reserve((w + 1) * k * 8, "host values"));
+    double* dev = staging_.as<double>();
+    DATTN_CUDA_RETURN_IF_ERROR(
+        cudaMemcpyAsync(dev, send, static_cast<size_t>(k) * 8, cudaMemcpyHostToDevice, stream_));
+    DATTN_RETURN_IF_ERROR(comm_->AllGather(dev, dev + k, k, DType::kFloat64, Stream{stream_}));
+    DATTN_RETURN_IF_ERROR(comm_->Synchronize(Stream{stream_}));
+    // The stream is idle but for this copy, which a pageable destination makes synchronous.
+    DATTN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(out, dev + k, static_cast<size_t>(w * k) * 8,
+                                               cudaMemcpyDeviceToHost, stream_));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(stream_));
+    return absl::OkStatus();
+  }
+
+  comm::Communicator* const comm_;
+  const cudaStream_t stream_;
+  const int device_;
+  const CudaCollectiveOptions options_;
+  DeviceBuffer temp_;     // ReduceScatterGradients' receive slots
+  DeviceBuffer staging_;  // host values: k words sent, then w x k received
+};
+
+}  // namespace
+
+absl::StatusOr<std::unique_ptr<TrainerCollective>> NewCudaCollective(
+    comm::Communicator* world, cudaStream_t stream, const CudaCollectiveOptions& options) {
+  if (world == nullptr) {
+    return absl::InvalidArgumentError("NewCudaCollective: the communicator is null");
+  }
+  if (world->device() != Device::kCuda) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("NewCudaCollective: the collective works on CUDA device memory; this ",
+                     world->name(), " communicator's buffers are on ", DeviceName(world->device()),
+                     " (comm_collective.h's NewCommunicatorCollective is the host-memory one)"));
+  }
+  if (stream == nullptr) {
+    return absl::InvalidArgumentError(
+        "NewCudaCollective: the stream is null; pass the model's stream "
+        "(CudaTrainableModelStream)");
+  }
+  int device = 0;
+  DATTN_CUDA_RETURN_IF_ERROR(cudaStreamGetDevice(stream, &device));
+  auto collective = std::make_unique<CudaCollective>(world, stream, device, options);
+  DATTN_RETURN_IF_ERROR(collective->Init());
+  return std::unique_ptr<TrainerCollective>(std::move(collective));
+}
+
+}  // namespace cuda
+}  // namespace model
+}  // namespace dattn

@@ -9,10 +9,10 @@
 #include "api/limits.h"
 #include "api/tenant.h"
 #include "server/attention_kind.h"
-#include "server/training_kind.h"
 #include "server/job_state.h"
 #include "server/log.h"
 #include "server/proto_time.h"
+#include "server/training_kind.h"
 
 namespace dattn {
 namespace server {
@@ -666,6 +666,14 @@ absl::StatusOr<v1::ReportTaskResponse> Coordinator::ReportTask(const v1::TaskRep
     // forgotten when their attempt ends, so they are unknown here too).
     if (task == nullptr || task->worker_id != request.worker_id() || worker == nullptr ||
         worker->state == scheduler::WorkerState::kDead) {
+      // A task the coordinator gave up on has ended there: its slot is free.
+      const bool final_report = request.state() == v1::TASK_STATE_SUCCEEDED ||
+                                request.state() == v1::TASK_STATE_FAILED ||
+                                request.state() == v1::TASK_STATE_CANCELLED;
+      if (worker != nullptr && final_report) {
+        workers_.StoppedTask(worker, request.task_id());
+        dispatcher_.Kick();
+      }
       response.set_stop(true);
       return response;
     }

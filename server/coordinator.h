@@ -194,7 +194,8 @@ class Coordinator {
   absl::StatusOr<v1::RegisterWorkerResponse> RegisterWorker(
       const v1::RegisterWorkerRequest& request);
   // Records liveness and free memory. reregister = true for an unknown or dead id; drain = true
-  // while draining. A heartbeat with `draining` (a worker leaving) drains its worker. Tasks the worker reports that the coordinator no longer wants get a CancelTask.
+  // while draining. A heartbeat with `draining` (a worker leaving) drains its worker. Tasks the
+  // worker reports that the coordinator no longer wants get a CancelTask.
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   // Sends the worker's commands (assignments, cancels) in order as they come, until: a newer stream
   // of the same worker replaces this one (ABORTED), the worker is drained and idle (OK), it is

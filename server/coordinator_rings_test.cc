@@ -204,6 +204,10 @@ TEST_F(CoordinatorTest, RingFormationTimeoutNamesTheMissingRankAndRequeues) {
   ASSERT_TRUE(cancel.has_value());
   ASSERT_TRUE(cancel->has_cancel());
   EXPECT_EQ(cancel->cancel().task_id(), ranks[1].task_id());
+  EXPECT_TRUE(cancel->cancel().abort());  // Its attempt failed: stop at once.
+  // Its slot stays taken until the worker says the rank ended: no attempt 2 before that.
+  EXPECT_FALSE(first->Next(absl::Milliseconds(300)).has_value());
+  ASSERT_TRUE(second->Report(ranks[1].task_id(), v1::TASK_STATE_CANCELLED).ok());
   std::optional<v1::WorkerCommand> again = first->Next();
   ASSERT_TRUE(again.has_value() && again->has_assign());
   EXPECT_EQ(again->assign().attempt(), 2);

@@ -173,10 +173,10 @@ void JobRunner::DropTask(JobRun* run, const std::string& task_id) {
   dispatcher_->Kick();
 }
 
-void JobRunner::Release(JobRun* run, bool cancel_tasks, const std::string& reason) {
+void JobRunner::Release(JobRun* run, bool cancel_tasks, const std::string& reason, bool abort) {
   mu_->AssertHeld();
   for (const std::string& task_id : run->task_ids)
-    workers_->EraseTask(task_id, cancel_tasks, reason);
+    workers_->EraseTask(task_id, cancel_tasks, reason, abort);
   run->task_ids.clear();
   run->results.reset();
   rings_->End(run->job.job_id(), "");
@@ -200,7 +200,8 @@ void JobRunner::Requeue(JobRun* run, const std::string& kind, const std::string&
 
 void JobRunner::RequeueRefused(JobRun* run, const std::string& why, Tickets* tickets) {
   metrics_->CountRecovery("rank_refused");
-  Release(run, /*cancel_tasks=*/true, why);
+  // The attempt never ran whole: its other ranks stop at once.
+  Release(run, /*cancel_tasks=*/true, why, /*abort=*/true);
   if (++run->refusals > kMaxRefusals) {
     tickets->push_back(
         Transition(run, v1::JOB_STATE_FAILED, "failed",
@@ -221,7 +222,8 @@ void JobRunner::Recover(JobRun* run, FailureKind failure, const std::string& why
   metrics_->CountRecovery(cause);
   // A ring that had not formed yet failed to: counted as such unless the caller already did.
   rings_->End(run->job.job_id(), run->cancel_requested ? "" : "failed");
-  Release(run, /*cancel_tasks=*/true, why);
+  // A rank failed or its worker was lost: the others cannot stop together, they stop at once.
+  Release(run, /*cancel_tasks=*/true, why, /*abort=*/true);
   if (run->cancel_requested) {
     tickets->push_back(
         Transition(run, v1::JOB_STATE_CANCELLED, "cancelled",
@@ -456,7 +458,7 @@ void JobRunner::OnFailed(Context& c) {
   // The reporting rank has stopped already: no CancelTask for it, only for its peers.
   DropTask(run, task_id);
   if (run->cancel_requested || !failure.has_value()) {
-    Release(run, /*cancel_tasks=*/true, why);
+    Release(run, /*cancel_tasks=*/true, why, /*abort=*/true);
     if (run->cancel_requested) {
       c.tickets->push_back(
           Transition(run, v1::JOB_STATE_CANCELLED, "cancelled",

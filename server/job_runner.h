@@ -76,8 +76,9 @@ class JobRunner {
   // The job goes back in the queue as attempt + 1 with an event of `kind`.
   void Requeue(JobRun* run, const std::string& kind, const std::string& message, Tickets* tickets);
   // Ends the current attempt (its tasks forgotten, CancelTask to those dispatched when
-  // `cancel_tasks`; its ring ended).
-  void Release(JobRun* run, bool cancel_tasks, const std::string& reason);
+  // `cancel_tasks`, with CancelTask.abort when `abort`: the attempt failed and its ranks cannot
+  // stop together; its ring ended).
+  void Release(JobRun* run, bool cancel_tasks, const std::string& reason, bool abort = false);
   // Requeue (attempt + 1) or fail, per scheduler::DecideRecovery, after `failure`; CANCELLED
   // instead when a cancel was requested. `oom_free_bytes`: the failing worker's free memory.
   void Recover(JobRun* run, scheduler::FailureKind failure, const std::string& why,

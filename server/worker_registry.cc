@@ -211,6 +211,14 @@ std::vector<TaskEntry*> WorkerRegistry::Heartbeat(WorkerEntry* worker,
       resend.push_back(&it->second);
     }
   }
+  // What the worker still runs that the coordinator does not: those hold their slots.
+  worker->stopping.clear();
+  for (const v1::RunningTask& task : request.tasks()) {
+    auto it = tasks_.find(task.task_id());
+    if (it == tasks_.end() || it->second.worker_id != worker->info.worker_id()) {
+      worker->stopping.insert(task.task_id());
+    }
+  }
   for (const v1::RunningTask& task : request.tasks()) {
     auto it = tasks_.find(task.task_id());
     if (it != tasks_.end() && it->second.worker_id == worker->info.worker_id()) {
@@ -287,7 +295,8 @@ std::vector<scheduler::WorkerInfo> WorkerRegistry::View(bool for_placement) cons
     info.joins_rings = std::find(caps.ring_backends().begin(), caps.ring_backends().end(),
                                  ring_backend) != caps.ring_backends().end();
     info.max_ranks = caps.max_ranks();
-    info.running_ranks = std::min<int>(static_cast<int>(worker->task_ids.size()), info.max_ranks);
+    info.running_ranks = std::min<int>(
+        static_cast<int>(worker->task_ids.size() + worker->stopping.size()), info.max_ranks);
     out.push_back(std::move(info));
   }
   return out;
@@ -340,7 +349,8 @@ TaskEntry* WorkerRegistry::FindTask(const std::string& task_id) {
   return it == tasks_.end() ? nullptr : &it->second;
 }
 
-void WorkerRegistry::EraseTask(const std::string& task_id, bool cancel, const std::string& reason) {
+void WorkerRegistry::EraseTask(const std::string& task_id, bool cancel, const std::string& reason,
+                               bool abort) {
   auto it = tasks_.find(task_id);
   if (it == tasks_.end()) return;
   WorkerEntry* worker = Find(it->second.worker_id);
@@ -350,12 +360,18 @@ void WorkerRegistry::EraseTask(const std::string& task_id, bool cancel, const st
       v1::WorkerCommand command;
       command.mutable_cancel()->set_task_id(task_id);
       command.mutable_cancel()->set_reason(reason);
+      command.mutable_cancel()->set_abort(abort);
       Push(worker, std::move(command));
+      worker->stopping.insert(task_id);
     }
     worker->cv->SignalAll();  // A draining worker may now be idle.
   }
   tasks_.erase(it);
   if (worker != nullptr) UpdateMetrics(*worker);
+}
+
+void WorkerRegistry::StoppedTask(WorkerEntry* worker, const std::string& task_id) {
+  if (worker->stopping.erase(task_id) > 0) worker->cv->SignalAll();
 }
 
 void WorkerRegistry::Dispatch(TaskEntry* task, v1::WorkerCommand command, absl::Time now) {

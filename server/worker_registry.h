@@ -76,6 +76,12 @@ struct WorkerEntry {
   int streams = 0;                 // StreamAssignments calls inside; the entry outlives them.
   bool stream_lost = false;        // Its last stream broke: no new ranks until one is open again.
   bool refused_since_heartbeat = false;  // It refused a rank: no new rank until a heartbeat.
+  // Tasks the coordinator no longer runs here that the worker may still be stopping (cancelled
+  // ones, and those its last heartbeat listed without an entry here): each holds a slot until the
+  // worker's heartbeat no longer lists it or its final report comes. A cancelled training rank
+  // takes a step and a checkpoint to stop; placing a new rank on its slot meanwhile would only be
+  // refused.
+  std::set<std::string> stopping;
   std::unique_ptr<absl::CondVar> cv = std::make_unique<absl::CondVar>();
 };
 
@@ -148,9 +154,14 @@ class WorkerRegistry {
   // Ranks (live tasks, started or not, until their final report or their worker's death) per
   // tenant: what the tenants hold, for the scheduler's quota on running ranks.
   scheduler::TenantRanks RanksByTenant() const;
-  // Forgets a task (freeing its worker's slot and reservation), sending CancelTask with `reason`
-  // when `cancel` and it was dispatched to a live worker.
-  void EraseTask(const std::string& task_id, bool cancel, const std::string& reason);
+  // Forgets a task (freeing its reservation), sending CancelTask with `reason` (and `abort`,
+  // worker.proto) when `cancel` and it was dispatched to a live worker; its slot stays taken
+  // (WorkerEntry::stopping) until the worker says the task ended.
+  void EraseTask(const std::string& task_id, bool cancel, const std::string& reason,
+                 bool abort = false);
+  // A final report of task `task_id`, which the coordinator no longer runs, came from `worker`:
+  // its slot is free.
+  void StoppedTask(WorkerEntry* worker, const std::string& task_id);
   // Queues the task's assignment (`command`) for its worker's stream and marks it dispatched.
   void Dispatch(TaskEntry* task, v1::WorkerCommand command, absl::Time now);
 

@@ -73,6 +73,38 @@ TEST_F(WorkerRegistryTest, TheViewCountsReservationsAndLeavesOutRefusers) {
   EXPECT_EQ(registry_.View(true)[0].running_ranks, 0);
 }
 
+// A task the coordinator cancelled keeps its slot until the worker says it ended (a heartbeat that
+// no longer lists it, or its final report): a cancelled training rank takes a step and a
+// checkpoint to stop, and a rank placed there meanwhile would only be refused. A CancelTask says
+// whether to stop at once.
+TEST_F(WorkerRegistryTest, ACancelledTaskHoldsItsSlotUntilTheWorkerSaysItEnded) {
+  WorkerEntry* w = registry_.Add(Registration("a", 1000, 1), "w-a", t0_);
+  registry_.Dispatch(Place("t-1", "w-a", 300), v1::WorkerCommand(), t0_);
+  registry_.Dispatch(Place("t-2", "w-a", 300), v1::WorkerCommand(), t0_);
+  w->outbox.clear();
+  registry_.EraseTask("t-1", /*cancel=*/true, "the job was cancelled");
+  registry_.EraseTask("t-2", /*cancel=*/true, "its ring failed", /*abort=*/true);
+  ASSERT_EQ(w->outbox.size(), 2u);
+  EXPECT_FALSE(w->outbox[0].cancel().abort());
+  EXPECT_TRUE(w->outbox[1].cancel().abort());
+  EXPECT_EQ(registry_.View(true)[0].running_ranks, 1);  // Both stopping; one slot.
+  v1::HeartbeatRequest beat;
+  beat.add_tasks()->set_task_id("t-1");
+  registry_.Heartbeat(w, beat, t0_, absl::Seconds(1));
+  EXPECT_EQ(w->stopping.size(), 1u);
+  EXPECT_EQ(registry_.View(true)[0].running_ranks, 1);
+  registry_.StoppedTask(w, "t-1");
+  EXPECT_EQ(registry_.View(true)[0].running_ranks, 0);
+  // A heartbeat that lists a task the coordinator does not know (a restart forgot it) holds a slot
+  // too, until a heartbeat no longer lists it.
+  v1::HeartbeatRequest old;
+  old.add_tasks()->set_task_id("t-from-before");
+  registry_.Heartbeat(w, old, t0_, absl::Seconds(1));
+  EXPECT_EQ(registry_.View(true)[0].running_ranks, 1);
+  registry_.Heartbeat(w, v1::HeartbeatRequest(), t0_, absl::Seconds(1));
+  EXPECT_EQ(registry_.View(true)[0].running_ranks, 0);
+}
+
 // A worker whose heartbeat says its device failed takes no ranks and counts for nothing the
 // cluster could run (it leaves the ready set and both views), is listed with the error and counted
 // as device_failed, until a heartbeat without the error.

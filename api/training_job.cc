@@ -109,23 +109,14 @@ absl::StatusOr<DeviceVariant> PlanVariant(const TrainingJobInfo& info, bool gpu,
                    absl::StrCat("trainer config field \"model\" does not run on GPU workers: ",
                                 cuda.message()));
   }
-  if (s > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        path, ".sequence_parallel: ", s,
-        ": sequence-parallel training runs on CPU workers only in this version (GPU workers "
-        "train data-parallel); use device DEVICE_PREFERENCE_CPU or sequence_parallel 1"));
-  }
   model::cuda::TrainingMemoryOptions options;
   options.arena.checkpoint_activations = c.checkpoint_activations;
   options.arena.recompute_norms = false;
-  absl::StatusOr<model::cuda::TrainingMemoryPlan> plan =
-      model::cuda::PlanTrainingMemory(c.model, info.micro_rows, c.seq_len / s, options);
+  absl::StatusOr<model::cuda::TrainingMemoryPlan> plan = model::cuda::PlanTrainingRankMemory(
+      c.model, info.micro_rows, c.seq_len, info.data_parallel, s, options);
   if (!plan.ok()) return Invalid(path, std::string(plan.status().message()));
-  // ZeRO-1: a rank holds the moments of its 1/W of the parameters.
-  const int64_t optimizer =
-      plan->optimizer_bytes / info.world + (plan->optimizer_bytes % info.world != 0);
-  variant.memory_per_rank_bytes = plan->total_bytes - plan->optimizer_bytes + optimizer;
-  variant.memory_plan = absl::StrCat(plan->DebugString(), "; optimizer shard 1/", info.world);
+  variant.memory_per_rank_bytes = plan->total_bytes;
+  variant.memory_plan = plan->DebugString();
   return variant;
 }
 

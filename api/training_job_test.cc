@@ -173,17 +173,24 @@ TEST(TrainingJobTest, EveryBadFieldIsNamed) {
   }
 }
 
-TEST(TrainingJobTest, SequenceParallelGpuTrainingIsNotOffered) {
-  v1::TrainingJobSpec spec = Spec();
+// A GPU rank plans its slice of the sequence with the ring's buffers and its 1/W optimizer shard:
+// less than the whole sequence on one GPU, more than the slice alone.
+TEST(TrainingJobTest, GpuRanksArePlannedForTheirShare) {
+  // Long sequences: activations, not the fixed allowances, make the plan.
+  v1::TrainingJobSpec spec = Spec(R"({
+    "model": {"vocab_size": 256, "d_model": 64, "num_layers": 2, "num_heads": 4, "ffn_dim": 128,
+              "attention": {"segment_lengths": [32, 64], "dilation_rates": [1, 2]}},
+    "data": {"paths": ["/data/corpus.txt"]}, "seq_len": 262144, "batch_size": 2})");
   spec.set_device(v1::DEVICE_PREFERENCE_GPU);
+  absl::StatusOr<TrainingJobInfo> one = AnalyzeTrainingJob(spec, "spec.training");
   spec.set_sequence_parallel(2);
-  ExpectError(spec, absl::StatusCode::kUnimplemented, "spec.training.sequence_parallel");
-  // With ANY, the CPU variant remains.
-  spec.set_device(v1::DEVICE_PREFERENCE_ANY);
-  absl::StatusOr<TrainingJobInfo> info = AnalyzeTrainingJob(spec, "spec.training");
-  ASSERT_TRUE(info.ok()) << info.status();
-  ASSERT_EQ(info->variants.size(), 1u);
-  EXPECT_FALSE(info->variants[0].gpu);
+  absl::StatusOr<TrainingJobInfo> two = AnalyzeTrainingJob(spec, "spec.training");
+  ASSERT_TRUE(one.ok()) << one.status();
+  ASSERT_TRUE(two.ok()) << two.status();
+  ASSERT_TRUE(two->variants[0].gpu);
+  EXPECT_LT(two->variants[0].memory_per_rank_bytes, one->variants[0].memory_per_rank_bytes);
+  EXPECT_NE(two->variants[0].memory_plan.find("ring"), std::string::npos)
+      << two->variants[0].memory_plan;
 }
 
 }  // namespace

@@ -195,7 +195,8 @@ class Coordinator {
       const v1::RegisterWorkerRequest& request);
   // Records liveness and free memory. reregister = true for an unknown or dead id; drain = true
   // while draining. A heartbeat with `draining` (a worker leaving) drains its worker. Tasks the
-  // worker reports that the coordinator no longer wants get a CancelTask.
+  // worker reports that the coordinator no longer wants get a CancelTask, and hold their slots
+  // until a heartbeat no longer lists them (worker_registry.h, WorkerEntry::stopping).
   absl::StatusOr<v1::HeartbeatResponse> Heartbeat(const v1::HeartbeatRequest& request);
   // Sends the worker's commands (assignments, cancels) in order as they come, until: a newer stream
   // of the same worker replaces this one (ABORTED), the worker is drained and idle (OK), it is

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -13,6 +14,7 @@
 #include "engine/memory_plan.h"
 #include "engine/ring/cuda_block_kernels.h"
 #include "model/cuda/cuda_trainable_model.h"
+#include "model/cuda/nccl_collective.h"
 #include "worker/normal_generator.h"
 #include "worker/random_inputs_cuda.h"
 
@@ -155,14 +157,10 @@ class CudaDevice final : public TaskDevice {
   absl::StatusOr<std::unique_ptr<model::TrainableModel>> NewTrainableModel(
       const model::LongNetConfig& config, const model::ModelOptions& options, int,
       comm::Communicator* sequence_group) override {
-    if (sequence_group != nullptr) {
-      return absl::UnimplementedError(
-          "sequence-parallel training on GPU workers is not built yet: the CUDA model runs its "
-          "attention on this GPU alone");
-    }
     model::cuda::CudaModelOptions cuda_options;
     cuda_options.device = device_;
-    return model::cuda::NewCudaTrainableModel(config, options, cuda_options);
+    // With a sequence group, the ring's CUDA kernels run on the model's own stream.
+    return model::cuda::NewCudaTrainableModel(config, options, cuda_options, sequence_group);
   }
   absl::StatusOr<std::unique_ptr<model::TrainerCollective>> NewTrainerCollective(
       comm::Communicator* world, model::TrainableModel* model) override;
@@ -175,9 +173,12 @@ class CudaDevice final : public TaskDevice {
 };
 
 absl::StatusOr<std::unique_ptr<model::TrainerCollective>> CudaDevice::NewTrainerCollective(
-    comm::Communicator*, model::TrainableModel*) {
-  return absl::UnimplementedError(
-      "data-parallel training on GPU workers needs the NCCL collective of the CUDA model");
+    comm::Communicator* world, model::TrainableModel* model) {
+  // The collective's work is ordered on the model's stream: after the backward pass that wrote the
+  // gradients, before the optimizer that reads them.
+  absl::StatusOr<cudaStream_t> stream = model::cuda::CudaTrainableModelStream(*model);
+  if (!stream.ok()) return stream.status();
+  return model::cuda::NewCudaCollective(world, *stream);
 }
 
 }  // namespace
@@ -198,6 +199,10 @@ absl::StatusOr<std::unique_ptr<TaskDevice>> NewCudaDevice(const CudaDeviceOption
                                                count == 1 ? " device" : " devices"));
   }
   DATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(options.device));
+  // The trainer checks a config's "device" against the process's training devices: this process
+  // trains on its GPU (through NewTrainableModel below, on this device), so "cuda" is one.
+  static std::once_flag registered;
+  std::call_once(registered, [] { (void)model::cuda::RegisterCudaTrainingDevice(); });
   cudaDeviceProp props{};
   DATTN_CUDA_RETURN_IF_ERROR(cudaGetDeviceProperties(&props, options.device));
   return std::unique_ptr<TaskDevice>(std::make_unique<CudaDevice>(

@@ -24,7 +24,9 @@ struct CudaDeviceOptions {
 };
 
 // UNAVAILABLE when CUDA finds no device or not this ordinal (naming how many it sees); the CUDA
-// runtime's other errors as engine/cuda/cuda_status.h maps them.
+// runtime's other errors as engine/cuda/cuda_status.h maps them. The first device made also adds
+// "cuda" to the process's training devices (model/trainable_model.h), which the trainer checks a
+// training rank's config against; the rank's model itself comes from NewTrainableModel.
 absl::StatusOr<std::unique_ptr<TaskDevice>> NewCudaDevice(const CudaDeviceOptions& options);
 
 }  // namespace worker

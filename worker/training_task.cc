@@ -22,6 +22,7 @@
 #include "model/checkpoint.h"
 #include "model/collective.h"
 #include "model/trainer.h"
+#include "nlohmann/json.hpp"
 #include "worker/ring_join.h"
 
 namespace dattn {
@@ -142,11 +143,15 @@ absl::Status InitFrom(const std::string& from, model::Trainer* trainer) {
   // The checkpoint's model config must be the job's: its config.json holds the trainer config (or
   // a model config) of the run that wrote it.
   const model::LongNetConfig& want = trainer->config().model;
-  absl::StatusOr<model::TrainerConfig> theirs =
-      model::ParseTrainerConfigJson(checkpoint->model_config_json());
-  absl::StatusOr<model::LongNetConfig> model_config =
-      theirs.ok() ? absl::StatusOr<model::LongNetConfig>(theirs->model)
-                  : model::ParseConfigJson(checkpoint->model_config_json());
+  // (The model part is read on its own: the trainer config around it may name a device, "cuda",
+  // that this process does not train on.)
+  const nlohmann::json stored =
+      nlohmann::json::parse(checkpoint->model_config_json(), nullptr, false);
+  absl::StatusOr<model::LongNetConfig> model_config = absl::InvalidArgumentError("not JSON");
+  if (stored.is_object()) {
+    auto it = stored.find("model");
+    model_config = model::ParseConfigJson(it != stored.end() ? it->dump() : stored.dump());
+  }
   if (!model_config.ok()) {
     return absl::FailedPreconditionError(absl::StrCat(
         "init_from ", dir, ": its config.json holds no model config this build reads: ",
@@ -196,14 +201,30 @@ absl::StatusOr<TrainingTaskPlan> PlanTrainingTask(const v1::TaskAssignment& task
                              " does not match the plan's rank ", plan.rank, " of ", plan.world));
     }
   }
-  absl::StatusOr<model::TrainerConfig> config =
-      model::ParseTrainerConfigJson(p.trainer_config_json());
+  // The config's "device" is the kind the coordinator placed the rank on ("cpu" or "cuda"): checked
+  // against this worker's device here, not against the training devices this process registered
+  // (a GPU worker builds its CUDA model through its TaskDevice, without the registry).
+  nlohmann::json json = nlohmann::json::parse(p.trainer_config_json(), nullptr, false);
+  if (json.is_discarded() || !json.is_object()) {
+    return Invalid(task, "training_plan's trainer config is not a JSON object");
+  }
+  std::string device = "cpu";
+  if (auto it = json.find("device"); it != json.end()) {
+    if (!it->is_string() || (*it != "cpu" && *it != "cuda")) {
+      return Invalid(task, absl::StrCat("training_plan's trainer config: device ", it->dump(),
+                                        " is neither \"cpu\" nor \"cuda\""));
+    }
+    device = it->get<std::string>();
+    json.erase(it);
+  }
+  absl::StatusOr<model::TrainerConfig> config = model::ParseTrainerConfigJson(json.dump());
   if (!config.ok()) {
     return Invalid(task,
                    absl::StrCat("training_plan's trainer config: ", config.status().message()));
   }
   plan.config = *std::move(config);
-  const bool want_gpu = plan.config.device == "cuda";
+  plan.config.device = device;
+  const bool want_gpu = device == "cuda";
   if (want_gpu != (caps.device == Device::kCuda)) {
     return Invalid(task, absl::StrCat("the rank was planned for a ", want_gpu ? "GPU" : "CPU",
                                       " worker; this one is a ",
@@ -428,6 +449,10 @@ absl::StatusOr<TrainingTaskResult> RunTrainingTask(const v1::TaskAssignment& tas
       return absl::CancelledError(absl::StrCat(where, "cancelled; the ranks did not stop within ",
                                                absl::FormatDuration(options.cancel_grace),
                                                " and were interrupted: ", run.message()));
+    }
+    if (options.is_cancelled && options.is_cancelled()) {
+      // Cancelled with the ring's communicators aborted (its attempt failed): nothing to save.
+      return absl::CancelledError(absl::StrCat(where, "cancelled at once: ", run.message()));
     }
     return Prefixed(run, where);
   }

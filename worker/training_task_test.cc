@@ -166,6 +166,17 @@ TEST(TrainingTaskTest, PlansAreCheckedAgainstTheTaskAndTheDevice) {
   const BackendCaps gpu{"cuda", Device::kCuda, {DType::kFloat32}, {}};
   EXPECT_NE(PlanTrainingTask(task, gpu).status().message().find("planned for a CPU worker"),
             std::string::npos);
+  // A rank planned for a GPU worker is accepted by one, whatever training devices this process
+  // registered (a GPU worker makes its CUDA model through its device), and refused by a CPU worker.
+  v1::TaskAssignment for_gpu = task;
+  std::string json = for_gpu.training_plan().trainer_config_json();
+  json.replace(json.find("\"device\": \"cpu\""), 15, "\"device\": \"cuda\"");
+  for_gpu.mutable_training_plan()->set_trainer_config_json(json);
+  absl::StatusOr<TrainingTaskPlan> on_gpu = PlanTrainingTask(for_gpu, gpu);
+  ASSERT_TRUE(on_gpu.ok()) << on_gpu.status();
+  EXPECT_EQ(on_gpu->config.device, "cuda");
+  EXPECT_NE(PlanTrainingTask(for_gpu, cpu).status().message().find("planned for a GPU worker"),
+            std::string::npos);
 }
 
 // A 2 x 2 gang (data x sequence) follows the single rank's losses, every rank reports the same

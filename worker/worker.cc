@@ -123,6 +123,10 @@ struct Worker::Task {
   // takes too long.
   absl::Mutex comm_mu;
   comm::Communicator* comm ABSL_GUARDED_BY(comm_mu) = nullptr;
+  // A training task's communicators: aborted only by a cancel that says so (CancelTask.abort: its
+  // attempt failed, its peers are gone); any other cancel lets the ranks stop together and save.
+  std::vector<comm::Communicator*> training_comms ABSL_GUARDED_BY(comm_mu);
+  std::atomic<bool> abort{false};
   // A training task's figures as last reported (task thread only): every report of rank 0 carries
   // them.
   v1::TrainingProgress training;
@@ -677,9 +681,11 @@ void Worker::HandleCancel(const v1::CancelTask& cancel) {
       return;
     }
     task = it->second;
+    if (cancel.abort()) task->abort = true;
     task->cancel = true;
   }
-  LogEvent("task ", cancel.task_id(), " cancel requested: ", why);
+  LogEvent("task ", cancel.task_id(),
+           cancel.abort() ? " cancelled at once: " : " cancel requested: ", why);
   AbortComms({task}, why);
 }
 
@@ -688,6 +694,11 @@ void Worker::AbortComms(const std::vector<std::shared_ptr<Task>>& tasks, const s
     // The task thread clears `comm` under comm_mu before destroying it, so it lives until here.
     absl::MutexLock lock(&task->comm_mu);
     if (task->comm != nullptr) task->comm->Abort(absl::StrCat("the task was cancelled: ", why));
+    if (task->abort.load()) {
+      for (comm::Communicator* c : task->training_comms) {
+        c->Abort(absl::StrCat("the task was cancelled at once: ", why));
+      }
+    }
   }
 }
 
@@ -810,9 +821,15 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
     run_options.default_comm_timeout = options_.default_comm_timeout;
     run_options.store_tls = options_.store_tls;
     run_options.on_phase = on_phase;
-    run_options.on_communicators = [&](const std::vector<comm::Communicator*>&,
+    run_options.on_communicators = [&](const std::vector<comm::Communicator*>& comms,
                                        double formation_seconds) {
       task->ring_formation_seconds = formation_seconds;
+      absl::MutexLock lock(&task->comm_mu);
+      task->training_comms = comms;
+      // An abort that came while the ring was forming finds the communicators here.
+      if (task->abort.load()) {
+        for (comm::Communicator* c : comms) c->Abort("the task's attempt failed");
+      }
     };
     run_options.on_started = on_started;
     run_options.on_progress = [&](const v1::TrainingProgress& progress) {

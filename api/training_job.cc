@@ -169,6 +169,11 @@ absl::StatusOr<TrainingJobInfo> AnalyzeTrainingJob(const v1::TrainingJobSpec& jo
                                 c.micro_batches, " = ", group_rows, ", got ", info.data_parallel));
   }
   info.micro_rows = group_rows / info.data_parallel;
+  // What the degrees add beyond the two rules above (the retrieval task's sequence).
+  if (absl::Status s = model::CheckParallelDegrees(c, info.data_parallel, info.sequence_parallel);
+      !s.ok()) {
+    return Invalid(path + ".config_json", std::string(s.message()));
+  }
   if (c.checkpoint.keep_last > kMaxKeptCheckpoints) {
     return Invalid(
         path + ".config_json",

@@ -149,6 +149,14 @@ TEST(TrainingJobTest, EveryBadFieldIsNamed) {
     add("data_parallel not dividing the batch", s,
         "spec.training.data_parallel: must divide batch_size / micro_batches = 8 / 2 = 4, got 3");
   }
+  {
+    v1::TrainingJobSpec s = Spec(R"({"seq_len": 128, "batch_size": 4,
+        "retrieval": {"examples": 4, "seq_len": 99}, "data": {"paths": ["/d"]}})");
+    s.set_sequence_parallel(2);
+    add("retrieval sequence not split by S", s,
+        "spec.training.config_json: trainer config field \"retrieval.seq_len\": 99 is not a "
+        "multiple of the sequence-parallel degree 2");
+  }
   add("too many kept checkpoints",
       Spec(R"({"checkpoint": {"keep_last": 101}, "data": {"paths": ["/d"]}})"),
       "\"checkpoint.keep_last\": 101 must be at most 100");

@@ -91,18 +91,7 @@ class CommunicatorCollective final : public TrainerCollective {
     const int w = world();
     const int me = rank();
     if (w == 1) return absl::OkStatus();
-    const ShardRange mine = shards[static_cast<size_t>(me)];
-    std::vector<P2POp> ops;
-    for (int p = 0; p < w; ++p) {
-      if (p == me) continue;
-      const ShardRange& theirs = shards[static_cast<size_t>(p)];
-      if (mine.size() > 0) {
-        ops.push_back(P2POp::Send(p, params + mine.begin, mine.size(), DType::kFloat32));
-      }
-      if (theirs.size() > 0) {
-        ops.push_back(P2POp::Recv(p, params + theirs.begin, theirs.size(), DType::kFloat32));
-      }
-    }
+    const std::vector<P2POp> ops = AllGatherShardOps(params, shards, me);
     if (ops.empty()) return absl::OkStatus();
     return Prefixed(Exchange(ops), kCall);
   }
@@ -120,29 +109,10 @@ class CommunicatorCollective final : public TrainerCollective {
   absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& bytes) override {
     constexpr char kCall[] = "AllGatherBytes";
     if (absl::Status s = HostOnly(kCall); !s.ok()) return s;
-    const int w = world();
-    // The lengths (exact in fp64 below 2^53), then every message padded to the longest, moved as
-    // fp64 words (raw copies: the transport does no arithmetic on an all-gather).
-    const double length = static_cast<double>(bytes.size());
-    std::vector<double> lengths(static_cast<size_t>(w));
-    absl::Status s = comm_->AllGather(&length, lengths.data(), 1, DType::kFloat64, Stream{});
-    if (!s.ok()) return Prefixed(s, kCall);
-    int64_t longest = 0;
-    for (double l : lengths) longest = std::max(longest, static_cast<int64_t>(l));
-    const int64_t words = (longest + 7) / 8;
-    std::vector<std::string> out(static_cast<size_t>(w));
-    if (words == 0) return out;
-    std::vector<double> send(static_cast<size_t>(words), 0.0);
-    std::memcpy(send.data(), bytes.data(), bytes.size());
-    std::vector<double> all(static_cast<size_t>(words) * static_cast<size_t>(w));
-    s = comm_->AllGather(send.data(), all.data(), words, DType::kFloat64, Stream{});
-    if (!s.ok()) return Prefixed(s, kCall);
-    for (int r = 0; r < w; ++r) {
-      const char* from = reinterpret_cast<const char*>(all.data() + static_cast<size_t>(r) * words);
-      out[static_cast<size_t>(r)].assign(from,
-                                         static_cast<size_t>(lengths[static_cast<size_t>(r)]));
-    }
-    return out;
+    return AllGatherBytesAsWords(
+        bytes, world(), [this, &kCall](const double* send, int64_t k, double* out) {
+          return Prefixed(comm_->AllGather(send, out, k, DType::kFloat64, Stream{}), kCall);
+        });
   }
 
   absl::Status Barrier() override {
@@ -163,29 +133,7 @@ class CommunicatorCollective final : public TrainerCollective {
   absl::Status Check(const char* call, const float* buffer, int64_t n,
                      absl::Span<const ShardRange> shards) const {
     if (absl::Status s = HostOnly(call); !s.ok()) return s;
-    if (buffer == nullptr || n < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(call, ": a buffer of ", n, " elements at ",
-                                                     buffer == nullptr ? "null" : "a pointer"));
-    }
-    if (static_cast<int64_t>(shards.size()) != world()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(call, ": ", shards.size(), " shards for ", world(), " ranks"));
-    }
-    int64_t next = 0;
-    for (size_t r = 0; r < shards.size(); ++r) {
-      if (shards[r].begin != next || shards[r].end < shards[r].begin) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(call, ": shard ", r, " is [", shards[r].begin, ", ", shards[r].end,
-                         "); the shards must tile [0, ", n,
-                         ") in rank order (the previous ended at ", next, ")"));
-      }
-      next = shards[r].end;
-    }
-    if (next != n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(call, ": the shards end at ", next, ", the buffer has ", n, " elements"));
-    }
-    return absl::OkStatus();
+    return CheckShardArguments(call, buffer, n, shards, world());
   }
 
   absl::Status Exchange(const std::vector<P2POp>& ops) {
@@ -199,6 +147,70 @@ class CommunicatorCollective final : public TrainerCollective {
 };
 
 }  // namespace
+
+absl::Status CheckShardArguments(const char* call, const float* buffer, int64_t n,
+                                 absl::Span<const ShardRange> shards, int world) {
+  if (buffer == nullptr || n < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(call, ": a buffer of ", n, " elements at ",
+                                                   buffer == nullptr ? "null" : "a pointer"));
+  }
+  if (static_cast<int64_t>(shards.size()) != world) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, ": ", shards.size(), " shards for ", world, " ranks"));
+  }
+  int64_t next = 0;
+  for (size_t r = 0; r < shards.size(); ++r) {
+    if (shards[r].begin != next || shards[r].end < shards[r].begin) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          call, ": shard ", r, " is [", shards[r].begin, ", ", shards[r].end,
+          "); the shards must tile [0, ", n, ") in rank order (the previous ended at ", next, ")"));
+    }
+    next = shards[r].end;
+  }
+  if (next != n) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(call, ": the shards end at ", next, ", the buffer has ", n, " elements"));
+  }
+  return absl::OkStatus();
+}
+
+std::vector<comm::P2POp> AllGatherShardOps(float* buffer, absl::Span<const ShardRange> shards,
+                                           int me) {
+  const ShardRange mine = shards[static_cast<size_t>(me)];
+  std::vector<comm::P2POp> ops;
+  for (int p = 0; p < static_cast<int>(shards.size()); ++p) {
+    if (p == me) continue;
+    const ShardRange& theirs = shards[static_cast<size_t>(p)];
+    if (mine.size() > 0) {
+      ops.push_back(comm::P2POp::Send(p, buffer + mine.begin, mine.size(), DType::kFloat32));
+    }
+    if (theirs.size() > 0) {
+      ops.push_back(comm::P2POp::Recv(p, buffer + theirs.begin, theirs.size(), DType::kFloat32));
+    }
+  }
+  return ops;
+}
+
+absl::StatusOr<std::vector<std::string>> AllGatherBytesAsWords(const std::string& bytes, int world,
+                                                               const WordGather& gather) {
+  const double length = static_cast<double>(bytes.size());
+  std::vector<double> lengths(static_cast<size_t>(world));
+  if (absl::Status s = gather(&length, 1, lengths.data()); !s.ok()) return s;
+  int64_t longest = 0;
+  for (double l : lengths) longest = std::max(longest, static_cast<int64_t>(l));
+  const int64_t words = (longest + 7) / 8;
+  std::vector<std::string> out(static_cast<size_t>(world));
+  if (words == 0) return out;
+  std::vector<double> send(static_cast<size_t>(words), 0.0);
+  if (!bytes.empty()) std::memcpy(send.data(), bytes.data(), bytes.size());
+  std::vector<double> all(static_cast<size_t>(words) * static_cast<size_t>(world));
+  if (absl::Status s = gather(send.data(), words, all.data()); !s.ok()) return s;
+  for (int r = 0; r < world; ++r) {
+    const char* from = reinterpret_cast<const char*>(all.data() + static_cast<size_t>(r) * words);
+    out[static_cast<size_t>(r)].assign(from, static_cast<size_t>(lengths[static_cast<size_t>(r)]));
+  }
+  return out;
+}
 
 std::unique_ptr<TrainerCollective> NewCommunicatorCollective(comm::Communicator* world,
                                                              const CommCollectiveOptions& options) {

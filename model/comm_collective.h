@@ -39,7 +39,14 @@
 #define DATTN_MODEL_COMM_COLLECTIVE_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <string>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
 
 #include "engine/comm/communicator.h"
 #include "model/collective.h"
@@ -55,6 +62,24 @@ struct CommCollectiveOptions {
 // rank() and world() are the communicator's rank and size.
 std::unique_ptr<TrainerCollective> NewCommunicatorCollective(
     comm::Communicator* world, const CommCollectiveOptions& options = {});
+
+// What the collectives over a communicator share, host and GPU (cuda/nccl_collective.h).
+//
+// The checks of ReduceScatterGradients' and AllGatherParameters' arguments: a buffer (not null, n
+// >= 0) and `world` shards that tile [0, n) in rank order. INVALID_ARGUMENT naming `call` and the
+// bad value.
+absl::Status CheckShardArguments(const char* call, const float* buffer, int64_t n,
+                                 absl::Span<const ShardRange> shards, int world);
+// The point-to-point operations of AllGatherParameters for rank `me`: its shard of `buffer` sent to
+// every other rank, and each other rank's shard received in place (empty shards move nothing).
+std::vector<comm::P2POp> AllGatherShardOps(float* buffer, absl::Span<const ShardRange> shards,
+                                           int me);
+// AllGatherBytes in terms of an all-gather of fp64 words, `gather(send, k, out)` (out holding
+// world x k words, rank-major): the lengths first (exact in fp64 below 2^53), then every message
+// padded to the longest and moved as raw words (an all-gather does no arithmetic on them).
+using WordGather = std::function<absl::Status(const double* send, int64_t k, double* out)>;
+absl::StatusOr<std::vector<std::string>> AllGatherBytesAsWords(const std::string& bytes, int world,
+                                                               const WordGather& gather);
 
 }  // namespace model
 }  // namespace dattn

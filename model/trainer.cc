@@ -145,22 +145,7 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& co
   t->sequence_parallel_ = sp;
   t->data_rank_ = rank / sp;
   t->sequence_rank_ = rank % sp;
-  if (config.seq_len % sp != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("trainer config field \"seq_len\": ", config.seq_len,
-                     " is not a multiple of the sequence-parallel degree ", sp));
-  }
-  if (config.retrieval.examples > 0 && config.retrieval_seq_len() % sp != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("trainer config field \"retrieval.seq_len\": ", config.retrieval_seq_len(),
-                     " is not a multiple of the sequence-parallel degree ", sp));
-  }
-  if (config.batch_size % (config.micro_batches * dp) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("trainer config field \"batch_size\": ", config.batch_size,
-                     " is not a multiple of micro_batches (", config.micro_batches,
-                     ") x data-parallel ranks (", dp, ")"));
-  }
+  if (absl::Status s = CheckParallelDegrees(config, dp, sp); !s.ok()) return s;
   t->micro_rows_ = config.batch_size / config.micro_batches / dp;
   const int64_t n = config.seq_len;
 

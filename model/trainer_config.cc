@@ -423,6 +423,28 @@ std::string TrainerConfigToJson(const TrainerConfig& c) {
   return j.dump(2);
 }
 
+absl::Status CheckParallelDegrees(const TrainerConfig& config, int data_parallel,
+                                  int sequence_parallel) {
+  const int dp = data_parallel, sp = sequence_parallel;
+  if (config.seq_len % sp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer config field \"seq_len\": ", config.seq_len,
+                     " is not a multiple of the sequence-parallel degree ", sp));
+  }
+  if (config.retrieval.examples > 0 && config.retrieval_seq_len() % sp != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer config field \"retrieval.seq_len\": ", config.retrieval_seq_len(),
+                     " is not a multiple of the sequence-parallel degree ", sp));
+  }
+  if (config.batch_size % (config.micro_batches * dp) != 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("trainer config field \"batch_size\": ", config.batch_size,
+                     " is not a multiple of micro_batches (", config.micro_batches,
+                     ") x data-parallel ranks (", dp, ")"));
+  }
+  return absl::OkStatus();
+}
+
 bool operator==(const TrainerConfig& a, const TrainerConfig& b) {
   // The JSON form writes every field exactly (doubles round-trip), so it is the comparison.
   return TrainerConfigToJson(a) == TrainerConfigToJson(b);

@@ -143,6 +143,13 @@ std::string TrainerConfigToJson(const TrainerConfig& config);
 // validation_fraction > 0).
 absl::Status ValidateTrainerConfig(const TrainerConfig& config);
 
+// What a run of `data_parallel` groups of `sequence_parallel` ranks (trainer.h) adds to the
+// config's own rules: seq_len, and with retrieval examples the retrieval task's seq_len, multiples
+// of the sequence-parallel degree; batch_size a multiple of micro_batches x the data-parallel
+// degree. INVALID_ARGUMENT naming the field and the degree. Degrees >= 1 (the caller's check).
+absl::Status CheckParallelDegrees(const TrainerConfig& config, int data_parallel,
+                                  int sequence_parallel);
+
 bool operator==(const TrainerConfig& a, const TrainerConfig& b);
 inline bool operator!=(const TrainerConfig& a, const TrainerConfig& b) { return !(a == b); }
 

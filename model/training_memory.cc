@@ -72,22 +72,7 @@ absl::StatusOr<CpuTrainingRankMemory> PlanCpuTrainingRankMemory(const TrainerCon
     return absl::InvalidArgumentError(absl::StrCat("PlanCpuTrainingRankMemory: ", dp, " x ", sp,
                                                    " ranks: both degrees must be >= 1"));
   }
-  if (config.seq_len % sp != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("trainer config field \"seq_len\": ", config.seq_len,
-                     " is not a multiple of the sequence-parallel degree ", sp));
-  }
-  if (config.retrieval.examples > 0 && config.retrieval_seq_len() % sp != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("trainer config field \"retrieval.seq_len\": ", config.retrieval_seq_len(),
-                     " is not a multiple of the sequence-parallel degree ", sp));
-  }
-  if (config.batch_size % (config.micro_batches * dp) != 0) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("trainer config field \"batch_size\": ", config.batch_size,
-                     " is not a multiple of micro_batches (", config.micro_batches,
-                     ") x data-parallel ranks (", dp, ")"));
-  }
+  if (absl::Status s = CheckParallelDegrees(config, dp, sp); !s.ok()) return s;
   absl::StatusOr<ParamLayout> layout = BuildParamLayout(config.model);
   if (!layout.ok()) return layout.status();
   const Wide world = Wide{dp} * sp;

@@ -8,6 +8,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/cuda/cuda_status.h"
+#include "model/comm_collective.h"
 #include "model/cuda/collective_kernels.h"
 
 namespace dattn {
@@ -140,18 +141,7 @@ class CudaCollective final : public TrainerCollective {
     const int me = rank();
     if (w == 1) return absl::OkStatus();
     DATTN_RETURN_IF_ERROR(Enter(kCall));
-    const ShardRange mine = shards[static_cast<size_t>(me)];
-    std::vector<P2POp> ops;
-    for (int p = 0; p < w; ++p) {
-      if (p == me) continue;
-      const ShardRange& theirs = shards[static_cast<size_t>(p)];
-      if (mine.size() > 0) {
-        ops.push_back(P2POp::Send(p, params + mine.begin, mine.size(), DType::kFloat32));
-      }
-      if (theirs.size() > 0) {
-        ops.push_back(P2POp::Recv(p, params + theirs.begin, theirs.size(), DType::kFloat32));
-      }
-    }
+    const std::vector<P2POp> ops = AllGatherShardOps(params, shards, me);
     if (!ops.empty()) DATTN_RETURN_IF_ERROR(Prefixed(Exchange(ops), kCall));
     return Finish(kCall);
   }
@@ -168,28 +158,11 @@ class CudaCollective final : public TrainerCollective {
 
   absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& bytes) override {
     constexpr char kCall[] = "AllGatherBytes";
-    const int w = world();
     DATTN_RETURN_IF_ERROR(Enter(kCall));
-    // The lengths (exact in fp64 below 2^53), then every message padded to the longest, moved as
-    // fp64 words (raw copies: an all-gather does no arithmetic).
-    const double length = static_cast<double>(bytes.size());
-    std::vector<double> lengths(static_cast<size_t>(w));
-    DATTN_RETURN_IF_ERROR(Prefixed(GatherWords(&length, 1, lengths.data()), kCall));
-    int64_t longest = 0;
-    for (double l : lengths) longest = std::max(longest, static_cast<int64_t>(l));
-    const int64_t words = (longest + 7) / 8;
-    std::vector<std::string> out(static_cast<size_t>(w));
-    if (words == 0) return out;
-    std::vector<double> send(static_cast<size_t>(words), 0.0);
-    if (!bytes.empty()) std::memcpy(send.data(), bytes.data(), bytes.size());
-    std::vector<double> all(static_cast<size_t>(words) * static_cast<size_t>(w));
-    DATTN_RETURN_IF_ERROR(Prefixed(GatherWords(send.data(), words, all.data()), kCall));
-    for (int r = 0; r < w; ++r) {
-      const char* from = reinterpret_cast<const char*>(all.data() + static_cast<size_t>(r) * words);
-      out[static_cast<size_t>(r)].assign(from,
-                                         static_cast<size_t>(lengths[static_cast<size_t>(r)]));
-    }
-    return out;
+    return AllGatherBytesAsWords(bytes, world(),
+                                 [this, &kCall](const double* send, int64_t k, double* out) {
+                                   return Prefixed(GatherWords(send, k, out), kCall);
+                                 });
   }
 
   absl::Status Barrier() override {
@@ -212,29 +185,7 @@ class CudaCollective final : public TrainerCollective {
 
   absl::Status Check(const char* call, const float* buffer, int64_t n,
                      absl::Span<const ShardRange> shards) const {
-    if (buffer == nullptr || n < 0) {
-      return absl::InvalidArgumentError(absl::StrCat(call, ": a buffer of ", n, " elements at ",
-                                                     buffer == nullptr ? "null" : "a pointer"));
-    }
-    if (static_cast<int64_t>(shards.size()) != world()) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(call, ": ", shards.size(), " shards for ", world(), " ranks"));
-    }
-    int64_t next = 0;
-    for (size_t r = 0; r < shards.size(); ++r) {
-      if (shards[r].begin != next || shards[r].end < shards[r].begin) {
-        return absl::InvalidArgumentError(
-            absl::StrCat(call, ": shard ", r, " is [", shards[r].begin, ", ", shards[r].end,
-                         "); the shards must tile [0, ", n,
-                         ") in rank order (the previous ended at ", next, ")"));
-      }
-      next = shards[r].end;
-    }
-    if (next != n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat(call, ": the shards end at ", next, ", the buffer has ", n, " elements"));
-    }
-    return absl::OkStatus();
+    return CheckShardArguments(call, buffer, n, shards, world());
   }
 
   // One group of point-to-point ops, ordered after the work queued on the model's stream, whose

@@ -57,6 +57,16 @@ std::string ReadFile(const std::string& path) {
   return s.str();
 }
 
+// The dashboards' file names (deploy/grafana/dashboards/*.json, the //deploy:dashboards glob).
+std::set<std::string> DashboardFiles() {
+  std::set<std::string> files;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(testutil::RunfilePath("deploy/grafana/dashboards"))) {
+    if (entry.path().extension() == ".json") files.insert(entry.path().filename().string());
+  }
+  return files;
+}
+
 // Structural equality of two YAML trees (maps compared by key, whatever their order).
 bool SameYaml(const YAML::Node& a, const YAML::Node& b) {
   if (a.Type() != b.Type()) return false;
@@ -419,9 +429,16 @@ TEST_F(DeployManifestsTest, ServicesBudgetsAndMonitorsSelectWhatExists) {
             ReadFile(testutil::RunfilePath("deploy/prometheus/rules/dattn.rules.yml")));
   const YAML::Node dashboards = monitoring.Find("ConfigMap", "dattn-grafana-dashboards");
   EXPECT_EQ(Str(dashboards["metadata"]["labels"]["grafana_dashboard"]), "1");
-  for (const char* file : {"dattn-overview.json", "dattn-jobs.json", "dattn-workers.json"}) {
+  // Every dashboard file is in it, unchanged, and nothing else.
+  const std::set<std::string> files = DashboardFiles();
+  EXPECT_GE(files.size(), 4u);
+  std::set<std::string> keys;
+  for (const auto& kv : dashboards["data"]) keys.insert(kv.first.as<std::string>());
+  EXPECT_EQ(keys, files) << "deploy/grafana/kustomization.yaml must list every dashboard";
+  for (const std::string& file : files) {
+    if (keys.count(file) == 0) continue;  // Reported above.
     EXPECT_EQ(Str(dashboards["data"][file]),
-              ReadFile(testutil::RunfilePath(std::string("deploy/grafana/dashboards/") + file)))
+              ReadFile(testutil::RunfilePath("deploy/grafana/dashboards/" + file)))
         << file;
   }
   EXPECT_FALSE(monitoring.Find(

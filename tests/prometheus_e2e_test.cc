@@ -1,9 +1,9 @@
 // A real Prometheus (Debian's package) scrapes a running cluster (a coordinator and two CPU workers
-// with --metrics-listen) while jobs are in flight, configured from deploy/prometheus/prometheus.yml
-// itself: its Kubernetes service discovery swapped for file discovery of targets that carry the
-// labels Kubernetes would give the pods (every pod port in one list, as role "pod" lists them), so
-// the shipped relabelling decides what is scraped and how the jobs are named. It evaluates the
-// shipped alert rules. Then:
+// with --metrics-listen) while jobs are in flight (an attention job and a training job running, a
+// ring queued behind them), configured from deploy/prometheus/prometheus.yml itself: its Kubernetes
+// service discovery swapped for file discovery of targets that carry the labels Kubernetes would
+// give the pods (every pod port in one list, as role "pod" lists them), so the shipped relabelling
+// decides what is scraped and how the jobs are named. It evaluates the shipped alert rules. Then:
 // - the scrape configuration keeps exactly the metrics ports: one coordinator target and one per
 //   worker, under the job names the rules and dashboards use;
 // - every Grafana panel's query and every alert expression runs without error (none fails to parse
@@ -19,6 +19,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <memory>
@@ -59,6 +60,31 @@ int FreePort() {
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   close(fd);
   return ntohs(addr.sin_port);
+}
+
+// A small text corpus for the training job (numbered verses of a small vocabulary, 100 KB).
+void WriteCorpus(const std::string& path) {
+  static const char* const kWords[] = {"the",  "light", "and",  "darkness", "was",  "upon",
+                                       "face", "of",    "deep", "waters",   "said", "let"};
+  std::ofstream out(path);
+  uint64_t x = 12345;
+  for (int verse = 1; out.tellp() < 100000; ++verse) {
+    out << (verse % 31 + 1) << ":" << verse << " ";
+    for (int w = 0; w < 14; ++w) {
+      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
+      out << kWords[(x >> 33) % (sizeof(kWords) / sizeof(kWords[0]))] << (w == 13 ? ".\n" : " ");
+    }
+  }
+}
+
+// The dashboards' file names (deploy/grafana/dashboards/*.json, the //deploy:dashboards glob).
+std::set<std::string> DashboardFiles() {
+  std::set<std::string> files;
+  for (const auto& entry :
+       std::filesystem::directory_iterator(testutil::RunfilePath("deploy/grafana/dashboards"))) {
+    if (entry.path().extension() == ".json") files.insert(entry.path().filename().string());
+  }
+  return files;
 }
 
 // Metric names a PromQL expression mentions: dattn_* and up (label names are never dattn_*).
@@ -222,8 +248,9 @@ TEST_F(PrometheusE2E, DashboardsAndAlertsQueryWhatTheClusterExports) {
   std::string error;
   ASSERT_TRUE(prometheus_->Start(&error)) << error;
 
-  // Jobs: one single-rank and one 2-rank ring (Gloo) that end, then one that runs for minutes and a
-  // ring that waits behind it: in flight while Prometheus is asked.
+  // Jobs: one single-rank and one 2-rank ring (Gloo) that end, then one that runs for minutes, a
+  // training job on the other worker (a tiny model that evaluates and checkpoints often, for
+  // hours), and a ring that waits behind them: in flight while Prometheus is asked.
   const std::vector<std::string> small = {"--seq-len=256", "--heads=2",     "--head-dim=16",
                                           "--segments=64", "--rates=1",     "--dtype=fp32",
                                           "--device=cpu",  "--iterations=2"};
@@ -238,6 +265,22 @@ TEST_F(PrometheusE2E, DashboardsAndAlertsQueryWhatTheClusterExports) {
   dattn::v1::Job job;
   ASSERT_TRUE(cluster_->WaitForJobState(running, dattn::v1::JOB_STATE_RUNNING, seconds(30), &job))
       << cluster_->Logs();
+  WriteCorpus(dir + "/corpus.txt");
+  std::ofstream(dir + "/trainer.json") << R"({
+  "model": {"vocab_size": 256, "d_model": 32, "num_layers": 2, "num_heads": 2, "ffn_dim": 64,
+            "attention": {"mode": "grouped", "segment_lengths": [16, 32],
+                          "dilation_rates": [1, 2]}},
+  "threads": 1,
+  "data": {"paths": [")" + dir + R"(/corpus.txt"], "format": "text", "validation_fraction": 0.05},
+  "seq_len": 64, "batch_size": 4, "micro_batches": 1, "steps": 1000000, "seed": 7,
+  "optimizer": {"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 5},
+  "eval": {"every": 20, "batches": 1},
+  "checkpoint": {"every": 100, "keep_last": 2}
+})";
+  const std::string training = Submit({"--train-config", dir + "/trainer.json", "--device", "cpu",
+                                       "--checkpoint-dir", dir + "/checkpoints"});
+  ASSERT_TRUE(cluster_->WaitForJobState(training, dattn::v1::JOB_STATE_RUNNING, seconds(30), &job))
+      << cluster_->Logs();
   const std::string waiting = Submit(ring);
 
   // Prometheus has scraped all of it, and the rules have been evaluated since.
@@ -246,6 +289,10 @@ TEST_F(PrometheusE2E, DashboardsAndAlertsQueryWhatTheClusterExports) {
   ASSERT_TRUE(WaitForValue(R"(sum(dattn_worker_ranks{phase="running"}))", 1));
   ASSERT_TRUE(WaitForValue("sum(dattn_queue_depth)", 1));
   ASSERT_TRUE(WaitForValue(R"(sum(dattn_worker_ranks_total{outcome="succeeded"}))", 3));
+  // The training job's series: its loss and an evaluation, steps counted, a checkpoint written.
+  ASSERT_TRUE(WaitForValue("count(dattn_training_validation_loss)", 1)) << cluster_->Logs();
+  ASSERT_TRUE(WaitForValue("sum(dattn_training_steps_total)", 100));
+  ASSERT_TRUE(WaitForValue("sum(dattn_training_checkpoint_seconds_count)", 1)) << cluster_->Logs();
   std::this_thread::sleep_for(seconds(2));  // Two more rule evaluations.
 
   // Exactly the metrics ports were kept, under the shipped job names, with the pod's labels.
@@ -269,9 +316,11 @@ TEST_F(PrometheusE2E, DashboardsAndAlertsQueryWhatTheClusterExports) {
   std::vector<NamedQuery> queries;
   const std::string docs = ReadFile(testutil::RunfilePath("docs/DEPLOY.md"));
   ASSERT_FALSE(docs.empty());
-  for (const char* file : {"dattn-overview.json", "dattn-jobs.json", "dattn-workers.json"}) {
-    const nlohmann::json dashboard = nlohmann::json::parse(
-        ReadFile(testutil::RunfilePath(std::string("deploy/grafana/dashboards/") + file)));
+  const std::set<std::string> dashboards = DashboardFiles();
+  EXPECT_GE(dashboards.size(), 4u);
+  for (const std::string& file : dashboards) {
+    const nlohmann::json dashboard =
+        nlohmann::json::parse(ReadFile(testutil::RunfilePath("deploy/grafana/dashboards/" + file)));
     ASSERT_FALSE(dashboard["panels"].empty()) << file;
     for (const auto& panel : dashboard["panels"]) {
       ASSERT_FALSE(panel["targets"].empty()) << file << " " << panel["title"];
@@ -287,9 +336,9 @@ TEST_F(PrometheusE2E, DashboardsAndAlertsQueryWhatTheClusterExports) {
       EXPECT_NE(docs.find(row + " |\n"), std::string::npos)
           << "docs/DEPLOY.md does not list this panel as it is: " << row << " |";
       for (const auto& target : panel["targets"]) {
-        queries.push_back({std::string("dashboard ") + file + " panel '" +
-                               panel["title"].get<std::string>() + "'",
-                           GrafanaToPromQL(target["expr"].get<std::string>())});
+        queries.push_back(
+            {"dashboard " + file + " panel '" + panel["title"].get<std::string>() + "'",
+             GrafanaToPromQL(target["expr"].get<std::string>())});
       }
     }
     for (const auto& variable : dashboard["templating"]["list"]) {
@@ -308,8 +357,8 @@ TEST_F(PrometheusE2E, DashboardsAndAlertsQueryWhatTheClusterExports) {
           {"alert " + rule["alert"].as<std::string>(), rule["expr"].as<std::string>()});
     }
   }
-  ASSERT_GE(panel_queries, 30u);
-  ASSERT_GE(queries.size() - panel_queries, 10u);
+  ASSERT_GE(panel_queries, 60u);
+  ASSERT_GE(queries.size() - panel_queries, 14u);
 
   // Panels that may be empty here, and why.
   const std::set<std::string> may_be_empty = {
@@ -365,7 +414,7 @@ TEST_F(PrometheusE2E, DashboardsAndAlertsQueryWhatTheClusterExports) {
     EXPECT_EQ(name.rfind("dattn_worker_", 0), 0u) << name;
   }
 
-  for (const std::string& id : {running, waiting}) {
+  for (const std::string& id : {running, training, waiting}) {
     ProcessResult r = cluster_->Cli({"cancel", id});
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   }

@@ -454,6 +454,15 @@ absl::StatusOr<TrainingTaskResult> RunTrainingTask(const v1::TaskAssignment& tas
       // Cancelled with the ring's communicators aborted (its attempt failed): nothing to save.
       return absl::CancelledError(absl::StrCat(where, "cancelled at once: ", run.message()));
     }
+    // ABORTED with every communicator healthy is the trainer's own: the run diverged (too many
+    // steps in a row without a finite gradient norm). A rerun from the last checkpoint would
+    // diverge again, so it is not the retryable ABORTED of a broken ring (the coordinator requeues
+    // those) but a failure of the job.
+    const bool rings_healthy = (membership.comm == nullptr || membership.comm->health().ok()) &&
+                               (group == nullptr || group->health().ok());
+    if (run.code() == absl::StatusCode::kAborted && rings_healthy) {
+      return absl::FailedPreconditionError(absl::StrCat(where, run.message()));
+    }
     return Prefixed(run, where);
   }
 

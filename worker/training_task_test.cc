@@ -287,6 +287,23 @@ TEST(TrainingTaskTest, ACancelThatCannotBeAgreedEndsAfterTheGrace) {
   EXPECT_FALSE(run.results[0].ok());
 }
 
+// A run that diverges (a gradient norm that is not finite, step after step) fails the job with
+// FAILED_PRECONDITION: the coordinator requeues ABORTED (a broken ring), and a rerun from the last
+// checkpoint would only diverge again.
+TEST(TrainingTaskTest, ADivergedRunIsNotRetryable) {
+  std::string config = Config(20, 0);
+  const std::string lr = "\"lr\": 3e-3";
+  config.replace(config.find(lr), lr.size(),
+                 "\"lr\": 1e30, \"max_grad_norm\": null, \"max_consecutive_skips\": 2");
+  JobRun run = RunJob(config, 2, 1, "", "diverged/1");
+  for (int r = 0; r < 2; ++r) {
+    ASSERT_EQ(run.results[r].status().code(), absl::StatusCode::kFailedPrecondition)
+        << "rank " << r << ": " << run.results[r].status();
+    EXPECT_NE(run.results[r].status().message().find("diverged"), std::string::npos)
+        << run.results[r].status();
+  }
+}
+
 TEST(TrainingTaskTest, AMissingDataFileIsNamed) {
   JobRun run = RunJob(Config(2, 0, "/nonexistent/corpus.txt"), 1, 1, "", "missing/1");
   ASSERT_FALSE(run.results[0].ok());

@@ -116,15 +116,15 @@ struct Worker::Task {
   std::atomic<int64_t> steps_done{0};
   std::atomic<int> phase{v1::RANK_PHASE_PREPARING};
   std::atomic<double> ring_formation_seconds{0};
-  // The ring communicator while the task has one; a cancel aborts it so that a step waiting for
-  // peers ends at once. Set and cleared by the task thread. Never locked together with mu_.
-  // Training tasks register none: their ranks stop together at a step boundary and save a
-  // checkpoint (worker/training_task.h), aborting their communicators themselves only when that
-  // takes too long.
+  // An attention task's ring communicator while it has one; a cancel aborts it so that a step
+  // waiting for peers ends at once. Set and cleared by the task thread. Never locked together with
+  // mu_.
   absl::Mutex comm_mu;
   comm::Communicator* comm ABSL_GUARDED_BY(comm_mu) = nullptr;
-  // A training task's communicators: aborted only by a cancel that says so (CancelTask.abort: its
-  // attempt failed, its peers are gone); any other cancel lets the ranks stop together and save.
+  // A training task's communicators (the world's and its sequence group's): aborted only by a
+  // cancel that says so (CancelTask.abort: its attempt failed, its peers are gone); any other
+  // cancel lets the ranks stop together at a step boundary and save a checkpoint
+  // (worker/training_task.h, which aborts them itself when that takes longer than its grace).
   std::vector<comm::Communicator*> training_comms ABSL_GUARDED_BY(comm_mu);
   std::atomic<bool> abort{false};
   // A training task's figures as last reported (task thread only): every report of rank 0 carries

@@ -22,6 +22,7 @@
 // The containers listen on their manifests' fixed ports: the BUILD rule gives this test a network
 // namespace of its own (tag block-network), as a pod has.
 #include <signal.h>
+#include <unistd.h>
 
 #include <chrono>
 #include <filesystem>
@@ -576,6 +577,23 @@ TEST_F(DeployManifestsTest, LocalPathsUnderTmpAreNotRemapped) {
       << error;
   ASSERT_FALSE(local.argv.empty());
   EXPECT_EQ(local.argv[0], "/tmp/root/usr-local-bin/dattn-worker-gpu");
+  // The volumes themselves under /tmp (the GPU worker mounts /tmp): its TLS files are mapped once.
+  const std::string under_tmp = "/tmp/dattn-remap-" + std::to_string(getpid());
+  options.volumes_dir = under_tmp + "/volumes";
+  LocalContainer tmp_volumes;
+  ASSERT_TRUE(Localize(Overlay("gpu"), Overlay("gpu").Find("StatefulSet", "dattn-worker-gpu"),
+                       "worker", 0, options, &tmp_volumes, &error))
+      << error;
+  std::filesystem::remove_all(under_tmp);
+  bool tls_ca = false;
+  for (const std::string& a : tmp_volumes.argv) {
+    if (a.rfind("--tls-ca=", 0) == 0) {
+      tls_ca = true;
+      EXPECT_EQ(a, "--tls-ca=" + options.volumes_dir + "/tls/ca.pem");
+    }
+  }
+  EXPECT_TRUE(tls_ca);
+  options.volumes_dir = *dir_ + "/remap-volumes";
   options.bin_dir = *dir_ + "/bin";
   LocalContainer coordinator;
   ASSERT_TRUE(Localize(Overlay("gpu"), Overlay("gpu").Find("StatefulSet", "dattn-coordinator"),

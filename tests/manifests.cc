@@ -274,28 +274,41 @@ bool Localize(const Objects& objects, const YAML::Node& statefulset,
     std::filesystem::create_directories(local);
     mounts[Str(m["mountPath"])] = local;
   }
-  // The container's paths to local ones: a mount path where a path starts (the whole argument, or
-  // after '=' as in --data-dir=/var/lib/dattn/data) and ends (the end, or '/'), then the image's
-  // /usr/local/bin. In that order, so that the local folders put in (under $TEST_TMPDIR, which
-  // may itself lie under /tmp) are never mapped again: mapping /tmp inside them once made every
-  // binary of a pod that mounts /tmp unexecutable when Bazel's output root was under /tmp.
-  auto map_paths = [&](std::string s) {
-    for (const auto& [path, local] : mounts) {
-      for (size_t at = s.find(path); at != std::string::npos; at = s.find(path, at + 1)) {
-        const bool starts = at == 0 || s[at - 1] == '=';
-        const bool ends = at + path.size() == s.size() || s[at + path.size()] == '/';
-        if (starts && ends) {
-          s.replace(at, path.size(), local);
-          break;
+  // The container's paths to local ones, each path once: a path starts where the argument does or
+  // after an '=' (as in --data-dir=/var/lib/dattn/data) and is mapped by the longest mount path it
+  // begins with (whole components: the path ends there or goes on with '/'), else /usr/local/bin/
+  // becomes the binaries' folder. The local folders put in (under $TEST_TMPDIR, which may itself
+  // lie under /tmp) are never looked at again: mapping a /tmp mount inside them once made every
+  // binary, and later every TLS file, of a pod that mounts /tmp unreadable when Bazel's output root
+  // was under /tmp.
+  auto map_paths = [&](const std::string& s) {
+    std::string out;
+    size_t begin = 0;
+    for (;;) {
+      const size_t eq = s.find('=', begin);
+      std::string part = s.substr(begin, eq == std::string::npos ? std::string::npos : eq - begin);
+      const std::pair<const std::string, std::string>* best = nullptr;
+      for (const auto& mount : mounts) {
+        const std::string& path = mount.first;
+        const bool prefix = part.compare(0, path.size(), path) == 0 &&
+                            (part.size() == path.size() || part[path.size()] == '/');
+        if (prefix && (best == nullptr || path.size() > best->first.size())) best = &mount;
+      }
+      const std::string bin = "/usr/local/bin/";
+      if (best != nullptr) {
+        part.replace(0, best->first.size(), best->second);
+      } else {
+        for (size_t at = part.find(bin); at != std::string::npos;
+             at = part.find(bin, at + options.bin_dir.size() + 1)) {
+          part.replace(at, bin.size(), options.bin_dir + "/");
         }
       }
+      out += part;
+      if (eq == std::string::npos) break;
+      out += '=';
+      begin = eq + 1;
     }
-    const std::string bin = "/usr/local/bin/";
-    for (size_t at = s.find(bin); at != std::string::npos;
-         at = s.find(bin, at + options.bin_dir.size() + 1)) {
-      s.replace(at, bin.size(), options.bin_dir + "/");
-    }
-    return s;
+    return out;
   };
   for (const char* key : {"command", "args"}) {
     for (const YAML::Node& a : container[key]) {

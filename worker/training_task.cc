@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "api/training_job.h"
+#include "engine/comm/abort_all.h"
 #include "model/checkpoint.h"
 #include "model/collective.h"
 #include "model/trainer.h"
@@ -114,10 +115,8 @@ class CancelWatchdog {
       }
       if (absl::Now() - cancelled_at < grace_ || fired_.exchange(true)) continue;
       absl::MutexLock lock(&mu_);
-      for (comm::Communicator* c : comms_) {
-        c->Abort(absl::StrCat("the task was cancelled and did not stop within ",
-                              absl::FormatDuration(grace_)));
-      }
+      comm::AbortAll(comms_, absl::StrCat("the task was cancelled and did not stop within ",
+                                          absl::FormatDuration(grace_)));
     }
   }
 
@@ -312,6 +311,17 @@ absl::StatusOr<TrainingTaskResult> RunTrainingTask(const v1::TaskAssignment& tas
     watchdog.Watch(comms);
     if (options.on_communicators) options.on_communicators(comms, membership.formation_seconds);
   }
+  // A broken ring leaves kernels spinning on the dead peer, on either communicator; releasing
+  // device memory (the trainer's) or destroying a communicator waits for the whole device, so every
+  // communicator is aborted together first (engine/comm/abort_all.h). Runs twice on the way out:
+  // once before the trainer is destroyed (below) and once before the communicators are.
+  auto abort_if_broken = [&] {
+    comm::Communicator* world = membership.comm.get();
+    const bool broken =
+        (world != nullptr && !world->health().ok()) || (group != nullptr && !group->health().ok());
+    if (broken) comm::AbortAll({world, group.get()}, "the ring broke; releasing this rank");
+  };
+  auto abort_before_comms_go = absl::MakeCleanup(abort_if_broken);
 
   // The model, the collective and the trainer.
   model::ModelOptions model_options;
@@ -335,6 +345,7 @@ absl::StatusOr<TrainingTaskResult> RunTrainingTask(const v1::TaskAssignment& tas
       model::Trainer::Create(config, *std::move(corpus), *std::move(made), trainer_options);
   if (!created.ok()) return Prefixed(created.status(), where);
   model::Trainer& trainer = **created;
+  auto abort_before_trainer_goes = absl::MakeCleanup(abort_if_broken);
 
   // Continue from the job's newest complete checkpoint, or start fresh.
   v1::TrainingProgress progress;

@@ -8,6 +8,7 @@
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
 #include "api/limits.h"
+#include "engine/comm/abort_all.h"
 #include "engine/memory_plan.h"
 #include "worker/attention_task.h"
 #include "worker/cpu_device.h"
@@ -695,9 +696,8 @@ void Worker::AbortComms(const std::vector<std::shared_ptr<Task>>& tasks, const s
     absl::MutexLock lock(&task->comm_mu);
     if (task->comm != nullptr) task->comm->Abort(absl::StrCat("the task was cancelled: ", why));
     if (task->abort.load()) {
-      for (comm::Communicator* c : task->training_comms) {
-        c->Abort(absl::StrCat("the task was cancelled at once: ", why));
-      }
+      // Together, not one after another (engine/comm/abort_all.h).
+      comm::AbortAll(task->training_comms, absl::StrCat("the task was cancelled at once: ", why));
     }
   }
 }
@@ -827,9 +827,7 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
       absl::MutexLock lock(&task->comm_mu);
       task->training_comms = comms;
       // An abort that came while the ring was forming finds the communicators here.
-      if (task->abort.load()) {
-        for (comm::Communicator* c : comms) c->Abort("the task's attempt failed");
-      }
+      if (task->abort.load()) comm::AbortAll(comms, "the task's attempt failed");
     };
     run_options.on_started = on_started;
     run_options.on_progress = [&](const v1::TrainingProgress& progress) {

@@ -560,6 +560,7 @@ class CliTest : public ::testing::Test {
           data_parallel: 2
           sequence_parallel: 2
           seconds: 252.5
+          median_step_seconds: 0.84
           tokens_per_second: 2433.4
           mfu: 0.215
           flops_per_step: 1.9e10
@@ -2086,7 +2087,8 @@ TEST_F(CliTest, StatusDrawsAFinishedTrainingJobsLossCurve) {
   EXPECT_THAT(r.out, HasSubstr("  Final evaluation  step 300: validation loss 1.6729 (2.4135 "
                                "bits/byte), retrieval 12.5% exact (40.0% of answer tokens) of 16 "
                                "examples\n"));
-  EXPECT_THAT(r.out, HasSubstr("  Throughput        2.4K tokens/s (over 4m12s)\n"));
+  EXPECT_THAT(r.out,
+              HasSubstr("  Throughput        2.4K tokens/s (over 4m12s; median step 0.840 s)\n"));
   EXPECT_THAT(r.out, HasSubstr("  MFU               21.5%\n"));
   EXPECT_THAT(r.out, HasSubstr("  Parameters        831232 (831.2K)\n"));
   EXPECT_THAT(r.out, HasSubstr("  Parallelism       2 data x 2 sequence (4 ranks)\n"));

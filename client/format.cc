@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
@@ -405,8 +406,13 @@ void PrintTrainingResult(const v1::TrainingJobResult& r, const std::string& job_
     fields.emplace_back("Final evaluation", FormatEvaluation(r.final_evaluation()));
   }
   std::string rate = absl::StrCat(FormatCount(r.tokens_per_second()), " tokens/s");
+  std::vector<std::string> how;
   if (r.seconds() > 0)
-    absl::StrAppend(&rate, " (over ", HumanDuration(absl::Seconds(r.seconds())), ")");
+    how.push_back(absl::StrCat("over ", HumanDuration(absl::Seconds(r.seconds()))));
+  if (r.median_step_seconds() > 0) {
+    how.push_back(absl::StrFormat("median step %.3f s", r.median_step_seconds()));
+  }
+  if (!how.empty()) absl::StrAppend(&rate, " (", absl::StrJoin(how, "; "), ")");
   fields.emplace_back("Throughput", rate);
   if (r.mfu() > 0) fields.emplace_back("MFU", Percent(r.mfu()));
   fields.emplace_back("Tokens seen", FormatCount(static_cast<double>(r.tokens_seen())));

@@ -396,6 +396,7 @@ absl::StatusOr<TrainingTaskResult> RunTrainingTask(const v1::TaskAssignment& tas
   };
   const int64_t first_step = trainer.step();
   double seconds = 0;  // This attempt's step time.
+  std::vector<double> step_seconds;
   auto mark = std::chrono::steady_clock::now();
 
   model::RunCallbacks callbacks;
@@ -403,6 +404,7 @@ absl::StatusOr<TrainingTaskResult> RunTrainingTask(const v1::TaskAssignment& tas
   callbacks.stop = &stop;
   callbacks.on_step = [&](const model::StepResult& r) {
     seconds += r.seconds;
+    step_seconds.push_back(r.seconds);
     progress.set_step(r.step);
     progress.set_loss(r.loss);
     progress.set_learning_rate(r.lr);
@@ -498,6 +500,15 @@ absl::StatusOr<TrainingTaskResult> RunTrainingTask(const v1::TaskAssignment& tas
     if (peak > 0) {
       r.set_mfu(trainer.flops_per_step() * static_cast<double>(steps_here) / seconds / peak);
     }
+  }
+  if (!step_seconds.empty()) {
+    const size_t mid = step_seconds.size() / 2;
+    std::nth_element(step_seconds.begin(), step_seconds.begin() + mid, step_seconds.end());
+    double median = step_seconds[mid];
+    if (step_seconds.size() % 2 == 0) {
+      median = (median + *std::max_element(step_seconds.begin(), step_seconds.begin() + mid)) / 2;
+    }
+    r.set_median_step_seconds(median);
   }
   *r.mutable_checkpoints() = progress.checkpoints();
   if (progress.checkpoints_size() > 0) {

@@ -207,6 +207,9 @@ TEST(TrainingTaskTest, TwoByTwoFollowsOneRank) {
   EXPECT_TRUE(std::filesystem::exists(r.final_checkpoint() + "/MANIFEST.json"));
   EXPECT_EQ(four.last[0].checkpoints_size(), 2);
   EXPECT_GT(r.tokens_per_second(), 0);
+  // The median step of 6: between none and all of the attempt's step time.
+  EXPECT_GT(r.median_step_seconds(), 0);
+  EXPECT_LE(r.median_step_seconds(), r.seconds());
 }
 
 // A cancel stops every rank at the same step with a checkpoint; the job run again continues from

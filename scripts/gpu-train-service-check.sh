@@ -17,10 +17,14 @@
 #                                              from bazel-bin) and a tiny model: checks the script
 #
 # Environment: OUT (a folder for logs and job JSON; a temporary one otherwise), SEQ_LEN (default
-# 32768), STEPS (default 100), SHAPES (default "4x1 2x2 1x4" on 4 or more GPUs, "2x1 1x2" on 2),
-# KILL (default 1: the recovery run, 2 x 2 or 1 x 2),
-# JOB_TIMEOUT seconds per job (default 900), LOSS_TOLERANCE (default 0.03: the largest relative
-# difference of a step's loss from the 1-GPU run's, bf16 compute).
+# 32768), ONE_SEQ_LEN (the 1-GPU job's, default SEQ_LEN: set SEQ_LEN / S for weak scaling of
+# sequence parallelism; the losses are then not compared), VALIDATION_FRACTION (default 0.05; at
+# least one window of SEQ_LEN + 1 per data-parallel rank), CORPUS (run mode: a text file or folder
+# instead of the Bible, for sequences longer than its 4.3M bytes allow), CHECKPOINT_ACTIVATIONS
+# (default false; true for long sequences), STEPS (default 100), SHAPES (default "4x1 2x2 1x4" on 4
+# or more GPUs, "2x1 1x2" on 2), KILL (default 1: the recovery run, 2 x 2 or 1 x 2), JOB_TIMEOUT
+# seconds per job (default 900), LOSS_TOLERANCE (default 0.03: the largest relative difference of a
+# step's loss from the 1-GPU run's, bf16 compute).
 #
 # Exit status: 0 when every job succeeded and followed the 1-GPU losses; 1 when a job failed or
 # diverged; 2 when the set-up failed (binaries missing, too few GPUs, a daemon that does not start).
@@ -79,7 +83,7 @@ elif [ "$mode" = "run" ]; then
   coordinator="$bin/dattn-coordinator"
   worker="$bin/dattn-worker-gpu"
   cli="$bin/dattn"
-  corpus="$bin/kjv.txt"
+  corpus="${CORPUS:-$bin/kjv.txt}"
   device=gpu
   gpus=$(nvidia-smi -L 2>/dev/null | grep -c '^GPU ' || true)
 else
@@ -91,6 +95,9 @@ for b in "$coordinator" "$worker" "$cli" "$corpus"; do
 done
 job_timeout="${JOB_TIMEOUT:-900}"
 seq_len="${SEQ_LEN:-32768}"
+one_seq_len="${ONE_SEQ_LEN:-$seq_len}"
+validation="${VALIDATION_FRACTION:-0.05}"
+recompute="${CHECKPOINT_ACTIVATIONS:-false}"
 steps="${STEPS:-100}"
 tolerance="${LOSS_TOLERANCE:-0.03}"
 
@@ -180,13 +187,14 @@ else
                        "dilation_rates": [1, 2, 4, 6, 12]}'
 fi
 every=$((steps / 2))
-write_job() {  # NAME D S MICRO_BATCHES [STEPS]
-  local name="$1" d="$2" s="$3" micro="$4" n="${5:-$steps}"
+write_job() {  # NAME D S MICRO_BATCHES [STEPS [SEQ_LEN]]
+  local name="$1" d="$2" s="$3" micro="$4" n="${5:-$steps}" len="${6:-$seq_len}"
   mkdir -p "$out/$name"
   cat >"$out/$name/trainer.json" <<EOF
 {"model": {$model},
- "data": {"paths": ["$corpus"], "format": "text", "validation_fraction": 0.02},
- "seq_len": $seq_len, "batch_size": 4, "micro_batches": $micro, "steps": $n, "seed": 1,
+ "data": {"paths": ["$corpus"], "format": "text", "validation_fraction": $validation},
+ "checkpoint_activations": $recompute,
+ "seq_len": $len, "batch_size": 4, "micro_batches": $micro, "steps": $n, "seed": 1,
  "optimizer": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 10},
  "eval": {"every": 0, "batches": 1},
  "checkpoint": {"every": $every, "keep_last": 2}}
@@ -208,7 +216,7 @@ run_job() {  # NAME [extra CLI flags]: the final Job as JSON in $out/NAME.json
     >"$out/$name.json" 2>"$out/$name.err" || echo "   exit status $?"
 }
 
-write_job one 1 1 4
+write_job one 1 1 4 "$steps" "$one_seq_len"
 run_job one
 for shape in $shapes; do
   d=${shape%x*}
@@ -262,9 +270,12 @@ for w in json.load(sys.stdin).get("workers",[]):
   echo "$killed_at" >"$out/recover.killed_at"
 fi
 
-python3 - "$out" "$tolerance" "$shapes" "$device" <<'EOF'
+python3 - "$out" "$tolerance" "$shapes" "$device" "$seq_len" "$one_seq_len" <<'EOF'
 import datetime, json, os, sys
 out, tolerance, shapes, device = sys.argv[1], float(sys.argv[2]), sys.argv[3].split(), sys.argv[4]
+# The same sequence length: the same steps, losses compared. Different: weak scaling, rates only.
+same_work = sys.argv[5] == sys.argv[6]
+tokens_ratio = int(sys.argv[5]) / int(sys.argv[6])  # a shape's tokens per step over the 1-GPU job's
 def load(name):
     try:
         return json.load(open(os.path.join(out, name + ".json")))
@@ -283,22 +294,33 @@ for shape in shapes:
     r = job.get("result", {}).get("training", {})
     got = losses(job)
     worst = max((abs(a - b) / abs(b) for a, b in zip(got, base)), default=float("nan"))
-    if job.get("state") != "JOB_STATE_SUCCEEDED" or len(got) != len(base) or not worst <= tolerance:
+    if not same_work:
+        worst = float("nan")
+    if job.get("state") != "JOB_STATE_SUCCEEDED" or len(got) != len(base):
+        failed = True
+    if same_work and not worst <= tolerance:
         failed = True
     rows.append((f"{d} x {s}", job, r, worst))
 if one.get("state") != "JOB_STATE_SUCCEEDED":
     failed = True
 print(f"\n== training jobs through the service ({device}) ==")
+# tokens/s and MFU: over every step of the run (the first steps warm up); "median step" and the
+# last column: the steady rate, from the median step time. Both ratios: a shape's tokens/s over W
+# times the 1-GPU job's.
 print(f"{'shape':7} {'state':10} {'steps':>5} {'final loss':>10} {'max rel dloss':>13} {'tokens/s':>10} "
-      f"{'vs W x 1 GPU':>12} {'MFU':>6} {'ckpt s':>7}")
+      f"{'vs W x 1 GPU':>12} {'MFU':>6} {'ckpt s':>7} {'median step s':>13} {'steady vs W x 1':>15}")
 single = r1.get("tokens_per_second", 0.0)
+single_median = r1.get("median_step_seconds", 0.0)
 for name, job, r, worst in rows:
     ckpt = [c.get("seconds", 0) for c in r.get("checkpoints", [])]
     d, s = (int(x) for x in name.split(" x "))
     ratio = r.get("tokens_per_second", 0.0) / (d * s * single) if single and name != "1 x 1" else float("nan")
+    median = r.get("median_step_seconds", 0.0)
+    steady = (tokens_ratio * single_median / (d * s * median)
+              if median and name != "1 x 1" else float("nan"))
     print(f"{name:7} {job.get('state','?')[10:]:10} {int(r.get('steps',0)):5d} {r.get('final_loss',0):10.4f} "
           f"{worst:13.2e} {r.get('tokens_per_second',0):10.0f} {ratio:12.3f} "
-          f"{100*r.get('mfu',0):5.1f}% {max(ckpt, default=0):7.2f}")
+          f"{100*r.get('mfu',0):5.1f}% {max(ckpt, default=0):7.2f} {median:13.4f} {steady:15.3f}")
     if job.get("state") != "JOB_STATE_SUCCEEDED":
         print("   ", job.get("state_reason", "")[:300])
 rec = load("recover")

@@ -561,6 +561,8 @@ class CliTest : public ::testing::Test {
           sequence_parallel: 2
           seconds: 252.5
           median_step_seconds: 0.84
+          planned_rank_bytes: 35433480192
+          measured_rank_peak_bytes: 32212254720
           tokens_per_second: 2433.4
           mfu: 0.215
           flops_per_step: 1.9e10
@@ -2091,6 +2093,8 @@ TEST_F(CliTest, StatusDrawsAFinishedTrainingJobsLossCurve) {
               HasSubstr("  Throughput        2.4K tokens/s (over 4m12s; median step 0.840 s)\n"));
   EXPECT_THAT(r.out, HasSubstr("  MFU               21.5%\n"));
   EXPECT_THAT(r.out, HasSubstr("  Parameters        831232 (831.2K)\n"));
+  EXPECT_THAT(r.out, HasSubstr("  Memory (rank 0)   33.0 GiB planned, 30.0 GiB measured peak (0.91 "
+                               "of the plan)\n"));
   EXPECT_THAT(r.out, HasSubstr("  Parallelism       2 data x 2 sequence (4 ranks)\n"));
   EXPECT_THAT(r.out, HasSubstr("  Final checkpoint  /shared/ckpt/j-done/step-00000300\n"));
   EXPECT_THAT(r.out, HasSubstr("2 complete (`dattn checkpoints j-done` lists them)"));

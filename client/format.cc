@@ -426,6 +426,16 @@ void PrintTrainingResult(const v1::TrainingJobResult& r, const std::string& job_
   if (r.flops_per_step() > 0) {
     fields.emplace_back("FLOPs/step", absl::StrFormat("%.4g", r.flops_per_step()));
   }
+  if (r.planned_rank_bytes() > 0) {
+    std::string memory = absl::StrCat(FormatBytes(r.planned_rank_bytes()), " planned");
+    if (r.measured_rank_peak_bytes() > 0) {
+      absl::StrAppend(&memory, ", ", FormatBytes(r.measured_rank_peak_bytes()),
+                      absl::StrFormat(" measured peak (%.2f of the plan)",
+                                      static_cast<double>(r.measured_rank_peak_bytes()) /
+                                          static_cast<double>(r.planned_rank_bytes())));
+    }
+    fields.emplace_back("Memory (rank 0)", memory);
+  }
   if (r.skipped_steps() > 0) {
     fields.emplace_back("Skipped steps",
                         absl::StrCat(r.skipped_steps(), " (non-finite gradient norm: no update)"));

@@ -268,6 +268,17 @@ absl::StatusOr<TrainingTaskResult> RunTrainingTask(const v1::TaskAssignment& tas
         ") but only ", FormatBytes(*available), " of ", device->caps().name, " memory is free"));
   }
 
+  // Device memory (GPU workers): in use when the rank starts, and its highest level after each
+  // step; the difference is the rank's measured peak, reported beside the plan. Host memory is
+  // shared by the worker's tasks and every other process: not measured.
+  const bool measure_memory = !device->host_memory();
+  auto used_now = [&]() -> int64_t {
+    absl::StatusOr<int64_t> free_bytes = device->FreeMemoryBytes();
+    return free_bytes.ok() ? device->total_memory_bytes() - *free_bytes : -1;
+  };
+  const int64_t used_at_start = measure_memory ? used_now() : -1;
+  int64_t used_high = used_at_start;
+
   // The data, read here before any peer waits for this rank.
   absl::StatusOr<model::TokenCorpus> corpus = model::OpenTrainingCorpus(config);
   if (!corpus.ok()) return Prefixed(corpus.status(), "training data: ");
@@ -405,6 +416,7 @@ absl::StatusOr<TrainingTaskResult> RunTrainingTask(const v1::TaskAssignment& tas
   callbacks.on_step = [&](const model::StepResult& r) {
     seconds += r.seconds;
     step_seconds.push_back(r.seconds);
+    if (used_at_start >= 0) used_high = std::max(used_high, used_now());
     progress.set_step(r.step);
     progress.set_loss(r.loss);
     progress.set_learning_rate(r.lr);
@@ -510,6 +522,8 @@ absl::StatusOr<TrainingTaskResult> RunTrainingTask(const v1::TaskAssignment& tas
     }
     r.set_median_step_seconds(median);
   }
+  r.set_planned_rank_bytes(plan.memory_bytes);
+  if (used_at_start >= 0) r.set_measured_rank_peak_bytes(used_high - used_at_start);
   *r.mutable_checkpoints() = progress.checkpoints();
   if (progress.checkpoints_size() > 0) {
     r.set_final_checkpoint(progress.checkpoints(progress.checkpoints_size() - 1).path());

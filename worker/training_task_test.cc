@@ -1,5 +1,6 @@
 #include "worker/training_task.h"
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
 #include <cmath>
@@ -293,6 +294,59 @@ TEST(TrainingTaskTest, ACancelThatCannotBeAgreedEndsAfterTheGrace) {
 // A run that diverges (a gradient norm that is not finite, step after step) fails the job with
 // FAILED_PRECONDITION: the coordinator requeues ABORTED (a broken ring), and a rerun from the last
 // checkpoint would only diverge again.
+// A device whose memory is its own (as a GPU's): the free memory it reports is scripted, one
+// figure per call (the last repeats), over the host device's work.
+class ScriptedMemoryDevice final : public ForwardingDevice {
+ public:
+  ScriptedMemoryDevice(std::shared_ptr<TaskDevice> base, std::vector<int64_t> used)
+      : ForwardingDevice(std::move(base)), used_(std::move(used)) {}
+  bool host_memory() const override { return false; }
+  int64_t total_memory_bytes() const override { return kTotal; }
+  absl::StatusOr<int64_t> FreeMemoryBytes() const override {
+    const size_t at = std::min(calls_.fetch_add(1), used_.size() - 1);
+    return kTotal - used_[at];
+  }
+  static constexpr int64_t kTotal = int64_t{80} << 30;
+
+ private:
+  const std::vector<int64_t> used_;
+  mutable std::atomic<size_t> calls_{0};
+};
+
+// On a device with memory of its own the result carries the rank's plan and its measured peak: the
+// highest use after a step above the use when the rank started.
+TEST(TrainingTaskTest, TheResultCarriesThePlanAndTheMeasuredPeak) {
+  absl::StatusOr<std::unique_ptr<TaskDevice>> host = NewCpuDevice();
+  ASSERT_TRUE(host.ok()) << host.status();
+  constexpr int64_t kMiB = int64_t{1} << 20;
+  // Calls: the free-memory check, the start, then one per step (4 steps).
+  ScriptedMemoryDevice device(
+      std::shared_ptr<TaskDevice>(std::move(*host)),
+      {100 * kMiB, 100 * kMiB, 130 * kMiB, 145 * kMiB, 140 * kMiB, 141 * kMiB});
+  const std::string root = TempDir("memory");
+  absl::StatusOr<TrainingTaskResult> result =
+      RunTrainingTask(Task(Config(4, 0), 1, 1, 0, root, "127.0.0.1:1", "j-memory/1"), &device, {});
+  ASSERT_TRUE(result.ok()) << result.status();
+  const v1::TrainingJobResult& r = result->result;
+  EXPECT_EQ(r.steps(), 4);
+  absl::StatusOr<TrainingTaskPlan> plan = PlanTrainingTask(
+      Task(Config(4, 0), 1, 1, 0, root, "127.0.0.1:1", "j-memory/1"), device.caps());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  EXPECT_GT(r.planned_rank_bytes(), 0);
+  EXPECT_EQ(r.planned_rank_bytes(), plan->memory_bytes);
+  EXPECT_EQ(r.measured_rank_peak_bytes(), 45 * kMiB);
+
+  // On the host device (memory shared with everything else): the plan only.
+  absl::StatusOr<std::unique_ptr<TaskDevice>> cpu = NewCpuDevice();
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  absl::StatusOr<TrainingTaskResult> on_host = RunTrainingTask(
+      Task(Config(2, 0), 1, 1, 0, TempDir("memory-host"), "127.0.0.1:1", "j-memory-host/1"),
+      cpu->get(), {});
+  ASSERT_TRUE(on_host.ok()) << on_host.status();
+  EXPECT_GT(on_host->result.planned_rank_bytes(), 0);
+  EXPECT_EQ(on_host->result.measured_rank_peak_bytes(), 0);
+}
+
 TEST(TrainingTaskTest, ADivergedRunIsNotRetryable) {
   std::string config = Config(20, 0);
   const std::string lr = "\"lr\": 3e-3";

@@ -2,7 +2,9 @@
 # The whole test suite: installs what is missing, builds everything (the CUDA code included: it must
 # compile without a GPU) and runs every test twice: as built, then built with AddressSanitizer,
 # LeakSanitizer and UndefinedBehaviorSanitizer (.bazelrc's --config=sanitize), where memory errors
-# that pass silently in the plain build fail. GPU tests skip, saying why, where no GPU exists.
+# that pass silently in the plain build fail. GPU tests skip, saying why, where no GPU exists; they
+# are tagged "gpu" and the sanitized pass leaves them out (`bazel test --test_tag_filters=gpu //...`
+# runs just them on a GPU host).
 # Then the host code is compiled once more, by clang with its thread-safety analysis as errors
 # (.bazelrc's --config=clang-tsa: a build, no tests), so that every lock annotation is checked.
 # Last, every libFuzzer target of fuzz/ runs for 60 seconds (scripts/fuzz.sh, two at a time; built by
@@ -32,7 +34,12 @@ run_pass() {
 total=0
 for pass in plain sanitize; do
   options=()
-  [ "$pass" = sanitize ] && options=(--config=sanitize)
+  # The sanitized pass builds the tests only (no benchmark or tool binary that no test runs) and
+  # leaves out the tests tagged "gpu" (without a GPU they skip; the plain pass runs them, saying
+  # why; and CUDA's runtime does not run under AddressSanitizer anyway) and "no-cxx" (they run no
+  # C++ of ours: promtool's rule tests, the manifests' renderer).
+  [ "$pass" = sanitize ] &&
+    options=(--config=sanitize --build_tests_only --test_tag_filters=-gpu,-no-cxx)
   run_pass "$pass" "${options[@]}"
   # Exit 36 ("local environmental issue": output base unusable, install base corrupt, disk full) and
   # 37 (Bazel's own crash) say nothing about the code. One CI run ended with 36 two seconds in,

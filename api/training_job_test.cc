@@ -184,11 +184,11 @@ TEST(TrainingJobTest, EveryBadFieldIsNamed) {
 // A GPU rank plans its slice of the sequence with the ring's buffers and its 1/W optimizer shard:
 // less than the whole sequence on one GPU, more than the slice alone.
 TEST(TrainingJobTest, GpuRanksArePlannedForTheirShare) {
-  // Long sequences: activations, not the fixed allowances, make the plan.
+  // Long sequences: activations, not the fixed allowances (NCCL's 2.5 GiB included), make the plan.
   v1::TrainingJobSpec spec = Spec(R"({
     "model": {"vocab_size": 256, "d_model": 64, "num_layers": 2, "num_heads": 4, "ffn_dim": 128,
               "attention": {"segment_lengths": [32, 64], "dilation_rates": [1, 2]}},
-    "data": {"paths": ["/data/corpus.txt"]}, "seq_len": 262144, "batch_size": 2})");
+    "data": {"paths": ["/data/corpus.txt"]}, "seq_len": 1048576, "batch_size": 2})");
   spec.set_device(v1::DEVICE_PREFERENCE_GPU);
   absl::StatusOr<TrainingJobInfo> one = AnalyzeTrainingJob(spec, "spec.training");
   spec.set_sequence_parallel(2);
@@ -199,6 +199,10 @@ TEST(TrainingJobTest, GpuRanksArePlannedForTheirShare) {
   EXPECT_LT(two->variants[0].memory_per_rank_bytes, one->variants[0].memory_per_rank_bytes);
   EXPECT_NE(two->variants[0].memory_plan.find("ring"), std::string::npos)
       << two->variants[0].memory_plan;
+  EXPECT_NE(two->variants[0].memory_plan.find("NCCL"), std::string::npos)
+      << two->variants[0].memory_plan;
+  EXPECT_EQ(one->variants[0].memory_plan.find("NCCL"), std::string::npos)
+      << one->variants[0].memory_plan;
 }
 
 }  // namespace

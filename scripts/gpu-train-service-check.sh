@@ -308,7 +308,8 @@ print(f"\n== training jobs through the service ({device}) ==")
 # last column: the steady rate, from the median step time. Both ratios: a shape's tokens/s over W
 # times the 1-GPU job's.
 print(f"{'shape':7} {'state':10} {'steps':>5} {'final loss':>10} {'max rel dloss':>13} {'tokens/s':>10} "
-      f"{'vs W x 1 GPU':>12} {'MFU':>6} {'ckpt s':>7} {'median step s':>13} {'steady vs W x 1':>15}")
+      f"{'vs W x 1 GPU':>12} {'MFU':>6} {'ckpt s':>7} {'median step s':>13} {'steady vs W x 1':>15} "
+      f"{'plan GiB':>8} {'peak/plan':>9}")
 single = r1.get("tokens_per_second", 0.0)
 single_median = r1.get("median_step_seconds", 0.0)
 for name, job, r, worst in rows:
@@ -316,11 +317,16 @@ for name, job, r, worst in rows:
     d, s = (int(x) for x in name.split(" x "))
     ratio = r.get("tokens_per_second", 0.0) / (d * s * single) if single and name != "1 x 1" else float("nan")
     median = r.get("median_step_seconds", 0.0)
+    # Rank 0's planned memory and its measured peak (device memory in use after a step, above the
+    # rank's start).
+    planned = int(r.get("planned_rank_bytes", 0))
+    peak = int(r.get("measured_rank_peak_bytes", 0))
     steady = (tokens_ratio * single_median / (d * s * median)
               if median and name != "1 x 1" else float("nan"))
     print(f"{name:7} {job.get('state','?')[10:]:10} {int(r.get('steps',0)):5d} {r.get('final_loss',0):10.4f} "
           f"{worst:13.2e} {r.get('tokens_per_second',0):10.0f} {ratio:12.3f} "
-          f"{100*r.get('mfu',0):5.1f}% {max(ckpt, default=0):7.2f} {median:13.4f} {steady:15.3f}")
+          f"{100*r.get('mfu',0):5.1f}% {max(ckpt, default=0):7.2f} {median:13.4f} {steady:15.3f} "
+          f"{planned / 2**30:8.2f} {peak / planned if planned else float('nan'):9.3f}")
     if job.get("state") != "JOB_STATE_SUCCEEDED":
         print("   ", job.get("state_reason", "")[:300])
 rec = load("recover")

@@ -211,7 +211,8 @@ std::string TrainingMemoryPlan::DebugString() const {
       " + attention workspace ", mib(attention_workspace_bytes), " + GEMM workspace ",
       mib(gemm_workspace_bytes), " + libraries ", mib(library_bytes),
       ring_bytes > 0 ? absl::StrCat(" + ring buffers ", mib(ring_bytes)) : std::string(),
-      collective_bytes > 0 ? absl::StrCat(" + collective ", mib(collective_bytes)) : std::string());
+      collective_bytes > 0 ? absl::StrCat(" + collective ", mib(collective_bytes)) : std::string(),
+      nccl_bytes > 0 ? absl::StrCat(" + NCCL ", mib(nccl_bytes)) : std::string());
 }
 
 int64_t CollectiveChunkElements(int64_t largest_shard, int world, int64_t max_temp_bytes) {
@@ -329,10 +330,13 @@ absl::StatusOr<TrainingMemoryPlan> PlanTrainingRankMemory(const LongNetConfig& c
     plan->ring_bytes = rank->ring_bytes;
   }
   plan->collective_bytes = CollectiveDeviceBytes(p, static_cast<int>(world), options.collective);
+  if (world > 1) plan->nccl_bytes = options.nccl_world_allowance_bytes;
+  if (sequence_parallel > 1) plan->nccl_bytes += options.nccl_group_allowance_bytes;
   plan->total_bytes = plan->params_bytes + plan->grads_bytes + plan->working_copy_bytes +
                       plan->optimizer_bytes + plan->activations_bytes + plan->scratch_bytes +
                       plan->attention_workspace_bytes + plan->gemm_workspace_bytes +
-                      plan->library_bytes + plan->ring_bytes + plan->collective_bytes;
+                      plan->library_bytes + plan->ring_bytes + plan->collective_bytes +
+                      plan->nccl_bytes;
   return plan;
 }
 

@@ -145,6 +145,13 @@ struct TrainingMemoryOptions {
   int64_t library_allowance_bytes = 128ll << 20;
   // PlanTrainingRankMemory only: the collective whose buffers the rank holds.
   CudaCollectiveOptions collective;
+  // PlanTrainingRankMemory only: NCCL's own device memory (its channels' buffers for every
+  // connected peer, its work queues, its kernels), not computable from outside NCCL: a fixed
+  // allowance for the world's communicator (W > 1) and another for the sequence group's (S > 1).
+  // Measured on 4 x H100 with NCCL 2.28 (P2P over NVLink; docs/PERFORMANCE.md): without them,
+  // rank 0's peak exceeded the plan by 1.93 GiB (4 x 1), 2.32 GiB (2 x 2) and 2.16 GiB (1 x 4).
+  int64_t nccl_world_allowance_bytes = 2048ll << 20;
+  int64_t nccl_group_allowance_bytes = 512ll << 20;
 };
 struct TrainingMemoryPlan {
   int64_t params_bytes = 0, grads_bytes = 0, working_copy_bytes = 0, optimizer_bytes = 0;
@@ -158,6 +165,7 @@ struct TrainingMemoryPlan {
   // collective's buffers (W > 1); 0 on one GPU.
   int64_t ring_bytes = 0;
   int64_t collective_bytes = 0;
+  int64_t nccl_bytes = 0;  // the NCCL allowances (W > 1)
   int64_t total_bytes = 0;
   std::string DebugString() const;  // one line, every part in MiB
 };

@@ -237,7 +237,8 @@ TEST(TrainingRankPlan, AddsTheShardTheRingAndTheCollective) {
   auto sum = [](const TrainingMemoryPlan& t) {
     return t.params_bytes + t.grads_bytes + t.working_copy_bytes + t.optimizer_bytes +
            t.activations_bytes + t.scratch_bytes + t.attention_workspace_bytes +
-           t.gemm_workspace_bytes + t.library_bytes + t.ring_bytes + t.collective_bytes;
+           t.gemm_workspace_bytes + t.library_bytes + t.ring_bytes + t.collective_bytes +
+           t.nccl_bytes;
   };
   const int64_t rows = 2, n = 256;
   TrainingMemoryOptions o;
@@ -252,6 +253,7 @@ TEST(TrainingRankPlan, AddsTheShardTheRingAndTheCollective) {
   EXPECT_EQ(solo->attention_workspace_bytes, one->attention_workspace_bytes);
   EXPECT_EQ(solo->ring_bytes, 0);
   EXPECT_EQ(solo->collective_bytes, 0);
+  EXPECT_EQ(solo->nccl_bytes, 0);
   EXPECT_EQ(solo->DebugString(), one->DebugString());
 
   for (int d : {1, 2, 4}) {
@@ -302,6 +304,9 @@ TEST(TrainingRankPlan, AddsTheShardTheRingAndTheCollective) {
         EXPECT_NE(rank->DebugString().find("ring buffers"), std::string::npos);
       }
       EXPECT_NE(rank->DebugString().find("collective"), std::string::npos);
+      // NCCL's own memory: the world's communicator, and the sequence group's when S > 1.
+      EXPECT_EQ(rank->nccl_bytes, (int64_t{2048} << 20) + (s > 1 ? int64_t{512} << 20 : 0));
+      EXPECT_NE(rank->DebugString().find(" + NCCL "), std::string::npos);
       EXPECT_EQ(rank->total_bytes, sum(*rank));
     }
   }

@@ -291,9 +291,6 @@ TEST(TrainingTaskTest, ACancelThatCannotBeAgreedEndsAfterTheGrace) {
   EXPECT_FALSE(run.results[0].ok());
 }
 
-// A run that diverges (a gradient norm that is not finite, step after step) fails the job with
-// FAILED_PRECONDITION: the coordinator requeues ABORTED (a broken ring), and a rerun from the last
-// checkpoint would only diverge again.
 // A device whose memory is its own (as a GPU's): the free memory it reports is scripted, one
 // figure per call (the last repeats), over the host device's work.
 class ScriptedMemoryDevice final : public ForwardingDevice {
@@ -347,6 +344,9 @@ TEST(TrainingTaskTest, TheResultCarriesThePlanAndTheMeasuredPeak) {
   EXPECT_EQ(on_host->result.measured_rank_peak_bytes(), 0);
 }
 
+// A run that diverges (a gradient norm that is not finite, step after step) fails the job with
+// FAILED_PRECONDITION: the coordinator requeues ABORTED (a broken ring), and a rerun from the last
+// checkpoint would only diverge again.
 TEST(TrainingTaskTest, ADivergedRunIsNotRetryable) {
   std::string config = Config(20, 0);
   const std::string lr = "\"lr\": 3e-3";

@@ -1706,6 +1706,9 @@ TEST_F(CliTest, HelpAndVersionExitZeroAndListExitCodes) {
   r = RunRaw({"submit", "--help"});
   EXPECT_EQ(r.code, kExitOk);
   EXPECT_THAT(r.out, HasSubstr("--head-offsets"));
+  // Outputs are kept beside the job store and read in chunks, not returned in the result.
+  EXPECT_THAT(r.out, HasSubstr("Keep the output tensor (at most 16 GiB) on the coordinator"));
+  EXPECT_THAT(r.out, Not(HasSubstr("64 MiB")));
   r = RunRaw({"--version"});
   EXPECT_EQ(r.code, kExitOk);
   EXPECT_THAT(r.out, HasSubstr("dattn.v1"));

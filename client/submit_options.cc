@@ -251,7 +251,8 @@ const std::vector<SubmitField>& SubmitFields() {
       Field("--seed", "", "seed", kAtt, false, false, "S",
             "Seed of the generated q, k, v (default 0)", Bind(&SubmitOptions::seed, ParseUint64)),
       Field("--return-output", "", "return_output", kAtt, true, false, "",
-            "Return the output tensor (at most 64 MiB) in the result",
+            "Keep the output tensor (at most 16 GiB) on the coordinator; `dattn output JOB PATH` "
+            "saves it as .npy",
             Bind(&SubmitOptions::return_output, ParseBool)),
       Field("--device", "", "device", kAtt | kTrain, false, false, "KIND",
             "any, cpu or gpu (default any); attention and training jobs",

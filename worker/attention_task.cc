@@ -12,6 +12,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
 #include "api/limits.h"
+#include "base/median.h"
 #include "engine/memory_plan.h"
 #include "engine/ring/ring_attention.h"
 #include "engine/validate.h"
@@ -59,12 +60,6 @@ void Accumulate(const void* data, DType dtype, int64_t count, Checksum* acc) {
       break;
     }
   }
-}
-
-double Median(std::vector<double> values) {
-  std::sort(values.begin(), values.end());
-  const size_t n = values.size();
-  return n % 2 == 1 ? values[n / 2] : 0.5 * (values[n / 2 - 1] + values[n / 2]);
 }
 
 }  // namespace

@@ -19,6 +19,7 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "api/training_job.h"
+#include "base/median.h"
 #include "engine/comm/abort_all.h"
 #include "model/checkpoint.h"
 #include "model/collective.h"
@@ -326,11 +327,14 @@ absl::StatusOr<TrainingTaskResult> RunTrainingTask(const v1::TaskAssignment& tas
   // device memory (the trainer's) or destroying a communicator waits for the whole device, so every
   // communicator is aborted together first (engine/comm/abort_all.h). Runs twice on the way out:
   // once before the trainer is destroyed (below) and once before the communicators are.
+  auto rings_healthy = [&] {
+    return (membership.comm == nullptr || membership.comm->health().ok()) &&
+           (group == nullptr || group->health().ok());
+  };
   auto abort_if_broken = [&] {
-    comm::Communicator* world = membership.comm.get();
-    const bool broken =
-        (world != nullptr && !world->health().ok()) || (group != nullptr && !group->health().ok());
-    if (broken) comm::AbortAll({world, group.get()}, "the ring broke; releasing this rank");
+    if (!rings_healthy()) {
+      comm::AbortAll({membership.comm.get(), group.get()}, "the ring broke; releasing this rank");
+    }
   };
   auto abort_before_comms_go = absl::MakeCleanup(abort_if_broken);
 
@@ -483,9 +487,7 @@ absl::StatusOr<TrainingTaskResult> RunTrainingTask(const v1::TaskAssignment& tas
     // steps in a row without a finite gradient norm). A rerun from the last checkpoint would
     // diverge again, so it is not the retryable ABORTED of a broken ring (the coordinator requeues
     // those) but a failure of the job.
-    const bool rings_healthy = (membership.comm == nullptr || membership.comm->health().ok()) &&
-                               (group == nullptr || group->health().ok());
-    if (run.code() == absl::StatusCode::kAborted && rings_healthy) {
+    if (run.code() == absl::StatusCode::kAborted && rings_healthy()) {
       return absl::FailedPreconditionError(absl::StrCat(where, run.message()));
     }
     return Prefixed(run, where);
@@ -513,15 +515,7 @@ absl::StatusOr<TrainingTaskResult> RunTrainingTask(const v1::TaskAssignment& tas
       r.set_mfu(trainer.flops_per_step() * static_cast<double>(steps_here) / seconds / peak);
     }
   }
-  if (!step_seconds.empty()) {
-    const size_t mid = step_seconds.size() / 2;
-    std::nth_element(step_seconds.begin(), step_seconds.begin() + mid, step_seconds.end());
-    double median = step_seconds[mid];
-    if (step_seconds.size() % 2 == 0) {
-      median = (median + *std::max_element(step_seconds.begin(), step_seconds.begin() + mid)) / 2;
-    }
-    r.set_median_step_seconds(median);
-  }
+  r.set_median_step_seconds(Median(step_seconds));
   r.set_planned_rank_bytes(plan.memory_bytes);
   if (used_at_start >= 0) r.set_measured_rank_peak_bytes(used_high - used_at_start);
   *r.mutable_checkpoints() = progress.checkpoints();

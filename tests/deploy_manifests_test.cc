@@ -563,6 +563,14 @@ TEST_F(DeployManifestsTest, CpuDemoRunsLocallyAsTheManifestsSay) {
   ExpectStopsWithin(*c, seconds(coordinator.grace_seconds), "coordinator");
 }
 
+// The value of a container's `FLAG=value` argument; "(no FLAG=)" when it has none.
+std::string FlagValue(const LocalContainer& container, const std::string& flag) {
+  for (const std::string& a : container.argv) {
+    if (a.rfind(flag + "=", 0) == 0) return a.substr(flag.size() + 1);
+  }
+  return "(no " + flag + "=)";
+}
+
 // The local folders the emulation puts in are not mapped again: with Bazel's output root under
 // /tmp, the GPU worker's /tmp volume once turned its binary's local path into one that does not
 // exist ("exec failed" on every run of a cold CI output root in /tmp).
@@ -585,28 +593,14 @@ TEST_F(DeployManifestsTest, LocalPathsUnderTmpAreNotRemapped) {
                        "worker", 0, options, &tmp_volumes, &error))
       << error;
   std::filesystem::remove_all(under_tmp);
-  bool tls_ca = false;
-  for (const std::string& a : tmp_volumes.argv) {
-    if (a.rfind("--tls-ca=", 0) == 0) {
-      tls_ca = true;
-      EXPECT_EQ(a, "--tls-ca=" + options.volumes_dir + "/tls/ca.pem");
-    }
-  }
-  EXPECT_TRUE(tls_ca);
+  EXPECT_EQ(FlagValue(tmp_volumes, "--tls-ca"), options.volumes_dir + "/tls/ca.pem");
   options.volumes_dir = *dir_ + "/remap-volumes";
   options.bin_dir = *dir_ + "/bin";
   LocalContainer coordinator;
   ASSERT_TRUE(Localize(Overlay("gpu"), Overlay("gpu").Find("StatefulSet", "dattn-coordinator"),
                        "coordinator", 0, options, &coordinator, &error))
       << error;
-  bool data_dir = false;
-  for (const std::string& a : coordinator.argv) {
-    if (a.rfind("--data-dir=", 0) == 0) {
-      data_dir = true;
-      EXPECT_EQ(a, "--data-dir=" + options.volumes_dir + "/data/data");
-    }
-  }
-  EXPECT_TRUE(data_dir);
+  EXPECT_EQ(FlagValue(coordinator, "--data-dir"), options.volumes_dir + "/data/data");
 }
 
 TEST_F(DeployManifestsTest, GpuOverlayRunsLocallyUpToTheGpu) {

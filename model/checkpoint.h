@@ -149,12 +149,7 @@ absl::StatusOr<std::string> SaveCheckpoint(const std::string& root,
 // e goes to floor(shards * (e.offset + e.numel / 2) / total). Non-decreasing. shards >= 1.
 std::vector<int> WeightsShardOfEntries(const ParamLayout& layout, int shards);
 // The elements of the flat buffer that weights file `shard` holds: its entries are consecutive, so
-// this is one range (empty, at the next entry's offset, when it holds none).
-struct ElementRange {
-  int64_t begin = 0;
-  int64_t end = 0;
-  int64_t size() const { return end - begin; }
-};
+// this is one range (empty, at the next entry's offset, when it holds none; param_layout.h).
 ElementRange WeightsShardRange(const ParamLayout& layout, int shard, int shards);
 
 // A file of a checkpoint as the manifest lists it.

@@ -148,32 +148,6 @@ class CommunicatorCollective final : public TrainerCollective {
 
 }  // namespace
 
-absl::Status CheckShardArguments(const char* call, const float* buffer, int64_t n,
-                                 absl::Span<const ShardRange> shards, int world) {
-  if (buffer == nullptr || n < 0) {
-    return absl::InvalidArgumentError(absl::StrCat(call, ": a buffer of ", n, " elements at ",
-                                                   buffer == nullptr ? "null" : "a pointer"));
-  }
-  if (static_cast<int64_t>(shards.size()) != world) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(call, ": ", shards.size(), " shards for ", world, " ranks"));
-  }
-  int64_t next = 0;
-  for (size_t r = 0; r < shards.size(); ++r) {
-    if (shards[r].begin != next || shards[r].end < shards[r].begin) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          call, ": shard ", r, " is [", shards[r].begin, ", ", shards[r].end,
-          "); the shards must tile [0, ", n, ") in rank order (the previous ended at ", next, ")"));
-    }
-    next = shards[r].end;
-  }
-  if (next != n) {
-    return absl::InvalidArgumentError(
-        absl::StrCat(call, ": the shards end at ", next, ", the buffer has ", n, " elements"));
-  }
-  return absl::OkStatus();
-}
-
 std::vector<comm::P2POp> AllGatherShardOps(float* buffer, absl::Span<const ShardRange> shards,
                                            int me) {
   const ShardRange mine = shards[static_cast<size_t>(me)];

@@ -63,13 +63,9 @@ struct CommCollectiveOptions {
 std::unique_ptr<TrainerCollective> NewCommunicatorCollective(
     comm::Communicator* world, const CommCollectiveOptions& options = {});
 
-// What the collectives over a communicator share, host and GPU (cuda/nccl_collective.h).
+// What the collectives over a communicator share, host and GPU (cuda/nccl_collective.h), besides
+// collective.h's CheckShardArguments.
 //
-// The checks of ReduceScatterGradients' and AllGatherParameters' arguments: a buffer (not null, n
-// >= 0) and `world` shards that tile [0, n) in rank order. INVALID_ARGUMENT naming `call` and the
-// bad value.
-absl::Status CheckShardArguments(const char* call, const float* buffer, int64_t n,
-                                 absl::Span<const ShardRange> shards, int world);
 // The point-to-point operations of AllGatherParameters for rank `me`: its shard of `buffer` sent to
 // every other rank, and each other rank's shard received in place (empty shards move nothing).
 std::vector<comm::P2POp> AllGatherShardOps(float* buffer, absl::Span<const ShardRange> shards,

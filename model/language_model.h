@@ -15,6 +15,7 @@
 #define DATTN_MODEL_LANGUAGE_MODEL_H_
 
 #include <cstdint>
+#include <functional>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -62,6 +63,15 @@ struct BackwardOptions {
   double loss_scale = 1.0;
   // kOverwrite: grads() := the gradient (every element written); kAdd: grads() += the gradient.
   Accumulate grads = Accumulate::kOverwrite;
+  // When set, Backward calls it, on the calling thread, each time a range [begin, end) of grads()
+  // (elements of layout()) is final for this call: in the order of longnet_params.h's
+  // BackwardFinishOrder (the head, the blocks from the last to the first, the embedding), each
+  // range once, together covering [0, total). The work that writes the range has been done (CPU)
+  // or enqueued on the model's stream (CUDA): work ordered after the call sees the final values,
+  // and nothing later in this Backward writes the range. This is what lets a data-parallel rank
+  // start reducing a block's gradients while the backward of the blocks below it runs (trainer.h).
+  // An error it returns stops the backward, which returns it (grads() are then unspecified).
+  std::function<absl::Status(int64_t begin, int64_t end)> on_grads_final;
 };
 
 // FLOPs of one call (multiply-add = 2): the linear layers and LM head exactly, attention as the

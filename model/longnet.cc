@@ -389,6 +389,13 @@ absl::Status LongNetLM<T>::Backward(const BackwardOptions& options) {
   }
   const T* p = params_.data();
   T* g = grads_.data();
+  // Each range of the gradient is handed to options.on_grads_final once it is final.
+  const std::vector<ElementRange> finish = BackwardFinishOrder(offsets_, layout_.total());
+  auto finished = [&](int64_t k) {
+    if (!options.on_grads_final) return absl::OkStatus();
+    const ElementRange& r = finish[static_cast<size_t>(k)];
+    return options.on_grads_final(r.begin, r.end);
+  };
   const double scale =
       num_targets_ > 0 ? options.loss_scale / static_cast<double>(num_targets_) : 0.0;
   MODEL_RETURN_IF_ERROR(ops.CrossEntropyBackward(logits_.data(), row_lse_.data(), targets_.data(),
@@ -402,6 +409,7 @@ absl::Status LongNetLM<T>::Backward(const BackwardOptions& options) {
       dtmp_.data(), xs_[layers].data(), xf_mean_.data(), xf_rstd_.data(),
       p + offsets_.final_norm.weight, m, d, dx_.data(), Accumulate::kOverwrite,
       g + offsets_.final_norm.weight, g + offsets_.final_norm.bias));
+  MODEL_RETURN_IF_ERROR(finished(0));
   for (int64_t i = layers - 1; i >= 0; --i) {
     BlockActs* a;
     if (options_.checkpoint_activations) {
@@ -414,9 +422,11 @@ absl::Status LongNetLM<T>::Backward(const BackwardOptions& options) {
       a = &acts_[static_cast<size_t>(i)];
     }
     MODEL_RETURN_IF_ERROR(BlockBackward(i, *a, xs_[i].data(), dx_.data()));
+    MODEL_RETURN_IF_ERROR(finished(layers - i));
   }
   MODEL_RETURN_IF_ERROR(
       ops.EmbeddingBackward(tokens_.data(), m, dx_.data(), d, g + offsets_.token_embedding));
+  MODEL_RETURN_IF_ERROR(finished(layers + 1));
   ready_for_backward_ = true;
   return absl::OkStatus();
 }

@@ -142,6 +142,21 @@ absl::StatusOr<ModelOffsets> ResolveOffsets(const LongNetConfig& config,
   return m;
 }
 
+std::vector<ElementRange> BackwardFinishOrder(const ModelOffsets& offsets, int64_t total) {
+  // The layout's order (BuildParamLayout): the embedding, the blocks, the final norm, the head.
+  std::vector<ElementRange> order;
+  order.push_back({offsets.final_norm.weight, total});
+  const int64_t layers = static_cast<int64_t>(offsets.blocks.size());
+  for (int64_t i = layers - 1; i >= 0; --i) {
+    const int64_t end = i + 1 < layers ? offsets.blocks[static_cast<size_t>(i + 1)].attn_norm.weight
+                                       : offsets.final_norm.weight;
+    order.push_back({offsets.blocks[static_cast<size_t>(i)].attn_norm.weight, end});
+  }
+  order.push_back({offsets.token_embedding,
+                   layers > 0 ? offsets.blocks[0].attn_norm.weight : offsets.final_norm.weight});
+  return order;
+}
+
 double MagnetoGamma(int64_t num_layers) {
   return std::sqrt(std::log(2.0 * static_cast<double>(num_layers)));
 }

@@ -72,6 +72,13 @@ struct ModelOffsets {
 // entry if one is missing or has another shape (a layout from elsewhere).
 absl::StatusOr<ModelOffsets> ResolveOffsets(const LongNetConfig& config, const ParamLayout& layout);
 
+// The ranges of the flat buffer in the order a backward pass finishes their gradients:
+// [final_norm, total) first (the final LayerNorm, and the LM head when it is not tied), then each
+// block's range from the last block to the first, then the token embedding [0, V d) (last: the
+// tied head and the embedding's own backward both write it). Disjoint, covering [0, total);
+// num_layers + 2 ranges. What BackwardOptions::on_grads_final is called with, in this order.
+std::vector<ElementRange> BackwardFinishOrder(const ModelOffsets& offsets, int64_t total);
+
 // MAGNETO initialisation ("Foundation Transformers", arXiv 2210.06423, Fig. 2 and Sec. 2.2, the
 // decoder-only case), written into `params` (layout.total() doubles):
 //   gamma = sqrt(log(2 * num_layers));

@@ -3,6 +3,7 @@
 // accumulation, positions, and the errors of the API. Tiny shapes: the suite runs in seconds.
 #include "model/longnet.h"
 
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 #include <iostream>
@@ -13,6 +14,7 @@
 #include "engine/testing/test_util.h"
 #include "gtest/gtest.h"
 #include "model/cpu_layer_ops.h"
+#include "model/longnet_params.h"
 
 namespace dattn {
 namespace model {
@@ -340,6 +342,77 @@ TEST(ModelStateTest, AccumulationAndLossScale) {
   std::vector<double> want(g1.size());
   for (size_t i = 0; i < g1.size(); ++i) want[i] = 1.5 * g1[i];
   EXPECT_LE(RelativeError(g15, want), 1e-14);
+}
+
+// BackwardOptions::on_grads_final: every range is handed once, in BackwardFinishOrder, and is
+// final when handed (its values then are the values at the end), in both accumulation modes, with
+// the head tied or not and with checkpointing; an error from the callback stops the backward.
+TEST(ModelStateTest, GradientRangesAreHandedWhenFinal) {
+  SCOPED_TRACE(testutil::ReproduceHint());
+  for (bool tied : {true, false}) {
+    for (bool checkpoint : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "tied " << tied << ", checkpointing " << checkpoint);
+      LongNetConfig config = TinyConfig();
+      config.tie_embeddings = tied;
+      ModelOptions options;
+      options.checkpoint_activations = checkpoint;
+      auto m = MakeModel<double>(config, options);
+      ASSERT_NE(m, nullptr);
+      Perturb(m.get(), CheckSeed("perturb"));
+      const int64_t total = m->layout().total();
+      const std::vector<ElementRange> want = BackwardFinishOrder(m->offsets(), total);
+      ASSERT_EQ(want.size(), static_cast<size_t>(config.num_layers + 2));
+      // The order covers the buffer once: sorted, the ranges tile [0, total).
+      std::vector<ElementRange> sorted = want;
+      std::sort(sorted.begin(), sorted.end(),
+                [](const ElementRange& a, const ElementRange& b) { return a.begin < b.begin; });
+      int64_t next = 0;
+      for (const ElementRange& r : sorted) {
+        EXPECT_EQ(r.begin, next);
+        EXPECT_LT(r.begin, r.end);
+        next = r.end;
+      }
+      EXPECT_EQ(next, total);
+      EXPECT_EQ(want.back().begin, 0);  // The embedding is last.
+
+      const Batch b = RandomBatch(7, 2, 10, CheckSeed("batch"));
+      ASSERT_TRUE(m->Forward(b.View()).ok());
+      for (Accumulate mode : {Accumulate::kOverwrite, Accumulate::kAdd}) {
+        std::vector<ElementRange> handed;
+        std::vector<std::vector<double>> at_hand_over;
+        BackwardOptions bo;
+        bo.grads = mode;
+        bo.on_grads_final = [&](int64_t begin, int64_t end) {
+          handed.push_back({begin, end});
+          const std::vector<double> g = Grads(m.get());
+          at_hand_over.emplace_back(g.begin() + begin, g.begin() + end);
+          return absl::OkStatus();
+        };
+        ASSERT_TRUE(m->Backward(bo).ok());
+        const std::vector<double> final_grads = Grads(m.get());
+        ASSERT_EQ(handed.size(), want.size());
+        for (size_t k = 0; k < want.size(); ++k) {
+          EXPECT_EQ(handed[k].begin, want[k].begin) << "range " << k;
+          EXPECT_EQ(handed[k].end, want[k].end) << "range " << k;
+          EXPECT_TRUE(std::equal(at_hand_over[k].begin(), at_hand_over[k].end(),
+                                 final_grads.begin() + handed[k].begin))
+              << "range " << k << " [" << handed[k].begin << ", " << handed[k].end
+              << ") changed after it was handed";
+        }
+      }
+
+      // An error from the callback is the backward's, and the backward stops there.
+      int calls = 0;
+      BackwardOptions failing;
+      failing.on_grads_final = [&](int64_t, int64_t) {
+        return ++calls == 2 ? absl::UnavailableError("peer 3 is gone") : absl::OkStatus();
+      };
+      const absl::Status s = m->Backward(failing);
+      EXPECT_EQ(s.code(), absl::StatusCode::kUnavailable) << s;
+      EXPECT_EQ(calls, 2);
+      EXPECT_EQ(m->Backward().code(), absl::StatusCode::kFailedPrecondition);
+    }
+  }
 }
 
 TEST(ModelStateTest, IgnoredTargetsAndInference) {

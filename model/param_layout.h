@@ -24,6 +24,13 @@
 namespace dattn {
 namespace model {
 
+// Elements [begin, end) of a flat buffer.
+struct ElementRange {
+  int64_t begin = 0;
+  int64_t end = 0;
+  int64_t size() const { return end - begin; }
+};
+
 struct ParamEntry {
   std::string name;            // e.g. "blocks.3.attn.q_proj.weight".
   std::vector<int64_t> shape;  // Row-major; every dimension >= 1.

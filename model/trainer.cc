@@ -143,6 +143,8 @@ absl::StatusOr<std::unique_ptr<Trainer>> Trainer::Create(const TrainerConfig& co
   const int dp = world / sp;
   t->data_parallel_ = dp;
   t->sequence_parallel_ = sp;
+  t->overlap_reduction_ =
+      options.overlap_gradient_reduction && sp == 1 && t->collective_->reduces_ranges_early();
   t->data_rank_ = rank / sp;
   t->sequence_rank_ = rank % sp;
   if (absl::Status s = CheckParallelDegrees(config, dp, sp); !s.ok()) return s;
@@ -355,21 +357,32 @@ absl::StatusOr<StepResult> Trainer::Step() {
         absl::StrCat("step ", result.step, ": the global batch has no scored target"));
   }
 
-  // Forward and backward, micro-batch by micro-batch, accumulating into grads().
+  // Forward and backward, micro-batch by micro-batch, accumulating into grads(). The last
+  // micro-batch's backward hands each finished range to the reduction (TrainerOptions::
+  // overlap_gradient_reduction), which the collective may start at once.
+  const int64_t total = model_->layout().total();
   double loss_sum = 0;
   for (size_t i = 0; i < micros; ++i) {
     BackwardOptions bo;
     bo.loss_scale = static_cast<double>(micro_targets[i]) / static_cast<double>(global_targets);
     bo.grads = i == 0 ? Accumulate::kOverwrite : Accumulate::kAdd;
+    if (i + 1 == micros) {
+      TRAINER_RETURN_IF_ERROR(collective_->BeginGradientReduction(model_->grads(), total,
+                                                                  absl::MakeConstSpan(shards_)));
+      if (overlap_reduction_) {
+        bo.on_grads_final = [this](int64_t begin, int64_t end) {
+          return collective_->GradientsFinal(begin, end);
+        };
+      }
+    }
     absl::StatusOr<LossResult> loss = model_->ForwardBackward(slices[i], bo);
     if (!loss.ok()) return WithPrefix(loss.status(), absl::StrCat("step ", result.step, ": "));
     loss_sum += loss->loss_sum;
   }
 
-  // Reduce, clip by the global norm, update this rank's shard, share the parameters.
-  const int64_t total = model_->layout().total();
-  TRAINER_RETURN_IF_ERROR(
-      collective_->ReduceScatterGradients(model_->grads(), total, absl::MakeConstSpan(shards_)));
+  // Reduce (what the backward did not start), clip by the global norm, update this rank's shard,
+  // share the parameters.
+  TRAINER_RETURN_IF_ERROR(collective_->FinishGradientReduction());
   absl::StatusOr<double> partial = optimizer_->GradSumOfSquares();
   if (!partial.ok()) return partial.status();
   absl::StatusOr<std::vector<double>> partials = collective_->AllGather({*partial});

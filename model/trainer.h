@@ -138,6 +138,14 @@ struct TrainerOptions {
   // config.seq_len (and the retrieval evaluation's seq_len) too. S > 1 needs a model whose
   // attention spans the rank's group of S (see the file comment).
   int sequence_parallel = 1;
+  // With S = 1 and a collective that reduces ranges early (TrainerCollective::
+  // reduces_ranges_early: the GPU one), each step hands the gradient's ranges to the collective as
+  // the last micro-batch's backward finishes them (BackwardOptions::on_grads_final), so that the
+  // reduce-scatter of a block's gradients overlaps the backward of the blocks below it. Same bits
+  // either way (collective.h). Not with S > 1: the model's ring attention then runs on a
+  // communicator of its own during the backward, and NCCL documents two communicators' kernels in
+  // flight on one device at once as a possible deadlock. false: the reduction follows the backward.
+  bool overlap_gradient_reduction = true;
 };
 
 struct RunCallbacks {
@@ -259,6 +267,7 @@ class Trainer {
   TrainerOptions options_;
   std::unique_ptr<TrainerCollective> own_collective_;
   TrainerCollective* collective_ = nullptr;
+  bool overlap_reduction_ = false;  // Hand ranges as the backward finishes them (TrainerOptions).
   std::unique_ptr<TrainableModel> model_;
   TokenCorpus corpus_;
   DataSplit split_;

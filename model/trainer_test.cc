@@ -6,6 +6,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cmath>
@@ -22,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "model/checkpoint.h"
 #include "model/file_io.h"
+#include "model/longnet_params.h"
 #include "model/testing/forwarding_model.h"
 
 namespace dattn {
@@ -294,6 +296,106 @@ TEST(TrainerTest, AccumulationEqualsTheBigBatch) {
       EXPECT_NEAR(steps[k][s].loss, steps[0][s].loss, 1e-4 * steps[0][s].loss) << "step " << s + 1;
     }
   }
+}
+
+// A collective of one rank that reduces ranges early (as the GPU one does) and records them: a copy
+// of each range when handed, compared with the buffer when the reduction finishes.
+class HandOverRecorder final : public TrainerCollective {
+ public:
+  int rank() const override { return 0; }
+  int world() const override { return 1; }
+  bool reduces_ranges_early() const override { return true; }
+  absl::Status ReduceScatterGradients(float*, int64_t, absl::Span<const ShardRange>) override {
+    return absl::OkStatus();
+  }
+  absl::Status AllGatherParameters(float*, int64_t, absl::Span<const ShardRange>) override {
+    return absl::OkStatus();
+  }
+  absl::StatusOr<std::vector<double>> AllGather(absl::Span<const double> v) override {
+    return std::vector<double>(v.begin(), v.end());
+  }
+  absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& b) override {
+    return std::vector<std::string>{b};
+  }
+  absl::Status Barrier() override { return absl::OkStatus(); }
+
+  std::vector<std::vector<ElementRange>> steps;  // The ranges of each reduction, in order.
+  int changed_after_hand_over = 0;
+
+ protected:
+  absl::Status ReduceGradientRange(float* grads, int64_t begin, int64_t end,
+                                   absl::Span<const ShardRange>) override {
+    if (pending_.empty()) steps.emplace_back();
+    steps.back().push_back({begin, end});
+    pending_.push_back({grads, begin, std::vector<float>(grads + begin, grads + end)});
+    return absl::OkStatus();
+  }
+  absl::Status FinishGradientRanges() override {
+    for (const Pending& p : pending_) {
+      if (!std::equal(p.copy.begin(), p.copy.end(), p.grads + p.begin)) ++changed_after_hand_over;
+    }
+    pending_.clear();
+    return absl::OkStatus();
+  }
+
+ private:
+  struct Pending {
+    const float* grads;
+    int64_t begin;
+    std::vector<float> copy;
+  };
+  std::vector<Pending> pending_;
+};
+
+// TrainerOptions::overlap_gradient_reduction: the last micro-batch's backward hands every range
+// once, in the model's finishing order, each final when handed; the earlier micro-batches' hand
+// none (their gradients are not final). Off, the reduction gets the whole buffer after the
+// backward. The losses are the same bits.
+TEST(TrainerTest, HandsFinishedGradientRangesToTheCollective) {
+  TrainerConfig config = TinyConfig();
+  config.steps = 2;
+  config.optimizer.warmup_steps = 1;
+  config.micro_batches = 2;
+  std::vector<std::vector<uint64_t>> losses;
+  for (bool overlap : {true, false}) {
+    SCOPED_TRACE(overlap ? "overlap" : "no overlap");
+    absl::StatusOr<std::unique_ptr<TrainableModel>> model = MakeModel(config);
+    ASSERT_TRUE(model.ok()) << model.status();
+    absl::StatusOr<ModelOffsets> offsets = ResolveOffsets(config.model, (*model)->layout());
+    ASSERT_TRUE(offsets.ok()) << offsets.status();
+    const int64_t total = (*model)->layout().total();
+    const std::vector<ElementRange> order = BackwardFinishOrder(*offsets, total);
+    HandOverRecorder recorder;
+    TrainerOptions options;
+    options.collective = &recorder;
+    options.overlap_gradient_reduction = overlap;
+    absl::StatusOr<std::unique_ptr<Trainer>> trainer =
+        Trainer::Create(config, Kjv(), *std::move(model), options);
+    ASSERT_TRUE(trainer.ok()) << trainer.status();
+    std::vector<uint64_t> bits;
+    for (int s = 0; s < 2; ++s) {
+      absl::StatusOr<StepResult> r = (*trainer)->Step();
+      ASSERT_TRUE(r.ok()) << r.status();
+      bits.push_back(Bits(r->loss));
+    }
+    losses.push_back(bits);
+    ASSERT_EQ(recorder.steps.size(), 2u);  // One reduction per step, not one per micro-batch.
+    for (const std::vector<ElementRange>& step : recorder.steps) {
+      if (overlap) {
+        ASSERT_EQ(step.size(), order.size());
+        for (size_t k = 0; k < order.size(); ++k) {
+          EXPECT_EQ(step[k].begin, order[k].begin) << "range " << k;
+          EXPECT_EQ(step[k].end, order[k].end) << "range " << k;
+        }
+      } else {
+        ASSERT_EQ(step.size(), 1u);
+        EXPECT_EQ(step[0].begin, 0);
+        EXPECT_EQ(step[0].end, total);
+      }
+    }
+    EXPECT_EQ(recorder.changed_after_hand_over, 0);
+  }
+  EXPECT_EQ(losses[0], losses[1]);
 }
 
 void FlipByte(const std::string& path, int64_t from_end) {

@@ -24,7 +24,8 @@
 # (default false; true for long sequences), STEPS (default 100), SHAPES (default "4x1 2x2 1x4" on 4
 # or more GPUs, "2x1 1x2" on 2), KILL (default 1: the recovery run, 2 x 2 or 1 x 2), JOB_TIMEOUT
 # seconds per job (default 900), LOSS_TOLERANCE (default 0.03: the largest relative difference of a
-# step's loss from the 1-GPU run's, bf16 compute).
+# step's loss from the 1-GPU run's, bf16 compute), PACK (the archive stage writes and run reads,
+# default .device/train-service.tar.xz: two builds can be staged and run in one call to compare).
 #
 # Exit status: 0 when every job succeeded and followed the 1-GPU losses; 1 when a job failed or
 # diverged; 2 when the set-up failed (binaries missing, too few GPUs, a daemon that does not start).
@@ -32,7 +33,7 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 
 mode="${1:-run}"
-pack=.device/train-service.tar.xz
+pack="${PACK:-.device/train-service.tar.xz}"
 if [ "$mode" = "stage" ]; then
   set -e
   bazel build //server:dattn-coordinator //worker:dattn-worker-gpu //client:dattn //model:kjv_corpus

@@ -19,7 +19,8 @@
 //       dim 64)
 //   Gpus.CollectiveMatchesTheHostSums           >= 2 GPUs (W = all, at most 8): the reduce-scatter
 //       equals, bit for bit, the host's fp32 sum in rank order (and the fp64 sum within fp32
-//       rounding), with one and with many chunk rounds, waiting on the host or only on the stream;
+//       rounding), with one and with many chunk rounds, waiting on the host or only on the stream,
+//       and handed over range by range as each range is written on the model's stream;
 //       its traffic is (W - 1) / W of the buffer each way; the all-gather of parameters is exact
 //       and leaves every rank the same bits; AllGather, AllGatherBytes (a message larger than the
 //       staging buffer, an empty one) and Barrier
@@ -31,8 +32,9 @@
 //   Gpus.DataAndSequenceParallelTrainingMatchesOneGpu  >= 2 GPUs: D x S = 2x1, 1x2 (and with 4
 //       GPUs 4x1, 2x2, 1x4) through model::Trainer: every step's loss within 2e-2 of the one-GPU
 //       run's, the same targets, and every rank the same losses, norms and final weights bit for
-//       bit. S > 1 needs a trainer with TrainerOptions::sequence_parallel (the train-dist branch);
-//       a build without it runs the S = 1 runs and says which it skipped.
+//       bit; with S = 1, the gradient reduction overlapped with the backward (the default) and
+//       after it give the same bits. S > 1 needs a trainer with TrainerOptions::sequence_parallel
+//       (the train-dist branch); a build without it runs the S = 1 runs and says which it skipped.
 // Tolerances (bf16 products on fp32 master weights; a rank runs other GEMM shapes than one GPU,
 // so other roundings): loss per step 2e-2 relative, the one-step gradient 2e-2 in relative L2
 // norm, the one-step loss sum 2e-3 (cuda_trainer_test's bounds for 4 micro-batches against 1).
@@ -458,7 +460,7 @@ const RunRecord& OneGpuRun(const LongNetConfig& model_config) {
 // world on the model's stream, the trainer.
 absl::StatusOr<RunRecord> TrainRank(const LongNetConfig& model_config, int rank,
                                     int sequence_parallel, comm::Communicator& world,
-                                    comm::Communicator* sp) {
+                                    comm::Communicator* sp, bool overlap = true) {
   const TrainerConfig config = TinyTraining(model_config);
   CudaModelOptions cuda_options;
   cuda_options.device = rank;
@@ -473,6 +475,7 @@ absl::StatusOr<RunRecord> TrainRank(const LongNetConfig& model_config, int rank,
   if (!collective.ok()) return collective.status();
   TrainerOptions options;
   options.collective = collective->get();
+  options.overlap_gradient_reduction = overlap;
   if (!SetSequenceParallel(&options, sequence_parallel)) {
     return absl::FailedPreconditionError("this trainer has no TrainerOptions::sequence_parallel");
   }
@@ -583,7 +586,8 @@ TEST(OneGpu, AttentionFactoryGivesTheDefaultBits) {
       ASSERT_TRUE(m->InitParams(5).ok());
       absl::StatusOr<LossResult> first = m->ForwardBackward(batch.View(), {});
       ASSERT_TRUE(first.ok()) << first.status();
-      absl::StatusOr<LossResult> second = m->ForwardBackward(batch.View(), {0.5, Accumulate::kAdd});
+      absl::StatusOr<LossResult> second =
+          m->ForwardBackward(batch.View(), {0.5, Accumulate::kAdd, nullptr});
       ASSERT_TRUE(second.ok()) << second.status();
       EXPECT_EQ(Bits(first->loss_sum), Bits(second->loss_sum));
       losses.push_back(first->loss_sum);
@@ -743,12 +747,23 @@ TEST(Gpus, CollectiveMatchesTheHostSums) {
   struct Variant {
     const char* name;
     CudaCollectiveOptions options;
+    bool ranges;  // Handed range by range as a backward would (BeginGradientReduction).
   };
   CudaCollectiveOptions many_rounds;
   many_rounds.max_temp_bytes = 64 << 10;  // chunks of 16384 / (W - 1) (at least 1024): many
   many_rounds.wait_on_host = false;
-  const std::vector<Variant> variants = {{"one round, waiting on the host", {}},
-                                         {"many rounds, stream-ordered only", many_rounds}};
+  const std::vector<Variant> variants = {{"one round, waiting on the host", {}, false},
+                                         {"many rounds, stream-ordered only", many_rounds, false},
+                                         {"handed in ranges while written", {}, true},
+                                         {"handed in ranges, many rounds", many_rounds, true}};
+  // The ranges a "backward" hands, from the end of the buffer down, of uneven sizes (some inside
+  // one shard, some across several); [0, 40000) is never handed (FinishGradientReduction's part).
+  std::vector<ShardRange> handed;
+  for (int64_t end = n, k = 0; end > 40000; ++k) {
+    const int64_t begin = std::max<int64_t>(40000, end - (k % 3 == 0 ? 250000 : 37111 * (k + 1)));
+    handed.push_back({begin, end});
+    end = begin;
+  }
   for (const Variant& variant : variants) {
     SCOPED_TRACE(variant.name);
     std::vector<CollectiveRecord> records(static_cast<size_t>(w));
@@ -768,7 +783,31 @@ TEST(Gpus, CollectiveMatchesTheHostSums) {
           EXPECT_EQ(cudaMemcpy(grads, inputs[rank].data(), n * 4, cudaMemcpyHostToDevice),
                     cudaSuccess);
           const comm::CommStats before = world.stats();
-          absl::Status s = collective.ReduceScatterGradients(grads, n, shards);
+          absl::Status s;
+          if (variant.ranges) {
+            // The buffer starts as NaN; each range gets its values on the model's stream (a
+            // device copy, asynchronous) just before it is handed, as the backward writes a
+            // block's gradients before the model hands the block.
+            float* source = nullptr;
+            EXPECT_EQ(cudaMalloc(reinterpret_cast<void**>(&source), n * 4), cudaSuccess);
+            EXPECT_EQ(cudaMemcpy(source, grads, n * 4, cudaMemcpyDeviceToDevice), cudaSuccess);
+            EXPECT_EQ(cudaMemset(grads, 0xFF, n * 4), cudaSuccess);
+            s = collective.BeginGradientReduction(grads, n, shards);
+            for (const ShardRange& r : handed) {
+              if (!s.ok()) break;
+              EXPECT_EQ(cudaMemcpyAsync(grads + r.begin, source + r.begin, r.size() * 4,
+                                        cudaMemcpyDeviceToDevice, stream),
+                        cudaSuccess);
+              s = collective.GradientsFinal(r.begin, r.end);
+            }
+            EXPECT_EQ(cudaMemcpyAsync(grads, source, 40000 * 4, cudaMemcpyDeviceToDevice, stream),
+                      cudaSuccess);
+            if (s.ok()) s = collective.FinishGradientReduction();
+            EXPECT_EQ(cudaStreamSynchronize(stream), cudaSuccess);
+            cudaFree(source);
+          } else {
+            s = collective.ReduceScatterGradients(grads, n, shards);
+          }
           if (!s.ok()) return s;
           const comm::CommStats after = world.stats();
           const ShardRange mine = shards[static_cast<size_t>(rank)];
@@ -824,7 +863,8 @@ TEST(Gpus, CollectiveMatchesTheHostSums) {
           cudaStreamDestroy(stream);
           return s;
         },
-        absl::StrCat("collective-", variant.options.max_temp_bytes)));
+        absl::StrCat("collective-", variant.options.max_temp_bytes,
+                     variant.ranges ? "-ranges" : "")));
     for (int r = 0; r < w; ++r) {
       EXPECT_EQ(DifferingBits(records[static_cast<size_t>(r)].gathered, expected), 0)
           << "rank " << r << "'s gathered buffer";
@@ -898,7 +938,7 @@ TEST(Gpus, SequenceParallelStepMatchesTheWholeSequence) {
             const double scale =
                 static_cast<double>(CountTargets(slice)) / static_cast<double>(all_targets);
             absl::StatusOr<LossResult> l =
-                model.ForwardBackward(view, {scale, Accumulate::kOverwrite});
+                model.ForwardBackward(view, {scale, Accumulate::kOverwrite, nullptr});
             if (!l.ok()) return l.status();
             const int64_t total = model.layout().total();
             const std::vector<ShardRange> shards = ShardRanges(total, s);
@@ -985,6 +1025,31 @@ TEST(Gpus, DataAndSequenceParallelTrainingMatchesOneGpu) {
             << "rank " << r << ", step " << i + 1;
       }
       EXPECT_EQ(DifferingBits(other.final_params, first.final_params), 0) << "rank " << r;
+    }
+    if (s == 1) {
+      // The reduction after the backward instead of overlapped with it: the same bits.
+      std::vector<RunRecord> plain(static_cast<size_t>(w));
+      ExpectAllOk(RunNcclRanks(
+          w, 1,
+          [&](int rank, comm::Communicator& world, comm::Communicator* sp) -> absl::Status {
+            absl::StatusOr<RunRecord> r = TrainRank(config, rank, 1, world, sp, false);
+            if (!r.ok()) return r.status();
+            plain[static_cast<size_t>(rank)] = *std::move(r);
+            return absl::OkStatus();
+          },
+          absl::StrCat("train-", d, "x1-after")));
+      ASSERT_EQ(plain[0].steps.size(), first.steps.size());
+      for (size_t i = 0; i < first.steps.size(); ++i) {
+        EXPECT_EQ(Bits(plain[0].steps[i].loss), Bits(first.steps[i].loss)) << "step " << i + 1;
+        EXPECT_EQ(Bits(plain[0].steps[i].grad_norm), Bits(first.steps[i].grad_norm))
+            << "step " << i + 1;
+      }
+      EXPECT_EQ(DifferingBits(plain[0].final_params, first.final_params), 0)
+          << "final weights with the reduction after the backward";
+      std::printf(
+          "[ parity ] %d x 1 GPUs: reduction overlapped with the backward or after it: "
+          "%lld differing bits in the final weights\n",
+          d, static_cast<long long>(DifferingBits(plain[0].final_params, first.final_params)));
     }
     std::printf(
         "[ parity ] %d x %d GPUs: step losses %.6f .. %.6f, largest relative difference "

@@ -730,6 +730,14 @@ absl::Status CudaLongNetLM::Backward(const BackwardOptions& options) {
   if (options.grads == Accumulate::kOverwrite) {
     MODEL_CUDA(cudaMemsetAsync(grads_, 0, static_cast<size_t>(layout_.total()) * 4, stream_));
   }
+  // Each range of the gradient is handed to options.on_grads_final once the work that finishes
+  // it is enqueued (later work on the stream sees it; nothing later in this pass writes it).
+  const std::vector<ElementRange> finish = BackwardFinishOrder(offsets_, layout_.total());
+  auto finished = [&](int64_t k) {
+    if (!options.on_grads_final) return absl::OkStatus();
+    const ElementRange& r = finish[static_cast<size_t>(k)];
+    return options.on_grads_final(r.begin, r.end);
+  };
   const double scale =
       num_targets_ > 0 ? options.loss_scale / static_cast<double>(num_targets_) : 0.0;
   bf16_t* dlogits = impl_->At<bf16_t>(a.dlogits);
@@ -769,6 +777,9 @@ absl::Status CudaLongNetLM::Backward(const BackwardOptions& options) {
   MODEL_CUDA(LayerNormBackward(fin, num_sms_, stream_));
   MODEL_CUDA(ColumnSums(impl_->jobs + layers * kMaxJobsPerBatch,
                         impl_->job_counts[static_cast<size_t>(layers)], impl_->job_max_n, stream_));
+  // The final norm's sums are in (and the untied head's GEMM); the last block's fc2 bias too,
+  // which is the block's range, handed after its backward.
+  DATTN_RETURN_IF_ERROR(finished(0));
   for (int64_t i = layers - 1; i >= 0; --i) {
     const bf16_t* x_in = impl_->At<bf16_t>(a.xs[static_cast<size_t>(i)]);
     int64_t set = i;
@@ -779,12 +790,16 @@ absl::Status CudaLongNetLM::Backward(const BackwardOptions& options) {
       DATTN_RETURN_IF_ERROR(
           BlockForward(i, 0, x_in, impl_->At<bf16_t>(a.xs[static_cast<size_t>(i + 1)])));
     }
+    // Block i's sums (ColumnSums of batch i) also finish block i - 1's fc2 bias, which is in
+    // block i - 1's range, handed after that block.
     DATTN_RETURN_IF_ERROR(BlockBackward(i, set, x_in));
+    DATTN_RETURN_IF_ERROR(finished(layers - i));
   }
   MODEL_CUDA(EmbeddingBackward(
       impl_->At<int64_t>(a.emb_order), impl_->At<EmbeddingItem>(a.emb_items), emb_num_items_,
       impl_->At<int64_t>(a.emb_token_items), v, impl_->At<float>(a.dres32), d,
       impl_->At<float>(a.emb_partial), grads_ + offsets_.token_embedding, stream_));
+  DATTN_RETURN_IF_ERROR(finished(layers + 1));
   ready_for_backward_ = true;
   return absl::OkStatus();
 }

@@ -112,6 +112,8 @@ class CudaLongNetLM final : public LanguageModel<float> {
   const LongNetConfig& config() const override { return config_; }
   const ModelOptions& options() const override { return options_; }
   const ParamLayout& layout() const override { return layout_; }
+  // Where each tensor sits in layout() (longnet_params.h).
+  const ModelOffsets& offsets() const { return offsets_; }
   Device device() const override { return Device::kCuda; }
 
   float* params() override { return params_; }

@@ -250,6 +250,52 @@ TEST(CudaLongNet, GradientAccumulationAndLossScale) {
   EXPECT_LE(RelativeError(D(twice), D(once)), 1e-2);
 }
 
+// BackwardOptions::on_grads_final on the GPU: the ranges come in BackwardFinishOrder, each once,
+// and each is final when handed: the model's stream, synchronized at that moment, already holds
+// the values the range has at the end (tied head or not, with checkpointing or not).
+TEST(CudaLongNet, GradientRangesAreHandedWhenFinal) {
+  SKIP_WITHOUT_GPU();
+  for (bool tied : {true, false}) {
+    for (bool checkpoint : {false, true}) {
+      SCOPED_TRACE(testing::Message() << "tied " << tied << ", checkpointing " << checkpoint);
+      LongNetConfig c = ConfigA();
+      c.tie_embeddings = tied;
+      ModelOptions o;
+      o.checkpoint_activations = checkpoint;
+      const Batch b = RandomBatch(c.vocab_size, 1, 128, CheckSeed("batch"));
+      absl::StatusOr<std::unique_ptr<CudaLongNetLM>> m = CudaLongNetLM::Create(c, o);
+      ASSERT_TRUE(m.ok()) << m.status();
+      ASSERT_TRUE((*m)->InitParams(5).ok());
+      ASSERT_TRUE((*m)->Forward(b.View()).ok());
+      const int64_t total = (*m)->layout().total();
+      std::vector<ElementRange> handed;
+      std::vector<std::vector<float>> at_hand_over;
+      BackwardOptions bo;
+      bo.on_grads_final = [&](int64_t begin, int64_t end) {
+        handed.push_back({begin, end});
+        std::vector<float> g(static_cast<size_t>(total));
+        absl::Status s = (*m)->CopyGradsToHost(g.data());  // Waits for the stream.
+        at_hand_over.emplace_back(g.begin() + begin, g.begin() + end);
+        return s;
+      };
+      ASSERT_TRUE((*m)->Backward(bo).ok());
+      std::vector<float> final_grads(static_cast<size_t>(total));
+      ASSERT_TRUE((*m)->CopyGradsToHost(final_grads.data()).ok());
+      const std::vector<ElementRange> want = BackwardFinishOrder((*m)->offsets(), total);
+      ASSERT_EQ(handed.size(), want.size());
+      for (size_t k = 0; k < want.size(); ++k) {
+        EXPECT_EQ(handed[k].begin, want[k].begin) << "range " << k;
+        EXPECT_EQ(handed[k].end, want[k].end) << "range " << k;
+        EXPECT_EQ(std::memcmp(at_hand_over[k].data(), final_grads.data() + handed[k].begin,
+                              at_hand_over[k].size() * 4),
+                  0)
+            << "range " << k << " [" << handed[k].begin << ", " << handed[k].end
+            << ") changed after it was handed";
+      }
+    }
+  }
+}
+
 // 100 AdamW steps on a learnable sequence: the GPU's bf16 loss curve follows the CPU's fp32 one.
 TEST(CudaLongNet, HundredStepsFollowTheCpuFp32LossCurve) {
   SKIP_WITHOUT_GPU();

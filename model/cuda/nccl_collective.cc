@@ -7,6 +7,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "engine/cuda/cuda_status.h"
 #include "model/comm_collective.h"
 #include "model/cuda/collective_kernels.h"
@@ -19,7 +20,7 @@ namespace {
 using comm::P2POp;
 using comm::Stream;
 
-absl::Status Prefixed(const absl::Status& s, const char* call) {
+absl::Status Prefixed(const absl::Status& s, absl::string_view call) {
   if (s.ok()) return s;
   return absl::Status(s.code(), absl::StrCat(call, ": ", s.message()));
 }
@@ -71,65 +72,32 @@ class CudaCollective final : public TrainerCollective {
                  const CudaCollectiveOptions& options)
       : comm_(comm), stream_(stream), device_(device), options_(options) {}
 
-  ~CudaCollective() override { cudaSetDevice(device_); }  // Then the buffers are freed there.
+  ~CudaCollective() override {
+    cudaSetDevice(device_);  // Then the buffers are freed there.
+    if (ready_ != nullptr) cudaEventDestroy(ready_);
+    if (done_ != nullptr) cudaEventDestroy(done_);
+    if (reduce_stream_ != nullptr) cudaStreamDestroy(reduce_stream_);
+  }
 
   absl::Status Init() {
     DATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&reduce_stream_, cudaStreamNonBlocking));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&ready_, cudaEventDisableTiming));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaEventCreateWithFlags(&done_, cudaEventDisableTiming));
     return staging_.Reserve(kCollectiveStagingBytes, "host values");
   }
 
   int rank() const override { return comm_->rank(); }
   int world() const override { return comm_->size(); }
+  bool reduces_ranges_early() const override { return world() > 1; }
 
   absl::Status ReduceScatterGradients(float* grads, int64_t n,
                                       absl::Span<const ShardRange> shards) override {
     constexpr char kCall[] = "ReduceScatterGradients";
     DATTN_RETURN_IF_ERROR(Check(kCall, grads, n, shards));
-    const int w = world();
-    const int me = rank();
-    if (w == 1) return absl::OkStatus();
+    if (world() == 1) return absl::OkStatus();
     DATTN_RETURN_IF_ERROR(Enter(kCall));
-    int64_t largest = 0;
-    for (const ShardRange& s : shards) largest = std::max(largest, s.size());
-    const int64_t chunk = CollectiveChunkElements(largest, w, options_.max_temp_bytes);
-    const ShardRange mine = shards[static_cast<size_t>(me)];
-    // Slot p (p != me, packed: slot(p) = p < me ? p : p - 1) receives peer p's copy of this
-    // chunk of my shard.
-    const int64_t slot = std::min(chunk, mine.size());
-    if (!temp_.Holds((w - 1) * slot * 4)) {
-      // Once per run (the first call, or a larger buffer): earlier adds may still read the old one.
-      DATTN_RETURN_IF_ERROR(Prefixed(comm_->Synchronize(Stream{stream_}), kCall));
-      DATTN_RETURN_IF_ERROR(Prefixed(
-          temp_.Reserve((w - 1) * slot * 4, "the reduce-scatter's receive buffer"), kCall));
-    }
-    float* received = temp_.as<float>();
-    const int64_t rounds = largest == 0 ? 0 : (largest + chunk - 1) / chunk;
-    std::vector<P2POp> ops;
-    for (int64_t round = 0; round < rounds; ++round) {
-      ops.clear();
-      const int64_t lo = mine.begin + round * chunk;
-      const int64_t len = std::max<int64_t>(0, std::min(mine.end, lo + chunk) - lo);
-      for (int p = 0; p < w; ++p) {
-        if (p == me) continue;
-        const ShardRange& theirs = shards[static_cast<size_t>(p)];
-        const int64_t their_lo = theirs.begin + round * chunk;
-        const int64_t their_len = std::min(theirs.end, their_lo + chunk) - their_lo;
-        if (their_len > 0) {
-          ops.push_back(P2POp::Send(p, grads + their_lo, their_len, DType::kFloat32));
-        }
-        if (len > 0) {
-          ops.push_back(P2POp::Recv(p, received + static_cast<int64_t>(p < me ? p : p - 1) * slot,
-                                    len, DType::kFloat32));
-        }
-      }
-      // The group starts after everything queued on the model's stream, the previous round's add
-      // included (so the receive slots are free again).
-      if (!ops.empty()) DATTN_RETURN_IF_ERROR(Prefixed(Exchange(ops), kCall));
-      if (len == 0) continue;
-      // The documented order: ((g_0 + g_1) + g_2) + ... in fp32, element by element, in place.
-      DATTN_CUDA_RETURN_IF_ERROR(
-          SumInRankOrder(received, slot, grads + lo, me, w, len, grads + lo, stream_));
-    }
+    DATTN_RETURN_IF_ERROR(Prefixed(ReduceRange(grads, 0, n, shards, stream_), kCall));
     return Finish(kCall);
   }
 
@@ -142,7 +110,7 @@ class CudaCollective final : public TrainerCollective {
     if (w == 1) return absl::OkStatus();
     DATTN_RETURN_IF_ERROR(Enter(kCall));
     const std::vector<P2POp> ops = AllGatherShardOps(params, shards, me);
-    if (!ops.empty()) DATTN_RETURN_IF_ERROR(Prefixed(Exchange(ops), kCall));
+    if (!ops.empty()) DATTN_RETURN_IF_ERROR(Prefixed(Exchange(ops, stream_), kCall));
     return Finish(kCall);
   }
 
@@ -170,6 +138,28 @@ class CudaCollective final : public TrainerCollective {
     return Prefixed(comm_->Barrier(), "Barrier");
   }
 
+ protected:
+  // A range handed while the backward runs: its reduction goes on the collective's own stream,
+  // after the work queued on the model's stream so far (the backward up to this range).
+  absl::Status ReduceGradientRange(float* grads, int64_t begin, int64_t end,
+                                   absl::Span<const ShardRange> shards) override {
+    constexpr char kCall[] = "GradientsFinal";
+    DATTN_RETURN_IF_ERROR(Enter(kCall));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaEventRecord(ready_, stream_));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(reduce_stream_, ready_, 0));
+    return Prefixed(ReduceRange(grads, begin, end, shards, reduce_stream_),
+                    absl::StrCat(kCall, " [", begin, ", ", end, ")"));
+  }
+
+  // The model's stream waits for every range's reduction (an event), then the usual end.
+  absl::Status FinishGradientRanges() override {
+    constexpr char kCall[] = "FinishGradientReduction";
+    DATTN_RETURN_IF_ERROR(Enter(kCall));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaEventRecord(done_, reduce_stream_));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaStreamWaitEvent(stream_, done_, 0));
+    return Finish(kCall);
+  }
+
  private:
   // Makes the stream's device current on this thread; the communicator's sticky error, if any.
   absl::Status Enter(const char* call) {
@@ -188,12 +178,75 @@ class CudaCollective final : public TrainerCollective {
     return CheckShardArguments(call, buffer, n, shards, world());
   }
 
-  // One group of point-to-point ops, ordered after the work queued on the model's stream, whose
-  // later work waits for it (an event: no host wait).
-  absl::Status Exchange(const std::vector<P2POp>& ops) {
-    absl::StatusOr<std::unique_ptr<comm::Work>> work = comm_->StartGroup(ops, Stream{stream_});
+  // Reduces [begin, end) of the gradient, in order on `stream`: rank r's part of it is the range
+  // intersected with shard r, moved in rounds of at most `chunk` elements per shard (round j: the
+  // j-th chunk of every shard's part), each round one group of point-to-point operations (every
+  // rank sends each other rank its copy of that rank's part, receives its own part from every
+  // other rank into the receive slots) and the add in rank order on `stream`. Sender and receiver
+  // compute the same parts from (range, shards), so every send meets its receive; [0, n) is the
+  // whole reduce-scatter. Each element's sum is the same whichever range carries it.
+  absl::Status ReduceRange(float* grads, int64_t begin, int64_t end,
+                           absl::Span<const ShardRange> shards, cudaStream_t stream) {
+    const int w = world();
+    const int me = rank();
+    int64_t largest = 0;
+    for (const ShardRange& s : shards) largest = std::max(largest, s.size());
+    const int64_t chunk = CollectiveChunkElements(largest, w, options_.max_temp_bytes);
+    auto part = [&](int p) {
+      const ShardRange& s = shards[static_cast<size_t>(p)];
+      const int64_t lo = std::max(begin, s.begin);
+      return ShardRange{lo, std::max(lo, std::min(end, s.end))};
+    };
+    const ShardRange mine = part(me);
+    // Slot p (p != me, packed: slot(p) = p < me ? p : p - 1) receives peer p's copy of this
+    // round's chunk of my part. Sized for a whole shard, so every range fits the same buffer.
+    const int64_t slot = std::min(chunk, shards[static_cast<size_t>(me)].size());
+    if (!temp_.Holds((w - 1) * slot * 4)) {
+      // Once per run (the first call, or a larger buffer): earlier adds may still read the old one.
+      DATTN_RETURN_IF_ERROR(comm_->Synchronize(Stream{stream_}));
+      DATTN_RETURN_IF_ERROR(comm_->Synchronize(Stream{reduce_stream_}));
+      DATTN_RETURN_IF_ERROR(
+          temp_.Reserve((w - 1) * slot * 4, "the reduce-scatter's receive buffer"));
+    }
+    float* received = temp_.as<float>();
+    int64_t longest = 0;
+    for (int p = 0; p < w; ++p) longest = std::max(longest, part(p).size());
+    const int64_t rounds = (longest + chunk - 1) / chunk;
+    std::vector<P2POp> ops;
+    for (int64_t round = 0; round < rounds; ++round) {
+      ops.clear();
+      const int64_t lo = mine.begin + round * chunk;
+      const int64_t len = std::max<int64_t>(0, std::min(mine.end, lo + chunk) - lo);
+      for (int p = 0; p < w; ++p) {
+        if (p == me) continue;
+        const ShardRange theirs = part(p);
+        const int64_t their_lo = theirs.begin + round * chunk;
+        const int64_t their_len = std::min(theirs.end, their_lo + chunk) - their_lo;
+        if (their_len > 0) {
+          ops.push_back(P2POp::Send(p, grads + their_lo, their_len, DType::kFloat32));
+        }
+        if (len > 0) {
+          ops.push_back(P2POp::Recv(p, received + static_cast<int64_t>(p < me ? p : p - 1) * slot,
+                                    len, DType::kFloat32));
+        }
+      }
+      // The group starts after everything queued on `stream`, the previous round's add included
+      // (so the receive slots are free again).
+      if (!ops.empty()) DATTN_RETURN_IF_ERROR(Exchange(ops, stream));
+      if (len == 0) continue;
+      // The documented order: ((g_0 + g_1) + g_2) + ... in fp32, element by element, in place.
+      DATTN_CUDA_RETURN_IF_ERROR(
+          SumInRankOrder(received, slot, grads + lo, me, w, len, grads + lo, stream));
+    }
+    return absl::OkStatus();
+  }
+
+  // One group of point-to-point ops, ordered after the work queued on `stream`, whose later work
+  // waits for it (an event: no host wait).
+  absl::Status Exchange(const std::vector<P2POp>& ops, cudaStream_t stream) {
+    absl::StatusOr<std::unique_ptr<comm::Work>> work = comm_->StartGroup(ops, Stream{stream});
     if (!work.ok()) return work.status();
-    return (*work)->Wait(Stream{stream_});
+    return (*work)->Wait(Stream{stream});
   }
 
   // out[r * k + i] := rank r's send[i], for host arrays of k fp64 words per rank. Waits for the
@@ -219,8 +272,11 @@ class CudaCollective final : public TrainerCollective {
   const cudaStream_t stream_;
   const int device_;
   const CudaCollectiveOptions options_;
-  DeviceBuffer temp_;     // ReduceScatterGradients' receive slots
-  DeviceBuffer staging_;  // host values: k words sent, then w x k received
+  cudaStream_t reduce_stream_ = nullptr;  // Ranges handed while the backward runs.
+  cudaEvent_t ready_ = nullptr;           // The model's stream up to a handed range.
+  cudaEvent_t done_ = nullptr;            // Every handed range reduced.
+  DeviceBuffer temp_;                     // The reductions' receive slots
+  DeviceBuffer staging_;                  // host values: k words sent, then w x k received
 };
 
 }  // namespace

@@ -4,7 +4,8 @@
 // model's fp32 device buffers (TrainableModel::params()/grads()). The GPU sibling of
 // comm_collective.h (host memory, Gloo), with the same arithmetic.
 //
-// Streams. Every call is ordered on `stream`, the model's stream (CudaTrainableModelStream): the
+// Streams. Every call is ordered on `stream`, the model's stream (CudaTrainableModelStream) (the
+// ranges handed during a backward on a stream of the collective's own, below): the
 // transfers start after the work queued there (the backward pass, the optimizer's update) and
 // what follows on it (the optimizer, the next forward) sees their results, through events, with
 // no host synchronization for the ordering itself. Point-to-point groups run on the
@@ -21,6 +22,16 @@
 //     topology, message size or the NCCL version, and equals the host loop of comm_collective.h
 //     bit for bit (a run on Gloo and one on NCCL reduce the same gradients to the same bits).
 //     Each rank moves (W - 1) / W of the buffer each way, half of what an all-reduce moves.
+//   The same, range by range while the backward runs (collective.h's BeginGradientReduction,
+//     GradientsFinal, FinishGradientReduction; reduces_ranges_early() is true for W > 1): a
+//     handed range [a, b) is reduced as above with each rank's part of it being [a, b) cut to
+//     its shard, on the collective's own stream (created with the collective), which waits for
+//     the model's stream up to the hand-over (an event) and never for the rest of the backward.
+//     So a block's gradients move, and are added, while the backward of the blocks below it
+//     computes. FinishGradientReduction reduces the ranges never handed, then makes the model's
+//     stream wait for the collective's (an event) and ends as ReduceScatterGradients does. The
+//     bits are those of ReduceScatterGradients: the same sum in rank order per element. The
+//     receive buffer is the same (slots sized for a whole shard), reused in stream order.
 //   AllGatherParameters: every rank sends its shard to every other rank, which receives it in
 //     place (shards differ in size by at most one, ShardRanges, so NCCL's equal-count all-gather
 //     does not fit). Copies are exact, so every rank ends with the same bits.

@@ -611,6 +611,7 @@ class CliTest : public ::testing::Test {
       step_seconds: 0.166
       tokens_seen: 245760
       resumed_from_step: 100
+      restore_seconds: 1.25
       last_evaluation { step: 100 has_validation: true validation_loss: 2.31 bits_per_byte: 3.3326 }
       checkpoints {
         step: 100
@@ -2072,7 +2073,7 @@ TEST_F(CliTest, StatusShowsARunningTrainingJobsFigures) {
   EXPECT_THAT(r.out, HasSubstr("  Throughput         12.3K tokens/s (166.00 ms/step)\n"));
   EXPECT_THAT(r.out, Not(HasSubstr("MFU")));  // 0 on CPU workers: not known, not shown.
   EXPECT_THAT(r.out, HasSubstr("  Resumed            this attempt continued from the checkpoint of "
-                               "step 100\n"));
+                               "step 100, restored in 1.25 s\n"));
   EXPECT_THAT(r.out, HasSubstr("  Last evaluation    step 100: validation loss 2.3100 (3.3326 "
                                "bits/byte)\n"));
   EXPECT_THAT(r.out, HasSubstr("  Newest checkpoint  step 100: /shared/ckpt/j-run/step-00000100 "

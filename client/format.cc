@@ -398,7 +398,8 @@ void PrintTrainingResult(const v1::TrainingJobResult& r, const std::string& job_
   std::vector<std::pair<std::string, std::string>> fields;
   std::string steps = absl::StrCat(r.steps());
   if (r.resumed_from_step() > 0) {
-    absl::StrAppend(&steps, " (the last attempt continued from step ", r.resumed_from_step(), ")");
+    absl::StrAppend(&steps, " (the last attempt continued from step ", r.resumed_from_step(),
+                    ", restored in ", absl::StrFormat("%.2f", r.restore_seconds()), " s)");
   }
   fields.emplace_back("Steps", steps);
   fields.emplace_back("Final loss", Loss(r.final_loss()));
@@ -476,7 +477,8 @@ void PrintTrainingProgress(const v1::TrainingProgress& p, const std::string& job
   if (p.resumed_from_step() > 0) {
     fields.emplace_back(
         "Resumed",
-        absl::StrCat("this attempt continued from the checkpoint of step ", p.resumed_from_step()));
+        absl::StrCat("this attempt continued from the checkpoint of step ", p.resumed_from_step(),
+                     ", restored in ", absl::StrFormat("%.2f", p.restore_seconds()), " s"));
   }
   if (p.has_last_evaluation()) {
     fields.emplace_back("Last evaluation", FormatEvaluation(p.last_evaluation()));

@@ -18,7 +18,9 @@
 #
 # Environment: OUT (a folder for logs and job JSON; a temporary one otherwise), SEQ_LEN (default
 # 32768), ONE_SEQ_LEN (the 1-GPU job's, default SEQ_LEN: set SEQ_LEN / S for weak scaling of
-# sequence parallelism; the losses are then not compared), VALIDATION_FRACTION (default 0.05; at
+# sequence parallelism; the losses are then not compared), BATCH (the global batch of the D x S
+# jobs, default 4 like the 1-GPU job's; 4 D gives every data-parallel rank the 1-GPU job's 4 rows
+# per step: weak scaling, losses not compared; one row per micro-batch), VALIDATION_FRACTION (default 0.05; at
 # least one window of SEQ_LEN + 1 per data-parallel rank), CORPUS (run mode: a text file or folder
 # instead of the Bible, for sequences longer than its 4.3M bytes allow), CHECKPOINT_ACTIVATIONS
 # (default false; true for long sequences), STEPS (default 100), SHAPES (default "4x1 2x2 1x4" on 4
@@ -100,6 +102,7 @@ one_seq_len="${ONE_SEQ_LEN:-$seq_len}"
 validation="${VALIDATION_FRACTION:-0.05}"
 recompute="${CHECKPOINT_ACTIVATIONS:-false}"
 steps="${STEPS:-100}"
+batch="${BATCH:-4}"
 tolerance="${LOSS_TOLERANCE:-0.03}"
 
 . scripts/gpu-libs.sh
@@ -188,14 +191,14 @@ else
                        "dilation_rates": [1, 2, 4, 6, 12]}'
 fi
 every=$((steps / 2))
-write_job() {  # NAME D S MICRO_BATCHES [STEPS [SEQ_LEN]]
-  local name="$1" d="$2" s="$3" micro="$4" n="${5:-$steps}" len="${6:-$seq_len}"
+write_job() {  # NAME D S MICRO_BATCHES [STEPS [SEQ_LEN [BATCH]]]
+  local name="$1" d="$2" s="$3" micro="$4" n="${5:-$steps}" len="${6:-$seq_len}" rows="${7:-4}"
   mkdir -p "$out/$name"
   cat >"$out/$name/trainer.json" <<EOF
 {"model": {$model},
  "data": {"paths": ["$corpus"], "format": "text", "validation_fraction": $validation},
  "checkpoint_activations": $recompute,
- "seq_len": $len, "batch_size": 4, "micro_batches": $micro, "steps": $n, "seed": 1,
+ "seq_len": $len, "batch_size": $rows, "micro_batches": $micro, "steps": $n, "seed": 1,
  "optimizer": {"lr": 6e-4, "min_lr": 6e-5, "warmup_steps": 10},
  "eval": {"every": 0, "batches": 1},
  "checkpoint": {"every": $every, "keep_last": 2}}
@@ -222,7 +225,7 @@ run_job one
 for shape in $shapes; do
   d=${shape%x*}
   s=${shape#*x}
-  write_job "dp$d-sp$s" "$d" "$s" $((4 / d))
+  write_job "dp$d-sp$s" "$d" "$s" $((batch / d)) "$steps" "$seq_len" "$batch"
   run_job "dp$d-sp$s"
 done
 
@@ -271,12 +274,14 @@ for w in json.load(sys.stdin).get("workers",[]):
   echo "$killed_at" >"$out/recover.killed_at"
 fi
 
-python3 - "$out" "$tolerance" "$shapes" "$device" "$seq_len" "$one_seq_len" <<'EOF'
+python3 - "$out" "$tolerance" "$shapes" "$device" "$seq_len" "$one_seq_len" "$batch" <<'EOF'
 import datetime, json, os, sys
 out, tolerance, shapes, device = sys.argv[1], float(sys.argv[2]), sys.argv[3].split(), sys.argv[4]
-# The same sequence length: the same steps, losses compared. Different: weak scaling, rates only.
-same_work = sys.argv[5] == sys.argv[6]
-tokens_ratio = int(sys.argv[5]) / int(sys.argv[6])  # a shape's tokens per step over the 1-GPU job's
+# The same sequence length and batch: the same steps, losses compared. Different: weak scaling,
+# rates only.
+same_work = sys.argv[5] == sys.argv[6] and sys.argv[7] == "4"
+# A shape's tokens per step over the 1-GPU job's (4 rows of ONE_SEQ_LEN).
+tokens_ratio = int(sys.argv[5]) * int(sys.argv[7]) / (int(sys.argv[6]) * 4)
 def load(name):
     try:
         return json.load(open(os.path.join(out, name + ".json")))
@@ -339,6 +344,7 @@ if rec.get("state") != "MISSING":
     if killed and resumed:
         t = datetime.datetime.fromisoformat(resumed[-1]["time"].replace("Z", "+00:00")).timestamp()
         line += f", {t - float(killed):.1f} s from the kill to the resumed event"
+    line += f" (of which restoring the checkpoint {r.get('restore_seconds', 0):.2f} s)"
     print(line)
     if rec.get("state") != "JOB_STATE_SUCCEEDED" or not resumed:
         failed = True

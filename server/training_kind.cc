@@ -197,7 +197,8 @@ void TrainingKind::TakeProgress(const JobAnalysis& analysis, size_t device, int 
     }
     event.set_message(absl::StrCat("attempt ", job->attempt(),
                                    " continued from the checkpoint of step ",
-                                   next.resumed_from_step(), path));
+                                   next.resumed_from_step(), path, ", restored in ",
+                                   absl::StrFormat("%.2f", next.restore_seconds()), " s"));
     events->push_back(std::move(event));
   }
   int64_t newest_known = 0;

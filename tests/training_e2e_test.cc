@@ -220,6 +220,13 @@ TEST_F(TrainingE2E, AKilledRankWorkerResumesFromTheCheckpointBitForBit) {
   const auto& r = job.result().training();
   EXPECT_GE(r.resumed_from_step(), kCheckpointEvery);
   EXPECT_LT(r.resumed_from_step(), kSteps);
+  EXPECT_GT(r.restore_seconds(), 0);
+  bool timed = false;  // The "resumed" event says how long the restore took.
+  for (const auto& e : job.events()) {
+    timed = timed || (e.kind() == "resumed" && e.message().find(" s") != std::string::npos &&
+                      e.message().find("restored in ") != std::string::npos);
+  }
+  EXPECT_TRUE(timed) << EventsText(job);
   ExpectEachCheckpointEventOnce(job);
   const std::vector<double> losses = Losses(job);
   ASSERT_EQ(losses.size(), reference.size());

@@ -372,8 +372,10 @@ absl::StatusOr<TrainingTaskResult> RunTrainingTask(const v1::TaskAssignment& tas
     bool any = false;
     for (const model::CheckpointEntry& e : *existing) any = any || e.has_manifest;
     if (any) {
+      const absl::Time restore_start = absl::Now();
       if (absl::Status s = trainer.Resume(); !s.ok()) return Prefixed(s, where);
       progress.set_resumed_from_step(trainer.step());
+      progress.set_restore_seconds(absl::ToDoubleSeconds(absl::Now() - restore_start));
     }
   }
   if (progress.resumed_from_step() == 0 && !plan.init_from.empty()) {
@@ -523,6 +525,7 @@ absl::StatusOr<TrainingTaskResult> RunTrainingTask(const v1::TaskAssignment& tas
     r.set_final_checkpoint(progress.checkpoints(progress.checkpoints_size() - 1).path());
   }
   r.set_resumed_from_step(progress.resumed_from_step());
+  r.set_restore_seconds(progress.restore_seconds());
   r.set_skipped_steps(progress.skipped_steps());
   // The loss curve: every step, or kMaxLossCurvePoints spread evenly (first and last included).
   const size_t n = history.train.size();

@@ -238,6 +238,9 @@ TEST(TrainingTaskTest, ACancelledGangSavesAndTheRerunContinuesBitForBit) {
   JobRun again = RunJob(config, 2, 2, root, "stopped/2");
   for (int r = 0; r < 4; ++r) ASSERT_TRUE(again.results[r].ok()) << again.results[r].status();
   EXPECT_EQ(again.results[0]->result.resumed_from_step(), saved);
+  // The restore was timed: a positive time, and not more than the attempt took in all.
+  EXPECT_GT(again.results[0]->result.restore_seconds(), 0);
+  EXPECT_LT(again.results[0]->result.restore_seconds(), 60);
   const std::vector<double> want = Curve(*whole.results[0]);
   const std::vector<double> got = Curve(*again.results[0]);
   ASSERT_EQ(got.size(), want.size());

@@ -138,6 +138,13 @@ absl::StatusOr<TrainingJobInfo> AnalyzeTrainingJob(const v1::TrainingJobSpec& jo
                      absl::StrCat("must be in 1 .. ", kMaxRingRanks, " (0 means 1), got ", value));
     }
   }
+  if (job.auto_data_parallel() && job.data_parallel() != 0) {
+    return Invalid(path + ".data_parallel",
+                   absl::StrCat("must be 0 with auto_data_parallel (the coordinator picks D), got ",
+                                job.data_parallel()));
+  }
+  // With auto_data_parallel the spec is checked at D = 1 (every D the coordinator may pick passes
+  // the checks that depend on D: it divides batch_size / micro_batches).
   info.data_parallel = std::max(1, job.data_parallel());
   info.sequence_parallel = std::max(1, job.sequence_parallel());
   info.world = info.data_parallel * info.sequence_parallel;

@@ -128,6 +128,14 @@ TEST(TrainingJobTest, EveryBadFieldIsNamed) {
   }
   {
     v1::TrainingJobSpec s = Spec();
+    s.set_auto_data_parallel(true);
+    s.set_data_parallel(2);
+    add("auto_data_parallel with a data_parallel", s,
+        "spec.training.data_parallel: must be 0 with auto_data_parallel (the coordinator picks "
+        "D), got 2");
+  }
+  {
+    v1::TrainingJobSpec s = Spec();
     s.set_sequence_parallel(257);
     add("huge sequence_parallel", s, "spec.training.sequence_parallel: must be in 1 .. 256");
   }

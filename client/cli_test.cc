@@ -1889,11 +1889,27 @@ TEST_F(CliTest, TrainingJobFileConfigFileIsRelativeToTheJobFile) {
   ASSERT_EQ(r.code, kExitOk) << r.err;
   EXPECT_EQ(jobs_.submits()[0].spec().training().config_json(), kTrainerConfig);
   EXPECT_EQ(jobs_.submits()[0].spec().training().data_parallel(), 2);
+  EXPECT_FALSE(jobs_.submits()[0].spec().training().auto_data_parallel());
+
+  // data_parallel: auto in the file, and --data-parallel auto: the coordinator picks D.
+  std::ofstream(dir + "/auto.yaml") << "training:\n"
+                                       "  config_file: configs/kjv.json\n"
+                                       "  data_parallel: auto\n";
+  r = Run({"submit", "-f", dir + "/auto.yaml"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_TRUE(jobs_.submits().back().spec().training().auto_data_parallel());
+  EXPECT_EQ(jobs_.submits().back().spec().training().data_parallel(), 0);
+  r = Run({"submit", "-f", dir + "/job.yaml", "--data-parallel", "auto"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_TRUE(jobs_.submits().back().spec().training().auto_data_parallel());
+  r = Run({"submit", "-f", dir + "/job.yaml", "--data-parallel", "most"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("most"));
 
   const std::string other = WriteTemp("other.json", R"({"steps": 5})");
   r = Run({"submit", "-f", dir + "/job.yaml", "--train-config", other});
   ASSERT_EQ(r.code, kExitOk) << r.err;
-  EXPECT_EQ(jobs_.submits()[1].spec().training().config_json(), R"({"steps": 5})");
+  EXPECT_EQ(jobs_.submits().back().spec().training().config_json(), R"({"steps": 5})");
 
   // A config file that is missing or not a JSON object: exit 2 naming the file and the key.
   std::ofstream(dir + "/job.yaml") << "training:\n  config_file: configs/missing.json\n";
@@ -1914,7 +1930,7 @@ TEST_F(CliTest, TrainingJobFileConfigFileIsRelativeToTheJobFile) {
   r = Run({"submit", "--train-config", dir});
   EXPECT_EQ(r.code, kExitUsage);
   EXPECT_THAT(r.err, HasSubstr("is a directory"));
-  EXPECT_EQ(jobs_.submits().size(), 2u);
+  EXPECT_EQ(jobs_.submits().size(), 4u);
 }
 
 // Settings of the other kind of job are refused, naming them; so are files with both sections.

@@ -166,7 +166,11 @@ absl::StatusOr<v1::JobSpec> BuildTrainingJobSpec(const SubmitOptions& o) {
   spec.set_priority(o.priority.value_or(0));
   v1::TrainingJobSpec* job = spec.mutable_training();
   job->set_config_json(*std::move(config));
-  job->set_data_parallel(o.data_parallel.value_or(1));
+  if (o.data_parallel == 0) {
+    job->set_auto_data_parallel(true);  // The coordinator picks D (data_parallel stays 0).
+  } else {
+    job->set_data_parallel(o.data_parallel.value_or(1));
+  }
   job->set_sequence_parallel(o.sequence_parallel.value_or(1));
   job->set_device(o.device.value_or(v1::DEVICE_PREFERENCE_ANY));
   job->set_checkpoint_dir(o.checkpoint_dir.value_or(""));
@@ -262,8 +266,13 @@ const std::vector<SubmitField>& SubmitFields() {
             "makes this a training job",
             BindTrainingConfigFile()),
       Field("--data-parallel", "", "data_parallel", kTrain, false, false, "D",
-            "Data-parallel groups, each taking its rows of every batch (default 1)",
-            BindInt(&SubmitOptions::data_parallel, 1, kInt32Max)),
+            "Data-parallel groups, each taking its rows of every batch (default 1), or auto: as "
+            "many as the ready workers can hold (the coordinator picks D at submit)",
+            Bind(&SubmitOptions::data_parallel,
+                 [](const std::string& text) -> absl::StatusOr<int64_t> {
+                   if (text == "auto") return 0;
+                   return ParseInt(text, 1, kInt32Max);
+                 })),
       Field("--sequence-parallel", "", "sequence_parallel", kTrain, false, false, "S",
             "Ranks sharing every sequence, a ring (default 1); D x S ranks in all",
             BindInt(&SubmitOptions::sequence_parallel, 1, kInt32Max)),

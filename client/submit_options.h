@@ -73,7 +73,7 @@ struct SubmitOptions {
   std::optional<v1::DevicePreference> device;
   // TrainingJobSpec.
   std::optional<TrainingConfigSource> train_config;
-  std::optional<int32_t> data_parallel;
+  std::optional<int32_t> data_parallel;  // 0: "auto" (TrainingJobSpec.auto_data_parallel).
   std::optional<int32_t> sequence_parallel;
   std::optional<std::string> checkpoint_dir;
   std::optional<std::string> init_from;

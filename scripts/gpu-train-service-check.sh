@@ -20,10 +20,11 @@
 # 32768), ONE_SEQ_LEN (the 1-GPU job's, default SEQ_LEN: set SEQ_LEN / S for weak scaling of
 # sequence parallelism; the losses are then not compared), BATCH (the global batch of the D x S
 # jobs, default 4 like the 1-GPU job's; 4 D gives every data-parallel rank the 1-GPU job's 4 rows
-# per step: weak scaling, losses not compared; one row per micro-batch), VALIDATION_FRACTION (default 0.05; at
-# least one window of SEQ_LEN + 1 per data-parallel rank), CORPUS (run mode: a text file or folder
-# instead of the Bible, for sequences longer than its 4.3M bytes allow), CHECKPOINT_ACTIVATIONS
-# (default false; true for long sequences), STEPS (default 100), SHAPES (default "4x1 2x2 1x4" on 4
+# per step: weak scaling, losses not compared; one row per micro-batch), VALIDATION_FRACTION
+# (default 0.05; at least one window of SEQ_LEN + 1 per data-parallel rank), CORPUS (run mode: a
+# text file or folder instead of the Bible, for sequences longer than its 4.3M bytes allow),
+# CHECKPOINT_ACTIVATIONS (default false; true for long sequences), STEPS (default 100), SHAPES (D x
+# S each; D may be "auto", data_parallel: auto, the coordinator's pick; default "4x1 2x2 1x4" on 4
 # or more GPUs, "2x1 1x2" on 2), KILL (default 1: the recovery run, 2 x 2 or 1 x 2), JOB_TIMEOUT
 # seconds per job (default 900), LOSS_TOLERANCE (default 0.03: the largest relative difference of a
 # step's loss from the 1-GPU run's, bf16 compute), PACK (the archive stage writes and run reads,
@@ -225,7 +226,13 @@ run_job one
 for shape in $shapes; do
   d=${shape%x*}
   s=${shape#*x}
-  write_job "dp$d-sp$s" "$d" "$s" $((batch / d)) "$steps" "$seq_len" "$batch"
+  if [ "$d" = auto ]; then
+    # data_parallel: auto: the coordinator picks D; micro-batches of one row per rank if it takes
+    # every GPU.
+    write_job "dp$d-sp$s" "$d" "$s" $((batch * s / gpus)) "$steps" "$seq_len" "$batch"
+  else
+    write_job "dp$d-sp$s" "$d" "$s" $((batch / d)) "$steps" "$seq_len" "$batch"
+  fi
   run_job "dp$d-sp$s"
 done
 
@@ -293,7 +300,7 @@ failed = False
 one = load("one")
 base = losses(one)
 r1 = one.get("result", {}).get("training", {})
-rows = [("1 x 1", one, r1, 0.0)]
+rows = [("1 x 1", one, r1, 0.0, 1, 1)]
 for shape in shapes:
     d, s = shape.split("x")
     job = load(f"dp{d}-sp{s}")
@@ -306,7 +313,9 @@ for shape in shapes:
         failed = True
     if same_work and not worst <= tolerance:
         failed = True
-    rows.append((f"{d} x {s}", job, r, worst))
+    # "auto": the D the coordinator picked (the result says it).
+    dd = int(r.get("data_parallel", 0)) if d == "auto" else int(d)
+    rows.append((f"{d} x {s}" if d != "auto" else f"{dd}x{s} auto", job, r, worst, dd, int(s)))
 if one.get("state") != "JOB_STATE_SUCCEEDED":
     failed = True
 print(f"\n== training jobs through the service ({device}) ==")
@@ -318,9 +327,8 @@ print(f"{'shape':7} {'state':10} {'steps':>5} {'final loss':>10} {'max rel dloss
       f"{'plan GiB':>8} {'peak/plan':>9}")
 single = r1.get("tokens_per_second", 0.0)
 single_median = r1.get("median_step_seconds", 0.0)
-for name, job, r, worst in rows:
+for name, job, r, worst, d, s in rows:
     ckpt = [c.get("seconds", 0) for c in r.get("checkpoints", [])]
-    d, s = (int(x) for x in name.split(" x "))
     ratio = r.get("tokens_per_second", 0.0) / (d * s * single) if single and name != "1 x 1" else float("nan")
     median = r.get("median_step_seconds", 0.0)
     # Rank 0's planned memory and its measured peak (device memory in use after a step, above the

@@ -326,10 +326,45 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   if (!existing.ok() && !absl::IsNotFound(existing.status())) return existing.status();
 
   v1::Job job;
+  *job.mutable_spec() = request.spec();
+  std::string sized;     // How a spec sized to the cluster was sized (the "submitted" event).
   bool checked = false;  // Found feasible against ready workers (not merely accepted for later).
   {
     absl::MutexLock lock(&mu_);
     if (!existing.ok()) {
+      const int64_t ready = workers_.ReadyCount();
+      const std::vector<v1::JobSpec> sizes = spec->kind->Sizes(request.spec());
+      if (!sizes.empty()) {
+        // The largest size whose gang the ready workers can hold (each size is analysed: its
+        // memory plan depends on it).
+        if (ready == 0) {
+          return absl::FailedPreconditionError(
+              "spec.training.auto_data_parallel: no worker is ready to size the job by; submit "
+              "it again once workers have registered, or give spec.training.data_parallel");
+        }
+        const std::vector<scheduler::WorkerInfo> view = workers_.View(/*for_placement=*/false);
+        absl::Status last = absl::OkStatus();
+        std::vector<std::string> tried;
+        for (const v1::JobSpec& candidate : sizes) {
+          absl::StatusOr<AnalyzedSpec> analyzed = AnalyzeJobSpec(candidate, kinds_);
+          absl::Status fits = analyzed.ok()
+                                  ? dispatcher_.CheckFeasible(*analyzed->analysis, view, ready)
+                                  : analyzed.status();
+          tried.push_back(absl::StrCat(analyzed.ok() ? analyzed->analysis->num_ranks : 0));
+          if (fits.ok()) {
+            *spec = *std::move(analyzed);
+            *job.mutable_spec() = candidate;
+            sized = absl::StrCat("; auto_data_parallel: ", candidate.training().data_parallel(),
+                                 ", the largest data-parallel degree (of ranks ",
+                                 absl::StrJoin(tried, ", "), " tried, largest first) whose ",
+                                 spec->analysis->num_ranks, " ranks the ", ready,
+                                 " ready workers can hold");
+            break;
+          }
+          last = fits;
+        }
+        if (sized.empty()) return last;
+      }
       // Quotas count only what would create a job: a retry of an accepted one was answered above.
       const std::string tenant = api::TenantOrDefault(request.spec().tenant());
       // The count scans the book (O(active jobs) per new job), only when the quota is on.
@@ -342,7 +377,6 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
       }
       if (absl::Status s = quotas_.Admit(tenant, queued, spec->analysis->num_ranks, Now()); !s.ok())
         return s;
-      const int64_t ready = workers_.ReadyCount();
       absl::Status feasible =
           dispatcher_.CheckFeasible(*spec->analysis, workers_.View(/*for_placement=*/false), ready);
       if (!feasible.ok()) return feasible;
@@ -352,13 +386,12 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   }
   const absl::Time now = Now();
   job.set_idempotency_key(request.idempotency_key());
-  *job.mutable_spec() = request.spec();
   job.set_state(v1::JOB_STATE_QUEUED);
   *job.mutable_create_time() = ToTimestamp(now);
   job.mutable_progress()->set_steps_total(spec->analysis->steps_total);
   v1::JobEvent event;
   event.set_kind("submitted");
-  event.set_message(absl::StrCat("queued: ", spec->analysis->summary));
+  event.set_message(absl::StrCat("queued: ", spec->analysis->summary, sized));
   *event.mutable_time() = ToTimestamp(now);
 
   const absl::Time start = absl::Now();

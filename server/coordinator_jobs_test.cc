@@ -309,6 +309,52 @@ TEST_F(CoordinatorTest, SubmitWithoutWorkersQueues) {
   EXPECT_EQ(with_events.progress().steps_total(), 4);
 }
 
+// TrainingJobSpec.auto_data_parallel: D is the largest divisor of batch_size / micro_batches whose
+// gang the ready workers hold; the stored spec carries it; no ready worker to count is refused.
+TEST_F(CoordinatorTest, AutoDataParallelTakesAsManyWorkersAsFit) {
+  v1::SubmitJobRequest request;
+  request.set_idempotency_key("auto-d");
+  v1::TrainingJobSpec* training = request.mutable_spec()->mutable_training();
+  training->set_config_json(R"({
+    "model": {"vocab_size": 256, "d_model": 32, "num_layers": 1, "num_heads": 4, "ffn_dim": 64,
+              "attention": {"segment_lengths": [32], "dilation_rates": [1]}},
+    "data": {"paths": ["/data/corpus.txt"]},
+    "seq_len": 64, "batch_size": 16, "micro_batches": 2, "steps": 200})");
+  training->set_device(v1::DEVICE_PREFERENCE_CPU);
+  training->set_auto_data_parallel(true);
+
+  absl::StatusOr<v1::SubmitJobResponse> none = coordinator_->SubmitJob(request);
+  ASSERT_EQ(none.status().code(), absl::StatusCode::kFailedPrecondition) << none.status();
+  EXPECT_THAT(std::string(none.status().message()),
+              HasSubstr("spec.training.auto_data_parallel: no worker is ready"));
+
+  // Three single-rank workers: of D = 8, 4, 2, 1 (the divisors of 16 / 2), 2 is the largest that
+  // fits.
+  for (int i = 0; i < 3; ++i) AddWorker(absl::StrCat("cpu-", i), int64_t{1} << 30, 1, false);
+  const v1::Job job = Submit(request);
+  EXPECT_EQ(job.spec().training().data_parallel(), 2);
+  EXPECT_FALSE(job.spec().training().auto_data_parallel());
+  const v1::Job stored = Get(job.job_id(), true);
+  EXPECT_EQ(stored.spec().training().data_parallel(), 2);
+  ASSERT_GE(stored.events_size(), 1);
+  EXPECT_THAT(stored.events(0).message(), HasSubstr("(data 2 x sequence 1)"));
+  EXPECT_THAT(stored.events(0).message(),
+              HasSubstr("auto_data_parallel: 2, the largest data-parallel degree (of ranks 8, 4, "
+                        "2 tried, largest first) whose 2 ranks the 3 ready workers can hold"));
+
+  // A worker holding two ranks more: D = 4.
+  AddWorker("cpu-3", int64_t{1} << 30, 2, false);
+  request.set_idempotency_key("auto-d-2");
+  EXPECT_EQ(Submit(request).spec().training().data_parallel(), 4);
+
+  // Both a D and auto: refused, naming the field.
+  training->set_data_parallel(2);
+  request.set_idempotency_key("auto-d-3");
+  absl::StatusOr<v1::SubmitJobResponse> both = coordinator_->SubmitJob(request);
+  EXPECT_EQ(both.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(both.status().message()), HasSubstr("spec.training.data_parallel"));
+}
+
 TEST_F(CoordinatorTest, IdempotentResubmit) {
   absl::StatusOr<v1::SubmitJobResponse> first = coordinator_->SubmitJob(ValidRequest("same"));
   ASSERT_TRUE(first.ok());

@@ -6,6 +6,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "api/limits.h"
 #include "scheduler/types.h"
 
 namespace dattn {
@@ -138,6 +139,26 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> TrainingKind::Analyze(
       i.checkpoint_root.empty() ? ", no checkpoints"
                                 : absl::StrCat(", checkpoints under ", i.checkpoint_root, "/"));
   return std::shared_ptr<const JobAnalysis>(std::move(analysis));
+}
+
+std::vector<v1::JobSpec> TrainingKind::Sizes(const v1::JobSpec& spec) const {
+  std::vector<v1::JobSpec> sizes;
+  if (spec.work_case() != v1::JobSpec::kTraining || !spec.training().auto_data_parallel()) {
+    return sizes;
+  }
+  // The spec was analysed (at D = 1): its config parses.
+  absl::StatusOr<api::TrainingJobInfo> info = api::AnalyzeTrainingJob(spec.training(), "spec");
+  if (!info.ok()) return sizes;
+  const int64_t group_rows = info->config.batch_size / info->config.micro_batches;
+  const int64_t most = std::min<int64_t>(group_rows, api::kMaxRingRanks / info->sequence_parallel);
+  for (int64_t d = most; d >= 1; --d) {
+    if (group_rows % d != 0) continue;
+    v1::JobSpec sized = spec;
+    sized.mutable_training()->set_auto_data_parallel(false);
+    sized.mutable_training()->set_data_parallel(static_cast<int32_t>(d));
+    sizes.push_back(std::move(sized));
+  }
+  return sizes;
 }
 
 void TrainingKind::PlanRank(const JobAnalysis& analysis, size_t device, int rank,

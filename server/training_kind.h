@@ -40,6 +40,9 @@ class TrainingKind final : public WorkKind {
   v1::JobSpec::WorkCase work_case() const override { return v1::JobSpec::kTraining; }
   absl::StatusOr<std::shared_ptr<const JobAnalysis>> Analyze(
       const v1::JobSpec& spec, const std::string& path) const override;
+  // With auto_data_parallel: D from min(batch_size / micro_batches, 256 / S) down to 1, the
+  // divisors of batch_size / micro_batches, each with data_parallel = D and the flag cleared.
+  std::vector<v1::JobSpec> Sizes(const v1::JobSpec& spec) const override;
   void PlanRank(const JobAnalysis& analysis, size_t device, int rank,
                 v1::TaskAssignment* assignment) const override;
   // Training jobs keep no output in the coordinator (their models are their checkpoints).

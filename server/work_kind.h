@@ -93,6 +93,12 @@ class WorkKind {
   virtual absl::StatusOr<std::shared_ptr<const JobAnalysis>> Analyze(
       const v1::JobSpec& spec, const std::string& path) const = 0;
 
+  // A spec that asks to be sized to the cluster (a training job's auto_data_parallel): the specs
+  // to try, largest first, each a complete spec of a fixed size; the coordinator keeps the first
+  // whose gang the ready workers can hold. Empty (the default): the spec is run as it is. Called
+  // on a spec Analyze accepted.
+  virtual std::vector<v1::JobSpec> Sizes(const v1::JobSpec& spec) const;
+
   // Fills `assignment`'s plan for rank `rank` on analysis.devices[device].
   virtual void PlanRank(const JobAnalysis& analysis, size_t device, int rank,
                         v1::TaskAssignment* assignment) const = 0;

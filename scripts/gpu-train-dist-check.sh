@@ -71,6 +71,11 @@ passed=$(grep -c '^\[       OK \]' "$out/test.log" || true)
 failed=$(grep -c '^\[  FAILED  \] .*(' "$out/test.log" || true)
 skipped=$(grep -c '^\[  SKIPPED \] .*(' "$out/test.log" || true)
 grep -B3 -A25 '^\[  FAILED  \] .*(' "$out/test.log" | grep -vE '^\[ RUN' | head -150 || true
+if [ "$rc" -ne 0 ] && [ "$failed" -eq 0 ]; then
+  # Killed (a signal, the timeout) inside a test: its last lines say where.
+  echo "== the test binary ended with status $rc; the last lines of its log =="
+  tail -n 40 "$out/test.log"
+fi
 echo
 echo "================ gpu-train-dist-check results ================"
 grep -E '^\[ parity \]|^\[ skipped  \]|Skipped|^needs' "$out/test.log" || true

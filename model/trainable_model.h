@@ -19,7 +19,10 @@
 // Implementing it for another device:
 //   - ForwardBackward must leave grads() = (or +=, BackwardOptions::grads) loss_scale times the
 //     gradient of the mean loss over the batch's scored targets, in fp32, and return the fp64
-//     loss sum and target count of the batch (LongNetLM::Forward's LossResult).
+//     loss sum and target count of the batch (LongNetLM::Forward's LossResult); and call
+//     BackwardOptions::on_grads_final for each range of grads() as it becomes final (both models
+//     here do, per block). A model that never calls it still trains: the trainer's reduction
+//     then takes the whole buffer after the backward (collective.h).
 //   - params()/grads() are device pointers; ReadParams/WriteParams copy ranges to and from host
 //     memory (checkpoints, initialisation from the host).
 //   - NewOptimizer returns the device's AdamW over a range; its Update must follow optimizer.h's

@@ -350,7 +350,8 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
           absl::Status fits = analyzed.ok()
                                   ? dispatcher_.CheckFeasible(*analyzed->analysis, view, ready)
                                   : analyzed.status();
-          tried.push_back(absl::StrCat(analyzed.ok() ? analyzed->analysis->num_ranks : 0));
+          tried.push_back(absl::StrCat(candidate.training().data_parallel() *
+                                       std::max(1, candidate.training().sequence_parallel())));
           if (fits.ok()) {
             *spec = *std::move(analyzed);
             *job.mutable_spec() = candidate;

@@ -1,9 +1,9 @@
 // Fuzzes the coordinator's request validation (server/requests.h) with its kinds (attention and
-// training jobs: the trainer config's JSON included): the
-// input is a serialized SubmitJobRequest (as gRPC hands it over); a request that validates is
-// carried through everything the coordinator derives from its analysis (each rank's plan on each
-// device kind, the output layout and shard headers, a result accumulator). The same bytes are also
-// read as a ListJobsRequest and a CancelJobRequest and validated.
+// training jobs: the trainer config's JSON included): the input is a serialized SubmitJobRequest
+// (as gRPC hands it over); a request that validates is carried through everything the coordinator
+// derives from its analysis (each rank's plan on each device kind, the output layout and shard
+// headers, a result accumulator, the sizes a spec sized to the cluster offers). The same bytes are
+// also read as a ListJobsRequest and a CancelJobRequest and validated.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -64,6 +64,15 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         Check(layout.ranks == a.num_ranks);
         spec->kind->ShardHeader(a, 0);
         spec->kind->ShardHeader(a, a.num_ranks - 1);
+      }
+      // A spec sized to the cluster (auto_data_parallel): every size offered is a valid spec of a
+      // fixed size, largest first.
+      int previous = 0;
+      for (const dattn::v1::JobSpec& sized : spec->kind->Sizes(request.spec())) {
+        absl::StatusOr<dattn::server::AnalyzedSpec> s = dattn::server::AnalyzeJobSpec(sized, kinds);
+        Check(s.ok() && !sized.training().auto_data_parallel());
+        Check(previous == 0 || s->analysis->num_ranks < previous);
+        previous = s->analysis->num_ranks;
       }
       // A stored job is analysed again after a restart: the same answer.
       absl::StatusOr<dattn::server::AnalyzedSpec> again =

@@ -10,32 +10,21 @@
 
 #include "absl/strings/str_cat.h"
 #include "gtest/gtest.h"
+#include "model/testing/local_collective.h"
 
 namespace dattn {
 namespace model {
 namespace {
 
 // A collective of `world` ranks that only records what it is asked to do.
-class RecordingCollective final : public TrainerCollective {
+class RecordingCollective final : public testing::LocalCollective {
  public:
-  RecordingCollective(int world, bool early) : world_(world), early_(early) {}
-  int rank() const override { return 0; }
-  int world() const override { return world_; }
+  RecordingCollective(int world, bool early) : LocalCollective(world), early_(early) {}
   bool reduces_ranges_early() const override { return early_; }
   absl::Status ReduceScatterGradients(float*, int64_t n, absl::Span<const ShardRange>) override {
     log.push_back(absl::StrCat("all [0, ", n, ")"));
     return absl::OkStatus();
   }
-  absl::Status AllGatherParameters(float*, int64_t, absl::Span<const ShardRange>) override {
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::vector<double>> AllGather(absl::Span<const double> v) override {
-    return std::vector<double>(v.begin(), v.end());
-  }
-  absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& b) override {
-    return std::vector<std::string>{b};
-  }
-  absl::Status Barrier() override { return absl::OkStatus(); }
 
   std::vector<std::string> log;
   absl::Status fail_next_range = absl::OkStatus();
@@ -53,7 +42,6 @@ class RecordingCollective final : public TrainerCollective {
   }
 
  private:
-  const int world_;
   const bool early_;
 };
 
@@ -72,8 +60,7 @@ TEST(GradientReductionTest, EarlyRangesThenTheRestInAscendingOrder) {
   ASSERT_TRUE(c.GradientsFinal(5, 8).ok());
   ASSERT_TRUE(c.FinishGradientReduction().ok());
   EXPECT_EQ(c.log, (std::vector<std::string>{"range [12, 20) of 3 shards",
-                                             "range [5, 8) of 3 shards",
-                                             "range [0, 5) of 3 shards",
+                                             "range [5, 8) of 3 shards", "range [0, 5) of 3 shards",
                                              "range [8, 12) of 3 shards", "finish"}));
 
   // Every element handed: Finish only completes. None handed: one range, the whole buffer.
@@ -84,9 +71,9 @@ TEST(GradientReductionTest, EarlyRangesThenTheRestInAscendingOrder) {
   ASSERT_TRUE(c.FinishGradientReduction().ok());
   ASSERT_TRUE(c.BeginGradientReduction(g.data(), 20, shards).ok());
   ASSERT_TRUE(c.FinishGradientReduction().ok());
-  EXPECT_EQ(c.log, (std::vector<std::string>{"range [10, 20) of 3 shards",
-                                             "range [0, 10) of 3 shards", "finish",
-                                             "range [0, 20) of 3 shards", "finish"}));
+  EXPECT_EQ(c.log,
+            (std::vector<std::string>{"range [10, 20) of 3 shards", "range [0, 10) of 3 shards",
+                                      "finish", "range [0, 20) of 3 shards", "finish"}));
 }
 
 TEST(GradientReductionTest, WithoutEarlyRangesFinishIsTheReduceScatter) {
@@ -123,8 +110,7 @@ TEST(GradientReductionTest, ErrorsNameTheRange) {
   ASSERT_TRUE(c.GradientsFinal(4, 7).ok());
   ExpectError(c.GradientsFinal(6, 9), absl::StatusCode::kInvalidArgument,
               "[6, 9) overlaps [4, 7), handed before");
-  ExpectError(c.GradientsFinal(0, 5), absl::StatusCode::kInvalidArgument,
-              "[0, 5) overlaps [4, 7)");
+  ExpectError(c.GradientsFinal(0, 5), absl::StatusCode::kInvalidArgument, "[0, 5) overlaps [4, 7)");
   ExpectError(c.GradientsFinal(3, 3), absl::StatusCode::kInvalidArgument,
               "[3, 3) is empty or leaves [0, 10)");
   ExpectError(c.GradientsFinal(8, 11), absl::StatusCode::kInvalidArgument, "[8, 11)");
@@ -132,9 +118,9 @@ TEST(GradientReductionTest, ErrorsNameTheRange) {
   ASSERT_TRUE(c.GradientsFinal(7, 10).ok());  // Adjacent ranges are fine.
   ASSERT_TRUE(c.GradientsFinal(0, 4).ok());
   // The refused ranges were not reduced.
-  EXPECT_EQ(c.log, (std::vector<std::string>{"range [4, 7) of 2 shards",
-                                             "range [7, 10) of 2 shards",
-                                             "range [0, 4) of 2 shards"}));
+  EXPECT_EQ(c.log,
+            (std::vector<std::string>{"range [4, 7) of 2 shards", "range [7, 10) of 2 shards",
+                                      "range [0, 4) of 2 shards"}));
 
   // A transport error is GradientsFinal's; Begin discards the open reduction (a failed step).
   c.fail_next_range = absl::UnavailableError("peer 1 is gone");

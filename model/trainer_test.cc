@@ -25,6 +25,7 @@
 #include "model/file_io.h"
 #include "model/longnet_params.h"
 #include "model/testing/forwarding_model.h"
+#include "model/testing/local_collective.h"
 
 namespace dattn {
 namespace model {
@@ -300,24 +301,9 @@ TEST(TrainerTest, AccumulationEqualsTheBigBatch) {
 
 // A collective of one rank that reduces ranges early (as the GPU one does) and records them: a copy
 // of each range when handed, compared with the buffer when the reduction finishes.
-class HandOverRecorder final : public TrainerCollective {
+class HandOverRecorder final : public testing::LocalCollective {
  public:
-  int rank() const override { return 0; }
-  int world() const override { return 1; }
   bool reduces_ranges_early() const override { return true; }
-  absl::Status ReduceScatterGradients(float*, int64_t, absl::Span<const ShardRange>) override {
-    return absl::OkStatus();
-  }
-  absl::Status AllGatherParameters(float*, int64_t, absl::Span<const ShardRange>) override {
-    return absl::OkStatus();
-  }
-  absl::StatusOr<std::vector<double>> AllGather(absl::Span<const double> v) override {
-    return std::vector<double>(v.begin(), v.end());
-  }
-  absl::StatusOr<std::vector<std::string>> AllGatherBytes(const std::string& b) override {
-    return std::vector<std::string>{b};
-  }
-  absl::Status Barrier() override { return absl::OkStatus(); }
 
   std::vector<std::vector<ElementRange>> steps;  // The ranges of each reduction, in order.
   int changed_after_hand_over = 0;

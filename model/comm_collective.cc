@@ -48,31 +48,15 @@ class CommunicatorCollective final : public TrainerCollective {
     const int64_t rounds = largest == 0 ? 0 : (largest + chunk - 1) / chunk;
     std::vector<P2POp> ops;
     std::vector<const float*> sources(static_cast<size_t>(w));
+    auto slot = [&](int p) { return received.data() + static_cast<size_t>(p) * my_chunk; };
     for (int64_t round = 0; round < rounds; ++round) {
-      ops.clear();
       const int64_t lo = mine.begin + round * chunk;
-      const int64_t len = std::max<int64_t>(0, std::min(mine.end, lo + chunk) - lo);
-      for (int p = 0; p < w; ++p) {
-        if (p == me) continue;
-        const ShardRange& theirs = shards[static_cast<size_t>(p)];
-        const int64_t their_lo = theirs.begin + round * chunk;
-        const int64_t their_len = std::min(theirs.end, their_lo + chunk) - their_lo;
-        if (their_len > 0) {
-          ops.push_back(P2POp::Send(p, grads + their_lo, their_len, DType::kFloat32));
-        }
-        if (len > 0) {
-          ops.push_back(P2POp::Recv(p, received.data() + static_cast<size_t>(p) * my_chunk, len,
-                                    DType::kFloat32));
-        }
-      }
+      const int64_t len = ReduceScatterRoundOps(grads, shards, me, round, chunk, slot, &ops);
       if (!ops.empty()) {
         if (absl::Status s = Exchange(ops); !s.ok()) return Prefixed(s, kCall);
       }
       if (len == 0) continue;
-      for (int p = 0; p < w; ++p) {
-        sources[static_cast<size_t>(p)] =
-            p == me ? grads + lo : received.data() + static_cast<size_t>(p) * my_chunk;
-      }
+      for (int p = 0; p < w; ++p) sources[static_cast<size_t>(p)] = p == me ? grads + lo : slot(p);
       // The documented order: ((g_0 + g_1) + g_2) + ... in fp32, element by element.
       std::memcpy(acc.data(), sources[0], static_cast<size_t>(len) * sizeof(float));
       for (int p = 1; p < w; ++p) {
@@ -147,6 +131,27 @@ class CommunicatorCollective final : public TrainerCollective {
 };
 
 }  // namespace
+
+int64_t ReduceScatterRoundOps(float* buffer, absl::Span<const ShardRange> parts, int me,
+                              int64_t round, int64_t chunk,
+                              const std::function<float*(int peer)>& slot,
+                              std::vector<comm::P2POp>* ops) {
+  ops->clear();
+  const ShardRange mine = parts[static_cast<size_t>(me)];
+  const int64_t lo = mine.begin + round * chunk;
+  const int64_t len = std::max<int64_t>(0, std::min(mine.end, lo + chunk) - lo);
+  for (int p = 0; p < static_cast<int>(parts.size()); ++p) {
+    if (p == me) continue;
+    const ShardRange& theirs = parts[static_cast<size_t>(p)];
+    const int64_t their_lo = theirs.begin + round * chunk;
+    const int64_t their_len = std::min(theirs.end, their_lo + chunk) - their_lo;
+    if (their_len > 0) {
+      ops->push_back(comm::P2POp::Send(p, buffer + their_lo, their_len, DType::kFloat32));
+    }
+    if (len > 0) ops->push_back(comm::P2POp::Recv(p, slot(p), len, DType::kFloat32));
+  }
+  return len;
+}
 
 std::vector<comm::P2POp> AllGatherShardOps(float* buffer, absl::Span<const ShardRange> shards,
                                            int me) {

@@ -66,6 +66,17 @@ std::unique_ptr<TrainerCollective> NewCommunicatorCollective(
 // What the collectives over a communicator share, host and GPU (cuda/nccl_collective.h), besides
 // collective.h's CheckShardArguments.
 //
+// The point-to-point operations of round `round` of a reduce-scatter for rank `me`, which moves
+// each rank's part of `buffer` in chunks of `chunk` elements: parts[r] is what rank r sums this
+// time (its shard, or its shard cut to a range of the buffer: cuda/nccl_collective.h). Round j
+// sends every other rank p the j-th chunk of parts[p] and receives the j-th chunk of parts[me] from
+// every other rank p into slot(p); `ops` is replaced by them. Returns the length of that chunk of
+// parts[me], which starts at parts[me].begin + round * chunk (0: nothing is received this round).
+// Every rank computes the same chunks from the same parts, so each send meets its receive.
+int64_t ReduceScatterRoundOps(float* buffer, absl::Span<const ShardRange> parts, int me,
+                              int64_t round, int64_t chunk,
+                              const std::function<float*(int peer)>& slot,
+                              std::vector<comm::P2POp>* ops);
 // The point-to-point operations of AllGatherParameters for rank `me`: its shard of `buffer` sent to
 // every other rank, and each other rank's shard received in place (empty shards move nothing).
 std::vector<comm::P2POp> AllGatherShardOps(float* buffer, absl::Span<const ShardRange> shards,

@@ -192,12 +192,16 @@ class CudaCollective final : public TrainerCollective {
     int64_t largest = 0;
     for (const ShardRange& s : shards) largest = std::max(largest, s.size());
     const int64_t chunk = CollectiveChunkElements(largest, w, options_.max_temp_bytes);
-    auto part = [&](int p) {
+    // Rank p's part: its shard cut to [begin, end).
+    std::vector<ShardRange> parts(static_cast<size_t>(w));
+    int64_t longest = 0;
+    for (int p = 0; p < w; ++p) {
       const ShardRange& s = shards[static_cast<size_t>(p)];
       const int64_t lo = std::max(begin, s.begin);
-      return ShardRange{lo, std::max(lo, std::min(end, s.end))};
-    };
-    const ShardRange mine = part(me);
+      parts[static_cast<size_t>(p)] = ShardRange{lo, std::max(lo, std::min(end, s.end))};
+      longest = std::max(longest, parts[static_cast<size_t>(p)].size());
+    }
+    const ShardRange mine = parts[static_cast<size_t>(me)];
     // Slot p (p != me, packed: slot(p) = p < me ? p : p - 1) receives peer p's copy of this
     // round's chunk of my part. Sized for a whole shard, so every range fits the same buffer.
     const int64_t slot = std::min(chunk, shards[static_cast<size_t>(me)].size());
@@ -209,27 +213,14 @@ class CudaCollective final : public TrainerCollective {
           temp_.Reserve((w - 1) * slot * 4, "the reduce-scatter's receive buffer"));
     }
     float* received = temp_.as<float>();
-    int64_t longest = 0;
-    for (int p = 0; p < w; ++p) longest = std::max(longest, part(p).size());
+    auto slot_of = [&](int p) {
+      return received + static_cast<int64_t>(p < me ? p : p - 1) * slot;
+    };
     const int64_t rounds = (longest + chunk - 1) / chunk;
     std::vector<P2POp> ops;
     for (int64_t round = 0; round < rounds; ++round) {
-      ops.clear();
       const int64_t lo = mine.begin + round * chunk;
-      const int64_t len = std::max<int64_t>(0, std::min(mine.end, lo + chunk) - lo);
-      for (int p = 0; p < w; ++p) {
-        if (p == me) continue;
-        const ShardRange theirs = part(p);
-        const int64_t their_lo = theirs.begin + round * chunk;
-        const int64_t their_len = std::min(theirs.end, their_lo + chunk) - their_lo;
-        if (their_len > 0) {
-          ops.push_back(P2POp::Send(p, grads + their_lo, their_len, DType::kFloat32));
-        }
-        if (len > 0) {
-          ops.push_back(P2POp::Recv(p, received + static_cast<int64_t>(p < me ? p : p - 1) * slot,
-                                    len, DType::kFloat32));
-        }
-      }
+      const int64_t len = ReduceScatterRoundOps(grads, parts, me, round, chunk, slot_of, &ops);
       // The group starts after everything queued on `stream`, the previous round's add included
       // (so the receive slots are free again).
       if (!ops.empty()) DATTN_RETURN_IF_ERROR(Exchange(ops, stream));

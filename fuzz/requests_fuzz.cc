@@ -68,7 +68,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       // A spec sized to the cluster (auto_data_parallel): every size offered is a valid spec of a
       // fixed size, largest first.
       int previous = 0;
-      for (const dattn::v1::JobSpec& sized : spec->kind->Sizes(request.spec())) {
+      for (const dattn::v1::JobSpec& sized : spec->kind->Sizes(request.spec(), a)) {
         absl::StatusOr<dattn::server::AnalyzedSpec> s = dattn::server::AnalyzeJobSpec(sized, kinds);
         Check(s.ok() && !sized.training().auto_data_parallel());
         Check(previous == 0 || s->analysis->num_ranks < previous);

@@ -333,7 +333,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
     absl::MutexLock lock(&mu_);
     if (!existing.ok()) {
       const int64_t ready = workers_.ReadyCount();
-      const std::vector<v1::JobSpec> sizes = spec->kind->Sizes(request.spec());
+      const std::vector<v1::JobSpec> sizes = spec->kind->Sizes(request.spec(), *spec->analysis);
       if (!sizes.empty()) {
         // The largest size whose gang the ready workers can hold (each size is analysed: its
         // memory plan depends on it).

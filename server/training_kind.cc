@@ -141,16 +141,16 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> TrainingKind::Analyze(
   return std::shared_ptr<const JobAnalysis>(std::move(analysis));
 }
 
-std::vector<v1::JobSpec> TrainingKind::Sizes(const v1::JobSpec& spec) const {
+std::vector<v1::JobSpec> TrainingKind::Sizes(const v1::JobSpec& spec,
+                                             const JobAnalysis& analysis) const {
   std::vector<v1::JobSpec> sizes;
   if (spec.work_case() != v1::JobSpec::kTraining || !spec.training().auto_data_parallel()) {
     return sizes;
   }
-  // The spec was analysed (at D = 1): its config parses.
-  absl::StatusOr<api::TrainingJobInfo> info = api::AnalyzeTrainingJob(spec.training(), "spec");
-  if (!info.ok()) return sizes;
-  const int64_t group_rows = info->config.batch_size / info->config.micro_batches;
-  const int64_t most = std::min<int64_t>(group_rows, api::kMaxRingRanks / info->sequence_parallel);
+  // The analysis (at D = 1) has the parsed config.
+  const api::TrainingJobInfo& info = Info(analysis);
+  const int64_t group_rows = info.config.batch_size / info.config.micro_batches;
+  const int64_t most = std::min<int64_t>(group_rows, api::kMaxRingRanks / info.sequence_parallel);
   for (int64_t d = most; d >= 1; --d) {
     if (group_rows % d != 0) continue;
     v1::JobSpec sized = spec;

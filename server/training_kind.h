@@ -42,7 +42,8 @@ class TrainingKind final : public WorkKind {
       const v1::JobSpec& spec, const std::string& path) const override;
   // With auto_data_parallel: D from min(batch_size / micro_batches, 256 / S) down to 1, the
   // divisors of batch_size / micro_batches, each with data_parallel = D and the flag cleared.
-  std::vector<v1::JobSpec> Sizes(const v1::JobSpec& spec) const override;
+  std::vector<v1::JobSpec> Sizes(const v1::JobSpec& spec,
+                                 const JobAnalysis& analysis) const override;
   void PlanRank(const JobAnalysis& analysis, size_t device, int rank,
                 v1::TaskAssignment* assignment) const override;
   // Training jobs keep no output in the coordinator (their models are their checkpoints).

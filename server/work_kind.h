@@ -96,8 +96,9 @@ class WorkKind {
   // A spec that asks to be sized to the cluster (a training job's auto_data_parallel): the specs
   // to try, largest first, each a complete spec of a fixed size; the coordinator keeps the first
   // whose gang the ready workers can hold. Empty (the default): the spec is run as it is. Called
-  // on a spec Analyze accepted.
-  virtual std::vector<v1::JobSpec> Sizes(const v1::JobSpec& spec) const;
+  // on a spec Analyze accepted, with that analysis.
+  virtual std::vector<v1::JobSpec> Sizes(const v1::JobSpec& spec,
+                                         const JobAnalysis& analysis) const;
 
   // Fills `assignment`'s plan for rank `rank` on analysis.devices[device].
   virtual void PlanRank(const JobAnalysis& analysis, size_t device, int rank,

@@ -129,6 +129,14 @@ namespace server {
 using WorkerCommandSink = std::function<bool(const v1::WorkerCommand&)>;
 // Reads the next message of a client stream into its argument; false at the end of the stream.
 using UploadSource = std::function<bool(v1::UploadOutputRequest*)>;
+// An Attend call's client stream: reads the next message; false at its end (the client
+// half-closed, went away or the call was cancelled).
+using AttendSource = std::function<bool(v1::AttendRequest*)>;
+// Sends one message of an Attend call's answer; false when it could not be sent (the client went
+// away). Called from another thread than AttendSource, never two calls at once.
+using AttendSink = std::function<bool(const v1::AttendResponse&)>;
+// A streamed rank's input chunks, to its worker (ReadInput); false when the worker went away.
+using AttendChunkSink = std::function<bool(const v1::AttendChunk&)>;
 
 class Coordinator {
  public:
@@ -186,6 +194,16 @@ class Coordinator {
   // Deletes a finished job, its history and its output. NOT_FOUND for an unknown job;
   // FAILED_PRECONDITION for one that has not finished.
   absl::StatusOr<v1::DeleteJobResponse> DeleteJob(const v1::DeleteJobRequest& request);
+  // Attention on the caller's tensors (job_service.proto, Attend; attend_relay.h): `first` is the
+  // call's first message (start; its tenant already set by the edge), `next` reads the chunks,
+  // `emit` sends the answer (accepted, output chunks, done). Submits a streamed attention job
+  // (sized to the fewest ranks that fit when start.num_ranks is 0), relays every input chunk to
+  // the rank that owns it and every output chunk back, and returns when the job has ended: OK
+  // after `done`; the errors job_service.proto lists. `cancelled` (polled) or a failed `emit`
+  // cancels the job. Blocks the calling thread for the call's life and runs `next` on a thread of
+  // its own.
+  absl::Status Attend(const v1::AttendRequest& first, const AttendSource& next,
+                      const AttendSink& emit, const CancelledFn& cancelled);
 
   // --- WorkerRegistry --------------------------------------------------------------------------
   // A new worker id per call. Another live registration under the same name is declared dead and
@@ -215,6 +233,11 @@ class Coordinator {
   // cannot be written.
   absl::StatusOr<v1::UploadOutputResponse> UploadOutput(const v1::UploadOutputRequest& first,
                                                         const UploadSource& next);
+  // Sends rank `task_id`'s input chunks of a streamed job as its client sends them (ReadInput),
+  // until the last one (OK). FAILED_PRECONDITION for a task this worker does not hold or whose job
+  // is not streamed; CANCELLED when the call ended first; `cancelled` (polled) ends it CANCELLED.
+  absl::Status ReadInput(const v1::ReadInputRequest& request, const AttendChunkSink& send,
+                         const CancelledFn& cancelled);
   // The name the worker `worker_id` registered under (live or dead); "" for an id never issued
   // (or forgotten). The gRPC edge checks it against the caller's certificate (access.h).
   std::string WorkerName(const std::string& worker_id);

@@ -181,6 +181,15 @@ absl::StatusOr<AttentionJobInfo> Analyze(const v1::AttentionJobSpec& job, const 
                                 DTypeSize(info.dtype), " bytes overflows int64"));
   }
   info.return_output = job.return_output();
+  info.streamed = job.streamed();
+  if (job.streamed() && info.iterations != 1) {
+    return Invalid(path + ".iterations",
+                   absl::StrCat("a streamed job runs one step, got ", job.iterations()));
+  }
+  if (job.streamed() && job.return_output()) {
+    return Invalid(path + ".return_output",
+                   "a streamed job sends its outputs back on its call; nothing is stored");
+  }
   if (job.return_output() && info.output_bytes > kMaxReturnedOutputBytes) {
     return Invalid(path + ".return_output",
                    absl::StrCat("the output is ", FormatBytes(info.output_bytes), " (", info.batch,

@@ -51,6 +51,9 @@ struct AttentionJobInfo {
   int64_t iterations = 1;  // Resolved: an unset (0) iterations is 1.
   bool backward = false;
   bool return_output = false;
+  // AttentionJobSpec.streamed: the inputs come from a JobService.Attend call and every output goes
+  // back on it (nothing is stored); one step.
+  bool streamed = false;
   int64_t output_bytes = 0;   // B*N*H*D*sizeof(dtype): the returned output's size.
   double flops_per_step = 0;  // Nominal FLOPs of one step (x3.5 with backward).
   double tokens = 0;          // B*N*iterations.

@@ -105,11 +105,13 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> AttentionKind::Analyze(
   analysis->head_dim = i.head_dim;
   analysis->devices = i.variants;
   analysis->keeps_output = i.return_output;
+  analysis->runs_once = i.streamed;
   analysis->summary = absl::StrCat(
       "attention ", i.spec.DebugString(), " on (B, N, H, D) = (", i.batch, ", ", i.seq_len, ", ",
       i.num_heads, ", ", i.head_dim, ") ", DTypeName(i.dtype), ", ", i.num_ranks,
       i.num_ranks == 1 ? " rank, " : " ranks, ", i.iterations,
       i.backward ? " forward+backward" : " forward", i.iterations == 1 ? " step" : " steps",
+      i.streamed ? ", on the caller's tensors (Attend)" : "",
       i.return_output
           ? absl::StrCat(", output of ", scheduler::FormatBytes(i.output_bytes), " kept")
           : "");

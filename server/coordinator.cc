@@ -1,13 +1,20 @@
 #include "server/coordinator.h"
 
 #include <algorithm>
+#include <atomic>
+#include <optional>
+#include <thread>
 #include <utility>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_replace.h"
+#include "api/engine_convert.h"
 #include "api/limits.h"
 #include "api/tenant.h"
+#include "engine/tensor.h"
 #include "server/attention_kind.h"
 #include "server/job_state.h"
 #include "server/log.h"
@@ -149,6 +156,13 @@ absl::Status Coordinator::Recover() {
     run->queued_since = Now();
     run->placed_before = placed_before;
     run->free_requeues = free_requeues;
+    if (state == v1::JOB_STATE_QUEUED && spec->analysis->runs_once) {
+      tickets.push_back(runner_.Transition(
+          run, v1::JOB_STATE_FAILED, "failed",
+          "the coordinator restarted before the job ran; an Attend job runs only while its call "
+          "lasts (its inputs were in the caller's stream), the caller may call again"));
+      continue;
+    }
     if (state == v1::JOB_STATE_QUEUED) {
       runner_.Enqueue(run);
       continue;
@@ -313,6 +327,17 @@ void Coordinator::AdoptLocked(const StoredJob& stored, const AnalyzedSpec& spec,
 // JobService.
 
 absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJobRequest& request) {
+  if (request.spec().has_attention() && request.spec().attention().streamed()) {
+    return absl::InvalidArgumentError(
+        "spec.attention.streamed: set only by the coordinator for JobService.Attend calls; "
+        "attention on your own tensors is an Attend call");
+  }
+  return Submit(request, {}, nullptr);
+}
+
+absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(
+    const v1::SubmitJobRequest& request, std::vector<v1::JobSpec> sizes,
+    const std::function<void(const v1::Job&)>& on_adopt) {
   absl::StatusOr<AnalyzedSpec> spec = ValidateSubmitJobRequest(request, kinds_);
   if (!spec.ok()) return spec.status();
   {
@@ -333,14 +358,19 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
     absl::MutexLock lock(&mu_);
     if (!existing.ok()) {
       const int64_t ready = workers_.ReadyCount();
-      const std::vector<v1::JobSpec> sizes = spec->kind->Sizes(request.spec(), *spec->analysis);
+      if (sizes.empty()) sizes = spec->kind->Sizes(request.spec(), *spec->analysis);
+      const bool training = request.spec().has_training();
       if (!sizes.empty()) {
-        // The largest size whose gang the ready workers can hold (each size is analysed: its
-        // memory plan depends on it).
+        // The first size (in the order given: the largest data-parallel degree of a training job,
+        // the fewest ranks of an Attend call) whose gang the ready workers can hold (each size is
+        // analysed: its memory plan depends on it).
         if (ready == 0) {
           return absl::FailedPreconditionError(
-              "spec.training.auto_data_parallel: no worker is ready to size the job by; submit "
-              "it again once workers have registered, or give spec.training.data_parallel");
+              training ? "spec.training.auto_data_parallel: no worker is ready to size the job "
+                         "by; submit it again once workers have registered, or give "
+                         "spec.training.data_parallel"
+                       : "start.num_ranks = 0: no worker is ready to size the call by; call "
+                         "again once workers have registered, or give start.num_ranks");
         }
         const std::vector<scheduler::WorkerInfo> view = workers_.View(/*for_placement=*/false);
         absl::Status last = absl::OkStatus();
@@ -350,16 +380,23 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
           absl::Status fits = analyzed.ok()
                                   ? dispatcher_.CheckFeasible(*analyzed->analysis, view, ready)
                                   : analyzed.status();
-          tried.push_back(absl::StrCat(candidate.training().data_parallel() *
-                                       std::max(1, candidate.training().sequence_parallel())));
+          tried.push_back(
+              absl::StrCat(training ? candidate.training().data_parallel() *
+                                          std::max(1, candidate.training().sequence_parallel())
+                                    : candidate.attention().num_ranks()));
           if (fits.ok()) {
             *spec = *std::move(analyzed);
             *job.mutable_spec() = candidate;
-            sized = absl::StrCat("; auto_data_parallel: ", candidate.training().data_parallel(),
-                                 ", the largest data-parallel degree (of ranks ",
-                                 absl::StrJoin(tried, ", "), " tried, largest first) whose ",
-                                 spec->analysis->num_ranks, " ranks the ", ready,
-                                 " ready workers can hold");
+            sized =
+                training
+                    ? absl::StrCat("; auto_data_parallel: ", candidate.training().data_parallel(),
+                                   ", the largest data-parallel degree (of ranks ",
+                                   absl::StrJoin(tried, ", "), " tried, largest first) whose ",
+                                   spec->analysis->num_ranks, " ranks the ", ready,
+                                   " ready workers can hold")
+                    : absl::StrCat("; ", spec->analysis->num_ranks, " ranks: the fewest (of ",
+                                   absl::StrJoin(tried, ", "), " tried) whose ring the ", ready,
+                                   " ready workers can hold");
             break;
           }
           last = fits;
@@ -411,6 +448,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   // that job ending (cancel, feasibility failure) and would bring back a stale QUEUED copy.
   if (outcome->created && book_.Find(id) == nullptr &&
       outcome->job.state() == v1::JOB_STATE_QUEUED) {
+    if (on_adopt) on_adopt(outcome->job);
     AdoptLocked(StoredJob{outcome->job, outcome->submit_seq}, *spec, checked);
   }
   const JobRun* run = book_.Find(id);
@@ -532,6 +570,234 @@ absl::StatusOr<v1::DeleteJobResponse> Coordinator::DeleteJob(const v1::DeleteJob
   response.set_output_bytes_freed(outputs_->Discard(request.job_id(), -1));
   metrics_->JobDeleted(JobKind(deleted->spec()), deleted->state());
   return response;
+}
+
+namespace {
+
+// An Attend call's field names: its start message stands where a job's spec stood.
+absl::Status AsStartField(const absl::Status& status) {
+  if (status.ok() || !absl::IsInvalidArgument(status)) return status;
+  return absl::Status(
+      status.code(),
+      absl::StrReplaceAll(status.message(), {{"spec.attention.attention.", "start.attention."},
+                                             {"spec.attention.", "start."},
+                                             {"spec.", "start."}}));
+}
+
+// The code a failed job's reason carries ("... (code RESOURCE_EXHAUSTED)"); UNAVAILABLE (call
+// again) when it names none (a lost worker).
+absl::StatusCode FailureCode(const std::string& reason) {
+  for (int c = 1; c <= 16; ++c) {
+    const auto code = static_cast<absl::StatusCode>(c);
+    if (absl::StrContains(reason, absl::StrCat("(code ", absl::StatusCodeToString(code), ")"))) {
+      return code;
+    }
+  }
+  return absl::StatusCode::kUnavailable;
+}
+
+}  // namespace
+
+absl::Status Coordinator::ReadInput(const v1::ReadInputRequest& request,
+                                    const AttendChunkSink& send, const CancelledFn& cancelled) {
+  std::string job_id;
+  int rank = 0;
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckPhaseLocked(/*submit=*/false); !s.ok()) return s;
+    const TaskEntry* task = workers_.FindTask(request.task_id());
+    const JobRun* run = task != nullptr ? book_.Find(task->job_id) : nullptr;
+    if (task == nullptr || task->worker_id != request.worker_id() || run == nullptr ||
+        run->terminal || run->job.attempt() != task->attempt) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "task ", request.task_id(), " is not a task worker ", request.worker_id(), " holds now"));
+    }
+    if (!run->analysis->runs_once) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("task ", request.task_id(), ": job ", run->job.job_id(),
+                       " is not streamed (its ranks make their inputs from its seed)"));
+    }
+    job_id = task->job_id;
+    rank = task->rank;
+  }
+  std::shared_ptr<AttendSession> session = relay_.Find(job_id);
+  if (session == nullptr) {
+    return absl::CancelledError(
+        absl::StrCat("job ", job_id, "'s Attend call ended; its ranks are being cancelled"));
+  }
+  return session->ReadInput(rank, send, cancelled);
+}
+
+std::optional<v1::Job> Coordinator::EndedJob(const std::string& job_id) {
+  v1::GetJobRequest request;
+  request.set_job_id(job_id);
+  absl::StatusOr<v1::Job> job = reader_.GetJob(request);
+  if (!job.ok() || !IsTerminal(job->state())) return std::nullopt;
+  return *std::move(job);
+}
+
+absl::Status Coordinator::Attend(const v1::AttendRequest& first, const AttendSource& next,
+                                 const AttendSink& emit, const CancelledFn& cancelled,
+                                 const std::function<void()>& end_call) {
+  if (first.message_case() != v1::AttendRequest::kStart) {
+    return absl::InvalidArgumentError(
+        "start: required in the first message of an Attend call (the chunks of q, k, v follow)");
+  }
+  const v1::AttendStart& start = first.start();
+  if (start.num_ranks() < 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "start.num_ranks: must be >= 0 (0: the fewest ranks that fit), got ", start.num_ranks()));
+  }
+  v1::SubmitJobRequest submit;
+  v1::JobSpec& spec = *submit.mutable_spec();
+  spec.set_name(start.name());
+  spec.set_tenant(start.tenant());
+  spec.set_priority(start.priority());
+  v1::AttentionJobSpec& work = *spec.mutable_attention();
+  *work.mutable_attention() = start.attention();
+  *work.mutable_shape() = start.shape();
+  work.set_dtype(start.dtype());
+  work.set_num_ranks(std::max(1, start.num_ranks()));
+  work.set_pass(start.backward() ? v1::PASS_FORWARD_BACKWARD : v1::PASS_FORWARD);
+  work.set_iterations(1);
+  work.set_device(start.device());
+  work.set_streamed(true);
+  // num_ranks 0: every ring size P dividing N, fewest first; the first the ready workers hold.
+  std::vector<v1::JobSpec> sizes;
+  if (start.num_ranks() == 0) {
+    const int64_t n = start.shape().seq_len();
+    for (int p = 1; p <= api::kMaxRingRanks && p <= n; ++p) {
+      if (n % p != 0) continue;
+      sizes.push_back(spec);
+      sizes.back().mutable_attention()->set_num_ranks(p);
+    }
+  }
+  {
+    absl::MutexLock lock(&mu_);
+    submit.set_idempotency_key(NewId("attend-"));
+  }
+  std::shared_ptr<AttendSession> session;
+  absl::StatusOr<v1::SubmitJobResponse> submitted =
+      Submit(submit, std::move(sizes), [&](const v1::Job& job) {
+        const v1::AttentionJobSpec& a = job.spec().attention();
+        AttendShape shape;
+        shape.batch = a.shape().batch();
+        shape.seq_len = a.shape().seq_len();
+        shape.num_heads = a.shape().num_heads();
+        shape.head_dim = a.shape().head_dim();
+        absl::StatusOr<DType> dtype = api::ToEngineDType(a.dtype());
+        shape.element_bytes = dtype.ok() ? static_cast<int64_t>(DTypeSize(*dtype)) : 1;
+        shape.num_ranks = a.num_ranks();
+        shape.backward = a.pass() == v1::PASS_FORWARD_BACKWARD;
+        session = std::make_shared<AttendSession>(shape);
+        relay_.Add(job.job_id(), session);
+      });
+  if (!submitted.ok()) return AsStartField(submitted.status());
+  const std::string job_id = submitted->job().job_id();
+  if (session == nullptr) {
+    // Only a key collision could find an existing job: the key is new for every call.
+    return absl::InternalError(
+        absl::StrCat("Attend: job ", job_id, " was not created by this call"));
+  }
+  metrics_->AttendStarted();
+  auto is_cancelled = [&cancelled] { return cancelled && cancelled(); };
+  absl::Status end;  // Why the call ends before its job: set by this thread only.
+  v1::AttendResponse accepted;
+  accepted.mutable_accepted()->set_job_id(job_id);
+  accepted.mutable_accepted()->set_num_ranks(submitted->job().spec().attention().num_ranks());
+  if (!emit(accepted)) end = absl::CancelledError("the client went away");
+
+  // The inputs, on a thread of their own: each chunk goes on to its ranks as it comes.
+  std::atomic<bool> reader_done{false};
+  std::atomic<int64_t> bytes_in{0};
+  std::thread reader([&] {
+    v1::AttendRequest message;
+    absl::Status status;
+    for (int64_t count = 2; status.ok() && !session->InputsComplete(); ++count) {
+      if (!next(&message)) {
+        status = session->FinishInputs();
+        break;
+      }
+      if (message.message_case() != v1::AttendRequest::kChunk) {
+        status = absl::InvalidArgumentError(absl::StrCat(
+            "message ", count, " of the call: after start, every message carries a chunk"));
+        break;
+      }
+      bytes_in += static_cast<int64_t>(message.chunk().data().size());
+      status = session->PushInput(message.chunk(), is_cancelled);
+    }
+    if (!status.ok()) session->Close(status);
+    reader_done = true;
+  });
+
+  // The outputs, in the caller's order, as the ranks send them; the job's state is checked
+  // whenever nothing comes for a while.
+  int64_t bytes_out = 0;
+  std::optional<v1::Job> ended;
+  while (end.ok()) {
+    v1::AttendResponse response;
+    absl::Status s = session->NextOutput(response.mutable_chunk(),
+                                         absl::Now() + absl::Milliseconds(200), is_cancelled);
+    if (s.ok()) {
+      bytes_out += static_cast<int64_t>(response.chunk().data().size());
+      if (!emit(response)) end = absl::CancelledError("the client went away");
+      continue;
+    }
+    if (absl::IsNotFound(s)) break;  // Every output went out.
+    if (absl::IsDeadlineExceeded(s)) {
+      ended = EndedJob(job_id);
+      if (ended.has_value()) break;  // Ended without its outputs: its state says why.
+      continue;
+    }
+    end = is_cancelled() ? absl::CancelledError(
+                               "the call was cancelled (the client went away or "
+                               "its deadline passed)")
+                         : s;
+  }
+  // Every output went out: the ranks' reports end the job (each rank reports after its uploads).
+  while (end.ok() && !ended.has_value()) {
+    if (is_cancelled()) {
+      end = absl::CancelledError(
+          "the call was cancelled (the client went away or its deadline "
+          "passed)");
+      break;
+    }
+    ended = EndedJob(job_id);
+    if (!ended.has_value()) absl::SleepFor(absl::Milliseconds(10));
+  }
+  if (!end.ok()) {
+    // The job stops at once: its ranks are cancelled and free their memory.
+    v1::CancelJobRequest cancel;
+    cancel.set_job_id(job_id);
+    cancel.set_reason(std::string(end.message()).substr(0, api::kMaxCancelReasonLength));
+    (void)CancelJob(cancel);
+  }
+  session->Close(end.ok() ? absl::CancelledError("the Attend call ended") : end);
+  if (!reader_done && end_call) end_call();
+  reader.join();
+  relay_.Remove(job_id);
+
+  absl::Status answer = end;
+  if (answer.ok()) {
+    const v1::Job& job = *ended;
+    if (job.state() == v1::JOB_STATE_SUCCEEDED) {
+      if (!session->OutputsDone()) {
+        answer = absl::InternalError(
+            absl::StrCat("job ", job_id, " succeeded but not every output came from its ranks"));
+      } else {
+        v1::AttendResponse done;
+        *done.mutable_done() = job.result().attention();
+        if (!emit(done)) answer = absl::CancelledError("the client went away");
+      }
+    } else if (job.state() == v1::JOB_STATE_CANCELLED) {
+      answer = absl::CancelledError(absl::StrCat("job ", job_id, " ", job.state_reason()));
+    } else {
+      answer = absl::Status(FailureCode(job.state_reason()),
+                            absl::StrCat("job ", job_id, " failed: ", job.state_reason()));
+    }
+  }
+  metrics_->AttendEnded(api::TenantOrDefault(start.tenant()), answer.code(), bytes_in, bytes_out);
+  return answer;
 }
 
 // -------------------------------------------------------------------------------------------------
@@ -732,6 +998,7 @@ absl::StatusOr<v1::UploadOutputResponse> Coordinator::UploadOutput(
   }
   std::string job_id;
   int attempt = 0, rank = 0;
+  bool streamed = false;
   v1::TensorHeader expected;
   {
     absl::MutexLock lock(&mu_);
@@ -743,7 +1010,7 @@ absl::StatusOr<v1::UploadOutputResponse> Coordinator::UploadOutput(
       response.set_stop(true);
       return response;
     }
-    if (!run->analysis->keeps_output) {
+    if (!run->analysis->keeps_output && !run->analysis->runs_once) {
       return absl::FailedPreconditionError(
           absl::StrCat("task ", first.task_id(), ": job ", run->job.job_id(),
                        " keeps no output (it was submitted without return_output)"));
@@ -752,6 +1019,7 @@ absl::StatusOr<v1::UploadOutputResponse> Coordinator::UploadOutput(
     job_id = task->job_id;
     attempt = task->attempt;
     rank = task->rank;
+    streamed = run->analysis->runs_once;
   }
   const v1::TensorHeader& got = first.chunk().header();
   if (got.dtype() != expected.dtype() ||
@@ -761,6 +1029,28 @@ absl::StatusOr<v1::UploadOutputResponse> Coordinator::UploadOutput(
     return absl::FailedPreconditionError(
         absl::StrCat("task ", first.task_id(), ": the shard's header (", got.ShortDebugString(),
                      ") is not rank ", rank, "'s (", expected.ShortDebugString(), ")"));
+  }
+  if (streamed) {
+    // An Attend job's output goes on to its call as it arrives (attend_relay.h).
+    std::shared_ptr<AttendSession> session = relay_.Find(job_id);
+    if (session == nullptr) {
+      response.set_stop(true);  // The call ended: the job is being cancelled.
+      return response;
+    }
+    const v1::AttendTensor tensor =
+        first.tensor() == v1::ATTEND_TENSOR_UNSPECIFIED ? v1::ATTEND_TENSOR_OUT : first.tensor();
+    v1::UploadOutputRequest message = first;
+    for (bool more = true; more; more = next(&message)) {
+      v1::TensorChunk* chunk = message.mutable_chunk();
+      absl::Status s = session->PushOutput(rank, tensor, chunk->offset(),
+                                           std::move(*chunk->mutable_data()), nullptr);
+      if (!s.ok()) {
+        if (absl::IsInvalidArgument(s) || absl::IsFailedPrecondition(s)) return s;
+        response.set_stop(true);  // The call ended meanwhile.
+        return response;
+      }
+    }
+    return response;
   }
   // The shard goes to disk as it arrives, without the lock: a large output is never in memory.
   absl::StatusOr<std::unique_ptr<ResultStore::ShardWriter>> writer =

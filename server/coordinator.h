@@ -91,6 +91,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <random>
 #include <string>
 #include <thread>
@@ -106,6 +107,7 @@
 #include "dattn/v1/job.pb.h"
 #include "dattn/v1/job_service.pb.h"
 #include "dattn/v1/worker.pb.h"
+#include "server/attend_relay.h"
 #include "server/coordinator_options.h"
 #include "server/dispatcher.h"
 #include "server/job_book.h"
@@ -202,8 +204,12 @@ class Coordinator {
   // after `done`; the errors job_service.proto lists. `cancelled` (polled) or a failed `emit`
   // cancels the job. Blocks the calling thread for the call's life and runs `next` on a thread of
   // its own.
+  // `end_call` (optional) ends the call so that a `next` blocked waiting for the client returns
+  // false (ServerContext::TryCancel); it is called only when the call ends before the client sent
+  // every input (a bad chunk, the job failed, the client went away).
   absl::Status Attend(const v1::AttendRequest& first, const AttendSource& next,
-                      const AttendSink& emit, const CancelledFn& cancelled);
+                      const AttendSink& emit, const CancelledFn& cancelled,
+                      const std::function<void()>& end_call = nullptr);
 
   // --- WorkerRegistry --------------------------------------------------------------------------
   // A new worker id per call. Another live registration under the same name is declared dead and
@@ -277,6 +283,15 @@ class Coordinator {
   enum class Phase { kNew, kServing, kDraining, kClosed };
 
   absl::Status CheckPhaseLocked(bool submit) const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
+  // SubmitJob's body. `sizes`: the specs to try, in order, instead of the kind's Sizes (an Attend
+  // call's ring sizes); `on_adopt` is called under the lock with a job this call created, just
+  // before it enters the queue (an Attend call registers its relay session there, before any rank
+  // can ask for it).
+  absl::StatusOr<v1::SubmitJobResponse> Submit(const v1::SubmitJobRequest& request,
+                                               std::vector<v1::JobSpec> sizes,
+                                               const std::function<void(const v1::Job&)>& on_adopt);
+  // The job's committed view once it has ended; nullopt while it is active (or on a read error).
+  std::optional<v1::Job> EndedJob(const std::string& job_id);
   // UNAVAILABLE while the store cannot be written (nothing is changed then).
   absl::Status CheckWritableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Time Now() const { return clock_->Now(); }
@@ -305,6 +320,7 @@ class Coordinator {
   // Set by Start() before the phase leaves kNew; thread-safe themselves.
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<ResultStore> outputs_;
+  AttendRelay relay_;  // Attend calls' sessions; thread-safe itself.
 
   mutable absl::Mutex mu_;
   Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kNew;

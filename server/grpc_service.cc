@@ -1,5 +1,6 @@
 #include "server/grpc_service.h"
 
+#include <chrono>
 #include <optional>
 #include <utility>
 
@@ -46,18 +47,20 @@ constexpr char kCancelJob[] = "/dattn.v1.JobService/CancelJob";
 constexpr char kWatchJob[] = "/dattn.v1.JobService/WatchJob";
 constexpr char kReadOutput[] = "/dattn.v1.JobService/ReadOutput";
 constexpr char kDeleteJob[] = "/dattn.v1.JobService/DeleteJob";
+constexpr char kAttend[] = "/dattn.v1.JobService/Attend";
 constexpr char kRegisterWorker[] = "/dattn.v1.WorkerRegistry/RegisterWorker";
 constexpr char kHeartbeat[] = "/dattn.v1.WorkerRegistry/Heartbeat";
 constexpr char kStreamAssignments[] = "/dattn.v1.WorkerRegistry/StreamAssignments";
 constexpr char kReportTask[] = "/dattn.v1.WorkerRegistry/ReportTask";
 constexpr char kUploadOutput[] = "/dattn.v1.WorkerRegistry/UploadOutput";
+constexpr char kReadInput[] = "/dattn.v1.WorkerRegistry/ReadInput";
 constexpr char kListWorkers[] = "/dattn.v1.AdminService/ListWorkers";
 constexpr char kDrainWorker[] = "/dattn.v1.AdminService/DrainWorker";
 constexpr char kUndrainWorker[] = "/dattn.v1.AdminService/UndrainWorker";
 constexpr const char* kMethods[] = {
-    kSubmitJob,  kGetJob,       kListJobs,       kCancelJob,   kWatchJob,
-    kReadOutput, kDeleteJob,    kRegisterWorker, kHeartbeat,   kStreamAssignments,
-    kReportTask, kUploadOutput, kListWorkers,    kDrainWorker, kUndrainWorker};
+    kSubmitJob,    kGetJob,    kListJobs,       kCancelJob,   kWatchJob,          kReadOutput,
+    kDeleteJob,    kAttend,    kRegisterWorker, kHeartbeat,   kStreamAssignments, kReportTask,
+    kUploadOutput, kReadInput, kListWorkers,    kDrainWorker, kUndrainWorker};
 
 constexpr const char* kServiceNames[] = {"", "dattn.v1.JobService", "dattn.v1.WorkerRegistry",
                                          "dattn.v1.AdminService"};
@@ -161,6 +164,38 @@ class JobServiceImpl final : public v1::JobService::Service {
                    [&] { return Assign(core_->DeleteJob(*request), response); });
     });
   }
+  grpc::Status Attend(
+      grpc::ServerContext* context,
+      grpc::ServerReaderWriter<v1::AttendResponse, v1::AttendRequest>* stream) override {
+    return calls_.Run(kAttend, [&]() -> absl::Status {
+      absl::StatusOr<security::Principal> caller = access_->Caller(*context);
+      if (!caller.ok()) return caller.status();
+      // A stream: it holds one of the caller's stream slots while it lasts.
+      absl::StatusOr<Access::StreamSlot> slot = access_->OpenStream(*caller, *context, kAttend);
+      if (!slot.ok()) return slot.status();
+      v1::AttendRequest first;
+      if (!stream->Read(&first)) {
+        return absl::InvalidArgumentError("start: the Attend stream carried no message");
+      }
+      if (first.has_start()) {
+        // The tenant is the caller's, as for SubmitJob.
+        v1::JobSpec scope;
+        scope.set_tenant(first.start().tenant());
+        if (absl::Status s = Access::ScopeSubmit(*caller, &scope); !s.ok()) return s;
+        first.mutable_start()->set_tenant(scope.tenant());
+      }
+      absl::Status status = core_->Attend(
+          first, [stream](v1::AttendRequest* next) { return stream->Read(next); },
+          [stream](const v1::AttendResponse& response) { return stream->Write(response); },
+          [context] { return context->IsCancelled(); }, [context] { context->TryCancel(); });
+      if (absl::IsCancelled(status) &&
+          std::chrono::system_clock::now() >= context->deadline()) {
+        return absl::DeadlineExceededError(
+            absl::StrCat("the Attend call's deadline passed: ", status.message()));
+      }
+      return status;
+    });
+  }
 
  private:
   // What OnJob's call is: an act audited when an admin does it to another tenant's job, or a
@@ -244,6 +279,16 @@ class WorkerRegistryImpl final : public v1::WorkerRegistry::Service {
       if (absl::Status s = CheckWorkerId(*context, kReportTask, request->worker_id()); !s.ok())
         return s;
       return Assign(core_->ReportTask(*request), response);
+    });
+  }
+  grpc::Status ReadInput(grpc::ServerContext* context, const v1::ReadInputRequest* request,
+                         grpc::ServerWriter<v1::AttendChunk>* writer) override {
+    return calls_.Run(kReadInput, [&]() -> absl::Status {
+      if (absl::Status s = CheckWorkerId(*context, kReadInput, request->worker_id()); !s.ok())
+        return s;
+      return core_->ReadInput(
+          *request, [writer](const v1::AttendChunk& chunk) { return writer->Write(chunk); },
+          [context] { return context->IsCancelled(); });
     });
   }
   grpc::Status UploadOutput(grpc::ServerContext* context,

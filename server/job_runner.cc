@@ -186,6 +186,16 @@ void JobRunner::Release(JobRun* run, bool cancel_tasks, const std::string& reaso
 void JobRunner::Requeue(JobRun* run, const std::string& kind, const std::string& message,
                         Tickets* tickets) {
   mu_->AssertHeld();
+  if (run->analysis != nullptr && run->analysis->runs_once) {
+    // Its inputs were in its caller's stream, consumed by this attempt: it cannot run again.
+    Release(run, /*cancel_tasks=*/true, message, /*abort=*/true);
+    tickets->push_back(Transition(
+        run, v1::JOB_STATE_FAILED, "failed",
+        absl::StrCat(message.empty() ? kind : message,
+                     "; not requeued: an Attend job runs once (its inputs were in its caller's "
+                     "stream), the caller may call again")));
+    return;
+  }
   run->job.set_attempt(run->job.attempt() + 1);
   run->job.mutable_progress()->set_steps_done(0);
   // Per-attempt figures start again; what the attempts share (a training job's checkpoints, its

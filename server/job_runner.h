@@ -73,7 +73,8 @@ class JobRunner {
   Ticket Append(JobRun* run, v1::JobEvent event);
   // Queues a QUEUED job with the dispatcher.
   void Enqueue(JobRun* run);
-  // The job goes back in the queue as attempt + 1 with an event of `kind`.
+  // The job goes back in the queue as attempt + 1 with an event of `kind`; a job that runs once
+  // (JobAnalysis::runs_once: an Attend job) fails instead, saying why.
   void Requeue(JobRun* run, const std::string& kind, const std::string& message, Tickets* tickets);
   // Ends the current attempt (its tasks forgotten, CancelTask to those dispatched when
   // `cancel_tasks`, with CancelTask.abort when `abort`: the attempt failed and its ranks cannot

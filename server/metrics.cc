@@ -110,6 +110,28 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
            .Add({}, prometheus::Histogram::BucketBoundaries{0.0005, 0.001, 0.0025, 0.005, 0.01,
                                                             0.025, 0.05, 0.1, 0.25, 0.5, 1});
 
+  attend_active_ = &prometheus::BuildGauge()
+                        .Name("dattn_attend_calls_active")
+                        .Help(
+                            "JobService.Attend calls in progress (unit: calls; from the "
+                            "acceptance of the call's job to the end of the call).")
+                        .Register(*registry_)
+                        .Add({});
+  attend_calls_ = &prometheus::BuildCounter()
+                       .Name("dattn_attend_calls_total")
+                       .Help(
+                           "Ended JobService.Attend calls whose job was accepted, by tenant and "
+                           "status code (unit: calls; refusals before the job existed are in "
+                           "dattn_rpc_total).")
+                       .Register(*registry_);
+  attend_bytes_ = &prometheus::BuildCounter()
+                       .Name("dattn_attend_bytes_total")
+                       .Help(
+                           "Tensor bytes of JobService.Attend calls: direction=in from the "
+                           "client (q, k, v, dout), out to it (out, dq, dk, dv) (unit: bytes; "
+                           "counted when the call ends).")
+                       .Register(*registry_);
+
   job_tflops_ = &prometheus::BuildHistogram()
                      .Name("dattn_attention_job_tflops")
                      .Help(
@@ -360,6 +382,27 @@ void Metrics::DeclareRpc(absl::string_view method) {
 
 void Metrics::CountRecovery(absl::string_view kind) {
   recoveries_->Add({{"kind", Str(kind)}}).Increment();
+}
+
+void Metrics::AttendStarted() { attend_active_->Increment(); }
+
+std::string Metrics::TenantLabel(absl::string_view tenant) {
+  absl::MutexLock lock(&tenants_mu_);
+  if (tenants_.contains(tenant)) return std::string(tenant);
+  if (static_cast<int>(tenants_.size()) >= kMaxTenantLabels) return "other";
+  tenants_.insert(std::string(tenant));
+  return std::string(tenant);
+}
+
+void Metrics::AttendEnded(absl::string_view tenant, absl::StatusCode code, int64_t bytes_in,
+                          int64_t bytes_out) {
+  attend_active_->Decrement();
+  const std::string label = TenantLabel(tenant);
+  attend_calls_->Add({{"tenant", label}, {"code", absl::StatusCodeToString(code)}}).Increment();
+  attend_bytes_->Add({{"tenant", label}, {"direction", "in"}})
+      .Increment(static_cast<double>(bytes_in));
+  attend_bytes_->Add({{"tenant", label}, {"direction", "out"}})
+      .Increment(static_cast<double>(bytes_out));
 }
 
 void Metrics::ObserveStoreCommit(double seconds) {

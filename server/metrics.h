@@ -45,6 +45,13 @@
 //   dattn_training_step_seconds{device}    histogram  each reported step's time
 //   dattn_training_checkpoint_seconds      histogram  time to write each checkpoint
 //   dattn_training_checkpoint_bytes        histogram  size of each checkpoint
+//   dattn_attend_calls_active              gauge      JobService.Attend calls in progress
+//   dattn_attend_calls_total{tenant,code}  counter    ended Attend calls by tenant and status code
+//   dattn_attend_bytes_total{tenant,direction} counter tensor bytes of Attend calls: in (q, k, v,
+//                                                     dout from the client), out (to it)
+// Attend calls' queue time and engine time are their jobs' (kind="attention"): queue_wait and
+// attention_step_seconds. `tenant` labels take the first kMaxTenantLabels tenants seen; later
+// ones are counted as "other" (a tenant is a string the caller chooses with --insecure).
 //
 // Per-job training series (job_id) exist while the job runs and are removed when it ends.
 //
@@ -59,7 +66,11 @@
 #include <memory>
 #include <string>
 
+#include "absl/base/thread_annotations.h"
+#include "absl/container/flat_hash_set.h"
+#include "absl/status/status.h"
 #include "absl/strings/string_view.h"
+#include "absl/synchronization/mutex.h"
 #include "dattn/v1/job.pb.h"
 
 namespace prometheus {
@@ -141,6 +152,15 @@ class Metrics {
   // Drops the job's per-job training series (it ended, or is no longer running here).
   void RemoveTrainingJob(absl::string_view job_id);
 
+  // Most distinct tenant label values; later tenants are "other".
+  static constexpr int kMaxTenantLabels = 64;
+  // An Attend call began (after its job was accepted) / ended with `code` after `bytes_in` bytes
+  // from the client and `bytes_out` to it. Calls refused before their job existed are counted by
+  // dattn_rpc_total only.
+  void AttendStarted();
+  void AttendEnded(absl::string_view tenant, absl::StatusCode code, int64_t bytes_in,
+                   int64_t bytes_out);
+
  private:
   prometheus::Gauge& JobGauge(absl::string_view kind, v1::JobState state);
 
@@ -177,6 +197,13 @@ class Metrics {
   prometheus::Family<prometheus::Histogram>* training_step_seconds_;
   prometheus::Histogram* training_checkpoint_seconds_;
   prometheus::Histogram* training_checkpoint_bytes_;
+  prometheus::Gauge* attend_active_;
+  prometheus::Family<prometheus::Counter>* attend_calls_;
+  prometheus::Family<prometheus::Counter>* attend_bytes_;
+  absl::Mutex tenants_mu_;
+  absl::flat_hash_set<std::string> tenants_ ABSL_GUARDED_BY(tenants_mu_);
+  // `tenant`, or "other" once kMaxTenantLabels others have been seen.
+  std::string TenantLabel(absl::string_view tenant);
 };
 
 }  // namespace server

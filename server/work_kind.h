@@ -51,6 +51,10 @@ struct JobAnalysis {
   std::vector<DeviceOption> devices;
   // Ranks upload an output shard (WorkerRegistry.UploadOutput) before they report success.
   bool keeps_output = false;
+  // The job can run only once: its inputs were in its caller's stream (a JobService.Attend call).
+  // It is never requeued (a failure, a lost worker, a refusal, a restart or a shutdown fails it)
+  // and its ranks' outputs go to the call (attend_relay.h), not to the ResultStore.
+  bool runs_once = false;
   std::string summary;  // One line for the "submitted" event.
 };
 

@@ -129,6 +129,12 @@ absl::StatusOr<AttentionTaskPlan> PlanAttentionTask(const v1::TaskAssignment& ta
   plan.backward = rank_plan.backward();
   plan.seed = job.seed();
   plan.return_output = job.return_output();
+  plan.streamed = job.streamed();
+  if (plan.streamed && plan.iterations != 1) {
+    return absl::InvalidArgumentError(absl::StrCat("task ", task.task_id(),
+                                                   ": a streamed job runs one step, its plan says ",
+                                                   plan.iterations));
+  }
   plan.memory_bytes = rank_plan.memory_bytes();
   plan.memory_plan = rank_plan.memory_plan();
   plan.flops_per_step = rank_plan.flops_per_step();
@@ -175,9 +181,43 @@ absl::Status PrepareTensors(const AttentionTaskPlan& plan, TaskDevice* device,
     absl::StatusOr<TensorView> view = make(plan.dtype, shape, plan.tensor_bytes, kNames[i]);
     if (!view.ok()) return view.status();
     t->inputs[i] = *view;
+    if (plan.streamed) continue;  // Written below, as the caller's chunks come.
     absl::Status filled = device->FillInput(plan.seed, static_cast<InputTensor>(i), plan.full,
                                             plan.positions, *view, options.num_threads);
     if (!filled.ok()) return filled;
+  }
+  if (plan.streamed) {
+    // The caller's chunks of this shard, each tensor in order and whole: anything else would
+    // leave part of an input unwritten.
+    int tensor = 0;
+    int64_t offset = 0;
+    absl::Status read = options.read_inputs([&](const v1::AttendChunk& chunk) -> absl::Status {
+      const int64_t size = static_cast<int64_t>(chunk.data().size());
+      if (tensor >= num_inputs || chunk.tensor() != v1::ATTEND_TENSOR_Q + tensor ||
+          chunk.offset() != offset || size == 0 || offset + size > plan.tensor_bytes) {
+        return absl::InvalidArgumentError(absl::StrCat(
+            "task ", task_id, ": input chunk of tensor ", static_cast<int>(chunk.tensor()),
+            " at offset ", chunk.offset(), " with ", size, " bytes; expected input ", tensor,
+            " at offset ", offset, " of its ", plan.tensor_bytes, " bytes"));
+      }
+      char* base = static_cast<char*>(t->inputs[tensor].data);
+      if (absl::Status s = device->CopyToDevice(base + offset, chunk.data().data(), size);
+          !s.ok()) {
+        return s;
+      }
+      offset += size;
+      if (offset == plan.tensor_bytes) {
+        ++tensor;
+        offset = 0;
+      }
+      return absl::OkStatus();
+    });
+    if (!read.ok()) return read;
+    if (tensor < num_inputs) {
+      return absl::DataLossError(absl::StrCat("task ", task_id, ": its input stream ended with ",
+                                              kNames[tensor], " at ", offset, " of its ",
+                                              plan.tensor_bytes, " bytes"));
+    }
   }
   const char* kOutNames[] = {"out", "dq", "dk", "dv"};
   const int num_outputs = plan.backward ? 4 : 1;
@@ -262,6 +302,12 @@ absl::StatusOr<AttentionTaskResult> RunAttentionTask(const v1::TaskAssignment& t
   absl::StatusOr<AttentionTaskPlan> planned = PlanAttentionTask(task, device->caps());
   if (!planned.ok()) return planned.status();
   const AttentionTaskPlan& plan = *planned;
+  if (plan.streamed && (!options.read_inputs || !options.upload_output)) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("task ", task.task_id(),
+                     " is streamed, but this runner reads no input "
+                     "stream (AttentionTaskOptions.read_inputs, upload_output)"));
+  }
   const bool on_ring = plan.num_ranks > 1;
   auto phase = [&](v1::RankPhase p) {
     if (options.on_phase) options.on_phase(p);
@@ -396,6 +442,27 @@ absl::StatusOr<AttentionTaskResult> RunAttentionTask(const v1::TaskAssignment& t
   }
   // The planned bytes beyond the inputs: outputs, lse, the engine's workspace, ring buffers.
   rank.set_peak_memory_bytes(plan.memory_bytes - (plan.backward ? 4 : 3) * plan.tensor_bytes);
+  if (plan.streamed) {
+    // Every output back to the caller, read from the device a chunk at a time.
+    v1::TensorHeader header;
+    header.set_dtype(ToApiDType(plan.dtype));
+    for (int64_t d : t.outputs[0].shape) header.add_shape(d);
+    header.set_total_bytes(plan.tensor_bytes);
+    for (int i = 0; i < (plan.backward ? 4 : 1); ++i) {
+      const char* base = static_cast<const char*>(t.outputs[i].data);
+      absl::Status sent = options.upload_output(
+          static_cast<v1::AttendTensor>(v1::ATTEND_TENSOR_OUT + i), header,
+          [&](int64_t offset, int64_t length, char* dst) -> absl::Status {
+            if (offset < 0 || length < 0 || offset + length > plan.tensor_bytes) {
+              return absl::OutOfRangeError(absl::StrCat("bytes [", offset, ", ", offset + length,
+                                                        ") of a ", plan.tensor_bytes,
+                                                        "-byte shard"));
+            }
+            return device->CopyToHost(dst, base + offset, length);
+          });
+      if (!sent.ok()) return sent;
+    }
+  }
   if (plan.return_output) {
     result.has_output = true;
     result.output.set_dtype(ToApiDType(plan.dtype));

@@ -8,14 +8,18 @@
 //      that does not fit;
 //   3. allocates its shard of q, k, v (and dout) and fills it from the job's seed
 //      (random_inputs.h), so every rank and every rerun sees its slice of the single-rank inputs
-//      (TaskDevice::FillInput: in place on the host, by a kernel on a GPU);
+//      (TaskDevice::FillInput: in place on the host, by a kernel on a GPU); or, for a streamed job
+//      (AttentionJobSpec.streamed: a JobService.Attend call), with the caller's chunks of its
+//      shard as they come (options.read_inputs), copied to the device one chunk at a time;
 //   4. on a ring (num_ranks P > 1): joins its ring (ring_join.h) and runs the ring driver
 //      (engine/ring/ring_attention.h) on the device's ring kernels; otherwise runs the device's
 //      single-device backend;
 //   5. runs `iterations` steps (forward, or forward then backward), checking for cancellation
 //      before every step and reporting progress after every step;
 //   6. returns the median step time, the rank's effective TFLOP/s, fp64 checksums of the last
-//      step's results of its shard and, when asked, its output shard (the caller uploads it).
+//      step's results of its shard and, when asked, its output shard (the caller uploads it); a
+//      streamed job sends out (and dq, dk, dv) through options.upload_output before it returns,
+//      read from the device a chunk at a time.
 //
 // Rank r of P holds positions [r N/P, (r+1) N/P). Its FLOPs per step are the whole job's nominal
 // FLOPs (dilation::NominalForwardFlops, x3.5 with backward) divided by P: the job's rate is then
@@ -63,6 +67,7 @@ struct AttentionTaskPlan {
   int64_t iterations = 1;
   uint64_t seed = 0;
   bool return_output = false;  // The job asked for its output: this rank returns its shard.
+  bool streamed = false;       // Inputs from the caller's stream, outputs back to it.
   // Device bytes of this rank (its tensors, the engine's workspace, ring buffers), as the
   // coordinator planned and reserved them, and their breakdown for messages.
   int64_t memory_bytes = 0;
@@ -117,6 +122,19 @@ struct AttentionTaskOptions {
   // Polled before each step (and while a ring forms); true stops the task with CANCELLED. A step
   // that fails while it is true (its communicator aborted) also ends CANCELLED.
   std::function<bool()> is_cancelled;
+
+  // Streamed jobs (AttentionJobSpec.streamed) need both; a streamed task without them fails with
+  // FAILED_PRECONDITION. `read_inputs` calls `write` with each chunk of the rank's inputs, in
+  // order, as they come (WorkerRegistry.ReadInput: q, k, v, then dout, offsets within the rank's
+  // (B, N/P, H, D) shard) and returns how the stream ended (OK after the last chunk; a `write`
+  // error ends it with that error). `upload_output` sends output `tensor` (out, then dq, dk, dv)
+  // whose shard `header` describes, reading its bytes with `read(offset, length, host_dst)`.
+  using ChunkWriter = std::function<absl::Status(const v1::AttendChunk&)>;
+  std::function<absl::Status(const ChunkWriter& write)> read_inputs;
+  using ShardReader = std::function<absl::Status(int64_t offset, int64_t length, char* dst)>;
+  std::function<absl::Status(v1::AttendTensor tensor, const v1::TensorHeader& header,
+                             const ShardReader& read)>
+      upload_output;
 };
 
 struct AttentionTaskResult {

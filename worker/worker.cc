@@ -231,6 +231,8 @@ absl::Status Worker::Start() {
   const int max_ms = static_cast<int>(absl::ToInt64Milliseconds(o.backoff_max));
   args.SetInt(GRPC_ARG_INITIAL_RECONNECT_BACKOFF_MS, std::max(1, initial_ms));
   args.SetInt(GRPC_ARG_MAX_RECONNECT_BACKOFF_MS, std::max(1, max_ms));
+  // A streamed rank's input chunks (ReadInput) carry up to 4 MiB of data each, plus framing.
+  args.SetMaxReceiveMessageSize(api::kMaxMessageBytes);
   channel_ = grpc::CreateCustomChannel(o.coordinator_address, o.credentials, args);
   stub_ = v1::WorkerRegistry::NewStub(channel_);
 
@@ -880,6 +882,16 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
     run_options.on_started = on_started;
     run_options.on_progress = [&](int64_t done, int64_t) { progressed(done, false); };
     run_options.is_cancelled = is_cancelled;
+    if (task->assignment.spec().attention().streamed()) {
+      run_options.read_inputs = [this, &task](const AttentionTaskOptions::ChunkWriter& write) {
+        return ReadInputs(*task, write);
+      };
+      run_options.upload_output = [this, &task](v1::AttendTensor tensor,
+                                                const v1::TensorHeader& header,
+                                                const AttentionTaskOptions::ShardReader& read) {
+        return UploadStreamed(*task, tensor, header, read);
+      };
+    }
     absl::StatusOr<AttentionTaskResult> result =
         RunAttentionTask(task->assignment, device_.get(), run_options);
     if (result.ok()) {
@@ -944,6 +956,92 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
     LogEvent("task ", id, ": the coordinator no longer wants it; its outcome is not reported");
   }
   cv_.SignalAll();
+}
+
+absl::Status Worker::ReadInputs(Task& task, const AttentionTaskOptions::ChunkWriter& write) {
+  const std::string& id = task.assignment.task_id();
+  const v1::AttentionJobSpec& job = task.assignment.spec().attention();
+  // The caller sends as fast as it can; the bound is for a caller that stalls (8 MiB/s at the
+  // least, as for uploads, on top of the longest wait for a ring peer).
+  const int64_t bytes = job.shape().batch() * job.shape().seq_len() * job.shape().num_heads() *
+                        job.shape().head_dim() * 8 *
+                        (job.pass() == v1::PASS_FORWARD_BACKWARD ? 4 : 3) /
+                        std::max(1, job.num_ranks());
+  grpc::ClientContext context;
+  PrepareUnary(&context, options_.rpc_timeout + options_.default_comm_timeout +
+                             absl::Seconds(bytes / (int64_t{8} << 20)));
+  ActiveCall active(this, &context);
+  v1::ReadInputRequest request;
+  request.set_worker_id(worker_id());
+  request.set_task_id(id);
+  std::unique_ptr<grpc::ClientReader<v1::AttendChunk>> reader = stub_->ReadInput(&context, request);
+  v1::AttendChunk chunk;
+  absl::Status written = absl::OkStatus();
+  while (written.ok() && reader->Read(&chunk)) {
+    if (task.cancel.load()) {
+      written = absl::CancelledError(absl::StrCat("task ", id, " cancelled while reading inputs"));
+    } else {
+      written = write(chunk);
+    }
+    if (!written.ok()) context.TryCancel();
+  }
+  const grpc::Status status = reader->Finish();
+  if (!written.ok()) return written;
+  if (!status.ok()) {
+    const absl::Status error = FromGrpc(status);
+    return absl::Status(error.code(),
+                        absl::StrCat("task ", id, ": reading its inputs: ", error.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status Worker::UploadStreamed(Task& task, v1::AttendTensor tensor,
+                                    const v1::TensorHeader& header,
+                                    const AttentionTaskOptions::ShardReader& read) {
+  const std::string& id = task.assignment.task_id();
+  const int64_t total = header.total_bytes();
+  // Not retried: the coordinator passes each chunk on to the caller as it comes.
+  grpc::ClientContext context;
+  PrepareUnary(&context, options_.rpc_timeout + options_.default_comm_timeout +
+                             absl::Seconds(total / (int64_t{8} << 20)));
+  ActiveCall active(this, &context);
+  v1::UploadOutputResponse response;
+  std::unique_ptr<grpc::ClientWriter<v1::UploadOutputRequest>> writer =
+      stub_->UploadOutput(&context, &response);
+  v1::UploadOutputRequest first;
+  first.set_worker_id(worker_id());
+  first.set_task_id(id);
+  first.set_tensor(tensor);
+  *first.mutable_chunk()->mutable_header() = header;
+  bool written = writer->Write(first);
+  absl::Status copied = absl::OkStatus();
+  std::string buffer;
+  for (int64_t offset = 0; written && offset < total; offset += api::kMaxOutputChunkBytes) {
+    const int64_t length = std::min(api::kMaxOutputChunkBytes, total - offset);
+    buffer.resize(static_cast<size_t>(length));
+    copied = read(offset, length, buffer.data());
+    if (!copied.ok()) break;
+    v1::UploadOutputRequest chunk;
+    chunk.mutable_chunk()->set_offset(offset);
+    chunk.mutable_chunk()->set_data(buffer);
+    written = writer->Write(chunk);
+  }
+  if (!copied.ok()) {
+    context.TryCancel();
+    (void)writer->Finish();
+    return copied;
+  }
+  if (written) writer->WritesDone();
+  const grpc::Status status = writer->Finish();
+  if (!status.ok()) {
+    const absl::Status error = FromGrpc(status);
+    return absl::Status(error.code(),
+                        absl::StrCat("task ", id, ": sending its output: ", error.message()));
+  }
+  if (response.stop()) {
+    return absl::CancelledError(absl::StrCat("task ", id, ": its Attend call ended"));
+  }
+  return absl::OkStatus();
 }
 
 absl::Status Worker::UploadOutput(Task& task, const v1::Tensor& output) {

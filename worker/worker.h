@@ -69,6 +69,7 @@
 #include "engine/comm/communicator.h"
 #include "engine/comm/tcp_store.h"
 #include "grpcpp/grpcpp.h"
+#include "worker/attention_task.h"
 #include "worker/task_device.h"
 
 namespace dattn {
@@ -214,6 +215,14 @@ class Worker {
   // the coordinator no longer wants the task (it is then silenced) or the worker stops; the
   // coordinator's refusal otherwise (the task then fails with it).
   absl::Status UploadOutput(Task& task, const v1::Tensor& output) ABSL_LOCKS_EXCLUDED(mu_);
+  // A streamed task's inputs (WorkerRegistry.ReadInput), each chunk handed to `write` as it comes;
+  // and one of its outputs (UploadOutput with the output's tensor), read by `read` a chunk at a
+  // time. Neither is retried: the coordinator relays every chunk once (server/attend_relay.h).
+  absl::Status ReadInputs(Task& task, const AttentionTaskOptions::ChunkWriter& write)
+      ABSL_LOCKS_EXCLUDED(mu_);
+  absl::Status UploadStreamed(Task& task, v1::AttendTensor tensor, const v1::TensorHeader& header,
+                              const AttentionTaskOptions::ShardReader& read)
+      ABSL_LOCKS_EXCLUDED(mu_);
   // Marks every running task cancelled; `silent` ones send no further report. The caller passes
   // `to_abort` to AbortComms once it has released mu_.
   void CancelAllLocked(bool silent, const char* why, std::vector<std::shared_ptr<Task>>* to_abort)

@@ -342,6 +342,55 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       ->type_name("PATH")
       ->required();
 
+  // attend
+  CLI::App* attend = app.add_subcommand(
+      "attend",
+      "Dilated attention on your own tensors: q, k, v (.npy) in, out back (with --dout also dq, "
+      "dk, dv), streamed to the ranks that own them (docs/ATTEND.md)");
+  std::vector<std::string> attend_inputs;
+  std::string attend_dout, attend_segments, attend_rates, attend_mode = "grouped";
+  std::string attend_head_offsets, attend_device = "any", attend_name;
+  std::vector<std::string> attend_outputs(4);
+  bool attend_causal = false;
+  double attend_scale = 0, attend_timeout = 0;
+  int attend_ranks = 0, attend_priority = 0;
+  attend
+      ->add_option("QKV", attend_inputs,
+                   "q.npy k.npy v.npy: (B, N, H, D) arrays of one dtype (float64, float32 or "
+                   "float16)")
+      ->required()
+      ->expected(3);
+  attend->add_option("--dout", attend_dout, "dout.npy: also the backward (dq, dk, dv)")
+      ->type_name("PATH");
+  attend->add_option("-o,--output-file", attend_outputs[0], "Save out here (.npy)")
+      ->type_name("PATH")
+      ->required();
+  attend->add_option("--dq", attend_outputs[1], "With --dout: save dq here")->type_name("PATH");
+  attend->add_option("--dk", attend_outputs[2], "With --dout: save dk here")->type_name("PATH");
+  attend->add_option("--dv", attend_outputs[3], "With --dout: save dv here")->type_name("PATH");
+  attend->add_option("--segments", attend_segments, "Segment lengths, e.g. 2048,4096")
+      ->type_name("LIST")
+      ->required();
+  attend->add_option("--rates", attend_rates, "Dilation rates, e.g. 1,2")
+      ->type_name("LIST")
+      ->required();
+  attend->add_flag("--causal", attend_causal, "Causal within each dilated segment");
+  attend->add_option("--mode", attend_mode, "grouped (default) or mixture")->type_name("MODE");
+  attend->add_option("--head-offsets", attend_head_offsets, "modulo or blocked (mixture only)")
+      ->type_name("RULE");
+  attend->add_option("--scale", attend_scale, "Softmax scale (default 1/sqrt(D))")
+      ->type_name("X")
+      ->check(CLI::PositiveNumber);
+  attend->add_option("--ranks", attend_ranks, "Ring size P (dividing N); 0: the fewest that fit")
+      ->type_name("P")
+      ->check(CLI::NonNegativeNumber);
+  attend->add_option("--device", attend_device, "any (default), cpu or gpu")->type_name("KIND");
+  attend->add_option("--name", attend_name, "Job name")->type_name("NAME");
+  attend->add_option("--priority", attend_priority, "-100 .. 100")->type_name("N");
+  attend->add_option("--call-timeout", attend_timeout, "Deadline of the whole call, in seconds")
+      ->type_name("SECONDS")
+      ->check(CLI::PositiveNumber);
+
   // checkpoints
   CLI::App* checkpoints =
       app.add_subcommand("checkpoints", "List a training job's complete checkpoints");
@@ -354,8 +403,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   std::string delete_job;
   del->add_option("JOB_ID", delete_job, "The job")->required();
 
-  for (CLI::App* sub : {submit, status, list, watch, cancel, output, checkpoints, del, workers,
-                        drain, undrain, health}) {
+  for (CLI::App* sub : {submit, status, list, watch, cancel, output, attend, checkpoints, del,
+                        workers, drain, undrain, health}) {
     sub->footer("Exit codes: see 'dattn --help'. Details: docs/CLI.md");
   }
 
@@ -481,6 +530,50 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       return Commands(global, out, err, env).Cancel(cancel_job, cancel_reason);
     }
     if (output->parsed()) return Commands(global, out, err, env).Output(output_job, output_path);
+    if (attend->parsed()) {
+      AttendArgs args;
+      auto usage = [&](const std::string& flag, const absl::Status& s) {
+        return UsageError(err, absl::StrCat(flag, ": ", s.message()), "attend");
+      };
+      absl::StatusOr<std::vector<int64_t>> segments = ParseIntList(attend_segments, 1, INT64_MAX);
+      if (!segments.ok()) return usage("--segments", segments.status());
+      absl::StatusOr<std::vector<int64_t>> rates = ParseIntList(attend_rates, 1, INT64_MAX);
+      if (!rates.ok()) return usage("--rates", rates.status());
+      if (segments->size() != rates->size()) {
+        return UsageError(err,
+                          absl::StrCat("--segments has ", segments->size(), " value(s), --rates ",
+                                       rates->size(), "; give one rate per segment length"),
+                          "attend");
+      }
+      v1::AttentionSpec* spec = args.start.mutable_attention();
+      for (int64_t w : *segments) spec->add_segment_lengths(w);
+      for (int64_t r : *rates) spec->add_dilation_rates(r);
+      spec->set_causal(attend_causal);
+      absl::StatusOr<v1::AttentionMode> mode = ParseMode(attend_mode);
+      if (!mode.ok()) return usage("--mode", mode.status());
+      spec->set_mode(*mode);
+      if (!attend_head_offsets.empty()) {
+        absl::StatusOr<v1::HeadOffsets> offsets = ParseHeadOffsets(attend_head_offsets);
+        if (!offsets.ok()) return usage("--head-offsets", offsets.status());
+        spec->set_head_offsets(*offsets);
+      }
+      if (attend_scale > 0) spec->set_scale(attend_scale);
+      absl::StatusOr<v1::DevicePreference> device = ParseDevice(attend_device);
+      if (!device.ok()) return usage("--device", device.status());
+      args.start.set_device(*device);
+      args.start.set_num_ranks(attend_ranks);
+      args.start.set_name(attend_name);
+      args.start.set_priority(attend_priority);
+      args.inputs = attend_inputs;
+      if (!attend_dout.empty()) args.inputs.push_back(attend_dout);
+      if (attend_dout.empty() &&
+          !(attend_outputs[1].empty() && attend_outputs[2].empty() && attend_outputs[3].empty())) {
+        return UsageError(err, "--dq, --dk and --dv need --dout (the backward)", "attend");
+      }
+      args.outputs = attend_outputs;
+      if (attend_timeout > 0) args.call_timeout = Seconds(attend_timeout);
+      return Commands(global, out, err, env).Attend(args);
+    }
     if (del->parsed()) return Commands(global, out, err, env).Delete(delete_job);
     if (checkpoints->parsed()) {
       return Commands(global, out, err, env).Checkpoints(checkpoints_job);

@@ -42,6 +42,16 @@ struct SubmitArgs {
   absl::Duration reconnect_for = absl::Seconds(60);
 };
 
+// `dattn attend`: JobService.Attend on .npy files.
+struct AttendArgs {
+  // The attention spec, ring size, device, name and priority; dtype, shape and backward come from
+  // the files.
+  v1::AttendStart start;
+  std::vector<std::string> inputs;   // q, k, v and, for the backward, dout (.npy).
+  std::vector<std::string> outputs;  // Where to save out, dq, dk, dv (.npy); "" = not saved.
+  absl::Duration call_timeout = absl::ZeroDuration();  // The whole call; zero: none.
+};
+
 struct ListArgs {
   std::vector<v1::JobState> states;
   std::string tenant;
@@ -71,6 +81,10 @@ class Commands {
   int Output(const std::string& job_id, const std::string& path);
   // Deletes a finished job, its history and its output.
   int Delete(const std::string& job_id);
+  // Streams q, k, v (and dout) from .npy files through JobService.Attend and saves the outputs as
+  // they arrive (client/attend.cc). kExitUsage for files that are not 4-D arrays of one dtype and
+  // shape; the call's own errors as for any RPC.
+  int Attend(const AttendArgs& args);
   // Lists a training job's complete checkpoints: its result's when it SUCCEEDED, else those its
   // progress lists (the ones that exist now). kExitUsage for a job that is not a training job.
   int Checkpoints(const std::string& job_id);

@@ -53,6 +53,34 @@ class NpyWriter {
   bool finished_ = false;
 };
 
+// A .npy file read a chunk at a time (format versions 1.0, 2.0 and 3.0): its dtype and shape
+// from the header, then its row-major little-endian data. dtypes: '<f8' fp64, '<f4' fp32, '<f2'
+// fp16 (also '=' and, for one-byte-order-free reads, '|'). Not thread-safe.
+class NpyReader {
+ public:
+  // INVALID_ARGUMENT naming the file when it is not a .npy file, holds a Fortran-order array, a
+  // dtype other than those above, or fewer or more data bytes than its shape says; UNAVAILABLE
+  // when it cannot be opened or read.
+  static absl::StatusOr<std::unique_ptr<NpyReader>> Open(const std::string& path);
+  ~NpyReader();
+  NpyReader(const NpyReader&) = delete;
+  NpyReader& operator=(const NpyReader&) = delete;
+
+  // The array's dtype, shape and data size.
+  const v1::TensorHeader& header() const { return header_; }
+  // The next up to `max_bytes` bytes of the data into *data (empty at the end). UNAVAILABLE for a
+  // failed read, DATA_LOSS when the file ends early.
+  absl::Status Read(int64_t max_bytes, std::string* data);
+
+ private:
+  NpyReader(std::string path, std::FILE* file, v1::TensorHeader header)
+      : path_(std::move(path)), file_(file), header_(std::move(header)) {}
+  std::string path_;
+  std::FILE* file_;
+  v1::TensorHeader header_;
+  int64_t read_ = 0;
+};
+
 }  // namespace client
 }  // namespace dattn
 

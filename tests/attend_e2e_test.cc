@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "client/npy.h"
 #include "dattn/v1/job_service.grpc.pb.h"
 #include "engine/attention_spec.h"
 #include "engine/testing/oracle.h"
@@ -451,6 +452,102 @@ TEST_F(AttendTest, CancelAndDeadlineFreeTheRanks) {
   }
   EXPECT_THAT(Metrics(),
               HasSubstr("dattn_attend_calls_total{code=\"CANCELLED\",tenant=\"alice\"} 2"));
+}
+
+// Writes `values` as a (B, N, H, D) .npy file of `dtype`.
+std::string WriteNpy(const std::string& path, const std::vector<double>& values, v1::DType dtype,
+                     const std::vector<int64_t>& shape) {
+  v1::TensorHeader header;
+  header.set_dtype(dtype);
+  for (int64_t d : shape) header.add_shape(d);
+  header.set_total_bytes(static_cast<int64_t>(values.size()) * (dtype == v1::DTYPE_FP64 ? 8 : 4));
+  absl::StatusOr<std::unique_ptr<client::NpyWriter>> w = client::NpyWriter::Open(path, header);
+  EXPECT_TRUE(w.ok()) << w.status();
+  EXPECT_TRUE((*w)->Append(Encode(values, dtype)).ok());
+  EXPECT_TRUE((*w)->Finish().ok());
+  return path;
+}
+
+std::vector<double> ReadNpy(const std::string& path, v1::DType dtype) {
+  absl::StatusOr<std::unique_ptr<client::NpyReader>> r = client::NpyReader::Open(path);
+  EXPECT_TRUE(r.ok()) << r.status();
+  if (!r.ok()) return {};
+  EXPECT_EQ((*r)->header().dtype(), dtype);
+  std::string data;
+  EXPECT_TRUE((*r)->Read(int64_t{1} << 30, &data).ok());
+  return Decode(data, dtype);
+}
+
+// `dattn attend` on .npy files: forward and backward over a ring of two, the saved outputs against
+// the oracle; a file that is not a (B, N, H, D) array is a usage error naming it.
+TEST_F(AttendTest, TheCliAttendsNpyFiles) {
+  StartCluster(2);
+  Problem p;
+  p.dtype = v1::DTYPE_FP32;
+  oracle::Shape shape{p.batch, p.seq_len, p.heads, p.dim};
+  const std::vector<int64_t> dims = shape.Dims();
+  const int64_t n = shape.NumElements();
+  std::vector<std::vector<double>> in;
+  std::vector<std::string> files;
+  const char* names[] = {"q", "k", "v", "dout"};
+  for (int t = 0; t < 4; ++t) {
+    in.push_back(Decode(Encode(testutil::RandomValues(n, 40 + t), p.dtype), p.dtype));
+    files.push_back(
+        WriteNpy(absl::StrCat(cluster_->dir(), "/", names[t], ".npy"), in.back(), p.dtype, dims));
+  }
+  const std::string dir = cluster_->dir();
+  ProcessResult r = cluster_->Cli({"attend",
+                                   files[0],
+                                   files[1],
+                                   files[2],
+                                   "--dout",
+                                   files[3],
+                                   "--segments",
+                                   "8,16",
+                                   "--rates",
+                                   "1,2",
+                                   "--causal",
+                                   "--ranks",
+                                   "2",
+                                   "-o",
+                                   dir + "/out.npy",
+                                   "--dq",
+                                   dir + "/dq.npy",
+                                   "--dk",
+                                   dir + "/dk.npy",
+                                   "--dv",
+                                   dir + "/dv.npy"});
+  ASSERT_EQ(r.exit_code, 0) << r.out << r.err << cluster_->Logs();
+  EXPECT_THAT(r.out, HasSubstr("on 2 ranks"));
+  EXPECT_THAT(r.out, HasSubstr("Saved dv to"));
+  AttentionSpec spec;
+  spec.segment_lengths = p.segments;
+  spec.dilation_rates = p.rates;
+  spec.causal = true;
+  auto fwd = oracle::Forward(spec, shape, in[0], in[1], in[2]);
+  auto g = oracle::Backward(spec, shape, in[0], in[1], in[2], in[3]);
+  ASSERT_TRUE(fwd.ok() && g.ok());
+  const std::vector<std::vector<double>> want = {fwd->out, g->dq, g->dk, g->dv};
+  const char* outs[] = {"out", "dq", "dk", "dv"};
+  for (int t = 0; t < 4; ++t) {
+    std::vector<double> got = ReadNpy(absl::StrCat(dir, "/", outs[t], ".npy"), p.dtype);
+    ASSERT_EQ(got.size(), want[t].size()) << outs[t];
+    for (size_t i = 0; i < got.size(); ++i) {
+      ASSERT_NEAR(got[i], want[t][i], 2e-5 * (1 + std::abs(want[t][i]))) << outs[t] << " " << i;
+    }
+  }
+  // A 3-D array is refused before anything is sent, naming the input.
+  const std::string flat = WriteNpy(dir + "/flat.npy", in[0], p.dtype, {p.batch, p.seq_len, 32});
+  r = cluster_->Cli({"attend", files[0], flat, files[2], "--segments", "8,16", "--rates", "1,2",
+                     "-o", dir + "/x.npy"});
+  EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("k ("));
+  EXPECT_THAT(r.err, HasSubstr("3 dimensions"));
+  // The coordinator's own verdict, with its exit code: N not divisible by the ring.
+  r = cluster_->Cli({"attend", files[0], files[1], files[2], "--segments", "8,16", "--rates", "1,2",
+                     "--ranks", "3", "-o", dir + "/x.npy"});
+  EXPECT_EQ(r.exit_code, 4) << r.out << r.err;
+  EXPECT_THAT(r.err, HasSubstr("start.num_ranks"));
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
 #include "absl/strings/str_replace.h"
+#include "absl/synchronization/notification.h"
 #include "api/engine_convert.h"
 #include "api/limits.h"
 #include "api/tenant.h"
@@ -708,7 +709,7 @@ absl::Status Coordinator::Attend(const v1::AttendRequest& first, const AttendSou
   if (!emit(accepted)) end = absl::CancelledError("the client went away");
 
   // The inputs, on a thread of their own: each chunk goes on to its ranks as it comes.
-  std::atomic<bool> reader_done{false};
+  absl::Notification reader_done;
   std::atomic<int64_t> bytes_in{0};
   std::thread reader([&] {
     v1::AttendRequest message;
@@ -726,8 +727,14 @@ absl::Status Coordinator::Attend(const v1::AttendRequest& first, const AttendSou
       bytes_in += static_cast<int64_t>(message.chunk().data().size());
       status = session->PushInput(message.chunk(), is_cancelled);
     }
-    if (!status.ok()) session->Close(status);
-    reader_done = true;
+    if (!status.ok()) {
+      session->Close(status);
+      // The rest of what the client sends is read and dropped, so that the call can end with
+      // this status rather than be cancelled under a client still sending (see below).
+      while (next(&message)) {
+      }
+    }
+    reader_done.Notify();
   });
 
   // The outputs, in the caller's order, as the ranks send them; the job's state is checked
@@ -773,7 +780,13 @@ absl::Status Coordinator::Attend(const v1::AttendRequest& first, const AttendSou
     (void)CancelJob(cancel);
   }
   session->Close(end.ok() ? absl::CancelledError("the Attend call ended") : end);
-  if (!reader_done && end_call) end_call();
+  // A reader still waiting for the client must be woken before the call ends. A client that is
+  // still sending gets a moment to finish (its chunks are dropped), so that it sees the call's
+  // error; after that, or at once when the client is gone, the call is cancelled under it.
+  if (!reader_done.HasBeenNotified() && !is_cancelled()) {
+    reader_done.WaitForNotificationWithTimeout(absl::Seconds(2));
+  }
+  if (!reader_done.HasBeenNotified() && end_call) end_call();
   reader.join();
   relay_.Remove(job_id);
 

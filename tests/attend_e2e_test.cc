@@ -5,6 +5,7 @@
 // freeing the ranks (checked in the coordinator's metrics).
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <fstream>
 #include <limits>
@@ -21,6 +22,7 @@
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "tests/attend_client.h"
 #include "tests/cluster_fixture.h"
 #include "tests/http_client.h"
 
@@ -28,7 +30,6 @@ namespace dattn::testing {
 namespace {
 
 using ::testing::HasSubstr;
-using Stream = grpc::ClientReaderWriter<v1::AttendRequest, v1::AttendResponse>;
 
 constexpr int64_t kChunk = int64_t{4} << 20;
 
@@ -61,89 +62,18 @@ v1::AttendStart StartOf(const Problem& p) {
   return start;
 }
 
-// Element bytes of the little-endian encoding of `values` in `dtype` (fp32 or fp64).
 std::string Encode(const std::vector<double>& values, v1::DType dtype) {
-  std::string bytes;
-  if (dtype == v1::DTYPE_FP64) {
-    bytes.resize(values.size() * 8);
-    std::memcpy(bytes.data(), values.data(), bytes.size());
-  } else {
-    std::vector<float> f(values.begin(), values.end());
-    bytes.resize(f.size() * 4);
-    std::memcpy(bytes.data(), f.data(), bytes.size());
-  }
-  return bytes;
+  return EncodeElements(values, dtype);
 }
-
 std::vector<double> Decode(const std::string& bytes, v1::DType dtype) {
-  if (dtype == v1::DTYPE_FP64) {
-    std::vector<double> d(bytes.size() / 8);
-    std::memcpy(d.data(), bytes.data(), bytes.size());
-    return d;
-  }
-  std::vector<float> f(bytes.size() / 4);
-  std::memcpy(f.data(), bytes.data(), bytes.size());
-  return std::vector<double>(f.begin(), f.end());
+  return DecodeElements(bytes, dtype);
 }
-
-// What an Attend call returned.
-struct Answer {
-  grpc::Status status;
-  v1::AttendAccepted accepted;
-  std::vector<std::string> outputs;  // out (, dq, dk, dv) bytes.
-  v1::AttentionJobResult done;
-  bool has_done = false;
-};
-
-// Sends `start` and `inputs` (each in chunks of `chunk` bytes) and reads the whole answer.
+using Answer = AttendAnswer;
 Answer Call(v1::JobService::Stub& stub, const v1::AttendStart& start,
             const std::vector<std::string>& inputs, int64_t chunk = kChunk,
             std::chrono::seconds timeout = std::chrono::seconds(120)) {
-  grpc::ClientContext context;
-  context.set_deadline(std::chrono::system_clock::now() + timeout);
-  std::unique_ptr<Stream> stream = stub.Attend(&context);
-  Answer answer;
-  std::thread writer([&] {
-    v1::AttendRequest first;
-    *first.mutable_start() = start;
-    if (!stream->Write(first)) return;
-    for (size_t t = 0; t < inputs.size(); ++t) {
-      for (int64_t at = 0; at < static_cast<int64_t>(inputs[t].size()); at += chunk) {
-        v1::AttendRequest message;
-        v1::AttendChunk* c = message.mutable_chunk();
-        c->set_tensor(static_cast<v1::AttendTensor>(v1::ATTEND_TENSOR_Q + t));
-        c->set_offset(at);
-        c->set_data(inputs[t].substr(static_cast<size_t>(at), static_cast<size_t>(chunk)));
-        if (!stream->Write(message)) return;
-      }
-    }
-    stream->WritesDone();
-  });
-  v1::AttendResponse response;
-  while (stream->Read(&response)) {
-    switch (response.message_case()) {
-      case v1::AttendResponse::kAccepted:
-        answer.accepted = response.accepted();
-        break;
-      case v1::AttendResponse::kChunk: {
-        const v1::AttendChunk& c = response.chunk();
-        const size_t t = static_cast<size_t>(c.tensor() - v1::ATTEND_TENSOR_OUT);
-        if (answer.outputs.size() <= t) answer.outputs.resize(t + 1);
-        EXPECT_EQ(c.offset(), static_cast<int64_t>(answer.outputs[t].size()));
-        EXPECT_LE(static_cast<int64_t>(c.data().size()), kChunk);
-        answer.outputs[t] += c.data();
-        break;
-      }
-      case v1::AttendResponse::kDone:
-        answer.done = response.done();
-        answer.has_done = true;
-        break;
-      default:
-        ADD_FAILURE() << "empty response";
-    }
-  }
-  answer.status = stream->Finish();
-  writer.join();
+  Answer answer = CallAttend(stub, start, inputs, chunk, timeout);
+  EXPECT_EQ(answer.protocol_error, "");
   return answer;
 }
 
@@ -328,6 +258,8 @@ TEST_F(AttendTest, A256MiBRoundTripThroughABoundedRelay) {
   EXPECT_EQ(a.outputs[0].size(), bytes);
   EXPECT_TRUE(a.outputs[0] == v) << "out differs from v";
   const int64_t peak = PeakRss(cluster_->coordinator().pid());
+  std::printf("coordinator peak resident memory: %lld MiB before the call, %lld MiB after\n",
+              static_cast<long long>(before >> 20), static_cast<long long>(peak >> 20));
 #ifndef __SANITIZE_ADDRESS__  // AddressSanitizer keeps freed memory in quarantine (256 MiB).
   // The relay holds at most 16 MiB a direction plus a chunk per rank; gRPC's own buffers add a
   // few chunks. A coordinator that held a tensor would be 256 MiB above where it started.

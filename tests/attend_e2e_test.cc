@@ -482,5 +482,67 @@ TEST_F(AttendTest, TheCliAttendsNpyFiles) {
   EXPECT_THAT(r.err, HasSubstr("start.num_ranks"));
 }
 
+// A client that goes away mid-stream (the CLI killed with SIGKILL while it sends 3 x 128 MiB): its
+// job is cancelled and every rank's memory is free again.
+TEST_F(AttendTest, AClientThatDisappearsFreesItsRanks) {
+  StartCluster(2);
+  const std::string dir = cluster_->dir();
+  const int64_t n = 65536, heads = 8, dim = 64;
+  v1::TensorHeader header;
+  header.set_dtype(v1::DTYPE_FP32);
+  for (int64_t d : {int64_t{1}, n, heads, dim}) header.add_shape(d);
+  header.set_total_bytes(n * heads * dim * 4);
+  std::vector<std::string> files;
+  for (const char* name : {"q", "k", "v"}) {
+    files.push_back(absl::StrCat(dir, "/big-", name, ".npy"));
+    auto w = client::NpyWriter::Open(files.back(), header);
+    ASSERT_TRUE(w.ok());
+    const std::string zeros(size_t{16} << 20, '\0');
+    for (int64_t at = 0; at < header.total_bytes(); at += zeros.size()) {
+      ASSERT_TRUE((*w)->Append(zeros).ok());
+    }
+    ASSERT_TRUE((*w)->Finish().ok());
+  }
+  ProcessOptions o;
+  o.name = "attend-cli";
+  o.log_dir = dir;
+  o.argv = {testutil::RunfilePath("client/dattn"),
+            "attend",
+            files[0],
+            files[1],
+            files[2],
+            "--segments",
+            "256",
+            "--rates",
+            "1",
+            "--ranks",
+            "2",
+            "-o",
+            dir + "/big-out.npy"};
+  o.env["DATTN_COORDINATOR"] = cluster_->address();
+  o.env["DATTN_TLS_CA"] = cluster_->ca_file();
+  o.env["DATTN_TOKEN"] = cluster_->token(kAlice);
+  Process cli(o);
+  std::string error;
+  ASSERT_TRUE(cli.Start(&error)) << error;
+  // Its job, as soon as the CLI says it was accepted; the CLI dies once the ranks are placed.
+  std::string job_id;
+  for (int i = 0; i < 3000 && job_id.empty(); ++i) {
+    job_id = JobIdFrom(cli.ReadStdout());
+    if (job_id.empty()) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  ASSERT_FALSE(job_id.empty()) << cli.ReadStdout() << cli.ReadStderr();
+  v1::Job job;
+  ASSERT_TRUE(
+      cluster_->WaitForJobState(job_id, v1::JOB_STATE_PLACED, std::chrono::seconds(30), &job) ||
+      job.state() == v1::JOB_STATE_RUNNING)
+      << v1::JobState_Name(job.state());
+  cli.Kill();
+  ASSERT_TRUE(cluster_->WaitForJobEnd(job_id, std::chrono::seconds(120), &job));
+  EXPECT_EQ(job.state(), v1::JOB_STATE_CANCELLED) << job.state_reason();
+  std::string metrics;
+  EXPECT_TRUE(WaitForIdle(&metrics)) << metrics;
+}
+
 }  // namespace
 }  // namespace dattn::testing

@@ -809,7 +809,16 @@ absl::Status Coordinator::Attend(const v1::AttendRequest& first, const AttendSou
                             absl::StrCat("job ", job_id, " failed: ", job.state_reason()));
     }
   }
-  metrics_->AttendEnded(api::TenantOrDefault(start.tenant()), answer.code(), bytes_in, bytes_out);
+  const std::string tenant = api::TenantOrDefault(start.tenant());
+  metrics_->AttendEnded(tenant, answer.code(), bytes_in, bytes_out);
+  if (ended.has_value() && ended->has_start_time()) {
+    metrics_->ObserveAttend(tenant,
+                            absl::ToDoubleSeconds(FromTimestamp(ended->start_time()) -
+                                                  FromTimestamp(ended->create_time())),
+                            ended->state() == v1::JOB_STATE_SUCCEEDED
+                                ? ended->result().attention().seconds_per_step()
+                                : 0.0);
+  }
   return answer;
 }
 

@@ -132,6 +132,20 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                            "counted when the call ends).")
                        .Register(*registry_);
 
+  attend_queue_seconds_ = &prometheus::BuildHistogram()
+                               .Name("dattn_attend_queue_seconds")
+                               .Help(
+                                   "Queue time of each Attend call's job: accepted to first "
+                                   "RUNNING (unit: seconds; calls whose job never ran are not "
+                                   "observed).")
+                               .Register(*registry_);
+  attend_engine_seconds_ = &prometheus::BuildHistogram()
+                                .Name("dattn_attend_engine_seconds")
+                                .Help(
+                                    "Engine time of each succeeded Attend call: the slowest "
+                                    "rank's forward (and backward) step (unit: seconds).")
+                                .Register(*registry_);
+
   job_tflops_ = &prometheus::BuildHistogram()
                      .Name("dattn_attention_job_tflops")
                      .Help(
@@ -403,6 +417,18 @@ void Metrics::AttendEnded(absl::string_view tenant, absl::StatusCode code, int64
       .Increment(static_cast<double>(bytes_in));
   attend_bytes_->Add({{"tenant", label}, {"direction", "out"}})
       .Increment(static_cast<double>(bytes_out));
+}
+
+void Metrics::ObserveAttend(absl::string_view tenant, double queue_seconds, double engine_seconds) {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100, 300, 1000};
+  const std::string label = TenantLabel(tenant);
+  if (queue_seconds >= 0) {
+    attend_queue_seconds_->Add({{"tenant", label}}, *buckets).Observe(queue_seconds);
+  }
+  if (engine_seconds > 0) {
+    attend_engine_seconds_->Add({{"tenant", label}}, *buckets).Observe(engine_seconds);
+  }
 }
 
 void Metrics::ObserveStoreCommit(double seconds) {

@@ -49,8 +49,10 @@
 //   dattn_attend_calls_total{tenant,code}  counter    ended Attend calls by tenant and status code
 //   dattn_attend_bytes_total{tenant,direction} counter tensor bytes of Attend calls: in (q, k, v,
 //                                                     dout from the client), out (to it)
-// Attend calls' queue time and engine time are their jobs' (kind="attention"): queue_wait and
-// attention_step_seconds. `tenant` labels take the first kMaxTenantLabels tenants seen; later
+//   dattn_attend_queue_seconds{tenant}    histogram  each Attend job's submit to first RUNNING
+//   dattn_attend_engine_seconds{tenant}   histogram  each succeeded Attend call's engine time (the
+//                                                     slowest rank's step)
+// `tenant` labels take the first kMaxTenantLabels tenants seen; later
 // ones are counted as "other" (a tenant is a string the caller chooses with --insecure).
 //
 // Per-job training series (job_id) exist while the job runs and are removed when it ends.
@@ -160,6 +162,8 @@ class Metrics {
   void AttendStarted();
   void AttendEnded(absl::string_view tenant, absl::StatusCode code, int64_t bytes_in,
                    int64_t bytes_out);
+  // An Attend job's queue time (observed when >= 0) and, when it succeeded, its engine time.
+  void ObserveAttend(absl::string_view tenant, double queue_seconds, double engine_seconds);
 
  private:
   prometheus::Gauge& JobGauge(absl::string_view kind, v1::JobState state);
@@ -200,6 +204,8 @@ class Metrics {
   prometheus::Gauge* attend_active_;
   prometheus::Family<prometheus::Counter>* attend_calls_;
   prometheus::Family<prometheus::Counter>* attend_bytes_;
+  prometheus::Family<prometheus::Histogram>* attend_queue_seconds_;
+  prometheus::Family<prometheus::Histogram>* attend_engine_seconds_;
   absl::Mutex tenants_mu_;
   absl::flat_hash_set<std::string> tenants_ ABSL_GUARDED_BY(tenants_mu_);
   // `tenant`, or "other" once kMaxTenantLabels others have been seen.

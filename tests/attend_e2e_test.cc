@@ -180,6 +180,8 @@ TEST_F(AttendTest, TheCallersTensorsAgainstTheOracleAtOneTwoAndFourRanks) {
   std::string metrics;
   ASSERT_TRUE(WaitForIdle(&metrics)) << metrics;
   EXPECT_THAT(metrics, HasSubstr("dattn_attend_calls_total{code=\"OK\",tenant=\"alice\"} 7"));
+  EXPECT_THAT(metrics, HasSubstr("dattn_attend_engine_seconds_count{tenant=\"alice\"} 7"));
+  EXPECT_THAT(metrics, HasSubstr("dattn_attend_queue_seconds_count{tenant=\"alice\"} 7"));
 }
 
 // NaN and Inf in the inputs propagate as the engine contract says: compared with the oracle fed

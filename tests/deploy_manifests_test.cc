@@ -291,6 +291,45 @@ TEST_F(DeployManifestsTest, PodsRunAsNonRootWithHttpProbesRequestsAndTls) {
   }
 }
 
+// Training jobs need storage every worker reads and writes (their data, their checkpoints, which
+// any worker must read when a job resumes elsewhere): each workload overlay has a ReadWriteMany
+// claim, and every worker pod mounts it read-write at /shared; the coordinator does not.
+TEST_F(DeployManifestsTest, WorkersShareOneReadWriteManyVolumeAtShared) {
+  for (const std::string& overlay : Workloads()) {
+    SCOPED_TRACE(overlay);
+    const YAML::Node claim = Overlay(overlay).Find("PersistentVolumeClaim", "dattn-shared");
+    ASSERT_TRUE(claim) << "no PersistentVolumeClaim dattn-shared";
+    ASSERT_EQ(claim["spec"]["accessModes"].size(), 1u);
+    EXPECT_EQ(Str(claim["spec"]["accessModes"][0]), "ReadWriteMany");
+    EXPECT_TRUE(claim["spec"]["resources"]["requests"]["storage"]);
+    for (const YAML::Node& set : Overlay(overlay).OfKind("StatefulSet")) {
+      const std::string name = Str(set["metadata"]["name"]);
+      SCOPED_TRACE(name);
+      const YAML::Node pod = set["spec"]["template"]["spec"];
+      std::string claimed;  // The volume backed by the claim.
+      for (const YAML::Node& v : pod["volumes"]) {
+        if (v["persistentVolumeClaim"] &&
+            Str(v["persistentVolumeClaim"]["claimName"]) == "dattn-shared") {
+          claimed = Str(v["name"]);
+        }
+      }
+      if (name == "dattn-coordinator") {
+        EXPECT_EQ(claimed, "") << "the coordinator reads no training data";
+        continue;
+      }
+      ASSERT_NE(claimed, "") << "the worker does not mount dattn-shared";
+      bool mounted = false;
+      for (const YAML::Node& m : pod["containers"][0]["volumeMounts"]) {
+        if (Str(m["name"]) != claimed) continue;
+        mounted = true;
+        EXPECT_EQ(Str(m["mountPath"]), "/shared");
+        EXPECT_NE(Str(m["readOnly"]), "true") << "checkpoints are written there";
+      }
+      EXPECT_TRUE(mounted);
+    }
+  }
+}
+
 TEST_F(DeployManifestsTest, GracePeriodsCoverTheDrainsAndEveryVariableResolves) {
   for (const std::string& overlay : Workloads()) {
     SCOPED_TRACE(overlay);

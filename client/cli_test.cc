@@ -1768,6 +1768,24 @@ TEST_F(CliTest, TokensTravelInTheAuthorizationMetadata) {
 
 // ---- Training jobs ----
 
+// The recovery policy from flags: set fields only (the rest take the kind's defaults); a value
+// that is not a boolean is a usage error naming the flag.
+TEST_F(CliTest, SubmitRecoveryPolicyFlags) {
+  Result r = Run({"submit", "-n", "1024", "--heads", "4", "--head-dim", "32", "--segments", "256",
+                  "--rates", "1", "--more-ranks", "true", "--lower-precision", "yes"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(jobs_.submits().size(), 1u);
+  const v1::RecoveryPolicy& policy = jobs_.submits()[0].spec().recovery();
+  EXPECT_FALSE(policy.has_split_batch());
+  EXPECT_TRUE(policy.has_more_ranks() && policy.more_ranks());
+  EXPECT_TRUE(policy.has_lower_precision() && policy.lower_precision());
+  r = Run({"submit", "-n", "1024", "--heads", "4", "--head-dim", "32", "--segments", "256",
+           "--rates", "1", "--split-batch", "maybe"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("--split-batch"));
+  EXPECT_THAT(r.err, HasSubstr("maybe"));
+}
+
 // A trainer config file, as `dattn-train --config` takes it.
 constexpr char kTrainerConfig[] = R"({
   "model": {"vocab_size": 256, "d_model": 128, "num_layers": 4, "num_heads": 4, "ffn_dim": 512,

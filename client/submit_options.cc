@@ -22,6 +22,13 @@ namespace dattn {
 namespace client {
 namespace {
 
+// JobSpec.recovery from the settings given (unset ones stay unset: the kind's default).
+void SetRecovery(const SubmitOptions& o, v1::JobSpec* spec) {
+  if (o.split_batch) spec->mutable_recovery()->set_split_batch(*o.split_batch);
+  if (o.more_ranks) spec->mutable_recovery()->set_more_ranks(*o.more_ranks);
+  if (o.lower_precision) spec->mutable_recovery()->set_lower_precision(*o.lower_precision);
+}
+
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
 constexpr int64_t kInt32Max = std::numeric_limits<int32_t>::max();
 constexpr int64_t kInt32Min = std::numeric_limits<int32_t>::min();
@@ -164,6 +171,7 @@ absl::StatusOr<v1::JobSpec> BuildTrainingJobSpec(const SubmitOptions& o) {
   spec.set_name(o.name.value_or(""));
   spec.set_tenant(o.tenant.value_or(""));
   spec.set_priority(o.priority.value_or(0));
+  SetRecovery(o, &spec);
   v1::TrainingJobSpec* job = spec.mutable_training();
   job->set_config_json(*std::move(config));
   if (o.data_parallel == 0) {
@@ -283,6 +291,18 @@ const std::vector<SubmitField>& SubmitFields() {
       Field("--init-from", "", "init_from", kTrain, false, false, "DIR",
             "Start from the weights of this checkpoint (absolute path)",
             BindWorkerPath(&SubmitOptions::init_from)),
+      Field("--split-batch", "", "split_batch", kTop, false, false, "BOOL",
+            "Out of memory as asked: may the job run in more micro-batches? (training; default "
+            "true for training jobs)",
+            Bind(&SubmitOptions::split_batch, ParseBool)),
+      Field("--more-ranks", "", "more_ranks", kTop, false, false, "BOOL",
+            "Out of memory as asked: may the job spread each sequence over more ranks? (default "
+            "true for training jobs, false for attention jobs)",
+            Bind(&SubmitOptions::more_ranks, ParseBool)),
+      Field("--lower-precision", "", "lower_precision", kTop, false, false, "BOOL",
+            "Out of memory as asked: may an fp32 attention job run in bf16 on GPUs? Changes the "
+            "results (default false)",
+            Bind(&SubmitOptions::lower_precision, ParseBool)),
   };
   // clang-format on
   return *kFields;
@@ -317,6 +337,9 @@ void MergeSubmitOptions(const SubmitOptions& over, SubmitOptions* base) {
   DATTN_MERGE(sequence_parallel);
   DATTN_MERGE(checkpoint_dir);
   DATTN_MERGE(init_from);
+  DATTN_MERGE(split_batch);
+  DATTN_MERGE(more_ranks);
+  DATTN_MERGE(lower_precision);
   if (over.kind.has_value()) {
     base->kind = over.kind;
     base->kind_source = over.kind_source;
@@ -380,6 +403,7 @@ absl::StatusOr<v1::JobSpec> BuildJobSpec(const SubmitOptions& o) {
   spec.set_name(o.name.value_or(""));
   spec.set_tenant(o.tenant.value_or(""));
   spec.set_priority(o.priority.value_or(0));
+  SetRecovery(o, &spec);
   v1::AttentionJobSpec* job = spec.mutable_attention();
   v1::AttentionSpec* attention = job->mutable_attention();
   for (int64_t w : *o.segments) attention->add_segment_lengths(w);

@@ -77,6 +77,10 @@ struct SubmitOptions {
   std::optional<int32_t> sequence_parallel;
   std::optional<std::string> checkpoint_dir;
   std::optional<std::string> init_from;
+  // JobSpec.recovery (RecoveryPolicy); unset: the kind's default.
+  std::optional<bool> split_batch;
+  std::optional<bool> more_ranks;
+  std::optional<bool> lower_precision;
 };
 
 // Where a setting is written in a job file, as bits: a setting of both kinds of job (--device) has

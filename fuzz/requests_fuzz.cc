@@ -2,11 +2,13 @@
 // training jobs: the trainer config's JSON included): the input is a serialized SubmitJobRequest
 // (as gRPC hands it over); a request that validates is carried through everything the coordinator
 // derives from its analysis (each rank's plan on each device kind, the output layout and shard
-// headers, a result accumulator, the sizes a spec sized to the cluster offers). The same bytes are
+// headers, a result accumulator, the sizes a spec sized to the cluster offers, the rungs of its
+// out-of-memory ladder). The same bytes are
 // also read as a ListJobsRequest and a CancelJobRequest and validated.
 #include <cstddef>
 #include <cstdint>
 #include <memory>
+#include <vector>
 
 #include "dattn/v1/job_service.pb.h"
 #include "google/protobuf/stubs/logging.h"
@@ -73,6 +75,17 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
         Check(s.ok() && !sized.training().auto_data_parallel());
         Check(previous == 0 || s->analysis->num_ranks < previous);
         previous = s->analysis->num_ranks;
+      }
+      // The out-of-memory ladder: a bounded list of specs, each of the same kind and tenant, each
+      // analysed or refused like any submitted spec (a rung may break another rule of the spec).
+      const std::vector<dattn::server::LadderRung> rungs = spec->kind->Ladder(request.spec(), a);
+      Check(rungs.size() <= 64);
+      for (const dattn::server::LadderRung& rung : rungs) {
+        Check(rung.spec.work_case() == request.spec().work_case() && !rung.change.empty());
+        Check(rung.spec.tenant() == request.spec().tenant());
+        absl::StatusOr<dattn::server::AnalyzedSpec> r =
+            dattn::server::AnalyzeJobSpec(rung.spec, kinds);
+        Check(r.ok() || !r.status().message().empty());
       }
       // A stored job is analysed again after a restart: the same answer.
       absl::StatusOr<dattn::server::AnalyzedSpec> again =

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "api/engine_convert.h"
+#include "api/limits.h"
 
 namespace dattn {
 namespace server {
@@ -116,6 +117,38 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> AttentionKind::Analyze(
           ? absl::StrCat(", output of ", scheduler::FormatBytes(i.output_bytes), " kept")
           : "");
   return std::shared_ptr<const JobAnalysis>(std::move(analysis));
+}
+
+std::vector<LadderRung> AttentionKind::Ladder(const v1::JobSpec& spec,
+                                              const JobAnalysis& analysis) const {
+  std::vector<LadderRung> rungs;
+  if (spec.work_case() != v1::JobSpec::kAttention || spec.attention().streamed()) return rungs;
+  const v1::RecoveryPolicy& policy = spec.recovery();
+  const bool more = policy.more_ranks();
+  const bool lower = policy.lower_precision();
+  const api::AttentionJobInfo& info = Info(analysis);
+  const v1::AttentionJobSpec& job = spec.attention();
+  std::vector<v1::DType> dtypes = {job.dtype()};
+  // bf16 runs on GPUs only: an fp32 job that may not use them has nothing lower.
+  if (lower && job.dtype() == v1::DTYPE_FP32 && job.device() != v1::DEVICE_PREFERENCE_CPU) {
+    dtypes.push_back(v1::DTYPE_BF16);
+  }
+  for (v1::DType dtype : dtypes) {
+    for (int64_t p = info.num_ranks; p <= api::kMaxRingRanks && info.seq_len % p == 0; p *= 2) {
+      if (p != info.num_ranks && !more) break;
+      if (p == info.num_ranks && dtype == job.dtype()) continue;
+      LadderRung rung;
+      rung.spec = spec;
+      rung.spec.mutable_attention()->set_num_ranks(static_cast<int32_t>(p));
+      rung.spec.mutable_attention()->set_dtype(dtype);
+      if (dtype != job.dtype())
+        rung.spec.mutable_attention()->set_device(v1::DEVICE_PREFERENCE_GPU);
+      rung.change =
+          absl::StrCat(p, p == 1 ? " rank" : " ranks", dtype != job.dtype() ? ", bf16" : "");
+      rungs.push_back(std::move(rung));
+    }
+  }
+  return rungs;
 }
 
 void AttentionKind::PlanRank(const JobAnalysis& analysis, size_t device, int rank,

@@ -44,6 +44,11 @@ class AttentionKind final : public WorkKind {
   v1::JobSpec::WorkCase work_case() const override { return v1::JobSpec::kAttention; }
   absl::StatusOr<std::shared_ptr<const JobAnalysis>> Analyze(
       const v1::JobSpec& spec, const std::string& path) const override;
+  // Only what spec.recovery allows (nothing by default): more ranks (num_ranks doubled while it
+  // divides seq_len, at most 256), then bf16 for an fp32 job that may run on GPUs, at each ring
+  // size. Streamed jobs (Attend) have none: their call sizes them.
+  std::vector<LadderRung> Ladder(const v1::JobSpec& spec,
+                                 const JobAnalysis& analysis) const override;
   void PlanRank(const JobAnalysis& analysis, size_t device, int rank,
                 v1::TaskAssignment* assignment) const override;
   OutputLayout Output(const JobAnalysis& analysis) const override;

@@ -416,14 +416,44 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(
       }
       if (absl::Status s = quotas_.Admit(tenant, queued, spec->analysis->num_ranks, Now()); !s.ok())
         return s;
-      absl::Status feasible =
-          dispatcher_.CheckFeasible(*spec->analysis, workers_.View(/*for_placement=*/false), ready);
+      const std::vector<scheduler::WorkerInfo> view = workers_.View(/*for_placement=*/false);
+      absl::Status feasible = dispatcher_.CheckFeasible(*spec->analysis, view, ready);
+      if (absl::IsResourceExhausted(feasible) && ready > 0 && sized.empty()) {
+        // Out of memory before placing: the first rung of the kind's ladder (as far as the job's
+        // recovery policy allows) that the ready workers can hold runs instead.
+        std::vector<std::string> tried;
+        for (LadderRung& rung : spec->kind->Ladder(job.spec(), *spec->analysis)) {
+          absl::StatusOr<AnalyzedSpec> analyzed = AnalyzeJobSpec(rung.spec, kinds_);
+          if (!analyzed.ok()) continue;  // A rung the spec's other rules forbid.
+          const int ranks = analyzed->analysis->num_ranks;
+          if (quotas_.options().max_running_ranks > 0 &&
+              ranks > quotas_.options().max_running_ranks) {
+            continue;  // More ranks than the tenant may ever hold.
+          }
+          tried.push_back(rung.change);
+          if (dispatcher_.CheckFeasible(*analyzed->analysis, view, ready).ok()) {
+            sized = absl::StrCat("; out of memory as asked (", feasible.message(),
+                                 "); the recovery ladder runs it with ", rung.change, " (tried ",
+                                 absl::StrJoin(tried, "; "), ")");
+            *spec = *std::move(analyzed);
+            *job.mutable_spec() = std::move(rung.spec);
+            feasible = absl::OkStatus();
+            break;
+          }
+        }
+        if (!feasible.ok() && !tried.empty()) {
+          feasible = absl::ResourceExhaustedError(
+              absl::StrCat(feasible.message(), "; no rung of the recovery ladder fits either (",
+                           absl::StrJoin(tried, "; "), ")"));
+        }
+      }
       if (!feasible.ok()) return feasible;
       checked = ready > 0;
     }
     job.set_job_id(NewId("j-"));
   }
   const absl::Time now = Now();
+  if (!sized.empty()) *job.mutable_requested_spec() = request.spec();
   job.set_idempotency_key(request.idempotency_key());
   job.set_state(v1::JOB_STATE_QUEUED);
   *job.mutable_create_time() = ToTimestamp(now);

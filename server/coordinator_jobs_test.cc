@@ -18,7 +18,9 @@
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/time/time.h"
+#include "api/attention_job.h"
 #include "api/rendezvous.h"
+#include "api/training_job.h"
 #include "engine/comm/tcp_store.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
@@ -341,6 +343,12 @@ TEST_F(CoordinatorTest, AutoDataParallelTakesAsManyWorkersAsFit) {
   EXPECT_THAT(stored.events(0).message(),
               HasSubstr("auto_data_parallel: 2, the largest data-parallel degree (of ranks 8, 4, "
                         "2 tried, largest first) whose 2 ranks the 3 ready workers can hold"));
+  // A retry with the same key and the spec as asked (auto) is the same job.
+  absl::StatusOr<v1::SubmitJobResponse> retry = coordinator_->SubmitJob(request);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_FALSE(retry->created());
+  EXPECT_EQ(retry->job().job_id(), job.job_id());
+  EXPECT_TRUE(job.requested_spec().training().auto_data_parallel());
 
   // A worker holding two ranks more: D = 4.
   AddWorker("cpu-3", int64_t{1} << 30, 2, false);
@@ -353,6 +361,107 @@ TEST_F(CoordinatorTest, AutoDataParallelTakesAsManyWorkersAsFit) {
   absl::StatusOr<v1::SubmitJobResponse> both = coordinator_->SubmitJob(request);
   EXPECT_EQ(both.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(both.status().message()), HasSubstr("spec.training.data_parallel"));
+}
+
+// Out of memory before placing: a training job too large for any ready worker as asked runs on the
+// first rung of its recovery ladder that fits (more micro-batches here), says so with the numbers,
+// keeps the spec it was asked for, and a retry of it is the same job. With split_batch off the
+// next rung is more sequence ranks; with every fallback off it is refused as before.
+TEST_F(CoordinatorTest, TheRecoveryLadderRunsAJobThatDoesNotFitAsAsked) {
+  v1::SubmitJobRequest request;
+  request.set_idempotency_key("ladder");
+  v1::TrainingJobSpec* training = request.mutable_spec()->mutable_training();
+  auto config = [](int micro) {
+    return absl::StrCat(R"({
+      "model": {"vocab_size": 256, "d_model": 64, "num_layers": 2, "num_heads": 4, "ffn_dim": 256,
+                "attention": {"segment_lengths": [256], "dilation_rates": [1]}},
+      "data": {"paths": ["/data/corpus.txt"]},
+      "seq_len": 2048, "batch_size": 8, "micro_batches": )",
+                        micro, R"(, "steps": 200})");
+  };
+  training->set_config_json(config(1));
+  training->set_device(v1::DEVICE_PREFERENCE_CPU);
+  // The planner's figure for one rank at 1, 2 and 4 micro-batches, and at 2 sequence ranks.
+  auto memory = [&](int micro, int sequence) {
+    v1::TrainingJobSpec t = *training;
+    t.set_config_json(config(micro));
+    t.set_sequence_parallel(sequence);
+    absl::StatusOr<api::TrainingJobInfo> info = api::AnalyzeTrainingJob(t, "spec.training");
+    EXPECT_TRUE(info.ok()) << info.status();
+    return info.ok() ? info->variants[0].memory_per_rank_bytes : 0;
+  };
+  const int64_t m1 = memory(1, 1), m2 = memory(2, 1), m4 = memory(4, 1), s2 = memory(1, 2);
+  ASSERT_GT(m1, m2);
+  ASSERT_GT(m2, m4);
+  ASSERT_GT(m1, s2);
+  // Two workers with room for a rank of 2 micro-batches (or of 2 sequence ranks), not of 1.
+  const int64_t room = std::max(m2, s2) + (m1 - std::max(m2, s2)) / 2;
+  AddWorker("small-0", room, 1, false);
+  AddWorker("small-1", room, 1, false);
+  const v1::Job job = Submit(request);
+  EXPECT_THAT(job.spec().training().config_json(), HasSubstr("\"micro_batches\":2"));
+  EXPECT_EQ(job.requested_spec().training().config_json(), config(1));
+  const v1::Job stored = Get(job.job_id(), true);
+  ASSERT_GE(stored.events_size(), 1);
+  EXPECT_THAT(stored.events(0).message(), HasSubstr("out of memory as asked ("));
+  EXPECT_THAT(stored.events(0).message(),
+              HasSubstr("the recovery ladder runs it with micro_batches 2, sequence_parallel 1"));
+  // A retry with the same key and the spec as first asked is the same job.
+  absl::StatusOr<v1::SubmitJobResponse> retry = coordinator_->SubmitJob(request);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_FALSE(retry->created());
+  EXPECT_EQ(retry->job().job_id(), job.job_id());
+
+  // Without splitting the batch: two sequence ranks.
+  request.set_idempotency_key("ladder-no-split");
+  request.mutable_spec()->mutable_recovery()->set_split_batch(false);
+  const v1::Job ranks = Submit(request);
+  EXPECT_EQ(ranks.spec().training().sequence_parallel(), 2);
+  EXPECT_THAT(ranks.spec().training().config_json(), HasSubstr("\"micro_batches\":1"));
+
+  // No fallback allowed: refused as before, with the planner's numbers.
+  request.set_idempotency_key("ladder-none");
+  request.mutable_spec()->mutable_recovery()->set_more_ranks(false);
+  absl::StatusOr<v1::SubmitJobResponse> refused = coordinator_->SubmitJob(request);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()), Not(HasSubstr("ladder")));
+
+  // Training has no lower precision to fall back to: refused, naming the field.
+  request.set_idempotency_key("ladder-precision");
+  request.mutable_spec()->mutable_recovery()->set_lower_precision(true);
+  absl::StatusOr<v1::SubmitJobResponse> precision = coordinator_->SubmitJob(request);
+  EXPECT_EQ(precision.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(precision.status().message()),
+              HasSubstr("spec.recovery.lower_precision"));
+}
+
+// An attention job keeps its shape unless its policy allows more: with more_ranks, one that no
+// worker holds on one rank runs on two.
+TEST_F(CoordinatorTest, AnAttentionJobMovesDownTheLadderOnlyWhenItsPolicySays) {
+  v1::SubmitJobRequest request = ValidRequest("attention-ladder");
+  v1::AttentionJobSpec* a = request.mutable_spec()->mutable_attention();
+  a->mutable_shape()->set_seq_len(65536);
+  a->mutable_shape()->set_num_heads(8);
+  a->mutable_shape()->set_head_dim(64);
+  auto memory = [&](int ranks) {
+    v1::AttentionJobSpec job = *a;
+    job.set_num_ranks(ranks);
+    absl::StatusOr<api::AttentionJobInfo> info = api::AnalyzeAttentionJob(job, "spec.attention");
+    EXPECT_TRUE(info.ok()) << info.status();
+    return info.ok() ? info->variants.back().memory_per_rank_bytes : 0;
+  };
+  const int64_t p1 = memory(1), p2 = memory(2);
+  ASSERT_GT(p1, p2);
+  AddWorker("half-0", (p1 + p2) / 2, 1, false);
+  AddWorker("half-1", (p1 + p2) / 2, 1, false);
+  absl::StatusOr<v1::SubmitJobResponse> refused = coordinator_->SubmitJob(request);
+  EXPECT_EQ(refused.status().code(), absl::StatusCode::kResourceExhausted) << refused.status();
+  request.mutable_spec()->mutable_recovery()->set_more_ranks(true);
+  const v1::Job job = Submit(request);
+  EXPECT_EQ(job.spec().attention().num_ranks(), 2);
+  EXPECT_EQ(job.requested_spec().attention().num_ranks(), a->num_ranks());
+  EXPECT_THAT(Get(job.job_id(), true).events(0).message(),
+              HasSubstr("the recovery ladder runs it with 2 ranks"));
 }
 
 TEST_F(CoordinatorTest, IdempotentResubmit) {

@@ -155,7 +155,8 @@ void PrepareJob(const v1::Job& job, WriteOp* op) {
   op->tenant = api::TenantOrDefault(job.spec().tenant());
   op->kind_name = std::string(JobKind(job.spec()));
   op->priority = job.spec().priority();
-  op->spec_blob = SpecBlob(job.spec());
+  // Idempotency compares what was asked for: the requested spec when the coordinator changed it.
+  op->spec_blob = SpecBlob(job.has_requested_spec() ? job.requested_spec() : job.spec());
   op->spec_hash = SpecHash(op->spec_blob);
   if (job.events_size() == 0 && job.queue_position() == 0 && (job.has_create_time() || !submit)) {
     op->job_blob = job.SerializeAsString();  // The common case needs no copy.
@@ -634,7 +635,8 @@ absl::Status JobStore::ApplySubmit(WriteOp* op, int64_t* next_submit_seq) {
                                                         " bytes)"));
           return absl::OkStatus();
         }
-        if (SpecBlob(existing.spec()) == op->spec_blob) {
+        if (SpecBlob(existing.has_requested_spec() ? existing.requested_spec()
+                                                   : existing.spec()) == op->spec_blob) {
           op->submit.job = std::move(existing);
           op->submit.submit_seq = q.ColInt(3);
           op->submit.created = false;

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "api/limits.h"
+#include "nlohmann/json.hpp"
 #include "scheduler/types.h"
 
 namespace dattn {
@@ -115,6 +116,12 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> TrainingKind::Analyze(
   if (spec.work_case() != v1::JobSpec::kTraining) {
     return absl::InvalidArgumentError(absl::StrCat(path, ".training: required"));
   }
+  if (spec.recovery().lower_precision()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        path,
+        ".recovery.lower_precision: training jobs have no lower precision to fall back to "
+        "(GPU ranks compute in bf16 on fp32 master weights already, CPU ranks in fp32 only)"));
+  }
   absl::StatusOr<api::TrainingJobInfo> info =
       api::AnalyzeTrainingJob(spec.training(), path + ".training");
   if (!info.ok()) return info.status();
@@ -139,6 +146,42 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> TrainingKind::Analyze(
       i.checkpoint_root.empty() ? ", no checkpoints"
                                 : absl::StrCat(", checkpoints under ", i.checkpoint_root, "/"));
   return std::shared_ptr<const JobAnalysis>(std::move(analysis));
+}
+
+std::vector<LadderRung> TrainingKind::Ladder(const v1::JobSpec& spec,
+                                             const JobAnalysis& analysis) const {
+  std::vector<LadderRung> rungs;
+  if (spec.work_case() != v1::JobSpec::kTraining) return rungs;
+  const v1::RecoveryPolicy& policy = spec.recovery();
+  const bool split = !policy.has_split_batch() || policy.split_batch();
+  const bool more = !policy.has_more_ranks() || policy.more_ranks();
+  const api::TrainingJobInfo& info = Info(analysis);
+  const int64_t batch = info.config.batch_size;
+  const int64_t seq_len = info.config.seq_len;
+  const int64_t m0 = info.config.micro_batches;
+  const int d = info.data_parallel;
+  const int s0 = info.sequence_parallel;
+  // micro_batches lives in the trainer's config: each rung carries the config with it changed.
+  nlohmann::json config = nlohmann::json::parse(spec.training().config_json(), nullptr, false);
+  if (config.is_discarded() || !config.is_object()) return rungs;
+  constexpr size_t kMostRungs =
+      32;  // Each is analysed (a memory plan) under the coordinator's lock.
+  for (int64_t s = s0; s * d <= api::kMaxRingRanks && seq_len % s == 0; s *= 2) {
+    if (s != s0 && !more) break;
+    for (int64_t m = m0; m <= batch && batch % m == 0 && (batch / m) % d == 0; m *= 2) {
+      if (m != m0 && !split) break;
+      if (s == s0 && m == m0) continue;
+      LadderRung rung;
+      rung.spec = spec;
+      config["micro_batches"] = m;
+      rung.spec.mutable_training()->set_config_json(config.dump());
+      rung.spec.mutable_training()->set_sequence_parallel(static_cast<int32_t>(s));
+      rung.change = absl::StrCat("micro_batches ", m, ", sequence_parallel ", s);
+      rungs.push_back(std::move(rung));
+      if (rungs.size() >= kMostRungs) return rungs;
+    }
+  }
+  return rungs;
 }
 
 std::vector<v1::JobSpec> TrainingKind::Sizes(const v1::JobSpec& spec,

@@ -42,6 +42,11 @@ class TrainingKind final : public WorkKind {
       const v1::JobSpec& spec, const std::string& path) const override;
   // With auto_data_parallel: D from min(batch_size / micro_batches, 256 / S) down to 1, the
   // divisors of batch_size / micro_batches, each with data_parallel = D and the flag cleared.
+  // More micro-batches (doubling, while they divide the batch into whole rows per group), then
+  // more sequence ranks (doubling, while S divides seq_len and D x S <= 256), each sequence
+  // degree with every micro-batch count; as far as spec.recovery allows (both by default).
+  std::vector<LadderRung> Ladder(const v1::JobSpec& spec,
+                                 const JobAnalysis& analysis) const override;
   std::vector<v1::JobSpec> Sizes(const v1::JobSpec& spec,
                                  const JobAnalysis& analysis) const override;
   void PlanRank(const JobAnalysis& analysis, size_t device, int rank,

@@ -68,6 +68,13 @@ struct OutputLayout {
   int64_t rank_block_bytes = 0;
 };
 
+// One rung of the out-of-memory ladder (WorkKind::Ladder): a complete spec to try instead of the
+// job's, and what it changes ("micro_batches 2", "sequence_parallel 4", "bf16"), for events.
+struct LadderRung {
+  v1::JobSpec spec;
+  std::string change;
+};
+
 // One attempt's results: the reports of its ranks, combined once every rank has succeeded. Not
 // thread-safe; the coordinator calls it under its lock.
 class AttemptResults {
@@ -102,6 +109,14 @@ class WorkKind {
   // whose gang the ready workers can hold. Empty (the default): the spec is run as it is. Called
   // on a spec Analyze accepted, with that analysis.
   virtual std::vector<v1::JobSpec> Sizes(const v1::JobSpec& spec,
+                                         const JobAnalysis& analysis) const;
+
+  // The out-of-memory ladder (docs/ARCHITECTURE.md, "Failure handling"): the specs to try, in
+  // order, when `spec` fits no ready workers as asked, as far as spec.recovery (with the kind's
+  // defaults) allows: more micro-batches, then more ranks, then a lower precision. The coordinator
+  // runs the first that fits. Called on a spec Analyze accepted, with that analysis. Default:
+  // none.
+  virtual std::vector<LadderRung> Ladder(const v1::JobSpec& spec,
                                          const JobAnalysis& analysis) const;
 
   // Fills `assignment`'s plan for rank `rank` on analysis.devices[device].

@@ -15,6 +15,7 @@ packages=(
   clang-14  # the clang thread-safety build (.bazelrc, --config=clang-tsa)
   libclang-rt-14-dev  # libFuzzer and clang's sanitizer runtimes (.bazelrc, --config=fuzz; scripts/fuzz.sh)
   libssl-dev python3-numpy bible-kjv bible-kjv-text
+  python3-grpcio python3-protobuf  # the Python client (python/, docs/PYTHON.md)
 )
 
 missing=()

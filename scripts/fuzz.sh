@@ -10,8 +10,8 @@
 #                 grows across runs of one DIR (default: a new folder under $TMPDIR, removed when
 #                 every target passed, kept otherwise)
 #   --no-build    use the binaries already built
-#   TARGET        requests_fuzz, attend_relay_fuzz, job_file_fuzz, safetensors_fuzz,
-#                 checkpoint_fuzz, tcp_store_fuzz
+#   TARGET        requests_fuzz, attend_relay_fuzz, inference_fuzz, job_file_fuzz,
+#                 safetensors_fuzz, checkpoint_fuzz, tcp_store_fuzz
 #                 (default: all)
 # Extra Bazel options (e.g. --local_cpu_resources=1) come from $DATTN_BAZEL_FLAGS, startup options
 # (scripts/test.sh's fresh output root) from $DATTN_BAZEL_STARTUP.
@@ -29,6 +29,7 @@ cd "$(dirname "$0")/.."
 TARGETS="
 requests_fuzz     4096   -
 attend_relay_fuzz 4096   -
+inference_fuzz    4096   -
 job_file_fuzz     4096   job_file.dict
 safetensors_fuzz  8192   safetensors.dict
 checkpoint_fuzz   4096   checkpoint.dict

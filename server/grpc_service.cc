@@ -12,6 +12,7 @@
 #include "dattn/v1/job_service.grpc.pb.h"
 #include "dattn/v1/worker.grpc.pb.h"
 #include "grpcpp/health_check_service_interface.h"
+#include "server/inference_service.h"
 
 namespace dattn {
 namespace server {
@@ -63,7 +64,7 @@ constexpr const char* kMethods[] = {
     kUploadOutput, kReadInput, kListWorkers,    kDrainWorker, kUndrainWorker};
 
 constexpr const char* kServiceNames[] = {"", "dattn.v1.JobService", "dattn.v1.WorkerRegistry",
-                                         "dattn.v1.AdminService"};
+                                         "dattn.v1.AdminService", "inference.GRPCInferenceService"};
 
 // Moves a StatusOr's value into a gRPC response object.
 template <typename T>
@@ -188,8 +189,7 @@ class JobServiceImpl final : public v1::JobService::Service {
           first, [stream](v1::AttendRequest* next) { return stream->Read(next); },
           [stream](const v1::AttendResponse& response) { return stream->Write(response); },
           [context] { return context->IsCancelled(); }, [context] { context->TryCancel(); });
-      if (absl::IsCancelled(status) &&
-          std::chrono::system_clock::now() >= context->deadline()) {
+      if (absl::IsCancelled(status) && std::chrono::system_clock::now() >= context->deadline()) {
         return absl::DeadlineExceededError(
             absl::StrCat("the Attend call's deadline passed: ", status.message()));
       }
@@ -385,11 +385,13 @@ class GrpcServer::Services {
   Services(Coordinator* coordinator, Metrics* metrics, const Access* access)
       : jobs(coordinator, metrics, access),
         workers(coordinator, metrics, access),
-        admin(coordinator, metrics, access) {}
+        admin(coordinator, metrics, access),
+        inference(coordinator, metrics, access) {}
   JobServiceImpl jobs;
   WorkerRegistryImpl workers;
   AdminServiceImpl admin;
-  absl::Mutex mu;  // Serialises health changes with Shutdown.
+  InferenceService inference;  // The Open Inference Protocol (inference_service.h).
+  absl::Mutex mu;              // Serialises health changes with Shutdown.
 };
 
 absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string& address,
@@ -424,6 +426,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string&
   builder.RegisterService(&server->services_->jobs);
   builder.RegisterService(&server->services_->workers);
   builder.RegisterService(&server->services_->admin);
+  builder.RegisterService(&server->services_->inference);
   server->server_ = builder.BuildAndStart();
   if (server->server_ == nullptr || port == 0) {
     // Nothing to shut down: the destructor must not touch a server that never started.
@@ -433,6 +436,7 @@ absl::StatusOr<std::unique_ptr<GrpcServer>> GrpcServer::Start(const std::string&
   }
   server->address_ = absl::StrCat(address.substr(0, colon), ":", port);
   for (const char* method : kMethods) metrics->DeclareRpc(method);
+  for (const char* method : InferenceService::kMethods) metrics->DeclareRpc(method);
   server->SetServing(false);
   return server;
 }

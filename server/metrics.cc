@@ -146,6 +146,26 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                     "rank's forward (and backward) step (unit: seconds).")
                                 .Register(*registry_);
 
+  inference_requests_ =
+      &prometheus::BuildCounter()
+           .Name("dattn_inference_requests_total")
+           .Help(
+               "ModelInfer calls of the Open Inference Protocol, by model, tenant and status "
+               "code (unit: calls).")
+           .Register(*registry_);
+  inference_bytes_ = &prometheus::BuildCounter()
+                          .Name("dattn_inference_bytes_total")
+                          .Help(
+                              "Tensor bytes of ModelInfer calls: direction=in (inputs), out "
+                              "(outputs returned) (unit: bytes).")
+                          .Register(*registry_);
+  inference_seconds_ = &prometheus::BuildHistogram()
+                            .Name("dattn_inference_request_seconds")
+                            .Help(
+                                "Each ModelInfer call, from its arrival to its answer (unit: "
+                                "seconds).")
+                            .Register(*registry_);
+
   job_tflops_ = &prometheus::BuildHistogram()
                      .Name("dattn_attention_job_tflops")
                      .Help(
@@ -417,6 +437,23 @@ void Metrics::AttendEnded(absl::string_view tenant, absl::StatusCode code, int64
       .Increment(static_cast<double>(bytes_in));
   attend_bytes_->Add({{"tenant", label}, {"direction", "out"}})
       .Increment(static_cast<double>(bytes_out));
+}
+
+void Metrics::CountInference(absl::string_view model, absl::string_view tenant,
+                             absl::StatusCode code, int64_t bytes_in, int64_t bytes_out,
+                             double seconds) {
+  static const auto* buckets = new prometheus::Histogram::BucketBoundaries{
+      0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100, 300};
+  const std::string label = TenantLabel(tenant);
+  const std::string m(model);
+  inference_requests_
+      ->Add({{"model", m}, {"tenant", label}, {"code", absl::StatusCodeToString(code)}})
+      .Increment();
+  inference_bytes_->Add({{"model", m}, {"tenant", label}, {"direction", "in"}})
+      .Increment(static_cast<double>(bytes_in));
+  inference_bytes_->Add({{"model", m}, {"tenant", label}, {"direction", "out"}})
+      .Increment(static_cast<double>(bytes_out));
+  if (seconds >= 0) inference_seconds_->Add({{"model", m}}, *buckets).Observe(seconds);
 }
 
 void Metrics::ObserveAttend(absl::string_view tenant, double queue_seconds, double engine_seconds) {

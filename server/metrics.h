@@ -52,6 +52,10 @@
 //   dattn_attend_queue_seconds{tenant}    histogram  each Attend job's submit to first RUNNING
 //   dattn_attend_engine_seconds{tenant}   histogram  each succeeded Attend call's engine time (the
 //                                                     slowest rank's step)
+//   dattn_inference_requests_total{model,tenant,code} counter ModelInfer calls (Open Inference
+//                                                     Protocol) by model, tenant and code
+//   dattn_inference_bytes_total{model,tenant,direction} counter their tensor bytes, in and out
+//   dattn_inference_request_seconds{model} histogram   each ModelInfer call, whole
 // `tenant` labels take the first kMaxTenantLabels tenants seen; later
 // ones are counted as "other" (a tenant is a string the caller chooses with --insecure).
 //
@@ -162,6 +166,10 @@ class Metrics {
   void AttendStarted();
   void AttendEnded(absl::string_view tenant, absl::StatusCode code, int64_t bytes_in,
                    int64_t bytes_out);
+  // A ModelInfer call of `model` ended with `code` after `seconds`, with `bytes_in` bytes of
+  // inputs and `bytes_out` of outputs.
+  void CountInference(absl::string_view model, absl::string_view tenant, absl::StatusCode code,
+                      int64_t bytes_in, int64_t bytes_out, double seconds);
   // An Attend job's queue time (observed when >= 0) and, when it succeeded, its engine time.
   void ObserveAttend(absl::string_view tenant, double queue_seconds, double engine_seconds);
 
@@ -205,6 +213,9 @@ class Metrics {
   prometheus::Family<prometheus::Counter>* attend_calls_;
   prometheus::Family<prometheus::Counter>* attend_bytes_;
   prometheus::Family<prometheus::Histogram>* attend_queue_seconds_;
+  prometheus::Family<prometheus::Counter>* inference_requests_;
+  prometheus::Family<prometheus::Counter>* inference_bytes_;
+  prometheus::Family<prometheus::Histogram>* inference_seconds_;
   prometheus::Family<prometheus::Histogram>* attend_engine_seconds_;
   absl::Mutex tenants_mu_;
   absl::flat_hash_set<std::string> tenants_ ABSL_GUARDED_BY(tenants_mu_);

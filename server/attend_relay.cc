@@ -129,6 +129,7 @@ absl::Status AttendSession::PushInput(const v1::AttendChunk& chunk,
     piece.data = chunk.data().substr(static_cast<size_t>(done), static_cast<size_t>(length));
     queue.bytes += length;
     input_bytes_ += length;
+    peak_ = std::max(peak_, input_bytes_ + output_bytes_);
     queue.pieces.push_back(std::move(piece));
     done += length;
     cv_.SignalAll();
@@ -236,6 +237,7 @@ absl::Status AttendSession::PushOutput(int rank, v1::AttendTensor tensor, int64_
   piece.data = std::move(data);
   queue.bytes += length;
   output_bytes_ += length;
+  peak_ = std::max(peak_, input_bytes_ + output_bytes_);
   queue.pieces.push_back(std::move(piece));
   output_offset_[r] += length;
   if (output_offset_[r] == shape_.shard_bytes()) {
@@ -318,6 +320,11 @@ absl::Status AttendSession::status() const {
 int64_t AttendSession::buffered_bytes() const {
   absl::MutexLock lock(&mu_);
   return input_bytes_ + output_bytes_;
+}
+
+int64_t AttendSession::peak_buffered_bytes() const {
+  absl::MutexLock lock(&mu_);
+  return peak_;
 }
 
 void AttendRelay::Add(const std::string& job_id, std::shared_ptr<AttendSession> session) {

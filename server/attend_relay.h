@@ -122,8 +122,10 @@ class AttendSession {
   // OK while open, else what Close was given.
   absl::Status status() const;
 
-  // Bytes waiting now (inputs + outputs), for tests and metrics.
+  // Bytes waiting now (inputs + outputs), and the most that ever waited at once, for tests and
+  // metrics.
   int64_t buffered_bytes() const;
+  int64_t peak_buffered_bytes() const;
 
  private:
   struct Piece {
@@ -159,6 +161,7 @@ class AttendSession {
   std::vector<RankQueue> outputs_ ABSL_GUARDED_BY(mu_);
   int64_t output_bytes_ ABSL_GUARDED_BY(mu_) = 0;
   int64_t taken_ ABSL_GUARDED_BY(mu_) = 0;  // Output bytes taken, over all outputs in order.
+  int64_t peak_ ABSL_GUARDED_BY(mu_) = 0;   // Most of input_bytes_ + output_bytes_ at once.
 };
 
 // Job id -> session, for the calls of the workers (ReadInput, UploadOutput) to find the call they

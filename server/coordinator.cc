@@ -659,6 +659,13 @@ absl::Status Coordinator::ReadInput(const v1::ReadInputRequest& request,
   return session->ReadInput(rank, send, cancelled);
 }
 
+std::optional<std::string> Coordinator::CancelRequested(const std::string& job_id) {
+  absl::MutexLock lock(&mu_);
+  const JobRun* run = book_.Find(job_id);
+  if (run == nullptr || !run->cancel_requested) return std::nullopt;
+  return run->cancel_reason;
+}
+
 std::optional<v1::Job> Coordinator::EndedJob(const std::string& job_id) {
   v1::GetJobRequest request;
   request.set_job_id(job_id);
@@ -784,6 +791,11 @@ absl::Status Coordinator::Attend(const v1::AttendRequest& first, const AttendSou
     if (absl::IsDeadlineExceeded(s)) {
       ended = EndedJob(job_id);
       if (ended.has_value()) break;  // Ended without its outputs: its state says why.
+      if (std::optional<std::string> why = CancelRequested(job_id); why.has_value()) {
+        // Cancelled by someone else (dattn cancel): its ranks may be waiting for the caller's
+        // chunks; closing the session ends their reads, so they stop and the cancel completes.
+        end = absl::CancelledError(absl::StrCat("job ", job_id, " was cancelled: ", *why));
+      }
       continue;
     }
     end = is_cancelled() ? absl::CancelledError(
@@ -841,6 +853,7 @@ absl::Status Coordinator::Attend(const v1::AttendRequest& first, const AttendSou
   }
   const std::string tenant = api::TenantOrDefault(start.tenant());
   metrics_->AttendEnded(tenant, answer.code(), bytes_in, bytes_out);
+  metrics_->NoteAttendBuffered(session->peak_buffered_bytes());
   if (ended.has_value() && ended->has_start_time()) {
     metrics_->ObserveAttend(tenant,
                             absl::ToDoubleSeconds(FromTimestamp(ended->start_time()) -

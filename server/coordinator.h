@@ -292,6 +292,8 @@ class Coordinator {
                                                const std::function<void(const v1::Job&)>& on_adopt);
   // The job's committed view once it has ended; nullopt while it is active (or on a read error).
   std::optional<v1::Job> EndedJob(const std::string& job_id);
+  // The reason of the cancel requested for the active job `job_id` (dattn cancel), if one was.
+  std::optional<std::string> CancelRequested(const std::string& job_id);
   // UNAVAILABLE while the store cannot be written (nothing is changed then).
   absl::Status CheckWritableLocked() const ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   absl::Time Now() const { return clock_->Now(); }

@@ -635,8 +635,8 @@ absl::Status JobStore::ApplySubmit(WriteOp* op, int64_t* next_submit_seq) {
                                                         " bytes)"));
           return absl::OkStatus();
         }
-        if (SpecBlob(existing.has_requested_spec() ? existing.requested_spec()
-                                                   : existing.spec()) == op->spec_blob) {
+        if (SpecBlob(existing.has_requested_spec() ? existing.requested_spec() : existing.spec()) ==
+            op->spec_blob) {
           op->submit.job = std::move(existing);
           op->submit.submit_seq = q.ColInt(3);
           op->submit.created = false;

@@ -161,11 +161,12 @@ class JobStore {
   // time if unset; the job's create_time if unset; it drops job.events and job.queue_position. If a
   // job with job.idempotency_key() exists: with an equal spec (compared byte for byte in
   // deterministic serialization; a job's requested_spec stands for its spec when it has one) the
-  // existing job is returned with created=false and nothing is written; with a different spec the result is ALREADY_EXISTS naming the key. Two Submits of one
-  // key racing each other behave as if they ran one after the other. Other errors: INVALID_ARGUMENT
-  // for an empty job_id or idempotency_key, a state other than QUEUED, or an event naming another
-  // job or state; ALREADY_EXISTS if job_id is taken by a job with another key; UNAVAILABLE if the
-  // store is closed or failing (nothing written; safe to retry).
+  // existing job is returned with created=false and nothing is written; with a different spec the
+  // result is ALREADY_EXISTS naming the key. Two Submits of one key racing each other behave as if
+  // they ran one after the other. Other errors: INVALID_ARGUMENT for an empty job_id or
+  // idempotency_key, a state other than QUEUED, or an event naming another job or state;
+  // ALREADY_EXISTS if job_id is taken by a job with another key; UNAVAILABLE if the store is closed
+  // or failing (nothing written; safe to retry).
   absl::StatusOr<SubmitOutcome> Submit(const v1::Job& job, const v1::JobEvent& submitted_event);
 
   // Replaces the stored job with `job` (matched by job_id) and appends `event` as its next event,

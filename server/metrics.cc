@@ -117,6 +117,15 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                             "acceptance of the call's job to the end of the call).")
                         .Register(*registry_)
                         .Add({});
+  attend_buffered_max_ = &prometheus::BuildGauge()
+                              .Name("dattn_attend_buffered_bytes_max")
+                              .Help(
+                                  "The most bytes one Attend call has had waiting in the relay "
+                                  "between its client and its ranks, since start (unit: bytes; "
+                                  "bounded by the relay's 16 MiB a direction plus a chunk a "
+                                  "rank).")
+                              .Register(*registry_)
+                              .Add({});
   attend_calls_ = &prometheus::BuildCounter()
                        .Name("dattn_attend_calls_total")
                        .Help(
@@ -419,6 +428,13 @@ void Metrics::CountRecovery(absl::string_view kind) {
 }
 
 void Metrics::AttendStarted() { attend_active_->Increment(); }
+
+void Metrics::NoteAttendBuffered(int64_t bytes) {
+  absl::MutexLock lock(&tenants_mu_);  // Read-compare-set of one gauge.
+  if (static_cast<double>(bytes) > attend_buffered_max_->Value()) {
+    attend_buffered_max_->Set(static_cast<double>(bytes));
+  }
+}
 
 std::string Metrics::TenantLabel(absl::string_view tenant) {
   absl::MutexLock lock(&tenants_mu_);

@@ -49,6 +49,8 @@
 //   dattn_attend_calls_total{tenant,code}  counter    ended Attend calls by tenant and status code
 //   dattn_attend_bytes_total{tenant,direction} counter tensor bytes of Attend calls: in (q, k, v,
 //                                                     dout from the client), out (to it)
+//   dattn_attend_buffered_bytes_max        gauge      the most bytes one Attend call ever had
+//                                                     waiting in the relay (attend_relay.h)
 //   dattn_attend_queue_seconds{tenant}    histogram  each Attend job's submit to first RUNNING
 //   dattn_attend_engine_seconds{tenant}   histogram  each succeeded Attend call's engine time (the
 //                                                     slowest rank's step)
@@ -166,6 +168,8 @@ class Metrics {
   void AttendStarted();
   void AttendEnded(absl::string_view tenant, absl::StatusCode code, int64_t bytes_in,
                    int64_t bytes_out);
+  // An Attend call had at most `bytes` waiting in its relay: the gauge keeps the largest.
+  void NoteAttendBuffered(int64_t bytes);
   // A ModelInfer call of `model` ended with `code` after `seconds`, with `bytes_in` bytes of
   // inputs and `bytes_out` of outputs.
   void CountInference(absl::string_view model, absl::string_view tenant, absl::StatusCode code,
@@ -210,6 +214,7 @@ class Metrics {
   prometheus::Histogram* training_checkpoint_seconds_;
   prometheus::Histogram* training_checkpoint_bytes_;
   prometheus::Gauge* attend_active_;
+  prometheus::Gauge* attend_buffered_max_;
   prometheus::Family<prometheus::Counter>* attend_calls_;
   prometheus::Family<prometheus::Counter>* attend_bytes_;
   prometheus::Family<prometheus::Histogram>* attend_queue_seconds_;

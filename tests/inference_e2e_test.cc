@@ -204,7 +204,8 @@ TEST_F(InferenceTest, MalformedRequestsNameTheTensorOrParameter) {
   const Case cases[] = {
       {"wrong byte length",
        [](ModelInferRequest* r) { r->mutable_raw_input_contents(1)->resize(100); },
-       grpc::StatusCode::INVALID_ARGUMENT, "input \"k\": 100 bytes of raw contents, expected 16384"},
+       grpc::StatusCode::INVALID_ARGUMENT,
+       "input \"k\": 100 bytes of raw contents, expected 16384"},
       {"shape", [](ModelInferRequest* r) { r->mutable_inputs(2)->set_shape(1, 16); },
        grpc::StatusCode::INVALID_ARGUMENT, "input \"v\": shape [2, 16, 4, 8] is not q's"},
       {"datatype",

@@ -4,6 +4,7 @@
 #include <chrono>
 #include <utility>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -127,6 +128,9 @@ struct Worker::Task {
   // cancel lets the ranks stop together at a step boundary and save a checkpoint
   // (worker/training_task.h, which aborts them itself when that takes longer than its grace).
   std::vector<comm::Communicator*> training_comms ABSL_GUARDED_BY(comm_mu);
+  // A streamed attention task's ReadInput or UploadOutput call while one is open: a cancel ends
+  // it (TryCancel), so that a rank waiting for its caller's next chunk stops at once.
+  grpc::ClientContext* stream_call ABSL_GUARDED_BY(comm_mu) = nullptr;
   std::atomic<bool> abort{false};
   // A training task's figures as last reported (task thread only): every report of rank 0 carries
   // them.
@@ -697,6 +701,7 @@ void Worker::AbortComms(const std::vector<std::shared_ptr<Task>>& tasks, const s
     // The task thread clears `comm` under comm_mu before destroying it, so it lives until here.
     absl::MutexLock lock(&task->comm_mu);
     if (task->comm != nullptr) task->comm->Abort(absl::StrCat("the task was cancelled: ", why));
+    if (task->stream_call != nullptr && task->cancel.load()) task->stream_call->TryCancel();
     if (task->abort.load()) {
       // Together, not one after another (engine/comm/abort_all.h).
       comm::AbortAll(task->training_comms, absl::StrCat("the task was cancelled at once: ", why));
@@ -971,6 +976,16 @@ absl::Status Worker::ReadInputs(Task& task, const AttentionTaskOptions::ChunkWri
   PrepareUnary(&context, options_.rpc_timeout + options_.default_comm_timeout +
                              absl::Seconds(bytes / (int64_t{8} << 20)));
   ActiveCall active(this, &context);
+  // A cancel of the task ends this call (AbortComms); one that came before it opened, at once.
+  {
+    absl::MutexLock lock(&task.comm_mu);
+    task.stream_call = &context;
+    if (task.cancel.load()) context.TryCancel();
+  }
+  auto unregister = absl::MakeCleanup([&task] {
+    absl::MutexLock lock(&task.comm_mu);
+    task.stream_call = nullptr;
+  });
   v1::ReadInputRequest request;
   request.set_worker_id(worker_id());
   request.set_task_id(id);
@@ -1005,6 +1020,16 @@ absl::Status Worker::UploadStreamed(Task& task, v1::AttendTensor tensor,
   PrepareUnary(&context, options_.rpc_timeout + options_.default_comm_timeout +
                              absl::Seconds(total / (int64_t{8} << 20)));
   ActiveCall active(this, &context);
+  // A cancel of the task ends this call (AbortComms); one that came before it opened, at once.
+  {
+    absl::MutexLock lock(&task.comm_mu);
+    task.stream_call = &context;
+    if (task.cancel.load()) context.TryCancel();
+  }
+  auto unregister = absl::MakeCleanup([&task] {
+    absl::MutexLock lock(&task.comm_mu);
+    task.stream_call = nullptr;
+  });
   v1::UploadOutputResponse response;
   std::unique_ptr<grpc::ClientWriter<v1::UploadOutputRequest>> writer =
       stub_->UploadOutput(&context, &response);

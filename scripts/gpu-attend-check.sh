@@ -11,7 +11,8 @@
 #   scripts/gpu-attend-check.sh smoke   (here) the same flow with CPU workers, fp32, small N
 #
 # Environment: OUT (logs; a temporary folder otherwise), SEQ_LEN (default 16384), RANKS (default
-# "1,2,4", capped by the GPUs present), DTYPES (default "bf16,fp16").
+# "1,2,4", capped by the GPUs present), DTYPES (default "bf16,fp16"); BENCH=1 then runs
+# bench/attend_bench (BENCH_N, LONGEST: see there).
 # Exit status: 0 when every row passed, 1 when one failed, 2 when the set-up failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -20,13 +21,16 @@ mode="${1:-run}"
 pack=.device/attend.tar.xz
 if [ "$mode" = "stage" ]; then
   set -e
-  bazel build //server:dattn-coordinator //worker:dattn-worker-gpu //tests:attend_check
+  bazel build //server:dattn-coordinator //worker:dattn-worker-gpu //tests:attend_check \
+    //bench/attend_bench:attend_bench
   bin=$(mktemp -d)/attend
   mkdir -p "$bin/lib"
-  for b in server/dattn-coordinator worker/dattn-worker-gpu tests/attend_check; do
+  for b in server/dattn-coordinator worker/dattn-worker-gpu tests/attend_check \
+      bench/attend_bench/attend_bench; do
     strip --strip-debug -o "$bin/$(basename "$b")" "bazel-bin/$b"
   done
-  for b in "$bin"/dattn-coordinator "$bin"/dattn-worker-gpu "$bin"/attend_check; do
+  for b in "$bin"/dattn-coordinator "$bin"/dattn-worker-gpu "$bin"/attend_check \
+      "$bin"/attend_bench; do
     ldd "$b" | awk '$3 ~ /^\// {print $1, $3}' | while read -r name path; do
       case "$name" in
         libc.so*|libm.so*|libdl.so*|librt.so*|libpthread.so*|ld-linux*|libstdc++.so*|libgcc_s.so*) ;;
@@ -120,6 +124,13 @@ sleep 5
 "$check" --coordinator "$addr" --device "$device" --dtypes "$dtypes" --ranks "$ranks" \
   --seq-len "$seq_len" 2>&1 | tee "$out/attend.txt"
 status=${PIPESTATUS[0]}
+# BENCH=1 (GPU only): Attend over loopback against the same call in-process (bench/attend_bench),
+# at N = BENCH_N (default 2^20), and one Attend of LONGEST tokens when set.
+if [ "$status" -eq 0 ] && [ "${BENCH:-0}" = 1 ] && [ "$mode" != "smoke" ]; then
+  "$bin/attend_bench" --coordinator "$addr" --seq-len "${BENCH_N:-1048576}" \
+    --longest "${LONGEST:-0}" 2>&1 | tee "$out/bench.txt"
+  status=${PIPESTATUS[0]}
+fi
 if [ "$status" -ne 0 ]; then
   echo "== logs =="; tail -n 15 "$out/coordinator.log" "$out"/worker-*.log
 fi

@@ -14,6 +14,7 @@ import numpy as np
 from google.protobuf import json_format
 
 from dattn.v1 import attention_pb2, job_pb2, job_service_pb2, job_service_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from . import errors
 
@@ -59,34 +60,67 @@ class AttendInfo:
 
 
 class Client:
-    """A connection to a dattn coordinator.
+    """A connection to a dattn coordinator, set up by the CLI's rules (docs/CLI.md, "Connecting";
+    client/connection.cc).
 
-    address: HOST:PORT (default $DATTN_COORDINATOR, else 127.0.0.1:7070). ca: the cluster CA's PEM
-    file (default $DATTN_TLS_CA); with one the channel is TLS, without it plaintext (a coordinator
-    started --insecure). token: the bearer token (default: the first line of token_file, else
-    $DATTN_TOKEN). timeout: the deadline, in seconds, of each unary call (Attend calls take their
-    own `timeout`, none by default).
+    address: HOST:PORT or any gRPC target (default $DATTN_COORDINATOR, else 127.0.0.1:7070).
+    ca: the cluster CA's PEM file (default $DATTN_TLS_CA); with one the channel is TLS, without it
+    plaintext (a coordinator started --insecure). token: the bearer token (default: the first line
+    of token_file, else $DATTN_TOKEN; surrounding whitespace is dropped), sent as
+    "authorization: Bearer TOKEN" on every call. A token is never sent in plaintext: a token
+    without a CA raises ValueError unless insecure=True says plaintext is meant (insecure=True
+    also ignores ca and $DATTN_TLS_CA, as the CLI's --insecure does). server_name: the name to
+    check the coordinator's certificate against (default: the address's host). timeout: the
+    deadline, in seconds, of each unary call (Attend and watch calls take their own `timeout`,
+    none by default).
     """
 
-    def __init__(self, address=None, *, ca=None, token=None, token_file=None, timeout=30.0):
+    def __init__(self, address=None, *, ca=None, token=None, token_file=None, insecure=False,
+                 server_name=None, timeout=30.0):
         self.address = address or os.environ.get("DATTN_COORDINATOR") or "127.0.0.1:7070"
-        ca = ca if ca is not None else os.environ.get("DATTN_TLS_CA")
+        if insecure:
+            ca = ""
+        elif ca is None:
+            ca = os.environ.get("DATTN_TLS_CA", "")
         if token is None and token_file:
-            with open(token_file, encoding="utf-8") as f:
-                token = f.readline().strip()
+            try:
+                with open(token_file, encoding="utf-8") as f:
+                    token = f.readline().strip()
+            except OSError as e:
+                raise ValueError(f"token_file {token_file}: cannot be read ({e})") from None
+            if not token:
+                raise ValueError(f"token_file {token_file}: its first line holds no token")
         if token is None:
-            token = os.environ.get("DATTN_TOKEN")
+            token = os.environ.get("DATTN_TOKEN", "")
+        token = token.strip()
+        if token and not ca and not insecure:
+            raise ValueError("token: a bearer token goes only over TLS: give ca (or $DATTN_TLS_CA) "
+                             "with the cluster CA, or insecure=True for a coordinator without TLS")
         self.timeout = timeout
+        self.tls = bool(ca)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        # As the CLI: messages up to api::kMaxMessageBytes; keepalive pings every 330 s (servers
+        # refuse them more often than every 5 minutes) notice a connection that died without a
+        # reset while a watch or an Attend call waits.
         options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES)]
+                   ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+                   ("grpc.keepalive_time_ms", 330 * 1000),
+                   ("grpc.keepalive_timeout_ms", 20 * 1000),
+                   ("grpc.http2.max_pings_without_data", 0)]
         if ca:
-            with open(ca, "rb") as f:
-                credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+            try:
+                with open(ca, "rb") as f:
+                    root = f.read()
+            except OSError as e:
+                raise ValueError(f"ca {ca}: cannot be read ({e})") from None
+            if server_name:
+                options.append(("grpc.ssl_target_name_override", server_name))
+            credentials = grpc.ssl_channel_credentials(root_certificates=root)
             self._channel = grpc.secure_channel(self.address, credentials, options)
         else:
             self._channel = grpc.insecure_channel(self.address, options)
         self._jobs = job_service_pb2_grpc.JobServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
         self.last_attend = None  # AttendInfo of the last Attend call that was accepted.
 
     def close(self):
@@ -305,6 +339,16 @@ class Client:
         if view is None or filled != view.size:
             raise errors.ProtocolError(f"the output of {job_id} ended at byte {filled}")
         return out
+
+    # ---- Health --------------------------------------------------------------------------------
+
+    def health(self, service=""):
+        """The coordinator's grpc.health.v1 status of `service` ("" is the server as a whole;
+        "dattn.v1.JobService" the job API): "SERVING", "NOT_SERVING" or "UNKNOWN". A service the
+        coordinator does not have raises NotFound, an unreachable one Unavailable."""
+        response = self._call(self._health.Check, health_pb2.HealthCheckRequest(service=service),
+                              f"health of {service or 'the server'}")
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
 
 
 def is_terminal(state):

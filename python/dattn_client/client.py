@@ -14,6 +14,7 @@ import numpy as np
 from google.protobuf import json_format
 
 from dattn.v1 import attention_pb2, job_pb2, job_service_pb2, job_service_pb2_grpc
+from grpc_health.v1 import health_pb2, health_pb2_grpc
 
 from . import errors
 
@@ -58,35 +59,148 @@ class AttendInfo:
     result: object
 
 
-class Client:
-    """A connection to a dattn coordinator.
+class _AttendAnswer:
+    """Reads an Attend call's answer as the protocol has it (job_service.proto, docs/ATTEND.md):
+    `accepted` first, then out (then dq, dk, dv), each tensor's chunks in order with no gap or
+    overlap, every chunk 1 .. CHUNK_BYTES, each written straight into its preallocated array, then
+    `done`, then nothing. Anything else raises a ProtocolError naming it."""
 
-    address: HOST:PORT (default $DATTN_COORDINATOR, else 127.0.0.1:7070). ca: the cluster CA's PEM
-    file (default $DATTN_TLS_CA); with one the channel is TLS, without it plaintext (a coordinator
-    started --insecure). token: the bearer token (default: the first line of token_file, else
-    $DATTN_TOKEN). timeout: the deadline, in seconds, of each unary call (Attend calls take their
-    own `timeout`, none by default).
+    _NAMES = {attention_pb2.ATTEND_TENSOR_OUT + i: n for i, n in enumerate(["out", "dq", "dk", "dv"])}
+
+    def __init__(self, shape, dtype, backward):
+        self.outputs = [np.empty(shape, dtype=dtype) for _ in range(4 if backward else 1)]
+        self._views = [o.reshape(-1).view(np.uint8) for o in self.outputs]
+        self._tensor = 0   # The output whose chunks come now.
+        self._filled = 0   # Its bytes so far.
+        self.info = None
+        self.done = None
+
+    def _expected(self):
+        if self._tensor >= len(self.outputs):
+            return "done"
+        return f"{self._NAMES[attention_pb2.ATTEND_TENSOR_OUT + self._tensor]} at byte {self._filled}"
+
+    def take(self, response):
+        """Takes one AttendResponse; returns the AttendInfo when it is `accepted`."""
+        which = response.WhichOneof("message")
+        if self.done is not None:
+            raise errors.ProtocolError(f"a message ({which}) after done")
+        if which == "accepted":
+            if self.info is not None:
+                raise errors.ProtocolError(
+                    f"a second accepted (job {response.accepted.job_id!r}; the first was "
+                    f"{self.info.job_id!r})")
+            if not response.accepted.job_id or response.accepted.num_ranks < 1:
+                raise errors.ProtocolError(
+                    f"accepted with job id {response.accepted.job_id!r} and "
+                    f"{response.accepted.num_ranks} ranks")
+            self.info = AttendInfo(response.accepted.job_id, response.accepted.num_ranks, None)
+            return self.info
+        if self.info is None:
+            raise errors.ProtocolError(f"{which or 'an empty message'} before accepted")
+        if which == "chunk":
+            c = response.chunk
+            name = self._NAMES.get(c.tensor, f"tensor {c.tensor}")
+            if not 1 <= len(c.data) <= CHUNK_BYTES:
+                raise errors.ProtocolError(
+                    f"a chunk of {name} at byte {c.offset} with {len(c.data)} bytes (a chunk has "
+                    f"1 .. {CHUNK_BYTES})")
+            # A tensor whose last chunk came is done: the next chunk starts the next tensor.
+            t = c.tensor - attention_pb2.ATTEND_TENSOR_OUT
+            if t != self._tensor or c.offset != self._filled or t >= len(self.outputs):
+                raise errors.ProtocolError(
+                    f"a chunk of {name} at byte {c.offset}; expected {self._expected()}")
+            view = self._views[t]
+            end = c.offset + len(c.data)
+            if end > view.size:
+                raise errors.ProtocolError(
+                    f"a chunk of {name} at byte {c.offset} with {len(c.data)} bytes ends past the "
+                    f"tensor's {view.size} bytes")
+            view[c.offset:end] = np.frombuffer(c.data, np.uint8)
+            self._filled = end
+            if end == view.size:
+                self._tensor += 1
+                self._filled = 0
+            return None
+        if which == "done":
+            if self._tensor < len(self.outputs):
+                raise errors.ProtocolError(f"done before the outputs were whole; expected "
+                                           f"{self._expected()} of {self._views[0].size} bytes")
+            self.done = response.done
+            self.info.result = response.done
+            return None
+        raise errors.ProtocolError("an empty message (none of accepted, chunk, done)")
+
+    def finish(self):
+        """The stream ended OK: it must have ended with done."""
+        if self.done is None:
+            raise errors.ProtocolError(
+                "the call ended without done" + ("" if self.info else " (and without accepted)") +
+                f"; expected {self._expected()}")
+
+
+class Client:
+    """A connection to a dattn coordinator, set up by the CLI's rules (docs/CLI.md, "Connecting";
+    client/connection.cc).
+
+    address: HOST:PORT or any gRPC target (default $DATTN_COORDINATOR, else 127.0.0.1:7070).
+    ca: the cluster CA's PEM file (default $DATTN_TLS_CA); with one the channel is TLS, without it
+    plaintext (a coordinator started --insecure). token: the bearer token (default: the first line
+    of token_file, else $DATTN_TOKEN; surrounding whitespace is dropped), sent as
+    "authorization: Bearer TOKEN" on every call. A token is never sent in plaintext: a token
+    without a CA raises ValueError unless insecure=True says plaintext is meant (insecure=True
+    also ignores ca and $DATTN_TLS_CA, as the CLI's --insecure does). server_name: the name to
+    check the coordinator's certificate against (default: the address's host). timeout: the
+    deadline, in seconds, of each unary call (Attend and watch calls take their own `timeout`,
+    none by default).
     """
 
-    def __init__(self, address=None, *, ca=None, token=None, token_file=None, timeout=30.0):
+    def __init__(self, address=None, *, ca=None, token=None, token_file=None, insecure=False,
+                 server_name=None, timeout=30.0):
         self.address = address or os.environ.get("DATTN_COORDINATOR") or "127.0.0.1:7070"
-        ca = ca if ca is not None else os.environ.get("DATTN_TLS_CA")
+        if insecure:
+            ca = ""
+        elif ca is None:
+            ca = os.environ.get("DATTN_TLS_CA", "")
         if token is None and token_file:
-            with open(token_file, encoding="utf-8") as f:
-                token = f.readline().strip()
+            try:
+                with open(token_file, encoding="utf-8") as f:
+                    token = f.readline().strip()
+            except OSError as e:
+                raise ValueError(f"token_file {token_file}: cannot be read ({e})") from None
+            if not token:
+                raise ValueError(f"token_file {token_file}: its first line holds no token")
         if token is None:
-            token = os.environ.get("DATTN_TOKEN")
+            token = os.environ.get("DATTN_TOKEN", "")
+        token = token.strip()
+        if token and not ca and not insecure:
+            raise ValueError("token: a bearer token goes only over TLS: give ca (or $DATTN_TLS_CA) "
+                             "with the cluster CA, or insecure=True for a coordinator without TLS")
         self.timeout = timeout
+        self.tls = bool(ca)
         self._metadata = (("authorization", f"Bearer {token}"),) if token else ()
+        # As the CLI: messages up to api::kMaxMessageBytes; keepalive pings every 330 s (servers
+        # refuse them more often than every 5 minutes) notice a connection that died without a
+        # reset while a watch or an Attend call waits.
         options = [("grpc.max_receive_message_length", _MAX_MESSAGE_BYTES),
-                   ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES)]
+                   ("grpc.max_send_message_length", _MAX_MESSAGE_BYTES),
+                   ("grpc.keepalive_time_ms", 330 * 1000),
+                   ("grpc.keepalive_timeout_ms", 20 * 1000),
+                   ("grpc.http2.max_pings_without_data", 0)]
         if ca:
-            with open(ca, "rb") as f:
-                credentials = grpc.ssl_channel_credentials(root_certificates=f.read())
+            try:
+                with open(ca, "rb") as f:
+                    root = f.read()
+            except OSError as e:
+                raise ValueError(f"ca {ca}: cannot be read ({e})") from None
+            if server_name:
+                options.append(("grpc.ssl_target_name_override", server_name))
+            credentials = grpc.ssl_channel_credentials(root_certificates=root)
             self._channel = grpc.secure_channel(self.address, credentials, options)
         else:
             self._channel = grpc.insecure_channel(self.address, options)
         self._jobs = job_service_pb2_grpc.JobServiceStub(self._channel)
+        self._health = health_pb2_grpc.HealthStub(self._channel)
         self.last_attend = None  # AttendInfo of the last Attend call that was accepted.
 
     def close(self):
@@ -106,7 +220,14 @@ class Client:
         Options: causal (False), mode ("grouped" or "mixture"), scale (1/sqrt(D)), head_offsets
         ("modulo" or "blocked", mixture only), num_ranks (0: the fewest ranks that fit), device
         ("any", "cpu", "gpu"), dtype (None: q's; "bf16" for uint16 arrays holding bfloat16 bit
-        patterns, as numpy has no bfloat16), name, priority, timeout (seconds for the whole call).
+        patterns, as numpy has no bfloat16), name, tenant (with a token: empty or the token's),
+        priority, timeout (seconds for the whole call), chunk_bytes (the size of the chunks sent,
+        1 .. CHUNK_BYTES, 4 MiB by default).
+
+        The call's job id, ring size and result are in `last_attend` (AttendInfo) once accepted.
+        Raises ValueError for arrays or options that cannot be sent (before anything is sent),
+        a DattnError subclass for the coordinator's errors, ProtocolError for an answer that
+        breaks the protocol.
         """
         return self._attend([q, k, v], segment_lengths, dilation_rates, **options)[0]
 
@@ -117,7 +238,7 @@ class Client:
 
     def _attend(self, tensors, segment_lengths, dilation_rates, *, causal=False, mode="grouped",
                 scale=None, head_offsets=None, num_ranks=0, device="any", dtype=None, name="",
-                priority=0, timeout=None):
+                tenant="", priority=0, timeout=None, chunk_bytes=CHUNK_BYTES):
         names = ["q", "k", "v", "dout"]
         arrays = []
         for i, t in enumerate(tensors):
@@ -126,6 +247,8 @@ class Client:
                 raise ValueError(f"{names[i]}: a (B, N, H, D) array, got {a.ndim} dimensions")
             if i > 0 and a.shape != arrays[0].shape:
                 raise ValueError(f"{names[i]}: shape {a.shape} differs from q's {arrays[0].shape}")
+            if a.size == 0:
+                raise ValueError(f"{names[i]}: shape {a.shape} has no elements")
             arrays.append(a)
         if dtype is None:
             wire = _NUMPY_DTYPES.get(arrays[0].dtype.newbyteorder("<"))
@@ -151,10 +274,13 @@ class Client:
             raise ValueError(f"head_offsets: {head_offsets!r} is not one of {sorted(_HEAD_OFFSETS)}")
         if device not in _DEVICES:
             raise ValueError(f"device: {device!r} is not one of {sorted(_DEVICES)}")
+        if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or \
+                not 1 <= chunk_bytes <= CHUNK_BYTES:
+            raise ValueError(f"chunk_bytes: {chunk_bytes!r}; a chunk has 1 .. {CHUNK_BYTES} bytes")
 
         start = job_service_pb2.AttendStart(
             dtype=wire, num_ranks=num_ranks, backward=len(arrays) == 4, device=_DEVICES[device],
-            name=name, priority=priority)
+            name=name, tenant=tenant, priority=priority)
         start.attention.segment_lengths.extend(int(w) for w in segment_lengths)
         start.attention.dilation_rates.extend(int(r) for r in dilation_rates)
         start.attention.causal = bool(causal)
@@ -171,45 +297,25 @@ class Client:
             yield job_service_pb2.AttendRequest(start=start)
             for i, a in enumerate(arrays):
                 data = memoryview(a.reshape(-1)).cast("B")
-                for offset in range(0, len(data), CHUNK_BYTES):
+                for offset in range(0, len(data), chunk_bytes):
                     yield job_service_pb2.AttendRequest(chunk=attention_pb2.AttendChunk(
                         tensor=attention_pb2.ATTEND_TENSOR_Q + i, offset=offset,
-                        data=bytes(data[offset:offset + CHUNK_BYTES])))
+                        data=bytes(data[offset:offset + chunk_bytes])))
 
-        outputs = [np.empty(arrays[0].shape, dtype=held) for _ in range(len(arrays) // 4 * 3 + 1)]
-        views = [o.reshape(-1).view(np.uint8) for o in outputs]
-        filled = [0] * len(outputs)
-        info = None
-        done = None
+        reader = _AttendAnswer(arrays[0].shape, held, len(arrays) == 4)
+        call = self._jobs.Attend(requests(), metadata=self._metadata, timeout=timeout)
         try:
-            for response in self._jobs.Attend(requests(), metadata=self._metadata,
-                                              timeout=timeout):
-                which = response.WhichOneof("message")
-                if which == "accepted":
-                    info = AttendInfo(response.accepted.job_id, response.accepted.num_ranks, None)
-                    self.last_attend = info
-                elif which == "chunk":
-                    c = response.chunk
-                    t = c.tensor - attention_pb2.ATTEND_TENSOR_OUT
-                    if not 0 <= t < len(outputs) or c.offset != filled[t] or \
-                            c.offset + len(c.data) > views[t].size:
-                        raise errors.ProtocolError(
-                            f"an output chunk of tensor {c.tensor} at byte {c.offset} with "
-                            f"{len(c.data)} bytes (expected output {t} at byte "
-                            f"{filled[t] if 0 <= t < len(outputs) else '-'})")
-                    views[t][c.offset:c.offset + len(c.data)] = np.frombuffer(c.data, np.uint8)
-                    filled[t] += len(c.data)
-                elif which == "done":
-                    done = response.done
+            for response in call:
+                accepted = reader.take(response)
+                if accepted is not None:
+                    self.last_attend = accepted
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e, "attend") from None
-        if done is None or any(f != v.size for f, v in zip(filled, views)):
-            raise errors.ProtocolError(
-                f"the call ended without its whole result ({filled} of {views[0].size} bytes "
-                "each)")
-        if info is not None:
-            info.result = done
-        return outputs
+        except BaseException:
+            call.cancel()  # A ProtocolError or an interrupt: the coordinator cancels the job.
+            raise
+        reader.finish()
+        return reader.outputs
 
     # ---- Jobs ----------------------------------------------------------------------------------
 
@@ -224,10 +330,46 @@ class Client:
         or {"training": {"config_json": ...}}). Returns the Job. A retry with the same key and spec
         returns the same job."""
         if isinstance(spec, dict):
-            spec = json_format.ParseDict(spec, job_pb2.JobSpec())
+            try:
+                spec = json_format.ParseDict(spec, job_pb2.JobSpec())
+            except json_format.ParseError as e:
+                raise ValueError(f"spec: not a JobSpec in its JSON form: {e}") from None
         request = job_service_pb2.SubmitJobRequest(
             idempotency_key=idempotency_key or str(uuid.uuid4()), spec=spec)
         return self._call(self._jobs.SubmitJob, request, "submit").job
+
+    def submit_attention(self, seq_len, num_heads, head_dim, segment_lengths, dilation_rates, *,
+                         batch=1, dtype="fp32", causal=False, mode="grouped", scale=None,
+                         head_offsets=None, num_ranks=1, backward=False, iterations=1, seed=0,
+                         return_output=False, device="any", name="", tenant="", priority=0,
+                         idempotency_key=None):
+        """An attention job on generated inputs (standard-normal q, k, v from `seed`), as `dattn
+        submit` makes it; backward=True runs forward + backward. Returns the Job; watch() or wait()
+        follow it, read_output() reads its output when return_output was set."""
+        if dtype not in _NAMED_DTYPES:
+            raise ValueError(f"dtype: {dtype!r} is not one of {sorted(_NAMED_DTYPES)}")
+        if mode not in _MODES:
+            raise ValueError(f"mode: {mode!r} is not one of {sorted(_MODES)}")
+        if head_offsets is not None and head_offsets not in _HEAD_OFFSETS:
+            raise ValueError(f"head_offsets: {head_offsets!r} is not one of {sorted(_HEAD_OFFSETS)}")
+        if device not in _DEVICES:
+            raise ValueError(f"device: {device!r} is not one of {sorted(_DEVICES)}")
+        work = job_pb2.AttentionJobSpec(
+            dtype=_NAMED_DTYPES[dtype], num_ranks=num_ranks, iterations=iterations, seed=seed,
+            return_output=return_output, device=_DEVICES[device],
+            **{"pass": job_pb2.PASS_FORWARD_BACKWARD if backward else job_pb2.PASS_FORWARD})
+        work.attention.segment_lengths.extend(int(w) for w in segment_lengths)
+        work.attention.dilation_rates.extend(int(r) for r in dilation_rates)
+        work.attention.causal = bool(causal)
+        work.attention.mode = _MODES[mode]
+        if scale is not None:
+            work.attention.scale = float(scale)
+        if head_offsets is not None:
+            work.attention.head_offsets = _HEAD_OFFSETS[head_offsets]
+        work.shape.batch, work.shape.seq_len = batch, seq_len
+        work.shape.num_heads, work.shape.head_dim = num_heads, head_dim
+        return self.submit(job_pb2.JobSpec(name=name, tenant=tenant, priority=priority,
+                                           attention=work), idempotency_key)
 
     def submit_training(self, config, *, data_parallel=1, sequence_parallel=1, device="any",
                         checkpoint_dir="", init_from="", name="", idempotency_key=None):
@@ -287,24 +429,52 @@ class Client:
 
     def read_output(self, job_id):
         """A succeeded job's kept output (submitted with return_output) as a numpy array (bf16 as
-        uint16 bit patterns)."""
+        uint16 bit patterns): the header first (dtype, shape), then the bytes in order, each chunk
+        written into the preallocated array."""
         out, view, filled = None, None, 0
+        stream = self._jobs.ReadOutput(job_service_pb2.ReadOutputRequest(job_id=job_id),
+                                       metadata=self._metadata, timeout=self.timeout)
         try:
-            for chunk in self._jobs.ReadOutput(job_service_pb2.ReadOutputRequest(job_id=job_id),
-                                               metadata=self._metadata, timeout=self.timeout):
+            for chunk in stream:
                 if chunk.HasField("header"):
-                    out = np.empty(tuple(chunk.header.shape), dtype=_HELD_AS[chunk.header.dtype])
+                    if view is not None:
+                        raise errors.ProtocolError(f"output of {job_id}: a second header at byte "
+                                                   f"{chunk.offset}")
+                    held = _HELD_AS.get(chunk.header.dtype)
+                    if held is None or any(d < 0 for d in chunk.header.shape):
+                        raise errors.ProtocolError(
+                            f"output of {job_id}: a header of dtype {chunk.header.dtype} and "
+                            f"shape {list(chunk.header.shape)}")
+                    out = np.empty(tuple(chunk.header.shape), dtype=held)
                     view = out.reshape(-1).view(np.uint8)
-                if view is None or chunk.offset != filled or \
-                        chunk.offset + len(chunk.data) > view.size:
-                    raise errors.ProtocolError(f"output chunk at byte {chunk.offset} out of order")
+                if view is None:
+                    raise errors.ProtocolError(f"output of {job_id}: a chunk before the header")
+                if chunk.offset != filled or chunk.offset + len(chunk.data) > view.size:
+                    raise errors.ProtocolError(
+                        f"output of {job_id}: a chunk at byte {chunk.offset} with "
+                        f"{len(chunk.data)} bytes; expected byte {filled} of {view.size}")
                 view[filled:filled + len(chunk.data)] = np.frombuffer(chunk.data, np.uint8)
                 filled += len(chunk.data)
         except grpc.RpcError as e:
             raise errors.from_rpc_error(e, f"read output of {job_id}") from None
+        except BaseException:
+            stream.cancel()
+            raise
         if view is None or filled != view.size:
-            raise errors.ProtocolError(f"the output of {job_id} ended at byte {filled}")
+            raise errors.ProtocolError(
+                f"output of {job_id}: the stream ended at byte {filled}" +
+                (f" of {view.size}" if view is not None else " without a header"))
         return out
+
+    # ---- Health --------------------------------------------------------------------------------
+
+    def health(self, service=""):
+        """The coordinator's grpc.health.v1 status of `service` ("" is the server as a whole;
+        "dattn.v1.JobService" the job API): "SERVING", "NOT_SERVING" or "UNKNOWN". A service the
+        coordinator does not have raises NotFound, an unreachable one Unavailable."""
+        response = self._call(self._health.Check, health_pb2.HealthCheckRequest(service=service),
+                              f"health of {service or 'the server'}")
+        return health_pb2.HealthCheckResponse.ServingStatus.Name(response.status)
 
 
 def is_terminal(state):

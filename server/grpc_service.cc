@@ -386,7 +386,12 @@ class GrpcServer::Services {
       : jobs(coordinator, metrics, access),
         workers(coordinator, metrics, access),
         admin(coordinator, metrics, access),
-        inference(coordinator, metrics, access) {}
+        inference(
+            [coordinator](const v1::AttendRequest& first, const AttendSource& next,
+                          const AttendSink& emit, const CancelledFn& cancelled) {
+              return coordinator->Attend(first, next, emit, cancelled);
+            },
+            [coordinator] { return coordinator->Health(); }, metrics, access) {}
   JobServiceImpl jobs;
   WorkerRegistryImpl workers;
   AdminServiceImpl admin;

@@ -1,7 +1,9 @@
 #include "server/inference_service.h"
 
 #include <chrono>
+#include <cstdint>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
@@ -21,6 +23,108 @@ constexpr char kModelReady[] = "/inference.GRPCInferenceService/ModelReady";
 constexpr char kServerMetadata[] = "/inference.GRPCInferenceService/ServerMetadata";
 constexpr char kModelMetadata[] = "/inference.GRPCInferenceService/ModelMetadata";
 constexpr char kModelInfer[] = "/inference.GRPCInferenceService/ModelInfer";
+
+constexpr const char* kOutputNames[] = {"out", "dq", "dk", "dv"};
+
+// Gathers an Attend call's answer into whole outputs while checking it against Attend's protocol
+// (inference_service.h): accepted, then out (and dq, dk, dv) each complete and in order, then done.
+// The first departure is kept as an INTERNAL error and every later message refused.
+class AnswerAssembler {
+ public:
+  // `count` outputs (1 or 4) of `bytes` bytes each.
+  AnswerAssembler(int count, int64_t bytes) : outputs_(4), count_(count), bytes_(bytes) {}
+
+  // Takes one message of the answer; false (the call should stop) once it departed.
+  bool Take(const v1::AttendResponse& r) {
+    if (!error_.ok()) return false;
+    if (r.has_accepted()) {
+      if (accepted_) return Depart("a second accepted");
+      accepted_ = true;
+      accepted_message_ = r.accepted();
+      return true;
+    }
+    if (r.has_done()) {
+      if (!accepted_) return Depart("done before accepted");
+      if (done_) return Depart("a second done");
+      for (int t = 0; t < count_; ++t) {
+        if (Size(t) != bytes_) {
+          return Depart(absl::StrCat("done while output ", kOutputNames[t], " had ", Size(t),
+                                     " of its ", bytes_, " bytes"));
+        }
+      }
+      done_ = true;
+      result_ = r.done();
+      return true;
+    }
+    if (!r.has_chunk()) return Depart("a message with neither accepted, chunk nor done");
+    const v1::AttendChunk& chunk = r.chunk();
+    const int t = static_cast<int>(chunk.tensor()) - static_cast<int>(v1::ATTEND_TENSOR_OUT);
+    if (t < 0 || t >= count_) {
+      return Depart(absl::StrCat("a chunk of tensor ", v1::AttendTensor_Name(chunk.tensor()), " (",
+                                 static_cast<int>(chunk.tensor()),
+                                 "), which is not an output of this call"));
+    }
+    const char* name = kOutputNames[t];
+    if (!accepted_) return Depart(absl::StrCat("a chunk of ", name, " before accepted"));
+    if (done_) return Depart(absl::StrCat("a chunk of ", name, " after done"));
+    if (t < current_) {
+      return Depart(
+          absl::StrCat("a chunk of ", name, " after ", kOutputNames[current_], " had begun"));
+    }
+    for (int before = current_; before < t; ++before) {
+      if (Size(before) != bytes_) {
+        return Depart(absl::StrCat("a chunk of ", name, " while ", kOutputNames[before], " had ",
+                                   Size(before), " of its ", bytes_, " bytes"));
+      }
+    }
+    current_ = t;
+    if (chunk.offset() != Size(t)) {
+      return Depart(
+          absl::StrCat("a chunk of ", name, " at offset ", chunk.offset(), ", expected ", Size(t)));
+    }
+    const int64_t size = static_cast<int64_t>(chunk.data().size());
+    if (size == 0 || size > api::kMaxOutputChunkBytes || Size(t) + size > bytes_) {
+      return Depart(absl::StrCat("a chunk of ", name, " of ", size, " bytes at offset ",
+                                 chunk.offset(), " (non-empty, at most ", api::kMaxOutputChunkBytes,
+                                 ", within its ", bytes_, " bytes)"));
+    }
+    outputs_[static_cast<size_t>(t)] += chunk.data();
+    return true;
+  }
+
+  // What the call comes to, given the AttendFn's status: the departure if there was one, else
+  // the AttendFn's error, else INTERNAL unless the answer ended with done.
+  absl::Status Finish(const absl::Status& attended) const {
+    if (!error_.ok()) return error_;
+    if (!attended.ok()) return attended;
+    if (!done_) return absl::InternalError("the Attend call ended OK without done");
+    return absl::OkStatus();
+  }
+
+  std::vector<std::string> TakeOutputs() { return std::move(outputs_); }
+  const v1::AttendAccepted& accepted() const { return accepted_message_; }
+  const v1::AttentionJobResult& result() const { return result_; }
+
+ private:
+  int64_t Size(int t) const {
+    return static_cast<int64_t>(outputs_[static_cast<size_t>(t)].size());
+  }
+  bool Depart(const std::string& what) {
+    error_ = absl::InternalError(
+        absl::StrCat("the Attend call's answer departed from its protocol: ", what));
+    return false;
+  }
+
+  std::vector<std::string> outputs_;
+  const int count_;
+  const int64_t bytes_;
+  int current_ = 0;  // The output being received.
+  bool accepted_ = false;
+  bool done_ = false;
+  v1::AttendAccepted accepted_message_;
+  v1::AttentionJobResult result_;
+  absl::Status error_;
+};
 
 }  // namespace
 
@@ -48,7 +152,7 @@ grpc::Status InferenceService::ServerReady(grpc::ServerContext* context,
                                            const inference::ServerReadyRequest*,
                                            inference::ServerReadyResponse* response) {
   absl::Status s = Authenticate(*context);
-  if (s.ok()) response->set_ready(core_->Health().ok());
+  if (s.ok()) response->set_ready(health_().ok());
   return Done(kServerReady, s);
 }
 
@@ -57,7 +161,7 @@ grpc::Status InferenceService::ModelReady(grpc::ServerContext* context,
                                           inference::ModelReadyResponse* response) {
   absl::Status s = Authenticate(*context);
   if (s.ok()) s = CheckModel(request->name(), request->version());
-  if (s.ok()) response->set_ready(core_->Health().ok());
+  if (s.ok()) response->set_ready(health_().ok());
   return Done(kModelReady, s);
 }
 
@@ -118,37 +222,22 @@ grpc::Status InferenceService::ModelInfer(grpc::ServerContext* context,
       offset += static_cast<int64_t>(chunk->data().size());
       return true;
     };
-    // The answer, gathered whole (a response carries its tensors whole).
-    std::vector<std::string> outputs(4);
-    v1::AttendAccepted accepted;
-    v1::AttentionJobResult result;
-    bool in_order = true;
-    auto emit = [&](const v1::AttendResponse& r) {
-      if (r.has_accepted()) accepted = r.accepted();
-      if (r.has_done()) result = r.done();
-      if (r.has_chunk()) {
-        const int t = r.chunk().tensor() - v1::ATTEND_TENSOR_OUT;
-        if (t < 0 || t > 3 ||
-            r.chunk().offset() != static_cast<int64_t>(outputs[static_cast<size_t>(t)].size())) {
-          in_order = false;
-          return false;
-        }
-        outputs[static_cast<size_t>(t)] += r.chunk().data();
-      }
-      return true;
-    };
-    absl::Status attended = core_->Attend(
-        first, next, emit, [context] { return context->IsCancelled(); }, nullptr);
-    if (!in_order) return absl::InternalError("the Attend call's outputs came out of order");
-    if (!attended.ok()) {
-      if (absl::IsCancelled(attended) && std::chrono::system_clock::now() >= context->deadline()) {
-        return absl::DeadlineExceededError(
-            absl::StrCat("the ModelInfer call's deadline passed: ", attended.message()));
-      }
-      return attended;
+    // The answer, gathered whole (a response carries its tensors whole) and checked.
+    const int count = call->start.backward() ? 4 : 1;
+    const int64_t bytes = static_cast<int64_t>(call->inputs[0].size());
+    AnswerAssembler answer(count, bytes);
+    absl::Status attended = attend_(
+        first, next, [&answer](const v1::AttendResponse& r) { return answer.Take(r); },
+        [context] { return context->IsCancelled(); });
+    if (absl::IsCancelled(attended) && std::chrono::system_clock::now() >= context->deadline()) {
+      attended = absl::DeadlineExceededError(
+          absl::StrCat("the ModelInfer call's deadline passed: ", attended.message()));
     }
+    if (absl::Status s = answer.Finish(attended); !s.ok()) return s;
+    std::vector<std::string> outputs = answer.TakeOutputs();
     for (int t : call->outputs) bytes_out += static_cast<int64_t>(outputs[t].size());
-    *response = MakeModelInferResponse(*request, *call, std::move(outputs), accepted, result);
+    *response = MakeModelInferResponse(*request, *call, std::move(outputs), answer.accepted(),
+                                       answer.result());
     return absl::OkStatus();
   }();
   metrics_->CountInference(kAttentionModel, tenant, status.code(), bytes_in, bytes_out,

@@ -3,36 +3,66 @@
 // "dilated-attention" (inference_model.h; docs/INFERENCE_PROTOCOL.md), so that KServe and Triton
 // clients call it unchanged.
 //
-// ModelInfer runs one Coordinator::Attend call on the request's tensors: the same admission,
-// quotas, placement, ring and job (`dattn status` shows it) as JobService.Attend, the tenant from
-// the caller's credentials as for every dattn.v1 call. A request carries its tensors whole, so it
-// is bounded by the server's message size (api::kMaxMessageBytes, 32 MiB); larger tensors go
-// through JobService.Attend, which streams them. ServerLive is true while the process serves;
-// ServerReady and ModelReady follow Coordinator::Health. Every call is counted in
+// ModelInfer is an adapter around one Attend call (an AttendFn: in the coordinator,
+// Coordinator::Attend, bound by grpc_service.cc), so an inference shares the admission, quotas,
+// placement, ring, job (`dattn status` shows it) and metrics of JobService.Attend. The adapter
+// checks the request (inference_model.h), sets AttendStart.tenant from the caller's credentials
+// exactly as JobService does for SubmitJob and Attend (Access::ScopeSubmit), feeds the request's
+// q, k, v (and dout) through `next` in that order, each in chunks of at most
+// api::kMaxOutputChunkBytes (4 MiB) at consecutive byte offsets, and gathers the answer into the
+// response. The answer must follow Attend's protocol (job_service.proto): `accepted`, then every
+// output the call has (out; with dout also dq, dk, dv) in that order, each in non-empty chunks at
+// consecutive offsets up to exactly its size, then `done`; anything else is INTERNAL naming what
+// departed (and the Attend call is told to stop: `emit` answers false).
+//
+// A request carries its tensors whole, so it is bounded by the server's message size
+// (api::kMaxMessageBytes, 32 MiB; gRPC itself answers RESOURCE_EXHAUSTED beyond it); larger
+// tensors go through JobService.Attend, which streams them. ServerLive is true while the process
+// serves; ServerReady and ModelReady are whether `health` is OK. Every call is counted in
 // dattn_rpc_total{method,code}; ModelInfer also in dattn_inference_* (metrics.h).
 //
-// Errors: those of inference_model.h (INVALID_ARGUMENT naming the tensor or parameter, NOT_FOUND
-// for another model), of Access (UNAUTHENTICATED, PERMISSION_DENIED) and of Attend (the job's
-// failure with the failing rank's code, RESOURCE_EXHAUSTED when it fits nowhere, CANCELLED or
-// DEADLINE_EXCEEDED when the client goes away or its deadline passes).
+// Errors: UNAUTHENTICATED or PERMISSION_DENIED from Access; those of inference_model.h
+// (INVALID_ARGUMENT naming the tensor or parameter, NOT_FOUND for another model or version);
+// the AttendFn's own, passed on unchanged (the job's failure with the failing rank's code,
+// RESOURCE_EXHAUSTED when it fits nowhere, CANCELLED), except that a CANCELLED after the call's
+// deadline is DEADLINE_EXCEEDED; INTERNAL for an answer that departs from the protocol.
 //
-// Thread-safety: every method may be called from any thread (gRPC's), concurrently.
+// Thread-safety: every method may be called from any thread (gRPC's), concurrently; the AttendFn
+// and the health function must allow that too.
 #ifndef DATTN_SERVER_INFERENCE_SERVICE_H_
 #define DATTN_SERVER_INFERENCE_SERVICE_H_
 
+#include <functional>
+#include <utility>
+
+#include "absl/status/status.h"
+#include "dattn/v1/job_service.pb.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
 #include "server/access.h"
-#include "server/coordinator.h"
+#include "server/coordinator.h"  // AttendSource, AttendSink and CancelledFn only.
 #include "server/metrics.h"
 
 namespace dattn {
 namespace server {
 
+// One Attend call with the semantics of Coordinator::Attend (coordinator.h): `first` holds
+// `start` (its tenant set), `next` reads the input chunks, `emit` sends the answer (accepted,
+// output chunks, done) and a false from it stops the call, `cancelled` is polled. Returns when the
+// call has ended: OK after `done`, or why not.
+using AttendFn =
+    std::function<absl::Status(const v1::AttendRequest& first, const AttendSource& next,
+                               const AttendSink& emit, const CancelledFn& cancelled)>;
+// The server's readiness (Coordinator::Health): OK when it takes work.
+using HealthFn = std::function<absl::Status()>;
+
 class InferenceService final : public inference::GRPCInferenceService::Service {
  public:
-  // None is owned; all outlive the service.
-  InferenceService(Coordinator* coordinator, Metrics* metrics, const Access* access)
-      : core_(coordinator), metrics_(metrics), access_(access) {}
+  // `metrics` and `access` are not owned and outlive the service.
+  InferenceService(AttendFn attend, HealthFn health, Metrics* metrics, const Access* access)
+      : attend_(std::move(attend)),
+        health_(std::move(health)),
+        metrics_(metrics),
+        access_(access) {}
 
   // Full method names, for dattn_rpc_total.
   static const char* const kMethods[6];
@@ -58,7 +88,8 @@ class InferenceService final : public inference::GRPCInferenceService::Service {
   absl::Status Authenticate(const grpc::ServerContext& context) const;
   grpc::Status Done(const char* method, const absl::Status& status) const;
 
-  Coordinator* const core_;
+  const AttendFn attend_;
+  const HealthFn health_;
   Metrics* const metrics_;
   const Access* const access_;
 };

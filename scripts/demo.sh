@@ -101,6 +101,18 @@ echo
 echo "== the shipped example job file, as it is (dattn submit -f client/examples/attention-job.yaml)"
 dattn submit -f client/examples/attention-job.yaml --wait | sed -n '1,8p'
 echo
+echo "== attention on your own tensors: q, k, v as .npy files streamed to a ring of 2 ranks (dattn attend)"
+/usr/bin/python3 - "$dir" <<'PY'
+import sys
+import numpy as np
+rng = np.random.default_rng(0)
+for name in ("q", "k", "v"):
+    np.save(f"{sys.argv[1]}/{name}.npy", rng.standard_normal((1, 8192, 8, 64)).astype(np.float32))
+PY
+dattn attend "$dir/q.npy" "$dir/k.npy" "$dir/v.npy" --segments 1024,2048 --rates 1,2 --causal \
+  --ranks 2 -o "$dir/out.npy"
+/usr/bin/python3 -c "import numpy as np; o = np.load('$dir/out.npy'); print('out.npy:', o.shape, o.dtype, 'finite:', bool(np.isfinite(o).all()))"
+echo
 echo "== metrics: http://127.0.0.1:$metrics_port/metrics (Prometheus text; /healthz answers liveness); a few of them:"
 curl -sf "http://127.0.0.1:$metrics_port/metrics" |
   grep -E '^dattn_(jobs|attention_tokens_total|attention_flops_total|workers)\b' | head -12 || true

@@ -1775,7 +1775,8 @@ TEST_F(CliTest, SubmitRecoveryPolicyFlags) {
                   "--rates", "1", "--more-ranks", "true", "--lower-precision", "yes"});
   ASSERT_EQ(r.code, kExitOk) << r.err;
   ASSERT_EQ(jobs_.submits().size(), 1u);
-  const v1::RecoveryPolicy& policy = jobs_.submits()[0].spec().recovery();
+  // A copy: submits() returns the requests by value.
+  const v1::RecoveryPolicy policy = jobs_.submits()[0].spec().recovery();
   EXPECT_FALSE(policy.has_split_batch());
   EXPECT_TRUE(policy.has_more_ranks() && policy.more_ranks());
   EXPECT_TRUE(policy.has_lower_precision() && policy.lower_precision());

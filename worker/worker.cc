@@ -4,7 +4,6 @@
 #include <chrono>
 #include <utility>
 
-#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "absl/time/clock.h"
@@ -156,6 +155,27 @@ class Worker::ActiveCall {
  private:
   Worker* const worker_;
   grpc::ClientContext* const context_;
+};
+
+// A streamed task's open ReadInput or UploadOutput call, registered for cancels
+// (Task::stream_call) while it lives: a cancel of the task ends the call (AbortComms); one that
+// came before the call opened, at once.
+class Worker::StreamCall {
+ public:
+  StreamCall(Task& task, grpc::ClientContext* context) : task_(task) {
+    absl::MutexLock lock(&task_.comm_mu);
+    task_.stream_call = context;
+    if (task_.cancel.load()) context->TryCancel();
+  }
+  ~StreamCall() {
+    absl::MutexLock lock(&task_.comm_mu);
+    task_.stream_call = nullptr;
+  }
+  StreamCall(const StreamCall&) = delete;
+  StreamCall& operator=(const StreamCall&) = delete;
+
+ private:
+  Task& task_;
 };
 
 Worker::Worker(WorkerOptions options)
@@ -976,16 +996,7 @@ absl::Status Worker::ReadInputs(Task& task, const AttentionTaskOptions::ChunkWri
   PrepareUnary(&context, options_.rpc_timeout + options_.default_comm_timeout +
                              absl::Seconds(bytes / (int64_t{8} << 20)));
   ActiveCall active(this, &context);
-  // A cancel of the task ends this call (AbortComms); one that came before it opened, at once.
-  {
-    absl::MutexLock lock(&task.comm_mu);
-    task.stream_call = &context;
-    if (task.cancel.load()) context.TryCancel();
-  }
-  auto unregister = absl::MakeCleanup([&task] {
-    absl::MutexLock lock(&task.comm_mu);
-    task.stream_call = nullptr;
-  });
+  StreamCall registered(task, &context);
   v1::ReadInputRequest request;
   request.set_worker_id(worker_id());
   request.set_task_id(id);
@@ -1020,16 +1031,7 @@ absl::Status Worker::UploadStreamed(Task& task, v1::AttendTensor tensor,
   PrepareUnary(&context, options_.rpc_timeout + options_.default_comm_timeout +
                              absl::Seconds(total / (int64_t{8} << 20)));
   ActiveCall active(this, &context);
-  // A cancel of the task ends this call (AbortComms); one that came before it opened, at once.
-  {
-    absl::MutexLock lock(&task.comm_mu);
-    task.stream_call = &context;
-    if (task.cancel.load()) context.TryCancel();
-  }
-  auto unregister = absl::MakeCleanup([&task] {
-    absl::MutexLock lock(&task.comm_mu);
-    task.stream_call = nullptr;
-  });
+  StreamCall registered(task, &context);
   v1::UploadOutputResponse response;
   std::unique_ptr<grpc::ClientWriter<v1::UploadOutputRequest>> writer =
       stub_->UploadOutput(&context, &response);

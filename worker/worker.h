@@ -190,6 +190,7 @@ class Worker {
  private:
   struct Task;
   class ActiveCall;
+  class StreamCall;
   struct PendingReport {
     v1::TaskReport report;
     bool final = false;

@@ -50,6 +50,19 @@ _DEVICES = {"any": job_pb2.DEVICE_PREFERENCE_ANY, "cpu": job_pb2.DEVICE_PREFEREN
 _TERMINAL = {job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED}
 
 
+def _fill_attention(spec, segment_lengths, dilation_rates, causal, mode, scale, head_offsets):
+    """Sets an AttentionSpec message from the arguments attend() and submit_attention() take
+    (already checked by the caller)."""
+    spec.segment_lengths.extend(int(w) for w in segment_lengths)
+    spec.dilation_rates.extend(int(r) for r in dilation_rates)
+    spec.causal = bool(causal)
+    spec.mode = _MODES[mode]
+    if scale is not None:
+        spec.scale = float(scale)
+    if head_offsets is not None:
+        spec.head_offsets = _HEAD_OFFSETS[head_offsets]
+
+
 @dataclasses.dataclass
 class AttendInfo:
     """What the last Attend call of a Client ran: its job, its ring and the job's result (an
@@ -281,14 +294,8 @@ class Client:
         start = job_service_pb2.AttendStart(
             dtype=wire, num_ranks=num_ranks, backward=len(arrays) == 4, device=_DEVICES[device],
             name=name, tenant=tenant, priority=priority)
-        start.attention.segment_lengths.extend(int(w) for w in segment_lengths)
-        start.attention.dilation_rates.extend(int(r) for r in dilation_rates)
-        start.attention.causal = bool(causal)
-        start.attention.mode = _MODES[mode]
-        if scale is not None:
-            start.attention.scale = float(scale)
-        if head_offsets is not None:
-            start.attention.head_offsets = _HEAD_OFFSETS[head_offsets]
+        _fill_attention(start.attention, segment_lengths, dilation_rates, causal, mode, scale,
+                        head_offsets)
         b, n, h, d = arrays[0].shape
         start.shape.batch, start.shape.seq_len, start.shape.num_heads, start.shape.head_dim = (
             b, n, h, d)
@@ -358,14 +365,8 @@ class Client:
             dtype=_NAMED_DTYPES[dtype], num_ranks=num_ranks, iterations=iterations, seed=seed,
             return_output=return_output, device=_DEVICES[device],
             **{"pass": job_pb2.PASS_FORWARD_BACKWARD if backward else job_pb2.PASS_FORWARD})
-        work.attention.segment_lengths.extend(int(w) for w in segment_lengths)
-        work.attention.dilation_rates.extend(int(r) for r in dilation_rates)
-        work.attention.causal = bool(causal)
-        work.attention.mode = _MODES[mode]
-        if scale is not None:
-            work.attention.scale = float(scale)
-        if head_offsets is not None:
-            work.attention.head_offsets = _HEAD_OFFSETS[head_offsets]
+        _fill_attention(work.attention, segment_lengths, dilation_rates, causal, mode, scale,
+                        head_offsets)
         work.shape.batch, work.shape.seq_len = batch, seq_len
         work.shape.num_heads, work.shape.head_dim = num_heads, head_dim
         return self.submit(job_pb2.JobSpec(name=name, tenant=tenant, priority=priority,

@@ -5,6 +5,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "api/attend_tensors.h"
 #include "api/engine_convert.h"
 #include "api/limits.h"
 #include "engine/attention.h"
@@ -189,6 +190,16 @@ absl::StatusOr<AttentionJobInfo> Analyze(const v1::AttentionJobSpec& job, const 
   if (job.streamed() && job.return_output()) {
     return Invalid(path + ".return_output",
                    "a streamed job sends its outputs back on its call; nothing is stored");
+  }
+  if (job.has_shared_memory()) {
+    if (!job.streamed()) {
+      return Invalid(path + ".shared_memory",
+                     "only the job of a JobService.Attend call (streamed) reads shared memory");
+    }
+    absl::StatusOr<SharedMemoryLayout> layout = CheckSharedMemory(
+        job.shared_memory(), info.output_bytes, info.backward, path + ".shared_memory");
+    if (!layout.ok()) return layout.status();
+    info.shared_memory = true;
   }
   if (job.return_output() && info.output_bytes > kMaxReturnedOutputBytes) {
     return Invalid(path + ".return_output",

@@ -54,6 +54,9 @@ struct AttentionJobInfo {
   // AttentionJobSpec.streamed: the inputs come from a JobService.Attend call and every output goes
   // back on it (nothing is stored); one step.
   bool streamed = false;
+  // AttentionJobSpec.shared_memory (checked, api/attend_tensors.h): the streamed call's tensors are
+  // in a shared-memory region of the caller's host instead of on its stream.
+  bool shared_memory = false;
   int64_t output_bytes = 0;   // B*N*H*D*sizeof(dtype): the returned output's size.
   double flops_per_step = 0;  // Nominal FLOPs of one step (x3.5 with backward).
   double tokens = 0;          // B*N*iterations.

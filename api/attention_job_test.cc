@@ -186,6 +186,35 @@ TEST(AttentionJobTest, ErrorsNameTheFieldAndValue) {
               HasSubstr("spec.attention.return_output: the output is"));
 }
 
+TEST(AttentionJobTest, SharedMemoryIsForStreamedJobsAndChecked) {
+  v1::AttentionJobSpec a = Spec();
+  const uint64_t bytes = 2 * 512 * 4 * 32 * 8;
+  v1::SharedMemoryRegion* r = a.mutable_shared_memory();
+  r->set_name("/dattn-call");
+  const v1::AttendTensor order[] = {
+      v1::ATTEND_TENSOR_Q,   v1::ATTEND_TENSOR_K,  v1::ATTEND_TENSOR_V,  v1::ATTEND_TENSOR_DOUT,
+      v1::ATTEND_TENSOR_OUT, v1::ATTEND_TENSOR_DQ, v1::ATTEND_TENSOR_DK, v1::ATTEND_TENSOR_DV};
+  for (int i = 0; i < 8; ++i) {
+    r->add_tensors()->set_tensor(order[i]);
+    r->mutable_tensors(i)->set_offset(i * bytes);
+  }
+  r->set_byte_size(8 * bytes);
+  absl::StatusOr<AttentionJobInfo> info = AnalyzeAttentionJob(a, "spec.attention");
+  ASSERT_FALSE(info.ok());
+  EXPECT_THAT(info.status().message(),
+              HasSubstr("spec.attention.shared_memory: only the job of a JobService.Attend"));
+  a.set_streamed(true);
+  info = AnalyzeAttentionJob(a, "spec.attention");
+  ASSERT_TRUE(info.ok()) << info.status();
+  EXPECT_TRUE(info->shared_memory);
+  // The region is checked against the job's own tensor size.
+  a.mutable_shared_memory()->set_byte_size(8 * bytes - 1);
+  info = AnalyzeAttentionJob(a, "spec.attention");
+  ASSERT_FALSE(info.ok());
+  EXPECT_THAT(info.status().message(),
+              HasSubstr("spec.attention.shared_memory.tensors[7].offset: dv at offset"));
+}
+
 }  // namespace
 }  // namespace api
 }  // namespace dattn

@@ -1,4 +1,6 @@
 // `dattn attend`: JobService.Attend on .npy files (commands.h).
+#include <algorithm>
+#include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
@@ -12,6 +14,7 @@
 #include "client/format.h"
 #include "client/npy.h"
 #include "client/printable.h"
+#include "client/shared_region.h"
 
 namespace dattn {
 namespace client {
@@ -54,6 +57,36 @@ int Commands::Attend(const AttendArgs& args) {
   start.mutable_shape()->set_num_heads(q.shape(2));
   start.mutable_shape()->set_head_dim(q.shape(3));
   start.set_backward(inputs.size() == 4);
+  const bool backward = inputs.size() == 4;
+  const int64_t tensor_bytes = q.total_bytes();
+
+  // --shared-memory: the inputs go into a region of this host, where the workers read them and
+  // write the outputs; the call itself carries none.
+  std::unique_ptr<SharedRegion> region;
+  if (args.shared_memory) {
+    absl::StatusOr<std::unique_ptr<SharedRegion>> made =
+        SharedRegion::Create((backward ? 8 : 4) * tensor_bytes, "cli");
+    if (!made.ok()) {
+      err_ << "dattn: error: " << Printable(made.status().message()) << '\n';
+      return kExitInternal;
+    }
+    region = *std::move(made);
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      char* at = region->data() +
+                 SharedRegion::Offset(static_cast<v1::AttendTensor>(v1::ATTEND_TENSOR_Q + i),
+                                      tensor_bytes, backward);
+      std::string data;
+      for (int64_t offset = 0;; offset += static_cast<int64_t>(data.size())) {
+        if (absl::Status s = inputs[i]->Read(api::kMaxOutputChunkBytes, &data); !s.ok()) {
+          err_ << "dattn: error: " << Printable(s.message()) << '\n';
+          return kExitInternal;
+        }
+        if (data.empty()) break;
+        std::memcpy(at + offset, data.data(), data.size());
+      }
+    }
+    *start.mutable_shared_memory() = region->Place(tensor_bytes, backward);
+  }
 
   grpc::ClientContext context;
   if (args.call_timeout > absl::ZeroDuration()) {
@@ -67,7 +100,7 @@ int Commands::Attend(const AttendArgs& args) {
     v1::AttendRequest first;
     *first.mutable_start() = start;
     if (!stream->Write(first)) return;
-    for (size_t i = 0; i < inputs.size(); ++i) {
+    for (size_t i = 0; region == nullptr && i < inputs.size(); ++i) {
       for (int64_t offset = 0;;) {
         v1::AttendRequest message;
         v1::AttendChunk* chunk = message.mutable_chunk();
@@ -101,8 +134,13 @@ int Commands::Attend(const AttendArgs& args) {
       accepted = response.accepted();
       if (!args_.json) {
         out_ << "Job " << Printable(accepted.job_id()) << " on " << accepted.num_ranks()
-             << (accepted.num_ranks() == 1 ? " rank" : " ranks") << ": sending " << inputs.size()
-             << " x " << FormatBytes(q.total_bytes()) << '\n'
+             << (accepted.num_ranks() == 1 ? " rank" : " ranks")
+             << (region != nullptr ? ": the tensors are in shared memory " : ": sending ")
+             << (region != nullptr ? region->name() : "")
+             << (region != nullptr
+                     ? ""
+                     : absl::StrCat(inputs.size(), " x ", FormatBytes(q.total_bytes())))
+             << '\n'
              << std::flush;
       }
     } else if (response.has_chunk()) {
@@ -140,6 +178,30 @@ int Commands::Attend(const AttendArgs& args) {
   if (!has_done) {
     err_ << "dattn: error: the call ended without its result\n";
     return kExitInternal;
+  }
+  if (region != nullptr) {
+    // The outputs are in the region: saved from there.
+    for (int t = 0; t < (backward ? 4 : 1); ++t) {
+      const std::string& path = args.outputs[static_cast<size_t>(t)];
+      if (path.empty()) continue;
+      absl::StatusOr<std::unique_ptr<NpyWriter>> opened = NpyWriter::Open(path, output_header);
+      absl::Status s = opened.status();
+      const char* at =
+          region->data() +
+          SharedRegion::Offset(static_cast<v1::AttendTensor>(v1::ATTEND_TENSOR_OUT + t),
+                               tensor_bytes, backward);
+      for (int64_t offset = 0; s.ok() && offset < tensor_bytes;
+           offset += api::kMaxOutputChunkBytes) {
+        s = (*opened)->Append(
+            std::string(at + offset, static_cast<size_t>(std::min<int64_t>(
+                                         api::kMaxOutputChunkBytes, tensor_bytes - offset))));
+      }
+      if (!s.ok()) {
+        err_ << "dattn: error: " << kOutputs[t] << ": " << Printable(s.message()) << '\n';
+        return kExitInternal;
+      }
+      outputs[static_cast<size_t>(t)] = *std::move(opened);
+    }
   }
   for (size_t t = 0; t < outputs.size(); ++t) {
     if (outputs[t] == nullptr) continue;

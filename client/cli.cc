@@ -351,7 +351,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   std::string attend_dout, attend_segments, attend_rates, attend_mode = "grouped";
   std::string attend_head_offsets, attend_device = "any", attend_name;
   std::vector<std::string> attend_outputs(4);
-  bool attend_causal = false;
+  bool attend_causal = false, attend_shared_memory = false;
   double attend_scale = 0, attend_timeout = 0;
   int attend_ranks = 0, attend_priority = 0;
   attend
@@ -390,6 +390,10 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   attend->add_option("--call-timeout", attend_timeout, "Deadline of the whole call, in seconds")
       ->type_name("SECONDS")
       ->check(CLI::PositiveNumber);
+  attend->add_flag("--shared-memory", attend_shared_memory,
+                   "Pass the tensors through shared memory of this host instead of the stream "
+                   "(the coordinator, started with --attend-shared-memory, and its workers run "
+                   "here)");
 
   // checkpoints
   CLI::App* checkpoints =
@@ -572,6 +576,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       }
       args.outputs = attend_outputs;
       if (attend_timeout > 0) args.call_timeout = Seconds(attend_timeout);
+      args.shared_memory = attend_shared_memory;
       return Commands(global, out, err, env).Attend(args);
     }
     if (del->parsed()) return Commands(global, out, err, env).Delete(delete_job);

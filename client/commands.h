@@ -50,6 +50,9 @@ struct AttendArgs {
   std::vector<std::string> inputs;   // q, k, v and, for the backward, dout (.npy).
   std::vector<std::string> outputs;  // Where to save out, dq, dk, dv (.npy); "" = not saved.
   absl::Duration call_timeout = absl::ZeroDuration();  // The whole call; zero: none.
+  // The tensors go through a shared-memory region of this host (AttendStart.shared_memory)
+  // instead of the stream: the coordinator and the ring's workers must run on this host.
+  bool shared_memory = false;
 };
 
 struct ListArgs {

@@ -12,7 +12,7 @@
 #
 # Environment: OUT (logs; a temporary folder otherwise), SEQ_LEN (default 16384), RANKS (default
 # "1,2,4", capped by the GPUs present), DTYPES (default "bf16,fp16"); BENCH=1 then runs
-# bench/attend_bench (BENCH_N, LONGEST: see there).
+# bench/attend_bench (BENCH_N, LONGEST, STREAM_ROUNDS, SHARED_RANKS, LONGEST_SHARED: see below).
 # Exit status: 0 when every row passed, 1 when one failed, 2 when the set-up failed.
 set -uo pipefail
 cd "$(dirname "$0")/.."
@@ -103,6 +103,7 @@ trap cleanup EXIT
 # Plaintext (--insecure): one machine, loopback only, a throwaway cluster.
 "$coordinator" --insecure --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
   --data-dir "$out/data" --ring-formation-timeout-ms 120000 --heartbeat-ms 1000 \
+  --attend-shared-memory \
   2>"$out/coordinator.log" &
 pids+=($!)
 addr=""
@@ -125,10 +126,14 @@ sleep 5
   --seq-len "$seq_len" 2>&1 | tee "$out/attend.txt"
 status=${PIPESTATUS[0]}
 # BENCH=1 (GPU only): Attend over loopback against the same call in-process (bench/attend_bench),
-# at N = BENCH_N (default 2^20), and one Attend of LONGEST tokens when set.
+# at N = BENCH_N (default 2^20): streamed (STREAM_ROUNDS timed calls) and through shared memory
+# at each ring size of SHARED_RANKS (e.g. 1,4); one streamed Attend of LONGEST tokens and one
+# shared-memory Attend of LONGEST_SHARED tokens when set.
 if [ "$status" -eq 0 ] && [ "${BENCH:-0}" = 1 ] && [ "$mode" != "smoke" ]; then
   "$bin/attend_bench" --coordinator "$addr" --seq-len "${BENCH_N:-1048576}" \
-    --longest "${LONGEST:-0}" 2>&1 | tee "$out/bench.txt"
+    --longest "${LONGEST:-0}" --stream-rounds "${STREAM_ROUNDS:-1}" \
+    --shared-ranks "${SHARED_RANKS:-1}" --longest-shared "${LONGEST_SHARED:-0}" \
+    2>&1 | tee "$out/bench.txt"
   status=${PIPESTATUS[0]}
 fi
 if [ "$status" -ne 0 ]; then

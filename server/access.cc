@@ -120,6 +120,13 @@ std::string PeerHost(const std::string& peer) {
 
 }  // namespace
 
+bool Access::IsLocalPeer(const std::string& peer) {
+  if (absl::StartsWith(peer, "unix:") || absl::StartsWith(peer, "unix-abstract:")) return true;
+  const std::string host = PeerHost(peer);
+  return absl::StartsWith(host, "ipv4:127.") || host == "ipv6:[::1]" ||
+         absl::StartsWith(host, "ipv6:[::ffff:127.");
+}
+
 absl::StatusOr<Access::StreamSlot> Access::OpenStream(const security::Principal& caller,
                                                       const grpc::ServerContext& context,
                                                       const char* method) const {

@@ -76,6 +76,10 @@ class Access {
   // Sets a submitted spec's tenant to the caller's. PERMISSION_DENIED when a user's spec names
   // another tenant.
   static absl::Status ScopeSubmit(const security::Principal& caller, v1::JobSpec* spec);
+  // Whether gRPC's `peer` ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000", "unix:/run/d.sock") is on
+  // this host: a loopback address or a Unix socket. Calls that name this host's shared memory
+  // (AttendStart.shared_memory) are taken only from such peers.
+  static bool IsLocalPeer(const std::string& peer);
 
   // One open stream of a client: released when destroyed.
   class StreamSlot {

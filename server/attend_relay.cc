@@ -4,33 +4,11 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "api/attend_tensors.h"
 #include "api/limits.h"
 
 namespace dattn {
 namespace server {
-
-const char* AttendTensorName(v1::AttendTensor tensor) {
-  switch (tensor) {
-    case v1::ATTEND_TENSOR_Q:
-      return "q";
-    case v1::ATTEND_TENSOR_K:
-      return "k";
-    case v1::ATTEND_TENSOR_V:
-      return "v";
-    case v1::ATTEND_TENSOR_DOUT:
-      return "dout";
-    case v1::ATTEND_TENSOR_OUT:
-      return "out";
-    case v1::ATTEND_TENSOR_DQ:
-      return "dq";
-    case v1::ATTEND_TENSOR_DK:
-      return "dk";
-    case v1::ATTEND_TENSOR_DV:
-      return "dv";
-    default:
-      return "unspecified";
-  }
-}
 
 namespace {
 
@@ -50,7 +28,13 @@ AttendSession::AttendSession(const AttendShape& shape)
       input_sent_(static_cast<size_t>(shape.num_ranks), 0),
       output_tensor_(static_cast<size_t>(shape.num_ranks), 0),
       output_offset_(static_cast<size_t>(shape.num_ranks), 0),
-      outputs_(static_cast<size_t>(shape.num_ranks)) {}
+      outputs_(static_cast<size_t>(shape.num_ranks)) {
+  if (shape.shared_memory) {
+    input_tensor_ = shape.num_inputs();
+    taken_ = shape.tensor_bytes() * shape.num_outputs();
+    output_tensor_.assign(output_tensor_.size(), shape.num_outputs());
+  }
+}
 
 absl::Status AttendSession::WaitLocked(const std::function<bool()>& ready,
                                        const std::function<bool()>& cancelled,
@@ -166,6 +150,10 @@ absl::Status AttendSession::ReadInput(int rank,
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank, " is not one of the call's ", shape_.num_ranks));
   }
+  if (shape_.shared_memory) {
+    return absl::FailedPreconditionError(
+        "the call's tensors are in shared memory: a rank reads its inputs from the region");
+  }
   const size_t r = static_cast<size_t>(rank);
   const int64_t total = shape_.shard_bytes() * shape_.num_inputs();
   absl::MutexLock lock(&mu_);
@@ -203,6 +191,10 @@ absl::Status AttendSession::PushOutput(int rank, v1::AttendTensor tensor, int64_
   if (rank < 0 || rank >= shape_.num_ranks) {
     return absl::FailedPreconditionError(
         absl::StrCat("rank ", rank, " is not one of the call's ", shape_.num_ranks));
+  }
+  if (shape_.shared_memory) {
+    return absl::FailedPreconditionError(
+        "the call's tensors are in shared memory: a rank writes its outputs into the region");
   }
   const size_t r = static_cast<size_t>(rank);
   const int64_t length = static_cast<int64_t>(data.size());

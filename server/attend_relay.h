@@ -41,6 +41,7 @@
 #include "absl/status/statusor.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/time.h"
+#include "api/attend_tensors.h"
 #include "dattn/v1/attention.pb.h"
 
 namespace dattn {
@@ -56,6 +57,10 @@ struct AttendShape {
   int64_t element_bytes = 4;
   int num_ranks = 1;
   bool backward = false;
+  // The tensors are in a shared-memory region (AttendStart.shared_memory), not on the streams:
+  // the session relays nothing (its inputs are complete and its outputs taken from the start, and
+  // ReadInput and PushOutput are refused); it still ends the call's waits on Close.
+  bool shared_memory = false;
 
   int64_t row_bytes() const { return num_heads * head_dim * element_bytes; }
   int64_t tensor_bytes() const { return batch * seq_len * row_bytes(); }
@@ -179,8 +184,7 @@ class AttendRelay {
   absl::flat_hash_map<std::string, std::shared_ptr<AttendSession>> sessions_ ABSL_GUARDED_BY(mu_);
 };
 
-// "q", "k", "v", "dout", "out", "dq", "dk", "dv" ("unspecified" otherwise).
-const char* AttendTensorName(v1::AttendTensor tensor);
+using api::AttendTensorName;  // api/attend_tensors.h
 
 }  // namespace server
 }  // namespace dattn

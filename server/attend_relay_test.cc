@@ -252,6 +252,24 @@ TEST(AttendSessionTest, CancelledCallersReturnAndDeadlinesBoundTheWait) {
   EXPECT_TRUE(absl::IsCancelled(s));
 }
 
+TEST(AttendSessionTest, SharedMemoryCallsRelayNothing) {
+  AttendShape shape = Shape(1, 8, 2, true);
+  shape.shared_memory = true;
+  AttendSession session(shape);
+  EXPECT_TRUE(session.InputsComplete());
+  EXPECT_TRUE(session.FinishInputs().ok());
+  EXPECT_TRUE(session.OutputsDone());
+  v1::AttendChunk chunk;
+  EXPECT_TRUE(absl::IsNotFound(session.NextOutput(&chunk, absl::InfiniteFuture(), nullptr)));
+  absl::Status read = session.ReadInput(
+      0, [](const v1::AttendChunk&) { return true; }, nullptr);
+  EXPECT_TRUE(absl::IsFailedPrecondition(read)) << read;
+  EXPECT_THAT(read.message(), HasSubstr("shared memory"));
+  absl::Status pushed = session.PushOutput(1, v1::ATTEND_TENSOR_OUT, 0, "abcd", nullptr);
+  EXPECT_TRUE(absl::IsFailedPrecondition(pushed)) << pushed;
+  EXPECT_EQ(session.peak_buffered_bytes(), 0);
+}
+
 TEST(AttendRelayTest, FindsSessionsByJob) {
   AttendRelay relay;
   auto session = std::make_shared<AttendSession>(Shape(1, 4, 1, false));

@@ -686,6 +686,12 @@ absl::Status Coordinator::Attend(const v1::AttendRequest& first, const AttendSou
     return absl::InvalidArgumentError(absl::StrCat(
         "start.num_ranks: must be >= 0 (0: the fewest ranks that fit), got ", start.num_ranks()));
   }
+  if (start.has_shared_memory() && !options_.attend_shared_memory) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("start.shared_memory: this coordinator takes no shared memory (",
+                     start.shared_memory().name().substr(0, 64),
+                     "); start it with --attend-shared-memory, or stream the tensors"));
+  }
   v1::SubmitJobRequest submit;
   v1::JobSpec& spec = *submit.mutable_spec();
   spec.set_name(start.name());
@@ -700,6 +706,7 @@ absl::Status Coordinator::Attend(const v1::AttendRequest& first, const AttendSou
   work.set_iterations(1);
   work.set_device(start.device());
   work.set_streamed(true);
+  if (start.has_shared_memory()) *work.mutable_shared_memory() = start.shared_memory();
   // num_ranks 0: every ring size P dividing N, fewest first; the first the ready workers hold.
   std::vector<v1::JobSpec> sizes;
   if (start.num_ranks() == 0) {
@@ -727,6 +734,7 @@ absl::Status Coordinator::Attend(const v1::AttendRequest& first, const AttendSou
         shape.element_bytes = dtype.ok() ? static_cast<int64_t>(DTypeSize(*dtype)) : 1;
         shape.num_ranks = a.num_ranks();
         shape.backward = a.pass() == v1::PASS_FORWARD_BACKWARD;
+        shape.shared_memory = a.has_shared_memory();
         session = std::make_shared<AttendSession>(shape);
         relay_.Add(job.job_id(), session);
       });

@@ -60,6 +60,10 @@ struct CoordinatorOptions {
   // Finished jobs, their history and outputs are deleted this long after they finished;
   // absl::InfiniteDuration() keeps them for ever. > 0.
   absl::Duration retention = absl::Hours(24 * 7);
+  // Take Attend calls whose tensors are in a shared-memory region (AttendStart.shared_memory);
+  // otherwise they get FAILED_PRECONDITION. The gRPC service takes them only from callers on this
+  // host (loopback or a Unix socket).
+  bool attend_shared_memory = false;
   // Per-tenant quotas on submits (tenant_quotas.h); zeros: none.
   QuotaOptions quotas;
 };

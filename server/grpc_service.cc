@@ -184,6 +184,12 @@ class JobServiceImpl final : public v1::JobService::Service {
         scope.set_tenant(first.start().tenant());
         if (absl::Status s = Access::ScopeSubmit(*caller, &scope); !s.ok()) return s;
         first.mutable_start()->set_tenant(scope.tenant());
+        if (first.start().has_shared_memory() && !Access::IsLocalPeer(context->peer())) {
+          return absl::FailedPreconditionError(absl::StrCat(
+              "start.shared_memory: only a caller on the coordinator's host (loopback or a Unix "
+              "socket) may name shared memory; this call comes from ",
+              context->peer(), ": stream the tensors instead"));
+        }
       }
       absl::Status status = core_->Attend(
           first, [stream](v1::AttendRequest* next) { return stream->Read(next); },

@@ -17,6 +17,7 @@
 #include "gmock/gmock.h"
 #include "grpc/health/v1/health.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "server/access.h"
 #include "server/coordinator.h"
 #include "server/metrics.h"
 
@@ -114,6 +115,18 @@ TEST(StatusMappingTest, EveryCodeMapsToTheSameGrpcCodeAndKeepsTheMessage) {
   }
   EXPECT_EQ(ToGrpcStatus(absl::Status(static_cast<absl::StatusCode>(42), "odd")).error_code(),
             grpc::StatusCode::UNKNOWN);
+}
+
+TEST(AccessTest, LocalPeersAreLoopbackAndUnixSockets) {
+  for (const char* local :
+       {"ipv4:127.0.0.1:5000", "ipv4:127.1.2.3:1", "ipv6:[::1]:5000", "ipv6:[::ffff:127.0.0.1]:80",
+        "unix:/run/dattn.sock", "unix-abstract:dattn"}) {
+    EXPECT_TRUE(Access::IsLocalPeer(local)) << local;
+  }
+  for (const char* remote : {"ipv4:10.0.0.7:5000", "ipv4:128.0.0.1:1", "ipv6:[::2]:5000",
+                             "ipv6:[fe80::1]:22", "ipv4:1.127.0.0:1", "", "127.0.0.1:80"}) {
+    EXPECT_FALSE(Access::IsLocalPeer(remote)) << remote;
+  }
 }
 
 TEST_F(GrpcServiceTest, LiveBeforeReadyThenServing) {

@@ -71,6 +71,7 @@ int main(int argc, char** argv) {
   int max_watch_streams = 256;
   int max_streams_per_client = 64;
   double retention_hours = 24 * 7;
+  bool attend_shared_memory = false;
   dattn::security::TlsFiles tls;
   int64_t tenant_max_queued_jobs = 0;
   double tenant_submits_per_second = 0;
@@ -142,6 +143,9 @@ int main(int argc, char** argv) {
                  "--insecure) at most; more get RESOURCE_EXHAUSTED")
       ->check(CLI::Range(1, 1 << 20))
       ->capture_default_str();
+  app.add_flag("--attend-shared-memory", attend_shared_memory,
+               "take Attend calls whose tensors are in a shared-memory region of this host "
+               "(AttendStart.shared_memory; docs/ATTEND.md) from callers on this host");
   app.add_option("--retention-hours", retention_hours,
                  "finished jobs, their history and their outputs are deleted this long after they "
                  "finished (fractions allowed); 0 keeps them for ever")
@@ -237,6 +241,7 @@ int main(int argc, char** argv) {
   options.feasibility_settle = absl::Milliseconds(feasibility_settle_ms);
   options.store_probe_interval = absl::Milliseconds(store_probe_ms);
   options.max_watch_streams = max_watch_streams;
+  options.attend_shared_memory = attend_shared_memory;
   options.quotas.max_queued_jobs = tenant_max_queued_jobs;
   // The rings' rendezvous stores use the same certificate and CA (mutual TLS with the ranks).
   options.rendezvous_tls.ca_file = tls.ca_file;

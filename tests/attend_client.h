@@ -6,9 +6,11 @@
 
 #include <chrono>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <vector>
 
+#include "client/shared_region.h"
 #include "dattn/v1/job_service.grpc.pb.h"
 #include "grpcpp/grpcpp.h"
 
@@ -27,11 +29,15 @@ struct AttendAnswer {
   double seconds = 0;  // The whole call, wall time.
 };
 
-// Sends `start`, then `inputs` (q, k, v, dout: whole tensors' bytes) in chunks of `chunk` bytes
-// from a thread of its own while the answer is read, and returns the answer.
+// Sends `start`, then `inputs` (none when start.shared_memory places the tensors) (q, k, v, dout:
+// whole tensors' bytes) in chunks of `chunk` bytes from a thread of its own while the answer is
+// read, and returns the answer.
 AttendAnswer CallAttend(v1::JobService::Stub& stub, const v1::AttendStart& start,
                         const std::vector<std::string>& inputs, int64_t chunk = int64_t{4} << 20,
                         std::chrono::seconds timeout = std::chrono::seconds(120));
+
+// The shared-memory region of a call (the CLI's, client/shared_region.h).
+using client::SharedRegion;
 
 // Little-endian bytes of `values` rounded to `dtype` (fp64, fp32, fp16, bf16), and back.
 std::string EncodeElements(const std::vector<double>& values, v1::DType dtype);

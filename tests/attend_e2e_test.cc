@@ -7,12 +7,14 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <filesystem>
 #include <fstream>
 #include <limits>
 #include <string>
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "client/npy.h"
 #include "dattn/v1/job_service.grpc.pb.h"
@@ -104,10 +106,13 @@ class AttendTest : public ClusterTest {
   }
 };
 
-// Runs `p` on random inputs and compares every output with the oracle.
-void CheckAgainstOracle(v1::JobService::Stub& stub, const Problem& p, uint64_t seed) {
+// Runs `p` on random inputs and compares every output with the oracle. `shared`: the tensors go
+// through a shared-memory region (AttendStart.shared_memory) instead of the stream.
+void CheckAgainstOracle(v1::JobService::Stub& stub, const Problem& p, uint64_t seed,
+                        bool shared = false) {
   SCOPED_TRACE(absl::StrCat("ranks ", p.num_ranks, p.mixture ? " mixture" : " grouped",
-                            p.causal ? " causal" : "", p.backward ? " backward" : ""));
+                            p.causal ? " causal" : "", p.backward ? " backward" : "",
+                            shared ? " shared memory" : ""));
   oracle::Shape shape{p.batch, p.seq_len, p.heads, p.dim};
   const int64_t n = shape.NumElements();
   std::vector<std::vector<double>> in;
@@ -118,8 +123,30 @@ void CheckAgainstOracle(v1::JobService::Stub& stub, const Problem& p, uint64_t s
   }
   std::vector<std::string> bytes;
   for (const auto& x : in) bytes.push_back(Encode(x, p.dtype));
-  // Chunks that do not line up with rank shards or rows.
-  Answer a = Call(stub, StartOf(p), bytes, /*chunk=*/1000);
+  Answer a;
+  if (shared) {
+    const int64_t tensor_bytes = static_cast<int64_t>(bytes[0].size());
+    auto made = SharedRegion::Create((p.backward ? 8 : 4) * tensor_bytes, "test");
+    ASSERT_TRUE(made.ok()) << made.status();
+    std::unique_ptr<SharedRegion> region = *std::move(made);
+    for (size_t t = 0; t < bytes.size(); ++t) {
+      std::memcpy(region->data() + t * tensor_bytes, bytes[t].data(), bytes[t].size());
+    }
+    v1::AttendStart start = StartOf(p);
+    *start.mutable_shared_memory() = region->Place(tensor_bytes, p.backward);
+    a = Call(stub, start, {});
+    EXPECT_TRUE(a.outputs.empty()) << "outputs came on the stream of a shared-memory call";
+    a.outputs.clear();
+    for (int t = 0; t < (p.backward ? 4 : 1); ++t) {
+      const auto tensor = static_cast<v1::AttendTensor>(v1::ATTEND_TENSOR_OUT + t);
+      a.outputs.emplace_back(
+          region->data() + SharedRegion::Offset(tensor, tensor_bytes, p.backward),
+          static_cast<size_t>(tensor_bytes));
+    }
+  } else {
+    // Chunks that do not line up with rank shards or rows.
+    a = Call(stub, StartOf(p), bytes, /*chunk=*/1000);
+  }
   ASSERT_TRUE(a.status.ok()) << a.status.error_code() << " " << a.status.error_message();
   EXPECT_EQ(a.accepted.num_ranks(), p.num_ranks == 0 ? 1 : p.num_ranks);
   EXPECT_FALSE(a.accepted.job_id().empty());
@@ -182,6 +209,70 @@ TEST_F(AttendTest, TheCallersTensorsAgainstTheOracleAtOneTwoAndFourRanks) {
   EXPECT_THAT(metrics, HasSubstr("dattn_attend_calls_total{code=\"OK\",tenant=\"alice\"} 7"));
   EXPECT_THAT(metrics, HasSubstr("dattn_attend_engine_seconds_count{tenant=\"alice\"} 7"));
   EXPECT_THAT(metrics, HasSubstr("dattn_attend_queue_seconds_count{tenant=\"alice\"} 7"));
+}
+
+// The tensors in a shared-memory region of the host instead of on the stream: the same answers
+// at 1 and 2 ranks (each rank reads and writes its own rows of every batch row), nothing on the
+// stream; and the refusals: a region that is not on the workers' host fails the job naming it.
+TEST_F(AttendTest, SharedMemoryCallsAgainstTheOracle) {
+  ClusterOptions options;
+  options.coordinator_flags = {"--attend-shared-memory"};
+  StartCluster(2, options);
+  auto stub = Stub();
+  uint64_t seed = 300;
+  for (int ranks : {1, 2}) {
+    Problem grouped;
+    grouped.num_ranks = ranks;
+    grouped.causal = true;
+    grouped.backward = true;
+    CheckAgainstOracle(*stub, grouped, seed += 10, /*shared=*/true);
+    Problem mixture;
+    mixture.num_ranks = ranks;
+    mixture.mixture = true;
+    mixture.dtype = v1::DTYPE_FP32;
+    CheckAgainstOracle(*stub, mixture, seed += 10, /*shared=*/true);
+  }
+  // A region no worker's host has: the job fails, the call says why.
+  Problem p;
+  v1::AttendStart start = StartOf(p);
+  const int64_t tensor_bytes = p.batch * p.seq_len * p.heads * p.dim * 8;
+  auto made = SharedRegion::Create(4 * tensor_bytes, "test");
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::unique_ptr<SharedRegion> region = *std::move(made);
+  *start.mutable_shared_memory() = region->Place(tensor_bytes, false);
+  start.mutable_shared_memory()->set_name("/dattn-test-no-such-region");
+  Answer missing = Call(*stub, start, {});
+  EXPECT_EQ(missing.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(missing.status.error_message(),
+              HasSubstr("shared memory /dattn-test-no-such-region does not exist on host"));
+  // A region that is not the call's: INVALID_ARGUMENT naming the field, before any job.
+  *start.mutable_shared_memory() = region->Place(tensor_bytes, false);
+  start.mutable_shared_memory()->set_byte_size(4 * tensor_bytes - 1);
+  Answer small = Call(*stub, start, {});
+  EXPECT_EQ(small.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(small.status.error_message(),
+              HasSubstr("start.shared_memory.tensors[3].offset: out at offset"));
+  std::string metrics;
+  ASSERT_TRUE(WaitForIdle(&metrics)) << metrics;
+  EXPECT_THAT(metrics, HasSubstr("dattn_attend_calls_total{code=\"OK\",tenant=\"alice\"} 4"));
+  EXPECT_THAT(metrics, HasSubstr("dattn_attend_bytes_total{direction=\"in\",tenant=\"alice\"} 0"));
+}
+
+// A coordinator not started with --attend-shared-memory refuses such calls, naming the flag.
+TEST_F(AttendTest, SharedMemoryIsOffUnlessTheCoordinatorTakesIt) {
+  StartCluster(1);
+  auto stub = Stub();
+  Problem p;
+  v1::AttendStart start = StartOf(p);
+  const int64_t tensor_bytes = p.batch * p.seq_len * p.heads * p.dim * 8;
+  auto made = SharedRegion::Create(4 * tensor_bytes, "test");
+  ASSERT_TRUE(made.ok()) << made.status();
+  std::unique_ptr<SharedRegion> region = *std::move(made);
+  *start.mutable_shared_memory() = region->Place(tensor_bytes, false);
+  Answer a = Call(*stub, start, {});
+  EXPECT_EQ(a.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(a.status.error_message(), HasSubstr("--attend-shared-memory"));
+  EXPECT_FALSE(a.has_done);
 }
 
 // NaN and Inf in the inputs propagate as the engine contract says: compared with the oracle fed
@@ -433,7 +524,9 @@ std::vector<double> ReadNpy(const std::string& path, v1::DType dtype) {
 // `dattn attend` on .npy files: forward and backward over a ring of two, the saved outputs against
 // the oracle; a file that is not a (B, N, H, D) array is a usage error naming it.
 TEST_F(AttendTest, TheCliAttendsNpyFiles) {
-  StartCluster(2);
+  ClusterOptions options;
+  options.coordinator_flags = {"--attend-shared-memory"};
+  StartCluster(2, options);
   Problem p;
   p.dtype = v1::DTYPE_FP32;
   oracle::Shape shape{p.batch, p.seq_len, p.heads, p.dim};
@@ -448,50 +541,65 @@ TEST_F(AttendTest, TheCliAttendsNpyFiles) {
         WriteNpy(absl::StrCat(cluster_->dir(), "/", names[t], ".npy"), in.back(), p.dtype, dims));
   }
   const std::string dir = cluster_->dir();
-  ProcessResult r = cluster_->Cli({"attend",
-                                   files[0],
-                                   files[1],
-                                   files[2],
-                                   "--dout",
-                                   files[3],
-                                   "--segments",
-                                   "8,16",
-                                   "--rates",
-                                   "1,2",
-                                   "--causal",
-                                   "--ranks",
-                                   "2",
-                                   "-o",
-                                   dir + "/out.npy",
-                                   "--dq",
-                                   dir + "/dq.npy",
-                                   "--dk",
-                                   dir + "/dk.npy",
-                                   "--dv",
-                                   dir + "/dv.npy"});
-  ASSERT_EQ(r.exit_code, 0) << r.out << r.err << cluster_->Logs();
-  EXPECT_THAT(r.out, HasSubstr("on 2 ranks"));
-  EXPECT_THAT(r.out, HasSubstr("Saved dv to"));
-  AttentionSpec spec;
-  spec.segment_lengths = p.segments;
-  spec.dilation_rates = p.rates;
-  spec.causal = true;
-  auto fwd = oracle::Forward(spec, shape, in[0], in[1], in[2]);
-  auto g = oracle::Backward(spec, shape, in[0], in[1], in[2], in[3]);
-  ASSERT_TRUE(fwd.ok() && g.ok());
-  const std::vector<std::vector<double>> want = {fwd->out, g->dq, g->dk, g->dv};
-  const char* outs[] = {"out", "dq", "dk", "dv"};
-  for (int t = 0; t < 4; ++t) {
-    std::vector<double> got = ReadNpy(absl::StrCat(dir, "/", outs[t], ".npy"), p.dtype);
-    ASSERT_EQ(got.size(), want[t].size()) << outs[t];
-    for (size_t i = 0; i < got.size(); ++i) {
-      ASSERT_NEAR(got[i], want[t][i], 2e-5 * (1 + std::abs(want[t][i]))) << outs[t] << " " << i;
+  for (bool shared : {false, true}) {
+    SCOPED_TRACE(shared ? "--shared-memory" : "streamed");
+    std::vector<std::string> flags = {"attend",
+                                      files[0],
+                                      files[1],
+                                      files[2],
+                                      "--dout",
+                                      files[3],
+                                      "--segments",
+                                      "8,16",
+                                      "--rates",
+                                      "1,2",
+                                      "--causal",
+                                      "--ranks",
+                                      "2",
+                                      "-o",
+                                      dir + "/out.npy",
+                                      "--dq",
+                                      dir + "/dq.npy",
+                                      "--dk",
+                                      dir + "/dk.npy",
+                                      "--dv",
+                                      dir + "/dv.npy"};
+    if (shared) flags.push_back("--shared-memory");
+    ProcessResult r = cluster_->Cli(flags);
+    ASSERT_EQ(r.exit_code, 0) << r.out << r.err << cluster_->Logs();
+    if (shared) {
+      EXPECT_THAT(r.out, HasSubstr("the tensors are in shared memory /dattn-cli-"));
+      // The CLI removes its region when it is done.
+      int left = 0;
+      for (const auto& entry : std::filesystem::directory_iterator("/dev/shm")) {
+        left += absl::StartsWith(entry.path().filename().string(), "dattn-cli-");
+      }
+      EXPECT_EQ(left, 0);
+    }
+    EXPECT_THAT(r.out, HasSubstr("on 2 ranks"));
+    EXPECT_THAT(r.out, HasSubstr("Saved dv to"));
+    AttentionSpec spec;
+    spec.segment_lengths = p.segments;
+    spec.dilation_rates = p.rates;
+    spec.causal = true;
+    auto fwd = oracle::Forward(spec, shape, in[0], in[1], in[2]);
+    auto g = oracle::Backward(spec, shape, in[0], in[1], in[2], in[3]);
+    ASSERT_TRUE(fwd.ok() && g.ok());
+    const std::vector<std::vector<double>> want = {fwd->out, g->dq, g->dk, g->dv};
+    const char* outs[] = {"out", "dq", "dk", "dv"};
+    for (int t = 0; t < 4; ++t) {
+      std::vector<double> got = ReadNpy(absl::StrCat(dir, "/", outs[t], ".npy"), p.dtype);
+      ASSERT_EQ(got.size(), want[t].size()) << outs[t];
+      for (size_t i = 0; i < got.size(); ++i) {
+        ASSERT_NEAR(got[i], want[t][i], 2e-5 * (1 + std::abs(want[t][i]))) << outs[t] << " " << i;
+      }
+      std::remove(absl::StrCat(dir, "/", outs[t], ".npy").c_str());
     }
   }
   // A 3-D array is refused before anything is sent, naming the input.
   const std::string flat = WriteNpy(dir + "/flat.npy", in[0], p.dtype, {p.batch, p.seq_len, 32});
-  r = cluster_->Cli({"attend", files[0], flat, files[2], "--segments", "8,16", "--rates", "1,2",
-                     "-o", dir + "/x.npy"});
+  ProcessResult r = cluster_->Cli({"attend", files[0], flat, files[2], "--segments", "8,16",
+                                   "--rates", "1,2", "-o", dir + "/x.npy"});
   EXPECT_EQ(r.exit_code, 2) << r.out << r.err;
   EXPECT_THAT(r.err, HasSubstr("k ("));
   EXPECT_THAT(r.err, HasSubstr("3 dimensions"));

@@ -18,6 +18,7 @@
 #include "engine/validate.h"
 #include "worker/half_float.h"
 #include "worker/ring_join.h"
+#include "worker/shared_memory.h"
 
 #if !defined(__BYTE_ORDER__) || __BYTE_ORDER__ != __ORDER_LITTLE_ENDIAN__
 #error "returned tensors are copied as raw bytes, which the API defines as little-endian"
@@ -27,40 +28,10 @@ namespace dattn {
 namespace worker {
 namespace {
 
-struct Checksum {
-  double sum = 0;
-  double sum_squares = 0;
-};
-
-// Adds every element of a contiguous host tensor of `count` elements of `dtype`.
-void Accumulate(const void* data, DType dtype, int64_t count, Checksum* acc) {
-  auto add = [acc](double x) {
-    acc->sum += x;
-    acc->sum_squares += x * x;
-  };
-  switch (dtype) {
-    case DType::kFloat32: {
-      const float* p = static_cast<const float*>(data);
-      for (int64_t i = 0; i < count; ++i) add(p[i]);
-      break;
-    }
-    case DType::kFloat64: {
-      const double* p = static_cast<const double*>(data);
-      for (int64_t i = 0; i < count; ++i) add(p[i]);
-      break;
-    }
-    case DType::kFloat16: {
-      const uint16_t* p = static_cast<const uint16_t*>(data);
-      for (int64_t i = 0; i < count; ++i) add(HalfBitsToDouble(p[i]));
-      break;
-    }
-    case DType::kBFloat16: {
-      const uint16_t* p = static_cast<const uint16_t*>(data);
-      for (int64_t i = 0; i < count; ++i) add(BFloat16BitsToDouble(p[i]));
-      break;
-    }
-  }
-}
+// Threads that copy a shard between a shared-memory region and the device (more when the task has
+// more engine threads, at most twice this): each reads the region into its own staging buffer
+// while the others' buffers go to the device.
+constexpr int kRegionCopyThreads = 4;
 
 }  // namespace
 
@@ -135,6 +106,19 @@ absl::StatusOr<AttentionTaskPlan> PlanAttentionTask(const v1::TaskAssignment& ta
                                                    ": a streamed job runs one step, its plan says ",
                                                    plan.iterations));
   }
+  if (job.has_shared_memory()) {
+    const int64_t whole = plan.full.batch * plan.full.seq_len * plan.full.num_heads *
+                          plan.full.head_dim * static_cast<int64_t>(DTypeSize(plan.dtype));
+    absl::StatusOr<api::SharedMemoryLayout> layout =
+        api::CheckSharedMemory(job.shared_memory(), whole, plan.backward,
+                               absl::StrCat("task ", task.task_id(), ": shared_memory"));
+    if (!layout.ok()) return layout.status();
+    if (!plan.streamed) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "task ", task.task_id(), ": shared memory is only for a streamed job (an Attend call)"));
+    }
+    plan.shared_memory = *std::move(layout);
+  }
   plan.memory_bytes = rank_plan.memory_bytes();
   plan.memory_plan = rank_plan.memory_plan();
   plan.flops_per_step = rank_plan.flops_per_step();
@@ -150,11 +134,45 @@ namespace {
 
 // The rank's tensors on the device, and host views of them.
 struct RankTensors {
+  std::optional<SharedMemoryFile> region;  // A shared-memory call's region, while the task runs.
   std::vector<DeviceBuffer> buffers;
   TensorView inputs[4];   // q, k, v, dout
   TensorView outputs[4];  // out, dq, dk, dv
   TensorView lse;
 };
+
+// Copies the rank's shard of tensor `index` (0 .. 3: q, k, v, dout to the device; out, dq, dk, dv
+// from it) between the call's shared-memory region and `data`: for each batch row, the rank's
+// N/P rows, a contiguous slab both in the region's (B, N, H, D) tensor and in the (B, N/P, H, D)
+// shard.
+absl::Status CopyRegion(const AttentionTaskPlan& plan, TaskDevice* device,
+                        const AttentionTaskOptions& options, const SharedMemoryFile& region,
+                        int index, bool to_device, void* data) {
+  const int64_t row =
+      plan.full.num_heads * plan.full.head_dim * static_cast<int64_t>(DTypeSize(plan.dtype));
+  const int64_t slab = plan.positions.size() * row;
+  const int tensor = to_device ? v1::ATTEND_TENSOR_Q + index : v1::ATTEND_TENSOR_OUT + index;
+  const int64_t base = plan.shared_memory->offset[static_cast<size_t>(tensor)];
+  const int threads = std::clamp(options.num_threads, kRegionCopyThreads, 2 * kRegionCopyThreads);
+  for (int64_t b = 0; b < plan.full.batch; ++b) {
+    const int64_t at = base + b * plan.full.seq_len * row + plan.positions.begin * row;
+    char* shard = static_cast<char*>(data) + b * slab;
+    absl::Status s = to_device ? device->FillDevice(
+                                     shard, slab,
+                                     [&](int64_t offset, int64_t length, char* host) {
+                                       return region.Read(at + offset, length, host);
+                                     },
+                                     threads)
+                               : device->DrainDevice(
+                                     shard, slab,
+                                     [&](int64_t offset, int64_t length, const char* host) {
+                                       return region.Write(at + offset, length, host);
+                                     },
+                                     threads);
+    if (!s.ok()) return s;
+  }
+  return absl::OkStatus();
+}
 
 absl::Status PrepareTensors(const AttentionTaskPlan& plan, TaskDevice* device,
                             const AttentionTaskOptions& options, const std::string& task_id,
@@ -186,7 +204,18 @@ absl::Status PrepareTensors(const AttentionTaskPlan& plan, TaskDevice* device,
                                             plan.positions, *view, options.num_threads);
     if (!filled.ok()) return filled;
   }
-  if (plan.streamed) {
+  if (plan.shared_memory.has_value()) {
+    absl::StatusOr<SharedMemoryFile> file = SharedMemoryFile::Open(*plan.shared_memory);
+    if (!file.ok()) return file.status();
+    t->region.emplace(*std::move(file));
+    for (int i = 0; i < num_inputs; ++i) {
+      if (absl::Status s = CopyRegion(plan, device, options, *t->region, i, /*to_device=*/true,
+                                      t->inputs[i].data);
+          !s.ok()) {
+        return s;
+      }
+    }
+  } else if (plan.streamed) {
     // The caller's chunks of this shard, each tensor in order and whole: anything else would
     // leave part of an input unwritten.
     int tensor = 0;
@@ -234,21 +263,16 @@ absl::Status PrepareTensors(const AttentionTaskPlan& plan, TaskDevice* device,
   return absl::OkStatus();
 }
 
-// Checksums of outputs [first, last) together, read back to the host where needed.
-absl::StatusOr<Checksum> SumOutputs(const AttentionTaskPlan& plan, TaskDevice* device,
-                                    const RankTensors& t, int first, int last) {
-  Checksum acc;
-  std::vector<char> host;
+// Checksums of outputs [first, last) together (TaskDevice::SumElements).
+absl::StatusOr<TaskDevice::ElementSums> SumOutputs(TaskDevice* device, const RankTensors& t,
+                                                   int first, int last) {
+  TaskDevice::ElementSums acc;
   for (int i = first; i < last; ++i) {
-    const void* data = t.outputs[i].data;
-    if (!device->host_memory()) {
-      host.resize(static_cast<size_t>(plan.tensor_bytes));
-      if (absl::Status s = device->CopyToHost(host.data(), data, plan.tensor_bytes); !s.ok()) {
-        return s;
-      }
-      data = host.data();
-    }
-    Accumulate(data, plan.dtype, t.outputs[i].NumElements(), &acc);
+    absl::StatusOr<TaskDevice::ElementSums> sums =
+        device->SumElements(t.outputs[i].data, t.outputs[i].dtype, t.outputs[i].NumElements());
+    if (!sums.ok()) return sums.status();
+    acc.sum += sums->sum;
+    acc.sum_squares += sums->sum_squares;
   }
   return acc;
 }
@@ -302,7 +326,8 @@ absl::StatusOr<AttentionTaskResult> RunAttentionTask(const v1::TaskAssignment& t
   absl::StatusOr<AttentionTaskPlan> planned = PlanAttentionTask(task, device->caps());
   if (!planned.ok()) return planned.status();
   const AttentionTaskPlan& plan = *planned;
-  if (plan.streamed && (!options.read_inputs || !options.upload_output)) {
+  if (plan.streamed && !plan.shared_memory.has_value() &&
+      (!options.read_inputs || !options.upload_output)) {
     return absl::FailedPreconditionError(
         absl::StrCat("task ", task.task_id(),
                      " is streamed, but this runner reads no input "
@@ -329,10 +354,19 @@ absl::StatusOr<AttentionTaskResult> RunAttentionTask(const v1::TaskAssignment& t
                      FormatBytes(available), " of ", device->caps().name, " memory is free"));
   }
 
+  // The wall time of each phase, for the log.
+  std::string timeline;
+  auto lap = [&timeline, last = std::chrono::steady_clock::now()](const char* phase) mutable {
+    const auto now = std::chrono::steady_clock::now();
+    absl::StrAppend(&timeline, timeline.empty() ? "" : ", ", phase, " ",
+                    absl::SixDigits(std::chrono::duration<double>(now - last).count()), " s");
+    last = now;
+  };
   RankTensors t;
   if (absl::Status s = PrepareTensors(plan, device, options, task.task_id(), &t); !s.ok()) {
     return s;
   }
+  lap(plan.streamed ? "inputs" : "allocation and inputs");
 
   // The engine. A ring rank gets its kernels before it joins, so that a device without ring
   // kernels fails at once rather than after its peers have waited for it.
@@ -389,6 +423,7 @@ absl::StatusOr<AttentionTaskResult> RunAttentionTask(const v1::TaskAssignment& t
     bwd.dv = t.outputs[3];
   }
 
+  lap(on_ring ? "engine and ring set-up" : "engine set-up");
   if (options.on_started) options.on_started();
   phase(v1::RANK_PHASE_RUNNING);
   std::vector<double> step_seconds;
@@ -419,6 +454,7 @@ absl::StatusOr<AttentionTaskResult> RunAttentionTask(const v1::TaskAssignment& t
     if (options.on_progress) options.on_progress(step + 1, plan.iterations);
   }
 
+  lap("steps");
   AttentionTaskResult result;
   result.steps_done = plan.iterations;
   result.flops_per_step = plan.flops_per_step;
@@ -430,19 +466,28 @@ absl::StatusOr<AttentionTaskResult> RunAttentionTask(const v1::TaskAssignment& t
   rank.set_seconds_per_step(median);
   rank.set_tflops(median > 0 ? plan.flops_per_step / median / 1e12 : 0.0);
   rank.set_ring_formation_seconds(membership.formation_seconds);
-  absl::StatusOr<Checksum> out_sum = SumOutputs(plan, device, t, 0, 1);
+  absl::StatusOr<TaskDevice::ElementSums> out_sum = SumOutputs(device, t, 0, 1);
   if (!out_sum.ok()) return out_sum.status();
   rank.set_out_sum(out_sum->sum);
   rank.set_out_sum_squares(out_sum->sum_squares);
   if (plan.backward) {
-    absl::StatusOr<Checksum> grad_sum = SumOutputs(plan, device, t, 1, 4);
+    absl::StatusOr<TaskDevice::ElementSums> grad_sum = SumOutputs(device, t, 1, 4);
     if (!grad_sum.ok()) return grad_sum.status();
     rank.set_grad_sum(grad_sum->sum);
     rank.set_grad_sum_squares(grad_sum->sum_squares);
   }
+  lap("checksums");
   // The planned bytes beyond the inputs: outputs, lse, the engine's workspace, ring buffers.
   rank.set_peak_memory_bytes(plan.memory_bytes - (plan.backward ? 4 : 3) * plan.tensor_bytes);
-  if (plan.streamed) {
+  if (plan.shared_memory.has_value()) {
+    for (int i = 0; i < (plan.backward ? 4 : 1); ++i) {
+      if (absl::Status s = CopyRegion(plan, device, options, *t.region, i, /*to_device=*/false,
+                                      t.outputs[i].data);
+          !s.ok()) {
+        return s;
+      }
+    }
+  } else if (plan.streamed) {
     // Every output back to the caller, read from the device a chunk at a time.
     v1::TensorHeader header;
     header.set_dtype(ToApiDType(plan.dtype));
@@ -463,6 +508,8 @@ absl::StatusOr<AttentionTaskResult> RunAttentionTask(const v1::TaskAssignment& t
       if (!sent.ok()) return sent;
     }
   }
+  if (plan.streamed) lap("outputs");
+  result.timeline = std::move(timeline);
   if (plan.return_output) {
     result.has_output = true;
     result.output.set_dtype(ToApiDType(plan.dtype));

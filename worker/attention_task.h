@@ -10,7 +10,10 @@
 //      (random_inputs.h), so every rank and every rerun sees its slice of the single-rank inputs
 //      (TaskDevice::FillInput: in place on the host, by a kernel on a GPU); or, for a streamed job
 //      (AttentionJobSpec.streamed: a JobService.Attend call), with the caller's chunks of its
-//      shard as they come (options.read_inputs), copied to the device one chunk at a time;
+//      shard as they come (options.read_inputs), copied to the device one chunk at a time; or,
+//      when the call's tensors are in a shared-memory region of this host (AttentionJobSpec.
+//      shared_memory), read from the region (worker/shared_memory.h) through the device's
+//      staging buffers (TaskDevice::FillDevice);
 //   4. on a ring (num_ranks P > 1): joins its ring (ring_join.h) and runs the ring driver
 //      (engine/ring/ring_attention.h) on the device's ring kernels; otherwise runs the device's
 //      single-device backend;
@@ -19,7 +22,7 @@
 //   6. returns the median step time, the rank's effective TFLOP/s, fp64 checksums of the last
 //      step's results of its shard and, when asked, its output shard (the caller uploads it); a
 //      streamed job sends out (and dq, dk, dv) through options.upload_output before it returns,
-//      read from the device a chunk at a time.
+//      read from the device a chunk at a time (or writes them into its shared-memory region).
 //
 // Rank r of P holds positions [r N/P, (r+1) N/P). Its FLOPs per step are the whole job's nominal
 // FLOPs (dilation::NominalForwardFlops, x3.5 with backward) divided by P: the job's rate is then
@@ -33,10 +36,12 @@
 
 #include <cstdint>
 #include <functional>
+#include <optional>
 #include <string>
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "api/attend_tensors.h"
 #include "api/engine_convert.h"
 #include "dattn/v1/worker.pb.h"
 #include "engine/attention.h"
@@ -68,6 +73,9 @@ struct AttentionTaskPlan {
   uint64_t seed = 0;
   bool return_output = false;  // The job asked for its output: this rank returns its shard.
   bool streamed = false;       // Inputs from the caller's stream, outputs back to it.
+  // A streamed job whose tensors are in the caller's shared-memory region (AttentionJobSpec.
+  // shared_memory): the rank reads its inputs from it and writes its outputs into it.
+  std::optional<api::SharedMemoryLayout> shared_memory;
   // Device bytes of this rank (its tensors, the engine's workspace, ring buffers), as the
   // coordinator planned and reserved them, and their breakdown for messages.
   int64_t memory_bytes = 0;
@@ -123,12 +131,13 @@ struct AttentionTaskOptions {
   // that fails while it is true (its communicator aborted) also ends CANCELLED.
   std::function<bool()> is_cancelled;
 
-  // Streamed jobs (AttentionJobSpec.streamed) need both; a streamed task without them fails with
-  // FAILED_PRECONDITION. `read_inputs` calls `write` with each chunk of the rank's inputs, in
-  // order, as they come (WorkerRegistry.ReadInput: q, k, v, then dout, offsets within the rank's
-  // (B, N/P, H, D) shard) and returns how the stream ended (OK after the last chunk; a `write`
-  // error ends it with that error). `upload_output` sends output `tensor` (out, then dq, dk, dv)
-  // whose shard `header` describes, reading its bytes with `read(offset, length, host_dst)`.
+  // Streamed jobs (AttentionJobSpec.streamed) without shared memory need both; a streamed task
+  // without them fails with FAILED_PRECONDITION. `read_inputs` calls `write` with each chunk of the
+  // rank's inputs, in order, as they come (WorkerRegistry.ReadInput: q, k, v, then dout, offsets
+  // within the rank's (B, N/P, H, D) shard) and returns how the stream ended (OK after the last
+  // chunk; a `write` error ends it with that error). `upload_output` sends output `tensor` (out,
+  // then dq, dk, dv) whose shard `header` describes, reading its bytes with `read(offset, length,
+  // host_dst)`.
   using ChunkWriter = std::function<absl::Status(const v1::AttendChunk&)>;
   std::function<absl::Status(const ChunkWriter& write)> read_inputs;
   using ShardReader = std::function<absl::Status(int64_t offset, int64_t length, char* dst)>;
@@ -143,8 +152,8 @@ struct AttentionTaskResult {
   // buffers: what the task and the engine allocate beyond the inputs). worker_id is left for the
   // caller. Checksums are of the last step's results of this rank's shard: out_sum /
   // out_sum_squares over every element of out; grad_sum / grad_sum_squares over every element of
-  // dq, dk and dv together (zero for forward-only tasks); all accumulated in fp64 in row-major
-  // order.
+  // dq, dk and dv together (zero for forward-only tasks); all accumulated in fp64 on the device
+  // (TaskDevice::SumElements: row-major on the host, a fixed blocked order on a GPU).
   v1::RankResult rank_result;
   bool has_output = false;
   // With has_output: dtype = the job's, shape = (B, N/P, H, D), data = row-major little-endian.
@@ -152,6 +161,8 @@ struct AttentionTaskResult {
   int64_t steps_done = 0;
   double flops_per_step = 0;
   double ring_formation_seconds = 0;  // 0 for single-rank tasks.
+  // Where the task's wall time went, for the worker's log: "inputs 0.91 s, engine 0.02 s, ...".
+  std::string timeline;
 };
 
 // Runs `task` on `device` (not owned; must outlive the call).

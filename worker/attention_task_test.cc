@@ -1,5 +1,9 @@
 #include "worker/attention_task.h"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
 #include <atomic>
 #include <cmath>
 #include <cstring>
@@ -192,6 +196,109 @@ TEST(AttentionTaskTest, ForwardBackwardGradChecksumsMatchADirectEngineCall) {
   EXPECT_GE(rank.seconds_total(), rank.seconds_per_step());
   EXPECT_DOUBLE_EQ(rank.tflops(), flops / rank.seconds_per_step() / 1e12);
   EXPECT_GT(rank.peak_memory_bytes(), 0);
+}
+
+// A POSIX shared-memory object of `bytes` bytes for the test, removed when destroyed.
+class TestRegion {
+ public:
+  explicit TestRegion(int64_t bytes)
+      : name_(absl::StrCat("/dattn-attention-task-test-", getpid())), bytes_(bytes) {
+    shm_unlink(name_.c_str());
+    const int fd = shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    EXPECT_GE(fd, 0);
+    EXPECT_EQ(ftruncate(fd, bytes), 0);
+    data_ = static_cast<char*>(
+        mmap(nullptr, static_cast<size_t>(bytes), PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0));
+    close(fd);
+    EXPECT_NE(data_, MAP_FAILED);
+  }
+  ~TestRegion() {
+    munmap(data_, static_cast<size_t>(bytes_));
+    shm_unlink(name_.c_str());
+  }
+  const std::string& name() const { return name_; }
+  char* data() { return data_; }
+
+ private:
+  std::string name_;
+  int64_t bytes_;
+  char* data_ = nullptr;
+};
+
+TEST(AttentionTaskTest, SharedMemoryTasksReadTheirInputsAndWriteTheirOutputsInTheRegion) {
+  v1::TaskAssignment task = SmallTask(v1::DTYPE_FP64, v1::PASS_FORWARD_BACKWARD, 1);
+  v1::AttentionJobSpec* job = task.mutable_spec()->mutable_attention();
+  job->set_streamed(true);
+  const Direct d = RunDirect(task, 2);  // Inputs from the seed, and the engine's answer.
+  const int64_t bytes = static_cast<int64_t>(d.q.size());
+  // The tensors in an order of their own, 64 bytes apart, after a 100-byte header.
+  const v1::AttendTensor order[] = {
+      v1::ATTEND_TENSOR_DV, v1::ATTEND_TENSOR_Q, v1::ATTEND_TENSOR_OUT, v1::ATTEND_TENSOR_K,
+      v1::ATTEND_TENSOR_DQ, v1::ATTEND_TENSOR_V, v1::ATTEND_TENSOR_DK,  v1::ATTEND_TENSOR_DOUT};
+  TestRegion region(100 + 8 * (bytes + 64));
+  v1::SharedMemoryRegion* sm = job->mutable_shared_memory();
+  sm->set_name(region.name());
+  sm->set_byte_size(100 + 8 * (bytes + 64));
+  const std::vector<char>* inputs[] = {nullptr, &d.q, &d.k, &d.v, &d.dout};
+  std::vector<int64_t> at(9, -1);
+  for (int i = 0; i < 8; ++i) {
+    at[order[i]] = 100 + i * (bytes + 64);
+    sm->add_tensors()->set_tensor(order[i]);
+    sm->mutable_tensors(i)->set_offset(static_cast<uint64_t>(at[order[i]]));
+    if (order[i] <= v1::ATTEND_TENSOR_DOUT) {
+      std::memcpy(region.data() + at[order[i]], inputs[order[i]]->data(), bytes);
+    } else {
+      std::memset(region.data() + at[order[i]], 0x7f, bytes);
+    }
+  }
+  std::unique_ptr<TaskDevice> host = Host();
+  AttentionTaskOptions options;  // No read_inputs / upload_output: nothing is streamed.
+  options.num_threads = 2;
+  absl::StatusOr<AttentionTaskResult> result = RunPlanned(task, host.get(), options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  const std::pair<v1::AttendTensor, const std::vector<char>*> outputs[] = {
+      {v1::ATTEND_TENSOR_OUT, &d.out},
+      {v1::ATTEND_TENSOR_DQ, &d.dq},
+      {v1::ATTEND_TENSOR_DK, &d.dk},
+      {v1::ATTEND_TENSOR_DV, &d.dv}};
+  for (const auto& [tensor, want] : outputs) {
+    EXPECT_EQ(0, std::memcmp(region.data() + at[tensor], want->data(), bytes))
+        << v1::AttendTensor_Name(tensor) << " in the region differs from the engine's";
+  }
+  for (const auto& [tensor, input] : {std::make_pair(v1::ATTEND_TENSOR_Q, &d.q),
+                                      std::make_pair(v1::ATTEND_TENSOR_DOUT, &d.dout)}) {
+    EXPECT_EQ(0, std::memcmp(region.data() + at[tensor], input->data(), bytes))
+        << v1::AttendTensor_Name(tensor) << " was changed";
+  }
+
+  // The region's object must exist here and be as large as the call says.
+  sm->set_name("/dattn-attention-task-test-absent");
+  absl::StatusOr<AttentionTaskResult> absent = RunPlanned(task, host.get(), options);
+  ASSERT_FALSE(absent.ok());
+  EXPECT_EQ(absent.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(absent.status().message(),
+              ::testing::HasSubstr("shared memory /dattn-attention-task-test-absent does not "
+                                   "exist on host"));
+  sm->set_name(region.name());
+  sm->set_byte_size(100 + 8 * (bytes + 64) + 1);
+  sm->mutable_tensors(7)->set_offset(100 + 8 * (bytes + 64) + 1 - bytes);
+  absl::StatusOr<AttentionTaskResult> small = RunPlanned(task, host.get(), options);
+  ASSERT_FALSE(small.ok());
+  EXPECT_EQ(small.status().code(), absl::StatusCode::kFailedPrecondition);
+  EXPECT_THAT(
+      small.status().message(),
+      ::testing::HasSubstr("in " + std::to_string(100 + 8 * (bytes + 64) + 1) + " bytes of it"));
+  // The worker checks the layout again: a region that is not the call's is refused at once.
+  v1::TaskAssignment planned = Planned(task);
+  planned.mutable_spec()
+      ->mutable_attention()
+      ->mutable_shared_memory()
+      ->mutable_tensors(7)
+      ->set_tensor(v1::ATTEND_TENSOR_Q);
+  absl::StatusOr<AttentionTaskResult> twice = RunAttentionTask(planned, host.get(), options);
+  ASSERT_FALSE(twice.ok());
+  EXPECT_EQ(twice.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(twice.status().message(), ::testing::HasSubstr("q is placed twice"));
 }
 
 TEST(AttentionTaskTest, ReportsStartAndProgressAfterEveryStep) {

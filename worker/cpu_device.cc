@@ -13,7 +13,9 @@
 #include "model/comm_collective.h"
 #include "model/ring_sequence_attention.h"
 #include "model/trainable_model.h"
+#include "worker/half_float.h"
 #include "worker/host_info.h"
+#include "worker/pieces.h"
 
 namespace dattn {
 namespace worker {
@@ -21,6 +23,8 @@ namespace {
 
 class CpuDevice final : public TaskDevice {
  public:
+  static constexpr int64_t kPieceBytes = int64_t{8} << 20;
+
   CpuDevice(CpuDeviceOptions options, BackendCaps caps, std::string name, int64_t total)
       : options_(std::move(options)),
         caps_(std::move(caps)),
@@ -60,6 +64,46 @@ class CpuDevice final : public TaskDevice {
   absl::Status CopyToHost(void* dst, const void* src, int64_t bytes) override {
     std::memcpy(dst, src, static_cast<size_t>(bytes));
     return absl::OkStatus();
+  }
+  absl::StatusOr<ElementSums> SumElements(const void* data, DType dtype, int64_t count) override {
+    ElementSums acc;
+    auto add = [&acc](double x) {
+      acc.sum += x;
+      acc.sum_squares += x * x;
+    };
+    switch (dtype) {
+      case DType::kFloat32:
+        for (int64_t i = 0; i < count; ++i) add(static_cast<const float*>(data)[i]);
+        break;
+      case DType::kFloat64:
+        for (int64_t i = 0; i < count; ++i) add(static_cast<const double*>(data)[i]);
+        break;
+      case DType::kFloat16:
+        for (int64_t i = 0; i < count; ++i) {
+          add(HalfBitsToDouble(static_cast<const uint16_t*>(data)[i]));
+        }
+        break;
+      case DType::kBFloat16:
+        for (int64_t i = 0; i < count; ++i) {
+          add(BFloat16BitsToDouble(static_cast<const uint16_t*>(data)[i]));
+        }
+        break;
+    }
+    return acc;
+  }
+  // The tensor is host memory: the callbacks fill and drain it in place.
+  absl::Status FillDevice(void* dst, int64_t bytes, const HostFill& fill, int threads) override {
+    char* base = static_cast<char*>(dst);
+    return ForEachPiece(bytes, kPieceBytes, threads, [&](int64_t offset, int64_t length, int) {
+      return fill(offset, length, base + offset);
+    });
+  }
+  absl::Status DrainDevice(const void* src, int64_t bytes, const HostDrain& drain,
+                           int threads) override {
+    const char* base = static_cast<const char*>(src);
+    return ForEachPiece(bytes, kPieceBytes, threads, [&](int64_t offset, int64_t length, int) {
+      return drain(offset, length, base + offset);
+    });
   }
 
   absl::StatusOr<std::unique_ptr<AttentionBackend>> NewBackend(int threads) override {

@@ -3,6 +3,7 @@
 #include <cuda_runtime_api.h>
 
 #include <algorithm>
+#include <functional>
 #include <mutex>
 #include <utility>
 #include <vector>
@@ -15,17 +16,42 @@
 #include "engine/ring/cuda_block_kernels.h"
 #include "model/cuda/cuda_trainable_model.h"
 #include "model/cuda/nccl_collective.h"
+#include "worker/checksum_cuda.h"
 #include "worker/normal_generator.h"
+#include "worker/pieces.h"
 #include "worker/random_inputs_cuda.h"
 
 namespace dattn {
 namespace worker {
 namespace {
 
+// The GPU kernels' element type of `dtype`; INVALID_ARGUMENT naming `what` for fp64 (the CUDA
+// backend takes none).
+absl::StatusOr<GpuElem> ElemOf(DType dtype, const char* what) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return GpuElem::kF32;
+    case DType::kFloat16:
+      return GpuElem::kF16;
+    case DType::kBFloat16:
+      return GpuElem::kBF16;
+    default:
+      return absl::InvalidArgumentError(
+          absl::StrCat(what, ": dtype ", DTypeName(dtype), " is not handled on a GPU"));
+  }
+}
+
 class CudaDevice final : public TaskDevice {
  public:
   CudaDevice(int device, std::string name, int64_t total)
       : device_(device), caps_(CudaBackendCaps()), name_(std::move(name)), total_(total) {}
+  ~CudaDevice() override {
+    cudaSetDevice(device_);
+    for (const Staging& st : staging_) {
+      cudaStreamDestroy(st.stream);
+      cudaFreeHost(st.host);
+    }
+  }
 
   const BackendCaps& caps() const override { return caps_; }
   std::string device_name() const override { return name_; }
@@ -75,21 +101,9 @@ class CudaDevice final : public TaskDevice {
                                                      ", ", positions.end, ") outside [0, ",
                                                      full.seq_len, ")"));
     }
-    GpuElem type;
-    switch (out.dtype) {
-      case DType::kFloat32:
-        type = GpuElem::kF32;
-        break;
-      case DType::kFloat16:
-        type = GpuElem::kF16;
-        break;
-      case DType::kBFloat16:
-        type = GpuElem::kBF16;
-        break;
-      default:
-        return absl::InvalidArgumentError(absl::StrCat(
-            "random inputs: dtype ", DTypeName(out.dtype), " is not generated on a GPU"));
-    }
+    absl::StatusOr<GpuElem> elem = ElemOf(out.dtype, "random inputs");
+    if (!elem.ok()) return elem.status();
+    const GpuElem type = *elem;
     DATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
     // A stream of its own: the legacy default stream would also wait for other tasks' work.
     cudaStream_t stream = nullptr;
@@ -114,6 +128,56 @@ class CudaDevice final : public TaskDevice {
     DATTN_CUDA_RETURN_IF_ERROR(
         cudaMemcpy(dst, src, static_cast<size_t>(bytes), cudaMemcpyDeviceToHost));
     return absl::OkStatus();
+  }
+  absl::StatusOr<ElementSums> SumElements(const void* data, DType dtype, int64_t count) override {
+    absl::StatusOr<GpuElem> type = ElemOf(dtype, "checksums");
+    if (!type.ok()) return type.status();
+    DATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+    cudaStream_t stream = nullptr;
+    DATTN_CUDA_RETURN_IF_ERROR(cudaStreamCreateWithFlags(&stream, cudaStreamNonBlocking));
+    double* partial = nullptr;
+    std::vector<double> host(2 * kChecksumBlocks);
+    cudaError_t code =
+        cudaMallocAsync(reinterpret_cast<void**>(&partial), host.size() * sizeof(double), stream);
+    if (code == cudaSuccess) code = LaunchChecksum(data, count, *type, partial, stream);
+    if (code == cudaSuccess) {
+      code = cudaMemcpyAsync(host.data(), partial, host.size() * sizeof(double),
+                             cudaMemcpyDeviceToHost, stream);
+    }
+    if (partial != nullptr) cudaFreeAsync(partial, stream);
+    const cudaError_t synced = cudaStreamSynchronize(stream);
+    cudaStreamDestroy(stream);
+    if (code == cudaSuccess) code = synced;
+    DATTN_CUDA_RETURN_IF_ERROR(code);
+    ElementSums acc;
+    for (int b = 0; b < kChecksumBlocks; ++b) {  // In block order (checksum_cuda.h).
+      acc.sum += host[static_cast<size_t>(2 * b)];
+      acc.sum_squares += host[static_cast<size_t>(2 * b + 1)];
+    }
+    return acc;
+  }
+  // Each thread fills (drains) a page-locked staging buffer and copies it to (from) the device on
+  // its own stream: one thread's copy overlaps the others' fills, and the copies run at the bus's
+  // page-locked rate rather than through the driver's pageable path.
+  absl::Status FillDevice(void* dst, int64_t bytes, const HostFill& fill, int threads) override {
+    char* base = static_cast<char*>(dst);
+    return Staged(bytes, threads, [&](int64_t offset, int64_t length, const Staging& st) {
+      if (absl::Status s = fill(offset, length, st.host); !s.ok()) return s;
+      DATTN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+          base + offset, st.host, static_cast<size_t>(length), cudaMemcpyHostToDevice, st.stream));
+      DATTN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st.stream));
+      return absl::OkStatus();
+    });
+  }
+  absl::Status DrainDevice(const void* src, int64_t bytes, const HostDrain& drain,
+                           int threads) override {
+    const char* base = static_cast<const char*>(src);
+    return Staged(bytes, threads, [&](int64_t offset, int64_t length, const Staging& st) {
+      DATTN_CUDA_RETURN_IF_ERROR(cudaMemcpyAsync(
+          st.host, base + offset, static_cast<size_t>(length), cudaMemcpyDeviceToHost, st.stream));
+      DATTN_CUDA_RETURN_IF_ERROR(cudaStreamSynchronize(st.stream));
+      return drain(offset, length, st.host);
+    });
   }
 
   absl::StatusOr<std::unique_ptr<AttentionBackend>> NewBackend(int) override {
@@ -166,10 +230,64 @@ class CudaDevice final : public TaskDevice {
       comm::Communicator* world, model::TrainableModel* model) override;
 
  private:
+  static constexpr int64_t kStagingBytes = int64_t{8} << 20;
+  static constexpr int kMaxStagingThreads = 8;
+  // A page-locked buffer of kStagingBytes and a stream: one copying thread's, kept for reuse.
+  struct Staging {
+    char* host = nullptr;
+    cudaStream_t stream = nullptr;
+  };
+
+  // Runs `piece` for each piece of [0, bytes) on up to `threads` threads, each with a staging
+  // buffer from the pool (taken at its first piece, returned at the end).
+  absl::Status Staged(int64_t bytes, int threads,
+                      const std::function<absl::Status(int64_t, int64_t, const Staging&)>& piece) {
+    const int n = std::clamp(threads, 1, kMaxStagingThreads);
+    std::vector<Staging> taken(static_cast<size_t>(n));
+    absl::Status status =
+        ForEachPiece(bytes, kStagingBytes, n, [&](int64_t offset, int64_t length, int t) {
+          Staging& st = taken[static_cast<size_t>(t)];
+          if (st.host == nullptr) {
+            DATTN_CUDA_RETURN_IF_ERROR(cudaSetDevice(device_));
+            absl::StatusOr<Staging> got = TakeStaging();
+            if (!got.ok()) return got.status();
+            st = *got;
+          }
+          return piece(offset, length, st);
+        });
+    std::lock_guard<std::mutex> lock(staging_mu_);
+    for (const Staging& st : taken) {
+      if (st.host != nullptr) staging_.push_back(st);
+    }
+    return status;
+  }
+  absl::StatusOr<Staging> TakeStaging() {
+    {
+      std::lock_guard<std::mutex> lock(staging_mu_);
+      if (!staging_.empty()) {
+        Staging st = staging_.back();
+        staging_.pop_back();
+        return st;
+      }
+    }
+    Staging st;
+    void* host = nullptr;
+    DATTN_CUDA_RETURN_IF_ERROR(cudaHostAlloc(&host, kStagingBytes, cudaHostAllocPortable));
+    st.host = static_cast<char*>(host);
+    const cudaError_t code = cudaStreamCreateWithFlags(&st.stream, cudaStreamNonBlocking);
+    if (code != cudaSuccess) {
+      cudaFreeHost(host);
+      DATTN_CUDA_RETURN_IF_ERROR(code);
+    }
+    return st;
+  }
+
   const int device_;
   const BackendCaps caps_;
   const std::string name_;
   const int64_t total_;
+  std::mutex staging_mu_;
+  std::vector<Staging> staging_;  // Free staging buffers (guarded by staging_mu_).
 };
 
 absl::StatusOr<std::unique_ptr<model::TrainerCollective>> CudaDevice::NewTrainerCollective(

@@ -74,6 +74,28 @@ class TaskDevice {
   // Copies between host memory and memory from Allocate; they return once the copy is complete.
   virtual absl::Status CopyToDevice(void* device_dst, const void* host_src, int64_t bytes) = 0;
   virtual absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) = 0;
+  // The sum and the sum of squares, in fp64, of the `count` elements of `dtype` at `data` (memory
+  // from Allocate): on the host in row-major order; on a GPU by a kernel in a fixed blocked order
+  // (checksum_cuda.h), without reading the tensor back. The task's output checksums.
+  struct ElementSums {
+    double sum = 0;
+    double sum_squares = 0;
+  };
+  virtual absl::StatusOr<ElementSums> SumElements(const void* data, DType dtype, int64_t count) = 0;
+  // Copies between memory from Allocate and a host source or sink that produces or takes bytes
+  // piecewise (an Attend call's shared-memory region, read and written with pread and pwrite):
+  // FillDevice has `fill` write bytes [offset, offset + length) of the `bytes` at `device_dst`
+  // into `host`, DrainDevice has `drain` take them from `host`. `host` is memory the device copies
+  // from or to at full speed (page-locked staging buffers on a GPU, overlapped with the copies;
+  // the tensor itself on the host). The pieces are disjoint, cover the range, are at most a few
+  // MiB, and up to `threads` of them are filled or drained at once from different threads. The
+  // first error of a callback or a copy ends the call with it, after every piece in flight ends.
+  using HostFill = std::function<absl::Status(int64_t offset, int64_t length, char* host)>;
+  using HostDrain = std::function<absl::Status(int64_t offset, int64_t length, const char* host)>;
+  virtual absl::Status FillDevice(void* device_dst, int64_t bytes, const HostFill& fill,
+                                  int threads) = 0;
+  virtual absl::Status DrainDevice(const void* device_src, int64_t bytes, const HostDrain& drain,
+                                   int threads) = 0;
 
   // The single-device engine with `threads` CPU threads (ignored on a GPU).
   virtual absl::StatusOr<std::unique_ptr<AttentionBackend>> NewBackend(int threads) = 0;
@@ -132,6 +154,17 @@ class ForwardingDevice : public TaskDevice {
   }
   absl::Status CopyToHost(void* host_dst, const void* device_src, int64_t bytes) override {
     return base_->CopyToHost(host_dst, device_src, bytes);
+  }
+  absl::StatusOr<ElementSums> SumElements(const void* data, DType dtype, int64_t count) override {
+    return base_->SumElements(data, dtype, count);
+  }
+  absl::Status FillDevice(void* device_dst, int64_t bytes, const HostFill& fill,
+                          int threads) override {
+    return base_->FillDevice(device_dst, bytes, fill, threads);
+  }
+  absl::Status DrainDevice(const void* device_src, int64_t bytes, const HostDrain& drain,
+                           int threads) override {
+    return base_->DrainDevice(device_src, bytes, drain, threads);
   }
   absl::StatusOr<std::unique_ptr<AttentionBackend>> NewBackend(int threads) override {
     return base_->NewBackend(threads);

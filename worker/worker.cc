@@ -927,7 +927,7 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
       if (has_output) output = std::move(result->output);
       LogEvent("task ", id, " succeeded: ", result->steps_done, " step(s), ",
                result->rank_result.seconds_per_step() * 1e3, " ms/step, ",
-               result->rank_result.tflops(), " TFLOP/s");
+               result->rank_result.tflops(), " TFLOP/s (", result->timeline, ")");
     } else {
       failure = result.status();
     }

@@ -72,6 +72,64 @@ class AttendInfo:
     result: object
 
 
+class _SharedRegion:
+    """A POSIX shared-memory object holding an Attend call's tensors (docs/ATTEND.md, "Shared
+    memory"): q, k, v (and dout), then out (and dq, dk, dv), one after the other. Made with a
+    random "/dattn-py-..." name and mode 0600, allocated whole at once (so that a full /dev/shm
+    fails here, not as a fault when it is written), removed by close(). Linux only."""
+
+    def __init__(self, arrays):
+        import mmap
+        self.tensor_bytes = arrays[0].nbytes
+        self.backward = len(arrays) == 4
+        count = 8 if self.backward else 4
+        self.name = f"/dattn-py-{os.getpid()}-{uuid.uuid4().hex}"
+        self._path = "/dev/shm" + self.name
+        fd = os.open(self._path, os.O_CREAT | os.O_EXCL | os.O_RDWR, 0o600)
+        try:
+            try:
+                os.posix_fallocate(fd, 0, count * self.tensor_bytes)
+            except OSError as e:
+                raise MemoryError(f"shared memory {self.name}: {count * self.tensor_bytes} bytes: "
+                                  f"{e.strerror}; /dev/shm has no room (stream the tensors "
+                                  "instead)") from None
+            self._map = mmap.mmap(fd, count * self.tensor_bytes)
+        except BaseException:
+            os.close(fd)
+            os.unlink(self._path)
+            raise
+        os.close(fd)
+        self._bytes = np.frombuffer(self._map, np.uint8)
+        for i, a in enumerate(arrays):
+            self._bytes[i * self.tensor_bytes:(i + 1) * self.tensor_bytes] = \
+                a.reshape(-1).view(np.uint8)
+
+    def _offset(self, tensor):
+        t = tensor - attention_pb2.ATTEND_TENSOR_Q  # 0 .. 7: q, k, v, dout, out, dq, dk, dv.
+        return (t if t < 4 else (4 if self.backward else 3) + t - 4) * self.tensor_bytes
+
+    def placement(self):
+        region = attention_pb2.SharedMemoryRegion(
+            name=self.name, byte_size=(8 if self.backward else 4) * self.tensor_bytes)
+        for t in range(attention_pb2.ATTEND_TENSOR_Q, attention_pb2.ATTEND_TENSOR_DV + 1):
+            gradient = t == attention_pb2.ATTEND_TENSOR_DOUT or t > attention_pb2.ATTEND_TENSOR_OUT
+            if gradient and not self.backward:
+                continue
+            region.tensors.add(tensor=t, offset=self._offset(t))
+        return region
+
+    def read_outputs(self, outputs):
+        """Copies out (and dq, dk, dv) from the region into `outputs`."""
+        for i, o in enumerate(outputs):
+            at = self._offset(attention_pb2.ATTEND_TENSOR_OUT + i)
+            o.reshape(-1).view(np.uint8)[:] = self._bytes[at:at + self.tensor_bytes]
+
+    def close(self):
+        del self._bytes
+        self._map.close()
+        os.unlink(self._path)
+
+
 class _AttendAnswer:
     """Reads an Attend call's answer as the protocol has it (job_service.proto, docs/ATTEND.md):
     `accepted` first, then out (then dq, dk, dv), each tensor's chunks in order with no gap or
@@ -80,10 +138,11 @@ class _AttendAnswer:
 
     _NAMES = {attention_pb2.ATTEND_TENSOR_OUT + i: n for i, n in enumerate(["out", "dq", "dk", "dv"])}
 
-    def __init__(self, shape, dtype, backward):
+    def __init__(self, shape, dtype, backward, shared=False):
         self.outputs = [np.empty(shape, dtype=dtype) for _ in range(4 if backward else 1)]
         self._views = [o.reshape(-1).view(np.uint8) for o in self.outputs]
-        self._tensor = 0   # The output whose chunks come now.
+        # The output whose chunks come now; none come when the tensors are in shared memory.
+        self._tensor = len(self.outputs) if shared else 0
         self._filled = 0   # Its bytes so far.
         self.info = None
         self.done = None
@@ -235,7 +294,9 @@ class Client:
         ("any", "cpu", "gpu"), dtype (None: q's; "bf16" for uint16 arrays holding bfloat16 bit
         patterns, as numpy has no bfloat16), name, tenant (with a token: empty or the token's),
         priority, timeout (seconds for the whole call), chunk_bytes (the size of the chunks sent,
-        1 .. CHUNK_BYTES, 4 MiB by default).
+        1 .. CHUNK_BYTES, 4 MiB by default), shared_memory (False; True passes the tensors through
+        a shared-memory region of this host instead of the stream: for a coordinator started with
+        --attend-shared-memory on this host, whose workers run here too; docs/ATTEND.md).
 
         The call's job id, ring size and result are in `last_attend` (AttendInfo) once accepted.
         Raises ValueError for arrays or options that cannot be sent (before anything is sent),
@@ -251,7 +312,8 @@ class Client:
 
     def _attend(self, tensors, segment_lengths, dilation_rates, *, causal=False, mode="grouped",
                 scale=None, head_offsets=None, num_ranks=0, device="any", dtype=None, name="",
-                tenant="", priority=0, timeout=None, chunk_bytes=CHUNK_BYTES):
+                tenant="", priority=0, timeout=None, chunk_bytes=CHUNK_BYTES,
+                shared_memory=False):
         names = ["q", "k", "v", "dout"]
         arrays = []
         for i, t in enumerate(tensors):
@@ -300,8 +362,14 @@ class Client:
         start.shape.batch, start.shape.seq_len, start.shape.num_heads, start.shape.head_dim = (
             b, n, h, d)
 
+        region = _SharedRegion(arrays) if shared_memory else None
+        if region is not None:
+            start.shared_memory.CopyFrom(region.placement())
+
         def requests():
             yield job_service_pb2.AttendRequest(start=start)
+            if region is not None:
+                return  # The tensors are in the region.
             for i, a in enumerate(arrays):
                 data = memoryview(a.reshape(-1)).cast("B")
                 for offset in range(0, len(data), chunk_bytes):
@@ -309,19 +377,25 @@ class Client:
                         tensor=attention_pb2.ATTEND_TENSOR_Q + i, offset=offset,
                         data=bytes(data[offset:offset + chunk_bytes])))
 
-        reader = _AttendAnswer(arrays[0].shape, held, len(arrays) == 4)
-        call = self._jobs.Attend(requests(), metadata=self._metadata, timeout=timeout)
+        reader = _AttendAnswer(arrays[0].shape, held, len(arrays) == 4, region is not None)
         try:
-            for response in call:
-                accepted = reader.take(response)
-                if accepted is not None:
-                    self.last_attend = accepted
-        except grpc.RpcError as e:
-            raise errors.from_rpc_error(e, "attend") from None
-        except BaseException:
-            call.cancel()  # A ProtocolError or an interrupt: the coordinator cancels the job.
-            raise
-        reader.finish()
+            call = self._jobs.Attend(requests(), metadata=self._metadata, timeout=timeout)
+            try:
+                for response in call:
+                    accepted = reader.take(response)
+                    if accepted is not None:
+                        self.last_attend = accepted
+            except grpc.RpcError as e:
+                raise errors.from_rpc_error(e, "attend") from None
+            except BaseException:
+                call.cancel()  # A ProtocolError or an interrupt: the coordinator cancels the job.
+                raise
+            reader.finish()
+            if region is not None:
+                region.read_outputs(reader.outputs)
+        finally:
+            if region is not None:
+                region.close()
         return reader.outputs
 
     # ---- Jobs ----------------------------------------------------------------------------------

@@ -76,7 +76,7 @@ class ClusterTest(unittest.TestCase):
     def setUpClass(cls):
         cls.daemons = Daemons()
         try:
-            address = cls.daemons.coordinator("--insecure")
+            address = cls.daemons.coordinator("--insecure", "--attend-shared-memory")
             for i in range(2):
                 cls.daemons.start(f"worker-{i}", [
                     os.environ["DATTN_WORKER_BIN"], "--insecure", "--coordinator", address,
@@ -157,6 +157,31 @@ class ClusterTest(unittest.TestCase):
                             np.testing.assert_allclose(g, w, rtol=tol, atol=tol,
                                                        err_msg=f"{what}: {name}")
                         self.assertEqual(self.client.last_attend.num_ranks, ranks, what)
+
+    def test_shared_memory_at_one_and_two_ranks_equals_the_reference(self):
+        # The tensors through a shared-memory region instead of the stream; the region is gone
+        # afterwards.
+        seed = 300
+        for ranks in (1, 2):
+            for backward in (False, True):
+                seed += 1
+                q, k, v, dout = self.inputs(seed, 4)
+                what = f"ranks {ranks}, backward {backward}"
+                if backward:
+                    got = self.client.attend_backward(q, k, v, dout, [8, 16], [1, 2], causal=True,
+                                                      num_ranks=ranks, device="cpu", timeout=60,
+                                                      shared_memory=True)
+                    want = reference.attention(q, k, v, [8, 16], [1, 2], causal=True, dout=dout)
+                else:
+                    got = [self.client.attend(q, k, v, [8, 16], [1, 2], causal=True,
+                                              num_ranks=ranks, device="cpu", timeout=60,
+                                              shared_memory=True)]
+                    want = [reference.attention(q, k, v, [8, 16], [1, 2], causal=True)]
+                for name, g, w in zip(["out", "dq", "dk", "dv"], got, want):
+                    np.testing.assert_allclose(g, w, rtol=1e-10, atol=1e-10,
+                                               err_msg=f"{what}: {name}")
+                self.assertEqual(self.client.last_attend.num_ranks, ranks, what)
+        self.assertEqual([f for f in os.listdir("/dev/shm") if f.startswith("dattn-py-")], [])
 
     def test_a_tensor_of_several_chunks_at_two_ranks(self):
         # 6 MiB a tensor: two chunks each way, cut at a rank boundary by the coordinator.

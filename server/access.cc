@@ -5,6 +5,7 @@
 
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/time/clock.h"
 #include "api/tenant.h"
 #include "nlohmann/json.hpp"
@@ -122,7 +123,10 @@ std::string PeerHost(const std::string& peer) {
 
 bool Access::IsLocalPeer(const std::string& peer) {
   if (absl::StartsWith(peer, "unix:") || absl::StartsWith(peer, "unix-abstract:")) return true;
-  const std::string host = PeerHost(peer);
+  // gRPC writes IPv6 peers with their brackets as they are or percent-encoded (%5B, %5D), by
+  // version.
+  const std::string host =
+      absl::StrReplaceAll(PeerHost(peer), {{"%5B", "["}, {"%5D", "]"}, {"%5b", "["}, {"%5d", "]"}});
   return absl::StartsWith(host, "ipv4:127.") || host == "ipv6:[::1]" ||
          absl::StartsWith(host, "ipv6:[::ffff:127.");
 }

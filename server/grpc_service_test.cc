@@ -123,8 +123,9 @@ TEST(AccessTest, LocalPeersAreLoopbackAndUnixSockets) {
         "unix:/run/dattn.sock", "unix-abstract:dattn"}) {
     EXPECT_TRUE(Access::IsLocalPeer(local)) << local;
   }
-  for (const char* remote : {"ipv4:10.0.0.7:5000", "ipv4:128.0.0.1:1", "ipv6:[::2]:5000",
-                             "ipv6:[fe80::1]:22", "ipv4:1.127.0.0:1", "", "127.0.0.1:80"}) {
+  for (const char* remote :
+       {"ipv4:10.0.0.7:5000", "ipv4:128.0.0.1:1", "ipv6:[::2]:5000", "ipv6:[fe80::1]:22",
+        "ipv6:%5B::2%5D:22", "ipv4:1.127.0.0:1", "", "127.0.0.1:80"}) {
     EXPECT_FALSE(Access::IsLocalPeer(remote)) << remote;
   }
 }

@@ -106,6 +106,19 @@ class AttendTest : public ClusterTest {
   }
 };
 
+// A fresh shared-memory region for `p`'s tensors, one after the other (q, k, v, (dout,) out, (dq,
+// dk, dv)), placed in `start`; nullptr (and a test failure) if it cannot be made.
+std::unique_ptr<SharedRegion> PlaceInRegion(const Problem& p, v1::AttendStart* start) {
+  const int64_t element = p.dtype == v1::DTYPE_FP64 ? 8 : p.dtype == v1::DTYPE_FP32 ? 4 : 2;
+  const int64_t tensor_bytes = p.batch * p.seq_len * p.heads * p.dim * element;
+  absl::StatusOr<std::unique_ptr<SharedRegion>> made =
+      SharedRegion::Create((p.backward ? 8 : 4) * tensor_bytes, "test");
+  EXPECT_TRUE(made.ok()) << made.status();
+  if (!made.ok()) return nullptr;
+  *start->mutable_shared_memory() = (*made)->Place(tensor_bytes, p.backward);
+  return *std::move(made);
+}
+
 // Runs `p` on random inputs and compares every output with the oracle. `shared`: the tensors go
 // through a shared-memory region (AttendStart.shared_memory) instead of the stream.
 void CheckAgainstOracle(v1::JobService::Stub& stub, const Problem& p, uint64_t seed,
@@ -126,14 +139,12 @@ void CheckAgainstOracle(v1::JobService::Stub& stub, const Problem& p, uint64_t s
   Answer a;
   if (shared) {
     const int64_t tensor_bytes = static_cast<int64_t>(bytes[0].size());
-    auto made = SharedRegion::Create((p.backward ? 8 : 4) * tensor_bytes, "test");
-    ASSERT_TRUE(made.ok()) << made.status();
-    std::unique_ptr<SharedRegion> region = *std::move(made);
+    v1::AttendStart start = StartOf(p);
+    std::unique_ptr<SharedRegion> region = PlaceInRegion(p, &start);
+    ASSERT_NE(region, nullptr);
     for (size_t t = 0; t < bytes.size(); ++t) {
       std::memcpy(region->data() + t * tensor_bytes, bytes[t].data(), bytes[t].size());
     }
-    v1::AttendStart start = StartOf(p);
-    *start.mutable_shared_memory() = region->Place(tensor_bytes, p.backward);
     a = Call(stub, start, {});
     EXPECT_TRUE(a.outputs.empty()) << "outputs came on the stream of a shared-memory call";
     a.outputs.clear();
@@ -235,19 +246,17 @@ TEST_F(AttendTest, SharedMemoryCallsAgainstTheOracle) {
   // A region no worker's host has: the job fails, the call says why.
   Problem p;
   v1::AttendStart start = StartOf(p);
-  const int64_t tensor_bytes = p.batch * p.seq_len * p.heads * p.dim * 8;
-  auto made = SharedRegion::Create(4 * tensor_bytes, "test");
-  ASSERT_TRUE(made.ok()) << made.status();
-  std::unique_ptr<SharedRegion> region = *std::move(made);
-  *start.mutable_shared_memory() = region->Place(tensor_bytes, false);
+  std::unique_ptr<SharedRegion> region = PlaceInRegion(p, &start);
+  ASSERT_NE(region, nullptr);
+  const v1::SharedMemoryRegion placed = start.shared_memory();
   start.mutable_shared_memory()->set_name("/dattn-test-no-such-region");
   Answer missing = Call(*stub, start, {});
   EXPECT_EQ(missing.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(missing.status.error_message(),
               HasSubstr("shared memory /dattn-test-no-such-region does not exist on host"));
   // A region that is not the call's: INVALID_ARGUMENT naming the field, before any job.
-  *start.mutable_shared_memory() = region->Place(tensor_bytes, false);
-  start.mutable_shared_memory()->set_byte_size(4 * tensor_bytes - 1);
+  *start.mutable_shared_memory() = placed;
+  start.mutable_shared_memory()->set_byte_size(placed.byte_size() - 1);
   Answer small = Call(*stub, start, {});
   EXPECT_EQ(small.status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
   EXPECT_THAT(small.status.error_message(),
@@ -264,11 +273,8 @@ TEST_F(AttendTest, SharedMemoryIsOffUnlessTheCoordinatorTakesIt) {
   auto stub = Stub();
   Problem p;
   v1::AttendStart start = StartOf(p);
-  const int64_t tensor_bytes = p.batch * p.seq_len * p.heads * p.dim * 8;
-  auto made = SharedRegion::Create(4 * tensor_bytes, "test");
-  ASSERT_TRUE(made.ok()) << made.status();
-  std::unique_ptr<SharedRegion> region = *std::move(made);
-  *start.mutable_shared_memory() = region->Place(tensor_bytes, false);
+  std::unique_ptr<SharedRegion> region = PlaceInRegion(p, &start);
+  ASSERT_NE(region, nullptr);
   Answer a = Call(*stub, start, {});
   EXPECT_EQ(a.status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
   EXPECT_THAT(a.status.error_message(), HasSubstr("--attend-shared-memory"));

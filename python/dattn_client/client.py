@@ -100,9 +100,13 @@ class _SharedRegion:
             raise
         os.close(fd)
         self._bytes = np.frombuffer(self._map, np.uint8)
-        for i, a in enumerate(arrays):
-            self._bytes[i * self.tensor_bytes:(i + 1) * self.tensor_bytes] = \
-                a.reshape(-1).view(np.uint8)
+        try:
+            for i, a in enumerate(arrays):
+                self._bytes[i * self.tensor_bytes:(i + 1) * self.tensor_bytes] = \
+                    a.reshape(-1).view(np.uint8)
+        except BaseException:
+            self.close()
+            raise
 
     def _offset(self, tensor):
         t = tensor - attention_pb2.ATTEND_TENSOR_Q  # 0 .. 7: q, k, v, dout, out, dq, dk, dv.

@@ -10,6 +10,7 @@
 //   or to evaluate), and every metric name in them is one Prometheus has scraped;
 // - every panel has data here, but for those listed with the reason they may be empty; no alert
 //   expression has any (the cluster is healthy); every rule evaluates healthy;
+// - ModelInfer requests (Attend calls inside the coordinator) fill the inference dashboard;
 // - the dashboards' worker variable lists both workers; docs/DEPLOY.md lists every panel with its
 //   queries as they are;
 // - no metric name is both the coordinator's and a worker's (a query never mixes the two).
@@ -19,6 +20,7 @@
 #include <unistd.h>
 
 #include <chrono>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -31,7 +33,9 @@
 #include <vector>
 
 #include "engine/testing/test_util.h"
+#include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
+#include "inference/grpc_predict_v2.grpc.pb.h"
 #include "nlohmann/json.hpp"
 #include "tests/cluster.h"
 #include "tests/cluster_fixture.h"
@@ -259,6 +263,44 @@ TEST_F(PrometheusE2E, DashboardsAndAlertsQueryWhatTheClusterExports) {
   std::vector<std::string> wait = {"--wait"};
   Submit(small, wait);
   Submit(ring, wait);
+  // Attention on the caller's tensors: ModelInfer requests (each an Attend call inside the
+  // coordinator) at 1 and 2 ranks, and one refused for its own fault.
+  {
+    auto infer = inference::GRPCInferenceService::NewStub(
+        cluster_->ChannelWithToken(cluster_->token(kAlice)));
+    const int64_t b = 1, n = 64, h = 2, d = 8;
+    for (int64_t ranks : {1, 2, 0}) {
+      inference::ModelInferRequest request;
+      request.set_model_name("dilated-attention");
+      for (const char* name : {"q", "k", "v"}) {
+        inference::ModelInferRequest::InferInputTensor* in = request.add_inputs();
+        in->set_name(name);
+        in->set_datatype("FP32");
+        for (int64_t dim : {b, n, h, d}) in->add_shape(dim);
+        std::string bytes(static_cast<size_t>(b * n * h * d * 4), '\0');
+        for (size_t i = 0; i < bytes.size() / 4; ++i) {
+          const float x = static_cast<float>((i * 37 + name[0]) % 17) / 17.0f - 0.5f;
+          std::memcpy(&bytes[i * 4], &x, 4);
+        }
+        request.add_raw_input_contents(std::move(bytes));
+      }
+      (*request.mutable_parameters())["segment_lengths"].set_string_param("16,32");
+      (*request.mutable_parameters())["dilation_rates"].set_string_param("1,2");
+      (*request.mutable_parameters())["device"].set_string_param("cpu");
+      // The third asks for 3 ranks, which do not divide N = 64: refused, the request's fault.
+      (*request.mutable_parameters())["num_ranks"].set_int64_param(ranks == 0 ? 3 : ranks);
+      inference::ModelInferResponse response;
+      grpc::ClientContext context;
+      context.set_deadline(std::chrono::system_clock::now() + seconds(60));
+      const grpc::Status status = infer->ModelInfer(&context, request, &response);
+      if (ranks == 0) {
+        EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT)
+            << status.error_message();
+      } else {
+        ASSERT_TRUE(status.ok()) << status.error_message() << cluster_->Logs();
+      }
+    }
+  }
   const std::string running =
       Submit({"--seq-len=8192", "--heads=8", "--head-dim=64", "--segments=1024", "--rates=1",
               "--dtype=fp64", "--pass=fwd-bwd", "--device=cpu", "--iterations=100000"});
@@ -288,6 +330,8 @@ TEST_F(PrometheusE2E, DashboardsAndAlertsQueryWhatTheClusterExports) {
       << prometheus_->ReadStderr();
   ASSERT_TRUE(WaitForValue(R"(sum(dattn_worker_ranks{phase="running"}))", 1));
   ASSERT_TRUE(WaitForValue("sum(dattn_queue_depth)", 1));
+  ASSERT_TRUE(WaitForValue("sum(dattn_inference_requests_total)", 3));
+  ASSERT_TRUE(WaitForValue("sum(dattn_attend_engine_seconds_count)", 2));
   ASSERT_TRUE(WaitForValue(R"(sum(dattn_worker_ranks_total{outcome="succeeded"}))", 3));
   // The training job's series: its loss and an evaluation, steps counted, a checkpoint written.
   ASSERT_TRUE(WaitForValue("count(dattn_training_validation_loss)", 1)) << cluster_->Logs();
@@ -317,7 +361,7 @@ TEST_F(PrometheusE2E, DashboardsAndAlertsQueryWhatTheClusterExports) {
   const std::string docs = ReadFile(testutil::RunfilePath("docs/DEPLOY.md"));
   ASSERT_FALSE(docs.empty());
   const std::set<std::string> dashboards = DashboardFiles();
-  EXPECT_GE(dashboards.size(), 4u);
+  EXPECT_GE(dashboards.size(), 5u);
   for (const std::string& file : dashboards) {
     const nlohmann::json dashboard =
         nlohmann::json::parse(ReadFile(testutil::RunfilePath("deploy/grafana/dashboards/" + file)));

@@ -464,6 +464,89 @@ TEST_F(CoordinatorTest, AnAttentionJobMovesDownTheLadderOnlyWhenItsPolicySays) {
               HasSubstr("the recovery ladder runs it with 2 ranks"));
 }
 
+// Out of memory while running: a rank that reports RESOURCE_EXHAUSTED moves its job down the
+// ladder (more micro-batches here, then more again), each rung a new attempt with the numbers in
+// its event and the spec first asked for kept; with no attempt left the job fails as before.
+TEST_F(CoordinatorTest, OutOfMemoryWhileRunningMovesDownTheLadder) {
+  v1::SubmitJobRequest request;
+  request.set_idempotency_key("oom-ladder");
+  v1::TrainingJobSpec* training = request.mutable_spec()->mutable_training();
+  training->set_config_json(R"({
+      "model": {"vocab_size": 256, "d_model": 64, "num_layers": 2, "num_heads": 4, "ffn_dim": 256,
+                "attention": {"segment_lengths": [256], "dilation_rates": [1]}},
+      "data": {"paths": ["/data/corpus.txt"]},
+      "seq_len": 2048, "batch_size": 8, "micro_batches": 1, "steps": 200})");
+  training->set_device(v1::DEVICE_PREFERENCE_CPU);
+  FakeWorker* worker = AddWorker("roomy-0", int64_t{64} << 30);
+  const v1::Job job = Submit(request);
+  EXPECT_THAT(job.spec().training().config_json(), HasSubstr("\"micro_batches\": 1"));
+  auto fail_next = [&](int attempt) -> std::string {
+    std::optional<v1::WorkerCommand> assign = worker->Next();
+    EXPECT_TRUE(assign.has_value());
+    if (!assign.has_value()) return "";
+    EXPECT_EQ(assign->assign().attempt(), attempt);
+    const std::string config = assign->assign().spec().training().config_json();
+    EXPECT_TRUE(worker
+                    ->Fail(assign->assign().task_id(), absl::StatusCode::kResourceExhausted,
+                           "allocating activations (1.2 GiB) failed")
+                    .ok());
+    return config;
+  };
+  fail_next(1);
+  v1::Job after = Get(job.job_id(), true);
+  EXPECT_EQ(after.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_THAT(after.spec().training().config_json(), HasSubstr("\"micro_batches\":2"));
+  EXPECT_EQ(after.requested_spec().training().config_json(), training->config_json());
+  EXPECT_THAT(after.events(after.events_size() - 1).message(),
+              HasSubstr("out of memory while running: the recovery ladder runs it with "
+                        "micro_batches 2, sequence_parallel 1 ("));
+  EXPECT_THAT(after.events(after.events_size() - 1).message(), HasSubstr(" planned per rank"));
+  // The second attempt runs the rung; out of memory again, the next rung.
+  EXPECT_THAT(fail_next(2), HasSubstr("\"micro_batches\":2"));
+  after = Get(job.job_id());
+  EXPECT_THAT(after.spec().training().config_json(), HasSubstr("\"micro_batches\":4"));
+  // The third and last attempt: out of memory again fails the job, with the planner's numbers.
+  EXPECT_THAT(fail_next(3), HasSubstr("\"micro_batches\":4"));
+  ASSERT_TRUE(WaitState(job.job_id(), v1::JOB_STATE_FAILED));
+  EXPECT_THAT(Get(job.job_id()).state_reason(), HasSubstr("attempt"));
+  // A retry of the request as first asked is still the same job.
+  absl::StatusOr<v1::SubmitJobResponse> retry = coordinator_->SubmitJob(request);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_FALSE(retry->created());
+  EXPECT_EQ(retry->job().job_id(), job.job_id());
+}
+
+// An attention job moves down the ladder while running only as its policy says: with more_ranks,
+// a rank out of memory on one worker makes it a 2-rank ring; without, it fails as before
+// (OutOfMemoryFailsWithThePlannerEstimate).
+TEST_F(CoordinatorTest, AnAttentionJobOutOfMemoryWhileRunningSpreadsOverMoreRanks) {
+  v1::SubmitJobRequest request = ValidRequest("attention-oom-ladder");
+  v1::AttentionJobSpec* a = request.mutable_spec()->mutable_attention();
+  a->mutable_shape()->set_seq_len(65536);
+  a->mutable_shape()->set_num_heads(8);
+  a->mutable_shape()->set_head_dim(64);
+  request.mutable_spec()->mutable_recovery()->set_more_ranks(true);
+  FakeWorker* w0 = AddWorker("oom-0", int64_t{64} << 30);
+  FakeWorker* w1 = AddWorker("oom-1", int64_t{64} << 30);
+  const v1::Job job = Submit(request);
+  EXPECT_EQ(job.spec().attention().num_ranks(), 1);
+  std::optional<v1::WorkerCommand> assign = w0->Next(absl::Milliseconds(500));
+  FakeWorker* ran = w0;
+  if (!assign.has_value()) {
+    assign = w1->Next();
+    ran = w1;
+  }
+  ASSERT_TRUE(assign.has_value());
+  ASSERT_TRUE(
+      ran->Fail(assign->assign().task_id(), absl::StatusCode::kResourceExhausted, "cudaMalloc")
+          .ok());
+  const v1::Job after = Get(job.job_id(), true);
+  EXPECT_EQ(after.spec().attention().num_ranks(), 2);
+  EXPECT_EQ(after.requested_spec().attention().num_ranks(), 1);
+  EXPECT_THAT(after.events(after.events_size() - 1).message(),
+              HasSubstr("the recovery ladder runs it with 2 ranks ("));
+}
+
 TEST_F(CoordinatorTest, IdempotentResubmit) {
   absl::StatusOr<v1::SubmitJobResponse> first = coordinator_->SubmitJob(ValidRequest("same"));
   ASSERT_TRUE(first.ok());

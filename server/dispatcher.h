@@ -71,6 +71,8 @@ class Dispatcher {
                int64_t ready_workers);
   // Takes the job out of the queue, if it is there.
   void Remove(const std::string& job_id);
+  // --tenant-max-running-ranks (0: none): a job of more ranks can never run.
+  int tenant_max_running_ranks() const { return options_.tenant_max_running_ranks; }
   // 1-based position while queued.
   std::optional<size_t> Position(const std::string& job_id) const;
   bool empty() const { return scheduler_.queue().empty(); }

@@ -240,6 +240,17 @@ void JobRunner::Recover(JobRun* run, FailureKind failure, const std::string& why
                    absl::StrCat("cancelled: ", run->cancel_reason, " (then ", why, ")")));
     return;
   }
+  const int attempts = std::max(1, run->job.attempt() - run->free_requeues);
+  if (failure == FailureKind::kOom && !run->analysis->runs_once &&
+      attempts < options_.max_attempts) {
+    if (std::optional<std::string> change = LadderStep(run); change.has_value()) {
+      Requeue(run, "requeued",
+              absl::StrCat(why, "; out of memory while running: the recovery ladder runs it with ",
+                           *change),
+              tickets);
+      return;
+    }
+  }
   scheduler::RecoveryInput input;
   run->kind->DescribeRecovery(*run->analysis, run->device, &input);
   input.failure = failure;
@@ -268,6 +279,38 @@ void JobRunner::Recover(JobRun* run, FailureKind failure, const std::string& why
                      " is not carried out by the job runner; requeued instead"));
   }
   Requeue(run, "requeued", absl::StrCat(why, "; ", action->reason), tickets);
+}
+
+std::optional<std::string> JobRunner::LadderStep(JobRun* run) {
+  mu_->AssertHeld();
+  const JobAnalysis& ran = *run->analysis;
+  const DeviceOption& device = ran.devices[run->device];
+  const std::vector<scheduler::WorkerInfo> view = workers_->View(/*for_placement=*/false);
+  const int64_t ready = workers_->ReadyCount();
+  const int quota = dispatcher_->tenant_max_running_ranks();
+  for (LadderRung& rung : run->kind->Ladder(run->job.spec(), ran)) {
+    absl::StatusOr<std::shared_ptr<const JobAnalysis>> analyzed =
+        run->kind->Analyze(rung.spec, "spec");
+    if (!analyzed.ok()) continue;  // A rung the spec's other rules forbid.
+    const JobAnalysis& next = **analyzed;
+    if (quota > 0 && next.num_ranks > quota) continue;
+    auto same = std::find_if(next.devices.begin(), next.devices.end(),
+                             [&](const DeviceOption& d) { return d.gpu == device.gpu; });
+    if (same == next.devices.end() || same->memory_per_rank_bytes >= device.memory_per_rank_bytes) {
+      continue;  // It would run out the same way.
+    }
+    if (!dispatcher_->CheckFeasible(next, view, ready).ok()) continue;
+    const std::string change = absl::StrCat(
+        rung.change, " (", scheduler::FormatBytes(same->memory_per_rank_bytes),
+        " planned per rank, against ", scheduler::FormatBytes(device.memory_per_rank_bytes), ")");
+    if (!run->job.has_requested_spec()) *run->job.mutable_requested_spec() = run->job.spec();
+    *run->job.mutable_spec() = std::move(rung.spec);
+    run->device = static_cast<size_t>(same - next.devices.begin());
+    run->analysis = *std::move(analyzed);
+    run->job.mutable_progress()->set_steps_total(run->analysis->steps_total);
+    return change;
+  }
+  return std::nullopt;
 }
 
 void JobRunner::KillWorker(WorkerEntry* worker, const std::string& why, const std::string& cause,

@@ -82,8 +82,17 @@ class JobRunner {
   void Release(JobRun* run, bool cancel_tasks, const std::string& reason, bool abort = false);
   // Requeue (attempt + 1) or fail, per scheduler::DecideRecovery, after `failure`; CANCELLED
   // instead when a cancel was requested. `oom_free_bytes`: the failing worker's free memory.
+  // Out of memory while running (a rank's RESOURCE_EXHAUSTED), a job with attempts left first
+  // moves down its recovery ladder (LadderStep) and is requeued as that rung.
   void Recover(JobRun* run, scheduler::FailureKind failure, const std::string& why,
                const std::string& cause, int64_t oom_free_bytes, Tickets* tickets);
+  // Out of memory while running: the first rung of the job's ladder (WorkKind::Ladder, as far as
+  // its recovery policy allows) that needs less memory per rank, on the device kind that ran out,
+  // than the spec that ran out, and that the ready workers can hold (and the tenant's running-rank
+  // quota allows). Makes it the job's spec and analysis (the spec first asked for stays in
+  // requested_spec) and returns the change with its numbers, for the event; nullopt when no rung
+  // does (the spec is then unchanged).
+  std::optional<std::string> LadderStep(JobRun* run);
   // Declares the worker dead and recovers the jobs of its tasks.
   void KillWorker(WorkerEntry* worker, const std::string& why, const std::string& cause,
                   Tickets* tickets);

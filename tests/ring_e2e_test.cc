@@ -132,6 +132,49 @@ TEST_F(RingE2E, RingJobsThroughTheCliEqualTheSingleRankJob) {
   EXPECT_NE(m.out.find("dattn_worker_rank_step_seconds_count{worker=\"worker-"), std::string::npos);
 }
 
+// Out of memory while running, at a real allocation site: two workers whose devices fail
+// allocations past 200 KB while they report the host's memory (--fault-device-memory-bytes). The
+// coordinator places the job on one rank (its plan fits what the workers report); the rank runs out
+// of memory allocating its tensors, and the job, whose policy allows more ranks, moves down its
+// ladder to a 2-rank ring that fits, with the single-rank run's result.
+TEST_F(RingE2E, ARankOutOfMemoryMovesTheJobDownItsLadderWithTheSameResult) {
+  StartCluster(1);
+  const Case c{"grouped", true, 1, 21};
+  const dattn::v1::Job control = Finished(Submit(CaseFlags(c, 1)));
+  ASSERT_EQ(control.state(), dattn::v1::JOB_STATE_SUCCEEDED) << control.state_reason();
+  ProcessResult drained = cluster_->Cli({"drain", "worker-0"});
+  ASSERT_EQ(drained.exit_code, 0) << drained.out << drained.err;
+  for (int i = 0; i < 2; ++i) {
+    std::string error;
+    ASSERT_GE(cluster_->AddWorker(1, &error, "small-" + std::to_string(i),
+                                  {"--fault-device-memory-bytes=200000"}),
+              0)
+        << error;
+  }
+  ASSERT_TRUE(cluster_->WaitForReadyWorkers(2, seconds(30))) << cluster_->Logs();
+
+  std::vector<std::string> flags = CaseFlags(c, 1);
+  flags.push_back("--more-ranks=true");
+  const dattn::v1::Job job = Finished(Submit(flags));
+  ASSERT_EQ(job.state(), dattn::v1::JOB_STATE_SUCCEEDED) << job.state_reason() << EventsText(job);
+  EXPECT_EQ(job.spec().attention().num_ranks(), 2);
+  EXPECT_EQ(job.requested_spec().attention().num_ranks(), 1);
+  EXPECT_EQ(job.attempt(), 2);
+  const std::string events = EventsText(job);
+  EXPECT_NE(events.find("(code RESOURCE_EXHAUSTED)"), std::string::npos) << events;
+  EXPECT_NE(events.find("--fault-device-memory-bytes"), std::string::npos) << events;
+  EXPECT_NE(events.find("out of memory while running: the recovery ladder runs it with 2 ranks"),
+            std::string::npos)
+      << events;
+  const auto& one = control.result().attention();
+  const auto& two = job.result().attention();
+  ASSERT_EQ(two.ranks_size(), 2);
+  EXPECT_NEAR(two.out_sum_squares(), one.out_sum_squares(), 1e-11 * one.out_sum_squares());
+  EXPECT_NEAR(two.grad_sum_squares(), one.grad_sum_squares(), 1e-11 * one.grad_sum_squares());
+  EXPECT_NEAR(two.out_sum(), one.out_sum(), 1e-10 * std::sqrt(one.out_sum_squares()));
+  EXPECT_NEAR(two.grad_sum(), one.grad_sum(), 1e-10 * std::sqrt(one.grad_sum_squares()));
+}
+
 // kill -9 of a worker whose rank runs: its peer sees the connection drop, the job's history names
 // the lost worker, and the job runs again on the survivors.
 TEST_F(RingE2E, KilledWorkerDuringARingRunIsRecoveredOnTheSurvivors) {

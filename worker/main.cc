@@ -3,6 +3,7 @@
 //   dattn-worker --coordinator host:7070 [--name NAME] [--slots N] [--threads T]
 //                [--heartbeat-ms MS] [--health-port P] [--listen-address A] [--memory-bytes B]
 //                [--ring-address A] [--drain-wait-s S] [--shutdown-timeout-s S]
+//                [--fault-device-memory-bytes B]
 //                [--metrics-listen HOST:PORT]
 //                (--tls-ca CA --tls-cert CERT --tls-key KEY | --insecure)
 //   dattn-worker-gpu --gpu [--gpu-index I] ...   (the same worker on one GPU)
@@ -51,6 +52,7 @@
 #include "security/tls.h"
 #include "worker/cpu_device.h"
 #include "worker/log.h"
+#include "worker/memory_limit_device.h"
 #include "worker/metered_device.h"
 #include "worker/worker.h"
 #include "worker/worker_metrics.h"
@@ -89,6 +91,7 @@ int main(int argc, char** argv) {
   std::string listen_address = "127.0.0.1";
   int shutdown_timeout_s = 10;
   int drain_wait_s = 0;
+  int64_t fault_memory_bytes = -1;
   bool gpu = false;
   int gpu_index = 0;
   std::string ring_address;
@@ -121,6 +124,11 @@ int main(int argc, char** argv) {
   app.add_option("--memory-bytes", options.memory_bytes,
                  "Advertise and budget this much memory instead of MemTotal; 0 = MemTotal")
       ->check(CLI::Range(int64_t{0}, int64_t{1} << 60))
+      ->capture_default_str();
+  app.add_option("--fault-device-memory-bytes", fault_memory_bytes,
+                 "Fault injection: allocations fail (RESOURCE_EXHAUSTED) once this many bytes are "
+                 "outstanding, while the worker still reports its real memory; -1 = off")
+      ->check(CLI::Range(int64_t{-1}, int64_t{1} << 60))
       ->capture_default_str();
   app.add_option("--drain-wait-s", drain_wait_s,
                  "On SIGTERM, first ask the coordinator to drain this worker and wait this long "
@@ -230,6 +238,12 @@ int main(int argc, char** argv) {
       return 2;
     }
     device = std::move(*host);
+  }
+
+  if (fault_memory_bytes >= 0) {
+    LogEvent("FAULT INJECTION: allocations fail once ", fault_memory_bytes,
+             " bytes are outstanding (--fault-device-memory-bytes); for tests only");
+    device = dattn::worker::NewMemoryLimitDevice(std::move(device), fault_memory_bytes);
   }
 
   // The worker's own metrics. The device goes to the worker metered, so that its communicators'

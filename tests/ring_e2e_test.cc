@@ -232,6 +232,53 @@ TEST_F(RingE2E, KilledWorkerDuringARingRunIsRecoveredOnTheSurvivors) {
   EXPECT_EQ(job.state(), dattn::v1::JOB_STATE_CANCELLED) << EventsText(job);
 }
 
+// SIGSTOP of a worker whose rank runs (a hung process, not a dead one): detected within the ring's
+// timeout, never a hang. The frozen worker stops heartbeating and its peer's collective stops
+// completing; the job's history names the frozen worker and a later attempt runs on two others.
+TEST_F(RingE2E, AFrozenRankIsDetectedWithinTheRingTimeoutAndRecovered) {
+  ClusterOptions options;
+  options.dead_after_ms = 1500;
+  options.max_attempts = 4;
+  StartCluster(4, options);
+  const std::string id =
+      Submit({"--batch=1", "--seq-len=4096", "--heads=4", "--head-dim=32", "--segments=512,2048",
+              "--rates=1,2", "--dtype=fp32", "--pass=fwd-bwd", "--iterations=1000000",
+              "--device=cpu", "--ranks=2"});
+  dattn::v1::Job job;
+  ASSERT_TRUE(cluster_->WaitForJobState(id, dattn::v1::JOB_STATE_RUNNING, seconds(30), &job))
+      << EventsText(job) << cluster_->Logs();
+  const auto running = std::chrono::steady_clock::now() + seconds(30);
+  while (job.progress().steps_done() < 1 && std::chrono::steady_clock::now() < running) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    ASSERT_TRUE(cluster_->WaitForJobState(id, dattn::v1::JOB_STATE_RUNNING, seconds(5), &job));
+  }
+  ASSERT_EQ(job.worker_ids_size(), 2);
+  const std::string frozen = cluster_->WorkerName(job.worker_ids(0));
+  const int index = cluster_->WorkerIndex(frozen);
+  ASSERT_GE(index, 0) << frozen;
+  const auto stopped = std::chrono::steady_clock::now();
+  cluster_->worker(index).Signal(SIGSTOP);
+
+  // Within the ring timeout (20 s here), a later attempt runs on two other workers.
+  bool recovered = false;
+  while (!recovered && std::chrono::steady_clock::now() < stopped + seconds(20)) {
+    ASSERT_TRUE(cluster_->WaitForJobState(id, dattn::v1::JOB_STATE_RUNNING, seconds(20), &job))
+        << EventsText(job) << cluster_->Logs();
+    recovered = job.attempt() >= 2 && job.worker_ids_size() == 2 &&
+                cluster_->WorkerName(job.worker_ids(0)) != frozen &&
+                cluster_->WorkerName(job.worker_ids(1)) != frozen;
+    if (!recovered) std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  }
+  cluster_->worker(index).Signal(SIGCONT);
+  ASSERT_TRUE(recovered) << "not recovered within 20 s of the SIGSTOP: " << EventsText(job)
+                         << cluster_->Logs();
+  EXPECT_NE(EventsText(job).find(frozen), std::string::npos) << EventsText(job);
+  ProcessResult c = cluster_->Cli({"cancel", id});
+  EXPECT_EQ(c.exit_code, 0) << c.out << c.err;
+  job = Finished(id);
+  EXPECT_EQ(job.state(), dattn::v1::JOB_STATE_CANCELLED) << EventsText(job);
+}
+
 // A worker frozen before its rank can arrive: the other rank's formation times out, and the job
 // fails (one attempt allowed here) with an event naming the missing rank and its worker.
 TEST_F(RingE2E, ARankThatNeverArrivesFailsTheFormationNamingIt) {

@@ -19,6 +19,9 @@ inline constexpr size_t kMaxTenantLength = 64;
 // JobSpec.priority: kMinPriority .. kMaxPriority.
 inline constexpr int kMinPriority = -100;
 inline constexpr int kMaxPriority = 100;
+// RecoveryPolicy.stall_seconds: a RUNNING job with no finished step for this long is recovered.
+inline constexpr int kDefaultStallSeconds = 30 * 60;
+inline constexpr int kMaxStallSeconds = 7 * 24 * 3600;
 // Job ids in requests: at most this many characters ("j-" + 16 hex digits in practice).
 inline constexpr size_t kMaxJobIdLength = 64;
 // AttentionSpec.segment_lengths and .dilation_rates: at most this many entries (patterns, G) per

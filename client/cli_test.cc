@@ -1772,7 +1772,8 @@ TEST_F(CliTest, TokensTravelInTheAuthorizationMetadata) {
 // that is not a boolean is a usage error naming the flag.
 TEST_F(CliTest, SubmitRecoveryPolicyFlags) {
   Result r = Run({"submit", "-n", "1024", "--heads", "4", "--head-dim", "32", "--segments", "256",
-                  "--rates", "1", "--more-ranks", "true", "--lower-precision", "yes"});
+                  "--rates", "1", "--more-ranks", "true", "--lower-precision", "yes",
+                  "--stall-seconds", "600"});
   ASSERT_EQ(r.code, kExitOk) << r.err;
   ASSERT_EQ(jobs_.submits().size(), 1u);
   // A copy: submits() returns the requests by value.
@@ -1780,6 +1781,11 @@ TEST_F(CliTest, SubmitRecoveryPolicyFlags) {
   EXPECT_FALSE(policy.has_split_batch());
   EXPECT_TRUE(policy.has_more_ranks() && policy.more_ranks());
   EXPECT_TRUE(policy.has_lower_precision() && policy.lower_precision());
+  EXPECT_EQ(policy.stall_seconds(), 600);
+  r = Run({"submit", "-n", "1024", "--heads", "4", "--head-dim", "32", "--segments", "256",
+           "--rates", "1", "--stall-seconds", "0"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("--stall-seconds"));
   r = Run({"submit", "-n", "1024", "--heads", "4", "--head-dim", "32", "--segments", "256",
            "--rates", "1", "--split-batch", "maybe"});
   EXPECT_EQ(r.code, kExitUsage);

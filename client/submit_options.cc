@@ -14,6 +14,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "api/limits.h"
 #include "client/format.h"
 #include "client/parse.h"
 #include "nlohmann/json.hpp"
@@ -27,6 +28,7 @@ void SetRecovery(const SubmitOptions& o, v1::JobSpec* spec) {
   if (o.split_batch) spec->mutable_recovery()->set_split_batch(*o.split_batch);
   if (o.more_ranks) spec->mutable_recovery()->set_more_ranks(*o.more_ranks);
   if (o.lower_precision) spec->mutable_recovery()->set_lower_precision(*o.lower_precision);
+  if (o.stall_seconds) spec->mutable_recovery()->set_stall_seconds(*o.stall_seconds);
 }
 
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
@@ -303,6 +305,10 @@ const std::vector<SubmitField>& SubmitFields() {
             "Out of memory as asked: may an fp32 attention job run in bf16 on GPUs? Changes the "
             "results (default false)",
             Bind(&SubmitOptions::lower_precision, ParseBool)),
+      Field("--stall-seconds", "", "stall_seconds", kTop, false, false, "N",
+            "A running job that finishes no step for N seconds is stopped and retried (default: "
+            "30 minutes, or ten steps at 10 GFLOP/s when longer)",
+            BindInt(&SubmitOptions::stall_seconds, 1, api::kMaxStallSeconds)),
   };
   // clang-format on
   return *kFields;
@@ -340,6 +346,7 @@ void MergeSubmitOptions(const SubmitOptions& over, SubmitOptions* base) {
   DATTN_MERGE(split_batch);
   DATTN_MERGE(more_ranks);
   DATTN_MERGE(lower_precision);
+  DATTN_MERGE(stall_seconds);
   if (over.kind.has_value()) {
     base->kind = over.kind;
     base->kind_source = over.kind_source;

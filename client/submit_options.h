@@ -81,6 +81,7 @@ struct SubmitOptions {
   std::optional<bool> split_batch;
   std::optional<bool> more_ranks;
   std::optional<bool> lower_precision;
+  std::optional<int32_t> stall_seconds;
 };
 
 // Where a setting is written in a job file, as bits: a setting of both kinds of job (--device) has

@@ -107,6 +107,7 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> AttentionKind::Analyze(
   analysis->devices = i.variants;
   analysis->keeps_output = i.return_output;
   analysis->runs_once = i.streamed;
+  analysis->flops_per_rank_step = i.flops_per_step / i.num_ranks;
   analysis->summary = absl::StrCat(
       "attention ", i.spec.DebugString(), " on (B, N, H, D) = (", i.batch, ", ", i.seq_len, ", ",
       i.num_heads, ", ", i.head_dim, ") ", DTypeName(i.dtype), ", ", i.num_ranks,

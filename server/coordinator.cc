@@ -1261,6 +1261,7 @@ void Coordinator::MonitorPass() {
                                       " (dead after ", Seconds(options_.dead_after), ")"),
                          "worker_lost", &tickets);
     }
+    runner_.RecoverStalled(&tickets);
     workers_.ForgetDead(now, options_.dead_worker_retention);
   }
   recorder_.Flush(tickets).IgnoreError();  // A failed write shows in Health() until it recovers.

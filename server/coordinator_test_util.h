@@ -331,6 +331,13 @@ class CoordinatorTest : public ::testing::Test {
     for (const v1::JobEvent& e : job.events()) kinds.push_back(e.kind());
     return kinds;
   }
+  // Every event of the job, one "kind: message" a line.
+  static std::string EventsText(const v1::Job& job) {
+    std::string text;
+    for (const v1::JobEvent& e : job.events())
+      absl::StrAppend(&text, e.kind(), ": ", e.message(), "\n");
+    return text;
+  }
 
   absl::StatusOr<v1::Job> Cancel(const std::string& job_id, const std::string& reason = "") {
     v1::CancelJobRequest request;

@@ -14,6 +14,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
@@ -261,6 +262,54 @@ TEST_F(CoordinatorTest, OutOfMemoryFailsWithThePlannerEstimate) {
   EXPECT_EQ(job.state(), v1::JOB_STATE_FAILED);
   EXPECT_THAT(job.state_reason(), HasSubstr("planner estimate"));
   EXPECT_THAT(job.state_reason(), HasSubstr("measured free"));
+}
+
+// A job whose ranks heartbeat but finish no step past its stall limit is stopped and requeued,
+// not left RUNNING for ever; steps keep the clock from running out.
+TEST_F(CoordinatorTest, AStalledJobIsRecoveredAndProgressKeepsItRunning) {
+  FakeWorker* worker = AddWorker("stuck-0");
+  v1::SubmitJobRequest request = ValidRequest("stalled");
+  request.mutable_spec()->mutable_attention()->set_iterations(1000);
+  request.mutable_spec()->mutable_recovery()->set_stall_seconds(1);
+  const std::string id = Submit(request).job_id();
+  std::optional<v1::WorkerCommand> assign = worker->Next();
+  ASSERT_TRUE(assign.has_value());
+  const std::string task = assign->assign().task_id();
+  ASSERT_TRUE(worker->Report(task, v1::TASK_STATE_STARTED).ok());
+  // Steps every 300 ms for 2 s: running throughout.
+  for (int step = 1; step <= 7; ++step) {
+    absl::SleepFor(absl::Milliseconds(300));
+    ASSERT_TRUE(worker->Report(task, v1::TASK_STATE_PROGRESS, step).ok());
+    ASSERT_EQ(Get(id).state(), v1::JOB_STATE_RUNNING) << "step " << step;
+  }
+  // Then none: within a second or two the job is stopped (CancelTask) and requeued as attempt 2.
+  std::optional<v1::WorkerCommand> cancel = worker->Next(absl::Seconds(5));
+  ASSERT_TRUE(cancel.has_value());
+  EXPECT_TRUE(cancel->has_cancel()) << cancel->DebugString();
+  // The stopped rank's end frees the slot for the next attempt.
+  ASSERT_TRUE(worker->Report(task, v1::TASK_STATE_CANCELLED).ok());
+  std::optional<v1::WorkerCommand> again = worker->Next(absl::Seconds(5));
+  while (again.has_value() && again->has_cancel()) again = worker->Next(absl::Seconds(5));
+  ASSERT_TRUE(again.has_value());
+  EXPECT_EQ(again->assign().attempt(), 2) << again->DebugString();
+  const v1::Job job = Get(id, true);
+  EXPECT_THAT(EventKinds(job), testing::Contains("stalled"));
+  bool said = false;
+  for (const v1::JobEvent& e : job.events()) {
+    said |=
+        e.kind() == "stalled" && absl::StrContains(e.message(), "stalled: no step finished for ") &&
+        absl::StrContains(e.message(),
+                          "7 of 1000 done; the stall limit is 1.0 s, spec.recovery.stall_seconds");
+  }
+  EXPECT_TRUE(said) << job.DebugString();
+  EXPECT_THAT(metrics_->Serialize(), HasSubstr("dattn_recoveries_total{kind=\"stalled\"} 1"));
+
+  // The limit is checked: negative or over a week is refused, naming the field.
+  request.set_idempotency_key("stall-bad");
+  request.mutable_spec()->mutable_recovery()->set_stall_seconds(-1);
+  absl::StatusOr<v1::SubmitJobResponse> bad = coordinator_->SubmitJob(request);
+  EXPECT_EQ(bad.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_THAT(std::string(bad.status().message()), HasSubstr("spec.recovery.stall_seconds"));
 }
 
 TEST_F(CoordinatorTest, ReregisteringWorkerRecoversItsTasks) {

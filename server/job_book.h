@@ -98,6 +98,9 @@ struct JobRun {
   bool cancel_requested = false;
   std::string cancel_reason;
   absl::Time last_progress_write = absl::InfinitePast();
+  // When the job last started RUNNING or its slowest rank last finished a step (the stall clock,
+  // RecoveryPolicy.stall_seconds); InfinitePast while it is not running.
+  absl::Time last_step = absl::InfinitePast();
   bool terminal = false;  // Ended; kept until its last write commits.
 
  private:

@@ -7,6 +7,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "api/limits.h"
 #include "server/job_state.h"
 #include "server/log.h"
 #include "server/proto_time.h"
@@ -313,6 +314,32 @@ std::optional<std::string> JobRunner::LadderStep(JobRun* run) {
   return std::nullopt;
 }
 
+void JobRunner::RecoverStalled(Tickets* tickets) {
+  mu_->AssertHeld();
+  const absl::Time now = clock_->Now();
+  std::vector<std::pair<JobRun*, absl::Duration>> stalled;
+  for (JobRun* run : book_->Runs()) {
+    if (run->terminal || run->job.state() != v1::JOB_STATE_RUNNING ||
+        run->last_step == absl::InfinitePast() || run->cancel_requested) {
+      continue;
+    }
+    const absl::Duration limit = StallLimit(run->job.spec(), *run->analysis);
+    if (now - run->last_step > limit) stalled.emplace_back(run, limit);
+  }
+  for (const auto& [run, limit] : stalled) {
+    const std::string why = absl::StrCat(
+        "stalled: no step finished for ", Seconds(now - run->last_step), " (",
+        run->job.progress().steps_done(), " of ", run->job.progress().steps_total(),
+        " done; the stall limit is ", Seconds(limit),
+        run->job.spec().recovery().stall_seconds() > 0 ? ", spec.recovery.stall_seconds"
+                                                       : ", the default",
+        ")");
+    run->last_step = absl::InfinitePast();
+    tickets->push_back(Transition(run, run->job.state(), "stalled", why));
+    Recover(run, FailureKind::kCommTimeout, why, "stalled", 0, tickets);
+  }
+}
+
 void JobRunner::KillWorker(WorkerEntry* worker, const std::string& why, const std::string& cause,
                            Tickets* tickets) {
   mu_->AssertHeld();
@@ -338,6 +365,7 @@ void JobRunner::OnStarted(Context& c) {
   c.run->refusals = 0;
   if (c.run->job.state() != v1::JOB_STATE_PLACED) return;
   if (!c.run->job.has_start_time()) *c.run->job.mutable_start_time() = ToTimestamp(clock_->Now());
+  c.run->last_step = clock_->Now();
   c.tickets->push_back(
       Transition(c.run, v1::JOB_STATE_RUNNING, "started",
                  absl::StrCat(c.where, " started (attempt ", c.run->job.attempt(), ")")));
@@ -356,9 +384,10 @@ void JobRunner::OnProgress(Context& c) {
     }
   }
   v1::JobProgress* progress = run->job.mutable_progress();
+  const absl::Time now = clock_->Now();
+  if (std::min(done, run->analysis->steps_total) > progress->steps_done()) run->last_step = now;
   progress->set_steps_done(std::min(done, run->analysis->steps_total));
   progress->set_steps_total(run->analysis->steps_total);
-  const absl::Time now = clock_->Now();
   if (now - run->last_progress_write < options_.progress_persist_interval) return;
   run->last_progress_write = now;
   v1::JobEvent event;

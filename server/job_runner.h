@@ -93,6 +93,11 @@ class JobRunner {
   // requested_spec) and returns the change with its numbers, for the event; nullopt when no rung
   // does (the spec is then unchanged).
   std::optional<std::string> LadderStep(JobRun* run);
+  // Recovers (as a failed attempt, FailureKind::kCommTimeout) every RUNNING job whose slowest rank
+  // has finished no step for longer than its RecoveryPolicy.stall_seconds (default
+  // api::kDefaultStallSeconds) since it started running or last progressed: a "stalled" event,
+  // then Recover's requeue or failure.
+  void RecoverStalled(Tickets* tickets);
   // Declares the worker dead and recovers the jobs of its tasks.
   void KillWorker(WorkerEntry* worker, const std::string& why, const std::string& cause,
                   Tickets* tickets);

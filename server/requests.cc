@@ -44,6 +44,13 @@ absl::StatusOr<AnalyzedSpec> AnalyzeSpecAt(const v1::JobSpec& spec, const std::s
     return Invalid(path + ".priority", absl::StrCat("must be ", api::kMinPriority, " .. ",
                                                     api::kMaxPriority, ", got ", spec.priority()));
   }
+  if (spec.recovery().stall_seconds() < 0 ||
+      spec.recovery().stall_seconds() > api::kMaxStallSeconds) {
+    return Invalid(
+        path + ".recovery.stall_seconds",
+        absl::StrCat("must be 1 .. ", api::kMaxStallSeconds, " (0: the default, ",
+                     api::kDefaultStallSeconds, "), got ", spec.recovery().stall_seconds()));
+  }
   AnalyzedSpec out;
   out.kind = kinds.For(spec);
   if (out.kind == nullptr) {

@@ -131,6 +131,7 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> TrainingKind::Analyze(
   const model::TrainerConfig& c = i.config;
   analysis->num_ranks = i.world;
   analysis->steps_total = c.steps;
+  analysis->flops_per_rank_step = i.flops_per_step / i.world;
   // The master weights, gradients and optimizer are fp32 on every device (GPU workers compute in
   // bf16 from them): every worker that runs fp32 can hold a rank.
   analysis->dtype = "fp32";

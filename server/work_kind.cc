@@ -1,9 +1,11 @@
 #include "server/work_kind.h"
 
+#include <algorithm>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "api/limits.h"
 
 namespace dattn {
 namespace server {
@@ -51,6 +53,12 @@ std::string WorkKinds::Names() const {
   std::vector<std::string> names;
   for (const auto& kind : kinds_) names.push_back(kind->name());
   return absl::StrJoin(names, ", ");
+}
+
+absl::Duration StallLimit(const v1::JobSpec& spec, const JobAnalysis& analysis) {
+  if (spec.recovery().stall_seconds() > 0) return absl::Seconds(spec.recovery().stall_seconds());
+  const double step = analysis.flops_per_rank_step / kStallFloorFlopsPerSecond;
+  return std::max(absl::Seconds(api::kDefaultStallSeconds), absl::Seconds(10 * step));
 }
 
 }  // namespace server

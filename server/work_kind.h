@@ -26,6 +26,7 @@
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "api/attention_job.h"
 #include "dattn/v1/attention.pb.h"
 #include "dattn/v1/job.pb.h"
@@ -56,7 +57,17 @@ struct JobAnalysis {
   // and its ranks' outputs go to the call (attend_relay.h), not to the ResultStore.
   bool runs_once = false;
   std::string summary;  // One line for the "submitted" event.
+  // The planner's FLOPs of one step of one rank (0: unknown): sets the default stall limit
+  // (StallLimit).
+  double flops_per_rank_step = 0;
 };
+
+// How long a RUNNING job may go without finishing a step before it is recovered as stalled:
+// RecoveryPolicy.stall_seconds when set, else the larger of api::kDefaultStallSeconds and ten
+// times one step at kStallFloorFlopsPerSecond (a rate every device exceeds), so that a job whose
+// steps are long by design is not taken for a stalled one.
+inline constexpr double kStallFloorFlopsPerSecond = 1e10;
+absl::Duration StallLimit(const v1::JobSpec& spec, const JobAnalysis& analysis);
 
 // How a stored output is laid out over its ranks' shards: `blocks` blocks, each the concatenation
 // of every rank's next `rank_block_bytes` in rank order (an attention output (B, N, H, D) is B

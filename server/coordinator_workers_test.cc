@@ -312,6 +312,35 @@ TEST_F(CoordinatorTest, AStalledJobIsRecoveredAndProgressKeepsItRunning) {
   EXPECT_THAT(std::string(bad.status().message()), HasSubstr("spec.recovery.stall_seconds"));
 }
 
+// A worker that stops hands its running rank back: the job is requeued without spending an
+// attempt, however often it happens (max_attempts is 3 here).
+TEST_F(CoordinatorTest, RanksHandedBackByAStoppingWorkerSpendNoAttempt) {
+  FakeWorker* worker = AddWorker("leaving-0");
+  const std::string id = Submit(ValidRequest("handed-back")).job_id();
+  for (int round = 1; round <= 5; ++round) {
+    std::optional<v1::WorkerCommand> assign = worker->Next();
+    while (assign.has_value() && !assign->has_assign()) assign = worker->Next();
+    ASSERT_TRUE(assign.has_value()) << "round " << round;
+    ASSERT_EQ(assign->assign().attempt(), round);
+    const std::string task = assign->assign().task_id();
+    ASSERT_TRUE(worker->Report(task, v1::TASK_STATE_STARTED).ok());
+    worker->Drop(task);
+    v1::TaskReport report;
+    report.set_worker_id(worker->id());
+    report.set_task_id(task);
+    report.set_state(v1::TASK_STATE_CANCELLED);
+    report.set_handed_back(true);
+    ASSERT_TRUE(coordinator_->ReportTask(report).ok());
+  }
+  const v1::Job job = Get(id, true);
+  EXPECT_NE(job.state(), v1::JOB_STATE_FAILED) << job.state_reason();
+  EXPECT_GE(job.attempt(), 5);
+  EXPECT_THAT(EventsText(job),
+              HasSubstr("handed its rank back unfinished: its worker is stopping"));
+  EXPECT_THAT(metrics_->Serialize(),
+              HasSubstr("dattn_recoveries_total{kind=\"worker_stopping\"} 5"));
+}
+
 TEST_F(CoordinatorTest, ReregisteringWorkerRecoversItsTasks) {
   FakeWorker* old_worker = AddWorker("pod-7");
   const std::string id = Submit(ValidRequest("re")).job_id();

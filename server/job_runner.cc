@@ -560,6 +560,16 @@ void JobRunner::OnCancelled(Context& c) {
   const std::string task_id = c.task->task_id;
   DropTask(run, task_id);
   if (!run->cancel_requested) {
+    if (c.report->handed_back()) {
+      // The worker is stopping (SIGTERM, the end of its drain wait): not the job's failure.
+      ++run->free_requeues;
+      Recover(run, FailureKind::kPeerLost,
+              absl::StrCat(c.where,
+                           " handed its rank back unfinished: its worker is stopping (not counted "
+                           "as a failed attempt)"),
+              "worker_stopping", 0, c.tickets);
+      return;
+    }
     Recover(run, FailureKind::kPeerLost, absl::StrCat(c.where, " was cancelled by its worker"),
             "task_failed", 0, c.tickets);
     return;

@@ -114,6 +114,9 @@ struct Worker::Task {
   int64_t claimed_bytes = 0;
   std::atomic<bool> cancel{false};
   std::atomic<bool> silent{false};  // Report nothing more (the coordinator has given up on it).
+  // Cancelled because this worker is stopping, not by the coordinator: its CANCELLED report hands
+  // the rank back (TaskReport.handed_back).
+  std::atomic<bool> handed_back{false};
   std::atomic<int64_t> steps_done{0};
   std::atomic<int> phase{v1::RANK_PHASE_PREPARING};
   std::atomic<double> ring_formation_seconds{0};
@@ -291,6 +294,9 @@ void Worker::Stop() {
     stopping_ = true;
     UpdateReadyLocked();
     if (stream_context_ != nullptr) stream_context_->TryCancel();
+    for (auto& entry : tasks_) {
+      if (!entry.second->done && !entry.second->cancel.load()) entry.second->handed_back = true;
+    }
     CancelAllLocked(/*silent=*/false, "worker shutting down", &to_abort);
     cv_.SignalAll();
   }
@@ -951,6 +957,7 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
     report = std::move(success);
   } else if (failure.code() == absl::StatusCode::kCancelled && task->cancel.load()) {
     report = make_report(v1::TASK_STATE_CANCELLED);
+    report.set_handed_back(task->handed_back.load());
     LogEvent("task ", id, " cancelled: ", failure.message());
   } else {
     report = make_report(v1::TASK_STATE_FAILED);

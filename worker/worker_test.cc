@@ -411,6 +411,7 @@ TEST(WorkerTest, CancelMidRunEndsWithACancelledReport) {
       [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(fake.mu_) { return fake.HasFinalLocked("j-2/1/0"); }));
   std::vector<v1::TaskReport> reports = fake.ReportsOf("j-2/1/0");
   EXPECT_EQ(reports.back().state(), v1::TASK_STATE_CANCELLED);
+  EXPECT_FALSE(reports.back().handed_back()) << "the coordinator cancelled it";
   EXPECT_GT(reports.back().progress().steps_done(), 0);
   EXPECT_LT(reports.back().progress().steps_done(), 1000000);
   // PROGRESS is rate-limited to one per progress_interval (50 ms here).
@@ -706,6 +707,8 @@ TEST(WorkerTest, StopCancelsRunningTasksAndReportsThem) {
   absl::MutexLock lock(&fake.mu_);
   std::vector<v1::TaskReport> reports = fake.ReportsOfLocked("j-9/1/0");
   EXPECT_EQ(reports.back().state(), v1::TASK_STATE_CANCELLED);
+  // Stopped by its own worker, not by the coordinator: the rank is handed back.
+  EXPECT_TRUE(reports.back().handed_back());
 }
 
 // Leave(): heartbeats ask for a drain at once, readiness is off, and the call waits for the running

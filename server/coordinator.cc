@@ -178,7 +178,7 @@ absl::Status Coordinator::Recover() {
               ")")));
       continue;
     }
-    metrics_->CountRecovery("coordinator_restarted");
+    runner_.NoteRecovery(run, "coordinator_restarted", "requeued");
     ++run->free_requeues;
     runner_.Requeue(run, "coordinator_restarted",
                     absl::StrCat("the coordinator restarted while the job was ", StateName(state),
@@ -219,14 +219,15 @@ absl::Status Coordinator::Drain(absl::Duration timeout) {
     }
     for (JobRun* run : book_.Runs()) {
       if (run->terminal || !IsActiveRun(run->job.state())) continue;
-      metrics_->CountRecovery("drain_timeout");
       const std::string why = absl::StrCat("the coordinator shut down before the job finished (",
                                            "drain timeout ", Seconds(timeout), ")");
       runner_.Release(run, /*cancel_tasks=*/true, why);
       if (run->cancel_requested) {
+        runner_.NoteRecovery(run, "drain_timeout", "cancelled");
         tickets.push_back(runner_.Transition(run, v1::JOB_STATE_CANCELLED, "cancelled",
                                              absl::StrCat("cancelled: ", run->cancel_reason)));
       } else {
+        runner_.NoteRecovery(run, "drain_timeout", "requeued");
         ++run->free_requeues;
         runner_.Requeue(run, "coordinator_stopped",
                         absl::StrCat(why, "; requeued as attempt ", run->job.attempt() + 1),

@@ -104,8 +104,9 @@ TEST_F(CoordinatorTest, RestartRequeuesRunningJobsAndKeepsQueuedOrder) {
   // Gauges come from the store.
   EXPECT_THAT(metrics_->Serialize(),
               HasSubstr("dattn_jobs{kind=\"attention\",state=\"queued\"} 3"));
-  EXPECT_THAT(metrics_->Serialize(),
-              HasSubstr("dattn_recoveries_total{kind=\"coordinator_restarted\"} 1"));
+  EXPECT_THAT(
+      metrics_->Serialize(),
+      HasSubstr("dattn_recoveries_total{kind=\"coordinator_restarted\",outcome=\"requeued\"} 1"));
 
   // A new worker runs attempt 2; the job succeeds once.
   FakeWorker* fresh = AddWorker("cpu-0");

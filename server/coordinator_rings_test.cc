@@ -259,7 +259,8 @@ TEST_F(CoordinatorTest, RingRankFailureCancelsItsPeersAndRequeues) {
   const std::string text = metrics_->Serialize();
   EXPECT_THAT(text,
               HasSubstr("dattn_ring_formations_total{backend=\"gloo\",outcome=\"formed\"} 1"));
-  EXPECT_THAT(text, HasSubstr("dattn_recoveries_total{kind=\"task_failed\"} 1"));
+  EXPECT_THAT(text,
+              HasSubstr("dattn_recoveries_total{kind=\"task_failed\",outcome=\"requeued\"} 1"));
 }
 
 TEST_F(CoordinatorTest, RingsGoOnlyToWorkersThatJoinThem) {

@@ -142,7 +142,10 @@ TEST_F(CoordinatorTest, WorkerDeathRequeuesThenFails) {
                           "started", "worker_lost", "failed"));
   EXPECT_THAT(job.events(3).message(), HasSubstr("mortal-1"));
   EXPECT_EQ(job.events(4).state(), v1::JOB_STATE_QUEUED);
-  EXPECT_THAT(metrics_->Serialize(), HasSubstr("dattn_recoveries_total{kind=\"worker_lost\"} 2"));
+  EXPECT_THAT(metrics_->Serialize(),
+              HasSubstr("dattn_recoveries_total{kind=\"worker_lost\",outcome=\"requeued\"} 1"));
+  EXPECT_THAT(metrics_->Serialize(),
+              HasSubstr("dattn_recoveries_total{kind=\"worker_lost\",outcome=\"failed\"} 1"));
   EXPECT_THAT(metrics_->Serialize(), HasSubstr("dattn_workers{state=\"dead\"} 2"));
 }
 
@@ -302,7 +305,8 @@ TEST_F(CoordinatorTest, AStalledJobIsRecoveredAndProgressKeepsItRunning) {
                           "7 of 1000 done; the stall limit is 1.0 s, spec.recovery.stall_seconds");
   }
   EXPECT_TRUE(said) << job.DebugString();
-  EXPECT_THAT(metrics_->Serialize(), HasSubstr("dattn_recoveries_total{kind=\"stalled\"} 1"));
+  EXPECT_THAT(metrics_->Serialize(),
+              HasSubstr("dattn_recoveries_total{kind=\"stalled\",outcome=\"requeued\"} 1"));
 
   // The limit is checked: negative or over a week is refused, naming the field.
   request.set_idempotency_key("stall-bad");
@@ -338,7 +342,10 @@ TEST_F(CoordinatorTest, RanksHandedBackByAStoppingWorkerSpendNoAttempt) {
   EXPECT_THAT(EventsText(job),
               HasSubstr("handed its rank back unfinished: its worker is stopping"));
   EXPECT_THAT(metrics_->Serialize(),
-              HasSubstr("dattn_recoveries_total{kind=\"worker_stopping\"} 5"));
+              HasSubstr("dattn_recoveries_total{kind=\"worker_stopping\",outcome=\"requeued\"} 5"));
+  // Rounds 2 .. 5 ran again after a hand-back: four times to recover observed.
+  EXPECT_THAT(metrics_->Serialize(),
+              HasSubstr("dattn_recovery_seconds_count{kind=\"worker_stopping\"} 4"));
 }
 
 TEST_F(CoordinatorTest, ReregisteringWorkerRecoversItsTasks) {
@@ -361,8 +368,9 @@ TEST_F(CoordinatorTest, ReregisteringWorkerRecoversItsTasks) {
       old_worker->Report(assign->assign().task_id(), v1::TASK_STATE_STARTED);
   ASSERT_TRUE(stale.ok());
   EXPECT_TRUE(stale->stop());
-  EXPECT_THAT(metrics_->Serialize(),
-              HasSubstr("dattn_recoveries_total{kind=\"worker_reregistered\"} 1"));
+  EXPECT_THAT(
+      metrics_->Serialize(),
+      HasSubstr("dattn_recoveries_total{kind=\"worker_reregistered\",outcome=\"requeued\"} 1"));
 }
 
 TEST_F(CoordinatorTest, DrainedWorkerGetsNoNewWorkAndItsStreamEnds) {

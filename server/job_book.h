@@ -101,6 +101,10 @@ struct JobRun {
   // When the job last started RUNNING or its slowest rank last finished a step (the stall clock,
   // RecoveryPolicy.stall_seconds); InfinitePast while it is not running.
   absl::Time last_step = absl::InfinitePast();
+  // The cause of the recovery that requeued it, and when: the time to recover is observed when it
+  // next runs (dattn_recovery_seconds); InfinitePast when none is pending.
+  std::string recovery_kind;
+  absl::Time recovery_since = absl::InfinitePast();
   bool terminal = false;  // Ended; kept until its last write commits.
 
  private:

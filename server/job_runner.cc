@@ -210,10 +210,10 @@ void JobRunner::Requeue(JobRun* run, const std::string& kind, const std::string&
 }
 
 void JobRunner::RequeueRefused(JobRun* run, const std::string& why, Tickets* tickets) {
-  metrics_->CountRecovery("rank_refused");
   // The attempt never ran whole: its other ranks stop at once.
   Release(run, /*cancel_tasks=*/true, why, /*abort=*/true);
   if (++run->refusals > kMaxRefusals) {
+    NoteRecovery(run, "rank_refused", "failed");
     tickets->push_back(
         Transition(run, v1::JOB_STATE_FAILED, "failed",
                    absl::StrCat(why, "; the job's ranks were refused ", run->refusals,
@@ -221,6 +221,7 @@ void JobRunner::RequeueRefused(JobRun* run, const std::string& why, Tickets* tic
     return;
   }
   ++run->free_requeues;
+  NoteRecovery(run, "rank_refused", "requeued");
   Requeue(run, "refused",
           absl::StrCat(why, "; requeued as attempt ", run->job.attempt() + 1,
                        " (a refusal is not a failed attempt)"),
@@ -230,12 +231,12 @@ void JobRunner::RequeueRefused(JobRun* run, const std::string& why, Tickets* tic
 void JobRunner::Recover(JobRun* run, FailureKind failure, const std::string& why,
                         const std::string& cause, int64_t oom_free_bytes, Tickets* tickets) {
   mu_->AssertHeld();
-  metrics_->CountRecovery(cause);
   // A ring that had not formed yet failed to: counted as such unless the caller already did.
   rings_->End(run->job.job_id(), run->cancel_requested ? "" : "failed");
   // A rank failed or its worker was lost: the others cannot stop together, they stop at once.
   Release(run, /*cancel_tasks=*/true, why, /*abort=*/true);
   if (run->cancel_requested) {
+    NoteRecovery(run, cause, "cancelled");
     tickets->push_back(
         Transition(run, v1::JOB_STATE_CANCELLED, "cancelled",
                    absl::StrCat("cancelled: ", run->cancel_reason, " (then ", why, ")")));
@@ -245,6 +246,7 @@ void JobRunner::Recover(JobRun* run, FailureKind failure, const std::string& why
   if (failure == FailureKind::kOom && !run->analysis->runs_once &&
       attempts < options_.max_attempts) {
     if (std::optional<std::string> change = LadderStep(run); change.has_value()) {
+      NoteRecovery(run, cause, "resized");
       Requeue(run, "requeued",
               absl::StrCat(why, "; out of memory while running: the recovery ladder runs it with ",
                            *change),
@@ -261,12 +263,14 @@ void JobRunner::Recover(JobRun* run, FailureKind failure, const std::string& why
   input.oom_free_memory_bytes = oom_free_bytes;
   absl::StatusOr<scheduler::RecoveryAction> action = scheduler::DecideRecovery(input);
   if (!action.ok()) {
+    NoteRecovery(run, cause, "failed");
     tickets->push_back(
         Transition(run, v1::JOB_STATE_FAILED, "failed",
                    absl::StrCat(why, "; no recovery possible: ", action.status().message())));
     return;
   }
   if (action->kind == scheduler::RecoveryKind::kFail) {
+    NoteRecovery(run, cause, "failed");
     tickets->push_back(
         Transition(run, v1::JOB_STATE_FAILED, "failed", absl::StrCat(why, "; ", action->reason)));
     return;
@@ -279,7 +283,20 @@ void JobRunner::Recover(JobRun* run, FailureKind failure, const std::string& why
                      scheduler::RecoveryKindName(action->kind),
                      " is not carried out by the job runner; requeued instead"));
   }
+  NoteRecovery(run, cause, "requeued");
   Requeue(run, "requeued", absl::StrCat(why, "; ", action->reason), tickets);
+}
+
+void JobRunner::NoteRecovery(JobRun* run, const std::string& kind, const char* outcome) {
+  mu_->AssertHeld();
+  // A job that runs once cannot be requeued (Requeue fails it): that is its outcome.
+  const bool again = std::string(outcome) == "requeued" || std::string(outcome) == "resized";
+  const bool fails = again && run->analysis != nullptr && run->analysis->runs_once;
+  metrics_->CountRecovery(kind, fails ? "failed" : outcome);
+  if (again && !fails) {
+    run->recovery_kind = kind;
+    run->recovery_since = clock_->Now();
+  }
 }
 
 std::optional<std::string> JobRunner::LadderStep(JobRun* run) {
@@ -366,6 +383,11 @@ void JobRunner::OnStarted(Context& c) {
   if (c.run->job.state() != v1::JOB_STATE_PLACED) return;
   if (!c.run->job.has_start_time()) *c.run->job.mutable_start_time() = ToTimestamp(clock_->Now());
   c.run->last_step = clock_->Now();
+  if (c.run->recovery_since != absl::InfinitePast()) {
+    metrics_->ObserveRecovery(c.run->recovery_kind,
+                              absl::ToDoubleSeconds(clock_->Now() - c.run->recovery_since));
+    c.run->recovery_since = absl::InfinitePast();
+  }
   c.tickets->push_back(
       Transition(c.run, v1::JOB_STATE_RUNNING, "started",
                  absl::StrCat(c.where, " started (attempt ", c.run->job.attempt(), ")")));

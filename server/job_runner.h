@@ -98,6 +98,10 @@ class JobRunner {
   // api::kDefaultStallSeconds) since it started running or last progressed: a "stalled" event,
   // then Recover's requeue or failure.
   void RecoverStalled(Tickets* tickets);
+  // Counts a recovery of cause `kind` with `outcome` ("requeued", "resized", "failed",
+  // "cancelled"; a requeue of a job that runs once counts as failed) and, for a requeue, starts the
+  // job's time-to-recover clock (observed when it runs again).
+  void NoteRecovery(JobRun* run, const std::string& kind, const char* outcome);
   // Declares the worker dead and recovers the jobs of its tasks.
   void KillWorker(WorkerEntry* worker, const std::string& why, const std::string& cause,
                   Tickets* tickets);

@@ -97,9 +97,17 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   recoveries_ = &prometheus::BuildCounter()
                      .Name("dattn_recoveries_total")
                      .Help(
-                         "Job recoveries by cause (unit: jobs recovered; one per job per event, "
-                         "whether it was requeued or failed).")
+                         "Job recoveries by cause and outcome (unit: jobs recovered; one per job "
+                         "per event; outcome requeued, resized (requeued as a rung of its "
+                         "recovery ladder), failed or cancelled).")
                      .Register(*registry_);
+  recovery_seconds_ = &prometheus::BuildHistogram()
+                           .Name("dattn_recovery_seconds")
+                           .Help(
+                               "Time to recover, by cause: from the fault's recovery decision to "
+                               "the job running again (unit: seconds; requeued jobs that ran "
+                               "again only).")
+                           .Register(*registry_);
   store_commit_ =
       &prometheus::BuildHistogram()
            .Name("dattn_store_commit_seconds")
@@ -329,7 +337,7 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
   for (const char* state : {"ready", "draining", "dead"}) workers_->Add({{"state", state}});
   for (const char* kind : {"worker_lost", "coordinator_restarted", "worker_reregistered",
                            "task_failed", "drain_timeout"}) {
-    recoveries_->Add({{"kind", kind}});
+    recoveries_->Add({{"kind", kind}, {"outcome", "requeued"}});
   }
   for (const char* device : {"cpu", "gpu"}) {
     ObserveAttentionJob(device, -1, -1);
@@ -423,8 +431,14 @@ void Metrics::DeclareRpc(absl::string_view method) {
   rpcs_->Add({{"method", Str(method)}, {"code", "OK"}});
 }
 
-void Metrics::CountRecovery(absl::string_view kind) {
-  recoveries_->Add({{"kind", Str(kind)}}).Increment();
+void Metrics::CountRecovery(absl::string_view kind, absl::string_view outcome) {
+  recoveries_->Add({{"kind", Str(kind)}, {"outcome", Str(outcome)}}).Increment();
+}
+
+void Metrics::ObserveRecovery(absl::string_view kind, double seconds) {
+  static const auto* buckets =
+      new prometheus::Histogram::BucketBoundaries{0.1, 0.3, 1, 3, 10, 30, 100, 300, 1000, 3000};
+  recovery_seconds_->Add({{"kind", Str(kind)}}, *buckets).Observe(seconds);
 }
 
 void Metrics::AttendStarted() { attend_active_->Increment(); }

@@ -18,8 +18,11 @@
 //   dattn_workers{state}                   gauge      workers per state (ready|draining|dead|
 //                                                     device_failed: live, its device failed)
 //   dattn_rpc_total{method,code}           counter    finished calls by method and status code
-//   dattn_recoveries_total{kind}           counter    job recoveries by cause (worker_lost, ...)
-//   dattn_store_commit_seconds             histogram  latency of each durable store write
+//   dattn_recoveries_total{kind,outcome}   counter    job recoveries by cause (worker_lost, ...)
+//                                                     and outcome (requeued|resized|failed|
+//                                                     cancelled)
+//   dattn_recovery_seconds{kind}           histogram  a recovery's decision to the job running
+//   again dattn_store_commit_seconds             histogram  latency of each durable store write
 //   dattn_attention_job_tflops{device}     histogram  effective TFLOP/s of each succeeded job
 //   dattn_attention_step_seconds{device}   histogram  each succeeded job's step time (slowest rank)
 //   dattn_worker_rank_step_seconds{worker} histogram  each succeeded rank's median step time
@@ -131,8 +134,11 @@ class Metrics {
   // a start) before its first call. The gRPC server declares every method it serves.
   void DeclareRpc(absl::string_view method);
   // `kind` is the cause: "worker_lost", "coordinator_restarted", "worker_reregistered",
-  // "task_failed", "drain_timeout".
-  void CountRecovery(absl::string_view kind);
+  // "task_failed", "drain_timeout", "rank_refused", "stalled", "worker_stopping"; `outcome`
+  // "requeued", "resized" (requeued as a rung of its recovery ladder), "failed" or "cancelled".
+  void CountRecovery(absl::string_view kind, absl::string_view outcome);
+  // A recovered job running again `seconds` after the recovery of cause `kind` decided.
+  void ObserveRecovery(absl::string_view kind, double seconds);
   void ObserveStoreCommit(double seconds);
 
   // A succeeded attention job: its effective TFLOP/s and step time; `device` is "cpu" or "gpu".
@@ -192,6 +198,7 @@ class Metrics {
   prometheus::Family<prometheus::Gauge>* workers_;
   prometheus::Family<prometheus::Counter>* rpcs_;
   prometheus::Family<prometheus::Counter>* recoveries_;
+  prometheus::Family<prometheus::Histogram>* recovery_seconds_;
   prometheus::Histogram* store_commit_;
   prometheus::Family<prometheus::Histogram>* job_tflops_;
   prometheus::Family<prometheus::Histogram>* step_seconds_;

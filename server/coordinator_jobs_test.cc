@@ -509,11 +509,22 @@ TEST_F(CoordinatorTest, OutOfMemoryWhileRunningMovesDownTheLadder) {
   EXPECT_THAT(fail_next(3), HasSubstr("\"micro_batches\":4"));
   ASSERT_TRUE(WaitState(job.job_id(), v1::JOB_STATE_FAILED));
   EXPECT_THAT(Get(job.job_id()).state_reason(), HasSubstr("attempt"));
+  EXPECT_THAT(Get(job.job_id()).state_reason(), HasSubstr("allocating activations"));
   // A retry of the request as first asked is still the same job.
   absl::StatusOr<v1::SubmitJobResponse> retry = coordinator_->SubmitJob(request);
   ASSERT_TRUE(retry.ok()) << retry.status();
   EXPECT_FALSE(retry->created());
   EXPECT_EQ(retry->job().job_id(), job.job_id());
+
+  // With no rung allowed, the first out of memory fails the job with the planner's numbers (it
+  // is not rerun as it was, to run out again).
+  request.set_idempotency_key("oom-no-ladder");
+  request.mutable_spec()->mutable_recovery()->set_split_batch(false);
+  request.mutable_spec()->mutable_recovery()->set_more_ranks(false);
+  const v1::Job fixed = Submit(request);
+  fail_next(1);
+  ASSERT_TRUE(WaitState(fixed.job_id(), v1::JOB_STATE_FAILED));
+  EXPECT_THAT(Get(fixed.job_id()).state_reason(), HasSubstr("planner estimate"));
 }
 
 // An attention job moves down the ladder while running only as its policy says: with more_ranks,

@@ -228,7 +228,10 @@ void TrainingKind::DescribeRecovery(const JobAnalysis& analysis, size_t device,
   input->num_ranks = i.world;
   input->surviving_ranks = 0;
   input->seq_len = i.config.seq_len;
-  input->micro_batch_size = std::max<int64_t>(1, i.micro_rows);
+  // Splitting the batch is the recovery ladder's (JobRunner::LadderStep, tried before this):
+  // nothing is split in place, so an out of memory that reaches here fails with the planner's
+  // numbers rather than being rerun as it was.
+  input->micro_batch_size = 1;
   input->dtype = analysis.dtype;
   input->needs_gpu = analysis.devices[device].gpu;
   // A rerun of the whole gang continues from the newest complete checkpoint. Shrinking the

@@ -363,6 +363,17 @@ TEST_F(CoordinatorTest, AutoDataParallelTakesAsManyWorkersAsFit) {
   EXPECT_THAT(std::string(both.status().message()), HasSubstr("spec.training.data_parallel"));
 }
 
+// The trainer config of the recovery-ladder tests, at `micro` micro-batches: a rank of it needs
+// less memory with each doubling of the micro-batches.
+std::string LadderTrainingConfig(int micro) {
+  return absl::StrCat(R"({
+      "model": {"vocab_size": 256, "d_model": 64, "num_layers": 2, "num_heads": 4, "ffn_dim": 256,
+                "attention": {"segment_lengths": [256], "dilation_rates": [1]}},
+      "data": {"paths": ["/data/corpus.txt"]},
+      "seq_len": 2048, "batch_size": 8, "micro_batches": )",
+                      micro, R"(, "steps": 200})");
+}
+
 // Out of memory before placing: a training job too large for any ready worker as asked runs on the
 // first rung of its recovery ladder that fits (more micro-batches here), says so with the numbers,
 // keeps the spec it was asked for, and a retry of it is the same job. With split_batch off the
@@ -371,14 +382,7 @@ TEST_F(CoordinatorTest, TheRecoveryLadderRunsAJobThatDoesNotFitAsAsked) {
   v1::SubmitJobRequest request;
   request.set_idempotency_key("ladder");
   v1::TrainingJobSpec* training = request.mutable_spec()->mutable_training();
-  auto config = [](int micro) {
-    return absl::StrCat(R"({
-      "model": {"vocab_size": 256, "d_model": 64, "num_layers": 2, "num_heads": 4, "ffn_dim": 256,
-                "attention": {"segment_lengths": [256], "dilation_rates": [1]}},
-      "data": {"paths": ["/data/corpus.txt"]},
-      "seq_len": 2048, "batch_size": 8, "micro_batches": )",
-                        micro, R"(, "steps": 200})");
-  };
+  auto config = LadderTrainingConfig;
   training->set_config_json(config(1));
   training->set_device(v1::DEVICE_PREFERENCE_CPU);
   // The planner's figure for one rank at 1, 2 and 4 micro-batches, and at 2 sequence ranks.
@@ -471,15 +475,11 @@ TEST_F(CoordinatorTest, OutOfMemoryWhileRunningMovesDownTheLadder) {
   v1::SubmitJobRequest request;
   request.set_idempotency_key("oom-ladder");
   v1::TrainingJobSpec* training = request.mutable_spec()->mutable_training();
-  training->set_config_json(R"({
-      "model": {"vocab_size": 256, "d_model": 64, "num_layers": 2, "num_heads": 4, "ffn_dim": 256,
-                "attention": {"segment_lengths": [256], "dilation_rates": [1]}},
-      "data": {"paths": ["/data/corpus.txt"]},
-      "seq_len": 2048, "batch_size": 8, "micro_batches": 1, "steps": 200})");
+  training->set_config_json(LadderTrainingConfig(1));
   training->set_device(v1::DEVICE_PREFERENCE_CPU);
   FakeWorker* worker = AddWorker("roomy-0", int64_t{64} << 30);
   const v1::Job job = Submit(request);
-  EXPECT_THAT(job.spec().training().config_json(), HasSubstr("\"micro_batches\": 1"));
+  EXPECT_EQ(job.spec().training().config_json(), LadderTrainingConfig(1));
   auto fail_next = [&](int attempt) -> std::string {
     std::optional<v1::WorkerCommand> assign = worker->Next();
     EXPECT_TRUE(assign.has_value());

@@ -60,6 +60,42 @@ class RingE2E : public ClusterTest {
     EXPECT_TRUE(cluster_->WaitForJobEnd(id, seconds(60), &job)) << cluster_->Logs();
     return job;
   }
+
+  // A 2-rank job of seconds per step on one thread, for ever (it runs until cancelled), submitted
+  // and followed until both ranks have finished `steps` steps (the job's progress is the slower
+  // rank's); its id, and the job as then in *job. Empty (and a test failure) if it does not get
+  // there within 30 s.
+  std::string StartEndlessRing(int64_t steps, dattn::v1::Job* job) {
+    const std::string id =
+        Submit({"--batch=1", "--seq-len=4096", "--heads=4", "--head-dim=32", "--segments=512,2048",
+                "--rates=1,2", "--dtype=fp32", "--pass=fwd-bwd", "--iterations=1000000",
+                "--device=cpu", "--ranks=2"});
+    const auto deadline = std::chrono::steady_clock::now() + seconds(30);
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (!cluster_->WaitForJobState(id, dattn::v1::JOB_STATE_RUNNING, seconds(30), job)) break;
+      if (job->progress().steps_done() >= steps && job->worker_ids_size() == 2) return id;
+      std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    ADD_FAILURE() << "job " << id << " did not run " << steps
+                  << " steps on 2 ranks: " << EventsText(*job) << cluster_->Logs();
+    return "";
+  }
+
+  // Waits until a later attempt of job `id` runs on two workers, neither of them `gone`, at most
+  // until `deadline`; true then (with the job in *job).
+  bool WaitRecoveredWithout(const std::string& id, const std::string& gone,
+                            std::chrono::steady_clock::time_point deadline, dattn::v1::Job* job) {
+    while (std::chrono::steady_clock::now() < deadline) {
+      if (cluster_->WaitForJobState(id, dattn::v1::JOB_STATE_RUNNING, seconds(1), job) &&
+          job->attempt() >= 2 && job->worker_ids_size() == 2 &&
+          cluster_->WorkerName(job->worker_ids(0)) != gone &&
+          cluster_->WorkerName(job->worker_ids(1)) != gone) {
+        return true;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(100));
+    }
+    return false;
+  }
 };
 
 TEST_F(RingE2E, RingJobsThroughTheCliEqualTheSingleRankJob) {
@@ -182,22 +218,9 @@ TEST_F(RingE2E, KilledWorkerDuringARingRunIsRecoveredOnTheSurvivors) {
   options.dead_after_ms = 1500;
   options.max_attempts = 4;
   StartCluster(4, options);
-  // Seconds per step on one thread, for ever: it runs until cancelled.
-  const std::string id =
-      Submit({"--batch=1", "--seq-len=4096", "--heads=4", "--head-dim=32", "--segments=512,2048",
-              "--rates=1,2", "--dtype=fp32", "--pass=fwd-bwd", "--iterations=1000000",
-              "--device=cpu", "--ranks=2"});
   dattn::v1::Job job;
-  ASSERT_TRUE(cluster_->WaitForJobState(id, dattn::v1::JOB_STATE_RUNNING, seconds(30), &job))
-      << EventsText(job) << cluster_->Logs();
-  // Both ranks are in the run: the job's progress is the slower rank's.
-  const auto running = std::chrono::steady_clock::now() + seconds(30);
-  while (job.progress().steps_done() < 2 && std::chrono::steady_clock::now() < running) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    ASSERT_TRUE(cluster_->WaitForJobState(id, dattn::v1::JOB_STATE_RUNNING, seconds(5), &job));
-  }
-  ASSERT_GE(job.progress().steps_done(), 2) << EventsText(job) << cluster_->Logs();
-  ASSERT_EQ(job.worker_ids_size(), 2);
+  const std::string id = StartEndlessRing(2, &job);
+  ASSERT_FALSE(id.empty());
   const std::string victim = cluster_->WorkerName(job.worker_ids(1));
   const int index = cluster_->WorkerIndex(victim);
   ASSERT_GE(index, 0) << victim;
@@ -205,17 +228,9 @@ TEST_F(RingE2E, KilledWorkerDuringARingRunIsRecoveredOnTheSurvivors) {
   ASSERT_TRUE(cluster_->worker(index).Wait(seconds(10)).has_value());
 
   // Recovered: a later attempt runs on two workers, neither of them the victim.
-  const auto deadline = std::chrono::steady_clock::now() + seconds(60);
-  bool recovered = false;
-  while (!recovered && std::chrono::steady_clock::now() < deadline) {
-    ASSERT_TRUE(cluster_->WaitForJobState(id, dattn::v1::JOB_STATE_RUNNING, seconds(60), &job))
-        << EventsText(job) << cluster_->Logs();
-    recovered = job.attempt() >= 2 && job.worker_ids_size() == 2 &&
-                cluster_->WorkerName(job.worker_ids(0)) != victim &&
-                cluster_->WorkerName(job.worker_ids(1)) != victim;
-    if (!recovered) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
-  ASSERT_TRUE(recovered) << EventsText(job) << cluster_->Logs();
+  ASSERT_TRUE(
+      WaitRecoveredWithout(id, victim, std::chrono::steady_clock::now() + seconds(60), &job))
+      << EventsText(job) << cluster_->Logs();
   bool named = false;
   for (const auto& e : job.events()) {
     if ((e.kind() == "ring_failed" || e.kind() == "worker_lost") &&
@@ -240,19 +255,9 @@ TEST_F(RingE2E, AFrozenRankIsDetectedWithinTheRingTimeoutAndRecovered) {
   options.dead_after_ms = 1500;
   options.max_attempts = 4;
   StartCluster(4, options);
-  const std::string id =
-      Submit({"--batch=1", "--seq-len=4096", "--heads=4", "--head-dim=32", "--segments=512,2048",
-              "--rates=1,2", "--dtype=fp32", "--pass=fwd-bwd", "--iterations=1000000",
-              "--device=cpu", "--ranks=2"});
   dattn::v1::Job job;
-  ASSERT_TRUE(cluster_->WaitForJobState(id, dattn::v1::JOB_STATE_RUNNING, seconds(30), &job))
-      << EventsText(job) << cluster_->Logs();
-  const auto running = std::chrono::steady_clock::now() + seconds(30);
-  while (job.progress().steps_done() < 1 && std::chrono::steady_clock::now() < running) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(50));
-    ASSERT_TRUE(cluster_->WaitForJobState(id, dattn::v1::JOB_STATE_RUNNING, seconds(5), &job));
-  }
-  ASSERT_EQ(job.worker_ids_size(), 2);
+  const std::string id = StartEndlessRing(1, &job);
+  ASSERT_FALSE(id.empty());
   const std::string frozen = cluster_->WorkerName(job.worker_ids(0));
   const int index = cluster_->WorkerIndex(frozen);
   ASSERT_GE(index, 0) << frozen;
@@ -260,15 +265,7 @@ TEST_F(RingE2E, AFrozenRankIsDetectedWithinTheRingTimeoutAndRecovered) {
   cluster_->worker(index).Signal(SIGSTOP);
 
   // Within the ring timeout (20 s here), a later attempt runs on two other workers.
-  bool recovered = false;
-  while (!recovered && std::chrono::steady_clock::now() < stopped + seconds(20)) {
-    ASSERT_TRUE(cluster_->WaitForJobState(id, dattn::v1::JOB_STATE_RUNNING, seconds(20), &job))
-        << EventsText(job) << cluster_->Logs();
-    recovered = job.attempt() >= 2 && job.worker_ids_size() == 2 &&
-                cluster_->WorkerName(job.worker_ids(0)) != frozen &&
-                cluster_->WorkerName(job.worker_ids(1)) != frozen;
-    if (!recovered) std::this_thread::sleep_for(std::chrono::milliseconds(100));
-  }
+  const bool recovered = WaitRecoveredWithout(id, frozen, stopped + seconds(20), &job);
   cluster_->worker(index).Signal(SIGCONT);
   ASSERT_TRUE(recovered) << "not recovered within 20 s of the SIGSTOP: " << EventsText(job)
                          << cluster_->Logs();

@@ -242,6 +242,8 @@ void JobRunner::Recover(JobRun* run, FailureKind failure, const std::string& why
                    absl::StrCat("cancelled: ", run->cancel_reason, " (then ", why, ")")));
     return;
   }
+  // Attempts that ended for reasons not the job's own (a coordinator restart or stop, a refusal, a
+  // rank handed back) do not count.
   const int attempts = std::max(1, run->job.attempt() - run->free_requeues);
   if (failure == FailureKind::kOom && !run->analysis->runs_once &&
       attempts < options_.max_attempts) {
@@ -257,8 +259,7 @@ void JobRunner::Recover(JobRun* run, FailureKind failure, const std::string& why
   scheduler::RecoveryInput input;
   run->kind->DescribeRecovery(*run->analysis, run->device, &input);
   input.failure = failure;
-  // Runs that ended because the coordinator restarted or stopped were not the job's failures.
-  input.attempts = std::max(1, run->job.attempt() - run->free_requeues);
+  input.attempts = attempts;
   input.max_attempts = options_.max_attempts;
   input.oom_free_memory_bytes = oom_free_bytes;
   absl::StatusOr<scheduler::RecoveryAction> action = scheduler::DecideRecovery(input);

@@ -61,6 +61,23 @@ class RingE2E : public ClusterTest {
     return job;
   }
 
+  // Four workers declared dead 1.5 s after their last heartbeat, and jobs of up to 4 attempts:
+  // the cluster of the worker-fault tests.
+  void StartFaultCluster() {
+    ClusterOptions options;
+    options.dead_after_ms = 1500;
+    options.max_attempts = 4;
+    StartCluster(4, options);
+  }
+
+  // Cancels job `id` with the CLI and expects it to end CANCELLED.
+  void CancelAndExpectCancelled(const std::string& id) {
+    ProcessResult c = cluster_->Cli({"cancel", id});
+    EXPECT_EQ(c.exit_code, 0) << c.out << c.err;
+    const dattn::v1::Job job = Finished(id);
+    EXPECT_EQ(job.state(), dattn::v1::JOB_STATE_CANCELLED) << EventsText(job);
+  }
+
   // A 2-rank job of seconds per step on one thread, for ever (it runs until cancelled), submitted
   // and followed until both ranks have finished `steps` steps (the job's progress is the slower
   // rank's); its id, and the job as then in *job. Empty (and a test failure) if it does not get
@@ -214,10 +231,7 @@ TEST_F(RingE2E, ARankOutOfMemoryMovesTheJobDownItsLadderWithTheSameResult) {
 // kill -9 of a worker whose rank runs: its peer sees the connection drop, the job's history names
 // the lost worker, and the job runs again on the survivors.
 TEST_F(RingE2E, KilledWorkerDuringARingRunIsRecoveredOnTheSurvivors) {
-  ClusterOptions options;
-  options.dead_after_ms = 1500;
-  options.max_attempts = 4;
-  StartCluster(4, options);
+  StartFaultCluster();
   dattn::v1::Job job;
   const std::string id = StartEndlessRing(2, &job);
   ASSERT_FALSE(id.empty());
@@ -241,20 +255,14 @@ TEST_F(RingE2E, KilledWorkerDuringARingRunIsRecoveredOnTheSurvivors) {
   EXPECT_TRUE(named) << EventsText(job);
   EXPECT_TRUE(HasEvent(job, "requeued")) << EventsText(job);
 
-  ProcessResult c = cluster_->Cli({"cancel", id});
-  EXPECT_EQ(c.exit_code, 0) << c.out << c.err;
-  job = Finished(id);
-  EXPECT_EQ(job.state(), dattn::v1::JOB_STATE_CANCELLED) << EventsText(job);
+  CancelAndExpectCancelled(id);
 }
 
 // SIGSTOP of a worker whose rank runs (a hung process, not a dead one): detected within the ring's
 // timeout, never a hang. The frozen worker stops heartbeating and its peer's collective stops
 // completing; the job's history names the frozen worker and a later attempt runs on two others.
 TEST_F(RingE2E, AFrozenRankIsDetectedWithinTheRingTimeoutAndRecovered) {
-  ClusterOptions options;
-  options.dead_after_ms = 1500;
-  options.max_attempts = 4;
-  StartCluster(4, options);
+  StartFaultCluster();
   dattn::v1::Job job;
   const std::string id = StartEndlessRing(1, &job);
   ASSERT_FALSE(id.empty());
@@ -270,10 +278,7 @@ TEST_F(RingE2E, AFrozenRankIsDetectedWithinTheRingTimeoutAndRecovered) {
   ASSERT_TRUE(recovered) << "not recovered within 20 s of the SIGSTOP: " << EventsText(job)
                          << cluster_->Logs();
   EXPECT_NE(EventsText(job).find(frozen), std::string::npos) << EventsText(job);
-  ProcessResult c = cluster_->Cli({"cancel", id});
-  EXPECT_EQ(c.exit_code, 0) << c.out << c.err;
-  job = Finished(id);
-  EXPECT_EQ(job.state(), dattn::v1::JOB_STATE_CANCELLED) << EventsText(job);
+  CancelAndExpectCancelled(id);
 }
 
 // A worker frozen before its rank can arrive: the other rank's formation times out, and the job

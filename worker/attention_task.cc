@@ -16,7 +16,6 @@
 #include "engine/memory_plan.h"
 #include "engine/ring/ring_attention.h"
 #include "engine/validate.h"
-#include "worker/half_float.h"
 #include "worker/ring_join.h"
 #include "worker/shared_memory.h"
 

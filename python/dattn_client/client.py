@@ -50,6 +50,17 @@ _DEVICES = {"any": job_pb2.DEVICE_PREFERENCE_ANY, "cpu": job_pb2.DEVICE_PREFEREN
 _TERMINAL = {job_pb2.JOB_STATE_SUCCEEDED, job_pb2.JOB_STATE_FAILED, job_pb2.JOB_STATE_CANCELLED}
 
 
+def _check_choices(mode, head_offsets, device):
+    """ValueError naming the argument for a mode, head_offsets or device that is not one of the
+    names attend() and submit_attention() take."""
+    if mode not in _MODES:
+        raise ValueError(f"mode: {mode!r} is not one of {sorted(_MODES)}")
+    if head_offsets is not None and head_offsets not in _HEAD_OFFSETS:
+        raise ValueError(f"head_offsets: {head_offsets!r} is not one of {sorted(_HEAD_OFFSETS)}")
+    if device not in _DEVICES:
+        raise ValueError(f"device: {device!r} is not one of {sorted(_DEVICES)}")
+
+
 def _fill_attention(spec, segment_lengths, dilation_rates, causal, mode, scale, head_offsets):
     """Sets an AttentionSpec message from the arguments attend() and submit_attention() take
     (already checked by the caller)."""
@@ -347,12 +358,7 @@ class Client:
         if len(segment_lengths) != len(dilation_rates) or not segment_lengths:
             raise ValueError("segment_lengths and dilation_rates: one rate per segment length, "
                              f"got {len(segment_lengths)} and {len(dilation_rates)}")
-        if mode not in _MODES:
-            raise ValueError(f"mode: {mode!r} is not one of {sorted(_MODES)}")
-        if head_offsets is not None and head_offsets not in _HEAD_OFFSETS:
-            raise ValueError(f"head_offsets: {head_offsets!r} is not one of {sorted(_HEAD_OFFSETS)}")
-        if device not in _DEVICES:
-            raise ValueError(f"device: {device!r} is not one of {sorted(_DEVICES)}")
+        _check_choices(mode, head_offsets, device)
         if isinstance(chunk_bytes, bool) or not isinstance(chunk_bytes, int) or \
                 not 1 <= chunk_bytes <= CHUNK_BYTES:
             raise ValueError(f"chunk_bytes: {chunk_bytes!r}; a chunk has 1 .. {CHUNK_BYTES} bytes")
@@ -433,12 +439,7 @@ class Client:
         follow it, read_output() reads its output when return_output was set."""
         if dtype not in _NAMED_DTYPES:
             raise ValueError(f"dtype: {dtype!r} is not one of {sorted(_NAMED_DTYPES)}")
-        if mode not in _MODES:
-            raise ValueError(f"mode: {mode!r} is not one of {sorted(_MODES)}")
-        if head_offsets is not None and head_offsets not in _HEAD_OFFSETS:
-            raise ValueError(f"head_offsets: {head_offsets!r} is not one of {sorted(_HEAD_OFFSETS)}")
-        if device not in _DEVICES:
-            raise ValueError(f"device: {device!r} is not one of {sorted(_DEVICES)}")
+        _check_choices(mode, head_offsets, device)
         work = job_pb2.AttentionJobSpec(
             dtype=_NAMED_DTYPES[dtype], num_ranks=num_ranks, iterations=iterations, seed=seed,
             return_output=return_output, device=_DEVICES[device],

@@ -429,6 +429,20 @@ TEST_P(AttentionLayerTest, MatchesFiniteDifferences) {
   const absl::Status refused = attention->Forward(spec, SequencePositions{7, 14}, shard);
   EXPECT_TRUE(absl::IsInvalidArgument(refused)) << refused;
   EXPECT_NE(refused.message().find("start at 7"), std::string::npos) << refused;
+  // The first n rows of a longer sequence: taken with causal attention (no row sees a later one;
+  // the decoder's prefill), with the same result as the n rows alone; refused otherwise.
+  ASSERT_TRUE(attention->Forward(spec, SequencePositions{0, n}, shard).ok());
+  const std::vector<double> whole_out = out;
+  std::fill(out.begin(), out.end(), std::nan(""));
+  const absl::Status prefix = attention->Forward(spec, SequencePositions{0, 3 * n}, shard);
+  EXPECT_TRUE(prefix.ok()) << prefix;
+  EXPECT_EQ(out, whole_out);
+  AttentionSpec bidirectional = spec;
+  bidirectional.causal = false;
+  const absl::Status not_causal =
+      attention->Forward(bidirectional, SequencePositions{0, 3 * n}, shard);
+  EXPECT_TRUE(absl::IsInvalidArgument(not_causal)) << not_causal;
+  EXPECT_NE(not_causal.message().find("not causal"), std::string::npos) << not_causal;
 }
 
 INSTANTIATE_TEST_SUITE_P(Modes, AttentionLayerTest,

@@ -205,50 +205,50 @@ TensorView LongNetLM<T>::LseView(T* data) const {
 }
 
 template <typename T>
-absl::Status LongNetLM<T>::BlockForward(int64_t i, BlockActs& a, const T* x_in, T* x_out) {
+absl::Status LongNetLM<T>::BlockForward(int64_t i, BlockActs& a, const T* x_in, T* x_out,
+                                        bool observe) {
   const BlockOffsets& o = offsets_.blocks[static_cast<size_t>(i)];
   const T* p = params_.data();
-  const int64_t m = batch_ * seq_len_, d = config_.d_model, f = config_.ffn_dim;
-  const double eps = config_.layer_norm_eps;
+  const int64_t m = batch_ * seq_len_;
   LayerOps<T>& ops = *ops_;
-  // Attention branch.
-  MODEL_RETURN_IF_ERROR(ops.LayerNormForward(x_in, m, d, p + o.attn_norm.weight,
-                                             p + o.attn_norm.bias, eps, a.ln1.data(),
-                                             a.ln1_mean.data(), a.ln1_rstd.data()));
-  MODEL_RETURN_IF_ERROR(
-      ops.LinearForward(a.ln1.data(), m, d, p + o.q_proj.weight, p + o.q_proj.bias, d, a.q.data()));
-  MODEL_RETURN_IF_ERROR(
-      ops.LinearForward(a.ln1.data(), m, d, p + o.k_proj.weight, p + o.k_proj.bias, d, a.k.data()));
-  MODEL_RETURN_IF_ERROR(
-      ops.LinearForward(a.ln1.data(), m, d, p + o.v_proj.weight, p + o.v_proj.bias, d, a.v.data()));
+  const BlockTensors<T> t = Tensors(a);
+  MODEL_RETURN_IF_ERROR(BlockQkvForward(ops, config_, p, o, m, x_in, t));
   MODEL_RETURN_IF_ERROR(ops.RotaryForward(*rotary_, batch_, seq_len_, config_.num_heads,
-                                          positions_.offset, a.q.data(), a.k.data()));
+                                          positions_.offset, t.q, t.k));
+  if (observe && kv_observer_) MODEL_RETURN_IF_ERROR(kv_observer_(i, t.k, t.v));
   ForwardArgs fwd;
-  fwd.q = View4(a.q.data());
-  fwd.k = View4(a.k.data());
-  fwd.v = View4(a.v.data());
-  fwd.out = View4(a.attn.data());
+  fwd.q = View4(t.q);
+  fwd.k = View4(t.k);
+  fwd.v = View4(t.v);
+  fwd.out = View4(t.attn);
   fwd.lse = LseView(a.lse.data());
   MODEL_RETURN_IF_ERROR(attention_->Forward(spec_, positions_, fwd));
-  MODEL_RETURN_IF_ERROR(ops.LayerNormForward(a.attn.data(), m, d, p + o.attn_sub_norm.weight,
-                                             p + o.attn_sub_norm.bias, eps, a.sub1.data(),
-                                             a.sub1_mean.data(), a.sub1_rstd.data()));
-  MODEL_RETURN_IF_ERROR(ops.LinearForward(a.sub1.data(), m, d, p + o.out_proj.weight,
-                                          p + o.out_proj.bias, d, a.x_mid.data()));
-  MODEL_RETURN_IF_ERROR(ops.Add(x_in, a.x_mid.data(), m * d, a.x_mid.data()));
-  // Feed-forward branch.
-  MODEL_RETURN_IF_ERROR(ops.LayerNormForward(a.x_mid.data(), m, d, p + o.ffn_norm.weight,
-                                             p + o.ffn_norm.bias, eps, a.ln2.data(),
-                                             a.ln2_mean.data(), a.ln2_rstd.data()));
-  MODEL_RETURN_IF_ERROR(
-      ops.LinearForward(a.ln2.data(), m, d, p + o.fc1.weight, p + o.fc1.bias, f, a.h1.data()));
-  MODEL_RETURN_IF_ERROR(ops.GeluForward(a.h1.data(), m * f, a.g.data()));
-  MODEL_RETURN_IF_ERROR(ops.LayerNormForward(a.g.data(), m, f, p + o.ffn_sub_norm.weight,
-                                             p + o.ffn_sub_norm.bias, eps, a.sub2.data(),
-                                             a.sub2_mean.data(), a.sub2_rstd.data()));
-  MODEL_RETURN_IF_ERROR(
-      ops.LinearForward(a.sub2.data(), m, f, p + o.fc2.weight, p + o.fc2.bias, d, x_out));
-  return ops.Add(a.x_mid.data(), x_out, m * d, x_out);
+  return BlockOutputForward(ops, config_, p, o, m, x_in, t, x_out);
+}
+
+template <typename T>
+BlockTensors<T> LongNetLM<T>::Tensors(BlockActs& a) {
+  BlockTensors<T> t;
+  t.ln1 = a.ln1.data();
+  t.ln1_mean = a.ln1_mean.data();
+  t.ln1_rstd = a.ln1_rstd.data();
+  t.q = a.q.data();
+  t.k = a.k.data();
+  t.v = a.v.data();
+  t.attn = a.attn.data();
+  t.sub1 = a.sub1.data();
+  t.sub1_mean = a.sub1_mean.data();
+  t.sub1_rstd = a.sub1_rstd.data();
+  t.x_mid = a.x_mid.data();
+  t.ln2 = a.ln2.data();
+  t.ln2_mean = a.ln2_mean.data();
+  t.ln2_rstd = a.ln2_rstd.data();
+  t.h1 = a.h1.data();
+  t.g = a.g.data();
+  t.sub2 = a.sub2.data();
+  t.sub2_mean = a.sub2_mean.data();
+  t.sub2_rstd = a.sub2_rstd.data();
+  return t;
 }
 
 template <typename T>
@@ -343,7 +343,7 @@ absl::StatusOr<LossResult> LongNetLM<T>::Forward(const TokenBatch& b) {
       ops.EmbeddingForward(tokens_.data(), m, p + offsets_.token_embedding, d, xs_[0].data()));
   for (int64_t i = 0; i < config_.num_layers; ++i) {
     BlockActs& a = acts_[options_.checkpoint_activations ? 0 : static_cast<size_t>(i)];
-    MODEL_RETURN_IF_ERROR(BlockForward(i, a, xs_[i].data(), xs_[i + 1].data()));
+    MODEL_RETURN_IF_ERROR(BlockForward(i, a, xs_[i].data(), xs_[i + 1].data(), /*observe=*/true));
   }
   MODEL_RETURN_IF_ERROR(ops.LayerNormForward(xs_[config_.num_layers].data(), m, d,
                                              p + offsets_.final_norm.weight,
@@ -417,7 +417,8 @@ absl::Status LongNetLM<T>::Backward(const BackwardOptions& options) {
       // rewritten with the same values (block i + 1's backward, the last reader, is done).
       a = &acts_[0];
       if (options_.poison_scratch) MODEL_RETURN_IF_ERROR(PoisonActs(a));
-      MODEL_RETURN_IF_ERROR(BlockForward(i, *a, xs_[i].data(), xs_[i + 1].data()));
+      MODEL_RETURN_IF_ERROR(
+          BlockForward(i, *a, xs_[i].data(), xs_[i + 1].data(), /*observe=*/false));
     } else {
       a = &acts_[static_cast<size_t>(i)];
     }

@@ -34,12 +34,15 @@
 #define DATTN_MODEL_LONGNET_H_
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "engine/attention_spec.h"
+#include "model/block_forward.h"
 #include "model/config.h"
 #include "model/language_model.h"
 #include "model/layer_ops.h"
@@ -115,6 +118,13 @@ class LongNetLM final : public LanguageModel<T> {
   const T* logits() const { return logits_.data(); }
   absl::Status CopyLogitsToHost(T* host) override;
 
+  // Incremental decoding (decoder.h) fills its cache from a prompt's forward pass: while set,
+  // Forward calls `observer(block, k, v)` after block `block`'s q and k are rotated, with that
+  // block's k and v ([batch, seq_len, H, D] on the device; valid during the call only). An error
+  // it returns stops the Forward, which returns it. Null (the default) calls nothing.
+  using KvObserver = std::function<absl::Status(int64_t block, const T* k, const T* v)>;
+  void set_kv_observer(KvObserver observer) { kv_observer_ = std::move(observer); }
+
  private:
   // One block's saved activations ([M, width] unless noted).
   struct BlockActs {
@@ -138,12 +148,14 @@ class LongNetLM final : public LanguageModel<T> {
   absl::Status Poison(DeviceArray<T>* array);
   absl::Status CheckTokens(const TokenBatch& batch) const;
 
-  // x_out := block i applied to x_in, saving activations in acts.
-  absl::Status BlockForward(int64_t i, BlockActs& acts, const T* x_in, T* x_out);
+  // x_out := block i applied to x_in, saving activations in acts; `observe`: call the KV
+  // observer (Forward does; the backward pass's recomputation does not).
+  absl::Status BlockForward(int64_t i, BlockActs& acts, const T* x_in, T* x_out, bool observe);
   // dx holds the gradient of block i's output; on return, that of its input x_in. Adds the
   // block's parameter gradients into grads().
   absl::Status BlockBackward(int64_t i, BlockActs& acts, const T* x_in, T* dx);
 
+  static BlockTensors<T> Tensors(BlockActs& acts);
   TensorView View4(T* data) const;
   TensorView LseView(T* data) const;
 
@@ -165,6 +177,7 @@ class LongNetLM final : public LanguageModel<T> {
   bool ready_for_backward_ = false;
   int64_t num_targets_ = 0;
   std::unique_ptr<RotaryPlan> rotary_;
+  KvObserver kv_observer_;
 
   // Activations: xs_[i] is block i's input, xs_[L] the last block's output.
   int64_t buffer_batch_ = 0, buffer_seq_len_ = 0;

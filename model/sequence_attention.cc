@@ -18,26 +18,32 @@ class LocalAttention final : public SequenceAttention {
 
   absl::Status Forward(const AttentionSpec& spec, const SequencePositions& positions,
                        const ForwardArgs& args) override {
-    absl::Status s = CheckWhole(positions, args.q);
+    absl::Status s = CheckWhole(spec, positions, args.q);
     if (!s.ok()) return s;
     return backend_->Forward(spec, args);
   }
 
   absl::Status Backward(const AttentionSpec& spec, const SequencePositions& positions,
                         const BackwardArgs& args) override {
-    absl::Status s = CheckWhole(positions, args.q);
+    absl::Status s = CheckWhole(spec, positions, args.q);
     if (!s.ok()) return s;
     return backend_->Backward(spec, args);
   }
 
  private:
-  static absl::Status CheckWhole(const SequencePositions& positions, const TensorView& q) {
+  // The whole sequence, or with causal attention its first n positions (which see no later one).
+  static absl::Status CheckWhole(const AttentionSpec& spec, const SequencePositions& positions,
+                                 const TensorView& q) {
     const int64_t n = q.rank() == 4 ? q.shape[1] : -1;
-    if (positions.offset != 0 || positions.total != n) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("local attention holds the whole sequence: positions start at ",
-                       positions.offset, " (must be 0) and the sequence has ", positions.total,
-                       " positions against ", n, " rows of q ", q.DebugString()));
+    const bool whole = positions.total == n;
+    const bool prefix = spec.causal && n >= 0 && n <= positions.total;
+    if (positions.offset != 0 || !(whole || prefix)) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "local attention holds the whole sequence (or, causal, its first rows): positions "
+          "start at ",
+          positions.offset, " (must be 0) and the sequence has ", positions.total,
+          " positions against ", n, " rows of q ", q.DebugString(),
+          spec.causal ? "" : " (not causal: the rows must be the whole sequence)"));
     }
     return absl::OkStatus();
   }

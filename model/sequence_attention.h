@@ -45,7 +45,10 @@ class SequenceAttention {
 };
 
 // Attention on one device that holds the whole sequence, through `backend` (borrowed; it must
-// outlive the result). Calls with offset != 0 or n != total are INVALID_ARGUMENT naming them.
+// outlive the result). With causal attention it also takes the first n < total positions of a
+// longer sequence (a prompt whose rotary positions are planned for the context it will grow to:
+// decoder.h), since no row of a causal prefix sees a later one. Other calls with offset != 0 or
+// n != total are INVALID_ARGUMENT naming them.
 std::unique_ptr<SequenceAttention> NewLocalAttention(AttentionBackend* backend);
 
 // The same, owning a CPU backend (engine/cpu_backend.h) with `num_threads` threads (0: all cores).

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cmath>
 #include <numeric>
+#include <optional>
 #include <utility>
 
 #include "absl/strings/str_cat.h"
@@ -159,92 +160,123 @@ bool IsPrefixOf(const std::vector<GeneratedToken>& all, size_t begin,
 
 }  // namespace
 
+absl::StatusOr<TokenStream> TokenStream::Create(const GenerateOptions& options, int64_t vocab_size,
+                                                int64_t prompt_tokens, TokenCallback on_token) {
+  absl::Status s = ValidateGenerateOptions(options, vocab_size);
+  if (!s.ok()) return s;
+  absl::StatusOr<TokenSampler> sampler = TokenSampler::Create(options.sampling, vocab_size);
+  if (!sampler.ok()) return sampler.status();
+  return TokenStream(options, *std::move(sampler), prompt_tokens, std::move(on_token));
+}
+
+TokenStream::TokenStream(const GenerateOptions& options, TokenSampler sampler,
+                         int64_t prompt_tokens, TokenCallback on_token)
+    : options_(options), sampler_(std::move(sampler)), on_token_(std::move(on_token)) {
+  result_.prompt_tokens = prompt_tokens;
+}
+
+void TokenStream::Emit(size_t end) {
+  for (; emitted_ < end && !cancelled_; ++emitted_) {
+    if (on_token_ && !on_token_(sampled_[emitted_])) cancelled_ = true;
+    result_.tokens.push_back(sampled_[emitted_]);
+  }
+}
+
+void TokenStream::Finish(FinishReason reason) {
+  result_.finish = cancelled_ ? FinishReason::kCancelled : reason;
+  done_ = true;
+}
+
+void TokenStream::Stop(FinishReason reason) {
+  result_.finish = reason;
+  done_ = true;
+}
+
+template <typename T>
+absl::StatusOr<bool> TokenStream::Accept(const T* logits, int64_t position, int64_t max_context) {
+  const int64_t sampled = static_cast<int64_t>(sampled_.size());
+  if (sampled == options_.max_tokens) {
+    Finish(FinishReason::kLength);
+    return false;
+  }
+  GeneratedToken next;
+  absl::StatusOr<int32_t> token = sampler_.Next(logits, &next.logprob);
+  if (!token.ok()) {
+    done_ = true;
+    return token.status();
+  }
+  next.token = *token;
+  sampled_.push_back(next);
+  // A stop sequence that the held-back tokens end with: the earliest-starting one wins.
+  for (size_t begin = emitted_; begin < sampled_.size(); ++begin) {
+    for (const std::vector<int32_t>& stop : options_.stop_sequences) {
+      if (IsPrefixOf(sampled_, begin, stop, /*full=*/true)) {
+        Emit(begin);
+        Finish(FinishReason::kStop);
+        return false;
+      }
+    }
+  }
+  // Hand out what no stop sequence can still match: everything before the earliest suffix that
+  // is a (proper) prefix of one.
+  size_t keep_from = sampled_.size();
+  for (size_t begin = emitted_; begin < sampled_.size() && keep_from == sampled_.size(); ++begin) {
+    for (const std::vector<int32_t>& stop : options_.stop_sequences) {
+      if (IsPrefixOf(sampled_, begin, stop, /*full=*/false)) {
+        keep_from = begin;
+        break;
+      }
+    }
+  }
+  Emit(keep_from);
+  std::optional<FinishReason> over;
+  if (cancelled_) {
+    over = FinishReason::kCancelled;
+  } else if (sampled + 1 == options_.max_tokens) {
+    over = FinishReason::kLength;
+  } else if (position >= max_context) {
+    over = FinishReason::kContext;
+  }
+  if (over.has_value()) {
+    // No token can come any more: what was held back is final.
+    Emit(sampled_.size());
+    Finish(*over);
+    return false;
+  }
+  next_token_ = next.token;
+  return true;
+}
+
+template absl::StatusOr<bool> TokenStream::Accept<float>(const float*, int64_t, int64_t);
+template absl::StatusOr<bool> TokenStream::Accept<double>(const double*, int64_t, int64_t);
+
 template <typename T>
 absl::StatusOr<GenerateResult> Generate(Decoder<T>& decoder, const std::vector<int32_t>& prompt,
                                         const GenerateOptions& options,
                                         const TokenCallback& on_token) {
-  const int64_t vocab = decoder.config().vocab_size;
-  absl::Status s = ValidateGenerateOptions(options, vocab);
-  if (!s.ok()) return s;
-  absl::StatusOr<TokenSampler> sampler = TokenSampler::Create(options.sampling, vocab);
-  if (!sampler.ok()) return sampler.status();
+  absl::StatusOr<TokenStream> stream = TokenStream::Create(
+      options, decoder.config().vocab_size, static_cast<int64_t>(prompt.size()), on_token);
+  if (!stream.ok()) return stream.status();
   absl::StatusOr<DecodeState<T>> state = decoder.NewState();
   if (!state.ok()) return state.status();
-  std::vector<T> logits(static_cast<size_t>(vocab));
-  s = decoder.Prefill(prompt.data(), static_cast<int64_t>(prompt.size()), &*state, logits.data());
+  std::vector<T> logits(static_cast<size_t>(decoder.config().vocab_size));
+  absl::Status s =
+      decoder.Prefill(prompt.data(), static_cast<int64_t>(prompt.size()), &*state, logits.data());
   if (!s.ok()) return s;
-
-  GenerateResult result;
-  result.prompt_tokens = static_cast<int64_t>(prompt.size());
-  std::vector<GeneratedToken> all;  // Every sampled token; [emitted, end) is held back.
-  size_t emitted = 0;
-  bool cancelled = false;
-  // Hands out tokens [emitted, end).
-  auto emit = [&](size_t end) {
-    for (; emitted < end && !cancelled; ++emitted) {
-      if (on_token && !on_token(all[emitted])) cancelled = true;
-      result.tokens.push_back(all[emitted]);
-    }
-  };
-  int64_t sampled = 0;
+  int64_t steps = 0;
   while (true) {
-    if (sampled == options.max_tokens) {
-      result.finish = FinishReason::kLength;
-      break;
-    }
-    GeneratedToken next;
-    absl::StatusOr<int32_t> token = sampler->Next(logits.data(), &next.logprob);
-    if (!token.ok()) return token.status();
-    next.token = *token;
-    all.push_back(next);
-    ++sampled;
-    // A stop sequence that the held-back tokens end with: the earliest-starting one wins.
-    bool stopped = false;
-    for (size_t begin = emitted; begin < all.size() && !stopped; ++begin) {
-      for (const std::vector<int32_t>& stop : options.stop_sequences) {
-        if (IsPrefixOf(all, begin, stop, /*full=*/true)) {
-          emit(begin);
-          stopped = true;
-          break;
-        }
-      }
-    }
-    if (stopped) {
-      result.finish = cancelled ? FinishReason::kCancelled : FinishReason::kStop;
-      return result;
-    }
-    // Hand out what no stop sequence can still match: everything before the earliest suffix that
-    // is a (proper) prefix of one.
-    size_t keep_from = all.size();
-    for (size_t begin = emitted; begin < all.size() && keep_from == all.size(); ++begin) {
-      for (const std::vector<int32_t>& stop : options.stop_sequences) {
-        if (IsPrefixOf(all, begin, stop, /*full=*/false)) {
-          keep_from = begin;
-          break;
-        }
-      }
-    }
-    emit(keep_from);
-    if (cancelled) {
-      result.finish = FinishReason::kCancelled;
-      return result;
-    }
-    if (sampled == options.max_tokens) {
-      result.finish = FinishReason::kLength;
-      break;
-    }
-    if (state->position() >= decoder.geometry().max_context()) {
-      result.finish = FinishReason::kContext;
-      break;
-    }
+    absl::StatusOr<bool> more =
+        stream->Accept(logits.data(), state->position(), decoder.geometry().max_context());
+    if (!more.ok()) return more.status();
+    if (!*more) break;
+    const int32_t token = stream->next_token();
     DecodeState<T>* states[] = {&*state};
-    s = decoder.Step(absl::MakeSpan(states), &next.token, logits.data());
+    s = decoder.Step(absl::MakeSpan(states), &token, logits.data());
     if (!s.ok()) return s;
-    ++result.steps;
+    ++steps;
   }
-  // No token can come any more: what was held back is final.
-  emit(all.size());
-  if (cancelled) result.finish = FinishReason::kCancelled;
+  GenerateResult result = stream->result();
+  result.steps = steps;
   return result;
 }
 

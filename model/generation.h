@@ -105,6 +105,47 @@ struct GenerateResult {
 // generation (finish kCancelled; the result holds the tokens handed out).
 using TokenCallback = std::function<bool(const GeneratedToken&)>;
 
+// One sequence's generation, fed one row of logits at a time (by Generate below, or by
+// BatchGenerator for many sequences at once): samples each token, applies the stop sequences
+// (holding back what may still match), hands out final tokens and says when and why it is done.
+class TokenStream {
+ public:
+  // INVALID_ARGUMENT as ValidateGenerateOptions. `on_token` may be null.
+  static absl::StatusOr<TokenStream> Create(const GenerateOptions& options, int64_t vocab_size,
+                                            int64_t prompt_tokens, TokenCallback on_token);
+
+  // Takes the logits that predict the next token, with the sequence holding `position` tokens
+  // of at most `max_context`. Returns true when the sampled token must be fed to the model for
+  // another one (next_token()), false when the generation is over (finish() says why). Errors:
+  // the sampler's (a non-finite logit); the stream is then over too. Not to be called once over.
+  template <typename T>
+  absl::StatusOr<bool> Accept(const T* logits, int64_t position, int64_t max_context);
+
+  int32_t next_token() const { return next_token_; }
+  bool done() const { return done_; }
+  // Ends it now with `reason` (kCancelled: a caller's cancel), handing out nothing more.
+  void Stop(FinishReason reason);
+  // The tokens handed out so far, the finish reason once done.
+  const GenerateResult& result() const { return result_; }
+
+ private:
+  TokenStream(const GenerateOptions& options, TokenSampler sampler, int64_t prompt_tokens,
+              TokenCallback on_token);
+  // Hands out tokens [emitted_, end) (stops early if on_token asks to).
+  void Emit(size_t end);
+  void Finish(FinishReason reason);
+
+  GenerateOptions options_;
+  TokenSampler sampler_;
+  TokenCallback on_token_;
+  std::vector<GeneratedToken> sampled_;  // Every token sampled; [emitted_, end) is held back.
+  size_t emitted_ = 0;
+  bool cancelled_ = false;
+  bool done_ = false;
+  int32_t next_token_ = 0;
+  GenerateResult result_;
+};
+
 // Prefills `prompt` into a new state of `decoder` and generates up to max_tokens tokens (the
 // prompt and every token but the last are fed to the model: the last one's logits would not be
 // used). on_token may be null. The result's tokens are exactly those handed to on_token.

@@ -14,9 +14,12 @@
 #include "absl/synchronization/notification.h"
 #include "api/engine_convert.h"
 #include "api/limits.h"
+#include "api/quote.h"
 #include "api/tenant.h"
 #include "engine/tensor.h"
+#include "model/checkpoint.h"
 #include "server/attention_kind.h"
+#include "server/deployment_kind.h"
 #include "server/job_state.h"
 #include "server/log.h"
 #include "server/proto_time.h"
@@ -65,6 +68,7 @@ Coordinator::Coordinator(CoordinatorOptions options, Metrics* metrics)
   // The kinds of work this coordinator runs: adding a kind is one line here.
   kinds_.Add(std::make_unique<AttentionKind>(metrics_));
   kinds_.Add(std::make_unique<TrainingKind>(metrics_));
+  kinds_.Add(std::make_unique<DeploymentKind>());
   absl::MutexLock lock(&mu_);
   dispatcher_.Attach(&book_, &workers_, &rings_);
 }
@@ -246,10 +250,13 @@ absl::Status Coordinator::Drain(absl::Duration timeout) {
 }
 
 void Coordinator::CloseStreams() {
-  absl::MutexLock lock(&mu_);
-  streams_closed_ = true;
-  workers_.WakeAll();
-  reader_.Close();
+  {
+    absl::MutexLock lock(&mu_);
+    streams_closed_ = true;
+    workers_.WakeAll();
+    reader_.Close();
+  }
+  router_.Shutdown();
 }
 
 absl::Status Coordinator::Close() {
@@ -334,7 +341,54 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
         "spec.attention.streamed: set only by the coordinator for JobService.Attend calls; "
         "attention on your own tensors is an Attend call");
   }
+  if (request.spec().has_deployment()) {
+    v1::SubmitJobRequest resolved = request;
+    if (absl::Status s = ResolveDeployment(resolved.mutable_spec()); !s.ok()) return s;
+    return Submit(resolved, {}, nullptr);
+  }
   return Submit(request, {}, nullptr);
+}
+
+absl::Status Coordinator::ResolveDeployment(v1::JobSpec* spec) {
+  v1::DeploymentSpec* d = spec->mutable_deployment();
+  d->clear_model_config_json();
+  if (!d->training_job_id().empty()) {
+    if (!d->checkpoint().empty()) {
+      return absl::InvalidArgumentError(
+          "spec.deployment: give checkpoint or training_job_id, not both");
+    }
+    v1::GetJobRequest get;
+    get.set_job_id(d->training_job_id());
+    get.set_max_events(1);
+    absl::StatusOr<v1::Job> job = GetJob(get);
+    if (!job.ok() || api::TenantOrDefault(job->spec().tenant()) !=
+                         api::TenantOrDefault(spec->tenant())) {
+      return absl::NotFoundError(absl::StrCat("spec.deployment.training_job_id: no job ",
+                                              api::Quote(d->training_job_id()), " of this tenant"));
+    }
+    if (!job->spec().has_training() || job->state() != v1::JOB_STATE_SUCCEEDED ||
+        job->result().training().final_checkpoint().empty()) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.deployment.training_job_id: job ", d->training_job_id(),
+          " is not a training job that succeeded with a final checkpoint (it is ",
+          StateName(job->state()), job->spec().has_training() ? "" : ", and not training", ")"));
+    }
+    d->set_checkpoint(job->result().training().final_checkpoint());
+  }
+  if (d->checkpoint().empty()) {
+    return absl::InvalidArgumentError(
+        "spec.deployment.checkpoint: required (a checkpoint step folder), or training_job_id");
+  }
+  absl::StatusOr<model::Checkpoint> checkpoint =
+      model::Checkpoint::Open(d->checkpoint(), /*verify_checksums=*/false);
+  if (!checkpoint.ok()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.deployment.checkpoint: ", api::Quote(d->checkpoint()), ": ",
+        checkpoint.status().message(),
+        " (the coordinator reads the model's config from it at submit, the workers its weights)"));
+  }
+  d->set_model_config_json(checkpoint->model_config_json());
+  return absl::OkStatus();
 }
 
 absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(
@@ -629,6 +683,180 @@ absl::StatusCode FailureCode(const std::string& reason) {
 }
 
 }  // namespace
+
+absl::StatusOr<int64_t> Coordinator::ServingDeployment(const std::string& job_id) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckPhaseLocked(/*submit=*/false); !s.ok()) return s;
+    const JobRun* run = book_.Find(job_id);
+    if (run != nullptr && run->analysis != nullptr) {
+      const DeploymentAnalysis* d = AsDeployment(*run->analysis);
+      if (d == nullptr) {
+        return absl::FailedPreconditionError(
+            absl::StrCat("job ", job_id, " is not a deployment (it is ", run->kind->name(), ")"));
+      }
+      if (run->job.state() != v1::JOB_STATE_RUNNING || !router_.Serving(job_id)) {
+        return absl::FailedPreconditionError(absl::StrCat(
+            "deployment ", job_id, " is not serving yet (", StateName(run->job.state()),
+            run->job.state() == v1::JOB_STATE_RUNNING ? ", loading its model" : "",
+            "); watch it with dattn status"));
+      }
+      return d->config.vocab_size;
+    }
+  }
+  v1::GetJobRequest get;
+  get.set_job_id(job_id);
+  get.set_max_events(1);
+  absl::StatusOr<v1::Job> job = GetJob(get);
+  if (!job.ok()) return job.status();
+  return absl::FailedPreconditionError(absl::StrCat(
+      "job ", job_id, job->spec().has_deployment() ? " is a deployment that ended (" : " is not a deployment (",
+      StateName(job->state()), ")"));
+}
+
+namespace {
+
+// Token ids from `tokens` or, for byte-level models, from `text`: never both.
+absl::StatusOr<std::vector<int32_t>> TokensOrText(const google::protobuf::RepeatedField<int32_t>& tokens,
+                                                  const std::string& text, int64_t vocab,
+                                                  const std::string& field,
+                                                  const std::string& text_field) {
+  if (!tokens.empty() && !text.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, " and ", text_field, ": give one of them"));
+  }
+  if (!text.empty()) {
+    if (vocab != 256) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          text_field, ": text is for byte-level models (vocabulary 256); this one has ", vocab,
+          " tokens: give ", field));
+    }
+    return std::vector<int32_t>(reinterpret_cast<const unsigned char*>(text.data()),
+                                reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+  }
+  return std::vector<int32_t>(tokens.begin(), tokens.end());
+}
+
+}  // namespace
+
+absl::Status Coordinator::Generate(const v1::GenerateRequest& request,
+                                   const std::function<bool(const v1::GenerateResponse&)>& emit,
+                                   const CancelledFn& cancelled, absl::Duration timeout) {
+  if (request.deployment_id().empty()) {
+    return absl::InvalidArgumentError("deployment_id: required");
+  }
+  absl::StatusOr<int64_t> vocab = ServingDeployment(request.deployment_id());
+  if (!vocab.ok()) return vocab.status();
+  if (request.priority() < api::kMinPriority || request.priority() > api::kMaxPriority) {
+    return absl::InvalidArgumentError(absl::StrCat("priority: must be ", api::kMinPriority,
+                                                   " .. ", api::kMaxPriority, ", got ",
+                                                   request.priority()));
+  }
+  v1::ServeWork work;
+  v1::GenerateRequest* g = work.mutable_generate();
+  *g = request;
+  absl::StatusOr<std::vector<int32_t>> prompt =
+      TokensOrText(request.prompt(), request.prompt_text(), *vocab, "prompt", "prompt_text");
+  if (!prompt.ok()) return prompt.status();
+  g->clear_prompt_text();
+  g->mutable_prompt()->Assign(prompt->begin(), prompt->end());
+  for (int i = 0; i < request.stop_text_size(); ++i) {
+    google::protobuf::RepeatedField<int32_t> none;
+    absl::StatusOr<std::vector<int32_t>> stop = TokensOrText(
+        none, request.stop_text(i), *vocab, "stop", absl::StrCat("stop_text[", i, "]"));
+    if (!stop.ok()) return stop.status();
+    if (stop->empty()) return absl::InvalidArgumentError(absl::StrCat("stop_text[", i, "]: empty"));
+    g->add_stop()->mutable_tokens()->Assign(stop->begin(), stop->end());
+  }
+  g->clear_stop_text();
+  if (timeout != absl::InfiniteDuration()) {
+    work.set_timeout_seconds(std::max(1e-3, absl::ToDoubleSeconds(timeout)));
+  }
+  const absl::Time start = absl::Now();
+  absl::Time first_token = absl::InfinitePast();
+  return router_.Call(
+      request.deployment_id(), std::move(work),
+      [&](const v1::ServeUpdate& u) {
+        v1::GenerateResponse response;
+        if (u.has_token()) {
+          if (first_token == absl::InfinitePast()) first_token = absl::Now();
+          *response.mutable_token() = u.token();
+        } else if (u.has_done()) {
+          *response.mutable_done() = u.done();
+          response.mutable_done()->set_first_token_seconds(
+              first_token == absl::InfinitePast() ? 0.0
+                                                  : absl::ToDoubleSeconds(first_token - start));
+          response.mutable_done()->set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+        } else {
+          return true;
+        }
+        return emit(response);
+      },
+      cancelled,
+      [&](int64_t id) {
+        v1::GenerateResponse accepted;
+        accepted.set_accepted(absl::StrCat(request.deployment_id(), "/", id));
+        return emit(accepted);
+      });
+}
+
+absl::StatusOr<v1::ScoreResponse> Coordinator::Score(const v1::ScoreRequest& request,
+                                                     const CancelledFn& cancelled) {
+  if (request.deployment_id().empty()) {
+    return absl::InvalidArgumentError("deployment_id: required");
+  }
+  absl::StatusOr<int64_t> vocab = ServingDeployment(request.deployment_id());
+  if (!vocab.ok()) return vocab.status();
+  absl::StatusOr<std::vector<int32_t>> tokens =
+      TokensOrText(request.tokens(), request.text(), *vocab, "tokens", "text");
+  if (!tokens.ok()) return tokens.status();
+  for (size_t i = 0; i < tokens->size(); ++i) {
+    if ((*tokens)[i] < 0 || (*tokens)[i] >= *vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("tokens[", i, "]: ", (*tokens)[i],
+                                                     " is outside the vocabulary [0, ", *vocab,
+                                                     ")"));
+    }
+  }
+  v1::ServeWork work;
+  work.mutable_score()->set_deployment_id(request.deployment_id());
+  work.mutable_score()->mutable_tokens()->Assign(tokens->begin(), tokens->end());
+  v1::ScoreResponse response;
+  absl::Status s = router_.Call(
+      request.deployment_id(), std::move(work),
+      [&](const v1::ServeUpdate& u) {
+        if (u.has_score()) response = u.score();
+        return true;
+      },
+      cancelled);
+  if (!s.ok()) return s;
+  return response;
+}
+
+absl::Status Coordinator::Serve(const v1::ServeUpdate& first,
+                                const std::function<bool(v1::ServeUpdate*)>& next,
+                                const std::function<bool(const v1::ServeWork&)>& send,
+                                const CancelledFn& cancelled,
+                                const std::function<void()>& end_stream) {
+  std::string job_id;
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckPhaseLocked(/*submit=*/false); !s.ok()) return s;
+    const TaskEntry* task = workers_.FindTask(first.task_id());
+    const JobRun* run = task != nullptr ? book_.Find(task->job_id) : nullptr;
+    if (task == nullptr || task->worker_id != first.worker_id() || run == nullptr ||
+        run->terminal || run->job.attempt() != task->attempt) {
+      return absl::FailedPreconditionError(absl::StrCat(
+          "task ", first.task_id(), " is not a task worker ", first.worker_id(), " holds now"));
+    }
+    if (run->analysis == nullptr || AsDeployment(*run->analysis) == nullptr) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("task ", first.task_id(), ": job ", run->job.job_id(),
+                       " is not a deployment"));
+    }
+    job_id = task->job_id;
+  }
+  return router_.Serve(job_id, first.status(), next, send, cancelled, end_stream);
+}
 
 absl::Status Coordinator::ReadInput(const v1::ReadInputRequest& request,
                                     const AttendChunkSink& send, const CancelledFn& cancelled) {

@@ -109,6 +109,7 @@
 #include "dattn/v1/worker.pb.h"
 #include "server/attend_relay.h"
 #include "server/coordinator_options.h"
+#include "server/deployment_router.h"
 #include "server/dispatcher.h"
 #include "server/job_book.h"
 #include "server/job_reader.h"
@@ -211,6 +212,18 @@ class Coordinator {
                       const AttendSink& emit, const CancelledFn& cancelled,
                       const std::function<void()>& end_call = nullptr);
 
+  // Generate on a deployment (job_service.proto; deployment_router.h): checks the deployment
+  // (NOT_FOUND unknown; FAILED_PRECONDITION not a deployment, or not serving), resolves
+  // prompt_text and stop_text into tokens, then `emit`s accepted, each token and done as they
+  // come. `timeout` (the call's deadline; InfiniteDuration: none) travels to the rank, which ends
+  // the request DEADLINE_EXCEEDED. `cancelled` (polled) or a failed `emit` cancels the request.
+  absl::Status Generate(const v1::GenerateRequest& request,
+                        const std::function<bool(const v1::GenerateResponse&)>& emit,
+                        const CancelledFn& cancelled, absl::Duration timeout);
+  // Score on a deployment; errors as Generate's.
+  absl::StatusOr<v1::ScoreResponse> Score(const v1::ScoreRequest& request,
+                                          const CancelledFn& cancelled);
+
   // --- WorkerRegistry --------------------------------------------------------------------------
   // A new worker id per call. Another live registration under the same name is declared dead and
   // its jobs are recovered ("worker_lost", cause worker_reregistered). INVALID_ARGUMENT naming the
@@ -244,6 +257,13 @@ class Coordinator {
   // is not streamed; CANCELLED when the call ended first; `cancelled` (polled) ends it CANCELLED.
   absl::Status ReadInput(const v1::ReadInputRequest& request, const AttendChunkSink& send,
                          const CancelledFn& cancelled);
+  // A deployment rank's Serve stream (worker.proto): `first` names the worker and the task and
+  // carries the rank's status; `next` reads its updates and `send` writes its work until the
+  // stream ends (deployment_router.h). FAILED_PRECONDITION for a task this worker does not hold
+  // or whose job is not a deployment.
+  absl::Status Serve(const v1::ServeUpdate& first, const std::function<bool(v1::ServeUpdate*)>& next,
+                     const std::function<bool(const v1::ServeWork&)>& send,
+                     const CancelledFn& cancelled, const std::function<void()>& end_stream);
   // The name the worker `worker_id` registered under (live or dead); "" for an id never issued
   // (or forgotten). The gRPC edge checks it against the caller's certificate (access.h).
   std::string WorkerName(const std::string& worker_id);
@@ -290,6 +310,12 @@ class Coordinator {
   absl::StatusOr<v1::SubmitJobResponse> Submit(const v1::SubmitJobRequest& request,
                                                std::vector<v1::JobSpec> sizes,
                                                const std::function<void(const v1::Job&)>& on_adopt);
+  // Fills a deployment spec's model_config_json (and, from training_job_id, its checkpoint) at
+  // submit: reads the checkpoint's manifest and model config (no checksums: the worker verifies
+  // them when it loads). INVALID_ARGUMENT naming the field; NOT_FOUND for an unknown training job.
+  absl::Status ResolveDeployment(v1::JobSpec* spec);
+  // The deployment `job_id`, serving: its vocabulary size. Errors as Generate's.
+  absl::StatusOr<int64_t> ServingDeployment(const std::string& job_id);
   // The job's committed view once it has ended; nullopt while it is active (or on a read error).
   std::optional<v1::Job> EndedJob(const std::string& job_id);
   // The reason of the cancel requested for the active job `job_id` (dattn cancel), if one was.
@@ -323,6 +349,7 @@ class Coordinator {
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<ResultStore> outputs_;
   AttendRelay relay_;  // Attend calls' sessions; thread-safe itself.
+  DeploymentRouter router_;  // Deployments' Serve streams and their calls; thread-safe itself.
 
   mutable absl::Mutex mu_;
   Phase phase_ ABSL_GUARDED_BY(mu_) = Phase::kNew;

@@ -49,6 +49,9 @@ constexpr char kWatchJob[] = "/dattn.v1.JobService/WatchJob";
 constexpr char kReadOutput[] = "/dattn.v1.JobService/ReadOutput";
 constexpr char kDeleteJob[] = "/dattn.v1.JobService/DeleteJob";
 constexpr char kAttend[] = "/dattn.v1.JobService/Attend";
+constexpr char kGenerate[] = "/dattn.v1.JobService/Generate";
+constexpr char kScore[] = "/dattn.v1.JobService/Score";
+constexpr char kServe[] = "/dattn.v1.WorkerRegistry/Serve";
 constexpr char kRegisterWorker[] = "/dattn.v1.WorkerRegistry/RegisterWorker";
 constexpr char kHeartbeat[] = "/dattn.v1.WorkerRegistry/Heartbeat";
 constexpr char kStreamAssignments[] = "/dattn.v1.WorkerRegistry/StreamAssignments";
@@ -61,7 +64,8 @@ constexpr char kUndrainWorker[] = "/dattn.v1.AdminService/UndrainWorker";
 constexpr const char* kMethods[] = {
     kSubmitJob,    kGetJob,    kListJobs,       kCancelJob,   kWatchJob,          kReadOutput,
     kDeleteJob,    kAttend,    kRegisterWorker, kHeartbeat,   kStreamAssignments, kReportTask,
-    kUploadOutput, kReadInput, kListWorkers,    kDrainWorker, kUndrainWorker};
+    kUploadOutput, kReadInput, kListWorkers,    kDrainWorker, kUndrainWorker,     kGenerate,
+    kScore,        kServe};
 
 constexpr const char* kServiceNames[] = {"", "dattn.v1.JobService", "dattn.v1.WorkerRegistry",
                                          "dattn.v1.AdminService", "inference.GRPCInferenceService"};
@@ -202,6 +206,36 @@ class JobServiceImpl final : public v1::JobService::Service {
       return status;
     });
   }
+  grpc::Status Generate(grpc::ServerContext* context, const v1::GenerateRequest* request,
+                        grpc::ServerWriter<v1::GenerateResponse>* writer) override {
+    return calls_.Run(kGenerate, [&] {
+      return OnJob(*context, kGenerate, request->deployment_id(), kStream, [&]() -> absl::Status {
+        const auto deadline = context->deadline();
+        const absl::Duration timeout =
+            deadline == std::chrono::system_clock::time_point::max()
+                ? absl::InfiniteDuration()
+                : absl::FromChrono(deadline - std::chrono::system_clock::now());
+        absl::Status status = core_->Generate(
+            *request,
+            [writer](const v1::GenerateResponse& response) { return writer->Write(response); },
+            [context] { return context->IsCancelled(); }, timeout);
+        if (absl::IsCancelled(status) && std::chrono::system_clock::now() >= deadline) {
+          return absl::DeadlineExceededError(
+              absl::StrCat("the Generate call's deadline passed: ", status.message()));
+        }
+        return status;
+      });
+    });
+  }
+  grpc::Status Score(grpc::ServerContext* context, const v1::ScoreRequest* request,
+                     v1::ScoreResponse* response) override {
+    return calls_.Run(kScore, [&] {
+      return OnJob(*context, kScore, request->deployment_id(), kStream, [&] {
+        return Assign(core_->Score(*request, [context] { return context->IsCancelled(); }),
+                      response);
+      });
+    });
+  }
 
  private:
   // What OnJob's call is: an act audited when an admin does it to another tenant's job, or a
@@ -313,6 +347,21 @@ class WorkerRegistryImpl final : public v1::WorkerRegistry::Service {
           core_->UploadOutput(
               first, [reader](v1::UploadOutputRequest* next) { return reader->Read(next); }),
           response);
+    });
+  }
+  grpc::Status Serve(grpc::ServerContext* context,
+                     grpc::ServerReaderWriter<v1::ServeWork, v1::ServeUpdate>* stream) override {
+    return calls_.Run(kServe, [&]() -> absl::Status {
+      if (absl::Status s = access_->CheckWorker(*context, kServe, ""); !s.ok()) return s;
+      v1::ServeUpdate first;
+      if (!stream->Read(&first)) {
+        return absl::InvalidArgumentError("Serve: the stream carried no message");
+      }
+      if (absl::Status s = CheckWorkerId(*context, kServe, first.worker_id()); !s.ok()) return s;
+      return core_->Serve(
+          first, [stream](v1::ServeUpdate* next) { return stream->Read(next); },
+          [stream](const v1::ServeWork& work) { return stream->Write(work); },
+          [context] { return context->IsCancelled(); }, [context] { context->TryCancel(); });
     });
   }
 

@@ -60,6 +60,9 @@ struct JobAnalysis {
   // The planner's FLOPs of one step of one rank (0: unknown): sets the default stall limit
   // (StallLimit).
   double flops_per_rank_step = 0;
+  // The job has no steps: its rank stays until cancelled (a deployment). Never recovered as
+  // stalled.
+  bool resident = false;
 };
 
 // How long a RUNNING job may go without finishing a step before it is recovered as stalled:

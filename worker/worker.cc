@@ -14,6 +14,7 @@
 #include "worker/cpu_device.h"
 #include "worker/host_info.h"
 #include "worker/log.h"
+#include "worker/deployment_task.h"
 #include "worker/training_task.h"
 
 namespace dattn {
@@ -138,6 +139,9 @@ struct Worker::Task {
   // them.
   v1::TrainingProgress training;
   bool reports_training = false;
+  // A deployment's status as last reported (task thread only): its reports carry it.
+  v1::DeploymentStatus deployment;
+  bool reports_deployment = false;
   std::thread thread;
   bool done = false;  // Guarded by Worker::mu_ (see above): the thread has finished; join it.
 };
@@ -179,6 +183,37 @@ class Worker::StreamCall {
 
  private:
   Task& task_;
+};
+
+// A deployment task's Serve stream (deployment_task.h's ServeChannel): registered as an active
+// call (Stop cancels it) and as the task's stream call (a cancel of the task ends it at once).
+class Worker::ServeStream final : public ServeChannel {
+ public:
+  ServeStream(Worker* worker, Task& task)
+      : context_(std::make_unique<grpc::ClientContext>()),
+        active_(worker, context_.get()),
+        registered_(task, context_.get()),
+        stream_(worker->stub_->Serve(context_.get())) {}
+  ~ServeStream() override {
+    (void)Close();
+    (void)stream_->Finish();  // The reader has seen the end (deployment_task.h joins it first).
+  }
+  bool Read(v1::ServeWork* work) override { return stream_->Read(work); }
+  bool Write(const v1::ServeUpdate& update) override { return stream_->Write(update); }
+  absl::Status Close() override {
+    if (!closed_.exchange(true)) {
+      stream_->WritesDone();
+      context_->TryCancel();
+    }
+    return absl::OkStatus();
+  }
+
+ private:
+  std::unique_ptr<grpc::ClientContext> context_;
+  ActiveCall active_;
+  StreamCall registered_;
+  std::unique_ptr<grpc::ClientReaderWriter<v1::ServeUpdate, v1::ServeWork>> stream_;
+  std::atomic<bool> closed_{false};
 };
 
 Worker::Worker(WorkerOptions options)
@@ -676,7 +711,11 @@ void Worker::HandleAssign(const v1::TaskAssignment& assign) {
     } else {
       auto task = std::make_shared<Task>();
       task->assignment = assign;
-      if (assign.spec().has_training()) {
+      if (assign.spec().has_deployment()) {
+        task->steps_total = 1;
+        task->reserved_bytes = assign.deployment_plan().memory_bytes();
+        task->reports_deployment = true;
+      } else if (assign.spec().has_training()) {
         // A task whose plan is unusable fails in RunTrainingTask with the same error.
         absl::StatusOr<TrainingTaskPlan> plan = PlanTrainingTask(assign, device_->caps());
         task->steps_total = plan.ok() ? std::max<int64_t>(1, plan->config.steps) : 1;
@@ -812,6 +851,7 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
     if (task->reports_training && task->training.steps_total() > 0) {
       *report.mutable_progress()->mutable_training() = task->training;
     }
+    if (task->reports_deployment) *report.mutable_progress()->mutable_deployment() = task->deployment;
     report.set_ring_formation_seconds(task->ring_formation_seconds.load());
     return report;
   };
@@ -841,7 +881,36 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
   v1::TaskReport success;
   bool has_output = false;
   v1::Tensor output;
-  if (task->assignment.spec().has_training()) {
+  if (task->assignment.spec().has_deployment()) {
+    DeploymentTaskOptions run_options;
+    run_options.num_threads = threads_per_task_;
+    run_options.is_cancelled = is_cancelled;
+    run_options.open_channel = [this, &task, &on_started](const v1::DeploymentStatus& ready)
+        -> absl::StatusOr<std::unique_ptr<ServeChannel>> {
+      task->phase = v1::RANK_PHASE_RUNNING;
+      task->deployment = ready;
+      on_started();
+      auto stream = std::make_unique<ServeStream>(this, *task);
+      v1::ServeUpdate hello;
+      hello.set_worker_id(worker_id());
+      hello.set_task_id(task->assignment.task_id());
+      *hello.mutable_status() = ready;
+      if (!stream->Write(hello)) {
+        return absl::UnavailableError("the coordinator refused the Serve stream");
+      }
+      LogEvent("task ", task->assignment.task_id(), " serves ",
+               task->assignment.deployment_plan().checkpoint(), " (loaded in ",
+               ready.load_seconds(), " s)");
+      return std::unique_ptr<ServeChannel>(std::move(stream));
+    };
+    run_options.on_status = [&](const v1::DeploymentStatus& status) {
+      task->deployment = status;
+      progressed(0, /*force=*/true);
+    };
+    failure = RunDeploymentTask(task->assignment, run_options);
+    // A deployment never succeeds: it serves until it is stopped.
+    if (failure.ok()) failure = absl::CancelledError("the deployment stopped serving");
+  } else if (task->assignment.spec().has_training()) {
     TrainingTaskOptions run_options;
     run_options.num_threads = threads_per_task_;
     if (task->budget_bytes < 0) {

@@ -191,6 +191,7 @@ class Worker {
   struct Task;
   class ActiveCall;
   class StreamCall;
+  class ServeStream;
   struct PendingReport {
     v1::TaskReport report;
     bool final = false;

@@ -1,0 +1,78 @@
+// Deployments (JobSpec.deployment, docs/SERVING.md): a LongNet model from a checkpoint, resident
+// on one CPU worker's rank, serving JobService.Generate and Score until cancelled.
+//
+// A deployment is a job like any other for the coordinator's roles: validated and analysed once
+// (Analyze: the resolved model config, max_context, max_batch, max_queued, and the memory its rank
+// reserves), placed by the scheduler against that memory, requeued when its worker is lost, and
+// ended by CancelJob (`dattn undeploy`). It differs in two ways: it has no steps (JobAnalysis::
+// resident: it is never taken for a stalled job) and it never succeeds; while RUNNING, its rank's
+// progress reports carry a DeploymentStatus (readiness, queue, counts), which TakeProgress keeps
+// in the job and turns into a "ready" event.
+//
+// The memory a rank reserves (fp32): the parameters and the model's gradient buffer (2 P), the
+// forward pass of a max_context-token prompt or Score (LongNetLM::BufferElements), max_batch
+// caches (KvCacheGeometry::ElementsPerSequence each) and the decoder's step buffers for
+// max_batch rows.
+//
+// The spec's model_config_json is filled at submit (ResolveDeployment, from the checkpoint the
+// spec names or a training job's final one); Analyze refuses a spec without it.
+#ifndef DATTN_SERVER_DEPLOYMENT_KIND_H_
+#define DATTN_SERVER_DEPLOYMENT_KIND_H_
+
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "model/config.h"
+#include "server/work_kind.h"
+
+namespace dattn {
+namespace server {
+
+// DeploymentSpec defaults and bounds.
+inline constexpr int64_t kDefaultMaxContext = 4096;
+inline constexpr int64_t kMaxDeploymentContext = int64_t{1} << 24;
+inline constexpr int kDefaultMaxBatch = 8;
+inline constexpr int kMaxDeploymentBatch = 256;
+inline constexpr int kDefaultMaxQueued = 256;
+inline constexpr int kMaxDeploymentQueued = 65536;
+
+struct DeploymentAnalysis : JobAnalysis {
+  model::LongNetConfig config;
+  int64_t parameters = 0;
+  int64_t max_context = 0;
+  int max_batch = 0;
+  int max_queued = 0;
+  int64_t cache_bytes_per_sequence = 0;
+};
+
+class DeploymentKind final : public WorkKind {
+ public:
+  const char* name() const override { return "deployment"; }
+  v1::JobSpec::WorkCase work_case() const override { return v1::JobSpec::kDeployment; }
+  absl::StatusOr<std::shared_ptr<const JobAnalysis>> Analyze(
+      const v1::JobSpec& spec, const std::string& path) const override;
+  void PlanRank(const JobAnalysis& analysis, size_t device, int rank,
+                v1::TaskAssignment* assignment) const override;
+  OutputLayout Output(const JobAnalysis&) const override { return OutputLayout{}; }
+  v1::TensorHeader ShardHeader(const JobAnalysis&, int) const override { return {}; }
+  std::unique_ptr<AttemptResults> NewAttempt(const JobAnalysis& analysis,
+                                             size_t device) const override;
+  void DescribeRecovery(const JobAnalysis& analysis, size_t device,
+                        scheduler::RecoveryInput* input) const override;
+  void TakeProgress(const JobAnalysis& analysis, size_t device, int rank,
+                    const v1::TaskReport& report, v1::Job* job,
+                    std::vector<v1::JobEvent>* events) const override;
+  std::string ProgressMessage(const v1::JobProgress& progress) const override;
+  bool KeepsStoredOutput(const v1::JobResult&) const override { return false; }
+  const v1::Tensor* InlineOutput(const v1::JobResult&) const override { return nullptr; }
+  void StripInlineOutput(v1::JobResult*) const override {}
+};
+
+// The deployment's analysis (the kind made it), or nullptr for another kind's.
+const DeploymentAnalysis* AsDeployment(const JobAnalysis& analysis);
+
+}  // namespace server
+}  // namespace dattn
+
+#endif  // DATTN_SERVER_DEPLOYMENT_KIND_H_

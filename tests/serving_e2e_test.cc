@@ -1,0 +1,317 @@
+// End-to-end tests of deployments (docs/SERVING.md): the real dattn-coordinator and dattn-worker
+// on loopback, a CPU worker serving a LongNet checkpoint.
+//
+// - A deployment submitted with a checkpoint becomes ready; Generate streams exactly the tokens
+//   model::Generate gives on the same weights (greedy, fp32, one thread), as text and as ids;
+//   Score gives the forward pass's log-probabilities.
+// - Four concurrent requests are decoded together and each gets what it gets alone.
+// - A client that goes away mid-request frees it; the deployment serves on.
+// - Bad requests get clear errors naming the value (unknown deployment, a token outside the
+//   vocabulary, a prompt over max_context, a job that is not a deployment, a checkpoint that
+//   does not exist); an undeployed deployment refuses further requests.
+#include <grpcpp/grpcpp.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/types/span.h"
+#include "dattn/v1/job_service.grpc.pb.h"
+#include "gtest/gtest.h"
+#include "model/checkpoint.h"
+#include "model/decoder.h"
+#include "model/generation.h"
+#include "model/longnet.h"
+#include "model/optimizer.h"
+#include "tests/cluster.h"
+#include "tests/cluster_fixture.h"
+
+namespace dattn::testing {
+namespace {
+
+using std::chrono::milliseconds;
+using std::chrono::seconds;
+
+model::LongNetConfig ByteModel() {
+  model::LongNetConfig c;
+  c.vocab_size = 256;
+  c.d_model = 32;
+  c.num_layers = 2;
+  c.num_heads = 2;
+  c.ffn_dim = 48;
+  c.segment_lengths = {8, 32};
+  c.dilation_rates = {1, 4};
+  return c;
+}
+
+// Saves a randomly perturbed model under `root`; returns the step folder and the weights.
+std::string SaveModel(const std::string& root, std::vector<float>* weights) {
+  auto lm = model::LongNetLM<float>::CreateCpu(ByteModel(), {}, 1);
+  EXPECT_TRUE(lm.ok());
+  EXPECT_TRUE((*lm)->InitParams(11).ok());
+  weights->resize(static_cast<size_t>((*lm)->layout().total()));
+  EXPECT_TRUE((*lm)->CopyParamsToHost(weights->data()).ok());
+  for (size_t i = 0; i < weights->size(); ++i) {
+    (*weights)[i] += 0.5f * static_cast<float>((i * 2654435761u) % 101) / 101.0f - 0.25f;
+  }
+  model::AdamWState state;
+  state.m.assign(weights->size(), 0.0f);
+  state.v.assign(weights->size(), 0.0f);
+  const model::ParamLayout layout = (*lm)->layout();
+  model::CheckpointContents c;
+  c.layout = &layout;
+  c.params = *weights;
+  c.optimizer = &state;
+  c.model_config_json = model::ConfigToJson(ByteModel());
+  c.trainer.step = 7;
+  absl::StatusOr<std::string> dir = model::SaveCheckpoint(root, c);
+  EXPECT_TRUE(dir.ok()) << dir.status();
+  return dir.ok() ? *dir : "";
+}
+
+// What model::Generate gives on these weights, greedy.
+std::vector<int32_t> Expected(const std::vector<float>& weights, const std::vector<int32_t>& prompt,
+                              int64_t max_tokens, int64_t max_context = 4096) {
+  auto lm = model::LongNetLM<float>::CreateCpu(ByteModel(), {}, 1);
+  EXPECT_TRUE((*lm)->CopyParamsFromHost(weights.data()).ok());
+  auto decoder = model::Decoder<float>::Create(lm->get(), max_context);
+  model::GenerateOptions o;
+  o.sampling.temperature = 0;
+  o.max_tokens = max_tokens;
+  auto r = model::Generate<float>(**decoder, prompt, o, nullptr);
+  EXPECT_TRUE(r.ok()) << r.status();
+  std::vector<int32_t> t;
+  for (const model::GeneratedToken& g : r->tokens) t.push_back(g.token);
+  return t;
+}
+
+struct Generated {
+  grpc::Status status;
+  std::string accepted;
+  std::vector<int32_t> tokens;
+  v1::GenerateDone done;
+};
+
+class ServingTest : public ClusterTest {
+ protected:
+  // A deployment of `checkpoint`, waited for until ready (30 s at most); its job id.
+  std::string Deploy(const std::string& checkpoint, int max_batch = 4) {
+    v1::SubmitJobRequest request;
+    request.set_idempotency_key("deploy-" + checkpoint.substr(checkpoint.size() - 8));
+    request.mutable_spec()->set_name("serve");
+    request.mutable_spec()->mutable_deployment()->set_checkpoint(checkpoint);
+    request.mutable_spec()->mutable_deployment()->set_max_batch(max_batch);
+    grpc::ClientContext context;
+    v1::SubmitJobResponse response;
+    const grpc::Status s = cluster_->jobs().SubmitJob(&context, request, &response);
+    EXPECT_TRUE(s.ok()) << s.error_message();
+    const std::string id = response.job().job_id();
+    for (int i = 0; i < 300; ++i) {
+      v1::Job job;
+      grpc::ClientContext c;
+      v1::GetJobRequest get;
+      get.set_job_id(id);
+      if (cluster_->jobs().GetJob(&c, get, &job).ok() && job.progress().deployment().ready() &&
+          job.state() == v1::JOB_STATE_RUNNING) {
+        return id;
+      }
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    ADD_FAILURE() << "deployment " << id << " did not become ready\n" << cluster_->Logs();
+    return id;
+  }
+
+  Generated Generate(const v1::GenerateRequest& request, int stop_after = -1) {
+    grpc::ClientContext context;
+    context.set_deadline(std::chrono::system_clock::now() + seconds(60));
+    auto reader = cluster_->jobs().Generate(&context, request);
+    Generated g;
+    v1::GenerateResponse r;
+    while (reader->Read(&r)) {
+      if (r.has_accepted()) g.accepted = r.accepted();
+      if (r.has_token()) g.tokens.push_back(r.token().token());
+      if (r.has_done()) g.done = r.done();
+      if (stop_after >= 0 && static_cast<int>(g.tokens.size()) >= stop_after) {
+        context.TryCancel();
+        break;
+      }
+    }
+    g.status = reader->Finish();
+    return g;
+  }
+
+  std::vector<float> weights_;
+  std::string checkpoint_;
+
+  void SetUpServing() {
+    StartCluster(1, ClusterOptions{});
+    checkpoint_ = SaveModel(cluster_->dir() + "/model", &weights_);
+  }
+};
+
+v1::GenerateRequest Greedy(const std::string& id, const std::string& text, int64_t max_tokens) {
+  v1::GenerateRequest r;
+  r.set_deployment_id(id);
+  r.set_prompt_text(text);
+  r.set_max_tokens(max_tokens);
+  return r;
+}
+
+std::vector<int32_t> Bytes(const std::string& s) {
+  return std::vector<int32_t>(reinterpret_cast<const unsigned char*>(s.data()),
+                              reinterpret_cast<const unsigned char*>(s.data()) + s.size());
+}
+
+TEST_F(ServingTest, GenerateAndScoreAreTheModelsAndConcurrentRequestsKeepTheirOwn) {
+  SetUpServing();
+  const std::string id = Deploy(checkpoint_);
+  {
+    v1::Job job;
+    grpc::ClientContext c;
+    v1::GetJobRequest get;
+    get.set_job_id(id);
+    get.set_include_events(true);
+    ASSERT_TRUE(cluster_->jobs().GetJob(&c, get, &job).ok());
+    EXPECT_EQ(job.progress().deployment().checkpoint_step(), 7);
+    bool ready_event = false;
+    for (const v1::JobEvent& e : job.events()) ready_event |= e.kind() == "ready";
+    EXPECT_TRUE(ready_event) << job.DebugString();
+  }
+  Generated g = Generate(Greedy(id, "In the beginning", 40));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message() << cluster_->Logs();
+  EXPECT_EQ(g.accepted.rfind(id + "/", 0), 0u) << g.accepted;
+  EXPECT_EQ(g.tokens, Expected(weights_, Bytes("In the beginning"), 40));
+  EXPECT_EQ(g.done.finish_reason(), "length");
+  EXPECT_EQ(g.done.generated_tokens(), 40);
+  EXPECT_EQ(g.done.prompt_tokens(), 16);
+  EXPECT_GT(g.done.first_token_seconds(), 0);
+
+  // Token ids, and a stop sequence taken from the output itself.
+  v1::GenerateRequest ids;
+  ids.set_deployment_id(id);
+  for (int32_t t : Bytes("In the beginning")) ids.add_prompt(t);
+  ids.set_max_tokens(40);
+  ids.add_stop_text(std::string(g.tokens.begin() + 20, g.tokens.begin() + 22));
+  Generated stopped = Generate(ids);
+  ASSERT_TRUE(stopped.status.ok()) << stopped.status.error_message();
+  EXPECT_EQ(stopped.done.finish_reason(), "stop");
+  EXPECT_LE(stopped.tokens.size(), 20u);
+  EXPECT_TRUE(std::equal(stopped.tokens.begin(), stopped.tokens.end(), g.tokens.begin()));
+
+  // Score: the forward pass's log-probabilities.
+  v1::ScoreRequest score;
+  score.set_deployment_id(id);
+  score.set_text("And God said, Let there be light");
+  v1::ScoreResponse scored;
+  {
+    grpc::ClientContext c;
+    const grpc::Status s = cluster_->jobs().Score(&c, score, &scored);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  const std::vector<int32_t> text = Bytes(score.text());
+  auto lm = model::LongNetLM<float>::CreateCpu(ByteModel(), {}, 1);
+  ASSERT_TRUE((*lm)->CopyParamsFromHost(weights_.data()).ok());
+  model::TokenBatch b;
+  b.tokens = text.data();
+  b.batch = 1;
+  b.seq_len = static_cast<int64_t>(text.size());
+  ASSERT_TRUE((*lm)->Forward(b).ok());
+  std::vector<float> logits(text.size() * 256);
+  ASSERT_TRUE((*lm)->CopyLogitsToHost(logits.data()).ok());
+  ASSERT_EQ(scored.logprobs_size(), static_cast<int>(text.size()) - 1);
+  for (size_t i = 0; i + 1 < text.size(); ++i) {
+    double z = 0;
+    for (int k = 0; k < 256; ++k) z += std::exp(static_cast<double>(logits[i * 256 + k]));
+    EXPECT_NEAR(scored.logprobs(static_cast<int>(i)), logits[i * 256 + text[i + 1]] - std::log(z),
+                1e-4)
+        << i;
+  }
+
+  // Four at once: decoded together, each what it is alone.
+  const std::string prompts[] = {"a", "Let there", "light and darkness", "1:1 In"};
+  std::vector<Generated> together(4);
+  std::vector<std::thread> threads;
+  for (int i = 0; i < 4; ++i) {
+    threads.emplace_back([&, i] { together[i] = Generate(Greedy(id, prompts[i], 30)); });
+  }
+  for (std::thread& t : threads) t.join();
+  for (int i = 0; i < 4; ++i) {
+    ASSERT_TRUE(together[i].status.ok()) << together[i].status.error_message();
+    EXPECT_EQ(together[i].tokens, Expected(weights_, Bytes(prompts[i]), 30)) << prompts[i];
+  }
+}
+
+TEST_F(ServingTest, CancelledRequestsFreeTheirSequenceAndBadRequestsAreNamed) {
+  SetUpServing();
+  const std::string id = Deploy(checkpoint_, /*max_batch=*/1);
+  // The client goes away after 5 tokens of a long request: the rank stops it (far short of its
+  // 4,000 tokens, as the deployment's own count shows) and, with one sequence only, serves the
+  // next request.
+  Generated gone = Generate(Greedy(id, "x", 4000), /*stop_after=*/5);
+  EXPECT_EQ(gone.status.error_code(), grpc::StatusCode::CANCELLED);
+  Generated next = Generate(Greedy(id, "y", 8));
+  ASSERT_TRUE(next.status.ok()) << next.status.error_message();
+  EXPECT_EQ(next.tokens, Expected(weights_, Bytes("y"), 8));
+  v1::DeploymentStatus status;
+  for (int i = 0; i < 100; ++i) {
+    v1::Job job;
+    grpc::ClientContext c;
+    v1::GetJobRequest get;
+    get.set_job_id(id);
+    ASSERT_TRUE(cluster_->jobs().GetJob(&c, get, &job).ok());
+    status = job.progress().deployment();
+    if (status.requests_done() >= 2 && status.running() == 0) break;
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  EXPECT_EQ(status.requests_done(), 2) << status.DebugString();
+  EXPECT_EQ(status.running(), 0) << status.DebugString();
+  EXPECT_LT(status.tokens_generated(), 4000) << status.DebugString();
+
+  auto expect_error = [&](const v1::GenerateRequest& r, grpc::StatusCode code,
+                          const std::string& text) {
+    Generated e = Generate(r);
+    EXPECT_EQ(e.status.error_code(), code) << e.status.error_message();
+    EXPECT_NE(e.status.error_message().find(text), std::string::npos) << e.status.error_message();
+  };
+  expect_error(Greedy("j-nope", "x", 3), grpc::StatusCode::NOT_FOUND, "j-nope");
+  v1::GenerateRequest bad = Greedy(id, "", 3);
+  bad.add_prompt(1);
+  bad.add_prompt(300);
+  expect_error(bad, grpc::StatusCode::INVALID_ARGUMENT, "300");
+  expect_error(Greedy(id, std::string(5000, 'a'), 3), grpc::StatusCode::OUT_OF_RANGE,
+               "max_context of 4096");
+  v1::GenerateRequest sampling = Greedy(id, "x", 3);
+  sampling.mutable_sampling()->set_temperature(-2);
+  expect_error(sampling, grpc::StatusCode::INVALID_ARGUMENT, "temperature -2");
+
+  // A checkpoint that does not exist is refused at submit, naming it.
+  {
+    v1::SubmitJobRequest request;
+    request.set_idempotency_key("nowhere");
+    request.mutable_spec()->mutable_deployment()->set_checkpoint(cluster_->dir() + "/nowhere");
+    grpc::ClientContext c;
+    v1::SubmitJobResponse response;
+    const grpc::Status s = cluster_->jobs().SubmitJob(&c, request, &response);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_NE(s.error_message().find("nowhere"), std::string::npos) << s.error_message();
+  }
+  // Undeployed: CANCELLED, and no longer serving.
+  {
+    grpc::ClientContext c;
+    v1::CancelJobRequest cancel;
+    cancel.set_job_id(id);
+    v1::Job job;
+    ASSERT_TRUE(cluster_->jobs().CancelJob(&c, cancel, &job).ok());
+  }
+  v1::Job ended;
+  ASSERT_TRUE(cluster_->WaitForJobEnd(id, seconds(30), &ended)) << cluster_->Logs();
+  EXPECT_EQ(ended.state(), v1::JOB_STATE_CANCELLED);
+  expect_error(Greedy(id, "x", 3), grpc::StatusCode::FAILED_PRECONDITION, "ended");
+}
+
+}  // namespace
+}  // namespace dattn::testing

@@ -1,0 +1,324 @@
+#include "worker/deployment_task.h"
+
+#include <chrono>
+#include <cmath>
+#include <deque>
+#include <map>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "absl/time/clock.h"
+#include "absl/types/span.h"
+#include "model/batch_generator.h"
+#include "model/checkpoint.h"
+#include "model/config.h"
+#include "model/decoder.h"
+#include "model/generation.h"
+#include "model/longnet.h"
+
+namespace dattn {
+namespace worker {
+namespace {
+
+using model::BatchGenerator;
+using model::Decoder;
+using model::LongNetLM;
+
+// The model, loaded from the plan's checkpoint.
+struct Loaded {
+  std::unique_ptr<LongNetLM<float>> lm;
+  std::unique_ptr<Decoder<float>> decoder;
+  std::unique_ptr<BatchGenerator<float>> generator;
+  v1::DeploymentStatus status;
+};
+
+absl::StatusOr<Loaded> Load(const v1::DeploymentRankPlan& plan, int threads) {
+  const auto start = std::chrono::steady_clock::now();
+  absl::StatusOr<model::LongNetConfig> planned = model::ParseConfigJson(plan.model_config_json());
+  if (!planned.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("the plan's model config: ", planned.status().message()));
+  }
+  absl::StatusOr<model::Checkpoint> checkpoint = model::Checkpoint::Open(plan.checkpoint());
+  if (!checkpoint.ok()) {
+    return absl::Status(checkpoint.status().code(),
+                        absl::StrCat("checkpoint ", plan.checkpoint(), ": ",
+                                     checkpoint.status().message()));
+  }
+  absl::StatusOr<model::LongNetConfig> found =
+      model::ParseConfigJson(checkpoint->model_config_json());
+  if (!found.ok() || *found != *planned) {
+    return absl::FailedPreconditionError(absl::StrCat(
+        "checkpoint ", plan.checkpoint(),
+        ": its model is not the one the deployment was submitted with (the folder changed since); "
+        "submit the deployment again"));
+  }
+  Loaded loaded;
+  absl::StatusOr<std::unique_ptr<LongNetLM<float>>> lm =
+      LongNetLM<float>::CreateCpu(*planned, {}, threads);
+  if (!lm.ok()) return lm.status();
+  loaded.lm = *std::move(lm);
+  std::vector<float> params(static_cast<size_t>(loaded.lm->layout().total()));
+  absl::Status s = checkpoint->ReadWeights(loaded.lm->layout(), 0, absl::MakeSpan(params));
+  if (s.ok()) s = loaded.lm->CopyParamsFromHost(params.data());
+  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("checkpoint ", plan.checkpoint(), ": ",
+                                                          s.message()));
+  absl::StatusOr<std::unique_ptr<Decoder<float>>> decoder =
+      Decoder<float>::Create(loaded.lm.get(), plan.max_context());
+  if (!decoder.ok()) return decoder.status();
+  loaded.decoder = *std::move(decoder);
+  absl::StatusOr<std::unique_ptr<BatchGenerator<float>>> generator =
+      BatchGenerator<float>::Create(loaded.decoder.get(), plan.max_batch());
+  if (!generator.ok()) return generator.status();
+  loaded.generator = *std::move(generator);
+  v1::DeploymentStatus& st = loaded.status;
+  st.set_ready(true);
+  st.set_load_seconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  st.set_parameters(loaded.lm->layout().total());
+  st.set_vocab_size(planned->vocab_size);
+  st.set_cache_bytes_per_sequence(loaded.decoder->geometry().ElementsPerSequence() *
+                                  static_cast<int64_t>(sizeof(float)));
+  st.set_checkpoint_step(checkpoint->step());
+  return loaded;
+}
+
+// log p(tokens[i + 1] | tokens[..i]) for every i, from one forward pass.
+absl::StatusOr<v1::ScoreResponse> Score(LongNetLM<float>& lm, const v1::ScoreRequest& request,
+                                        int64_t max_context) {
+  const auto start = std::chrono::steady_clock::now();
+  const int64_t n = request.tokens_size();
+  const int64_t v = lm.config().vocab_size;
+  if (n < 2) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("tokens: ", n, " given; scoring needs at least 2 (the first is context)"));
+  }
+  if (n > max_context) {
+    return absl::OutOfRangeError(absl::StrCat("tokens: ", n,
+                                              " pass the deployment's max_context of ",
+                                              max_context));
+  }
+  std::vector<int32_t> tokens(request.tokens().begin(), request.tokens().end());
+  model::TokenBatch batch;
+  batch.tokens = tokens.data();
+  batch.batch = 1;
+  batch.seq_len = n;
+  absl::StatusOr<model::LossResult> forward = lm.Forward(batch);
+  if (!forward.ok()) return forward.status();
+  std::vector<float> logits(static_cast<size_t>(n * v));
+  if (absl::Status s = lm.CopyLogitsToHost(logits.data()); !s.ok()) return s;
+  v1::ScoreResponse response;
+  double sum = 0;
+  for (int64_t i = 0; i + 1 < n; ++i) {
+    const float* row = logits.data() + i * v;
+    double max_z = row[0];
+    for (int64_t k = 1; k < v; ++k) max_z = std::max<double>(max_z, row[k]);
+    double z = 0;
+    for (int64_t k = 0; k < v; ++k) z += std::exp(static_cast<double>(row[k]) - max_z);
+    const double lp = static_cast<double>(row[tokens[static_cast<size_t>(i + 1)]]) - max_z -
+                      std::log(z);
+    if (!std::isfinite(lp)) {
+      return absl::InternalError(absl::StrCat("the model's log-probability of token ", i + 1,
+                                              " is ", lp));
+    }
+    response.add_logprobs(lp);
+    sum += lp;
+  }
+  response.set_tokens(n);
+  response.set_loss(-sum / static_cast<double>(n - 1));
+  response.set_seconds(
+      std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return response;
+}
+
+model::GenerationRequest ToRequest(const v1::GenerateRequest& r) {
+  model::GenerationRequest g;
+  g.prompt.assign(r.prompt().begin(), r.prompt().end());
+  g.options.sampling.temperature = r.sampling().temperature();
+  g.options.sampling.top_k = r.sampling().top_k();
+  g.options.sampling.top_p = r.sampling().top_p() == 0 ? 1.0 : r.sampling().top_p();
+  g.options.sampling.seed = r.sampling().seed();
+  g.options.max_tokens = r.max_tokens() == 0 ? 16 : r.max_tokens();
+  for (const v1::TokenSequence& stop : r.stop()) {
+    g.options.stop_sequences.emplace_back(stop.tokens().begin(), stop.tokens().end());
+  }
+  g.priority = r.priority();
+  return g;
+}
+
+// What the reader thread hands the serving loop.
+class Inbox {
+ public:
+  void Push(v1::ServeWork work) {
+    absl::MutexLock lock(&mu_);
+    work_.push_back(std::move(work));
+  }
+  void End() {
+    absl::MutexLock lock(&mu_);
+    ended_ = true;
+  }
+  // Takes what came; waits up to `wait` while nothing did.
+  std::deque<v1::ServeWork> Take(absl::Duration wait, bool* ended) {
+    absl::MutexLock lock(&mu_);
+    auto ready = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) { return !work_.empty() || ended_; };
+    mu_.AwaitWithTimeout(absl::Condition(&ready), wait);
+    *ended = ended_;
+    return std::exchange(work_, {});
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::deque<v1::ServeWork> work_ ABSL_GUARDED_BY(mu_);
+  bool ended_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+v1::ServeUpdate Error(int64_t request_id, const absl::Status& s) {
+  v1::ServeUpdate u;
+  u.set_request_id(request_id);
+  u.set_error(std::string(s.message()));
+  u.set_error_code(static_cast<int>(s.code()));
+  return u;
+}
+
+}  // namespace
+
+absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
+                               const DeploymentTaskOptions& options) {
+  if (!assignment.has_deployment_plan()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("task ", assignment.task_id(), " carries no deployment plan"));
+  }
+  const v1::DeploymentRankPlan& plan = assignment.deployment_plan();
+  absl::StatusOr<Loaded> loaded = Load(plan, options.num_threads);
+  if (!loaded.ok()) return loaded.status();
+  if (options.is_cancelled && options.is_cancelled()) {
+    return absl::CancelledError("undeployed while loading");
+  }
+  absl::StatusOr<std::unique_ptr<ServeChannel>> channel = options.open_channel(loaded->status);
+  if (!channel.ok()) return channel.status();
+  if (options.on_status) options.on_status(loaded->status);
+
+  Inbox inbox;
+  ServeChannel* const ch = channel->get();
+  std::thread reader([ch, &inbox] {
+    v1::ServeWork work;
+    while (ch->Read(&work)) inbox.Push(std::move(work));
+    inbox.End();
+  });
+  BatchGenerator<float>& generator = *loaded->generator;
+  v1::DeploymentStatus status = loaded->status;
+  std::map<int64_t, int64_t> generator_of;  // The coordinator's request id -> the generator's.
+  bool broken = false;
+  auto send = [&](const v1::ServeUpdate& u) {
+    if (!broken && !ch->Write(u)) broken = true;
+  };
+  absl::Time last_status = absl::Now();
+  absl::Status outcome = absl::OkStatus();
+  while (true) {
+    if (options.is_cancelled && options.is_cancelled()) {
+      outcome = absl::CancelledError("the deployment was stopped");
+      break;
+    }
+    bool ended = false;
+    const bool busy = generator.running() > 0 || generator.queued() > 0;
+    std::deque<v1::ServeWork> work = inbox.Take(busy ? absl::ZeroDuration() : options.idle_wait,
+                                                &ended);
+    for (v1::ServeWork& w : work) {
+      const int64_t id = w.request_id();
+      if (w.has_score()) {
+        absl::StatusOr<v1::ScoreResponse> score =
+            Score(*loaded->lm, w.score(), plan.max_context());
+        v1::ServeUpdate u;
+        if (score.ok()) {
+          u.set_request_id(id);
+          *u.mutable_score() = *std::move(score);
+        } else {
+          u = Error(id, score.status());
+        }
+        status.set_requests_done(status.requests_done() + 1);
+        send(u);
+      } else if (w.has_generate()) {
+        if (generator.queued() >= std::max(1, plan.max_queued())) {
+          send(Error(id, absl::ResourceExhaustedError(absl::StrCat(
+                             "the deployment's queue is full (", generator.queued(),
+                             " requests wait for one of its ", plan.max_batch(),
+                             " sequences); retry later"))));
+          continue;
+        }
+        model::GenerationRequest request = ToRequest(w.generate());
+        if (w.timeout_seconds() > 0) {
+          request.deadline = absl::Now() + absl::Seconds(w.timeout_seconds());
+        }
+        request.on_token = [&send, &status, id](const model::GeneratedToken& t) {
+          v1::ServeUpdate u;
+          u.set_request_id(id);
+          u.mutable_token()->set_token(t.token);
+          u.mutable_token()->set_logprob(t.logprob);
+          status.set_tokens_generated(status.tokens_generated() + 1);
+          send(u);
+          return true;
+        };
+        request.on_done = [&send, &status, &generator_of,
+                           id](absl::StatusOr<model::GenerateResult> result) {
+          generator_of.erase(id);
+          status.set_requests_done(status.requests_done() + 1);
+          if (!result.ok()) {
+            send(Error(id, result.status()));
+            return;
+          }
+          v1::ServeUpdate u;
+          u.set_request_id(id);
+          v1::GenerateDone* done = u.mutable_done();
+          done->set_finish_reason(model::FinishReasonName(result->finish));
+          done->set_prompt_tokens(result->prompt_tokens);
+          done->set_generated_tokens(static_cast<int64_t>(result->tokens.size()));
+          send(u);
+        };
+        absl::StatusOr<int64_t> queued = generator.Submit(std::move(request));
+        if (!queued.ok()) {
+          send(Error(id, queued.status()));
+        } else {
+          generator_of[id] = *queued;
+        }
+      } else if (w.cancel()) {
+        auto it = generator_of.find(id);
+        if (it != generator_of.end()) generator.Cancel(it->second);
+      }
+    }
+    if (generator.running() > 0 || generator.queued() > 0) {
+      absl::StatusOr<model::TickStats> tick = generator.Tick(absl::Now());
+      if (!tick.ok()) {
+        outcome = tick.status();  // Every request in the step was failed with it.
+        break;
+      }
+    }
+    status.set_running(generator.running());
+    status.set_queued(generator.queued());
+    if (options.on_status && absl::Now() - last_status >= options.status_interval) {
+      last_status = absl::Now();
+      options.on_status(status);
+    }
+    if (ended || broken) {
+      if (!(options.is_cancelled && options.is_cancelled())) {
+        outcome = absl::UnavailableError(
+            "the Serve stream to the coordinator ended; the deployment is placed again");
+      } else {
+        outcome = absl::CancelledError("the deployment was stopped");
+      }
+      break;
+    }
+  }
+  // Whatever is still in flight ends now, its client told why (as far as the stream still goes).
+  for (const auto& [id, queued] : std::map<int64_t, int64_t>(generator_of)) {
+    generator.Cancel(queued);
+  }
+  (void)ch->Close();
+  reader.join();
+  return outcome;
+}
+
+}  // namespace worker
+}  // namespace dattn

@@ -1,0 +1,67 @@
+// The one rank of a deployment (JobSpec.deployment, docs/SERVING.md), run on a CPU worker: the
+// worker's unit of serving, free of gRPC (the worker hands it a ServeChannel over its Serve
+// stream).
+//
+// RunDeploymentTask takes a dattn.v1.TaskAssignment whose plan is a DeploymentRankPlan and:
+//   1. opens the checkpoint (model/checkpoint.h, checksums verified), checks that its model config
+//      is the one the coordinator planned with, and loads its weights into a CPU model in fp32;
+//   2. makes a Decoder (model/decoder.h) for the plan's max_context and a BatchGenerator
+//      (model/batch_generator.h) for max_batch sequences;
+//   3. opens the channel (options.open_channel) with its status (ready) and serves until
+//      cancelled: GenerateRequests go to the generator's queue (at most max_queued waiting; more
+//      are refused RESOURCE_EXHAUSTED), each of their tokens and their outcome go back as
+//      ServeUpdates; ScoreRequests run between the generator's rounds (one forward pass); cancels
+//      end their request at once, freeing its cache.
+// It returns CANCELLED once is_cancelled() says so (the deployment was undeployed or its worker
+// is stopping), after failing the requests in flight with UNAVAILABLE; UNAVAILABLE when the
+// channel ends without a cancel (the coordinator went away: the deployment is placed again);
+// FAILED_PRECONDITION / DATA_LOSS for a checkpoint that cannot serve (named); the model's errors.
+//
+// Threading: RunDeploymentTask blocks its calling thread for the whole task and does all model
+// work on it; one more thread reads the channel. Callbacks run on the calling thread.
+#ifndef DATTN_WORKER_DEPLOYMENT_TASK_H_
+#define DATTN_WORKER_DEPLOYMENT_TASK_H_
+
+#include <functional>
+#include <memory>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/time/time.h"
+#include "dattn/v1/worker.pb.h"
+
+namespace dattn {
+namespace worker {
+
+// The two directions of a deployment's Serve stream. Read blocks until work comes or the stream
+// ends (false); Write returns false once the stream is broken. Read is called by one thread and
+// Write by another, at the same time; Close (from the writing thread) ends both directions.
+class ServeChannel {
+ public:
+  virtual ~ServeChannel() = default;
+  virtual bool Read(v1::ServeWork* work) = 0;
+  virtual bool Write(const v1::ServeUpdate& update) = 0;
+  // Ends the stream (a Read in progress returns false) and returns its final status.
+  virtual absl::Status Close() = 0;
+};
+
+struct DeploymentTaskOptions {
+  int num_threads = 0;  // CPU threads of the model (0: every core).
+  std::function<bool()> is_cancelled;
+  // Opens the Serve stream once the model is loaded; `ready` is the first status it sends.
+  std::function<absl::StatusOr<std::unique_ptr<ServeChannel>>(const v1::DeploymentStatus& ready)>
+      open_channel;
+  // The deployment's figures changed (readiness, queue, counts), at most every status_interval.
+  std::function<void(const v1::DeploymentStatus&)> on_status;
+  absl::Duration status_interval = absl::Seconds(1);
+  // How long the loop sleeps when idle before it looks at is_cancelled again.
+  absl::Duration idle_wait = absl::Milliseconds(20);
+};
+
+absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
+                               const DeploymentTaskOptions& options);
+
+}  // namespace worker
+}  // namespace dattn
+
+#endif  // DATTN_WORKER_DEPLOYMENT_TASK_H_

@@ -1,0 +1,296 @@
+// A deployment's rank over an in-memory channel: it loads a checkpoint, answers Generate with the
+// tokens model::Generate gives on the same weights (each token streamed, then done), Score with
+// the forward pass's log-probabilities, refuses bad requests and a full queue naming why, ends a
+// cancelled request at once, stops CANCELLED when undeployed and UNAVAILABLE when its stream ends.
+#include "worker/deployment_task.h"
+
+#include <atomic>
+#include <cmath>
+#include <cstdlib>
+#include <deque>
+#include <filesystem>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "absl/strings/str_cat.h"
+#include "absl/synchronization/mutex.h"
+#include "gtest/gtest.h"
+#include "model/checkpoint.h"
+#include "model/decoder.h"
+#include "model/generation.h"
+#include "model/longnet.h"
+#include "model/optimizer.h"
+
+namespace dattn {
+namespace worker {
+namespace {
+
+model::LongNetConfig Config() {
+  model::LongNetConfig c;
+  c.vocab_size = 32;
+  c.d_model = 16;
+  c.num_layers = 2;
+  c.num_heads = 2;
+  c.ffn_dim = 24;
+  c.segment_lengths = {4, 8};
+  c.dilation_rates = {1, 2};
+  return c;
+}
+
+// A checkpoint of a randomly perturbed model; its weights in *weights.
+std::string SaveModel(const std::string& name, std::vector<float>* weights) {
+  const std::string root = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
+  std::filesystem::remove_all(root);
+  auto lm = model::LongNetLM<float>::CreateCpu(Config(), {}, 1);
+  EXPECT_TRUE(lm.ok());
+  EXPECT_TRUE((*lm)->InitParams(5).ok());
+  weights->resize(static_cast<size_t>((*lm)->layout().total()));
+  EXPECT_TRUE((*lm)->CopyParamsToHost(weights->data()).ok());
+  for (size_t i = 0; i < weights->size(); ++i) {
+    (*weights)[i] += 0.4f * static_cast<float>((i * 2654435761u) % 97) / 97.0f - 0.2f;
+  }
+  model::AdamWState state;
+  state.m.assign(weights->size(), 0.0f);
+  state.v.assign(weights->size(), 0.0f);
+  const model::ParamLayout layout = (*lm)->layout();
+  model::CheckpointContents c;
+  c.layout = &layout;
+  c.params = *weights;
+  c.optimizer = &state;
+  c.model_config_json = model::ConfigToJson(Config());
+  c.trainer.step = 3;
+  absl::StatusOr<std::string> dir = model::SaveCheckpoint(root, c);
+  EXPECT_TRUE(dir.ok()) << dir.status();
+  return *dir;
+}
+
+class FakeChannel : public ServeChannel {
+ public:
+  bool Read(v1::ServeWork* work) override {
+    absl::MutexLock lock(&mu_);
+    mu_.Await(absl::Condition(
+        +[](FakeChannel* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
+          return !c->in_.empty() || c->closed_;
+        },
+        this));
+    if (in_.empty()) return false;
+    *work = in_.front();
+    in_.pop_front();
+    return true;
+  }
+  bool Write(const v1::ServeUpdate& update) override {
+    absl::MutexLock lock(&mu_);
+    out_.push_back(update);
+    return !closed_;
+  }
+  absl::Status Close() override {
+    absl::MutexLock lock(&mu_);
+    closed_ = true;
+    return absl::OkStatus();
+  }
+  void Send(v1::ServeWork work) {
+    absl::MutexLock lock(&mu_);
+    in_.push_back(std::move(work));
+  }
+  // Waits (10 s at most) until request `id` has a final update; returns every update of it.
+  std::vector<v1::ServeUpdate> Await(int64_t id) {
+    absl::MutexLock lock(&mu_);
+    auto final_for = [&]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (const v1::ServeUpdate& u : out_) {
+        if (u.request_id() == id && (u.has_done() || u.has_score() || !u.error().empty())) {
+          return true;
+        }
+      }
+      return false;
+    };
+    mu_.AwaitWithTimeout(absl::Condition(&final_for), absl::Seconds(10));
+    std::vector<v1::ServeUpdate> mine;
+    for (const v1::ServeUpdate& u : out_) {
+      if (u.request_id() == id) mine.push_back(u);
+    }
+    return mine;
+  }
+
+ private:
+  absl::Mutex mu_;
+  std::deque<v1::ServeWork> in_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::ServeUpdate> out_ ABSL_GUARDED_BY(mu_);
+  bool closed_ ABSL_GUARDED_BY(mu_) = false;
+};
+
+struct Running {
+  FakeChannel* channel = nullptr;  // Owned by the task once opened.
+  std::atomic<bool> cancel{false};
+  std::atomic<bool> opened{false};
+  v1::DeploymentStatus ready;
+  absl::Status outcome;
+  std::thread thread;
+};
+
+v1::TaskAssignment Assignment(const std::string& checkpoint, int max_batch, int max_queued) {
+  v1::TaskAssignment a;
+  a.set_task_id("j-1/1/0");
+  a.set_job_id("j-1");
+  v1::DeploymentRankPlan* p = a.mutable_deployment_plan();
+  p->set_checkpoint(checkpoint);
+  p->set_model_config_json(model::ConfigToJson(Config()));
+  p->set_max_context(64);
+  p->set_max_batch(max_batch);
+  p->set_max_queued(max_queued);
+  return a;
+}
+
+void Start(Running* r, const v1::TaskAssignment& a) {
+  r->thread = std::thread([r, a] {
+    DeploymentTaskOptions o;
+    o.num_threads = 1;
+    o.is_cancelled = [r] { return r->cancel.load(); };
+    o.open_channel = [r](const v1::DeploymentStatus& ready)
+        -> absl::StatusOr<std::unique_ptr<ServeChannel>> {
+      auto channel = std::make_unique<FakeChannel>();
+      r->channel = channel.get();
+      r->ready = ready;
+      r->opened = true;
+      return channel;
+    };
+    r->outcome = RunDeploymentTask(a, o);
+  });
+  for (int i = 0; i < 1000 && !r->opened; ++i) absl::SleepFor(absl::Milliseconds(10));
+  ASSERT_TRUE(r->opened);
+}
+
+v1::ServeWork Generate(int64_t id, std::vector<int32_t> prompt, int64_t max_tokens) {
+  v1::ServeWork w;
+  w.set_request_id(id);
+  for (int32_t t : prompt) w.mutable_generate()->add_prompt(t);
+  w.mutable_generate()->set_max_tokens(max_tokens);
+  return w;
+}
+
+TEST(DeploymentTaskTest, ServesGenerateAndScoreAsTheModelComputesThem) {
+  std::vector<float> weights;
+  const std::string dir = SaveModel("serve", &weights);
+  Running r;
+  Start(&r, Assignment(dir, 2, 8));
+  EXPECT_TRUE(r.ready.ready());
+  EXPECT_EQ(r.ready.checkpoint_step(), 3);
+  EXPECT_EQ(r.ready.vocab_size(), 32);
+  EXPECT_GT(r.ready.cache_bytes_per_sequence(), 0);
+
+  // The same weights, generated with directly.
+  auto lm = model::LongNetLM<float>::CreateCpu(Config(), {}, 1);
+  ASSERT_TRUE((*lm)->CopyParamsFromHost(weights.data()).ok());
+  auto decoder = model::Decoder<float>::Create(lm->get(), 64);
+  model::GenerateOptions o;
+  o.sampling.temperature = 0;
+  o.max_tokens = 12;
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5, 9, 2, 6};
+  auto expected = model::Generate<float>(**decoder, prompt, o, nullptr);
+  ASSERT_TRUE(expected.ok());
+
+  r.channel->Send(Generate(7, prompt, 12));
+  std::vector<v1::ServeUpdate> got = r.channel->Await(7);
+  ASSERT_FALSE(got.empty());
+  ASSERT_TRUE(got.back().has_done()) << got.back().DebugString();
+  EXPECT_EQ(got.back().done().finish_reason(), "length");
+  EXPECT_EQ(got.back().done().generated_tokens(), 12);
+  ASSERT_EQ(got.size(), 13u);
+  for (size_t i = 0; i < 12; ++i) {
+    EXPECT_EQ(got[i].token().token(), expected->tokens[i].token) << i;
+    EXPECT_NEAR(got[i].token().logprob(), expected->tokens[i].logprob, 1e-6) << i;
+  }
+
+  // Score: the log-probability of each next token, from the forward pass.
+  v1::ServeWork score;
+  score.set_request_id(8);
+  for (int32_t t : prompt) score.mutable_score()->add_tokens(t);
+  r.channel->Send(score);
+  got = r.channel->Await(8);
+  ASSERT_EQ(got.size(), 1u);
+  ASSERT_TRUE(got[0].has_score()) << got[0].DebugString();
+  ASSERT_EQ(got[0].score().logprobs_size(), 7);
+  model::TokenBatch b;
+  b.tokens = prompt.data();
+  b.batch = 1;
+  b.seq_len = 8;
+  ASSERT_TRUE((*lm)->Forward(b).ok());
+  std::vector<float> logits(8 * 32);
+  ASSERT_TRUE((*lm)->CopyLogitsToHost(logits.data()).ok());
+  double sum = 0;
+  for (int i = 0; i < 7; ++i) {
+    double z = 0;
+    for (int k = 0; k < 32; ++k) z += std::exp(static_cast<double>(logits[i * 32 + k]));
+    const double lp = logits[i * 32 + prompt[i + 1]] - std::log(z);
+    EXPECT_NEAR(got[0].score().logprobs(i), lp, 1e-5) << i;
+    sum += lp;
+  }
+  EXPECT_NEAR(got[0].score().loss(), -sum / 7, 1e-5);
+
+  // Bad requests: named, and the deployment keeps serving.
+  r.channel->Send(Generate(9, {1, 40}, 3));
+  got = r.channel->Await(9);
+  ASSERT_EQ(got.size(), 1u);
+  EXPECT_EQ(got[0].error_code(), static_cast<int>(absl::StatusCode::kInvalidArgument));
+  EXPECT_NE(got[0].error().find("prompt token 1 is 40"), std::string::npos) << got[0].error();
+  r.channel->Send(Generate(10, std::vector<int32_t>(65, 1), 3));
+  got = r.channel->Await(10);
+  EXPECT_EQ(got[0].error_code(), static_cast<int>(absl::StatusCode::kOutOfRange));
+
+  // A cancel ends a long request at once.
+  r.channel->Send(Generate(11, {1, 2}, 60));
+  v1::ServeWork cancel;
+  cancel.set_request_id(11);
+  cancel.set_cancel(true);
+  r.channel->Send(cancel);
+  got = r.channel->Await(11);
+  ASSERT_TRUE(got.back().has_done());
+  EXPECT_EQ(got.back().done().finish_reason(), "cancelled");
+  EXPECT_LT(got.back().done().generated_tokens(), 60);
+
+  r.cancel = true;
+  r.thread.join();
+  EXPECT_TRUE(absl::IsCancelled(r.outcome)) << r.outcome;
+}
+
+TEST(DeploymentTaskTest, AFullQueueIsRefusedAndAClosedStreamEndsTheTask) {
+  std::vector<float> weights;
+  const std::string dir = SaveModel("queue", &weights);
+  Running r;
+  Start(&r, Assignment(dir, /*max_batch=*/1, /*max_queued=*/1));
+  // One runs, one waits, the third is refused.
+  for (int id = 1; id <= 3; ++id) r.channel->Send(Generate(id, {1, 2, 3}, 50));
+  std::vector<v1::ServeUpdate> third = r.channel->Await(3);
+  ASSERT_EQ(third.size(), 1u);
+  EXPECT_EQ(third[0].error_code(), static_cast<int>(absl::StatusCode::kResourceExhausted));
+  EXPECT_NE(third[0].error().find("queue is full"), std::string::npos) << third[0].error();
+  EXPECT_TRUE(r.channel->Await(1).back().has_done());
+  EXPECT_TRUE(r.channel->Await(2).back().has_done());
+  // The coordinator went away: the task ends UNAVAILABLE (placed again).
+  ASSERT_TRUE(r.channel->Close().ok());
+  r.thread.join();
+  EXPECT_TRUE(absl::IsUnavailable(r.outcome)) << r.outcome;
+}
+
+TEST(DeploymentTaskTest, ACheckpointThatChangedIsRefused) {
+  std::vector<float> weights;
+  const std::string dir = SaveModel("changed", &weights);
+  v1::TaskAssignment a = Assignment(dir, 1, 1);
+  model::LongNetConfig other = Config();
+  other.ffn_dim = 20;
+  a.mutable_deployment_plan()->set_model_config_json(model::ConfigToJson(other));
+  DeploymentTaskOptions o;
+  o.open_channel = [](const v1::DeploymentStatus&)
+      -> absl::StatusOr<std::unique_ptr<ServeChannel>> { return absl::InternalError("unused"); };
+  absl::Status s = RunDeploymentTask(a, o);
+  EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
+  EXPECT_NE(s.message().find(dir), std::string::npos) << s;
+  a.mutable_deployment_plan()->set_checkpoint(dir + "-missing");
+  s = RunDeploymentTask(a, o);
+  EXPECT_FALSE(s.ok());
+  EXPECT_NE(s.message().find(dir + "-missing"), std::string::npos) << s;
+}
+
+}  // namespace
+}  // namespace worker
+}  // namespace dattn

@@ -401,6 +401,79 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   std::string checkpoints_job;
   checkpoints->add_option("JOB_ID", checkpoints_job, "The training job")->required();
 
+  // deploy
+  CLI::App* deploy = app.add_subcommand(
+      "deploy", "Serve a model from a checkpoint on a worker: Generate and Score (docs/SERVING.md)");
+  std::string deploy_checkpoint, deploy_from_job, deploy_name;
+  int64_t deploy_max_context = 0;
+  int deploy_max_batch = 0, deploy_max_queued = 0, deploy_priority = 0;
+  double deploy_wait = 0;
+  deploy->add_option("--checkpoint", deploy_checkpoint,
+                     "A checkpoint step folder (as the coordinator and the workers see it)")
+      ->type_name("DIR");
+  deploy->add_option("--from-job", deploy_from_job,
+                     "Or a training job that succeeded: its final checkpoint")
+      ->type_name("JOB_ID");
+  deploy->add_option("--max-context", deploy_max_context,
+                     "Longest prompt + generated tokens a request may reach (default 4096)")
+      ->type_name("N")
+      ->check(CLI::NonNegativeNumber);
+  deploy->add_option("--max-batch", deploy_max_batch, "Sequences decoded at once (default 8)")
+      ->type_name("N")
+      ->check(CLI::NonNegativeNumber);
+  deploy->add_option("--max-queued", deploy_max_queued, "Requests waiting at most (default 256)")
+      ->type_name("N")
+      ->check(CLI::NonNegativeNumber);
+  deploy->add_option("--name", deploy_name, "Job name")->type_name("NAME");
+  deploy->add_option("--priority", deploy_priority, "-100 .. 100 (placement)")->type_name("N");
+  deploy->add_option("--wait", deploy_wait, "Wait up to this long until it serves")
+      ->type_name("SECONDS")
+      ->check(CLI::PositiveNumber);
+
+  // generate
+  CLI::App* generate = app.add_subcommand(
+      "generate", "Continue a prompt on a deployment, printing tokens as they come");
+  std::string generate_id, generate_prompt, generate_prompt_tokens;
+  std::vector<std::string> generate_stops, generate_stop_tokens;
+  GenerateArgs generate_args;
+  double generate_temperature = 0, generate_top_p = 1, generate_deadline = 0;
+  int64_t generate_top_k = 0, generate_max_tokens = 0;
+  uint64_t generate_seed = 0;
+  int generate_priority = 0;
+  generate->add_option("DEPLOYMENT", generate_id, "The deployment's job id")->required();
+  generate->add_option("--prompt", generate_prompt, "The prompt as text (byte-level models)")
+      ->type_name("TEXT");
+  generate->add_option("--prompt-tokens", generate_prompt_tokens, "Or as token ids: 1,2,3")
+      ->type_name("IDS");
+  generate->add_option("--max-tokens", generate_max_tokens, "Tokens to generate (default 16)")
+      ->type_name("N")
+      ->check(CLI::NonNegativeNumber);
+  generate->add_option("--temperature", generate_temperature, "0 (default): greedy")
+      ->type_name("T");
+  generate->add_option("--top-k", generate_top_k, "Keep the k most probable (0: all)")
+      ->type_name("K");
+  generate->add_option("--top-p", generate_top_p, "Keep the most probable up to p (default 1)")
+      ->type_name("P");
+  generate->add_option("--seed", generate_seed, "Sampling seed")->type_name("N");
+  generate->add_option("--stop", generate_stops, "Stop before this text (repeatable)")
+      ->type_name("TEXT");
+  generate->add_option("--stop-tokens", generate_stop_tokens, "Stop before these ids (repeatable)")
+      ->type_name("IDS");
+  generate->add_option("--priority", generate_priority, "-100 .. 100 in the deployment's queue")
+      ->type_name("N");
+  generate->add_flag("--print-tokens", generate_args.print_tokens, "Print token ids, one a line");
+  generate->add_option("--deadline", generate_deadline, "Deadline of the whole call (default none)")
+      ->type_name("SECONDS")
+      ->check(CLI::PositiveNumber);
+
+  // score
+  CLI::App* score = app.add_subcommand(
+      "score", "Log-probability of each token given those before it, on a deployment");
+  std::string score_id, score_text, score_tokens;
+  score->add_option("DEPLOYMENT", score_id, "The deployment's job id")->required();
+  score->add_option("--text", score_text, "Text (byte-level models)")->type_name("TEXT");
+  score->add_option("--tokens", score_tokens, "Or token ids: 1,2,3")->type_name("IDS");
+
   // delete
   CLI::App* del =
       app.add_subcommand("delete", "Delete a finished job, its history and its kept output");
@@ -408,7 +481,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   del->add_option("JOB_ID", delete_job, "The job")->required();
 
   for (CLI::App* sub : {submit, status, list, watch, cancel, output, attend, checkpoints, del,
-                        workers, drain, undrain, health}) {
+                        workers, drain, undrain, health, deploy, generate, score}) {
     sub->footer("Exit codes: see 'dattn --help'. Details: docs/CLI.md");
   }
 
@@ -580,6 +653,72 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       return Commands(global, out, err, env).Attend(args);
     }
     if (del->parsed()) return Commands(global, out, err, env).Delete(delete_job);
+    if (deploy->parsed()) {
+      if (deploy_checkpoint.empty() == deploy_from_job.empty()) {
+        return UsageError(err, "give --checkpoint DIR or --from-job JOB_ID (one of them)",
+                          "deploy");
+      }
+      DeployArgs args;
+      v1::JobSpec* spec = args.request.mutable_spec();
+      spec->set_name(deploy_name);
+      spec->set_priority(deploy_priority);
+      v1::DeploymentSpec* d = spec->mutable_deployment();
+      d->set_checkpoint(deploy_checkpoint);
+      d->set_training_job_id(deploy_from_job);
+      d->set_max_context(deploy_max_context);
+      d->set_max_batch(deploy_max_batch);
+      d->set_max_queued(deploy_max_queued);
+      args.request.set_idempotency_key(RandomIdempotencyKey());
+      args.wait = Seconds(deploy_wait);
+      return Commands(global, out, err, env).Deploy(args);
+    }
+    if (generate->parsed() || score->parsed()) {
+      const char* command = generate->parsed() ? "generate" : "score";
+      auto ids = [&](const std::string& flag, const std::string& text,
+                     google::protobuf::RepeatedField<int32_t>* to) -> std::optional<int> {
+        absl::StatusOr<std::vector<int64_t>> list = ParseIntList(text, 0, INT32_MAX);
+        if (!list.ok()) {
+          return UsageError(err, absl::StrCat(flag, ": ", list.status().message()), command);
+        }
+        for (int64_t t : *list) to->Add(static_cast<int32_t>(t));
+        return std::nullopt;
+      };
+      if (score->parsed()) {
+        if (score_text.empty() == score_tokens.empty()) {
+          return UsageError(err, "give --text TEXT or --tokens IDS (one of them)", command);
+        }
+        v1::ScoreRequest request;
+        request.set_deployment_id(score_id);
+        request.set_text(score_text);
+        if (!score_tokens.empty()) {
+          if (auto code = ids("--tokens", score_tokens, request.mutable_tokens())) return *code;
+        }
+        return Commands(global, out, err, env).Score(request);
+      }
+      if (generate_prompt.empty() == generate_prompt_tokens.empty()) {
+        return UsageError(err, "give --prompt TEXT or --prompt-tokens IDS (one of them)", command);
+      }
+      v1::GenerateRequest& r = generate_args.request;
+      r.set_deployment_id(generate_id);
+      r.set_prompt_text(generate_prompt);
+      if (!generate_prompt_tokens.empty()) {
+        if (auto code = ids("--prompt-tokens", generate_prompt_tokens, r.mutable_prompt())) {
+          return *code;
+        }
+      }
+      r.set_max_tokens(generate_max_tokens);
+      r.mutable_sampling()->set_temperature(generate_temperature);
+      r.mutable_sampling()->set_top_k(generate_top_k);
+      r.mutable_sampling()->set_top_p(generate_top_p);
+      r.mutable_sampling()->set_seed(generate_seed);
+      r.set_priority(generate_priority);
+      for (const std::string& stop : generate_stops) r.add_stop_text(stop);
+      for (const std::string& stop : generate_stop_tokens) {
+        if (auto code = ids("--stop-tokens", stop, r.add_stop()->mutable_tokens())) return *code;
+      }
+      generate_args.deadline = Seconds(generate_deadline);
+      return Commands(global, out, err, env).Generate(generate_args);
+    }
     if (checkpoints->parsed()) {
       return Commands(global, out, err, env).Checkpoints(checkpoints_job);
     }

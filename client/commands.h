@@ -55,6 +55,20 @@ struct AttendArgs {
   bool shared_memory = false;
 };
 
+// `dattn deploy`: a DeploymentSpec job.
+struct DeployArgs {
+  v1::SubmitJobRequest request;  // Spec (deployment) and idempotency key.
+  // Wait until the deployment serves (or ends) for at most this long; zero: return at once.
+  absl::Duration wait = absl::ZeroDuration();
+};
+
+// `dattn generate`: a Generate call, its tokens streamed to stdout.
+struct GenerateArgs {
+  v1::GenerateRequest request;
+  bool print_tokens = false;                     // Token ids, one a line, instead of bytes.
+  absl::Duration deadline = absl::ZeroDuration();  // The whole call; zero: none.
+};
+
 struct ListArgs {
   std::vector<v1::JobState> states;
   std::string tenant;
@@ -91,6 +105,14 @@ class Commands {
   // Lists a training job's complete checkpoints: its result's when it SUCCEEDED, else those its
   // progress lists (the ones that exist now). kExitUsage for a job that is not a training job.
   int Checkpoints(const std::string& job_id);
+  // Submits a deployment (client/serve.cc) and, with a wait, follows it until it serves: exit 0
+  // once ready, the job's exit code if it ends first, kExitWaitRanOut when the wait runs out.
+  int Deploy(const DeployArgs& args);
+  // Streams a Generate call's tokens to stdout as they come (bytes for a byte-level model unless
+  // print_tokens), then a summary line on stderr.
+  int Generate(const GenerateArgs& args);
+  // Prints a Score call's loss and per-token log-probabilities.
+  int Score(const v1::ScoreRequest& request);
 
  private:
   std::unique_ptr<grpc::ClientContext> NewContext() const;

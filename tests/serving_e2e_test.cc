@@ -313,5 +313,47 @@ TEST_F(ServingTest, CancelledRequestsFreeTheirSequenceAndBadRequestsAreNamed) {
   expect_error(Greedy(id, "x", 3), grpc::StatusCode::FAILED_PRECONDITION, "ended");
 }
 
+// The CLI: dattn deploy --wait, dattn generate (bytes to stdout as they come), dattn score, and
+// its usage errors; dattn cancel undeploys.
+TEST_F(ServingTest, TheCliDeploysGeneratesScoresAndUndeploys) {
+  SetUpServing();
+  ProcessResult deployed =
+      cluster_->Cli({"deploy", "--checkpoint", checkpoint_, "--max-context", "512", "--wait", "30"});
+  ASSERT_EQ(deployed.exit_code, 0) << deployed.out << deployed.err << cluster_->Logs();
+  EXPECT_NE(deployed.out.find("serves the checkpoint of step 7"), std::string::npos)
+      << deployed.out;
+  const std::string id = JobIdFrom(deployed.out);
+  ASSERT_FALSE(id.empty()) << deployed.out;
+
+  ProcessResult generated =
+      cluster_->Cli({"generate", id, "--prompt", "Let there be", "--max-tokens", "24"});
+  ASSERT_EQ(generated.exit_code, 0) << generated.out << generated.err;
+  std::string expected;
+  for (int32_t t : Expected(weights_, Bytes("Let there be"), 24, 512)) {
+    expected.push_back(static_cast<char>(t));
+  }
+  EXPECT_EQ(generated.out, expected + "\n");
+  EXPECT_NE(generated.err.find("24 tokens after a prompt of 12 (finish: length)"),
+            std::string::npos)
+      << generated.err;
+
+  ProcessResult scored = cluster_->Cli({"score", id, "--text", "light"});
+  ASSERT_EQ(scored.exit_code, 0) << scored.out << scored.err;
+  EXPECT_NE(scored.out.find("over 4 tokens"), std::string::npos) << scored.out;
+
+  ProcessResult usage = cluster_->Cli({"generate", id, "--prompt", "a", "--prompt-tokens", "1"});
+  EXPECT_EQ(usage.exit_code, 2) << usage.err;
+  EXPECT_NE(usage.err.find("one of them"), std::string::npos) << usage.err;
+  ProcessResult too_long = cluster_->Cli({"generate", id, "--prompt", std::string(600, 'a')});
+  EXPECT_EQ(too_long.exit_code, 4) << too_long.err;
+  EXPECT_NE(too_long.err.find("max_context of 512"), std::string::npos) << too_long.err;
+
+  ProcessResult undeployed = cluster_->Cli({"cancel", id});
+  ASSERT_EQ(undeployed.exit_code, 0) << undeployed.err;
+  v1::Job ended;
+  ASSERT_TRUE(cluster_->WaitForJobEnd(id, seconds(30), &ended)) << cluster_->Logs();
+  EXPECT_EQ(ended.state(), v1::JOB_STATE_CANCELLED);
+}
+
 }  // namespace
 }  // namespace dattn::testing

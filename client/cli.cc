@@ -403,19 +403,23 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
 
   // deploy
   CLI::App* deploy = app.add_subcommand(
-      "deploy", "Serve a model from a checkpoint on a worker: Generate and Score (docs/SERVING.md)");
+      "deploy",
+      "Serve a model from a checkpoint on a worker: Generate and Score (docs/SERVING.md)");
   std::string deploy_checkpoint, deploy_from_job, deploy_name;
   int64_t deploy_max_context = 0;
   int deploy_max_batch = 0, deploy_max_queued = 0, deploy_priority = 0;
   double deploy_wait = 0;
-  deploy->add_option("--checkpoint", deploy_checkpoint,
-                     "A checkpoint step folder (as the coordinator and the workers see it)")
+  deploy
+      ->add_option("--checkpoint", deploy_checkpoint,
+                   "A checkpoint step folder (as the coordinator and the workers see it)")
       ->type_name("DIR");
-  deploy->add_option("--from-job", deploy_from_job,
-                     "Or a training job that succeeded: its final checkpoint")
+  deploy
+      ->add_option("--from-job", deploy_from_job,
+                   "Or a training job that succeeded: its final checkpoint")
       ->type_name("JOB_ID");
-  deploy->add_option("--max-context", deploy_max_context,
-                     "Longest prompt + generated tokens a request may reach (default 4096)")
+  deploy
+      ->add_option("--max-context", deploy_max_context,
+                   "Longest prompt + generated tokens a request may reach (default 4096)")
       ->type_name("N")
       ->check(CLI::NonNegativeNumber);
   deploy->add_option("--max-batch", deploy_max_batch, "Sequences decoded at once (default 8)")

@@ -65,7 +65,7 @@ struct DeployArgs {
 // `dattn generate`: a Generate call, its tokens streamed to stdout.
 struct GenerateArgs {
   v1::GenerateRequest request;
-  bool print_tokens = false;                     // Token ids, one a line, instead of bytes.
+  bool print_tokens = false;                       // Token ids, one a line, instead of bytes.
   absl::Duration deadline = absl::ZeroDuration();  // The whole call; zero: none.
 };
 

@@ -92,12 +92,13 @@ int Commands::Generate(const GenerateArgs& args) {
   }
   const grpc::Status status = reader->Finish();
   if (bytes && !args_.json) out_ << '\n' << std::flush;
-  if (!status.ok()) return RpcFailed(status, "generate on deployment " + args.request.deployment_id());
+  if (!status.ok())
+    return RpcFailed(status, "generate on deployment " + args.request.deployment_id());
   if (!args_.json) {
     err_ << "dattn: " << done.generated_tokens() << " tokens after a prompt of "
          << done.prompt_tokens() << " (finish: " << Printable(done.finish_reason())
-         << "), first token after " << absl::StrFormat("%.3f", done.first_token_seconds())
-         << " s, " << absl::StrFormat("%.2f", done.seconds()) << " s in all\n";
+         << "), first token after " << absl::StrFormat("%.3f", done.first_token_seconds()) << " s, "
+         << absl::StrFormat("%.2f", done.seconds()) << " s in all\n";
   }
   return kExitOk;
 }
@@ -111,8 +112,8 @@ int Commands::Score(const v1::ScoreRequest& request) {
     return kExitOk;
   }
   out_ << absl::StrFormat("loss %.4f nats per token over %d tokens (%.4f bits), %.3f s\n",
-                          response.loss(), response.logprobs_size(), response.loss() / std::log(2.0),
-                          response.seconds());
+                          response.loss(), response.logprobs_size(),
+                          response.loss() / std::log(2.0), response.seconds());
   for (int i = 0; i < response.logprobs_size(); ++i) {
     out_ << absl::StrFormat("%6d  %10.4f\n", i + 1, response.logprobs(i));
   }

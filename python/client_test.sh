@@ -19,6 +19,7 @@ runfiles="${TEST_SRCDIR:-$PWD}/${TEST_WORKSPACE:-__main__}"
 export PYTHONPATH="$runfiles/python/gen:$runfiles/python:$runfiles/python/tests"
 export DATTN_COORDINATOR_BIN="$runfiles/server/dattn-coordinator"
 export DATTN_WORKER_BIN="$runfiles/worker/dattn-worker"
+export DATTN_TRAIN_BIN="$runfiles/trainer/dattn-train"
 export DATTN_MAKE_CERTS="$runfiles/scripts/make-certs.sh"
 export DATTN_REFERENCE_PY="$runfiles/model/testing/longnet_reference.py"
 # No proxy for loopback gRPC, and no connection settings from the environment, whatever it says.

@@ -361,8 +361,8 @@ absl::Status Coordinator::ResolveDeployment(v1::JobSpec* spec) {
     get.set_job_id(d->training_job_id());
     get.set_max_events(1);
     absl::StatusOr<v1::Job> job = GetJob(get);
-    if (!job.ok() || api::TenantOrDefault(job->spec().tenant()) !=
-                         api::TenantOrDefault(spec->tenant())) {
+    if (!job.ok() ||
+        api::TenantOrDefault(job->spec().tenant()) != api::TenantOrDefault(spec->tenant())) {
       return absl::NotFoundError(absl::StrCat("spec.deployment.training_job_id: no job ",
                                               api::Quote(d->training_job_id()), " of this tenant"));
     }
@@ -710,17 +710,17 @@ absl::StatusOr<int64_t> Coordinator::ServingDeployment(const std::string& job_id
   absl::StatusOr<v1::Job> job = GetJob(get);
   if (!job.ok()) return job.status();
   return absl::FailedPreconditionError(absl::StrCat(
-      "job ", job_id, job->spec().has_deployment() ? " is a deployment that ended (" : " is not a deployment (",
+      "job ", job_id,
+      job->spec().has_deployment() ? " is a deployment that ended (" : " is not a deployment (",
       StateName(job->state()), ")"));
 }
 
 namespace {
 
 // Token ids from `tokens` or, for byte-level models, from `text`: never both.
-absl::StatusOr<std::vector<int32_t>> TokensOrText(const google::protobuf::RepeatedField<int32_t>& tokens,
-                                                  const std::string& text, int64_t vocab,
-                                                  const std::string& field,
-                                                  const std::string& text_field) {
+absl::StatusOr<std::vector<int32_t>> TokensOrText(
+    const google::protobuf::RepeatedField<int32_t>& tokens, const std::string& text, int64_t vocab,
+    const std::string& field, const std::string& text_field) {
   if (!tokens.empty() && !text.empty()) {
     return absl::InvalidArgumentError(
         absl::StrCat(field, " and ", text_field, ": give one of them"));
@@ -748,8 +748,8 @@ absl::Status Coordinator::Generate(const v1::GenerateRequest& request,
   absl::StatusOr<int64_t> vocab = ServingDeployment(request.deployment_id());
   if (!vocab.ok()) return vocab.status();
   if (request.priority() < api::kMinPriority || request.priority() > api::kMaxPriority) {
-    return absl::InvalidArgumentError(absl::StrCat("priority: must be ", api::kMinPriority,
-                                                   " .. ", api::kMaxPriority, ", got ",
+    return absl::InvalidArgumentError(absl::StrCat("priority: must be ", api::kMinPriority, " .. ",
+                                                   api::kMaxPriority, ", got ",
                                                    request.priority()));
   }
   v1::ServeWork work;
@@ -812,9 +812,8 @@ absl::StatusOr<v1::ScoreResponse> Coordinator::Score(const v1::ScoreRequest& req
   if (!tokens.ok()) return tokens.status();
   for (size_t i = 0; i < tokens->size(); ++i) {
     if ((*tokens)[i] < 0 || (*tokens)[i] >= *vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("tokens[", i, "]: ", (*tokens)[i],
-                                                     " is outside the vocabulary [0, ", *vocab,
-                                                     ")"));
+      return absl::InvalidArgumentError(absl::StrCat(
+          "tokens[", i, "]: ", (*tokens)[i], " is outside the vocabulary [0, ", *vocab, ")"));
     }
   }
   v1::ServeWork work;
@@ -849,9 +848,8 @@ absl::Status Coordinator::Serve(const v1::ServeUpdate& first,
           "task ", first.task_id(), " is not a task worker ", first.worker_id(), " holds now"));
     }
     if (run->analysis == nullptr || AsDeployment(*run->analysis) == nullptr) {
-      return absl::FailedPreconditionError(
-          absl::StrCat("task ", first.task_id(), ": job ", run->job.job_id(),
-                       " is not a deployment"));
+      return absl::FailedPreconditionError(absl::StrCat("task ", first.task_id(), ": job ",
+                                                        run->job.job_id(), " is not a deployment"));
     }
     job_id = task->job_id;
   }

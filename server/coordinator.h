@@ -261,7 +261,8 @@ class Coordinator {
   // carries the rank's status; `next` reads its updates and `send` writes its work until the
   // stream ends (deployment_router.h). FAILED_PRECONDITION for a task this worker does not hold
   // or whose job is not a deployment.
-  absl::Status Serve(const v1::ServeUpdate& first, const std::function<bool(v1::ServeUpdate*)>& next,
+  absl::Status Serve(const v1::ServeUpdate& first,
+                     const std::function<bool(v1::ServeUpdate*)>& next,
                      const std::function<bool(const v1::ServeWork&)>& send,
                      const CancelledFn& cancelled, const std::function<void()>& end_stream);
   // The name the worker `worker_id` registered under (live or dead); "" for an id never issued
@@ -348,7 +349,7 @@ class Coordinator {
   // Set by Start() before the phase leaves kNew; thread-safe themselves.
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<ResultStore> outputs_;
-  AttendRelay relay_;  // Attend calls' sessions; thread-safe itself.
+  AttendRelay relay_;        // Attend calls' sessions; thread-safe itself.
   DeploymentRouter router_;  // Deployments' Serve streams and their calls; thread-safe itself.
 
   mutable absl::Mutex mu_;

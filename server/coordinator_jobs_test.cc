@@ -90,7 +90,7 @@ TEST_F(CoordinatorTest, ValidationTable) {
       {"no work",
        [](auto* r) { r->mutable_spec()->clear_attention(); },
        C::kInvalidArgument,
-       {"spec: a job must say its work: one of attention, training (none is set)"}},
+       {"spec: a job must say its work: one of attention, training, deployment (none is set)"}},
       {"no attention spec",
        [&](auto* r) { attention(r)->clear_attention(); },
        C::kInvalidArgument,
@@ -256,8 +256,10 @@ TEST_F(CoordinatorTest, OtherRequestValidation) {
   EXPECT_EQ(coordinator_->ListJobs(list).status().code(), absl::StatusCode::kInvalidArgument);
   list.clear_states();
   list.set_kind("inference");
-  EXPECT_THAT(std::string(coordinator_->ListJobs(list).status().message()),
-              HasSubstr("kind: must be one of attention, training or empty, got \"inference\""));
+  EXPECT_THAT(
+      std::string(coordinator_->ListJobs(list).status().message()),
+      HasSubstr(
+          "kind: must be one of attention, training, deployment or empty, got \"inference\""));
   list.set_kind("training");
   EXPECT_TRUE(coordinator_->ListJobs(list).ok());
 

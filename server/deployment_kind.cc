@@ -58,9 +58,9 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> DeploymentKind::Analyze(
   }
   const int64_t max_context = d.max_context() == 0 ? kDefaultMaxContext : d.max_context();
   if (max_context < 1 || max_context > kMaxDeploymentContext) {
-    return Invalid(at + ".max_context", absl::StrCat("must be 1 .. ", kMaxDeploymentContext,
-                                                     " (0: ", kDefaultMaxContext, "), got ",
-                                                     d.max_context()));
+    return Invalid(at + ".max_context",
+                   absl::StrCat("must be 1 .. ", kMaxDeploymentContext, " (0: ", kDefaultMaxContext,
+                                "), got ", d.max_context()));
   }
   const int max_batch = d.max_batch() == 0 ? kDefaultMaxBatch : d.max_batch();
   if (max_batch < 1 || max_batch > kMaxDeploymentBatch) {
@@ -69,15 +69,15 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> DeploymentKind::Analyze(
   }
   const int max_queued = d.max_queued() == 0 ? kDefaultMaxQueued : d.max_queued();
   if (max_queued < 1 || max_queued > kMaxDeploymentQueued) {
-    return Invalid(at + ".max_queued", absl::StrCat("must be 1 .. ", kMaxDeploymentQueued,
-                                                    " (0: ", kDefaultMaxQueued, "), got ",
-                                                    d.max_queued()));
+    return Invalid(at + ".max_queued", absl::StrCat("must be 1 .. ", kMaxDeploymentQueued, " (0: ",
+                                                    kDefaultMaxQueued, "), got ", d.max_queued()));
   }
   absl::StatusOr<model::KvCacheGeometry> geometry =
       model::KvCacheGeometry::Make(*config, max_context);
   if (!geometry.ok()) return Invalid(at + ".max_context", std::string(geometry.status().message()));
   absl::StatusOr<model::ParamLayout> layout = model::BuildParamLayout(*config);
-  if (!layout.ok()) return Invalid(at + ".model_config_json", std::string(layout.status().message()));
+  if (!layout.ok())
+    return Invalid(at + ".model_config_json", std::string(layout.status().message()));
   auto a = std::make_shared<DeploymentAnalysis>();
   a->config = *config;
   a->parameters = layout->total();
@@ -93,11 +93,11 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> DeploymentKind::Analyze(
   api::DeviceVariant cpu;
   cpu.gpu = false;
   cpu.memory_per_rank_bytes = weights + prefill + caches + step;
-  cpu.memory_plan = absl::StrCat(
-      "weights and gradient buffer ", scheduler::FormatBytes(weights), " + prefill of ",
-      max_context, " tokens ", scheduler::FormatBytes(prefill), " + ", max_batch, " caches of ",
-      scheduler::FormatBytes(a->cache_bytes_per_sequence), " + step buffers ",
-      scheduler::FormatBytes(step));
+  cpu.memory_plan = absl::StrCat("weights and gradient buffer ", scheduler::FormatBytes(weights),
+                                 " + prefill of ", max_context, " tokens ",
+                                 scheduler::FormatBytes(prefill), " + ", max_batch, " caches of ",
+                                 scheduler::FormatBytes(a->cache_bytes_per_sequence),
+                                 " + step buffers ", scheduler::FormatBytes(step));
   a->devices = {cpu};
   a->num_ranks = 1;
   a->steps_total = 1;
@@ -107,8 +107,8 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> DeploymentKind::Analyze(
   a->resident = true;
   a->summary = absl::StrCat("deployment of ", d.checkpoint(), ": a ", a->parameters,
                             "-parameter LongNet (d_model ", c.d_model, ", ", c.num_layers,
-                            " layers, vocabulary ", c.vocab_size, "), context ", max_context,
-                            ", ", max_batch, " sequences at once; ", cpu.memory_plan);
+                            " layers, vocabulary ", c.vocab_size, "), context ", max_context, ", ",
+                            max_batch, " sequences at once; ", cpu.memory_plan);
   return std::shared_ptr<const JobAnalysis>(std::move(a));
 }
 

@@ -38,16 +38,15 @@ struct DeploymentRouter::Channel {
 
 DeploymentRouter::~DeploymentRouter() { Shutdown(); }
 
-std::shared_ptr<DeploymentRouter::Channel> DeploymentRouter::Find(
-    const std::string& job_id) const {
+std::shared_ptr<DeploymentRouter::Channel> DeploymentRouter::Find(const std::string& job_id) const {
   absl::MutexLock lock(&mu_);
   auto it = channels_.find(job_id);
   return it == channels_.end() ? nullptr : it->second;
 }
 
-absl::Status DeploymentRouter::Serve(const std::string& job_id,
-                                     const v1::DeploymentStatus& status, const ReadFn& read,
-                                     const WriteFn& write, const CancelledFn& is_cancelled,
+absl::Status DeploymentRouter::Serve(const std::string& job_id, const v1::DeploymentStatus& status,
+                                     const ReadFn& read, const WriteFn& write,
+                                     const CancelledFn& is_cancelled,
                                      const std::function<void()>& end_stream) {
   auto channel = std::make_shared<Channel>();
   channel->end_stream = end_stream;

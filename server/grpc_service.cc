@@ -62,10 +62,10 @@ constexpr char kListWorkers[] = "/dattn.v1.AdminService/ListWorkers";
 constexpr char kDrainWorker[] = "/dattn.v1.AdminService/DrainWorker";
 constexpr char kUndrainWorker[] = "/dattn.v1.AdminService/UndrainWorker";
 constexpr const char* kMethods[] = {
-    kSubmitJob,    kGetJob,    kListJobs,       kCancelJob,   kWatchJob,          kReadOutput,
-    kDeleteJob,    kAttend,    kRegisterWorker, kHeartbeat,   kStreamAssignments, kReportTask,
-    kUploadOutput, kReadInput, kListWorkers,    kDrainWorker, kUndrainWorker,     kGenerate,
-    kScore,        kServe};
+    kSubmitJob,         kGetJob,        kListJobs,     kCancelJob,      kWatchJob,
+    kReadOutput,        kDeleteJob,     kAttend,       kRegisterWorker, kHeartbeat,
+    kStreamAssignments, kReportTask,    kUploadOutput, kReadInput,      kListWorkers,
+    kDrainWorker,       kUndrainWorker, kGenerate,     kScore,          kServe};
 
 constexpr const char* kServiceNames[] = {"", "dattn.v1.JobService", "dattn.v1.WorkerRegistry",
                                          "dattn.v1.AdminService", "inference.GRPCInferenceService"};

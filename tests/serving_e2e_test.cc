@@ -317,8 +317,8 @@ TEST_F(ServingTest, CancelledRequestsFreeTheirSequenceAndBadRequestsAreNamed) {
 // its usage errors; dattn cancel undeploys.
 TEST_F(ServingTest, TheCliDeploysGeneratesScoresAndUndeploys) {
   SetUpServing();
-  ProcessResult deployed =
-      cluster_->Cli({"deploy", "--checkpoint", checkpoint_, "--max-context", "512", "--wait", "30"});
+  ProcessResult deployed = cluster_->Cli(
+      {"deploy", "--checkpoint", checkpoint_, "--max-context", "512", "--wait", "30"});
   ASSERT_EQ(deployed.exit_code, 0) << deployed.out << deployed.err << cluster_->Logs();
   EXPECT_NE(deployed.out.find("serves the checkpoint of step 7"), std::string::npos)
       << deployed.out;

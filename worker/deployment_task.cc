@@ -44,9 +44,9 @@ absl::StatusOr<Loaded> Load(const v1::DeploymentRankPlan& plan, int threads) {
   }
   absl::StatusOr<model::Checkpoint> checkpoint = model::Checkpoint::Open(plan.checkpoint());
   if (!checkpoint.ok()) {
-    return absl::Status(checkpoint.status().code(),
-                        absl::StrCat("checkpoint ", plan.checkpoint(), ": ",
-                                     checkpoint.status().message()));
+    return absl::Status(
+        checkpoint.status().code(),
+        absl::StrCat("checkpoint ", plan.checkpoint(), ": ", checkpoint.status().message()));
   }
   absl::StatusOr<model::LongNetConfig> found =
       model::ParseConfigJson(checkpoint->model_config_json());
@@ -64,8 +64,9 @@ absl::StatusOr<Loaded> Load(const v1::DeploymentRankPlan& plan, int threads) {
   std::vector<float> params(static_cast<size_t>(loaded.lm->layout().total()));
   absl::Status s = checkpoint->ReadWeights(loaded.lm->layout(), 0, absl::MakeSpan(params));
   if (s.ok()) s = loaded.lm->CopyParamsFromHost(params.data());
-  if (!s.ok()) return absl::Status(s.code(), absl::StrCat("checkpoint ", plan.checkpoint(), ": ",
-                                                          s.message()));
+  if (!s.ok())
+    return absl::Status(s.code(),
+                        absl::StrCat("checkpoint ", plan.checkpoint(), ": ", s.message()));
   absl::StatusOr<std::unique_ptr<Decoder<float>>> decoder =
       Decoder<float>::Create(loaded.lm.get(), plan.max_context());
   if (!decoder.ok()) return decoder.status();
@@ -97,9 +98,8 @@ absl::StatusOr<v1::ScoreResponse> Score(LongNetLM<float>& lm, const v1::ScoreReq
         absl::StrCat("tokens: ", n, " given; scoring needs at least 2 (the first is context)"));
   }
   if (n > max_context) {
-    return absl::OutOfRangeError(absl::StrCat("tokens: ", n,
-                                              " pass the deployment's max_context of ",
-                                              max_context));
+    return absl::OutOfRangeError(
+        absl::StrCat("tokens: ", n, " pass the deployment's max_context of ", max_context));
   }
   std::vector<int32_t> tokens(request.tokens().begin(), request.tokens().end());
   model::TokenBatch batch;
@@ -118,11 +118,11 @@ absl::StatusOr<v1::ScoreResponse> Score(LongNetLM<float>& lm, const v1::ScoreReq
     for (int64_t k = 1; k < v; ++k) max_z = std::max<double>(max_z, row[k]);
     double z = 0;
     for (int64_t k = 0; k < v; ++k) z += std::exp(static_cast<double>(row[k]) - max_z);
-    const double lp = static_cast<double>(row[tokens[static_cast<size_t>(i + 1)]]) - max_z -
-                      std::log(z);
+    const double lp =
+        static_cast<double>(row[tokens[static_cast<size_t>(i + 1)]]) - max_z - std::log(z);
     if (!std::isfinite(lp)) {
-      return absl::InternalError(absl::StrCat("the model's log-probability of token ", i + 1,
-                                              " is ", lp));
+      return absl::InternalError(
+          absl::StrCat("the model's log-probability of token ", i + 1, " is ", lp));
     }
     response.add_logprobs(lp);
     sum += lp;
@@ -224,13 +224,12 @@ absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
     }
     bool ended = false;
     const bool busy = generator.running() > 0 || generator.queued() > 0;
-    std::deque<v1::ServeWork> work = inbox.Take(busy ? absl::ZeroDuration() : options.idle_wait,
-                                                &ended);
+    std::deque<v1::ServeWork> work =
+        inbox.Take(busy ? absl::ZeroDuration() : options.idle_wait, &ended);
     for (v1::ServeWork& w : work) {
       const int64_t id = w.request_id();
       if (w.has_score()) {
-        absl::StatusOr<v1::ScoreResponse> score =
-            Score(*loaded->lm, w.score(), plan.max_context());
+        absl::StatusOr<v1::ScoreResponse> score = Score(*loaded->lm, w.score(), plan.max_context());
         v1::ServeUpdate u;
         if (score.ok()) {
           u.set_request_id(id);
@@ -242,10 +241,10 @@ absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
         send(u);
       } else if (w.has_generate()) {
         if (generator.queued() >= std::max(1, plan.max_queued())) {
-          send(Error(id, absl::ResourceExhaustedError(absl::StrCat(
-                             "the deployment's queue is full (", generator.queued(),
-                             " requests wait for one of its ", plan.max_batch(),
-                             " sequences); retry later"))));
+          send(Error(id, absl::ResourceExhaustedError(
+                             absl::StrCat("the deployment's queue is full (", generator.queued(),
+                                          " requests wait for one of its ", plan.max_batch(),
+                                          " sequences); retry later"))));
           continue;
         }
         model::GenerationRequest request = ToRequest(w.generate());

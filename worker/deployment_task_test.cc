@@ -70,9 +70,8 @@ class FakeChannel : public ServeChannel {
   bool Read(v1::ServeWork* work) override {
     absl::MutexLock lock(&mu_);
     mu_.Await(absl::Condition(
-        +[](FakeChannel* c) ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) {
-          return !c->in_.empty() || c->closed_;
-        },
+        +[](FakeChannel* c)
+             ABSL_EXCLUSIVE_LOCKS_REQUIRED(c->mu_) { return !c->in_.empty() || c->closed_; },
         this));
     if (in_.empty()) return false;
     *work = in_.front();
@@ -146,8 +145,8 @@ void Start(Running* r, const v1::TaskAssignment& a) {
     DeploymentTaskOptions o;
     o.num_threads = 1;
     o.is_cancelled = [r] { return r->cancel.load(); };
-    o.open_channel = [r](const v1::DeploymentStatus& ready)
-        -> absl::StatusOr<std::unique_ptr<ServeChannel>> {
+    o.open_channel =
+        [r](const v1::DeploymentStatus& ready) -> absl::StatusOr<std::unique_ptr<ServeChannel>> {
       auto channel = std::make_unique<FakeChannel>();
       r->channel = channel.get();
       r->ready = ready;
@@ -280,8 +279,10 @@ TEST(DeploymentTaskTest, ACheckpointThatChangedIsRefused) {
   other.ffn_dim = 20;
   a.mutable_deployment_plan()->set_model_config_json(model::ConfigToJson(other));
   DeploymentTaskOptions o;
-  o.open_channel = [](const v1::DeploymentStatus&)
-      -> absl::StatusOr<std::unique_ptr<ServeChannel>> { return absl::InternalError("unused"); };
+  o.open_channel =
+      [](const v1::DeploymentStatus&) -> absl::StatusOr<std::unique_ptr<ServeChannel>> {
+    return absl::InternalError("unused");
+  };
   absl::Status s = RunDeploymentTask(a, o);
   EXPECT_TRUE(absl::IsFailedPrecondition(s)) << s;
   EXPECT_NE(s.message().find(dir), std::string::npos) << s;

@@ -12,9 +12,9 @@
 #include "engine/memory_plan.h"
 #include "worker/attention_task.h"
 #include "worker/cpu_device.h"
+#include "worker/deployment_task.h"
 #include "worker/host_info.h"
 #include "worker/log.h"
-#include "worker/deployment_task.h"
 #include "worker/training_task.h"
 
 namespace dattn {
@@ -851,7 +851,8 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
     if (task->reports_training && task->training.steps_total() > 0) {
       *report.mutable_progress()->mutable_training() = task->training;
     }
-    if (task->reports_deployment) *report.mutable_progress()->mutable_deployment() = task->deployment;
+    if (task->reports_deployment)
+      *report.mutable_progress()->mutable_deployment() = task->deployment;
     report.set_ring_formation_seconds(task->ring_formation_seconds.load());
     return report;
   };
@@ -885,8 +886,9 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
     DeploymentTaskOptions run_options;
     run_options.num_threads = threads_per_task_;
     run_options.is_cancelled = is_cancelled;
-    run_options.open_channel = [this, &task, &on_started](const v1::DeploymentStatus& ready)
-        -> absl::StatusOr<std::unique_ptr<ServeChannel>> {
+    run_options.open_channel =
+        [this, &task, &on_started](
+            const v1::DeploymentStatus& ready) -> absl::StatusOr<std::unique_ptr<ServeChannel>> {
       task->phase = v1::RANK_PHASE_RUNNING;
       task->deployment = ready;
       on_started();

@@ -1,4 +1,5 @@
-"""dattn's Python client: attention on numpy arrays (JobService.Attend), jobs and their events.
+"""dattn's Python client: attention on numpy arrays (JobService.Attend), jobs and their events,
+deployments (deploy, generate, score).
 
 Thread-safety: a Client may be used from several threads at once (its gRPC channel is); each call
 is independent. Errors: every failed call raises a DattnError subclass (errors.py); bad arguments
@@ -7,6 +8,7 @@ raise ValueError naming the argument before anything is sent.
 
 import dataclasses
 import os
+import time
 import uuid
 
 import grpc
@@ -224,6 +226,31 @@ class _AttendAnswer:
             raise errors.ProtocolError(
                 "the call ended without done" + ("" if self.info else " (and without accepted)") +
                 f"; expected {self._expected()}")
+
+
+class _Generation:
+    """The tokens of one Generate call (Client.generate), as they come."""
+
+    def __init__(self, call, what):
+        self._call = call
+        self._what = what
+        self.accepted = None
+        self.done = None
+
+    def __iter__(self):
+        try:
+            for response in self._call:
+                kind = response.WhichOneof("event")
+                if kind == "accepted":
+                    self.accepted = response.accepted
+                elif kind == "token":
+                    yield response.token
+                elif kind == "done":
+                    self.done = response.done
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e, self._what) from None
+        finally:
+            self._call.cancel()  # A no-op once the call has ended; cancels it if abandoned.
 
 
 class Client:
@@ -464,6 +491,73 @@ class Client:
         else:
             training.data_parallel = data_parallel
         return self.submit(job_pb2.JobSpec(name=name, training=training), idempotency_key)
+
+    # ---- Deployments (docs/SERVING.md) ------------------------------------------------------------
+
+    def deploy(self, checkpoint=None, *, training_job_id=None, max_context=0, max_batch=0,
+               max_queued=0, name="", priority=0, wait=None, idempotency_key=None):
+        """Submits a deployment of a checkpoint step folder (or of a succeeded training job's final
+        checkpoint) and returns its Job. With `wait` (seconds), follows it until it serves and
+        returns the Job then; raises DattnError if it ends first or the wait runs out."""
+        if (checkpoint is None) == (training_job_id is None):
+            raise ValueError("checkpoint or training_job_id: give one of them")
+        spec = job_pb2.JobSpec(name=name, priority=priority, deployment=job_pb2.DeploymentSpec(
+            checkpoint=checkpoint or "", training_job_id=training_job_id or "",
+            max_context=max_context, max_batch=max_batch, max_queued=max_queued))
+        job = self.submit(spec, idempotency_key)
+        if wait is None:
+            return job
+        deadline = time.monotonic() + wait
+        while True:
+            job = self.get_job(job.job_id)
+            if job.state == job_pb2.JOB_STATE_RUNNING and job.progress.deployment.ready:
+                return job
+            if job.state in _TERMINAL:
+                raise errors.DattnError(
+                    grpc.StatusCode.FAILED_PRECONDITION,
+                    f"deployment {job.job_id} ended {job_pb2.JobState.Name(job.state)}: "
+                    f"{job.state_reason}", "deploy")
+            if time.monotonic() > deadline:
+                raise errors.DattnError(
+                    grpc.StatusCode.DEADLINE_EXCEEDED,
+                    f"deployment {job.job_id} is not serving after {wait} s "
+                    f"({job_pb2.JobState.Name(job.state)}: {job.state_reason})", "deploy")
+            time.sleep(0.2)
+
+    def generate(self, deployment_id, prompt, *, max_tokens=16, temperature=0.0, top_k=0,
+                 top_p=1.0, seed=0, stop=(), priority=0, timeout=None):
+        """Continues `prompt` on a deployment: an iterator of GeneratedToken (token, logprob) as
+        they are made; afterwards its `done` holds the GenerateDone (finish_reason, counts, times)
+        and `accepted` the request's id. `prompt` and each `stop` are text (str or bytes, for
+        byte-level models) or lists of token ids. Closing the iterator early (break) cancels the
+        request on the deployment."""
+        request = job_service_pb2.GenerateRequest(
+            deployment_id=deployment_id, max_tokens=max_tokens, priority=priority,
+            sampling=job_service_pb2.SamplingParams(temperature=temperature, top_k=top_k,
+                                                    top_p=top_p, seed=seed))
+        if isinstance(prompt, (str, bytes)):
+            request.prompt_text = prompt.encode() if isinstance(prompt, str) else prompt
+        else:
+            request.prompt.extend(int(t) for t in prompt)
+        if isinstance(stop, (str, bytes)):
+            raise ValueError("stop: a list of stop sequences (each text or token ids), not one")
+        for s in stop:
+            if isinstance(s, (str, bytes)):
+                request.stop_text.append(s.encode() if isinstance(s, str) else s)
+            else:
+                request.stop.add(tokens=[int(t) for t in s])
+        return _Generation(self._jobs.Generate(request, metadata=self._metadata, timeout=timeout),
+                           f"generate on deployment {deployment_id}")
+
+    def score(self, deployment_id, tokens):
+        """log p(tokens[i+1] | tokens[..i]) for each token after the first, and their mean loss:
+        a ScoreResponse. `tokens`: text (str or bytes, byte-level models) or token ids."""
+        request = job_service_pb2.ScoreRequest(deployment_id=deployment_id)
+        if isinstance(tokens, (str, bytes)):
+            request.text = tokens.encode() if isinstance(tokens, str) else tokens
+        else:
+            request.tokens.extend(int(t) for t in tokens)
+        return self._call(self._jobs.Score, request, f"score on deployment {deployment_id}")
 
     def get_job(self, job_id, events=False):
         return self._call(self._jobs.GetJob,

@@ -246,6 +246,66 @@ class ClusterTest(unittest.TestCase):
     def test_health(self):
         self.assertEqual(self.client.health(), "SERVING")
 
+    def test_deploy_generate_score_and_undeploy(self):
+        # A tiny byte-level model trained for 3 steps by dattn-train: its final checkpoint.
+        out = os.path.join(self.daemons.dir, "tiny-run")
+        text = os.path.join(self.daemons.dir, "tiny.txt")
+        with open(text, "w") as f:
+            f.write("In the beginning God created the heaven and the earth.\n" * 200)
+        config = os.path.join(self.daemons.dir, "tiny.json")
+        with open(config, "w") as f:
+            f.write("""{"model": {"vocab_size": 256, "d_model": 16, "num_layers": 1,
+                         "num_heads": 2, "ffn_dim": 32,
+                         "attention": {"segment_lengths": [8, 16], "dilation_rates": [1, 2]}},
+                         "threads": 1, "seq_len": 32, "batch_size": 2, "steps": 3,
+                         "optimizer": {"warmup_steps": 1},
+                         "eval": {"every": 0}, "retrieval": {"examples": 0},
+                         "checkpoint": {"every": 3, "keep_last": 1}, "log_every": 1}""")
+        trained = subprocess.run([os.environ["DATTN_TRAIN_BIN"], "--data", text, "--out", out,
+                                  "--config", config], capture_output=True, text=True)
+        self.assertEqual(trained.returncode, 0, trained.stderr)
+        checkpoint = os.path.join(out, "checkpoints", "step-00000003")
+        job = self.client.deploy(checkpoint, max_context=128, wait=60)
+        self.assertTrue(job.progress.deployment.ready)
+        self.assertEqual(job.progress.deployment.checkpoint_step, 3)
+        try:
+            generation = self.client.generate(job.job_id, "In the", max_tokens=20)
+            tokens = [t.token for t in generation]
+            self.assertEqual(len(tokens), 20)
+            self.assertEqual(generation.done.finish_reason, "length")
+            self.assertEqual(generation.done.prompt_tokens, 6)
+            self.assertTrue(generation.accepted.startswith(job.job_id + "/"))
+            # Greedy is deterministic; a seeded sample too; ids work as text does.
+            again = [t.token for t in self.client.generate(job.job_id, list(b"In the"),
+                                                           max_tokens=20)]
+            self.assertEqual(again, tokens)
+            sampled = [[t.token for t in self.client.generate(
+                job.job_id, "In the", max_tokens=20, temperature=1.0, seed=5)] for _ in range(2)]
+            self.assertEqual(sampled[0], sampled[1])
+            # A stop sequence from its own output ends the result before it.
+            stop = bytes(tokens[10:12])
+            stopped = self.client.generate(job.job_id, "In the", max_tokens=20, stop=[stop])
+            cut = [t.token for t in stopped]
+            self.assertEqual(stopped.done.finish_reason, "stop")
+            self.assertEqual(cut, tokens[:bytes(tokens).find(stop)])
+            # Breaking out of the iterator cancels the request; the deployment serves on.
+            for _ in self.client.generate(job.job_id, "x", max_tokens=100):
+                break
+            scored = self.client.score(job.job_id, "In the beginning")
+            self.assertEqual(len(scored.logprobs), 15)
+            self.assertAlmostEqual(scored.loss, -sum(scored.logprobs) / 15, places=9)
+            with self.assertRaises(dattn_client.InvalidArgument) as e:
+                list(self.client.generate(job.job_id, [1, 999]))
+            self.assertIn("999", str(e.exception))
+            with self.assertRaises(dattn_client.NotFound):
+                list(self.client.generate("j-0000000000000000", "x"))
+            with self.assertRaises(ValueError):
+                self.client.deploy()
+        finally:
+            self.client.cancel(job.job_id)
+            self.assertEqual(self.client.wait(job.job_id, timeout=60).state,
+                             job_pb2.JOB_STATE_CANCELLED)
+
 
 class TlsTest(unittest.TestCase):
     """A coordinator with TLS (scripts/make-certs.sh) and a token file: the client's CA, token and

@@ -10,6 +10,7 @@
 //   vocabulary, a prompt over max_context, a job that is not a deployment, a checkpoint that
 //   does not exist); an undeployed deployment refuses further requests.
 #include <grpcpp/grpcpp.h>
+#include <signal.h>
 
 #include <chrono>
 #include <cmath>
@@ -99,12 +100,13 @@ struct Generated {
 class ServingTest : public ClusterTest {
  protected:
   // A deployment of `checkpoint`, waited for until ready (30 s at most); its job id.
-  std::string Deploy(const std::string& checkpoint, int max_batch = 4) {
+  std::string Deploy(const std::string& checkpoint, int max_batch = 4, int64_t max_context = 0) {
     v1::SubmitJobRequest request;
     request.set_idempotency_key("deploy-" + checkpoint.substr(checkpoint.size() - 8));
     request.mutable_spec()->set_name("serve");
     request.mutable_spec()->mutable_deployment()->set_checkpoint(checkpoint);
     request.mutable_spec()->mutable_deployment()->set_max_batch(max_batch);
+    request.mutable_spec()->mutable_deployment()->set_max_context(max_context);
     grpc::ClientContext context;
     v1::SubmitJobResponse response;
     const grpc::Status s = cluster_->jobs().SubmitJob(&context, request, &response);
@@ -311,6 +313,56 @@ TEST_F(ServingTest, CancelledRequestsFreeTheirSequenceAndBadRequestsAreNamed) {
   ASSERT_TRUE(cluster_->WaitForJobEnd(id, seconds(30), &ended)) << cluster_->Logs();
   EXPECT_EQ(ended.state(), v1::JOB_STATE_CANCELLED);
   expect_error(Greedy(id, "x", 3), grpc::StatusCode::FAILED_PRECONDITION, "ended");
+}
+
+// kill -9 of the deployment's worker mid-request: the request in flight ends UNAVAILABLE (its
+// client may retry), the deployment is placed again on the other worker, becomes ready and serves
+// the same tokens as before.
+TEST_F(ServingTest, ADeploymentWhoseWorkerDiesIsPlacedAgainAndServesTheSame) {
+  StartCluster(2, ClusterOptions{});
+  checkpoint_ = SaveModel(cluster_->dir() + "/model", &weights_);
+  const std::string id = Deploy(checkpoint_, /*max_batch=*/4, /*max_context=*/200000);
+  const std::vector<int32_t> before = Generate(Greedy(id, "abc", 30)).tokens;
+  ASSERT_EQ(before, Expected(weights_, Bytes("abc"), 30, 200000));
+
+  v1::Job job;
+  {
+    grpc::ClientContext c;
+    v1::GetJobRequest get;
+    get.set_job_id(id);
+    ASSERT_TRUE(cluster_->jobs().GetJob(&c, get, &job).ok());
+  }
+  ASSERT_EQ(job.worker_ids_size(), 1);
+  const int victim = cluster_->WorkerIndex(cluster_->WorkerName(job.worker_ids(0)));
+  ASSERT_GE(victim, 0);
+  // A request long enough to be in flight when its worker dies.
+  Generated in_flight;
+  std::thread caller([&] { in_flight = Generate(Greedy(id, "x", 190000)); });
+  std::this_thread::sleep_for(milliseconds(500));
+  cluster_->worker(victim).Signal(SIGKILL);
+  caller.join();
+  EXPECT_EQ(in_flight.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << in_flight.status.error_message();
+  EXPECT_NE(in_flight.status.error_message().find("retry"), std::string::npos)
+      << in_flight.status.error_message();
+
+  // Placed again (on the surviving worker), ready, and the same model.
+  for (int i = 0; i < 300; ++i) {
+    grpc::ClientContext c;
+    v1::GetJobRequest get;
+    get.set_job_id(id);
+    ASSERT_TRUE(cluster_->jobs().GetJob(&c, get, &job).ok());
+    if (job.attempt() >= 2 && job.state() == v1::JOB_STATE_RUNNING &&
+        job.progress().deployment().ready()) {
+      break;
+    }
+    std::this_thread::sleep_for(milliseconds(100));
+  }
+  ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.DebugString() << cluster_->Logs();
+  EXPECT_GE(job.attempt(), 2);
+  Generated after = Generate(Greedy(id, "abc", 30));
+  ASSERT_TRUE(after.status.ok()) << after.status.error_message();
+  EXPECT_EQ(after.tokens, before);
 }
 
 // The CLI: dattn deploy --wait, dattn generate (bytes to stdout as they come), dattn score, and

@@ -5,6 +5,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace dattn {
 namespace model {
@@ -48,6 +49,7 @@ absl::StatusOr<int64_t> BatchGenerator<T>::Submit(GenerationRequest request) {
   seq->id = next_id_++;
   seq->stream = std::make_unique<TokenStream>(*std::move(stream));
   seq->request = std::move(request);
+  seq->submitted = absl::Now();
   const int64_t id = seq->id;
   queue_.push_back(std::move(seq));
   return id;
@@ -64,6 +66,8 @@ void BatchGenerator<T>::End(Sequence& seq, absl::Status outcome, TickStats* stat
   }
   GenerateResult result = seq.stream->result();
   result.steps = seq.steps;
+  result.queue_seconds = seq.queue_seconds;
+  result.prefill_seconds = seq.prefill_seconds;
   seq.request.on_done(std::move(result));
 }
 
@@ -149,6 +153,8 @@ absl::StatusOr<TickStats> BatchGenerator<T>::Tick(absl::Time now) {
     std::unique_ptr<Sequence> seq = std::move(*best);
     queue_.erase(best);
     ++stats.admitted;
+    const absl::Time admitted = absl::Now();
+    seq->queue_seconds = absl::ToDoubleSeconds(admitted - seq->submitted);
     absl::StatusOr<DecodeState<T>> state = decoder_->NewState();
     absl::Status s = state.status();
     if (s.ok()) {
@@ -158,6 +164,7 @@ absl::StatusOr<TickStats> BatchGenerator<T>::Tick(absl::Time now) {
                             static_cast<int64_t>(seq->request.prompt.size()), seq->state.get(),
                             seq->logits.data());
     }
+    seq->prefill_seconds = absl::ToDoubleSeconds(absl::Now() - admitted);
     if (!s.ok()) {
       End(*seq, absl::Status(s.code(), absl::StrCat("request ", seq->id, ": ", s.message())),
           &stats);

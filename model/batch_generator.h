@@ -94,6 +94,9 @@ class BatchGenerator {
     std::vector<T> logits;  // Ready to be sampled when `has_logits`.
     bool has_logits = false;
     int64_t steps = 0;
+    absl::Time submitted;  // Wall clock, for GenerateResult's queue and prefill times.
+    double queue_seconds = 0;
+    double prefill_seconds = 0;
   };
 
   BatchGenerator(Decoder<T>* decoder, int64_t max_batch);

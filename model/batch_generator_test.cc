@@ -160,6 +160,12 @@ TEST(BatchGeneratorTest, PriorityOrdersAdmissionThenSubmission) {
   }
   Drain(**g, absl::Now());
   EXPECT_EQ(order, (std::vector<int>{1, 3, 2, 0}));
+  // Each was prefilled; the last admitted waited longest in the queue.
+  for (const Outcome& o : outcomes) {
+    ASSERT_TRUE(o.result.ok());
+    EXPECT_GT(o.result->prefill_seconds, 0);
+  }
+  EXPECT_GT(outcomes[0].result->queue_seconds, outcomes[1].result->queue_seconds);
 }
 
 TEST(BatchGeneratorTest, DeadlinesAndCancelsEndRequestsAndFreeTheirCaches) {

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 
 namespace dattn {
 namespace model {
@@ -260,9 +261,11 @@ absl::StatusOr<GenerateResult> Generate(Decoder<T>& decoder, const std::vector<i
   absl::StatusOr<DecodeState<T>> state = decoder.NewState();
   if (!state.ok()) return state.status();
   std::vector<T> logits(static_cast<size_t>(decoder.config().vocab_size));
+  const absl::Time prefill_start = absl::Now();
   absl::Status s =
       decoder.Prefill(prompt.data(), static_cast<int64_t>(prompt.size()), &*state, logits.data());
   if (!s.ok()) return s;
+  const double prefill_seconds = absl::ToDoubleSeconds(absl::Now() - prefill_start);
   int64_t steps = 0;
   while (true) {
     absl::StatusOr<bool> more =
@@ -277,6 +280,7 @@ absl::StatusOr<GenerateResult> Generate(Decoder<T>& decoder, const std::vector<i
   }
   GenerateResult result = stream->result();
   result.steps = steps;
+  result.prefill_seconds = prefill_seconds;
   return result;
 }
 

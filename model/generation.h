@@ -98,7 +98,9 @@ struct GenerateResult {
   std::vector<GeneratedToken> tokens;
   FinishReason finish = FinishReason::kLength;
   int64_t prompt_tokens = 0;
-  int64_t steps = 0;  // Decoder steps run (tokens fed back after the prompt).
+  int64_t steps = 0;           // Decoder steps run (tokens fed back after the prompt).
+  double queue_seconds = 0;    // BatchGenerator: submitted until admitted (wall clock).
+  double prefill_seconds = 0;  // The prompt's Prefill (wall clock).
 };
 
 // Called with each token once it is final (see "Stop sequences"); returning false stops the

@@ -68,7 +68,7 @@ Coordinator::Coordinator(CoordinatorOptions options, Metrics* metrics)
   // The kinds of work this coordinator runs: adding a kind is one line here.
   kinds_.Add(std::make_unique<AttentionKind>(metrics_));
   kinds_.Add(std::make_unique<TrainingKind>(metrics_));
-  kinds_.Add(std::make_unique<DeploymentKind>());
+  kinds_.Add(std::make_unique<DeploymentKind>(metrics_));
   absl::MutexLock lock(&mu_);
   dispatcher_.Attach(&book_, &workers_, &rings_);
 }
@@ -774,7 +774,7 @@ absl::Status Coordinator::Generate(const v1::GenerateRequest& request,
   }
   const absl::Time start = absl::Now();
   absl::Time first_token = absl::InfinitePast();
-  return router_.Call(
+  absl::Status status = router_.Call(
       request.deployment_id(), std::move(work),
       [&](const v1::ServeUpdate& u) {
         v1::GenerateResponse response;
@@ -782,11 +782,18 @@ absl::Status Coordinator::Generate(const v1::GenerateRequest& request,
           if (first_token == absl::InfinitePast()) first_token = absl::Now();
           *response.mutable_token() = u.token();
         } else if (u.has_done()) {
-          *response.mutable_done() = u.done();
-          response.mutable_done()->set_first_token_seconds(
-              first_token == absl::InfinitePast() ? 0.0
-                                                  : absl::ToDoubleSeconds(first_token - start));
-          response.mutable_done()->set_seconds(absl::ToDoubleSeconds(absl::Now() - start));
+          v1::GenerateDone* done = response.mutable_done();
+          *done = u.done();
+          const absl::Time end = absl::Now();
+          done->set_first_token_seconds(first_token == absl::InfinitePast()
+                                            ? 0.0
+                                            : absl::ToDoubleSeconds(first_token - start));
+          done->set_seconds(absl::ToDoubleSeconds(end - start));
+          metrics_->ObserveGenerate(request.deployment_id(), *done,
+                                    done->generated_tokens() >= 2
+                                        ? absl::ToDoubleSeconds(end - first_token) /
+                                              static_cast<double>(done->generated_tokens() - 1)
+                                        : -1.0);
         } else {
           return true;
         }
@@ -798,6 +805,8 @@ absl::Status Coordinator::Generate(const v1::GenerateRequest& request,
         accepted.set_accepted(absl::StrCat(request.deployment_id(), "/", id));
         return emit(accepted);
       });
+  metrics_->CountServing(request.deployment_id(), "generate", status.code());
+  return status;
 }
 
 absl::StatusOr<v1::ScoreResponse> Coordinator::Score(const v1::ScoreRequest& request,
@@ -827,6 +836,7 @@ absl::StatusOr<v1::ScoreResponse> Coordinator::Score(const v1::ScoreRequest& req
         return true;
       },
       cancelled);
+  metrics_->CountServing(request.deployment_id(), "score", s.code());
   if (!s.ok()) return s;
   return response;
 }

@@ -166,6 +166,11 @@ void DeploymentKind::TakeProgress(const JobAnalysis&, size_t, int, const v1::Tas
     events->push_back(std::move(event));
   }
   *current = next;
+  metrics_->SetDeployment(job->job_id(), next);
+}
+
+void DeploymentKind::AttemptEnded(const std::string& job_id) const {
+  metrics_->RemoveDeployment(job_id);
 }
 
 std::string DeploymentKind::ProgressMessage(const v1::JobProgress& progress) const {

@@ -24,6 +24,7 @@
 #include <vector>
 
 #include "model/config.h"
+#include "server/metrics.h"
 #include "server/work_kind.h"
 
 namespace dattn {
@@ -48,6 +49,8 @@ struct DeploymentAnalysis : JobAnalysis {
 
 class DeploymentKind final : public WorkKind {
  public:
+  // `metrics` (not owned, must outlive the kind) receives the deployments' gauges.
+  explicit DeploymentKind(Metrics* metrics) : metrics_(metrics) {}
   const char* name() const override { return "deployment"; }
   v1::JobSpec::WorkCase work_case() const override { return v1::JobSpec::kDeployment; }
   absl::StatusOr<std::shared_ptr<const JobAnalysis>> Analyze(
@@ -64,9 +67,13 @@ class DeploymentKind final : public WorkKind {
                     const v1::TaskReport& report, v1::Job* job,
                     std::vector<v1::JobEvent>* events) const override;
   std::string ProgressMessage(const v1::JobProgress& progress) const override;
+  void AttemptEnded(const std::string& job_id) const override;
   bool KeepsStoredOutput(const v1::JobResult&) const override { return false; }
   const v1::Tensor* InlineOutput(const v1::JobResult&) const override { return nullptr; }
   void StripInlineOutput(v1::JobResult*) const override {}
+
+ private:
+  Metrics* const metrics_;
 };
 
 // The deployment's analysis (the kind made it), or nullptr for another kind's.

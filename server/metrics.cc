@@ -183,6 +183,53 @@ Metrics::Metrics() : registry_(std::make_shared<prometheus::Registry>()) {
                                 "seconds).")
                             .Register(*registry_);
 
+  serving_requests_ = &prometheus::BuildCounter()
+                           .Name("dattn_serving_requests_total")
+                           .Help(
+                               "Generate and Score calls on deployments, by deployment (its job "
+                               "id), call and status code (unit: calls).")
+                           .Register(*registry_);
+  generated_tokens_ = &prometheus::BuildCounter()
+                           .Name("dattn_generated_tokens_total")
+                           .Help("Tokens Generate calls returned, by deployment (unit: tokens).")
+                           .Register(*registry_);
+  first_token_seconds_ = &prometheus::BuildHistogram()
+                              .Name("dattn_generate_first_token_seconds")
+                              .Help(
+                                  "Time to first token of each Generate call: accepted to its "
+                                  "first token, by deployment (unit: seconds).")
+                              .Register(*registry_);
+  output_token_seconds_ = &prometheus::BuildHistogram()
+                               .Name("dattn_generate_output_token_seconds")
+                               .Help(
+                                   "Time per output token of each Generate call after its first "
+                                   "(calls of two tokens or more), by deployment (unit: seconds).")
+                               .Register(*registry_);
+  serving_queue_seconds_ = &prometheus::BuildHistogram()
+                                .Name("dattn_generate_queue_seconds")
+                                .Help(
+                                    "Time each Generate call waited in its deployment's queue for "
+                                    "a free sequence (unit: seconds).")
+                                .Register(*registry_);
+  prefill_tokens_per_second_ = &prometheus::BuildHistogram()
+                                    .Name("dattn_generate_prefill_tokens_per_second")
+                                    .Help(
+                                        "Prompt tokens over the prompt's forward pass of each "
+                                        "Generate call, by deployment (unit: tokens/s).")
+                                    .Register(*registry_);
+  deployment_sequences_ = &prometheus::BuildGauge()
+                               .Name("dattn_deployment_sequences")
+                               .Help(
+                                   "A deployment's requests: state=running (being decoded) or "
+                                   "queued, as its rank last reported (unit: requests).")
+                               .Register(*registry_);
+  deployment_cache_bytes_ = &prometheus::BuildGauge()
+                                 .Name("dattn_deployment_cache_bytes")
+                                 .Help(
+                                     "Cache memory of a deployment's running sequences (unit: "
+                                     "bytes).")
+                                 .Register(*registry_);
+
   job_tflops_ = &prometheus::BuildHistogram()
                      .Name("dattn_attention_job_tflops")
                      .Help(
@@ -589,6 +636,60 @@ void Metrics::SetTrainingValidationLoss(absl::string_view job_id, double loss) {
 void Metrics::ObserveTrainingCheckpoint(double seconds, int64_t bytes) {
   if (seconds >= 0) training_checkpoint_seconds_->Observe(seconds);
   if (bytes >= 0) training_checkpoint_bytes_->Observe(static_cast<double>(bytes));
+}
+
+void Metrics::CountServing(absl::string_view deployment, absl::string_view call,
+                           absl::StatusCode code) {
+  serving_requests_
+      ->Add({{"deployment", Str(deployment)},
+             {"call", Str(call)},
+             {"code", absl::StatusCodeToString(code)}})
+      .Increment();
+}
+
+void Metrics::ObserveGenerate(absl::string_view deployment, const v1::GenerateDone& done,
+                              double seconds_per_token) {
+  static const auto* seconds = new prometheus::Histogram::BucketBoundaries{
+      0.0001, 0.0003, 0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1, 3, 10, 30, 100};
+  static const auto* rates =
+      new prometheus::Histogram::BucketBoundaries{10, 100, 1e3, 1e4, 1e5, 1e6, 1e7};
+  const std::map<std::string, std::string> labels = {{"deployment", Str(deployment)}};
+  generated_tokens_->Add(labels).Increment(static_cast<double>(done.generated_tokens()));
+  if (done.generated_tokens() > 0) {
+    first_token_seconds_->Add(labels, *seconds).Observe(done.first_token_seconds());
+  }
+  if (seconds_per_token >= 0) {
+    output_token_seconds_->Add(labels, *seconds).Observe(seconds_per_token);
+  }
+  serving_queue_seconds_->Add(labels, *seconds).Observe(done.queue_seconds());
+  if (done.prefill_seconds() > 0) {
+    prefill_tokens_per_second_->Add(labels, *rates)
+        .Observe(static_cast<double>(done.prompt_tokens()) / done.prefill_seconds());
+  }
+}
+
+void Metrics::SetDeployment(absl::string_view deployment, const v1::DeploymentStatus& status) {
+  const std::string d(deployment);
+  deployment_sequences_->Add({{"deployment", d}, {"state", "running"}})
+      .Set(static_cast<double>(status.running()));
+  deployment_sequences_->Add({{"deployment", d}, {"state", "queued"}})
+      .Set(static_cast<double>(status.queued()));
+  deployment_cache_bytes_->Add({{"deployment", d}})
+      .Set(static_cast<double>(status.running() * status.cache_bytes_per_sequence()));
+}
+
+void Metrics::RemoveDeployment(absl::string_view deployment) {
+  const std::string d(deployment);
+  for (const char* state : {"running", "queued"}) {
+    const std::map<std::string, std::string> labels = {{"deployment", d}, {"state", state}};
+    if (deployment_sequences_->Has(labels)) {
+      deployment_sequences_->Remove(&deployment_sequences_->Add(labels));
+    }
+  }
+  const std::map<std::string, std::string> labels = {{"deployment", d}};
+  if (deployment_cache_bytes_->Has(labels)) {
+    deployment_cache_bytes_->Remove(&deployment_cache_bytes_->Add(labels));
+  }
 }
 
 void Metrics::RemoveTrainingJob(absl::string_view job_id) {

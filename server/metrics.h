@@ -83,6 +83,7 @@
 #include "absl/strings/string_view.h"
 #include "absl/synchronization/mutex.h"
 #include "dattn/v1/job.pb.h"
+#include "dattn/v1/job_service.pb.h"
 
 namespace prometheus {
 class Counter;
@@ -183,6 +184,18 @@ class Metrics {
   // An Attend job's queue time (observed when >= 0) and, when it succeeded, its engine time.
   void ObserveAttend(absl::string_view tenant, double queue_seconds, double engine_seconds);
 
+  // Deployments (docs/SERVING.md), labelled by the deployment's job id. A Generate or Score call
+  // (`call`) on `deployment` ended with `code`.
+  void CountServing(absl::string_view deployment, absl::string_view call, absl::StatusCode code);
+  // A Generate call that finished: its `done` (time to first token, queue and prefill time,
+  // tokens) and its time per output token after the first (< 0: fewer than two tokens).
+  void ObserveGenerate(absl::string_view deployment, const v1::GenerateDone& done,
+                       double seconds_per_token);
+  // A deployment's rank reported its status: running and queued sequences, cache bytes in use.
+  void SetDeployment(absl::string_view deployment, const v1::DeploymentStatus& status);
+  // Its attempt ended: its gauges go.
+  void RemoveDeployment(absl::string_view deployment);
+
  private:
   prometheus::Gauge& JobGauge(absl::string_view kind, v1::JobState state);
 
@@ -222,6 +235,14 @@ class Metrics {
   prometheus::Histogram* training_checkpoint_bytes_;
   prometheus::Gauge* attend_active_;
   prometheus::Gauge* attend_buffered_max_;
+  prometheus::Family<prometheus::Counter>* serving_requests_;
+  prometheus::Family<prometheus::Counter>* generated_tokens_;
+  prometheus::Family<prometheus::Histogram>* first_token_seconds_;
+  prometheus::Family<prometheus::Histogram>* output_token_seconds_;
+  prometheus::Family<prometheus::Histogram>* serving_queue_seconds_;
+  prometheus::Family<prometheus::Histogram>* prefill_tokens_per_second_;
+  prometheus::Family<prometheus::Gauge>* deployment_sequences_;
+  prometheus::Family<prometheus::Gauge>* deployment_cache_bytes_;
   prometheus::Family<prometheus::Counter>* attend_calls_;
   prometheus::Family<prometheus::Counter>* attend_bytes_;
   prometheus::Family<prometheus::Histogram>* attend_queue_seconds_;

@@ -30,6 +30,7 @@
 #include "model/optimizer.h"
 #include "tests/cluster.h"
 #include "tests/cluster_fixture.h"
+#include "tests/http_client.h"
 
 namespace dattn::testing {
 namespace {
@@ -88,6 +89,22 @@ std::vector<int32_t> Expected(const std::vector<float>& weights, const std::vect
   std::vector<int32_t> t;
   for (const model::GeneratedToken& g : r->tokens) t.push_back(g.token);
   return t;
+}
+
+// The value of the first sample of `name` on a /metrics page whose labels include every one of
+// `labels` (each `key="value"`), or -1.
+double MetricValue(const std::string& page, const std::string& name,
+                   const std::vector<std::string>& labels) {
+  size_t at = 0;
+  while ((at = page.find("\n" + name + "{", at)) != std::string::npos) {
+    const size_t end = page.find('\n', at + 1);
+    const std::string line = page.substr(at + 1, end - at - 1);
+    at = end;
+    bool all = true;
+    for (const std::string& l : labels) all &= line.find(l) != std::string::npos;
+    if (all) return std::stod(line.substr(line.rfind(' ') + 1));
+  }
+  return -1;
 }
 
 struct Generated {
@@ -245,6 +262,25 @@ TEST_F(ServingTest, GenerateAndScoreAreTheModelsAndConcurrentRequestsKeepTheirOw
     ASSERT_TRUE(together[i].status.ok()) << together[i].status.error_message();
     EXPECT_EQ(together[i].tokens, Expected(weights_, Bytes(prompts[i]), 30)) << prompts[i];
   }
+
+  // The serving metrics count what was served.
+  const HttpResult page = HttpGet(cluster_->metrics_address(), "/metrics");
+  ASSERT_EQ(page.status, 200) << page.error;
+  const std::string d = "deployment=\"" + id + "\"";
+  EXPECT_EQ(MetricValue(page.body, "dattn_serving_requests_total",
+                        {d, "call=\"generate\"", "code=\"OK\""}),
+            6);
+  EXPECT_EQ(
+      MetricValue(page.body, "dattn_serving_requests_total", {d, "call=\"score\"", "code=\"OK\""}),
+      1);
+  EXPECT_EQ(MetricValue(page.body, "dattn_generated_tokens_total", {d}),
+            static_cast<double>(40 + stopped.tokens.size() + 4 * 30));
+  EXPECT_EQ(MetricValue(page.body, "dattn_generate_first_token_seconds_count", {d}), 6);
+  EXPECT_EQ(MetricValue(page.body, "dattn_generate_output_token_seconds_count", {d}), 6);
+  EXPECT_EQ(MetricValue(page.body, "dattn_generate_queue_seconds_count", {d}), 6);
+  EXPECT_EQ(MetricValue(page.body, "dattn_generate_prefill_tokens_per_second_count", {d}), 6);
+  EXPECT_GE(MetricValue(page.body, "dattn_deployment_cache_bytes", {d}), 0);
+  EXPECT_GE(MetricValue(page.body, "dattn_deployment_sequences", {d, "state=\"queued\""}), 0);
 }
 
 TEST_F(ServingTest, CancelledRequestsFreeTheirSequenceAndBadRequestsAreNamed) {

@@ -274,6 +274,8 @@ absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
           done->set_finish_reason(model::FinishReasonName(result->finish));
           done->set_prompt_tokens(result->prompt_tokens);
           done->set_generated_tokens(static_cast<int64_t>(result->tokens.size()));
+          done->set_queue_seconds(result->queue_seconds);
+          done->set_prefill_seconds(result->prefill_seconds);
           send(u);
         };
         absl::StatusOr<int64_t> queued = generator.Submit(std::move(request));

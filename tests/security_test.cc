@@ -171,6 +171,30 @@ TEST_F(Security, TenantsSeeOnlyTheirOwnJobs) {
     EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
     EXPECT_EQ(s.error_message(), want);
   }
+  {
+    // Generate and Score treat another tenant's job as one that does not exist; its owner is
+    // told it is not a deployment.
+    v1::GenerateRequest generate;
+    generate.set_deployment_id(job_id);
+    generate.set_prompt_text("x");
+    auto context = Context();
+    auto reader = bob->Generate(context.get(), generate);
+    v1::GenerateResponse response;
+    EXPECT_FALSE(reader->Read(&response));
+    s = reader->Finish();
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(s.error_message(), want);
+    v1::ScoreRequest score;
+    score.set_deployment_id(job_id);
+    score.set_text("xy");
+    v1::ScoreResponse scored;
+    s = bob->Score(Context().get(), score, &scored);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_EQ(s.error_message(), want);
+    s = alice->Score(Context().get(), score, &scored);
+    EXPECT_EQ(s.error_code(), grpc::StatusCode::FAILED_PRECONDITION) << s.error_message();
+    EXPECT_THAT(s.error_message(), HasSubstr("not a deployment"));
+  }
   // Lists: bob's own tenant only; asking for alice's is refused.
   v1::ListJobsRequest list;
   v1::ListJobsResponse listed;

@@ -219,7 +219,18 @@ absl::Status Coordinator::Drain(absl::Duration timeout) {
   Tickets tickets;
   {
     absl::MutexLock lock(&mu_);
-    while (book_.AnyActiveRun() && !clock_->WaitUntil(&drain_cv_, &mu_, deadline)) {
+    // Deployments (resident jobs) never end by themselves: the drain does not wait for them; they
+    // are requeued with the rest and placed again when the coordinator runs again.
+    auto finite_runs_active = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
+      for (JobRun* run : book_.Runs()) {
+        if (!run->terminal && IsActiveRun(run->job.state()) &&
+            !(run->analysis != nullptr && run->analysis->resident)) {
+          return true;
+        }
+      }
+      return false;
+    };
+    while (finite_runs_active() && !clock_->WaitUntil(&drain_cv_, &mu_, deadline)) {
     }
     for (JobRun* run : book_.Runs()) {
       if (run->terminal || !IsActiveRun(run->job.state())) continue;

@@ -285,10 +285,11 @@ class Coordinator {
   // Submits answer UNAVAILABLE from now on and nothing new is placed; reports, heartbeats and reads
   // go on. Idempotent.
   void StopAccepting();
-  // Waits up to `timeout` for every placed or running job to end. Jobs still active then are
-  // requeued (attempt + 1, recovery cause drain_timeout; CANCELLED if a cancel was requested) and
-  // their workers sent CancelTask; waits up to a further second for the cancels to be delivered.
-  // Returns the store's error if a write fails. Call after StopAccepting().
+  // Waits up to `timeout` for every placed or running job to end (deployments, which never end by
+  // themselves, are not waited for). Jobs still active then are requeued (attempt + 1, recovery
+  // cause drain_timeout; CANCELLED if a cancel was requested) and their workers sent CancelTask;
+  // waits up to a further second for the cancels to be delivered. Returns the store's error if a
+  // write fails. Call after StopAccepting().
   absl::Status Drain(absl::Duration timeout);
   // Ends every WatchJob and StreamAssignments call (UNAVAILABLE) and makes new ones fail at once.
   void CloseStreams();

@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # The main job: a coordinator and two CPU workers on loopback with a data directory, a real attention
-# job submitted through the dattn CLI and watched to completion, its result, and where the metrics are.
+# job submitted through the dattn CLI and watched to completion, its result, Attend on .npy files, a
+# small language model trained on docs/ as a training job, deployed and generating text, and where
+# the metrics are.
 # Secure as a real cluster (docs/SECURITY.md): a CA and certificates from scripts/make-certs.sh (TLS,
 # workers with certificates), and a client token from `dattn token new`.
 #
@@ -113,9 +115,35 @@ dattn attend "$dir/q.npy" "$dir/k.npy" "$dir/v.npy" --segments 1024,2048 --rates
   --ranks 2 -o "$dir/out.npy"
 /usr/bin/python3 -c "import numpy as np; o = np.load('$dir/out.npy'); print('out.npy:', o.shape, o.dtype, 'finite:', bool(np.isfinite(o).all()))"
 echo
+echo "== a language model: a training job on this repository's docs (byte-level, CPU, checkpoints in"
+echo "   $dir/checkpoints), then a deployment of its final checkpoint, text generated from it and a"
+echo "   score (docs/TRAINING_JOBS.md, docs/SERVING.md)"
+cat > "$dir/lm.json" <<JSON
+{"model": {"vocab_size": 256, "d_model": 64, "num_layers": 2, "num_heads": 4, "ffn_dim": 256,
+           "attention": {"segment_lengths": [32, 64, 128], "dilation_rates": [1, 2, 4]}},
+ "data": {"paths": ["$PWD/docs"], "format": "text", "validation_fraction": 0.02},
+ "seq_len": 128, "batch_size": 8, "steps": 200, "seed": 1,
+ "optimizer": {"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 10},
+ "eval": {"every": 100, "batches": 2}, "retrieval": {"examples": 0},
+ "checkpoint": {"every": 200, "keep_last": 1}, "log_every": 50}
+JSON
+train=$(dattn --json submit --name=demo-lm --train-config "$dir/lm.json" \
+  --checkpoint-dir "$dir/checkpoints" --device=cpu |
+  /usr/bin/python3 -c 'import json, sys; print(json.load(sys.stdin)["job"]["job_id"])')
+dattn watch "$train"
+set -x
+dattn deploy --from-job "$train" --max-context 1024 --wait 120 | tee "$dir/deploy.txt"
+{ set +x; } 2>/dev/null
+deployment=$(grep -o 'j-[0-9a-f]*' "$dir/deploy.txt" | head -1)
+set -x
+dattn generate "$deployment" --prompt "The coordinator " --max-tokens 160 --temperature 0.7 --seed 3
+dattn score "$deployment" --text "dilated attention on a ring of workers" | head -1
+dattn cancel "$deployment"
+{ set +x; } 2>/dev/null
+echo
 echo "== metrics: http://127.0.0.1:$metrics_port/metrics (Prometheus text; /healthz answers liveness); a few of them:"
 curl -sf "http://127.0.0.1:$metrics_port/metrics" |
-  grep -E '^dattn_(jobs|attention_tokens_total|attention_flops_total|workers)\b' | head -12 || true
+  grep -E '^dattn_(jobs|attention_tokens_total|attention_flops_total|workers|generated_tokens_total)\b' | head -14 || true
 
 if [ "$keep" = 1 ]; then
   echo

@@ -695,6 +695,18 @@ absl::StatusCode FailureCode(const std::string& reason) {
 
 }  // namespace
 
+const TaskEntry* Coordinator::HeldTaskLocked(const std::string& worker_id,
+                                             const std::string& task_id, const JobRun** run) {
+  const TaskEntry* task = workers_.FindTask(task_id);
+  const JobRun* job = task != nullptr ? book_.Find(task->job_id) : nullptr;
+  if (task == nullptr || task->worker_id != worker_id || job == nullptr || job->terminal ||
+      job->job.attempt() != task->attempt) {
+    return nullptr;
+  }
+  *run = job;
+  return task;
+}
+
 absl::StatusOr<int64_t> Coordinator::ServingDeployment(const std::string& job_id) {
   {
     absl::MutexLock lock(&mu_);
@@ -861,10 +873,9 @@ absl::Status Coordinator::Serve(const v1::ServeUpdate& first,
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckPhaseLocked(/*submit=*/false); !s.ok()) return s;
-    const TaskEntry* task = workers_.FindTask(first.task_id());
-    const JobRun* run = task != nullptr ? book_.Find(task->job_id) : nullptr;
-    if (task == nullptr || task->worker_id != first.worker_id() || run == nullptr ||
-        run->terminal || run->job.attempt() != task->attempt) {
+    const JobRun* run = nullptr;
+    const TaskEntry* task = HeldTaskLocked(first.worker_id(), first.task_id(), &run);
+    if (task == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
           "task ", first.task_id(), " is not a task worker ", first.worker_id(), " holds now"));
     }
@@ -884,10 +895,9 @@ absl::Status Coordinator::ReadInput(const v1::ReadInputRequest& request,
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckPhaseLocked(/*submit=*/false); !s.ok()) return s;
-    const TaskEntry* task = workers_.FindTask(request.task_id());
-    const JobRun* run = task != nullptr ? book_.Find(task->job_id) : nullptr;
-    if (task == nullptr || task->worker_id != request.worker_id() || run == nullptr ||
-        run->terminal || run->job.attempt() != task->attempt) {
+    const JobRun* run = nullptr;
+    const TaskEntry* task = HeldTaskLocked(request.worker_id(), request.task_id(), &run);
+    if (task == nullptr) {
       return absl::FailedPreconditionError(absl::StrCat(
           "task ", request.task_id(), " is not a task worker ", request.worker_id(), " holds now"));
     }
@@ -1324,10 +1334,9 @@ absl::StatusOr<v1::UploadOutputResponse> Coordinator::UploadOutput(
   {
     absl::MutexLock lock(&mu_);
     if (absl::Status s = CheckPhaseLocked(/*submit=*/false); !s.ok()) return s;
-    const TaskEntry* task = workers_.FindTask(first.task_id());
-    const JobRun* run = task != nullptr ? book_.Find(task->job_id) : nullptr;
-    if (task == nullptr || task->worker_id != first.worker_id() || run == nullptr ||
-        run->terminal || run->job.attempt() != task->attempt) {
+    const JobRun* run = nullptr;
+    const TaskEntry* task = HeldTaskLocked(first.worker_id(), first.task_id(), &run);
+    if (task == nullptr) {
       response.set_stop(true);
       return response;
     }

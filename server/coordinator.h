@@ -316,6 +316,10 @@ class Coordinator {
   // submit: reads the checkpoint's manifest and model config (no checksums: the worker verifies
   // them when it loads). INVALID_ARGUMENT naming the field; NOT_FOUND for an unknown training job.
   absl::Status ResolveDeployment(v1::JobSpec* spec);
+  // The task `task_id` of the current attempt of an active job, if worker `worker_id` holds it
+  // (and *run, its job); nullptr otherwise: a report, upload or stream of it is not wanted.
+  const TaskEntry* HeldTaskLocked(const std::string& worker_id, const std::string& task_id,
+                                  const JobRun** run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
   // The deployment `job_id`, serving: its vocabulary size. Errors as Generate's.
   absl::StatusOr<int64_t> ServingDeployment(const std::string& job_id);
   // The job's committed view once it has ended; nullopt while it is active (or on a read error).

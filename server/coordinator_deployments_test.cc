@@ -9,10 +9,8 @@
 #include "absl/strings/str_cat.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
-#include "model/checkpoint.h"
 #include "model/config.h"
-#include "model/longnet_params.h"
-#include "model/optimizer.h"
+#include "model/testing/test_checkpoint.h"
 #include "server/coordinator_test_util.h"
 
 namespace dattn {
@@ -25,7 +23,7 @@ using ctest::NewDataDir;
 using ctest::ValidRequest;
 using ::testing::HasSubstr;
 
-// A checkpoint of a tiny model (weights all zero: the coordinator reads only its config).
+// A checkpoint of a tiny model (the coordinator reads only its config).
 std::string SaveTinyCheckpoint(const std::string& root) {
   model::LongNetConfig c;
   c.vocab_size = 256;
@@ -35,19 +33,7 @@ std::string SaveTinyCheckpoint(const std::string& root) {
   c.ffn_dim = 16;
   c.segment_lengths = {4, 8};
   c.dilation_rates = {1, 2};
-  absl::StatusOr<model::ParamLayout> layout = model::BuildParamLayout(c);
-  EXPECT_TRUE(layout.ok());
-  std::vector<float> params(static_cast<size_t>(layout->total()), 0.0f);
-  model::AdamWState state;
-  state.m = params;
-  state.v = params;
-  model::CheckpointContents contents;
-  contents.layout = &*layout;
-  contents.params = params;
-  contents.optimizer = &state;
-  contents.model_config_json = model::ConfigToJson(c);
-  contents.trainer.step = 2;
-  absl::StatusOr<std::string> dir = model::SaveCheckpoint(root, contents);
+  absl::StatusOr<std::string> dir = model::testing::SaveTestCheckpoint(root, c, 1, 2, 0.0f);
   EXPECT_TRUE(dir.ok()) << dir.status();
   return dir.ok() ? *dir : "";
 }

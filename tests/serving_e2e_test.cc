@@ -23,11 +23,10 @@
 #include "absl/types/span.h"
 #include "dattn/v1/job_service.grpc.pb.h"
 #include "gtest/gtest.h"
-#include "model/checkpoint.h"
 #include "model/decoder.h"
 #include "model/generation.h"
 #include "model/longnet.h"
-#include "model/optimizer.h"
+#include "model/testing/test_checkpoint.h"
 #include "tests/cluster.h"
 #include "tests/cluster_fixture.h"
 #include "tests/http_client.h"
@@ -50,27 +49,10 @@ model::LongNetConfig ByteModel() {
   return c;
 }
 
-// Saves a randomly perturbed model under `root`; returns the step folder and the weights.
+// Saves a perturbed model under `root`; returns the step folder and the weights.
 std::string SaveModel(const std::string& root, std::vector<float>* weights) {
-  auto lm = model::LongNetLM<float>::CreateCpu(ByteModel(), {}, 1);
-  EXPECT_TRUE(lm.ok());
-  EXPECT_TRUE((*lm)->InitParams(11).ok());
-  weights->resize(static_cast<size_t>((*lm)->layout().total()));
-  EXPECT_TRUE((*lm)->CopyParamsToHost(weights->data()).ok());
-  for (size_t i = 0; i < weights->size(); ++i) {
-    (*weights)[i] += 0.5f * static_cast<float>((i * 2654435761u) % 101) / 101.0f - 0.25f;
-  }
-  model::AdamWState state;
-  state.m.assign(weights->size(), 0.0f);
-  state.v.assign(weights->size(), 0.0f);
-  const model::ParamLayout layout = (*lm)->layout();
-  model::CheckpointContents c;
-  c.layout = &layout;
-  c.params = *weights;
-  c.optimizer = &state;
-  c.model_config_json = model::ConfigToJson(ByteModel());
-  c.trainer.step = 7;
-  absl::StatusOr<std::string> dir = model::SaveCheckpoint(root, c);
+  absl::StatusOr<std::string> dir =
+      model::testing::SaveTestCheckpoint(root, ByteModel(), 11, 7, 0.5f, weights);
   EXPECT_TRUE(dir.ok()) << dir.status();
   return dir.ok() ? *dir : "";
 }

@@ -12,12 +12,10 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
 #include "gtest/gtest.h"
-#include "model/checkpoint.h"
 #include "model/decoder.h"
 #include "model/generation.h"
 #include "model/longnet.h"
-#include "model/longnet_params.h"
-#include "model/optimizer.h"
+#include "model/testing/test_checkpoint.h"
 
 namespace dattn {
 namespace trainer {
@@ -54,30 +52,14 @@ CliRun Cli(std::vector<std::string> args) {
   return r;
 }
 
-// A run folder <tmp>/<name> with one checkpoint at step 5 of a randomly initialised model
-// (MAGNETO with noise); the weights are returned too.
+// A run folder <tmp>/<name> with one checkpoint at step 5 of a perturbed model; the weights are
+// returned too.
 std::string MakeRun(const std::string& name, std::vector<float>* weights) {
   const std::string run = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
   fs::remove_all(run);
-  const model::LongNetConfig config = ByteConfig();
-  auto lm = model::LongNetLM<float>::CreateCpu(config, {}, 1);
-  EXPECT_TRUE(lm.ok());
-  EXPECT_TRUE((*lm)->InitParams(3).ok());
-  weights->resize(static_cast<size_t>((*lm)->layout().total()));
-  EXPECT_TRUE((*lm)->CopyParamsToHost(weights->data()).ok());
-  for (size_t i = 0; i < weights->size(); ++i)
-    (*weights)[i] += 0.3f * static_cast<float>((i * 7919) % 17) / 17.0f - 0.15f;
-  model::AdamWState state;
-  state.m.assign(weights->size(), 0.0f);
-  state.v.assign(weights->size(), 0.0f);
-  model::CheckpointContents c;
-  const model::ParamLayout layout = (*lm)->layout();
-  c.layout = &layout;
-  c.params = *weights;
-  c.optimizer = &state;
-  c.model_config_json = model::ConfigToJson(config);
-  c.trainer.step = 5;
-  EXPECT_TRUE(model::SaveCheckpoint(run + "/checkpoints", c).ok());
+  absl::StatusOr<std::string> dir =
+      model::testing::SaveTestCheckpoint(run + "/checkpoints", ByteConfig(), 3, 5, 0.3f, weights);
+  EXPECT_TRUE(dir.ok()) << dir.status();
   return run;
 }
 

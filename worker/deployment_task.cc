@@ -240,7 +240,9 @@ absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
         status.set_requests_done(status.requests_done() + 1);
         send(u);
       } else if (w.has_generate()) {
-        if (generator.queued() >= std::max(1, plan.max_queued())) {
+        // Queued requests that the next round admits (free sequences) are not waiting.
+        const int64_t free_sequences = std::max<int64_t>(0, plan.max_batch() - generator.running());
+        if (generator.queued() - free_sequences >= std::max(1, plan.max_queued())) {
           send(Error(id, absl::ResourceExhaustedError(
                              absl::StrCat("the deployment's queue is full (", generator.queued(),
                                           " requests wait for one of its ", plan.max_batch(),

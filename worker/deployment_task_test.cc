@@ -20,7 +20,7 @@
 #include "model/decoder.h"
 #include "model/generation.h"
 #include "model/longnet.h"
-#include "model/optimizer.h"
+#include "model/testing/test_checkpoint.h"
 
 namespace dattn {
 namespace worker {
@@ -38,31 +38,14 @@ model::LongNetConfig Config() {
   return c;
 }
 
-// A checkpoint of a randomly perturbed model; its weights in *weights.
+// A checkpoint of a perturbed model; its weights in *weights.
 std::string SaveModel(const std::string& name, std::vector<float>* weights) {
   const std::string root = absl::StrCat(std::getenv("TEST_TMPDIR"), "/", name);
   std::filesystem::remove_all(root);
-  auto lm = model::LongNetLM<float>::CreateCpu(Config(), {}, 1);
-  EXPECT_TRUE(lm.ok());
-  EXPECT_TRUE((*lm)->InitParams(5).ok());
-  weights->resize(static_cast<size_t>((*lm)->layout().total()));
-  EXPECT_TRUE((*lm)->CopyParamsToHost(weights->data()).ok());
-  for (size_t i = 0; i < weights->size(); ++i) {
-    (*weights)[i] += 0.4f * static_cast<float>((i * 2654435761u) % 97) / 97.0f - 0.2f;
-  }
-  model::AdamWState state;
-  state.m.assign(weights->size(), 0.0f);
-  state.v.assign(weights->size(), 0.0f);
-  const model::ParamLayout layout = (*lm)->layout();
-  model::CheckpointContents c;
-  c.layout = &layout;
-  c.params = *weights;
-  c.optimizer = &state;
-  c.model_config_json = model::ConfigToJson(Config());
-  c.trainer.step = 3;
-  absl::StatusOr<std::string> dir = model::SaveCheckpoint(root, c);
+  absl::StatusOr<std::string> dir =
+      model::testing::SaveTestCheckpoint(root, Config(), 5, 3, 0.4f, weights);
   EXPECT_TRUE(dir.ok()) << dir.status();
-  return *dir;
+  return dir.ok() ? *dir : "";
 }
 
 class FakeChannel : public ServeChannel {

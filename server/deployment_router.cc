@@ -153,29 +153,30 @@ absl::Status DeploymentRouter::Call(const std::string& job_id, v1::ServeWork wor
     absl::MutexLock lock(&ch->mu);
     ch->pending.erase(id);
   };
-  bool gone = on_queued && !on_queued(id);
+  // The caller went away (its emit failed, or is_cancelled): the rank is told to stop the request.
+  bool caller_gone = on_queued && !on_queued(id);
   while (true) {
     std::deque<v1::ServeUpdate> updates;
-    bool ended = gone;
-    if (!gone) {
+    bool stream_ended = false;  // No update can come any more.
+    if (!caller_gone) {
       absl::MutexLock lock(&ch->mu);
       auto ready = [&pending]() { return !pending->updates.empty() || pending->ended; };
       ch->mu.AwaitWithTimeout(absl::Condition(&ready), kPoll);
       updates = std::exchange(pending->updates, {});
-      ended = pending->ended;
+      stream_ended = pending->ended;
     }
     for (const v1::ServeUpdate& u : updates) {
-      const bool final_update = u.has_done() || u.has_score() || !u.error().empty();
       if (!u.error().empty()) {
         forget();
         return absl::Status(static_cast<absl::StatusCode>(u.error_code()), u.error());
       }
+      const bool final_update = u.has_done() || u.has_score();
       if (!on_update(u)) {
         if (final_update) {
           forget();
           return absl::CancelledError("the caller went away");
         }
-        ended = true;  // Treated as a cancel below.
+        caller_gone = true;
         break;
       }
       if (final_update) {
@@ -183,14 +184,7 @@ absl::Status DeploymentRouter::Call(const std::string& job_id, v1::ServeWork wor
         return absl::OkStatus();
       }
     }
-    if (ended && updates.empty() && !gone) {
-      forget();
-      return absl::UnavailableError(absl::StrCat(
-          "deployment ", job_id,
-          "'s rank stopped serving mid-request (undeployed, or its worker went away: it is "
-          "placed again); retry"));
-    }
-    if (ended || is_cancelled()) {
+    if (caller_gone || is_cancelled()) {
       absl::MutexLock lock(&ch->mu);
       ch->pending.erase(id);
       if (!ch->closed) {
@@ -200,6 +194,13 @@ absl::Status DeploymentRouter::Call(const std::string& job_id, v1::ServeWork wor
         ch->outbox.push_back(std::move(cancel));
       }
       return absl::CancelledError("the caller went away; the request was cancelled");
+    }
+    if (stream_ended) {
+      forget();
+      return absl::UnavailableError(absl::StrCat(
+          "deployment ", job_id,
+          "'s rank stopped serving mid-request (undeployed, or its worker went away: it is "
+          "placed again); retry"));
     }
   }
 }

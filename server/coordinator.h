@@ -13,7 +13,8 @@
 //     durable writes to the JobStore (job_store.h);
 //   - WorkerRegistry (worker_registry.h): workers, liveness, drain, and the tasks placed on them;
 //   - RingRendezvous (ring_rendezvous.h): a rendezvous store per ring attempt;
-//   - WorkKinds (work_kind.h): what each kind of work means (attention_kind.h today);
+//   - WorkKinds (work_kind.h): what each kind of work means (attention_kind.h, training_kind.h,
+//     deployment_kind.h);
 //   - ResultStore (result_store.h): jobs' stored outputs.
 // The coordinator itself validates calls, owns the lifecycle (start, recovery, drain, close) and
 // runs two threads: the scheduling loop and the monitor.

@@ -1,6 +1,5 @@
-// A kind of work the coordinator runs (attention jobs today; training jobs and inference
-// deployments are next), behind one interface, so that adding a kind touches none of the
-// coordinator's roles (job book, worker registry, ring rendezvous, dispatcher).
+// A kind of work the coordinator runs (attention jobs, training jobs, deployments), behind one
+// interface, so that adding a kind touches none of the coordinator's roles (job book, worker registry, ring rendezvous, dispatcher).
 //
 // A kind:
 //   1. validates and analyses a job's spec, once, at submit (and again only when a restarted

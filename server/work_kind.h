@@ -1,5 +1,6 @@
 // A kind of work the coordinator runs (attention jobs, training jobs, deployments), behind one
-// interface, so that adding a kind touches none of the coordinator's roles (job book, worker registry, ring rendezvous, dispatcher).
+// interface, so that adding a kind touches none of the coordinator's roles (job book, worker
+// registry, ring rendezvous, dispatcher).
 //
 // A kind:
 //   1. validates and analyses a job's spec, once, at submit (and again only when a restarted

@@ -219,18 +219,9 @@ absl::Status Coordinator::Drain(absl::Duration timeout) {
   Tickets tickets;
   {
     absl::MutexLock lock(&mu_);
-    // Deployments (resident jobs) never end by themselves: the drain does not wait for them; they
-    // are requeued with the rest and placed again when the coordinator runs again.
-    auto finite_runs_active = [this]() ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_) {
-      for (JobRun* run : book_.Runs()) {
-        if (!run->terminal && IsActiveRun(run->job.state()) &&
-            !(run->analysis != nullptr && run->analysis->resident)) {
-          return true;
-        }
-      }
-      return false;
-    };
-    while (finite_runs_active() && !clock_->WaitUntil(&drain_cv_, &mu_, deadline)) {
+    // Deployments never end by themselves: AnyActiveRun leaves them out, and they are requeued
+    // with the rest below, to be placed again when the coordinator runs again.
+    while (book_.AnyActiveRun() && !clock_->WaitUntil(&drain_cv_, &mu_, deadline)) {
     }
     for (JobRun* run : book_.Runs()) {
       if (run->terminal || !IsActiveRun(run->job.state())) continue;
@@ -885,7 +876,7 @@ absl::Status Coordinator::Serve(const v1::ServeUpdate& first,
     }
     job_id = task->job_id;
   }
-  return router_.Serve(job_id, first.status(), next, send, cancelled, end_stream);
+  return router_.Serve(job_id, next, send, cancelled, end_stream);
 }
 
 absl::Status Coordinator::ReadInput(const v1::ReadInputRequest& request,

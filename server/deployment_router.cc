@@ -26,7 +26,6 @@ struct DeploymentRouter::Channel {
   std::map<int64_t, std::shared_ptr<Pending>> pending ABSL_GUARDED_BY(mu);
   bool closed ABSL_GUARDED_BY(mu) = false;
   int64_t next_id ABSL_GUARDED_BY(mu) = 1;
-  v1::DeploymentStatus status ABSL_GUARDED_BY(mu);
   std::function<void()> end_stream;  // Set before the channel is shared; immutable after.
 
   // Ends the channel: every pending call learns it.
@@ -44,16 +43,11 @@ std::shared_ptr<DeploymentRouter::Channel> DeploymentRouter::Find(const std::str
   return it == channels_.end() ? nullptr : it->second;
 }
 
-absl::Status DeploymentRouter::Serve(const std::string& job_id, const v1::DeploymentStatus& status,
-                                     const ReadFn& read, const WriteFn& write,
-                                     const CancelledFn& is_cancelled,
+absl::Status DeploymentRouter::Serve(const std::string& job_id, const ReadFn& read,
+                                     const WriteFn& write, const CancelledFn& is_cancelled,
                                      const std::function<void()>& end_stream) {
   auto channel = std::make_shared<Channel>();
   channel->end_stream = end_stream;
-  {
-    absl::MutexLock lock(&channel->mu);
-    channel->status = status;
-  }
   std::shared_ptr<Channel> replaced;
   {
     absl::MutexLock lock(&mu_);
@@ -99,11 +93,8 @@ absl::Status DeploymentRouter::Serve(const std::string& job_id, const v1::Deploy
   });
   v1::ServeUpdate update;
   while (read(&update)) {
+    if (update.has_status()) continue;
     absl::MutexLock lock(&ch->mu);
-    if (update.has_status()) {
-      ch->status = update.status();
-      continue;
-    }
     auto it = ch->pending.find(update.request_id());
     if (it != ch->pending.end()) it->second->updates.push_back(std::move(update));
     update = v1::ServeUpdate();
@@ -119,13 +110,11 @@ absl::Status DeploymentRouter::Serve(const std::string& job_id, const v1::Deploy
   return absl::OkStatus();
 }
 
-bool DeploymentRouter::Serving(const std::string& job_id, v1::DeploymentStatus* status) const {
+bool DeploymentRouter::Serving(const std::string& job_id) const {
   std::shared_ptr<Channel> ch = Find(job_id);
   if (ch == nullptr) return false;
   absl::MutexLock lock(&ch->mu);
-  if (ch->closed) return false;
-  if (status != nullptr) *status = ch->status;
-  return true;
+  return !ch->closed;
 }
 
 absl::Status DeploymentRouter::Call(const std::string& job_id, v1::ServeWork work,

@@ -45,17 +45,17 @@ class DeploymentRouter {
   DeploymentRouter& operator=(const DeploymentRouter&) = delete;
   ~DeploymentRouter();
 
-  // Serves `job_id`'s stream until it ends (read returns false, is_cancelled, Close or
-  // Shutdown). `status` is the rank's first message. Returns OK when the stream ended by either
-  // side, UNAVAILABLE after Shutdown.
+  // Serves `job_id`'s stream (its first message, the rank's hello, already read) until it ends
+  // (read returns false, is_cancelled, Close or Shutdown). Status updates on it are skipped: a
+  // rank's figures reach its job through its task reports. Returns OK when the stream ended by
+  // either side, UNAVAILABLE after Shutdown.
   // `end_stream` (thread-safe, non-blocking: ServerContext::TryCancel) makes a blocked read
   // return; Close, Shutdown and a newer stream of the same deployment call it.
-  absl::Status Serve(const std::string& job_id, const v1::DeploymentStatus& status,
-                     const ReadFn& read, const WriteFn& write, const CancelledFn& is_cancelled,
-                     const std::function<void()>& end_stream);
+  absl::Status Serve(const std::string& job_id, const ReadFn& read, const WriteFn& write,
+                     const CancelledFn& is_cancelled, const std::function<void()>& end_stream);
 
-  // Whether `job_id` has a stream now, and the rank's last status.
-  bool Serving(const std::string& job_id, v1::DeploymentStatus* status = nullptr) const;
+  // Whether `job_id` has a stream now.
+  bool Serving(const std::string& job_id) const;
 
   // Runs one request on `job_id`'s rank (see above). FAILED_PRECONDITION when the deployment has
   // no stream (not serving yet, or ended); UNAVAILABLE when its stream ends first; CANCELLED when

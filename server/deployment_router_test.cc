@@ -74,11 +74,9 @@ struct Serving {
   std::thread thread;
   void Start(DeploymentRouter* router, const std::string& job) {
     thread = std::thread([this, router, job] {
-      v1::DeploymentStatus ready;
-      ready.set_ready(true);
       EXPECT_TRUE(router
                       ->Serve(
-                          job, ready, [this](v1::ServeUpdate* u) { return stream.Read(u); },
+                          job, [this](v1::ServeUpdate* u) { return stream.Read(u); },
                           [this](const v1::ServeWork& w) { return stream.Write(w); },
                           [] { return false; },
                           [this] {

@@ -45,7 +45,8 @@ std::vector<JobRun*> JobBook::Runs() {
 
 bool JobBook::AnyActiveRun() const {
   for (const auto& [id, run] : runs_) {
-    if (!run->terminal && IsActiveRun(run->job.state())) return true;
+    const bool resident = run->analysis != nullptr && run->analysis->resident;
+    if (!run->terminal && IsActiveRun(run->job.state()) && !resident) return true;
   }
   return false;
 }

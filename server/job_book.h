@@ -133,7 +133,8 @@ class JobBook {
   JobRun* Find(const std::string& job_id);
   // Every job in memory (terminal ones whose last write is in flight included), in id order.
   std::vector<JobRun*> Runs();
-  // Whether some job is PLACED or RUNNING and not ended.
+  // Whether some job that ends by itself is PLACED or RUNNING and not ended: resident jobs
+  // (deployments, JobAnalysis::resident) do not count, so a drain does not wait for them.
   bool AnyActiveRun() const;
   size_t size() const { return runs_.size(); }
 

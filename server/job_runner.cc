@@ -338,8 +338,7 @@ void JobRunner::RecoverStalled(Tickets* tickets) {
   std::vector<std::pair<JobRun*, absl::Duration>> stalled;
   for (JobRun* run : book_->Runs()) {
     if (run->terminal || run->job.state() != v1::JOB_STATE_RUNNING ||
-        run->last_step == absl::InfinitePast() || run->cancel_requested ||
-        (run->analysis != nullptr && run->analysis->resident)) {
+        run->last_step == absl::InfinitePast() || run->cancel_requested) {
       continue;
     }
     const absl::Duration limit = StallLimit(run->job.spec(), *run->analysis);

@@ -56,6 +56,7 @@ std::string WorkKinds::Names() const {
 }
 
 absl::Duration StallLimit(const v1::JobSpec& spec, const JobAnalysis& analysis) {
+  if (analysis.resident) return absl::InfiniteDuration();
   if (spec.recovery().stall_seconds() > 0) return absl::Seconds(spec.recovery().stall_seconds());
   const double step = analysis.flops_per_rank_step / kStallFloorFlopsPerSecond;
   return std::max(absl::Seconds(api::kDefaultStallSeconds), absl::Seconds(10 * step));

@@ -61,14 +61,15 @@ struct JobAnalysis {
   // (StallLimit).
   double flops_per_rank_step = 0;
   // The job has no steps: its rank stays until cancelled (a deployment). Never recovered as
-  // stalled.
+  // stalled (StallLimit), and a coordinator's drain does not wait for it (JobBook::AnyActiveRun).
   bool resident = false;
 };
 
 // How long a RUNNING job may go without finishing a step before it is recovered as stalled:
-// RecoveryPolicy.stall_seconds when set, else the larger of api::kDefaultStallSeconds and ten
-// times one step at kStallFloorFlopsPerSecond (a rate every device exceeds), so that a job whose
-// steps are long by design is not taken for a stalled one.
+// never for a resident job (a deployment has no steps); else RecoveryPolicy.stall_seconds when
+// set, else the larger of api::kDefaultStallSeconds and ten times one step at
+// kStallFloorFlopsPerSecond (a rate every device exceeds), so that a job whose steps are long by
+// design is not taken for a stalled one.
 inline constexpr double kStallFloorFlopsPerSecond = 1e10;
 absl::Duration StallLimit(const v1::JobSpec& spec, const JobAnalysis& analysis);
 

@@ -141,7 +141,6 @@ struct Worker::Task {
   bool reports_training = false;
   // A deployment's status as last reported (task thread only): its reports carry it.
   v1::DeploymentStatus deployment;
-  bool reports_deployment = false;
   std::thread thread;
   bool done = false;  // Guarded by Worker::mu_ (see above): the thread has finished; join it.
 };
@@ -714,7 +713,6 @@ void Worker::HandleAssign(const v1::TaskAssignment& assign) {
       if (assign.spec().has_deployment()) {
         task->steps_total = 1;
         task->reserved_bytes = assign.deployment_plan().memory_bytes();
-        task->reports_deployment = true;
       } else if (assign.spec().has_training()) {
         // A task whose plan is unusable fails in RunTrainingTask with the same error.
         absl::StatusOr<TrainingTaskPlan> plan = PlanTrainingTask(assign, device_->caps());
@@ -851,8 +849,9 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
     if (task->reports_training && task->training.steps_total() > 0) {
       *report.mutable_progress()->mutable_training() = task->training;
     }
-    if (task->reports_deployment)
+    if (task->assignment.spec().has_deployment()) {
       *report.mutable_progress()->mutable_deployment() = task->deployment;
+    }
     report.set_ring_formation_seconds(task->ring_formation_seconds.load());
     return report;
   };

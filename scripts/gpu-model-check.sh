@@ -70,7 +70,7 @@ have() { [[ ",$steps," == *",$1,"* ]]; }
 
 if [ -f "$dir/lib.tar.xz" ] && [ ! -d "$dir/lib" ]; then tar -xJf "$dir/lib.tar.xz" -C "$dir"; fi
 . scripts/gpu-libs.sh
-libs=$(wheel_lib_path cudnn cuda_nvrtc cu13 cublas)
+libs=$(wheel_lib_path cudnn nccl cuda_nvrtc cu13 cublas)
 export LD_LIBRARY_PATH="${libs#:}:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu:${LD_LIBRARY_PATH:-}:$PWD/$dir/lib"
 
 {

@@ -15,8 +15,19 @@
 //             the steps less in use before the model existed) against PlanTrainingMemory.
 //   longest   with activation checkpointing (and recomputed norms): the longest of the candidate
 //             lengths whose plan fits the free memory, run for 2 steps (--longest).
+//   prefill   (--prefill=N, issue 18) a serving prefill of N tokens: the model's forward pass with
+//             the log-probability and loss of every token (what Score computes; TrainableModel::
+//             Evaluate with targets, the loss read back), on each ring size of --ranks (S GPUs in
+//             one process, each rank N / S tokens, the ring's attention over NCCL; activation
+//             checkpointing, so that a rank keeps only each block's input). Median of --steps
+//             timed calls after one warm-up, each rank timed from a barrier to its loss on the
+//             host, the call's time the slowest rank's. Floors: the forward's FLOPs (CountFlops)
+//             over 989 TFLOP/s and the linear layers' alone over the measured GEMM rate, both
+//             divided by S. The loss summed over ranks is printed beside the one-GPU loss (the
+//             ring is exact: they agree to bf16 rounding).
 //
 // Usage: model_bench [--n=32768,262144] [--steps=8] [--kernels] [--longest] [--csv=path]
+//                    [--prefill=1048576 [--ranks=1,2,4]]   (--prefill without --n: no step rows)
 // Prints one line per row as it goes and a table last. Exit status 0 unless a CUDA error occurred.
 #include <cuda_runtime_api.h>
 
@@ -29,6 +40,7 @@
 #include <ctime>
 #include <functional>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <vector>
 
@@ -41,11 +53,14 @@
 #include "model/config.h"
 #include "model/cuda/cuda_adamw.h"
 #include "model/cuda/cuda_longnet.h"
+#include "model/cuda/cuda_trainable_model.h"
 #include "model/cuda/gemm.h"
 #include "model/cuda/model_kernels.h"
+#include "model/cuda/nccl_ranks.h"
 #include "model/cuda/training_plan.h"
 #include "model/language_model.h"
 #include "model/longnet_params.h"
+#include "model/trainable_model.h"
 
 namespace dattn {
 namespace model {
@@ -513,15 +528,126 @@ StepRow RunSteps(const std::string& name, const LongNetConfig& config, int64_t n
   return row;
 }
 
+// One prefill row: N tokens over a ring of `ranks` GPUs (1: the whole sequence on GPU 0).
+struct PrefillRow {
+  int ranks = 0;
+  int64_t n = 0;
+  bool ran = false;
+  std::string error;
+  double ms = 0;            // median over the timed calls of the slowest rank's time
+  double loss_sum = 0;      // summed over ranks (fp64 on each)
+  int64_t num_targets = 0;  // summed over ranks
+  int64_t max_used = 0;     // the largest rank's device memory taken by its model and the call
+};
+
+PrefillRow RunPrefill(const LongNetConfig& config, int64_t n, int ranks, int steps) {
+  PrefillRow row;
+  row.ranks = ranks;
+  row.n = n;
+  std::string why;
+  if (!HaveHopperGpus(ranks, &why)) {
+    row.error = absl::StrCat("skipped: ", why);
+    std::printf("prefill S=%d: %s\n", ranks, row.error.c_str());
+    return row;
+  }
+  if (n % ranks != 0) {
+    row.error = absl::StrCat("skipped: ", n, " tokens do not split over ", ranks, " ranks");
+    return row;
+  }
+  // The same tokens on every ring size; each rank takes its slice.
+  std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
+  uint64_t s = 12345;
+  for (int64_t i = 0; i < n; ++i) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    tokens[i] = static_cast<int32_t>((s >> 33) % 256);
+  }
+  for (int64_t i = 0; i < n; ++i) targets[i] = i + 1 < n ? tokens[i + 1] : kIgnoreTarget;
+  const int64_t local = n / ranks;
+  std::vector<std::vector<double>> ms(static_cast<size_t>(ranks));
+  std::vector<LossResult> losses(static_cast<size_t>(ranks));
+  std::vector<int64_t> used(static_cast<size_t>(ranks));
+  const std::vector<absl::Status> results = RunNcclRanks(
+      ranks, ranks,
+      [&](int rank, comm::Communicator& world, comm::Communicator* sp) -> absl::Status {
+        BENCH_CUDA(cudaDeviceSynchronize());
+        absl::StatusOr<int64_t> before = UsedBytes();
+        if (!before.ok()) return before.status();
+        ModelOptions mo;
+        mo.checkpoint_activations = true;
+        CudaModelOptions co;
+        co.device = rank;
+        co.norms = CudaModelOptions::Norms::kRecompute;
+        absl::StatusOr<std::unique_ptr<TrainableModel>> model =
+            NewCudaTrainableModel(config, mo, co, sp);
+        if (!model.ok()) return model.status();
+        BENCH_OK((*model)->InitParams(1));
+        TokenBatch batch;
+        batch.tokens = tokens.data() + rank * local;
+        batch.targets = targets.data() + rank * local;
+        batch.batch = 1;
+        batch.seq_len = local;
+        batch.positions = {rank * local, n};
+        for (int i = 0; i < steps + 1; ++i) {
+          BENCH_OK(world.Barrier());
+          const auto start = std::chrono::steady_clock::now();
+          absl::StatusOr<LossResult> loss = (*model)->Evaluate(batch, {});
+          if (!loss.ok()) return loss.status();
+          const auto stop = std::chrono::steady_clock::now();
+          if (i == 0) continue;
+          ms[static_cast<size_t>(rank)].push_back(
+              std::chrono::duration<double, std::milli>(stop - start).count());
+          losses[static_cast<size_t>(rank)] = *loss;
+        }
+        BENCH_CUDA(cudaDeviceSynchronize());
+        absl::StatusOr<int64_t> after = UsedBytes();
+        if (!after.ok()) return after.status();
+        used[static_cast<size_t>(rank)] = *after - *before;
+        return absl::OkStatus();
+      },
+      absl::StrCat("prefill-", ranks));
+  for (int r = 0; r < ranks; ++r) {
+    if (!results[static_cast<size_t>(r)].ok()) {
+      row.error =
+          absl::StrCat("rank ", r, ": ", results[static_cast<size_t>(r)].message().substr(0, 300));
+      std::printf("prefill S=%d: %s\n", ranks, row.error.c_str());
+      std::fflush(stdout);
+      return row;
+    }
+  }
+  std::vector<double> slowest(static_cast<size_t>(steps), 0.0);
+  for (int r = 0; r < ranks; ++r) {
+    for (int i = 0; i < steps; ++i) {
+      slowest[static_cast<size_t>(i)] = std::max(
+          slowest[static_cast<size_t>(i)], ms[static_cast<size_t>(r)][static_cast<size_t>(i)]);
+    }
+    row.loss_sum += losses[static_cast<size_t>(r)].loss_sum;
+    row.num_targets += losses[static_cast<size_t>(r)].num_targets;
+    row.max_used = std::max(row.max_used, used[static_cast<size_t>(r)]);
+  }
+  row.ms = Median(slowest);
+  row.ran = true;
+  std::printf(
+      "prefill S=%d: N=%lld in %.1f ms (%.0f tokens/s), loss %.6f over %lld targets, "
+      "%.0f MiB on the largest rank\n",
+      ranks, static_cast<long long>(n), row.ms, n / (row.ms * 1e-3),
+      row.loss_sum / std::max<int64_t>(row.num_targets, 1), static_cast<long long>(row.num_targets),
+      row.max_used / 1048576.0);
+  std::fflush(stdout);
+  return row;
+}
+
 int Main(int argc, char** argv) {
   std::vector<int64_t> lengths = {32768, 262144};
   int steps = 8;
-  bool kernels = false, longest = false;
+  bool kernels = false, longest = false, lengths_given = false;
   std::string csv;
+  int64_t prefill = 0;
+  std::vector<int> ring_sizes = {1, 2, 4};
   for (int i = 1; i < argc; ++i) {
     const std::string a = argv[i];
     if (a.rfind("--n=", 0) == 0) {
       lengths.clear();
+      lengths_given = true;
       for (absl::string_view p : absl::StrSplit(a.substr(4), ',')) {
         lengths.push_back(std::strtoll(std::string(p).c_str(), nullptr, 10));
       }
@@ -533,11 +659,28 @@ int Main(int argc, char** argv) {
       longest = true;
     } else if (a.rfind("--csv=", 0) == 0) {
       csv = a.substr(6);
+    } else if (a.rfind("--prefill=", 0) == 0) {
+      prefill = std::strtoll(a.c_str() + 10, nullptr, 10);
+      if (prefill < 1) {
+        std::fprintf(stderr, "--prefill=%s: want a token count >= 1\n", a.c_str() + 10);
+        return 2;
+      }
+    } else if (a.rfind("--ranks=", 0) == 0) {
+      ring_sizes.clear();
+      for (absl::string_view p : absl::StrSplit(a.substr(8), ',')) {
+        const int r = std::atoi(std::string(p).c_str());
+        if (r < 1) {
+          std::fprintf(stderr, "--ranks: ring size '%s' is not >= 1\n", std::string(p).c_str());
+          return 2;
+        }
+        ring_sizes.push_back(r);
+      }
     } else {
       std::fprintf(stderr, "unknown flag %s\n", a.c_str());
       return 2;
     }
   }
+  if (prefill > 0 && !lengths_given) lengths.clear();
   const std::time_t now = std::time(nullptr);
   char date[64];
   std::strftime(date, sizeof(date), "%Y-%m-%d %H:%M UTC", std::gmtime(&now));
@@ -604,6 +747,10 @@ int Main(int argc, char** argv) {
       if (r.ran) break;
     }
   }
+  std::vector<PrefillRow> prows;
+  if (prefill > 0) {
+    for (int r : ring_sizes) prows.push_back(RunPrefill(config, prefill, r, steps));
+  }
   std::printf("\n================ model_bench: %s, %s ================\n", device.c_str(), date);
   std::printf("ceilings: copy %.0f GB/s; bf16 GEMM 8192^3 %.0f TFLOP/s (%.1f%% of 989)\n",
               ceil.copy_bytes_per_s / 1e9, ceil.gemm_flops_per_s / 1e12,
@@ -618,9 +765,11 @@ int Main(int argc, char** argv) {
                   r.floor_ms * 1e3, r.ms / r.floor_ms);
     }
   }
-  std::printf(
-      "| step | N | mode | step ms | fwd / bwd / AdamW ms | tokens/s | MFU | memory measured | "
-      "planned | plan/measured |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  if (!srows.empty()) {
+    std::printf(
+        "| step | N | mode | step ms | fwd / bwd / AdamW ms | tokens/s | MFU | memory measured | "
+        "planned | plan/measured |\n|---|---|---|---|---|---|---|---|---|---|\n");
+  }
   FILE* out = csv.empty() ? nullptr : std::fopen(csv.c_str(), "w");
   if (out != nullptr) {
     std::fprintf(out,
@@ -647,10 +796,60 @@ int Main(int argc, char** argv) {
                    static_cast<long long>(r.planned), r.error.c_str());
     }
   }
+  for (const PrefillRow& r : prows) {
+    if (out == nullptr) break;
+    // mfu: the forward's FLOPs over the time over the ranks' peak.
+    const double mfu =
+        r.ran ? CountFlops(config, 1, r.n, false).forward / (r.ms * 1e-3) / (kPeakFlops * r.ranks)
+              : 0;
+    std::fprintf(out, "prefill S=%d,%lld,1,1,%.4f,%.1f,%.5f,%lld,0,%s\n", r.ranks,
+                 static_cast<long long>(r.n), r.ms, r.ran ? r.n / (r.ms * 1e-3) : 0.0, mfu,
+                 static_cast<long long>(r.max_used), r.error.c_str());
+  }
   if (out != nullptr) std::fclose(out);
+  if (!prows.empty()) {
+    // Floors: all of the forward's FLOPs at the nominal peak; the linear layers' and the head's
+    // alone at the GEMM rate measured above. Each split over the S ranks.
+    const ModelFlops flops = CountFlops(config, 1, prefill, false);
+    const double m = static_cast<double>(prefill), d = static_cast<double>(config.d_model);
+    const double gemm_flops = config.num_layers * 2.0 * m * (4 * d * d + 2 * d * config.ffn_dim) +
+                              2.0 * m * d * config.vocab_size;
+    double one_gpu_ms = 0, one_gpu_loss = 0;
+    for (const PrefillRow& r : prows) {
+      if (r.ran && r.ranks == 1) {
+        one_gpu_ms = r.ms;
+        one_gpu_loss = r.loss_sum;
+      }
+    }
+    std::printf(
+        "| prefill + Score, N = %lld | GPUs | seconds | tokens/s | forward at 989 TFLOP/s | "
+        "GEMMs at %.0f TFLOP/s | x GEMM floor | speed-up over 1 GPU | loss sum vs 1 GPU | "
+        "memory, largest rank |\n|---|---|---|---|---|---|---|---|---|---|\n",
+        static_cast<long long>(prefill), ceil.gemm_flops_per_s / 1e12);
+    for (const PrefillRow& r : prows) {
+      if (!r.ran) {
+        std::printf("| base model | %d | %s | | | | | | | |\n", r.ranks, r.error.c_str());
+        continue;
+      }
+      const double floor_s = flops.forward / kPeakFlops / r.ranks;
+      const double gemm_s = gemm_flops / ceil.gemm_flops_per_s / r.ranks;
+      std::printf(
+          "| base model | %d | %.3f | %.0f | %.3f s | %.3f s | %.2f | %s | %s | %.1f GiB |\n",
+          r.ranks, r.ms * 1e-3, prefill / (r.ms * 1e-3), floor_s, gemm_s, r.ms * 1e-3 / gemm_s,
+          one_gpu_ms > 0 ? absl::StrFormat("%.2f", one_gpu_ms / r.ms).c_str() : "-",
+          one_gpu_ms > 0 ? absl::StrFormat("%.2e", std::fabs(r.loss_sum - one_gpu_loss) /
+                                                       std::fabs(one_gpu_loss))
+                               .c_str()
+                         : "-",
+          r.max_used / 1073741824.0);
+    }
+  }
   cudaStreamDestroy(stream);
   for (const StepRow& r : srows) {
     if (!r.ran && r.name.rfind("longest", 0) != 0) return 1;
+  }
+  for (const PrefillRow& r : prows) {
+    if (!r.ran && r.error.rfind("skipped", 0) != 0) return 1;
   }
   return 0;
 }

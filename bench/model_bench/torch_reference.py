@@ -16,8 +16,12 @@ torch.compile, at each length: median of CUDA-event timings after warm-up; token
 same count as model::CountFlops (forward + backward FLOPs over the step time over 989 TFLOP/s);
 peak memory (torch.cuda.max_memory_allocated over the steps). Out of memory is reported as such.
 
+With --forward-only (issue 18's prefill reference): the forward pass with the loss, under
+torch.inference_mode, instead of the training step; "dattn" beside it is model_bench's one-GPU
+prefill row ("prefill S=1" in its --csv).
+
 Usage: python3 bench/model_bench/torch_reference.py SEED_LIB_PATH [--n 32768,262144]
-           [--steps 5] [--ours bench.csv] [--no-compile]
+           [--steps 5] [--ours bench.csv] [--no-compile] [--forward-only]
 SEED_LIB_PATH is the folder holding the dilated_attention_pytorch package; it is not part of this
 repository. --ours reads model_bench's --csv output and prints our tokens/s beside PyTorch's, with
 ratios.
@@ -41,8 +45,8 @@ RATES = [1, 2, 4, 6, 12]
 PEAK = 989e12
 
 
-def count_flops(n, batch=1):
-    """model::CountFlops(config, batch, n, false): forward + backward."""
+def count_flops(n, batch=1, forward_only=False):
+    """model::CountFlops(config, batch, n, false): forward + backward (or .forward alone)."""
     m = batch * n
     d, f = D_MODEL, FFN
     linear = 2.0 * m * (4 * d * d + 2 * d * f)
@@ -57,7 +61,7 @@ def count_flops(n, batch=1):
     head = 2.0 * m * d * VOCAB
     forward = LAYERS * (linear + attention) + head
     backward = LAYERS * (2 * linear + 2.5 * attention) + 2 * head
-    return forward + backward
+    return forward if forward_only else forward + backward
 
 
 class Block(nn.Module):
@@ -102,6 +106,39 @@ class LongNetLM(nn.Module):
             x = b(x)
         logits = F.linear(self.final_norm(x), self.embedding.weight)
         return F.cross_entropy(logits.float().view(-1, VOCAB), targets.view(-1))
+
+
+def run_forward(mhda_cls, n, steps, compiled):
+    """The forward pass with the loss, no autograd: a prefill that scores every token."""
+    torch.cuda.empty_cache()
+    torch.cuda.reset_peak_memory_stats()
+    model = LongNetLM(mhda_cls, torch.bfloat16)
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    tokens = torch.randint(0, VOCAB, (1, n + 1), device="cuda", generator=gen)
+    inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+    forward = torch.compile(model) if compiled else model
+    started = time.time()
+    with torch.inference_mode():
+        for _ in range(2):
+            loss = forward(inputs, targets)
+        torch.cuda.synchronize()
+        warm_s = time.time() - started
+        times = []
+        for _ in range(steps):
+            a = torch.cuda.Event(enable_timing=True)
+            b = torch.cuda.Event(enable_timing=True)
+            a.record()
+            loss = forward(inputs, targets)
+            b.record()
+            b.synchronize()
+            times.append(a.elapsed_time(b))
+    times.sort()
+    ms = times[len(times) // 2]
+    peak = torch.cuda.max_memory_allocated()
+    del model, forward
+    return {"ms": ms, "tokens_per_s": n / (ms * 1e-3),
+            "mfu": count_flops(n, forward_only=True) / (ms * 1e-3) / PEAK,
+            "peak": peak, "warm_s": warm_s, "loss": float(loss)}
 
 
 def run(mhda_cls, n, steps, compiled):
@@ -151,7 +188,9 @@ def main():
     p.add_argument("--steps", type=int, default=5)
     p.add_argument("--ours", default="", help="model_bench --csv output")
     p.add_argument("--no-compile", action="store_true")
+    p.add_argument("--forward-only", action="store_true")
     args = p.parse_args()
+    ours_name = "prefill S=1" if args.forward_only else None
     # The package's __init__ imports every variant it ships, some of which need torchscale,
     # DeepSpeed or FairScale; only the two modules used here are loaded, under a bare package.
     package_dir = os.path.join(os.path.abspath(args.seed_lib), "dilated_attention_pytorch")
@@ -165,7 +204,8 @@ def main():
     if args.ours and os.path.exists(args.ours):
         with open(args.ours) as f:
             for row in csv.DictReader(f):
-                if row["name"] == "N=%s" % row["n"] and float(row["tokens_per_s"] or 0) > 0:
+                wanted = ours_name or "N=%s" % row["n"]
+                if row["name"] == wanted and float(row["tokens_per_s"] or 0) > 0:
                     ours[int(row["n"])] = row
     name = torch.cuda.get_device_name(0)
     print("torch_reference: %s, torch %s" % (name, torch.__version__), flush=True)
@@ -174,7 +214,8 @@ def main():
         for compiled in ([False] if args.no_compile else [False, True]):
             variant = "torch.compile" if compiled else "eager"
             try:
-                r = run(MultiheadDilatedAttention, n, args.steps, compiled)
+                r = (run_forward if args.forward_only else run)(MultiheadDilatedAttention, n,
+                                                                 args.steps, compiled)
                 print("torch %s N=%d: %.2f ms/step, %.0f tokens/s, MFU %.1f%%, peak %.0f MiB "
                       "(warm-up %.0f s), loss %.3f" % (variant, n, r["ms"], r["tokens_per_s"],
                                                        100 * r["mfu"], r["peak"] / 2**20,

@@ -51,7 +51,6 @@
 #include <map>
 #include <memory>
 #include <string>
-#include <thread>
 #include <type_traits>
 #include <utility>
 #include <vector>
@@ -61,8 +60,6 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/time.h"
 #include "engine/comm/communicator.h"
-#include "engine/comm/nccl_communicator.h"
-#include "engine/comm/tcp_store.h"
 #include "engine/cuda/cuda_backend.h"
 #include "engine/cuda/cuda_status.h"
 #include "gtest/gtest.h"
@@ -73,6 +70,7 @@
 #include "model/cuda/cuda_sequence_attention.h"
 #include "model/cuda/cuda_trainable_model.h"
 #include "model/cuda/nccl_collective.h"
+#include "model/cuda/nccl_ranks.h"
 #include "model/sequence_attention.h"
 #include "model/trainable_model.h"
 #include "model/trainer.h"
@@ -86,7 +84,6 @@ constexpr double kLossTolerance = 2e-2;     // per training step, relative
 constexpr double kGradTolerance = 2e-2;     // one step's gradient, relative L2 norm
 constexpr double kLossSumTolerance = 2e-3;  // one step's loss sum, relative
 constexpr int kMaxRanks = 8;
-const absl::Duration kTimeout = absl::Seconds(120);
 
 // --- GPUs and ranks.
 
@@ -99,93 +96,11 @@ int GpuCount() {
   return n;
 }
 
-// Whether this machine has `needed` Hopper (or newer) GPUs; why not otherwise.
-bool HaveGpus(int needed, std::string* why) {
-  int n = 0;
-  const cudaError_t e = cudaGetDeviceCount(&n);
-  if (e != cudaSuccess || n < needed) {
-    cudaGetLastError();
-    *why = absl::StrCat("needs ", needed, " GPU", needed > 1 ? "s" : "",
-                        "; cudaGetDeviceCount returned ", static_cast<int>(e), " (",
-                        cudaGetErrorString(e), "), ", e == cudaSuccess ? n : 0, " devices");
-    return false;
-  }
-  for (int d = 0; d < needed; ++d) {
-    cudaDeviceProp props = {};
-    if (cudaGetDeviceProperties(&props, d) != cudaSuccess || props.major < 9) {
-      cudaGetLastError();
-      *why = absl::StrCat("needs compute capability 9.0 (Hopper); device ", d, " is ", props.name,
-                          " ", props.major, ".", props.minor);
-      return false;
-    }
-  }
-  return true;
-}
-
-#define REQUIRE_GPUS(n)                              \
-  do {                                               \
-    std::string why_;                                \
-    if (!HaveGpus((n), &why_)) GTEST_SKIP() << why_; \
+#define REQUIRE_GPUS(n)                                    \
+  do {                                                     \
+    std::string why_;                                      \
+    if (!HaveHopperGpus((n), &why_)) GTEST_SKIP() << why_; \
   } while (0)
-
-// The rank's world communicator (all W ranks) and its sequence-parallel group's (null for S = 1).
-using RankBody =
-    std::function<absl::Status(int rank, comm::Communicator& world, comm::Communicator* sp)>;
-
-// W threads, rank w on GPU w: joins the world (and its group of the S contiguous ranks [w / S *
-// S, w / S * S + S) as rank w % S), then runs `body`. Each rank's status, a failure to join
-// included.
-std::vector<absl::Status> RunNcclRanks(int world_size, int sequence_parallel, const RankBody& body,
-                                       const std::string& prefix) {
-  ::setenv("NCCL_NVLS_ENABLE", "0", 1);
-  std::vector<absl::Status> results(static_cast<size_t>(world_size));
-  absl::StatusOr<std::unique_ptr<comm::TcpStoreServer>> server = comm::TcpStoreServer::Start();
-  if (!server.ok()) {
-    for (absl::Status& r : results) r = server.status();
-    return results;
-  }
-  const std::string address = (*server)->address();
-  std::vector<std::thread> threads;
-  for (int w = 0; w < world_size; ++w) {
-    threads.emplace_back([&, w] {
-      absl::Status& result = results[static_cast<size_t>(w)];
-      if (cudaSetDevice(w) != cudaSuccess) {
-        result = absl::InternalError(absl::StrCat("cudaSetDevice(", w, ") failed"));
-        return;
-      }
-      absl::StatusOr<std::unique_ptr<comm::TcpStore>> client = comm::TcpStore::Connect(address);
-      if (!client.ok()) {
-        result = client.status();
-        return;
-      }
-      std::shared_ptr<comm::Store> store(std::move(*client));
-      comm::NcclOptions options;
-      options.device = w;
-      options.timeout = kTimeout;
-      options.prefix = absl::StrCat(prefix, "/world");
-      absl::StatusOr<std::unique_ptr<comm::Communicator>> world =
-          comm::CreateNcclCommunicator(store, w, world_size, options);
-      if (!world.ok()) {
-        result = world.status();
-        return;
-      }
-      std::unique_ptr<comm::Communicator> sp;
-      if (sequence_parallel > 1) {
-        options.prefix = absl::StrCat(prefix, "/sp", w / sequence_parallel);
-        absl::StatusOr<std::unique_ptr<comm::Communicator>> made =
-            comm::CreateNcclCommunicator(store, w % sequence_parallel, sequence_parallel, options);
-        if (!made.ok()) {
-          result = made.status();
-          return;
-        }
-        sp = *std::move(made);
-      }
-      result = body(w, **world, sp.get());
-    });
-  }
-  for (std::thread& t : threads) t.join();
-  return results;
-}
 
 void ExpectAllOk(const std::vector<absl::Status>& results) {
   for (size_t r = 0; r < results.size(); ++r)

@@ -1,8 +1,10 @@
-// Fuzzes the Open Inference Protocol's request decoding (server/inference_model.h): the input is a
-// serialized ModelInferRequest, as gRPC hands it over. A request is either refused (NOT_FOUND for
-// another model, INVALID_ARGUMENT with a message, nothing else) or turned into an Attend call whose
-// inputs are whole tensors of the declared shape and datatype (q, k, v and maybe dout), whose
-// outputs are valid and distinct, and whose response can be built.
+// Fuzzes the Open Inference Protocol's request decoding (server/inference_model.h and
+// server/deployment_model.h): the input is a serialized ModelInferRequest, as gRPC hands it over,
+// decoded both as a request to the attention model and as one to a deployment. Each is either
+// refused (NOT_FOUND for another model or version, INVALID_ARGUMENT with a message, nothing else)
+// or turned into its call: an Attend call whose inputs are whole tensors of the declared shape and
+// datatype (q, k, v and maybe dout); a Score of the declared tokens (or one text); with outputs
+// valid and distinct, and a response that can be built.
 #include <cstddef>
 #include <cstdint>
 #include <cstdio>
@@ -10,6 +12,7 @@
 #include <vector>
 
 #include "google/protobuf/stubs/logging.h"
+#include "server/deployment_model.h"
 #include "server/inference_model.h"
 
 namespace {
@@ -29,6 +32,31 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   (void)quiet;
   inference::ModelInferRequest request;
   if (!request.ParseFromArray(data, static_cast<int>(size))) return 0;
+  // As a deployment's Score.
+  absl::StatusOr<dattn::server::ScoreInferCall> score = dattn::server::ParseScoreInfer(request);
+  if (!score.ok()) {
+    Check(absl::IsInvalidArgument(score.status()) || absl::IsNotFound(score.status()));
+    Check(!score.status().message().empty());
+  } else {
+    Check(request.inputs_size() == 1);
+    const auto& input = request.inputs(0);
+    Check(score->score.deployment_id() == request.model_name());
+    if (input.name() == "tokens") {
+      Check(score->score.text().empty());
+      Check(score->score.tokens_size() == input.shape(input.shape_size() - 1));
+    } else {
+      Check(input.name() == "text" && score->score.tokens_size() == 0);
+    }
+    Check(!score->outputs.empty() && score->outputs.size() <= 2);
+    if (score->outputs.size() == 2) Check(score->outputs[0] != score->outputs[1]);
+    dattn::v1::ScoreResponse scored;
+    for (int i = 1; i < score->score.tokens_size(); ++i) scored.add_logprobs(-1.0);
+    const inference::ModelInferResponse response =
+        dattn::server::MakeScoreInferResponse(request, *score, scored);
+    Check(response.outputs_size() == static_cast<int>(score->outputs.size()));
+    Check(response.raw_output_contents_size() == response.outputs_size());
+  }
+  // As the attention model.
   absl::StatusOr<dattn::server::InferenceCall> call = dattn::server::ParseModelInfer(request);
   if (!call.ok()) {
     Check(absl::IsInvalidArgument(call.status()) || absl::IsNotFound(call.status()));

@@ -224,6 +224,11 @@ class Coordinator {
   // Score on a deployment; errors as Generate's.
   absl::StatusOr<v1::ScoreResponse> Score(const v1::ScoreRequest& request,
                                           const CancelledFn& cancelled);
+  // The deployment `job_id` if it serves now (Generate and Score are routed to its rank): its
+  // vocabulary size. NOT_FOUND for an unknown job; FAILED_PRECONDITION for a job that is not a
+  // deployment, or one queued, loading its model or ended (the message says which); UNAVAILABLE
+  // while the coordinator is not taking calls.
+  absl::StatusOr<int64_t> ServingDeployment(const std::string& job_id);
 
   // --- WorkerRegistry --------------------------------------------------------------------------
   // A new worker id per call. Another live registration under the same name is declared dead and
@@ -321,8 +326,6 @@ class Coordinator {
   // (and *run, its job); nullptr otherwise: a report, upload or stream of it is not wanted.
   const TaskEntry* HeldTaskLocked(const std::string& worker_id, const std::string& task_id,
                                   const JobRun** run) ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
-  // The deployment `job_id`, serving: its vocabulary size. Errors as Generate's.
-  absl::StatusOr<int64_t> ServingDeployment(const std::string& job_id);
   // The job's committed view once it has ended; nullopt while it is active (or on a read error).
   std::optional<v1::Job> EndedJob(const std::string& job_id);
   // The reason of the cancel requested for the active job `job_id` (dattn cancel), if one was.

@@ -446,7 +446,21 @@ class GrpcServer::Services {
                           const AttendSink& emit, const CancelledFn& cancelled) {
               return coordinator->Attend(first, next, emit, cancelled);
             },
-            [coordinator] { return coordinator->Health(); }, metrics, access) {}
+            [coordinator] { return coordinator->Health(); },
+            DeploymentCalls{
+                [coordinator](const std::string& id) {
+                  v1::GetJobRequest get;
+                  get.set_job_id(id);
+                  get.set_max_events(1);
+                  return coordinator->GetJob(get);
+                },
+                [coordinator](const std::string& id) {
+                  return coordinator->ServingDeployment(id).status();
+                },
+                [coordinator](const v1::ScoreRequest& request, const CancelledFn& cancelled) {
+                  return coordinator->Score(request, cancelled);
+                }},
+            metrics, access) {}
   JobServiceImpl jobs;
   WorkerRegistryImpl workers;
   AdminServiceImpl admin;

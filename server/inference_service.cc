@@ -9,7 +9,9 @@
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "api/limits.h"
+#include "api/quote.h"
 #include "api/tenant.h"
+#include "server/deployment_model.h"
 #include "server/grpc_service.h"
 #include "server/inference_model.h"
 
@@ -156,10 +158,36 @@ grpc::Status InferenceService::ServerReady(grpc::ServerContext* context,
   return Done(kServerReady, s);
 }
 
+absl::Status InferenceService::FindDeployment(const grpc::ServerContext& context,
+                                              const std::string& name) const {
+  const absl::Status not_found = absl::NotFoundError(
+      absl::StrCat("model ", api::Quote(name), " not found: the models are \"", kAttentionModel,
+                   "\" and the deployments, each by its job id (dattn list)"));
+  absl::StatusOr<security::Principal> caller = access_->Caller(context);
+  if (!caller.ok()) return caller.status();
+  if (name.empty()) return not_found;
+  absl::StatusOr<v1::Job> job = deployments_.get_job(name);
+  if (absl::IsNotFound(job.status())) return not_found;
+  if (!job.ok()) return job.status();
+  if (!job->spec().has_deployment()) return not_found;
+  // Another tenant's deployment is not found, as JobService hides other tenants' jobs.
+  if (access_->authenticates() && api::TenantOrDefault(job->spec().tenant()) != caller->tenant &&
+      !Access::MaySee(*caller, *job)) {
+    return not_found;
+  }
+  return absl::OkStatus();
+}
+
 grpc::Status InferenceService::ModelReady(grpc::ServerContext* context,
                                           const inference::ModelReadyRequest* request,
                                           inference::ModelReadyResponse* response) {
   absl::Status s = Authenticate(*context);
+  if (s.ok() && request->name() != kAttentionModel) {
+    s = FindDeployment(*context, request->name());
+    if (s.ok()) s = CheckDeploymentVersion(request->name(), request->version());
+    if (s.ok()) response->set_ready(deployments_.serving(request->name()).ok());
+    return Done(kModelReady, s);
+  }
   if (s.ok()) s = CheckModel(request->name(), request->version());
   if (s.ok()) response->set_ready(health_().ok());
   return Done(kModelReady, s);
@@ -180,9 +208,38 @@ grpc::Status InferenceService::ModelMetadata(grpc::ServerContext* context,
                                              const inference::ModelMetadataRequest* request,
                                              inference::ModelMetadataResponse* response) {
   absl::Status s = Authenticate(*context);
+  if (s.ok() && request->name() != kAttentionModel) {
+    s = FindDeployment(*context, request->name());
+    if (s.ok()) s = CheckDeploymentVersion(request->name(), request->version());
+    if (s.ok()) *response = DeploymentModelMetadata(request->name());
+    return Done(kModelMetadata, s);
+  }
   if (s.ok()) s = CheckModel(request->name(), request->version());
   if (s.ok()) *response = AttentionModelMetadata();
   return Done(kModelMetadata, s);
+}
+
+absl::Status InferenceService::InferDeployment(grpc::ServerContext* context,
+                                               const inference::ModelInferRequest& request,
+                                               inference::ModelInferResponse* response,
+                                               int64_t* bytes_in, int64_t* bytes_out) const {
+  absl::StatusOr<ScoreInferCall> call = ParseScoreInfer(request);
+  if (!call.ok()) return call.status();
+  *bytes_in = static_cast<int64_t>(call->score.tokens_size()) * 4 +
+              static_cast<int64_t>(call->score.text().size());
+  absl::StatusOr<v1::ScoreResponse> score =
+      deployments_.score(call->score, [context] { return context->IsCancelled(); });
+  if (absl::IsCancelled(score.status()) &&
+      std::chrono::system_clock::now() >= context->deadline()) {
+    return absl::DeadlineExceededError(
+        absl::StrCat("the ModelInfer call's deadline passed: ", score.status().message()));
+  }
+  if (!score.ok()) return score.status();
+  *response = MakeScoreInferResponse(request, *call, *score);
+  for (const std::string& raw : response->raw_output_contents()) {
+    *bytes_out += static_cast<int64_t>(raw.size());
+  }
+  return absl::OkStatus();
 }
 
 grpc::Status InferenceService::ModelInfer(grpc::ServerContext* context,
@@ -191,6 +248,21 @@ grpc::Status InferenceService::ModelInfer(grpc::ServerContext* context,
   const absl::Time begin = absl::Now();
   int64_t bytes_in = 0, bytes_out = 0;
   std::string tenant = api::TenantOrDefault("");
+  if (request->model_name() != kAttentionModel) {
+    // A deployment: labelled by its id once found (unknown names never become labels).
+    std::string label = "unknown";
+    absl::Status status = [&]() -> absl::Status {
+      absl::StatusOr<security::Principal> caller = access_->Caller(*context);
+      if (!caller.ok()) return caller.status();
+      tenant = api::TenantOrDefault(caller->tenant);
+      if (absl::Status s = FindDeployment(*context, request->model_name()); !s.ok()) return s;
+      label = request->model_name();
+      return InferDeployment(context, *request, response, &bytes_in, &bytes_out);
+    }();
+    metrics_->CountInference(label, tenant, status.code(), bytes_in, bytes_out,
+                             absl::ToDoubleSeconds(absl::Now() - begin));
+    return Done(kModelInfer, status);
+  }
   absl::Status status = [&]() -> absl::Status {
     absl::StatusOr<security::Principal> caller = access_->Caller(*context);
     if (!caller.ok()) return caller.status();

@@ -18,11 +18,14 @@
 #include <cstring>
 #include <fstream>
 #include <functional>
+#include <map>
 #include <memory>
+#include <set>
 #include <string>
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_replace.h"
 #include "absl/strings/str_split.h"
 #include "absl/synchronization/mutex.h"
 #include "api/engine_convert.h"
@@ -231,6 +234,82 @@ class FakeAttend {
   std::vector<std::string> input_errors_ ABSL_GUARDED_BY(mu_);
 };
 
+// The coordinator's side of deployments: a job table and a Score that answers
+// logprobs[i] = -(tokens[i + 1] + 1) / 64 for a vocabulary of 256.
+class FakeDeployments {
+ public:
+  FakeDeployments() {
+    Add("dep-acme", "acme", true, true);
+    Add("dep-loading", "acme", true, false);
+    Add("dep-beta", "beta", true, true);
+    Add("train-acme", "acme", false, false);
+  }
+  DeploymentCalls Calls() {
+    return DeploymentCalls{
+        [this](const std::string& id) -> absl::StatusOr<v1::Job> {
+          absl::MutexLock lock(&mu_);
+          auto it = jobs_.find(id);
+          if (it == jobs_.end()) return absl::NotFoundError(absl::StrCat("job ", id, " not found"));
+          return it->second;
+        },
+        [this](const std::string& id) -> absl::Status {
+          absl::MutexLock lock(&mu_);
+          return serving_.count(id) > 0 ? absl::OkStatus()
+                                        : absl::FailedPreconditionError("loading its model");
+        },
+        [this](const v1::ScoreRequest& request,
+               const CancelledFn&) -> absl::StatusOr<v1::ScoreResponse> {
+          absl::MutexLock lock(&mu_);
+          ++scores_;
+          last_ = request;
+          if (serving_.count(request.deployment_id()) == 0) {
+            return absl::FailedPreconditionError(
+                absl::StrCat("deployment ", request.deployment_id(), " is not serving yet"));
+          }
+          std::vector<int32_t> tokens(request.tokens().begin(), request.tokens().end());
+          for (unsigned char c : request.text()) tokens.push_back(c);
+          v1::ScoreResponse r;
+          double sum = 0;
+          for (size_t i = 0; i < tokens.size(); ++i) {
+            if (tokens[i] < 0 || tokens[i] >= 256) {
+              return absl::InvalidArgumentError(
+                  absl::StrCat("tokens[", i, "]: ", tokens[i], " is outside the vocabulary"));
+            }
+            if (i == 0) continue;
+            r.add_logprobs(-(tokens[i] + 1) / 64.0);
+            sum += r.logprobs(static_cast<int>(i - 1));
+          }
+          r.set_tokens(static_cast<int64_t>(tokens.size()));
+          r.set_loss(tokens.size() > 1 ? -sum / static_cast<double>(tokens.size() - 1) : 0);
+          r.set_seconds(0.25);
+          return r;
+        }};
+  }
+  int scores() {
+    absl::MutexLock lock(&mu_);
+    return scores_;
+  }
+  v1::ScoreRequest last() {
+    absl::MutexLock lock(&mu_);
+    return last_;
+  }
+
+ private:
+  void Add(const std::string& id, const std::string& tenant, bool deployment, bool serving) {
+    v1::Job job;
+    job.set_job_id(id);
+    job.mutable_spec()->set_tenant(tenant);
+    if (deployment) job.mutable_spec()->mutable_deployment()->set_checkpoint("/models/m");
+    jobs_[id] = job;
+    if (serving) serving_.insert(id);
+  }
+  absl::Mutex mu_;
+  std::map<std::string, v1::Job> jobs_ ABSL_GUARDED_BY(mu_);
+  std::set<std::string> serving_ ABSL_GUARDED_BY(mu_);
+  int scores_ ABSL_GUARDED_BY(mu_) = 0;
+  v1::ScoreRequest last_ ABSL_GUARDED_BY(mu_);
+};
+
 class InferenceServiceTest : public ::testing::Test {
  protected:
   void SetUp() override {
@@ -254,7 +333,7 @@ class InferenceServiceTest : public ::testing::Test {
     service_ = std::make_unique<InferenceService>(
         [this](const v1::AttendRequest& first, const AttendSource& next, const AttendSink& emit,
                const CancelledFn& cancelled) { return fake_.Call(first, next, emit, cancelled); },
-        [this] { return health_; }, &metrics_, access_.get());
+        [this] { return health_; }, deployments_.Calls(), &metrics_, access_.get());
     grpc::ServerBuilder builder;
     int port = 0;
     builder.AddListeningPort("127.0.0.1:0", grpc::InsecureServerCredentials(), &port);
@@ -298,6 +377,7 @@ class InferenceServiceTest : public ::testing::Test {
   }
 
   FakeAttend fake_;
+  FakeDeployments deployments_;
   absl::Status health_;
   Metrics metrics_;
   std::unique_ptr<security::TokenTable> tokens_;
@@ -812,6 +892,273 @@ TEST_F(InferenceServiceTest, MetricsCountCallsBytesAndTime) {
   EXPECT_EQ(Metric("dattn_rpc_total{code=\"OK\",method=\"/inference.GRPCInferenceService/"
                    "ModelInfer\"}"),
             "3");
+}
+
+// --- Deployments as models: ModelInfer is Score.
+
+// A deployment request with one "tokens" input of `datatype`, shape [n] (or [1, n]), raw or typed.
+ModelInferRequest TokensRequest(const std::string& model, const std::vector<int64_t>& tokens,
+                                const std::string& datatype, bool raw, bool batched) {
+  ModelInferRequest r;
+  r.set_model_name(model);
+  r.set_id("req-7");
+  auto* in = r.add_inputs();
+  in->set_name("tokens");
+  in->set_datatype(datatype);
+  if (batched) in->add_shape(1);
+  in->add_shape(static_cast<int64_t>(tokens.size()));
+  std::string bytes;
+  for (int64_t t : tokens) {
+    if (datatype == "INT32") {
+      const int32_t v = static_cast<int32_t>(t);
+      if (raw)
+        bytes.append(reinterpret_cast<const char*>(&v), 4);
+      else
+        in->mutable_contents()->add_int_contents(v);
+    } else {
+      if (raw)
+        bytes.append(reinterpret_cast<const char*>(&t), 8);
+      else
+        in->mutable_contents()->add_int64_contents(t);
+    }
+  }
+  if (raw) r.add_raw_input_contents(bytes);
+  return r;
+}
+
+std::vector<double> Doubles(const std::string& raw) {
+  std::vector<double> v(raw.size() / 8);
+  std::memcpy(v.data(), raw.data(), v.size() * 8);
+  return v;
+}
+
+TEST_F(InferenceServiceTest, ModelInferOnADeploymentIsScore) {
+  const std::vector<int64_t> tokens = {72, 105, 33, 0, 255};
+  const std::vector<double> expected = {-106 / 64.0, -34 / 64.0, -1 / 64.0, -256 / 64.0};
+  double loss = 0;
+  for (double e : expected) loss -= e / 4;
+  for (const char* datatype : {"INT32", "INT64"}) {
+    for (bool raw : {false, true}) {
+      for (bool batched : {false, true}) {
+        SCOPED_TRACE(absl::StrCat(datatype, raw ? " raw" : " typed", batched ? " [1, N]" : " [N]"));
+        ModelInferResponse response;
+        grpc::Status status =
+            Infer(TokensRequest("dep-acme", tokens, datatype, raw, batched), &response);
+        ASSERT_TRUE(status.ok()) << status.error_message();
+        EXPECT_THAT(deployments_.last().tokens(), ::testing::ElementsAre(72, 105, 33, 0, 255));
+        EXPECT_EQ(deployments_.last().deployment_id(), "dep-acme");
+        EXPECT_EQ(response.model_name(), "dep-acme");
+        EXPECT_EQ(response.model_version(), "1");
+        EXPECT_EQ(response.id(), "req-7");
+        ASSERT_EQ(response.outputs_size(), 2);
+        ASSERT_EQ(response.raw_output_contents_size(), 2);
+        EXPECT_EQ(response.outputs(0).name(), "logprobs");
+        EXPECT_EQ(response.outputs(0).datatype(), "FP64");
+        EXPECT_EQ(response.outputs(1).name(), "loss");
+        if (batched) {
+          EXPECT_THAT(response.outputs(0).shape(), ::testing::ElementsAre(1, 4));
+          EXPECT_THAT(response.outputs(1).shape(), ::testing::ElementsAre(1, 1));
+        } else {
+          EXPECT_THAT(response.outputs(0).shape(), ::testing::ElementsAre(4));
+          EXPECT_THAT(response.outputs(1).shape(), ::testing::ElementsAre(1));
+        }
+        EXPECT_EQ(Doubles(response.raw_output_contents(0)), expected);
+        EXPECT_THAT(Doubles(response.raw_output_contents(1)), ::testing::ElementsAre(loss));
+        EXPECT_EQ(response.parameters().at("tokens").int64_param(), 5);
+        EXPECT_EQ(response.parameters().at("seconds").double_param(), 0.25);
+      }
+    }
+  }
+  // Text, typed and in the protocol's raw BYTES layout; and an output subset, in its order.
+  for (bool raw : {false, true}) {
+    ModelInferRequest r;
+    r.set_model_name("dep-acme");
+    r.set_model_version("1");
+    auto* in = r.add_inputs();
+    in->set_name("text");
+    in->set_datatype("BYTES");
+    in->add_shape(1);
+    if (raw) {
+      const uint32_t length = 3;
+      r.add_raw_input_contents(std::string(reinterpret_cast<const char*>(&length), 4) + "Hi!");
+    } else {
+      in->mutable_contents()->add_bytes_contents("Hi!");
+    }
+    r.add_outputs()->set_name("loss");
+    ModelInferResponse response;
+    grpc::Status status = Infer(r, &response);
+    ASSERT_TRUE(status.ok()) << status.error_message();
+    EXPECT_EQ(deployments_.last().text(), "Hi!");
+    EXPECT_EQ(deployments_.last().tokens_size(), 0);
+    ASSERT_EQ(response.outputs_size(), 1);
+    EXPECT_EQ(response.outputs(0).name(), "loss");
+    EXPECT_THAT(Doubles(response.raw_output_contents(0)),
+                ::testing::ElementsAre((106 / 64.0 + 34 / 64.0) / 2));
+  }
+  EXPECT_EQ(
+      Metric("dattn_inference_requests_total{code=\"OK\",model=\"dep-acme\",tenant=\"acme\"}"),
+      "10");
+}
+
+TEST_F(InferenceServiceTest, MalformedDeploymentRequestsNameTheTensorOrParameter) {
+  const std::vector<int64_t> tokens = {1, 2, 3};
+  struct Case {
+    std::function<void(ModelInferRequest*)> change;
+    const char* message;
+  };
+  auto in = [](ModelInferRequest* r) { return r->mutable_inputs(0); };
+  const std::vector<Case> cases = {
+      {[](ModelInferRequest* r) { r->clear_inputs(); }, "inputs: 0 inputs: give exactly one"},
+      {[](ModelInferRequest* r) { *r->add_inputs() = r->inputs(0); },
+       "inputs: 2 inputs: give exactly one"},
+      {[&](ModelInferRequest* r) { in(r)->set_name("ids"); },
+       "inputs[0].name: \"ids\" is not \"tokens\" or \"text\""},
+      {[&](ModelInferRequest* r) { in(r)->set_datatype("FP32"); },
+       "inputs[\"tokens\"].datatype: \"FP32\" is not \"INT32\" or \"INT64\""},
+      {[&](ModelInferRequest* r) { in(r)->add_shape(1); },
+       "inputs[\"tokens\"].shape: [3, 1] is not [N] or [1, N]"},
+      {[&](ModelInferRequest* r) { in(r)->set_shape(0, 0); },
+       "inputs[\"tokens\"].shape: [0] is not [N] or [1, N]"},
+      {[&](ModelInferRequest* r) { in(r)->set_shape(0, 4); },
+       "inputs[\"tokens\"].contents: want 4 values in int_contents"},
+      {[&](ModelInferRequest* r) { in(r)->mutable_contents()->add_fp32_contents(1); },
+       "inputs[\"tokens\"].contents: want 3 values in int_contents and nothing else"},
+      {[&](ModelInferRequest* r) { r->add_raw_input_contents("abcdefghijkl"); },
+       "inputs[\"tokens\"]: both raw_input_contents and contents"},
+      {[&](ModelInferRequest* r) {
+         in(r)->clear_contents();
+         r->add_raw_input_contents("abcdefghij");
+       },
+       "raw_input_contents[0]: 10 bytes for 3 INT32 values (12 bytes)"},
+      {[&](ModelInferRequest* r) {
+         in(r)->clear_contents();
+         r->add_raw_input_contents("abcdefghijkl");
+         r->add_raw_input_contents("abcdefghijkl");
+       },
+       "raw_input_contents: 2 entries for 1 input"},
+      {[&](ModelInferRequest* r) {
+         in(r)->set_datatype("INT64");
+         in(r)->clear_contents();
+         for (int64_t v : {1ll, 5000000000ll, 2ll})
+           in(r)->mutable_contents()->add_int64_contents(v);
+       },
+       "inputs[\"tokens\"][1]: 5000000000 does not fit an int32"},
+      {[&](ModelInferRequest* r) {
+         in(r)->set_name("text");
+         in(r)->set_datatype("BYTES");
+       },
+       "inputs[\"text\"].shape: [3] is not [1] or [1, 1]"},
+      {[&](ModelInferRequest* r) {
+         in(r)->set_name("text");
+         in(r)->set_datatype("BYTES");
+         in(r)->set_shape(0, 1);
+         in(r)->clear_contents();
+         r->add_raw_input_contents(std::string("\x09\0\0\0abc", 7));
+       },
+       "raw_input_contents[0]: its length prefix says 9 bytes, 3 follow"},
+      {[](ModelInferRequest* r) { (*r->mutable_parameters())["temperature"].set_double_param(1); },
+       "parameters[\"temperature\"]: a deployment takes no request parameters"},
+      {[](ModelInferRequest* r) { r->add_outputs()->set_name("logits"); },
+       "outputs[0].name: \"logits\" is not \"logprobs\" or \"loss\""},
+      {[](ModelInferRequest* r) {
+         r->add_outputs()->set_name("loss");
+         r->add_outputs()->set_name("loss");
+       },
+       "outputs[1].name: \"loss\" repeated"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.message);
+    ModelInferRequest request = TokensRequest("dep-acme", tokens, "INT32", false, false);
+    c.change(&request);
+    ModelInferResponse response;
+    grpc::Status status = Infer(request, &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+    EXPECT_THAT(status.error_message(), HasSubstr(c.message));
+  }
+  EXPECT_EQ(deployments_.scores(), 0);  // Refused before any Score call.
+  // Score's own errors pass unchanged: a token outside the vocabulary, a deployment loading.
+  ModelInferResponse response;
+  grpc::Status status =
+      Infer(TokensRequest("dep-acme", {1, 256}, "INT32", false, false), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::INVALID_ARGUMENT);
+  EXPECT_THAT(status.error_message(), HasSubstr("tokens[1]: 256 is outside the vocabulary"));
+  status = Infer(TokensRequest("dep-loading", tokens, "INT32", false, false), &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::FAILED_PRECONDITION);
+  EXPECT_THAT(status.error_message(), HasSubstr("not serving yet"));
+  EXPECT_EQ(Metric("dattn_inference_requests_total{code=\"INVALID_ARGUMENT\",model=\"dep-acme\","
+                   "tenant=\"acme\"}"),
+            absl::StrCat(cases.size() + 1));
+}
+
+TEST_F(InferenceServiceTest, DeploymentsOfOtherTenantsAndOtherJobsAreNotFound) {
+  using Stub = inference::GRPCInferenceService::Stub;
+  const std::vector<int64_t> tokens = {1, 2, 3};
+  // Unknown, not a deployment, another tenant's: the same NOT_FOUND (never told apart), no Score.
+  std::vector<std::string> messages;
+  for (const char* model : {"dep-nowhere", "train-acme", "dep-beta"}) {
+    SCOPED_TRACE(model);
+    ModelInferResponse response;
+    grpc::Status status = Infer(TokensRequest(model, tokens, "INT32", false, false), &response);
+    EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+    EXPECT_THAT(status.error_message(), HasSubstr(absl::StrCat("model \"", model, "\" not found")));
+    messages.push_back(absl::StrReplaceAll(status.error_message(), {{model, "X"}}));
+    inference::ModelReadyRequest ready;
+    ready.set_name(model);
+    inference::ModelReadyResponse ready_response;
+    EXPECT_EQ(Call(&Stub::ModelReady, ready, &ready_response).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+    inference::ModelMetadataRequest meta;
+    meta.set_name(model);
+    inference::ModelMetadataResponse meta_response;
+    EXPECT_EQ(Call(&Stub::ModelMetadata, meta, &meta_response).error_code(),
+              grpc::StatusCode::NOT_FOUND);
+  }
+  EXPECT_EQ(messages[0], messages[1]);
+  EXPECT_EQ(messages[0], messages[2]);
+  EXPECT_EQ(deployments_.scores(), 0);
+  // Its own tenant reaches it; unknown names never become metric labels.
+  ModelInferResponse response;
+  EXPECT_TRUE(
+      Infer(TokensRequest("dep-beta", tokens, "INT32", false, false), &response, kBobToken).ok());
+  EXPECT_EQ(Metric("dattn_inference_requests_total{code=\"NOT_FOUND\",model=\"unknown\","
+                   "tenant=\"acme\"}"),
+            "3");
+  EXPECT_EQ(Metric("dattn_inference_requests_total{code=\"NOT_FOUND\",model=\"dep-nowhere\""),
+            "(absent)");
+  // Another version of a deployment: NOT_FOUND naming it.
+  ModelInferRequest request = TokensRequest("dep-acme", tokens, "INT32", false, false);
+  request.set_model_version("2");
+  grpc::Status status = Infer(request, &response);
+  EXPECT_EQ(status.error_code(), grpc::StatusCode::NOT_FOUND);
+  EXPECT_THAT(status.error_message(), HasSubstr("model \"dep-acme\" has no version \"2\""));
+}
+
+TEST_F(InferenceServiceTest, DeploymentReadinessAndMetadata) {
+  using Stub = inference::GRPCInferenceService::Stub;
+  inference::ModelReadyRequest ready;
+  inference::ModelReadyResponse r;
+  ready.set_name("dep-acme");
+  ASSERT_TRUE(Call(&Stub::ModelReady, ready, &r).ok());
+  EXPECT_TRUE(r.ready());
+  ready.set_name("dep-loading");  // Known, loading its model: not ready, not an error.
+  ASSERT_TRUE(Call(&Stub::ModelReady, ready, &r).ok());
+  EXPECT_FALSE(r.ready());
+  inference::ModelMetadataRequest meta;
+  meta.set_name("dep-acme");
+  inference::ModelMetadataResponse m;
+  ASSERT_TRUE(Call(&Stub::ModelMetadata, meta, &m).ok());
+  EXPECT_EQ(m.name(), "dep-acme");
+  EXPECT_THAT(m.versions(), ::testing::ElementsAre("1"));
+  EXPECT_EQ(m.platform(), "dattn-longnet");
+  ASSERT_EQ(m.inputs_size(), 2);
+  EXPECT_EQ(m.inputs(0).name(), "tokens");
+  EXPECT_EQ(m.inputs(0).datatype(), "INT32");
+  EXPECT_EQ(m.inputs(1).name(), "text");
+  EXPECT_EQ(m.inputs(1).datatype(), "BYTES");
+  ASSERT_EQ(m.outputs_size(), 2);
+  EXPECT_EQ(m.outputs(0).name(), "logprobs");
+  EXPECT_EQ(m.outputs(1).name(), "loss");
+  EXPECT_EQ(m.outputs(1).datatype(), "FP64");
 }
 
 }  // namespace

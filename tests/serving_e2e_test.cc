@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <string>
 #include <thread>
@@ -23,6 +24,7 @@
 #include "absl/types/span.h"
 #include "dattn/v1/job_service.grpc.pb.h"
 #include "gtest/gtest.h"
+#include "inference/grpc_predict_v2.grpc.pb.h"
 #include "model/decoder.h"
 #include "model/generation.h"
 #include "model/longnet.h"
@@ -232,6 +234,38 @@ TEST_F(ServingTest, GenerateAndScoreAreTheModelsAndConcurrentRequestsKeepTheirOw
         << i;
   }
 
+  // The same Score as ModelInfer of the Open Inference Protocol, the deployment's job id its model
+  // name: the same numbers, and the deployment reports itself ready.
+  {
+    auto oip = inference::GRPCInferenceService::NewStub(
+        cluster_->ChannelWithToken(cluster_->token(kAdmin)));
+    inference::ModelInferRequest infer;
+    infer.set_model_name(id);
+    auto* in = infer.add_inputs();
+    in->set_name("tokens");
+    in->set_datatype("INT32");
+    in->add_shape(static_cast<int64_t>(text.size()));
+    for (int32_t t : text) in->mutable_contents()->add_int_contents(t);
+    inference::ModelInferResponse inferred;
+    grpc::ClientContext c;
+    const grpc::Status s = oip->ModelInfer(&c, infer, &inferred);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+    ASSERT_EQ(inferred.raw_output_contents_size(), 2);
+    std::vector<double> logprobs(text.size() - 1);
+    ASSERT_EQ(inferred.raw_output_contents(0).size(), logprobs.size() * 8);
+    std::memcpy(logprobs.data(), inferred.raw_output_contents(0).data(), logprobs.size() * 8);
+    EXPECT_TRUE(std::equal(logprobs.begin(), logprobs.end(), scored.logprobs().begin()));
+    double loss = 0;
+    std::memcpy(&loss, inferred.raw_output_contents(1).data(), 8);
+    EXPECT_EQ(loss, scored.loss());
+    inference::ModelReadyRequest ready;
+    ready.set_name(id);
+    inference::ModelReadyResponse is_ready;
+    grpc::ClientContext rc;
+    ASSERT_TRUE(oip->ModelReady(&rc, ready, &is_ready).ok());
+    EXPECT_TRUE(is_ready.ready());
+  }
+
   // Four at once: decoded together, each what it is alone.
   const std::string prompts[] = {"a", "Let there", "light and darkness", "1:1 In"};
   std::vector<Generated> together(4);
@@ -254,7 +288,10 @@ TEST_F(ServingTest, GenerateAndScoreAreTheModelsAndConcurrentRequestsKeepTheirOw
             6);
   EXPECT_EQ(
       MetricValue(page.body, "dattn_serving_requests_total", {d, "call=\"score\"", "code=\"OK\""}),
-      1);
+      2);  // Score and ModelInfer
+  EXPECT_EQ(MetricValue(page.body, "dattn_inference_requests_total",
+                        {"model=\"" + id + "\"", "code=\"OK\""}),
+            1);
   EXPECT_EQ(MetricValue(page.body, "dattn_generated_tokens_total", {d}),
             static_cast<double>(40 + stopped.tokens.size() + 4 * 30));
   EXPECT_EQ(MetricValue(page.body, "dattn_generate_first_token_seconds_count", {d}), 6);

@@ -120,6 +120,12 @@ absl::StatusOr<DeviceVariant> PlanVariant(const TrainingJobInfo& info, bool gpu,
   return variant;
 }
 
+// TrainingJobSpec.checkpoint_dir without trailing slashes ("/" stays "/").
+std::string TrimmedCheckpointRoot(std::string root) {
+  while (root.size() > 1 && root.back() == '/') root.pop_back();
+  return root;
+}
+
 }  // namespace
 
 absl::StatusOr<TrainingJobInfo> AnalyzeTrainingJob(const v1::TrainingJobSpec& job,
@@ -191,10 +197,7 @@ absl::StatusOr<TrainingJobInfo> AnalyzeTrainingJob(const v1::TrainingJobSpec& jo
     if (absl::Status s = CheckFolder(job.checkpoint_dir(), path + ".checkpoint_dir"); !s.ok()) {
       return s;
     }
-    info.checkpoint_root = job.checkpoint_dir();
-    while (info.checkpoint_root.size() > 1 && info.checkpoint_root.back() == '/') {
-      info.checkpoint_root.pop_back();
-    }
+    info.checkpoint_root = TrimmedCheckpointRoot(job.checkpoint_dir());
   }
   if (!job.init_from().empty()) {
     if (absl::Status s = CheckFolder(job.init_from(), path + ".init_from"); !s.ok()) return s;
@@ -258,6 +261,12 @@ std::string TrainingCheckpointDir(const TrainingJobInfo& info, const std::string
   if (info.checkpoint_root.empty()) return "";
   if (info.checkpoint_root == "/") return absl::StrCat("/", job_id);
   return absl::StrCat(info.checkpoint_root, "/", job_id);
+}
+
+std::string TrainingCheckpointDir(const v1::TrainingJobSpec& job, const std::string& job_id) {
+  TrainingJobInfo info;
+  info.checkpoint_root = TrimmedCheckpointRoot(job.checkpoint_dir());
+  return TrainingCheckpointDir(info, job_id);
 }
 
 v1::TrainingRankPlan PlanTrainingRank(const TrainingJobInfo& info, const DeviceVariant& variant,

@@ -66,6 +66,8 @@ absl::StatusOr<TrainingJobInfo> AnalyzeTrainingJob(const v1::TrainingJobSpec& jo
 
 // The job's own checkpoint folder: <checkpoint_root>/<job_id>; empty without a root.
 std::string TrainingCheckpointDir(const TrainingJobInfo& info, const std::string& job_id);
+// The same from the job's stored spec (a job already accepted: its config is not analysed again).
+std::string TrainingCheckpointDir(const v1::TrainingJobSpec& job, const std::string& job_id);
 
 // The plan of rank `rank` (0 <= rank < info.world) of job `job_id` on `variant` (one of
 // info.variants): the resolved trainer config (device "cpu" or "cuda"), the degrees, the job's

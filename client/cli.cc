@@ -406,7 +406,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       "deploy",
       "Serve a model from a checkpoint on a worker: Generate and Score (docs/SERVING.md)");
   std::string deploy_checkpoint, deploy_from_job, deploy_name;
-  int64_t deploy_max_context = 0;
+  int64_t deploy_max_context = 0, deploy_step = 0;
   int deploy_max_batch = 0, deploy_max_queued = 0, deploy_priority = 0;
   double deploy_wait = 0;
   deploy
@@ -417,6 +417,11 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       ->add_option("--from-job", deploy_from_job,
                    "Or a training job that succeeded: its final checkpoint")
       ->type_name("JOB_ID");
+  deploy
+      ->add_option("--step", deploy_step,
+                   "With --from-job: that step's saved checkpoint instead (the job in any state)")
+      ->type_name("N")
+      ->check(CLI::PositiveNumber);
   deploy
       ->add_option("--max-context", deploy_max_context,
                    "Longest prompt + generated tokens a request may reach (default 4096)")
@@ -662,6 +667,10 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
         return UsageError(err, "give --checkpoint DIR or --from-job JOB_ID (one of them)",
                           "deploy");
       }
+      if (deploy_step != 0 && deploy_from_job.empty()) {
+        return UsageError(err, "--step: only with --from-job (a step of that job's checkpoints)",
+                          "deploy");
+      }
       DeployArgs args;
       v1::JobSpec* spec = args.request.mutable_spec();
       spec->set_name(deploy_name);
@@ -669,6 +678,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       v1::DeploymentSpec* d = spec->mutable_deployment();
       d->set_checkpoint(deploy_checkpoint);
       d->set_training_job_id(deploy_from_job);
+      d->set_training_job_step(deploy_step);
       d->set_max_context(deploy_max_context);
       d->set_max_batch(deploy_max_batch);
       d->set_max_queued(deploy_max_queued);

@@ -16,6 +16,7 @@
 #include "api/limits.h"
 #include "api/quote.h"
 #include "api/tenant.h"
+#include "api/training_job.h"
 #include "engine/tensor.h"
 #include "model/checkpoint.h"
 #include "server/attention_kind.h"
@@ -351,9 +352,58 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   return Submit(request, {}, nullptr);
 }
 
+namespace {
+
+// The complete checkpoint of `step` that the training job `job` saved (TrainingJobSpec.
+// checkpoint_dir: <checkpoint_dir>/<job_id>/step-NNNNNNNN). INVALID_ARGUMENT naming the step and
+// the steps there are.
+absl::StatusOr<std::string> TrainingJobCheckpoint(const v1::Job& job, int64_t step) {
+  if (!job.spec().has_training() || job.spec().training().checkpoint_dir().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.deployment.training_job_step: job ", job.job_id(),
+                     job.spec().has_training()
+                         ? " saves no checkpoints (its spec.training.checkpoint_dir is empty)"
+                         : " is not a training job"));
+  }
+  const std::string root = api::TrainingCheckpointDir(job.spec().training(), job.job_id());
+  absl::StatusOr<std::vector<model::CheckpointEntry>> entries = model::ListCheckpoints(root);
+  if (!entries.ok()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.deployment.training_job_step: cannot list ", api::Quote(root), ": ",
+                     entries.status().message()));
+  }
+  std::vector<std::string> complete;
+  std::string found;
+  for (const model::CheckpointEntry& e : *entries) {
+    if (!e.has_manifest) continue;
+    if (e.step == step) found = e.path;
+    complete.push_back(absl::StrCat(e.step));
+  }
+  if (found.empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "spec.deployment.training_job_step: job ", job.job_id(),
+        " has no complete checkpoint of step ", step, " under ", api::Quote(root), " (",
+        complete.empty() ? "none yet" : absl::StrCat("its steps: ", absl::StrJoin(complete, ", ")),
+        ")"));
+  }
+  return found;
+}
+
+}  // namespace
+
 absl::Status Coordinator::ResolveDeployment(v1::JobSpec* spec) {
   v1::DeploymentSpec* d = spec->mutable_deployment();
   d->clear_model_config_json();
+  if (d->training_job_step() != 0 && d->training_job_id().empty()) {
+    return absl::InvalidArgumentError(
+        "spec.deployment.training_job_step: only with training_job_id (a step of its checkpoints)");
+  }
+  if (d->training_job_step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("spec.deployment.training_job_step: must be >= 1 (0: the final checkpoint), "
+                     "got ",
+                     d->training_job_step()));
+  }
   if (!d->training_job_id().empty()) {
     if (!d->checkpoint().empty()) {
       return absl::InvalidArgumentError(
@@ -368,14 +418,20 @@ absl::Status Coordinator::ResolveDeployment(v1::JobSpec* spec) {
       return absl::NotFoundError(absl::StrCat("spec.deployment.training_job_id: no job ",
                                               api::Quote(d->training_job_id()), " of this tenant"));
     }
-    if (!job->spec().has_training() || job->state() != v1::JOB_STATE_SUCCEEDED ||
-        job->result().training().final_checkpoint().empty()) {
+    if (d->training_job_step() > 0) {
+      absl::StatusOr<std::string> folder = TrainingJobCheckpoint(*job, d->training_job_step());
+      if (!folder.ok()) return folder.status();
+      d->set_checkpoint(*folder);
+    } else if (!job->spec().has_training() || job->state() != v1::JOB_STATE_SUCCEEDED ||
+               job->result().training().final_checkpoint().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
           "spec.deployment.training_job_id: job ", d->training_job_id(),
           " is not a training job that succeeded with a final checkpoint (it is ",
-          StateName(job->state()), job->spec().has_training() ? "" : ", and not training", ")"));
+          StateName(job->state()), job->spec().has_training() ? "" : ", and not training",
+          "); give training_job_step to serve one of its saved steps"));
+    } else {
+      d->set_checkpoint(job->result().training().final_checkpoint());
     }
-    d->set_checkpoint(job->result().training().final_checkpoint());
   }
   if (d->checkpoint().empty()) {
     return absl::InvalidArgumentError(

@@ -3,6 +3,7 @@
 // them), planned with its limits and memory, never taken for a stalled job however long it runs,
 // not waited for by a coordinator's drain (requeued at once), and answers Generate only while it
 // serves.
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -23,8 +24,8 @@ using ctest::NewDataDir;
 using ctest::ValidRequest;
 using ::testing::HasSubstr;
 
-// A checkpoint of a tiny model (the coordinator reads only its config).
-std::string SaveTinyCheckpoint(const std::string& root) {
+// A checkpoint of a tiny model (the coordinator reads only its config), of `step`.
+std::string SaveTinyCheckpoint(const std::string& root, int64_t step = 2) {
   model::LongNetConfig c;
   c.vocab_size = 256;
   c.d_model = 8;
@@ -33,7 +34,7 @@ std::string SaveTinyCheckpoint(const std::string& root) {
   c.ffn_dim = 16;
   c.segment_lengths = {4, 8};
   c.dilation_rates = {1, 2};
-  absl::StatusOr<std::string> dir = model::testing::SaveTestCheckpoint(root, c, 1, 2, 0.0f);
+  absl::StatusOr<std::string> dir = model::testing::SaveTestCheckpoint(root, c, 1, step, 0.0f);
   EXPECT_TRUE(dir.ok()) << dir.status();
   return dir.ok() ? *dir : "";
 }
@@ -129,6 +130,67 @@ TEST_F(CoordinatorTest, DeploymentSpecsAreCheckedAtSubmit) {
   absl::StatusOr<v1::ScoreResponse> scored = coordinator_->Score(score, [] { return false; });
   EXPECT_TRUE(absl::IsFailedPrecondition(scored.status())) << scored.status();
   EXPECT_THAT(std::string(scored.status().message()), HasSubstr("is not a deployment"));
+}
+
+// Any saved step of a training job, in whatever state the job is: training_job_step picks the
+// complete checkpoint <checkpoint_dir>/<job_id>/step-NNNNNNNN; a step it has not saved (or saved
+// only in part) is refused naming the steps it has.
+TEST_F(CoordinatorTest, ADeploymentServesAnySavedStepOfATrainingJob) {
+  const std::string root = NewDataDir() + "/checkpoints";
+  v1::SubmitJobRequest train;
+  train.set_idempotency_key("train");
+  v1::TrainingJobSpec* training = train.mutable_spec()->mutable_training();
+  training->set_config_json(R"({
+    "model": {"vocab_size": 256, "d_model": 8, "num_layers": 1, "num_heads": 2, "ffn_dim": 16,
+              "attention": {"segment_lengths": [4, 8], "dilation_rates": [1, 2]}},
+    "data": {"paths": ["/data/corpus.txt"]},
+    "seq_len": 16, "batch_size": 2, "steps": 100})");
+  training->set_device(v1::DEVICE_PREFERENCE_CPU);
+  training->set_checkpoint_dir(root + "/");  // a trailing slash is the same folder
+  const v1::Job job = Submit(train);
+  const std::string folder = root + "/" + job.job_id();
+  // Steps 2 and 4 saved whole; step 6 begun but without its manifest.
+  SaveTinyCheckpoint(folder, 2);
+  const std::string step4 = SaveTinyCheckpoint(folder, 4);
+  const std::string step6 = SaveTinyCheckpoint(folder, 6);
+  ASSERT_TRUE(std::filesystem::remove(step6 + "/MANIFEST.json"));
+
+  auto deploy = [&](const std::string& key, const std::string& job_id, int64_t step) {
+    v1::SubmitJobRequest r = DeployRequest(key, "");
+    r.mutable_spec()->mutable_deployment()->set_training_job_id(job_id);
+    r.mutable_spec()->mutable_deployment()->set_training_job_step(step);
+    return coordinator_->SubmitJob(r);
+  };
+  absl::StatusOr<v1::SubmitJobResponse> served = deploy("d4", job.job_id(), 4);
+  ASSERT_TRUE(served.ok()) << served.status();
+  const v1::Job deployment = Get(served->job().job_id());
+  EXPECT_EQ(deployment.spec().deployment().checkpoint(), step4);
+  EXPECT_THAT(deployment.spec().deployment().model_config_json(), HasSubstr("\"d_model\": 8"));
+  const v1::Job attention = Submit(ValidRequest("attention"));
+  struct Case {
+    std::string job_id;
+    int64_t step;
+    std::string message;
+  };
+  const std::vector<Case> cases = {
+      {job.job_id(), 6,
+       absl::StrCat("job ", job.job_id(), " has no complete checkpoint of step 6 under \"")},
+      {job.job_id(), 6, "(its steps: 2, 4)"},
+      {job.job_id(), 3, "no complete checkpoint of step 3"},
+      {job.job_id(), -1, "training_job_step: must be >= 1 (0: the final checkpoint), got -1"},
+      {"", 4, "training_job_step: only with training_job_id"},
+      {job.job_id(), 0,
+       "is not a training job that succeeded with a final checkpoint (it is queued); give "
+       "training_job_step"},
+      {attention.job_id(), 4, absl::StrCat("job ", attention.job_id(), " is not a training job")},
+  };
+  for (size_t i = 0; i < cases.size(); ++i) {
+    absl::StatusOr<v1::SubmitJobResponse> r =
+        deploy(absl::StrCat("bad-", i), cases[i].job_id, cases[i].step);
+    ASSERT_FALSE(r.ok()) << cases[i].message;
+    EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(cases[i].message));
+  }
 }
 
 }  // namespace

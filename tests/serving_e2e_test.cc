@@ -451,6 +451,15 @@ TEST_F(ServingTest, TheCliDeploysGeneratesScoresAndUndeploys) {
   ProcessResult usage = cluster_->Cli({"generate", id, "--prompt", "a", "--prompt-tokens", "1"});
   EXPECT_EQ(usage.exit_code, 2) << usage.err;
   EXPECT_NE(usage.err.find("one of them"), std::string::npos) << usage.err;
+  // --step picks a training job's saved step; alone, or of a job that is not training, refused.
+  ProcessResult step_alone = cluster_->Cli({"deploy", "--checkpoint", checkpoint_, "--step", "7"});
+  EXPECT_EQ(step_alone.exit_code, 2) << step_alone.err;
+  EXPECT_NE(step_alone.err.find("--step: only with --from-job"), std::string::npos)
+      << step_alone.err;
+  ProcessResult not_training = cluster_->Cli({"deploy", "--from-job", id, "--step", "7"});
+  EXPECT_EQ(not_training.exit_code, 4) << not_training.err;
+  EXPECT_NE(not_training.err.find("job " + id + " is not a training job"), std::string::npos)
+      << not_training.err;
   ProcessResult too_long = cluster_->Cli({"generate", id, "--prompt", std::string(600, 'a')});
   EXPECT_EQ(too_long.exit_code, 4) << too_long.err;
   EXPECT_NE(too_long.err.find("max_context of 512"), std::string::npos) << too_long.err;

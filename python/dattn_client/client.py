@@ -494,16 +494,20 @@ class Client:
 
     # ---- Deployments (docs/SERVING.md) ------------------------------------------------------------
 
-    def deploy(self, checkpoint=None, *, training_job_id=None, max_context=0, max_batch=0,
+    def deploy(self, checkpoint=None, *, training_job_id=None, step=0, max_context=0, max_batch=0,
                max_queued=0, name="", priority=0, wait=None, idempotency_key=None):
         """Submits a deployment of a checkpoint step folder (or of a succeeded training job's final
-        checkpoint) and returns its Job. With `wait` (seconds), follows it until it serves and
-        returns the Job then; raises DattnError if it ends first or the wait runs out."""
+        checkpoint, or with `step` of any saved step of a training job) and returns its Job. With
+        `wait` (seconds), follows it until it serves and returns the Job then; raises DattnError if
+        it ends first or the wait runs out."""
         if (checkpoint is None) == (training_job_id is None):
             raise ValueError("checkpoint or training_job_id: give one of them")
+        if step and training_job_id is None:
+            raise ValueError("step: only with training_job_id (a step of its checkpoints)")
         spec = job_pb2.JobSpec(name=name, priority=priority, deployment=job_pb2.DeploymentSpec(
             checkpoint=checkpoint or "", training_job_id=training_job_id or "",
-            max_context=max_context, max_batch=max_batch, max_queued=max_queued))
+            training_job_step=step, max_context=max_context, max_batch=max_batch,
+            max_queued=max_queued))
         job = self.submit(spec, idempotency_key)
         if wait is None:
             return job

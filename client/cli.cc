@@ -489,8 +489,17 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   std::string delete_job;
   del->add_option("JOB_ID", delete_job, "The job")->required();
 
+  // models
+  CLI::App* models = app.add_subcommand(
+      "models",
+      "The models: deployments queued or serving, and training jobs' complete checkpoints");
+  int models_limit = 20;
+  models->add_option("--limit", models_limit, "Training jobs to look at, newest first (default 20)")
+      ->type_name("N")
+      ->check(CLI::PositiveNumber);
+
   for (CLI::App* sub : {submit, status, list, watch, cancel, output, attend, checkpoints, del,
-                        workers, drain, undrain, health, deploy, generate, score}) {
+                        workers, drain, undrain, health, deploy, generate, score, models}) {
     sub->footer("Exit codes: see 'dattn --help'. Details: docs/CLI.md");
   }
 
@@ -599,6 +608,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
           .Status(status_job, status_events || status_max_events > 0, status_max_events,
                   status_output);
     }
+    if (models->parsed()) return Commands(global, out, err, env).Models(models_limit);
     if (list->parsed()) {
       if (!list_states.empty()) {
         absl::StatusOr<std::vector<v1::JobState>> states = ParseJobStates(list_states);

@@ -135,18 +135,33 @@ class FakeJobService final : public v1::JobService::Service {
     return grpc::Status::OK;
   }
 
-  // Pages of at most 2 jobs whatever page_size asks, so paging is exercised with few jobs.
+  // Pages of at most 2 jobs whatever page_size asks, so paging is exercised with few jobs; the
+  // kind and states filters as the coordinator applies them.
   grpc::Status ListJobs(grpc::ServerContext*, const v1::ListJobsRequest* request,
                         v1::ListJobsResponse* response) override {
     absl::MutexLock lock(&mu_);
     lists_.push_back(*request);
+    std::vector<std::string> order;
+    for (const std::string& id : list_order_) {
+      const v1::Job& job = jobs_[id];
+      const std::string kind = job.spec().has_training()     ? "training"
+                               : job.spec().has_deployment() ? "deployment"
+                                                             : "attention";
+      if (!request->kind().empty() && request->kind() != kind) continue;
+      if (!request->states().empty() &&
+          std::find(request->states().begin(), request->states().end(), job.state()) ==
+              request->states().end()) {
+        continue;
+      }
+      order.push_back(id);
+    }
     const int size = std::min(request->page_size() == 0 ? 50 : request->page_size(), 2);
     size_t start = request->page_token().empty() ? 0 : std::stoul(request->page_token());
     size_t i = start;
-    for (; i < list_order_.size() && response->jobs_size() < size; ++i) {
-      *response->add_jobs() = jobs_[list_order_[i]];
+    for (; i < order.size() && response->jobs_size() < size; ++i) {
+      *response->add_jobs() = jobs_[order[i]];
     }
-    if (i < list_order_.size()) response->set_next_page_token(std::to_string(i));
+    if (i < order.size()) response->set_next_page_token(std::to_string(i));
     return grpc::Status::OK;
   }
 
@@ -2252,6 +2267,91 @@ TEST_F(CliTest, ListShowsTrainingJobsWithTheirKind) {
   EXPECT_THAT(lines[1], HasSubstr("j-train  training   kjv-small"));
   EXPECT_THAT(lines[1], HasSubstr("120/300"));
   EXPECT_THAT(lines[2], HasSubstr("j-attn   attention  bench"));
+}
+
+TEST_F(CliTest, ModelsListsDeploymentsAndTrainedCheckpoints) {
+  // Nothing yet.
+  Result empty = Run({"models"});
+  ASSERT_EQ(empty.code, kExitOk) << empty.err;
+  EXPECT_THAT(empty.out, HasSubstr("No deployment is queued or serving"));
+  EXPECT_THAT(empty.out, HasSubstr("No training job has a complete checkpoint (no training jobs)"));
+
+  jobs_.AddJob(SucceededTrainingJob("j-done"));
+  jobs_.AddJob(RunningTrainingJob("j-run"));
+  jobs_.AddJob(RunningJob("j-attn"));
+  v1::Job serving = RunningJob("j-dep1");
+  serving.clear_spec();
+  serving.mutable_spec()->set_name("kjv");
+  v1::DeploymentSpec* d = serving.mutable_spec()->mutable_deployment();
+  d->set_training_job_id("j-run");
+  d->set_training_job_step(100);
+  d->set_checkpoint("/shared/ckpt/j-run/step-00000100");
+  d->set_max_context(8192);
+  v1::DeploymentStatus* s = serving.mutable_progress()->mutable_deployment();
+  s->set_ready(true);
+  s->set_checkpoint_step(100);
+  s->set_requests_done(12);
+  s->set_tokens_generated(480);
+  jobs_.AddJob(serving);
+  v1::Job loading = serving;
+  loading.set_job_id("j-dep2");
+  loading.mutable_spec()->clear_name();
+  loading.mutable_spec()->mutable_deployment()->set_training_job_id("");
+  loading.mutable_spec()->mutable_deployment()->set_training_job_step(0);
+  loading.mutable_spec()->mutable_deployment()->set_checkpoint("/models/m/step-00000007");
+  loading.mutable_progress()->clear_deployment();
+  jobs_.AddJob(loading);
+  v1::Job ended = serving;
+  ended.set_job_id("j-dep3");
+  ended.set_state(v1::JOB_STATE_CANCELLED);
+  jobs_.AddJob(ended);
+
+  Result r = Run({"models"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  std::vector<std::string> lines = absl::StrSplit(r.out, '\n');
+  ASSERT_GE(lines.size(), 10u) << r.out;
+  EXPECT_EQ(lines[0], "Deployments");
+  EXPECT_THAT(lines[1], HasSubstr("DEPLOYMENT  NAME"));
+  EXPECT_THAT(lines[2], HasSubstr("j-dep1      kjv   serving  j-run step 100"));
+  EXPECT_THAT(lines[2], HasSubstr("8192"));
+  EXPECT_THAT(lines[2], HasSubstr("12        480"));
+  EXPECT_THAT(lines[3], HasSubstr("j-dep2      -     loading  /models/m/step-00000007"));
+  EXPECT_THAT(r.out, Not(HasSubstr("j-dep3")));  // Ended: in dattn list, not here.
+  EXPECT_EQ(lines[4], "");
+  EXPECT_EQ(lines[5], "Trained models (the complete checkpoints of the newest 2 training jobs)");
+  // Newest job first, its steps newest first; the final checkpoint deploys without --step.
+  EXPECT_THAT(lines[7], HasSubstr("j-done"));
+  EXPECT_THAT(lines[7], HasSubstr("300 (final)"));
+  EXPECT_THAT(lines[7], HasSubstr("dattn deploy --from-job j-done"));
+  EXPECT_THAT(lines[7], Not(HasSubstr("--step")));
+  EXPECT_THAT(lines[8], HasSubstr("200"));
+  EXPECT_THAT(lines[8], HasSubstr("dattn deploy --from-job j-done --step 200"));
+  EXPECT_THAT(lines[9], HasSubstr("j-run"));
+  EXPECT_THAT(lines[9], HasSubstr("RUNNING"));
+  EXPECT_THAT(lines[9], HasSubstr("dattn deploy --from-job j-run --step 100"));
+  // Two walks: queued and running deployments, then training jobs.
+  std::vector<v1::ListJobsRequest> lists = jobs_.lists();
+  ASSERT_GE(lists.size(), 2u);
+  bool deployment_walk = false, training_walk = false;
+  for (const v1::ListJobsRequest& l : lists) {
+    deployment_walk |= l.kind() == "deployment" && l.states_size() == 2;
+    training_walk |= l.kind() == "training" && l.states_size() == 0;
+  }
+  EXPECT_TRUE(deployment_walk && training_walk);
+
+  // --limit 1: the newest training job only.
+  Result one = Run({"models", "--limit", "1"});
+  ASSERT_EQ(one.code, kExitOk) << one.err;
+  EXPECT_THAT(one.out, HasSubstr("the newest 1 training job)"));
+  EXPECT_THAT(one.out, Not(HasSubstr("j-run  ")));
+  // --json: one ListJobsResponse, deployments first.
+  Result json = Run({"models", "--json"});
+  ASSERT_EQ(json.code, kExitOk) << json.err;
+  const nlohmann::json parsed = nlohmann::json::parse(json.out);
+  ASSERT_EQ(parsed["jobs"].size(), 4u) << json.out;
+  EXPECT_EQ(parsed["jobs"][0]["job_id"], "j-dep1");
+  EXPECT_EQ(parsed["jobs"][1]["job_id"], "j-dep2");
+  EXPECT_EQ(parsed["jobs"][2]["job_id"], "j-done");
 }
 
 }  // namespace

@@ -4,7 +4,10 @@
 #include <cerrno>
 #include <cstring>
 #include <fstream>
+#include <optional>
+#include <string>
 #include <utility>
+#include <vector>
 
 #include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
@@ -355,6 +358,62 @@ int Commands::List(const ListArgs& args) {
   if (!token.empty()) {
     err_ << "dattn: more jobs exist beyond these " << all.jobs_size()
          << ": raise --limit or use --all\n";
+  }
+  out_ << std::flush;
+  return kExitOk;
+}
+
+int Commands::Models(int limit) {
+  // Every job of `kind` in `states` (all when empty), newest first, up to `most`.
+  auto walk = [&](const std::string& kind, std::vector<v1::JobState> states, int64_t most,
+                  std::vector<v1::Job>* jobs) -> std::optional<int> {
+    std::string token;
+    do {
+      v1::ListJobsRequest request;
+      request.set_kind(kind);
+      for (v1::JobState s : states) request.add_states(s);
+      request.set_page_size(static_cast<int32_t>(std::min<int64_t>(most, 1000)));
+      request.set_page_token(token);
+      v1::ListJobsResponse page;
+      grpc::Status status = jobs_->ListJobs(NewContext().get(), request, &page);
+      if (!status.ok()) return RpcFailed(status, absl::StrCat("list ", kind, " jobs"));
+      for (v1::Job& job : *page.mutable_jobs()) {
+        if (static_cast<int64_t>(jobs->size()) >= most) break;
+        jobs->push_back(std::move(job));
+      }
+      token = page.next_page_token();
+    } while (!token.empty() && static_cast<int64_t>(jobs->size()) < most);
+    return std::nullopt;
+  };
+  std::vector<v1::Job> deployments, training;
+  if (std::optional<int> failed = walk("deployment", {v1::JOB_STATE_QUEUED, v1::JOB_STATE_RUNNING},
+                                       INT64_MAX, &deployments)) {
+    return *failed;
+  }
+  if (std::optional<int> failed = walk("training", {}, limit, &training)) return *failed;
+  if (args_.json) {
+    v1::ListJobsResponse all;
+    for (const v1::Job& job : deployments) *all.add_jobs() = job;
+    for (const v1::Job& job : training) *all.add_jobs() = job;
+    PrintJson(all);
+    out_ << std::flush;
+    return kExitOk;
+  }
+  if (deployments.empty()) {
+    out_ << "No deployment is queued or serving (dattn deploy).\n";
+  } else {
+    out_ << "Deployments\n";
+    DeploymentsTable(deployments, absl::Now()).Print(out_);
+  }
+  const Table trained = TrainedModelsTable(training);
+  out_ << '\n';
+  if (trained.empty()) {
+    out_ << "No training job has a complete checkpoint"
+         << (training.empty() ? " (no training jobs)" : "") << ".\n";
+  } else {
+    out_ << "Trained models (the complete checkpoints of the newest " << training.size()
+         << " training job" << (training.size() == 1 ? "" : "s") << ")\n";
+    trained.Print(out_);
   }
   out_ << std::flush;
   return kExitOk;

@@ -86,6 +86,10 @@ class Commands {
   int Status(const std::string& job_id, bool events, int max_events,
              const std::string& output_file);
   int List(const ListArgs& args);
+  // `dattn models`: the caller's deployments that are queued or running, and the complete
+  // checkpoints of its newest `limit` training jobs (two ListJobs walks). With --json, one
+  // ListJobsResponse: the deployments, then the training jobs.
+  int Models(int limit);
   int Watch(const std::string& job_id, absl::Duration reconnect_for);
   int Cancel(const std::string& job_id, const std::string& reason);
   int Workers(bool include_dead);

@@ -576,6 +576,53 @@ Table CheckpointsTable(
   return table;
 }
 
+Table DeploymentsTable(const std::vector<v1::Job>& deployments, absl::Time now) {
+  Table table({"DEPLOYMENT", "NAME", "STATE", "MODEL", "MAX CONTEXT", "BATCH", "REQUESTS", "TOKENS",
+               "AGE"});
+  for (const v1::Job& job : deployments) {
+    const v1::DeploymentSpec& d = job.spec().deployment();
+    const v1::DeploymentStatus& s = job.progress().deployment();
+    std::string state = StateName(job.state());
+    if (job.state() == v1::JOB_STATE_RUNNING) state = s.ready() ? "serving" : "loading";
+    std::string model;
+    if (!d.training_job_id().empty()) {
+      const int64_t step = s.checkpoint_step() > 0 ? s.checkpoint_step() : d.training_job_step();
+      model = absl::StrCat(d.training_job_id(), step > 0 ? absl::StrCat(" step ", step) : "",
+                           d.training_job_step() == 0 ? " (final)" : "");
+    } else {
+      model = d.checkpoint();
+    }
+    table.AddRow({job.job_id(), job.spec().name().empty() ? "-" : job.spec().name(), state, model,
+                  absl::StrCat(d.max_context() > 0 ? d.max_context() : 4096),
+                  absl::StrCat(d.max_batch() > 0 ? d.max_batch() : 8),
+                  absl::StrCat(s.requests_done()), absl::StrCat(s.tokens_generated()),
+                  Age(job.create_time(), now)});
+  }
+  return table;
+}
+
+Table TrainedModelsTable(const std::vector<v1::Job>& training_jobs) {
+  Table table({"TRAINING JOB", "NAME", "STATE", "STEP", "SIZE", "COMMITTED", "DEPLOY WITH"});
+  for (const v1::Job& job : training_jobs) {
+    // As dattn checkpoints: the result's list once the job has one, else what exists now.
+    const bool from_result = job.result().has_training();
+    const auto& checkpoints = from_result ? job.result().training().checkpoints()
+                                          : job.progress().training().checkpoints();
+    const std::string& final_checkpoint = job.result().training().final_checkpoint();
+    for (int i = checkpoints.size() - 1; i >= 0; --i) {
+      const v1::TrainingCheckpoint& c = checkpoints[i];
+      const bool is_final = job.state() == v1::JOB_STATE_SUCCEEDED && !final_checkpoint.empty() &&
+                            c.path() == final_checkpoint;
+      table.AddRow({job.job_id(), job.spec().name().empty() ? "-" : job.spec().name(),
+                    StateName(job.state()), absl::StrCat(c.step(), is_final ? " (final)" : ""),
+                    FormatBytes(c.bytes()), FormatTimestamp(c.time()),
+                    absl::StrCat("dattn deploy --from-job ", job.job_id(),
+                                 is_final ? "" : absl::StrCat(" --step ", c.step()))});
+    }
+  }
+  return table;
+}
+
 Table JobsTable(const std::vector<v1::Job>& jobs, absl::Time now) {
   Table table({"JOB ID", "KIND", "NAME", "TENANT", "STATE", "PRI", "PROGRESS", "AGE"});
   for (const v1::Job& job : jobs) {

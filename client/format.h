@@ -97,6 +97,12 @@ Table WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now);
 // `dattn checkpoints`: one row per checkpoint (step, path, size, seconds to write, time).
 Table CheckpointsTable(
     const google::protobuf::RepeatedPtrField<v1::TrainingCheckpoint>& checkpoints);
+// `dattn models`: one row per deployment (its state: "serving", "loading", or the job's; the model
+// it serves; its limits and what it served).
+Table DeploymentsTable(const std::vector<v1::Job>& deployments, absl::Time now);
+// `dattn models`: one row per complete checkpoint of each training job (newest job first, each
+// job's steps newest first; "(final)" marks a succeeded job's final checkpoint).
+Table TrainedModelsTable(const std::vector<v1::Job>& training_jobs);
 // `dattn status --events`: one row per event.
 Table EventsTable(const google::protobuf::RepeatedPtrField<v1::JobEvent>& events);
 

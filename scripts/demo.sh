@@ -138,6 +138,7 @@ deployment=$(grep -o 'j-[0-9a-f]*' "$dir/deploy.txt" | head -1)
 set -x
 dattn generate "$deployment" --prompt "The coordinator " --max-tokens 160 --temperature 0.7 --seed 3
 dattn score "$deployment" --text "dilated attention on a ring of workers" | head -1
+dattn models
 dattn cancel "$deployment"
 { set +x; } 2>/dev/null
 echo

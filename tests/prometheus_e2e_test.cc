@@ -1,17 +1,20 @@
-// A real Prometheus (Debian's package) scrapes a running cluster (a coordinator and two CPU workers
-// with --metrics-listen) while jobs are in flight (an attention job and a training job running, a
-// ring queued behind them), configured from deploy/prometheus/prometheus.yml itself: its Kubernetes
-// service discovery swapped for file discovery of targets that carry the labels Kubernetes would
-// give the pods (every pod port in one list, as role "pod" lists them), so the shipped relabelling
-// decides what is scraped and how the jobs are named. It evaluates the shipped alert rules. Then:
+// A real Prometheus (Debian's package) scrapes a running cluster (a coordinator and three CPU
+// workers with --metrics-listen) while jobs are in flight (an attention job and a training job
+// running, a ring queued behind them), configured from deploy/prometheus/prometheus.yml itself: its
+// Kubernetes service discovery swapped for file discovery of targets that carry the labels
+// Kubernetes would give the pods (every pod port in one list, as role "pod" lists them), so the
+// shipped relabelling decides what is scraped and how the jobs are named. It evaluates the shipped
+// alert rules. Then:
 // - the scrape configuration keeps exactly the metrics ports: one coordinator target and one per
 //   worker, under the job names the rules and dashboards use;
 // - every Grafana panel's query and every alert expression runs without error (none fails to parse
 //   or to evaluate), and every metric name in them is one Prometheus has scraped;
 // - every panel has data here, but for those listed with the reason they may be empty; no alert
 //   expression has any (the cluster is healthy); every rule evaluates healthy;
-// - ModelInfer requests (Attend calls inside the coordinator) fill the inference dashboard;
-// - the dashboards' worker variable lists both workers; docs/DEPLOY.md lists every panel with its
+// - ModelInfer requests (Attend calls inside the coordinator) fill the inference dashboard, and a
+//   deployment with Generate and Score calls (on a third worker) the serving dashboard;
+// - the dashboards' worker variable lists the three workers; docs/DEPLOY.md lists every panel with
+// its
 //   queries as they are;
 // - no metric name is both the coordinator's and a worker's (a query never mixes the two).
 #include <netinet/in.h>
@@ -36,6 +39,8 @@
 #include "grpcpp/grpcpp.h"
 #include "gtest/gtest.h"
 #include "inference/grpc_predict_v2.grpc.pb.h"
+#include "model/config.h"
+#include "model/testing/test_checkpoint.h"
 #include "nlohmann/json.hpp"
 #include "tests/cluster.h"
 #include "tests/cluster_fixture.h"
@@ -170,7 +175,7 @@ TEST_F(PrometheusE2E, DashboardsAndAlertsQueryWhatTheClusterExports) {
   StartCluster(0);
   std::vector<std::string> worker_metrics;
   std::vector<std::string> worker_health;
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 3; ++i) {
     std::string error;
     const int w = cluster_->AddWorker(1, &error, "", {"--metrics-listen=127.0.0.1:0"});
     ASSERT_GE(w, 0) << error;
@@ -182,7 +187,7 @@ TEST_F(PrometheusE2E, DashboardsAndAlertsQueryWhatTheClusterExports) {
     worker_metrics.push_back(*m);
     worker_health.push_back(*h);
   }
-  ASSERT_TRUE(cluster_->WaitForReadyWorkers(2, seconds(30))) << cluster_->Logs();
+  ASSERT_TRUE(cluster_->WaitForReadyWorkers(3, seconds(30))) << cluster_->Logs();
   const std::string dir = cluster_->dir();
 
   // The targets Kubernetes' pod discovery would list in namespace dattn: every port of every pod,
@@ -200,7 +205,7 @@ TEST_F(PrometheusE2E, DashboardsAndAlertsQueryWhatTheClusterExports) {
   };
   pod_port(cluster_->address(), "dattn-coordinator-0", "dattn-coordinator", "grpc");
   pod_port(cluster_->metrics_address(), "dattn-coordinator-0", "dattn-coordinator", "metrics");
-  for (int i = 0; i < 2; ++i) {
+  for (int i = 0; i < 3; ++i) {
     const std::string pod = "dattn-worker-" + std::to_string(i);
     pod_port(worker_health[i], pod, "dattn-worker", "health");
     pod_port(worker_metrics[i], pod, "dattn-worker", "metrics");
@@ -261,6 +266,31 @@ TEST_F(PrometheusE2E, DashboardsAndAlertsQueryWhatTheClusterExports) {
   std::vector<std::string> ring = small;
   ring.push_back("--ranks=2");
   std::vector<std::string> wait = {"--wait"};
+  // A deployment of a tiny model, with Generate and Score calls: the serving dashboard's series.
+  // It holds one of the three workers throughout.
+  model::LongNetConfig tiny;
+  tiny.vocab_size = 256;
+  tiny.d_model = 16;
+  tiny.num_layers = 1;
+  tiny.num_heads = 2;
+  tiny.ffn_dim = 32;
+  tiny.segment_lengths = {8, 16};
+  tiny.dilation_rates = {1, 2};
+  absl::StatusOr<std::string> checkpoint =
+      model::testing::SaveTestCheckpoint(dir + "/model", tiny, 3, 5, 0.1f);
+  ASSERT_TRUE(checkpoint.ok()) << checkpoint.status();
+  ProcessResult deployed = cluster_->Cli(
+      {"deploy", "--checkpoint", *checkpoint, "--max-context", "256", "--wait", "60"});
+  ASSERT_EQ(deployed.exit_code, 0) << deployed.out << deployed.err << cluster_->Logs();
+  const std::string deployment = JobIdFrom(deployed.out);
+  for (const char* prompt : {"In the beginning", "Let there be"}) {
+    ProcessResult generated =
+        cluster_->Cli({"generate", deployment, "--prompt", prompt, "--max-tokens", "8"});
+    ASSERT_EQ(generated.exit_code, 0) << generated.err;
+  }
+  ProcessResult scored = cluster_->Cli({"score", deployment, "--text", "light"});
+  ASSERT_EQ(scored.exit_code, 0) << scored.err;
+
   Submit(small, wait);
   Submit(ring, wait);
   // Attention on the caller's tensors: ModelInfer requests (each an Attend call inside the
@@ -337,6 +367,10 @@ TEST_F(PrometheusE2E, DashboardsAndAlertsQueryWhatTheClusterExports) {
   ASSERT_TRUE(WaitForValue("count(dattn_training_validation_loss)", 1)) << cluster_->Logs();
   ASSERT_TRUE(WaitForValue("sum(dattn_training_steps_total)", 100));
   ASSERT_TRUE(WaitForValue("sum(dattn_training_checkpoint_seconds_count)", 1)) << cluster_->Logs();
+  // The deployment's: its requests, and the gauges its rank reports.
+  ASSERT_TRUE(WaitForValue("sum(dattn_serving_requests_total)", 3));
+  ASSERT_TRUE(WaitForValue("sum(dattn_generated_tokens_total)", 16));
+  ASSERT_TRUE(WaitForValue("count(dattn_deployment_sequences)", 1)) << cluster_->Logs();
   std::this_thread::sleep_for(seconds(2));  // Two more rule evaluations.
 
   // Exactly the metrics ports were kept, under the shipped job names, with the pod's labels.
@@ -349,7 +383,7 @@ TEST_F(PrometheusE2E, DashboardsAndAlertsQueryWhatTheClusterExports) {
     EXPECT_EQ(series["metric"]["namespace"], "dattn") << series.dump();
     EXPECT_TRUE(series["metric"].contains("pod")) << series.dump();
   }
-  EXPECT_EQ(per_job, (std::map<std::string, int>{{"dattn-coordinator", 1}, {"dattn-worker", 2}}));
+  EXPECT_EQ(per_job, (std::map<std::string, int>{{"dattn-coordinator", 1}, {"dattn-worker", 3}}));
 
   nlohmann::json names_json = Api("/api/v1/label/__name__/values");
   ASSERT_EQ(names_json["status"], "success") << names_json.dump();
@@ -390,7 +424,8 @@ TEST_F(PrometheusE2E, DashboardsAndAlertsQueryWhatTheClusterExports) {
       EXPECT_EQ(variable["definition"], "label_values(dattn_worker_info, worker)");
       nlohmann::json values =
           Api("/api/v1/label/worker/values?match[]=" + UrlEncode("dattn_worker_info"));
-      EXPECT_EQ(values["data"], nlohmann::json({"worker-0", "worker-1"})) << values.dump();
+      EXPECT_EQ(values["data"], nlohmann::json({"worker-0", "worker-1", "worker-2"}))
+          << values.dump();
     }
   }
   const size_t panel_queries = queries.size();
@@ -458,7 +493,7 @@ TEST_F(PrometheusE2E, DashboardsAndAlertsQueryWhatTheClusterExports) {
     EXPECT_EQ(name.rfind("dattn_worker_", 0), 0u) << name;
   }
 
-  for (const std::string& id : {running, training, waiting}) {
+  for (const std::string& id : {running, training, waiting, deployment}) {
     ProcessResult r = cluster_->Cli({"cancel", id});
     EXPECT_EQ(r.exit_code, 0) << r.out << r.err;
   }

@@ -521,14 +521,21 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(
       const std::string tenant = api::TenantOrDefault(request.spec().tenant());
       // The count scans the book (O(active jobs) per new job), only when the quota is on.
       int64_t queued = 0;
-      if (quotas_.options().max_queued_jobs > 0) {
+      const bool deployment = job.spec().has_deployment();
+      int64_t deployments = deployment ? 0 : -1;
+      if (quotas_.options().max_queued_jobs > 0 ||
+          (deployment && quotas_.options().max_deployments > 0)) {
         for (const JobRun* run : book_.Runs()) {
-          queued += run->job.state() == v1::JOB_STATE_QUEUED &&
-                    api::TenantOrDefault(run->job.spec().tenant()) == tenant;
+          if (run->terminal || api::TenantOrDefault(run->job.spec().tenant()) != tenant) continue;
+          queued += run->job.state() == v1::JOB_STATE_QUEUED;
+          if (deployment) deployments += run->job.spec().has_deployment();
         }
       }
-      if (absl::Status s = quotas_.Admit(tenant, queued, spec->analysis->num_ranks, Now()); !s.ok())
+      if (absl::Status s =
+              quotas_.Admit(tenant, queued, spec->analysis->num_ranks, Now(), deployments);
+          !s.ok()) {
         return s;
+      }
       const std::vector<scheduler::WorkerInfo> view = workers_.View(/*for_placement=*/false);
       absl::Status feasible = dispatcher_.CheckFeasible(*spec->analysis, view, ready);
       if (absl::IsResourceExhausted(feasible) && ready > 0 && sized.empty()) {

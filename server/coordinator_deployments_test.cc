@@ -193,6 +193,41 @@ TEST_F(CoordinatorTest, ADeploymentServesAnySavedStepOfATrainingJob) {
   }
 }
 
+// --tenant-max-deployments: a tenant's deployments queued or serving; a retry of an accepted one is
+// answered whatever the quota says, another tenant has its own, an undeployed one makes room, and
+// other jobs do not count.
+TEST_F(CoordinatorTest, TheDeploymentsQuotaCountsATenantsActiveDeployments) {
+  options_.quotas.max_deployments = 2;
+  Restart();  // with the quota
+  const std::string checkpoint = SaveTinyCheckpoint(NewDataDir());
+  auto deploy = [&](const std::string& key, const std::string& tenant) {
+    v1::SubmitJobRequest r = DeployRequest(key, checkpoint);
+    r.mutable_spec()->set_tenant(tenant);
+    return coordinator_->SubmitJob(r);
+  };
+  absl::StatusOr<v1::SubmitJobResponse> first = deploy("a1", "alice");
+  ASSERT_TRUE(first.ok()) << first.status();
+  ASSERT_TRUE(deploy("a2", "alice").ok());
+  absl::StatusOr<v1::SubmitJobResponse> third = deploy("a3", "alice");
+  EXPECT_EQ(third.status().code(), absl::StatusCode::kResourceExhausted) << third.status();
+  EXPECT_THAT(std::string(third.status().message()),
+              HasSubstr("tenant \"alice\" has 2 deployments queued or serving, its quota "
+                        "(--tenant-max-deployments 2): undeploy one first"));
+  absl::StatusOr<v1::SubmitJobResponse> retry = deploy("a1", "alice");
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_FALSE(retry->created());
+  EXPECT_TRUE(deploy("b1", "bob").ok());
+  v1::SubmitJobRequest attention = ValidRequest("attention");
+  attention.mutable_spec()->set_tenant("alice");
+  EXPECT_TRUE(coordinator_->SubmitJob(attention).ok()) << "not a deployment: not counted";
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(first->job().job_id());
+  ASSERT_TRUE(coordinator_->CancelJob(cancel).ok());
+  ASSERT_TRUE(WaitState(first->job().job_id(), v1::JOB_STATE_CANCELLED));
+  absl::StatusOr<v1::SubmitJobResponse> again = deploy("a4", "alice");
+  EXPECT_TRUE(again.ok()) << again.status();
+}
+
 }  // namespace
 }  // namespace server
 }  // namespace dattn

@@ -76,6 +76,7 @@ int main(int argc, char** argv) {
   int64_t tenant_max_queued_jobs = 0;
   double tenant_submits_per_second = 0;
   int tenant_max_running_ranks = 0;
+  int64_t tenant_max_deployments = 0;
   std::string token_file;
   std::string audit_log;
   bool insecure = false;
@@ -165,6 +166,11 @@ int main(int argc, char** argv) {
                  "in the queue, and a job asking for more is refused (0: no limit)")
       ->check(CLI::Range(0, 1 << 30))
       ->capture_default_str();
+  app.add_option("--tenant-max-deployments", tenant_max_deployments,
+                 "most deployments of one tenant queued or serving at once; more get "
+                 "RESOURCE_EXHAUSTED (0: no limit)")
+      ->check(CLI::Range(int64_t{0}, int64_t{1} << 40))
+      ->capture_default_str();
   app.add_option("--tls-cert", tls.cert_file,
                  "PEM certificate of the API and the rendezvous stores (scripts/make-certs.sh); "
                  "re-read when it changes");
@@ -249,6 +255,7 @@ int main(int argc, char** argv) {
   options.rendezvous_tls.key_file = tls.key_file;
   options.quotas.submits_per_second = tenant_submits_per_second;
   options.quotas.max_running_ranks = tenant_max_running_ranks;
+  options.quotas.max_deployments = tenant_max_deployments;
   options.retention =
       retention_hours == 0 ? absl::InfiniteDuration() : absl::Seconds(retention_hours * 3600);
 

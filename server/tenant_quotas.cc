@@ -10,7 +10,7 @@ namespace dattn {
 namespace server {
 
 absl::Status TenantQuotas::Admit(const std::string& tenant, int64_t queued, int num_ranks,
-                                 absl::Time now) {
+                                 absl::Time now, int64_t deployments) {
   if (options_.max_running_ranks > 0 && num_ranks > options_.max_running_ranks) {
     return absl::ResourceExhaustedError(
         absl::StrCat("tenant \"", tenant, "\" may hold at most ", options_.max_running_ranks,
@@ -22,6 +22,12 @@ absl::Status TenantQuotas::Admit(const std::string& tenant, int64_t queued, int 
         absl::StrCat("tenant \"", tenant, "\" has ", queued,
                      " queued jobs, its quota (--tenant-max-queued-jobs ", options_.max_queued_jobs,
                      "): wait until some start, or cancel some"));
+  }
+  if (options_.max_deployments > 0 && deployments >= options_.max_deployments) {
+    return absl::ResourceExhaustedError(
+        absl::StrCat("tenant \"", tenant, "\" has ", deployments,
+                     " deployments queued or serving, its quota (--tenant-max-deployments ",
+                     options_.max_deployments, "): undeploy one first (dattn cancel)"));
   }
   if (options_.submits_per_second > 0) {
     const double rate = options_.submits_per_second;

@@ -1,6 +1,7 @@
 // Per-tenant quotas on submits: how many of a tenant's jobs may wait in the queue, how fast a
-// tenant may submit (a token bucket: `submits_per_second` a second, bursts of as many), and no job
-// larger than the tenant's quota on running ranks. A refusal
+// tenant may submit (a token bucket: `submits_per_second` a second, bursts of as many), how many
+// deployments it may keep (queued or serving), and no job larger than the tenant's quota on
+// running ranks. A refusal
 // is RESOURCE_EXHAUSTED naming the tenant, the quota, its value and the flag that sets it. Only a
 // submit that would create a job is counted: a retry of an accepted job (same tenant, same
 // idempotency key) is answered whatever the quotas say, so nothing accepted is lost.
@@ -31,6 +32,9 @@ struct QuotaOptions {
   // scheduler holds jobs back to keep it (scheduler.h); a job asking for more can never start and
   // is refused here.
   int max_running_ranks = 0;
+  // Most deployments of one tenant queued or running at once (--tenant-max-deployments); 0: no
+  // limit. A deployment holds its worker's memory for as long as it serves.
+  int64_t max_deployments = 0;
 };
 
 class TenantQuotas {
@@ -38,8 +42,10 @@ class TenantQuotas {
   explicit TenantQuotas(QuotaOptions options) : options_(options) {}
 
   // Whether `tenant`, with `queued` jobs QUEUED now, may create one more of `num_ranks` ranks at
-  // `now`; takes one token of its bucket when it may.
-  absl::Status Admit(const std::string& tenant, int64_t queued, int num_ranks, absl::Time now);
+  // `now`; takes one token of its bucket when it may. `deployments`: for a new deployment, the
+  // tenant's deployments queued or running now; -1 for any other job.
+  absl::Status Admit(const std::string& tenant, int64_t queued, int num_ranks, absl::Time now,
+                     int64_t deployments = -1);
 
   const QuotaOptions& options() const { return options_; }
 

@@ -51,9 +51,24 @@ TEST(TenantQuotasTest, AJobLargerThanTheRunningRanksQuotaIsRefused) {
   EXPECT_TRUE(quotas.Admit("a", 0, 4, kStart).ok());
 }
 
+TEST(TenantQuotasTest, DeploymentsPerTenant) {
+  QuotaOptions options;
+  options.max_deployments = 2;
+  TenantQuotas quotas(options);
+  EXPECT_TRUE(quotas.Admit("a", 0, 1, kStart, 1).ok());
+  absl::Status full = quotas.Admit("a", 0, 1, kStart, 2);
+  EXPECT_EQ(full.code(), absl::StatusCode::kResourceExhausted);
+  EXPECT_THAT(std::string(full.message()),
+              HasSubstr("tenant \"a\" has 2 deployments queued or serving, its quota "
+                        "(--tenant-max-deployments 2)"));
+  // Other jobs (-1) are not deployments: the quota does not apply to them.
+  EXPECT_TRUE(quotas.Admit("a", 0, 1, kStart, -1).ok());
+  EXPECT_TRUE(quotas.Admit("b", 0, 1, kStart, 0).ok());
+}
+
 TEST(TenantQuotasTest, ZeroTurnsAQuotaOff) {
-  TenantQuotas quotas({0, 0, 0});
-  for (int i = 0; i < 1000; ++i) EXPECT_TRUE(quotas.Admit("a", 1000000, 4096, kStart).ok());
+  TenantQuotas quotas({0, 0, 0, 0});
+  for (int i = 0; i < 1000; ++i) EXPECT_TRUE(quotas.Admit("a", 1000000, 4096, kStart, 1000).ok());
 }
 
 }  // namespace

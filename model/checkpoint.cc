@@ -528,22 +528,30 @@ std::vector<int> WeightsShardOfEntries(const ParamLayout& layout, int shards) {
   return out;
 }
 
-ElementRange WeightsShardRange(const ParamLayout& layout, int shard, int shards) {
+std::vector<ElementRange> WeightsShardRanges(const ParamLayout& layout, int shards) {
   const std::vector<int> of = WeightsShardOfEntries(layout, shards);
-  ElementRange range{layout.total(), layout.total()};
-  bool any = false;
+  std::vector<ElementRange> ranges(static_cast<size_t>(std::max(shards, 0)),
+                                   ElementRange{layout.total(), layout.total()});
+  // `of` is non-decreasing: one pass. `next` is the first shard no entry has reached yet; an empty
+  // shard before an entry's is an empty range at that entry.
+  int next = 0;
   for (size_t i = 0; i < of.size(); ++i) {
     const ParamEntry& e = layout.entries()[i];
-    if (of[i] == shard) {
-      if (!any) range.begin = e.offset;
-      range.end = e.offset + e.numel;
-      any = true;
-    } else if (of[i] > shard) {
-      if (!any) range = {e.offset, e.offset};
-      break;
+    const int t = of[i];
+    for (; next < t; ++next) ranges[static_cast<size_t>(next)] = {e.offset, e.offset};
+    if (next == t) {
+      ranges[static_cast<size_t>(t)] = {e.offset, e.offset + e.numel};
+      ++next;
+    } else {
+      ranges[static_cast<size_t>(t)].end = e.offset + e.numel;
     }
   }
-  return range;
+  return ranges;
+}
+
+ElementRange WeightsShardRange(const ParamLayout& layout, int shard, int shards) {
+  if (shard < 0 || shard >= shards) return {layout.total(), layout.total()};
+  return WeightsShardRanges(layout, shards)[static_cast<size_t>(shard)];
 }
 
 absl::StatusOr<std::string> BeginShardedCheckpoint(const std::string& root, int64_t step) {

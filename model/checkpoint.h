@@ -151,6 +151,9 @@ std::vector<int> WeightsShardOfEntries(const ParamLayout& layout, int shards);
 // The elements of the flat buffer that weights file `shard` holds: its entries are consecutive, so
 // this is one range (empty, at the next entry's offset, when it holds none; param_layout.h).
 ElementRange WeightsShardRange(const ParamLayout& layout, int shard, int shards);
+// WeightsShardRange of every shard 0 .. shards-1, in one pass over the layout (O(entries + shards),
+// where asking for each shard in turn is O(entries x shards)).
+std::vector<ElementRange> WeightsShardRanges(const ParamLayout& layout, int shards);
 
 // A file of a checkpoint as the manifest lists it.
 struct CheckpointFile {

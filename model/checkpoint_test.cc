@@ -477,6 +477,32 @@ TEST(CheckpointTest, ShardsSplitWholeTensorsBalancedByBytes) {
   const ElementRange last = WeightsShardRange(layout, 2, 3);
   EXPECT_EQ(last.begin, 100);
   EXPECT_EQ(last.end, 135);
+  // All shards at once: as a walk over the entries for each shard finds them (empty shards at the
+  // next entry, or at the end).
+  for (int shards = 1; shards <= 12; ++shards) {
+    const std::vector<int> of = WeightsShardOfEntries(layout, shards);
+    const std::vector<ElementRange> ranges = WeightsShardRanges(layout, shards);
+    ASSERT_EQ(ranges.size(), static_cast<size_t>(shards));
+    for (int s = 0; s < shards; ++s) {
+      ElementRange want{layout.total(), layout.total()};
+      bool any = false;
+      for (size_t i = 0; i < of.size(); ++i) {
+        const ParamEntry& e = layout.entries()[i];
+        if (of[i] == s) {
+          if (!any) want.begin = e.offset;
+          want.end = e.offset + e.numel;
+          any = true;
+        } else if (of[i] > s && !any) {
+          want = {e.offset, e.offset};
+          break;
+        }
+      }
+      EXPECT_EQ(ranges[s].begin, want.begin) << shards << " shards, shard " << s;
+      EXPECT_EQ(ranges[s].end, want.end) << shards << " shards, shard " << s;
+      EXPECT_EQ(WeightsShardRange(layout, s, shards).begin, want.begin);
+      EXPECT_EQ(WeightsShardRange(layout, s, shards).end, want.end);
+    }
+  }
   EXPECT_EQ(WeightsShardFileName(3, 4), "weights-00003-of-00004.safetensors");
   EXPECT_EQ(OptimizerShardFileName(0, 12), "optimizer-00000-of-00012.safetensors");
 }

@@ -84,8 +84,8 @@ TEST(ConfigTest, BadConfigsNameTheFieldAndValue) {
        "\"vocab_size\": 18446744073709551615 does not "
        "fit in int64"},
       {R"({"num_heads": 5})", "\"num_heads\": 5 does not divide d_model = 768"},
-      {R"({"num_layers": 1000000})", "\"num_layers\": 1000000 exceeds 65536"},
-      {R"({"num_layers": 65536, "d_model": 2000000000, "num_heads": 2})",
+      {R"({"num_layers": 1000000})", "\"num_layers\": 1000000 exceeds 512"},
+      {R"({"num_layers": 512, "d_model": 2000000000, "num_heads": 2})",
        "have more parameters than int64 bytes hold"},
       {R"({"d_model": 36, "num_heads": 4, "attention": {"segment_lengths": [8],
            "dilation_rates": [1]}})",

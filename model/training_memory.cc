@@ -120,8 +120,8 @@ absl::StatusOr<CpuTrainingRankMemory> PlanCpuTrainingRankMemory(const TrainerCon
     save = 12 * p + 8 * p + kFileSlackBytes;  // Copies of everything; the optimizer file mapped.
   } else {
     Wide range = 0;
-    for (int r = 0; r < world; ++r) {
-      range = std::max<Wide>(range, WeightsShardRange(*layout, r, static_cast<int>(world)).size());
+    for (const ElementRange& r : WeightsShardRanges(*layout, static_cast<int>(world))) {
+      range = std::max<Wide>(range, r.size());
     }
     save = 4 * range + 8 * shard + std::max(4 * range, 8 * shard) + kFileSlackBytes;
   }

@@ -9,13 +9,13 @@
 #ifndef DATTN_MODEL_CUDA_NCCL_RANKS_H_
 #define DATTN_MODEL_CUDA_NCCL_RANKS_H_
 
-#include <functional>
 #include <string>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/time/time.h"
 #include "engine/comm/communicator.h"
+#include "engine/comm/local_ranks.h"
 
 namespace dattn {
 namespace model {
@@ -23,13 +23,13 @@ namespace cuda {
 
 // The rank's world communicator (all W ranks) and its sequence-parallel group's (null for S = 1);
 // both borrowed for the body's duration.
-using RankBody =
-    std::function<absl::Status(int rank, comm::Communicator& world, comm::Communicator* sp)>;
+using RankBody = comm::RankBody;
 
-// W threads, rank w on GPU w: joins the world (and its group of the S contiguous ranks [w / S *
-// S, w / S * S + S) as rank w % S), then runs `body`. Returns each rank's status: the body's, or
-// its failure to join (each collective call and the joins wait at most `timeout`). `prefix` keeps
-// the store keys of successive calls apart. W must be a multiple of S and at most the GPUs seen.
+// W threads, rank w on GPU w (comm::RunLocalRanks over NCCL communicators): joins the world (and
+// its group of the S contiguous ranks [w / S * S, w / S * S + S) as rank w % S), then runs `body`.
+// Returns each rank's status: the body's, or its failure to join (each collective call and the
+// joins wait at most `timeout`). `prefix` keeps the store keys of successive calls apart. W must be
+// a multiple of S and at most the GPUs seen.
 std::vector<absl::Status> RunNcclRanks(int world_size, int sequence_parallel, const RankBody& body,
                                        const std::string& prefix,
                                        absl::Duration timeout = absl::Seconds(120));

@@ -57,6 +57,14 @@ inline constexpr int kDefaultPageSize = 50;
 // GetJobRequest.max_events: 1 .. kMaxEvents; 0 means kDefaultMaxEvents.
 inline constexpr int kDefaultMaxEvents = 1000;
 inline constexpr int kMaxEvents = 10000;
+// DeploymentSpec's limits: max_context, max_batch and max_queued, 1 .. kMax...; 0 means
+// kDefault....
+inline constexpr int64_t kDefaultMaxContext = 4096;
+inline constexpr int64_t kMaxDeploymentContext = int64_t{1} << 24;
+inline constexpr int kDefaultMaxBatch = 8;
+inline constexpr int kMaxDeploymentBatch = 256;
+inline constexpr int kDefaultMaxQueued = 256;
+inline constexpr int kMaxDeploymentQueued = 65536;
 // Largest gRPC message the coordinator and its clients exchange. No message carries a tensor (those
 // travel in chunks of kMaxOutputChunkBytes), so this bounds a Job with its events and per-rank
 // results and a listing page.

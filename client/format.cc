@@ -8,6 +8,7 @@
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
 #include "absl/strings/str_join.h"
+#include "api/limits.h"
 #include "api/tenant.h"
 #include "google/protobuf/util/json_util.h"
 
@@ -593,8 +594,8 @@ Table DeploymentsTable(const std::vector<v1::Job>& deployments, absl::Time now) 
       model = d.checkpoint();
     }
     table.AddRow({job.job_id(), job.spec().name().empty() ? "-" : job.spec().name(), state, model,
-                  absl::StrCat(d.max_context() > 0 ? d.max_context() : 4096),
-                  absl::StrCat(d.max_batch() > 0 ? d.max_batch() : 8),
+                  absl::StrCat(d.max_context() > 0 ? d.max_context() : api::kDefaultMaxContext),
+                  absl::StrCat(d.max_batch() > 0 ? d.max_batch() : api::kDefaultMaxBatch),
                   absl::StrCat(s.requests_done()), absl::StrCat(s.tokens_generated()),
                   Age(job.create_time(), now)});
   }

@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "api/limits.h"
 #include "model/config.h"
 #include "server/metrics.h"
 #include "server/work_kind.h"
@@ -30,13 +31,13 @@
 namespace dattn {
 namespace server {
 
-// DeploymentSpec defaults and bounds.
-inline constexpr int64_t kDefaultMaxContext = 4096;
-inline constexpr int64_t kMaxDeploymentContext = int64_t{1} << 24;
-inline constexpr int kDefaultMaxBatch = 8;
-inline constexpr int kMaxDeploymentBatch = 256;
-inline constexpr int kDefaultMaxQueued = 256;
-inline constexpr int kMaxDeploymentQueued = 65536;
+// DeploymentSpec defaults and bounds (the CLI shows the defaults too).
+using api::kDefaultMaxBatch;
+using api::kDefaultMaxContext;
+using api::kDefaultMaxQueued;
+using api::kMaxDeploymentBatch;
+using api::kMaxDeploymentContext;
+using api::kMaxDeploymentQueued;
 
 struct DeploymentAnalysis : JobAnalysis {
   model::LongNetConfig config;

@@ -67,7 +67,7 @@ while [ $# -gt 0 ]; do
         workers_of[${pair%%=*}]="${pair#*=}"
       done
       shift 2 ;;
-    -h|--help) sed -n '2,22p' "$0"; exit 0 ;;
+    -h|--help) awk 'NR > 1 && !/^#/ {exit} NR > 1 {print}' "$0"; exit 0 ;;
     -*) echo "fuzz.sh: unknown option $1" >&2; exit 2 ;;
     *) selected+=("$1"); shift ;;
   esac

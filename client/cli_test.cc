@@ -22,6 +22,7 @@
 #include <thread>
 #include <vector>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
@@ -2352,6 +2353,58 @@ TEST_F(CliTest, ModelsListsDeploymentsAndTrainedCheckpoints) {
   EXPECT_EQ(parsed["jobs"][0]["job_id"], "j-dep1");
   EXPECT_EQ(parsed["jobs"][1]["job_id"], "j-dep2");
   EXPECT_EQ(parsed["jobs"][2]["job_id"], "j-done");
+}
+
+TEST_F(CliTest, StatusAndListShowWhatADeploymentServes) {
+  v1::Job job = RunningJob("j-dep1");
+  job.clear_spec();
+  job.mutable_spec()->set_name("kjv");
+  v1::DeploymentSpec* d = job.mutable_spec()->mutable_deployment();
+  d->set_training_job_id("j-run");
+  d->set_training_job_step(100);
+  d->set_checkpoint("/shared/ckpt/j-run/step-00000100");
+  d->set_max_context(8192);
+  job.mutable_progress()->set_steps_total(1);
+  v1::DeploymentStatus* s = job.mutable_progress()->mutable_deployment();
+  s->set_ready(true);
+  s->set_checkpoint_step(100);
+  s->set_parameters(85300000);
+  s->set_vocab_size(256);
+  s->set_load_seconds(1.5);
+  s->set_cache_bytes_per_sequence(168 << 20);
+  s->set_running(3);
+  s->set_queued(1);
+  s->set_requests_done(12);
+  s->set_tokens_generated(480);
+  jobs_.AddJob(job);
+  // The value of field `name` in `dattn status` output ("Name   value" lines), or "(absent)".
+  auto field = [](const std::string& out, const std::string& name) -> std::string {
+    for (absl::string_view line : absl::StrSplit(out, '\n')) {
+      if (!absl::StartsWith(line, name + " ")) continue;
+      return std::string(absl::StripLeadingAsciiWhitespace(line.substr(name.size())));
+    }
+    return "(absent)";
+  };
+  Result r = Run({"status", "j-dep1"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_EQ(field(r.out, "Serving"), "serving") << r.out;
+  EXPECT_EQ(field(r.out, "Progress"), "(absent)") << "a deployment has no steps to count";
+  EXPECT_EQ(field(r.out, "Model"), "j-run step 100");
+  EXPECT_EQ(field(r.out, "Limits"), "max_context 8192, max_batch 8, max_queued 256");
+  EXPECT_EQ(field(r.out, "Loaded"),
+            "85.30M parameters, vocabulary 256, in 1.500 s; a sequence's cache 168.0 MiB");
+  EXPECT_EQ(field(r.out, "Requests"), "3 running, 1 queued, 12 finished; 480 tokens generated");
+  Result list = Run({"list"});
+  ASSERT_EQ(list.code, kExitOk) << list.err;
+  std::vector<std::string> lines = absl::StrSplit(list.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 2u) << list.out;
+  EXPECT_THAT(lines[1], HasSubstr("RUNNING  0    serving")) << list.out;
+  // Loading: no figures yet.
+  job.mutable_progress()->mutable_deployment()->set_ready(false);
+  jobs_.AddJob(job);
+  Result loading = Run({"status", "j-dep1"});
+  EXPECT_EQ(field(loading.out, "Serving"), "loading") << loading.out;
+  EXPECT_EQ(field(loading.out, "Requests"), "(absent)");
 }
 
 }  // namespace

@@ -294,7 +294,9 @@ void PrintJob(const v1::Job& job, absl::Time now, bool unicode, std::ostream& ou
     const absl::Time until = job.has_end_time() ? ToTime(job.end_time()) : now;
     fields.emplace_back("Elapsed", HumanDuration(until - created));
   }
-  if (job.progress().steps_total() > 0) {
+  if (job.spec().has_deployment()) {
+    fields.emplace_back("Serving", DeploymentState(job));
+  } else if (job.progress().steps_total() > 0) {
     fields.emplace_back(
         "Progress",
         absl::StrCat(FormatProgress(job.progress()), " steps (",
@@ -318,6 +320,27 @@ void PrintJob(const v1::Job& job, absl::Time now, bool unicode, std::ostream& ou
                                               ? "- (no checkpoint_dir: none are written)"
                                               : training.checkpoint_dir());
     if (!training.init_from().empty()) fields.emplace_back("Init from", training.init_from());
+  }
+  if (job.spec().has_deployment()) {
+    const v1::DeploymentSpec& d = job.spec().deployment();
+    const v1::DeploymentStatus& s = job.progress().deployment();
+    fields.emplace_back("Model", DeploymentModel(job));
+    fields.emplace_back(
+        "Limits",
+        absl::StrCat(
+            "max_context ", d.max_context() > 0 ? d.max_context() : api::kDefaultMaxContext,
+            ", max_batch ", d.max_batch() > 0 ? d.max_batch() : api::kDefaultMaxBatch,
+            ", max_queued ", d.max_queued() > 0 ? d.max_queued() : api::kDefaultMaxQueued));
+    if (s.ready()) {
+      fields.emplace_back(
+          "Loaded",
+          absl::StrCat(FormatCount(static_cast<double>(s.parameters())), " parameters, vocabulary ",
+                       s.vocab_size(), ", in ", FormatSeconds(s.load_seconds()),
+                       "; a sequence's cache ", FormatBytes(s.cache_bytes_per_sequence())));
+      fields.emplace_back("Requests", absl::StrCat(s.running(), " running, ", s.queued(),
+                                                   " queued, ", s.requests_done(), " finished; ",
+                                                   s.tokens_generated(), " tokens generated"));
+    }
   }
   PrintFields(fields, 0, out);
 
@@ -577,23 +600,28 @@ Table CheckpointsTable(
   return table;
 }
 
+std::string DeploymentState(const v1::Job& job) {
+  if (job.state() != v1::JOB_STATE_RUNNING) return StateName(job.state());
+  return job.progress().deployment().ready() ? "serving" : "loading";
+}
+
+std::string DeploymentModel(const v1::Job& job) {
+  const v1::DeploymentSpec& d = job.spec().deployment();
+  if (d.training_job_id().empty()) return d.checkpoint();
+  const int64_t reported = job.progress().deployment().checkpoint_step();
+  const int64_t step = reported > 0 ? reported : d.training_job_step();
+  return absl::StrCat(d.training_job_id(), step > 0 ? absl::StrCat(" step ", step) : "",
+                      d.training_job_step() == 0 ? " (final)" : "");
+}
+
 Table DeploymentsTable(const std::vector<v1::Job>& deployments, absl::Time now) {
   Table table({"DEPLOYMENT", "NAME", "STATE", "MODEL", "MAX CONTEXT", "BATCH", "REQUESTS", "TOKENS",
                "AGE"});
   for (const v1::Job& job : deployments) {
     const v1::DeploymentSpec& d = job.spec().deployment();
     const v1::DeploymentStatus& s = job.progress().deployment();
-    std::string state = StateName(job.state());
-    if (job.state() == v1::JOB_STATE_RUNNING) state = s.ready() ? "serving" : "loading";
-    std::string model;
-    if (!d.training_job_id().empty()) {
-      const int64_t step = s.checkpoint_step() > 0 ? s.checkpoint_step() : d.training_job_step();
-      model = absl::StrCat(d.training_job_id(), step > 0 ? absl::StrCat(" step ", step) : "",
-                           d.training_job_step() == 0 ? " (final)" : "");
-    } else {
-      model = d.checkpoint();
-    }
-    table.AddRow({job.job_id(), job.spec().name().empty() ? "-" : job.spec().name(), state, model,
+    table.AddRow({job.job_id(), job.spec().name().empty() ? "-" : job.spec().name(),
+                  DeploymentState(job), DeploymentModel(job),
                   absl::StrCat(d.max_context() > 0 ? d.max_context() : api::kDefaultMaxContext),
                   absl::StrCat(d.max_batch() > 0 ? d.max_batch() : api::kDefaultMaxBatch),
                   absl::StrCat(s.requests_done()), absl::StrCat(s.tokens_generated()),
@@ -630,7 +658,10 @@ Table JobsTable(const std::vector<v1::Job>& jobs, absl::Time now) {
     table.AddRow({job.job_id(), WorkKindName(job.spec()),
                   job.spec().name().empty() ? "-" : job.spec().name(),
                   api::TenantOrDefault(job.spec().tenant()), StateName(job.state()),
-                  absl::StrCat(job.spec().priority()), FormatProgress(job.progress()),
+                  absl::StrCat(job.spec().priority()),
+                  job.spec().has_deployment()
+                      ? (job.state() == v1::JOB_STATE_RUNNING ? DeploymentState(job) : "-")
+                      : FormatProgress(job.progress()),
                   Age(job.create_time(), now)});
   }
   return table;

@@ -97,8 +97,13 @@ Table WorkersTable(const std::vector<v1::Worker>& workers, absl::Time now);
 // `dattn checkpoints`: one row per checkpoint (step, path, size, seconds to write, time).
 Table CheckpointsTable(
     const google::protobuf::RepeatedPtrField<v1::TrainingCheckpoint>& checkpoints);
-// `dattn models`: one row per deployment (its state: "serving", "loading", or the job's; the model
-// it serves; its limits and what it served).
+// A deployment's state: "serving" (loaded), "loading" (RUNNING, not yet loaded), else the job's.
+std::string DeploymentState(const v1::Job& job);
+// The model a deployment serves: "<training job> step N" ("(final)" for its final checkpoint), or
+// the checkpoint folder it was given.
+std::string DeploymentModel(const v1::Job& job);
+// `dattn models`: one row per deployment (its state, the model it serves, its limits and what it
+// served).
 Table DeploymentsTable(const std::vector<v1::Job>& deployments, absl::Time now);
 // `dattn models`: one row per complete checkpoint of each training job (newest job first, each
 // job's steps newest first; "(final)" marks a succeeded job's final checkpoint).

@@ -296,6 +296,7 @@ class FakeDeployments {
 
  private:
   void Add(const std::string& id, const std::string& tenant, bool deployment, bool serving) {
+    absl::MutexLock lock(&mu_);
     v1::Job job;
     job.set_job_id(id);
     job.mutable_spec()->set_tenant(tenant);

@@ -425,6 +425,18 @@ absl::StatusOr<int64_t> UsedBytes() {
   return static_cast<int64_t>(total - free_bytes);
 }
 
+// N pseudo-random byte tokens (the same on every call) and their next-token targets.
+void BenchTokens(int64_t n, std::vector<int32_t>* tokens, std::vector<int32_t>* targets) {
+  tokens->assign(static_cast<size_t>(n), 0);
+  targets->assign(static_cast<size_t>(n), 0);
+  uint64_t s = 12345;
+  for (int64_t i = 0; i < n; ++i) {
+    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
+    (*tokens)[i] = static_cast<int32_t>((s >> 33) % 256);
+  }
+  for (int64_t i = 0; i < n; ++i) (*targets)[i] = i + 1 < n ? (*tokens)[i + 1] : kIgnoreTarget;
+}
+
 // One model, `steps` timed training steps after 2 warm-up ones.
 StepRow RunSteps(const std::string& name, const LongNetConfig& config, int64_t n, bool ckpt,
                  CudaModelOptions::Norms norms, int steps) {
@@ -441,13 +453,8 @@ StepRow RunSteps(const std::string& name, const LongNetConfig& config, int64_t n
   cudaDeviceSynchronize();
   absl::StatusOr<int64_t> before = UsedBytes();
   if (!before.ok()) return fail(before.status());
-  std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
-  uint64_t s = 12345;
-  for (int64_t i = 0; i < n; ++i) {
-    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-    tokens[i] = static_cast<int32_t>((s >> 33) % 256);
-  }
-  for (int64_t i = 0; i < n; ++i) targets[i] = i + 1 < n ? tokens[i + 1] : kIgnoreTarget;
+  std::vector<int32_t> tokens, targets;
+  BenchTokens(n, &tokens, &targets);
   TokenBatch batch;
   batch.tokens = tokens.data();
   batch.targets = targets.data();
@@ -555,13 +562,8 @@ PrefillRow RunPrefill(const LongNetConfig& config, int64_t n, int ranks, int ste
     return row;
   }
   // The same tokens on every ring size; each rank takes its slice.
-  std::vector<int32_t> tokens(static_cast<size_t>(n)), targets(static_cast<size_t>(n));
-  uint64_t s = 12345;
-  for (int64_t i = 0; i < n; ++i) {
-    s = s * 6364136223846793005ULL + 1442695040888963407ULL;
-    tokens[i] = static_cast<int32_t>((s >> 33) % 256);
-  }
-  for (int64_t i = 0; i < n; ++i) targets[i] = i + 1 < n ? tokens[i + 1] : kIgnoreTarget;
+  std::vector<int32_t> tokens, targets;
+  BenchTokens(n, &tokens, &targets);
   const int64_t local = n / ranks;
   std::vector<std::vector<double>> ms(static_cast<size_t>(ranks));
   std::vector<LossResult> losses(static_cast<size_t>(ranks));

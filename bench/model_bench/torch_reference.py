@@ -108,6 +108,27 @@ class LongNetLM(nn.Module):
         return F.cross_entropy(logits.float().view(-1, VOCAB), targets.view(-1))
 
 
+def time_calls(call, steps):
+    """Two warm-up calls, then the median of `steps` CUDA-event timings: (ms, warm-up seconds,
+    the last call's result)."""
+    started = time.time()
+    for _ in range(2):
+        result = call()
+    torch.cuda.synchronize()
+    warm_s = time.time() - started
+    times = []
+    for _ in range(steps):
+        a = torch.cuda.Event(enable_timing=True)
+        b = torch.cuda.Event(enable_timing=True)
+        a.record()
+        result = call()
+        b.record()
+        b.synchronize()
+        times.append(a.elapsed_time(b))
+    times.sort()
+    return times[len(times) // 2], warm_s, result
+
+
 def run_forward(mhda_cls, n, steps, compiled):
     """The forward pass with the loss, no autograd: a prefill that scores every token."""
     torch.cuda.empty_cache()
@@ -117,23 +138,8 @@ def run_forward(mhda_cls, n, steps, compiled):
     tokens = torch.randint(0, VOCAB, (1, n + 1), device="cuda", generator=gen)
     inputs, targets = tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
     forward = torch.compile(model) if compiled else model
-    started = time.time()
     with torch.inference_mode():
-        for _ in range(2):
-            loss = forward(inputs, targets)
-        torch.cuda.synchronize()
-        warm_s = time.time() - started
-        times = []
-        for _ in range(steps):
-            a = torch.cuda.Event(enable_timing=True)
-            b = torch.cuda.Event(enable_timing=True)
-            a.record()
-            loss = forward(inputs, targets)
-            b.record()
-            b.synchronize()
-            times.append(a.elapsed_time(b))
-    times.sort()
-    ms = times[len(times) // 2]
+        ms, warm_s, loss = time_calls(lambda: forward(inputs, targets), steps)
     peak = torch.cuda.max_memory_allocated()
     del model, forward
     return {"ms": ms, "tokens_per_s": n / (ms * 1e-3),
@@ -159,22 +165,7 @@ def run(mhda_cls, n, steps, compiled):
         opt.step()
         return loss
 
-    started = time.time()
-    for _ in range(2):
-        step()
-    torch.cuda.synchronize()
-    warm_s = time.time() - started
-    times = []
-    for _ in range(steps):
-        a = torch.cuda.Event(enable_timing=True)
-        b = torch.cuda.Event(enable_timing=True)
-        a.record()
-        loss = step()
-        b.record()
-        b.synchronize()
-        times.append(a.elapsed_time(b))
-    times.sort()
-    ms = times[len(times) // 2]
+    ms, warm_s, loss = time_calls(step, steps)
     peak = torch.cuda.max_memory_allocated()
     del model, opt, forward
     return {"ms": ms, "tokens_per_s": n / (ms * 1e-3), "mfu": count_flops(n) / (ms * 1e-3) / PEAK,

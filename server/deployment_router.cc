@@ -33,6 +33,15 @@ struct DeploymentRouter::Channel {
     closed = true;
     for (auto& [id, p] : pending) p->ended = true;
   }
+
+  // Ends the channel from outside its stream (Close, Shutdown, a newer stream): the stream is
+  // told to end first, so that by the time a call on it returns UNAVAILABLE its stream's read
+  // has already been made to return.
+  void End() ABSL_LOCKS_EXCLUDED(mu) {
+    if (end_stream) end_stream();
+    absl::MutexLock lock(&mu);
+    CloseLocked();
+  }
 };
 
 DeploymentRouter::~DeploymentRouter() { Shutdown(); }
@@ -56,13 +65,7 @@ absl::Status DeploymentRouter::Serve(const std::string& job_id, const ReadFn& re
     if (it != channels_.end()) replaced = it->second;
     channels_[job_id] = channel;
   }
-  if (replaced != nullptr) {
-    {
-      absl::MutexLock lock(&replaced->mu);
-      replaced->CloseLocked();
-    }
-    if (replaced->end_stream) replaced->end_stream();
-  }
+  if (replaced != nullptr) replaced->End();
   Channel* ch = channel.get();
   std::thread writer([ch, &write, &is_cancelled] {
     while (true) {
@@ -197,11 +200,7 @@ absl::Status DeploymentRouter::Call(const std::string& job_id, v1::ServeWork wor
 void DeploymentRouter::Close(const std::string& job_id) {
   std::shared_ptr<Channel> ch = Find(job_id);
   if (ch == nullptr) return;
-  {
-    absl::MutexLock lock(&ch->mu);
-    ch->CloseLocked();
-  }
-  if (ch->end_stream) ch->end_stream();
+  ch->End();
 }
 
 void DeploymentRouter::Shutdown() {
@@ -211,13 +210,7 @@ void DeploymentRouter::Shutdown() {
     shut_down_ = true;
     for (auto& [id, ch] : channels_) all.push_back(ch);
   }
-  for (auto& ch : all) {
-    {
-      absl::MutexLock lock(&ch->mu);
-      ch->CloseLocked();
-    }
-    if (ch->end_stream) ch->end_stream();
-  }
+  for (auto& ch : all) ch->End();
 }
 
 }  // namespace server

@@ -11,7 +11,9 @@
 // When a stream ends (the deployment was undeployed, its worker stopped or was lost, the
 // coordinator shuts down) every call on it ends UNAVAILABLE (the deployment is placed again
 // unless it was undeployed; a retry then finds it serving again or NOT_FOUND/FAILED_PRECONDITION).
-// A second stream for the same deployment (a new attempt) replaces the first.
+// A second stream for the same deployment (a new attempt) replaces the first. Whatever ends a
+// stream from outside (Close, Shutdown, a newer stream) calls its end_stream before its calls
+// learn that it ended, so a call that returned UNAVAILABLE finds its stream already ending.
 //
 // Thread-safety: every method may be called from any thread. Waits are bounded: a call looks at
 // is_cancelled at least every 100 ms; Serve's writer at least every 100 ms.

@@ -95,10 +95,9 @@ absl::StatusOr<int64_t> RingBytes(const RankProblem& p, int rank, BackendKind ba
     if (p.backward) own.backward = ring::ScheduledGroups(*geo, /*backward=*/true, options);
     groups = &own;
   }
-  int64_t bytes = ring::PlanRing(*geo, /*backward=*/false, options, groups->forward).buffer_bytes;
+  int64_t bytes = ring::RingBufferBytes(*geo, /*backward=*/false, groups->forward);
   if (p.backward) {
-    bytes = std::max(
-        bytes, ring::PlanRing(*geo, /*backward=*/true, options, groups->backward).buffer_bytes);
+    bytes = std::max(bytes, ring::RingBufferBytes(*geo, /*backward=*/true, groups->backward));
   }
   const int64_t agreement = 8 * (static_cast<int64_t>(p.ranks) + 1);
   return bytes + agreement;

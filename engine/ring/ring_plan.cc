@@ -135,9 +135,13 @@ void ChooseSchedule(const RingGeometry& geo, bool backward, const PlanOptions& o
   g->schedule = allgather ? Schedule::kAllGather : causal ? Schedule::kShift : Schedule::kRing;
 }
 
+// Builds this rank's part of each group into `plan` (its packs, buffers, and with `record` its
+// transfers, computes and adds). Without `record` only the buffers are listed: what the memory
+// planner needs (RingBufferBytes), at a fraction of the cost, from the same code.
 class Builder {
  public:
-  Builder(const RingGeometry& geo, RingPlan* plan) : geo_(geo), plan_(plan) {}
+  Builder(const RingGeometry& geo, const std::vector<Group>& groups, RingPlan* plan, bool record)
+      : geo_(geo), groups_(groups), plan_(plan), record_(record) {}
 
   Phase& At(size_t s) {
     if (plan_->phases.size() <= s) plan_->phases.resize(s + 1);
@@ -150,7 +154,8 @@ class Builder {
   }
 
   void Move(size_t phase, bool send, int peer, int buffer, BufferKind kind, int group, int origin) {
-    const Group& g = plan_->groups[group];
+    if (!record_) return;
+    const Group& g = groups_[group];
     Transfer t;
     t.send = send;
     t.peer = peer;
@@ -163,7 +168,8 @@ class Builder {
   }
 
   void Compute(size_t phase, int group, int origin, int kv, int dkv, bool zero) {
-    const Group& g = plan_->groups[group];
+    if (!record_) return;
+    const Group& g = groups_[group];
     ComputeStep c;
     c.group = group;
     c.pattern = g.pattern;
@@ -177,15 +183,16 @@ class Builder {
   }
 
   void Add(size_t phase, int group, int dst, int src, int origin) {
+    if (!record_) return;
     At(phase).adds.push_back({group, dst, src, origin});
   }
 
   // The rank's part of one group, member index a of n.
   void AddGroup(int gi, bool backward) {
-    const Group& g = plan_->groups[gi];
+    const Group& g = groups_[gi];
     const std::vector<int>& m = g.members;
     const int n = static_cast<int>(m.size());
-    const int a = static_cast<int>(std::find(m.begin(), m.end(), geo_.rank()) - m.begin());
+    const int a = static_cast<int>(std::lower_bound(m.begin(), m.end(), geo_.rank()) - m.begin());
     const int self = geo_.rank();
     const int64_t own_elements = MemberElements(g, self);
     auto member = [&](int i) { return m[((i % n) + n) % n]; };
@@ -290,8 +297,15 @@ class Builder {
 
  private:
   const RingGeometry& geo_;
+  const std::vector<Group>& groups_;
   RingPlan* plan_;
+  const bool record_;
 };
+
+// Whether this rank is a member of `g` (members ascending).
+bool IsMember(const Group& g, int rank) {
+  return std::binary_search(g.members.begin(), g.members.end(), rank);
+}
 
 // Segments this rank computes alone: those inside its shard, and those whose selected rows all lie
 // here. Only the first and last segment touching the shard can straddle a boundary, so the local
@@ -348,12 +362,9 @@ RingPlan PlanRing(const RingGeometry& geo, bool backward, const PlanOptions&,
   plan.groups = std::move(groups);
   plan.phases.resize(1);
   AddLocalWork(geo, &plan);
-  Builder builder(geo, &plan);
+  Builder builder(geo, plan.groups, &plan, /*record=*/true);
   for (size_t gi = 0; gi < plan.groups.size(); ++gi) {
-    const std::vector<int>& m = plan.groups[gi].members;
-    if (std::find(m.begin(), m.end(), geo.rank()) != m.end()) {
-      builder.AddGroup(static_cast<int>(gi), backward);
-    }
+    if (IsMember(plan.groups[gi], geo.rank())) builder.AddGroup(static_cast<int>(gi), backward);
   }
   plan.bytes_sent_to.assign(geo.ranks(), 0);
   plan.bytes_received_from.assign(geo.ranks(), 0);
@@ -367,6 +378,17 @@ RingPlan PlanRing(const RingGeometry& geo, bool backward, const PlanOptions&,
   for (const BufferSpec& b : plan.buffers)
     plan.buffer_bytes += b.elements * ElementBytes(geo, b.kind);
   return plan;
+}
+
+int64_t RingBufferBytes(const RingGeometry& geo, bool backward, const std::vector<Group>& groups) {
+  RingPlan sizes;
+  Builder builder(geo, groups, &sizes, /*record=*/false);
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    if (IsMember(groups[gi], geo.rank())) builder.AddGroup(static_cast<int>(gi), backward);
+  }
+  int64_t bytes = 0;
+  for (const BufferSpec& b : sizes.buffers) bytes += b.elements * ElementBytes(geo, b.kind);
+  return bytes;
 }
 
 std::string RingPlan::DebugString() const {

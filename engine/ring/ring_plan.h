@@ -156,6 +156,11 @@ std::vector<Group> ScheduledGroups(const RingGeometry& geo, bool backward,
 RingPlan PlanRing(const RingGeometry& geo, bool backward, const PlanOptions& options,
                   std::vector<Group> groups);
 
+// PlanRing(geo, backward, options, groups).buffer_bytes without building the plan's phases (the
+// same code, recording only the buffers): O(groups x log members) and a few allocations instead
+// of O(transfers). The memory planner asks it for every rank of a ring (PlanLargestRankMemory).
+int64_t RingBufferBytes(const RingGeometry& geo, bool backward, const std::vector<Group>& groups);
+
 // Bytes of one element of a buffer kind under `geo`.
 int64_t ElementBytes(const RingGeometry& geo, BufferKind kind);
 

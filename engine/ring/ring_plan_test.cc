@@ -322,6 +322,33 @@ TEST(RingPlanTest, EveryScheduleDeliversExactlyWhatTheSpecNeeds) {
   }
 }
 
+// The memory planner's shortcut lists the same buffers as the plan: every case, exchange mode,
+// direction, rank and dtype (the dK/dV buffers' element size differs from the inputs' in bf16).
+TEST(RingPlanTest, RingBufferBytesIsThePlansBufferBytes) {
+  int checked = 0;
+  for (const Case& c : Sweep()) {
+    for (ExchangeMode mode : {ExchangeMode::kRing, ExchangeMode::kAllGather, ExchangeMode::kAuto}) {
+      for (bool backward : {false, true}) {
+        for (DType dtype : {DType::kFloat32, DType::kBFloat16}) {
+          PlanOptions options;
+          options.mode = mode;
+          const std::vector<Group> groups = ScheduledGroups(Geo(c, 0, dtype), backward, options);
+          for (int r = 0; r < c.p; ++r) {
+            const RingGeometry geo = Geo(c, r, dtype);
+            const RingPlan plan = PlanRing(geo, backward, options, groups);
+            EXPECT_EQ(RingBufferBytes(geo, backward, groups), plan.buffer_bytes)
+                << Name(c) << " " << ExchangeModeName(mode) << (backward ? " backward" : " forward")
+                << " rank " << r << "\n"
+                << plan.DebugString();
+            checked += plan.buffer_bytes > 0;
+          }
+        }
+      }
+    }
+  }
+  EXPECT_GT(checked, 500);  // Most of them exchange something.
+}
+
 TEST(RingPlanTest, SchedulesFollowCausalityAndMode) {
   Case c;
   c.w = {64};

@@ -293,8 +293,10 @@ TEST_F(DeployManifestsTest, PodsRunAsNonRootWithHttpProbesRequestsAndTls) {
 
 // Training jobs need storage every worker reads and writes (their data, their checkpoints, which
 // any worker must read when a job resumes elsewhere): each workload overlay has a ReadWriteMany
-// claim, and every worker pod mounts it read-write at /shared; the coordinator does not.
-TEST_F(DeployManifestsTest, WorkersShareOneReadWriteManyVolumeAtShared) {
+// claim, and every worker pod mounts it read-write at /shared. So does the coordinator: it reads a
+// deployment's checkpoint at submit, at the path the workers load it from, and pins a running
+// training job's step there (docs/SERVING.md, "Pinned steps").
+TEST_F(DeployManifestsTest, WorkersAndTheCoordinatorShareOneReadWriteManyVolumeAtShared) {
   for (const std::string& overlay : Workloads()) {
     SCOPED_TRACE(overlay);
     const YAML::Node claim = Overlay(overlay).Find("PersistentVolumeClaim", "dattn-shared");
@@ -313,11 +315,7 @@ TEST_F(DeployManifestsTest, WorkersShareOneReadWriteManyVolumeAtShared) {
           claimed = Str(v["name"]);
         }
       }
-      if (name == "dattn-coordinator") {
-        EXPECT_EQ(claimed, "") << "the coordinator reads no training data";
-        continue;
-      }
-      ASSERT_NE(claimed, "") << "the worker does not mount dattn-shared";
+      ASSERT_NE(claimed, "") << "the pod does not mount dattn-shared";
       bool mounted = false;
       for (const YAML::Node& m : pod["containers"][0]["volumeMounts"]) {
         if (Str(m["name"]) != claimed) continue;

@@ -1112,6 +1112,56 @@ absl::StatusOr<CheckpointEntry> LatestCheckpoint(const std::string& root,
   return absl::NotFoundError(absl::StrCat("no complete checkpoint under ", root));
 }
 
+absl::Status PinCheckpoint(const std::string& step_folder, const std::string& pin) {
+  if (!Exists(JoinPath(step_folder, kManifestFile))) {
+    return absl::NotFoundError(absl::StrCat("pin ", step_folder, ": no ", kManifestFile,
+                                            " (the step never completed, or was pruned)"));
+  }
+  if (Exists(pin)) return absl::AlreadyExistsError(absl::StrCat("pin ", pin, ": exists"));
+  const std::string parent = ParentDir(pin);
+  std::error_code ec;
+  fs::create_directories(parent, ec);
+  if (ec) return FileError("create", parent, ec.value());
+  const std::string tmp = pin + ".tmp";
+  if (absl::Status s = RemoveTree(tmp); !s.ok()) return s;
+  fs::create_directory(tmp, ec);
+  if (ec) return FileError("create", tmp, ec.value());
+  auto fail = [&](absl::Status s) {
+    (void)RemoveTree(tmp);
+    return s;
+  };
+  fs::directory_iterator it(step_folder, ec);
+  if (ec) return fail(FileError("list", step_folder, ec.value()));
+  for (; it != fs::directory_iterator(); it.increment(ec)) {
+    std::error_code type_ec;
+    if (!it->is_regular_file(type_ec)) continue;
+    const std::string name = it->path().filename().string();
+    const std::string link = JoinPath(tmp, name);
+    fs::create_hard_link(it->path(), link, ec);
+    if (ec)
+      return fail(FileError(absl::StrCat("link ", it->path().string(), " as"), link, ec.value()));
+  }
+  if (ec) return fail(FileError("list", step_folder, ec.value()));
+  if (absl::Status s = FsyncPath(tmp); !s.ok()) return fail(s);
+  if (::rename(tmp.c_str(), pin.c_str()) != 0) {
+    return fail(FileError(absl::StrCat("rename ", tmp, " to"), pin, errno));
+  }
+  if (absl::Status s = FsyncPath(parent); !s.ok()) return s;
+  if (absl::Status s = Checkpoint::Open(pin, /*verify_checksums=*/false).status(); !s.ok()) {
+    (void)RemoveTree(pin);
+    return absl::DataLossError(absl::StrCat("pin ", step_folder,
+                                            ": the step changed while it was "
+                                            "linked (pruned?): ",
+                                            s.message()));
+  }
+  return absl::OkStatus();
+}
+
+absl::Status RemoveCheckpointPin(const std::string& pin) {
+  if (absl::Status s = RemoveTree(pin + ".tmp"); !s.ok()) return s;
+  return RemoveTree(pin);
+}
+
 absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& root, int64_t keep) {
   if (keep < 1) {
     return absl::InvalidArgumentError(absl::StrCat("keep = ", keep, ": need >= 1"));

@@ -290,6 +290,22 @@ absl::StatusOr<CheckpointEntry> LatestCheckpoint(const std::string& root,
 // than the newest kept. Returns the removed paths. INVALID_ARGUMENT for keep < 1.
 absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& root, int64_t keep);
 
+// Pins a complete step folder against pruning: `pin` (a new folder, outside any root's step-*
+// names, e.g. <root>/pinned/<name>: ListCheckpoints and PruneCheckpoints ignore it) receives a
+// hard link of every file of `step_folder`. No data is copied, and since a checkpoint's files are
+// never rewritten in place (a save writes a new folder), the links keep exactly the bytes saved
+// after PruneCheckpoints removed the original. The links are made in `pin`.tmp, fsynced and
+// renamed; the result is then opened (without checksums: every listed file present with its
+// size) so that a step removed while it was being linked is an error, never a partial pin.
+// Both folders must be on one file system (hard links). Errors: NOT_FOUND `step_folder` has no
+// manifest (never completed, or pruned); ALREADY_EXISTS `pin` exists; DATA_LOSS the step changed
+// while linked (nothing is left at `pin`); file-system errors (named, with errno's code: e.g.
+// PERMISSION_DENIED, or INVALID_ARGUMENT-like codes for EXDEV) otherwise.
+absl::Status PinCheckpoint(const std::string& step_folder, const std::string& pin);
+
+// Removes a folder PinCheckpoint made (and its leftover temporary). OK when there is none.
+absl::Status RemoveCheckpointPin(const std::string& pin);
+
 // "step-00000042".
 std::string CheckpointFolderName(int64_t step);
 

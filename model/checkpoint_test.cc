@@ -393,6 +393,50 @@ TEST(CheckpointTest, CrashedSaveLeavesNoCheckpoint) {
   EXPECT_TRUE(Checkpoint::Open(root + "/step-00000007").ok());
 }
 
+// A pin outlives the pruning of its step, holds the same bytes (checksums verified) and is not a
+// step to ListCheckpoints; an incomplete or missing step cannot be pinned, nor a pin made twice;
+// a damaged step leaves no pin behind.
+TEST(CheckpointTest, APinnedStepOutlivesPruning) {
+  const std::string root = TempPath("ckpt_pin");
+  fs::remove_all(root);
+  const Saved saved = MakeSaved(2);
+  absl::StatusOr<std::string> step2 = Save(root, saved);
+  ASSERT_TRUE(step2.ok()) << step2.status();
+  const std::string pin = root + "/pinned/d-1";
+  ASSERT_TRUE(PinCheckpoint(*step2, pin).ok());
+  for (int64_t step : {3, 4}) ASSERT_TRUE(Save(root, MakeSaved(step)).ok());
+  absl::StatusOr<std::vector<std::string>> removed = PruneCheckpoints(root, 1);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_EQ(removed->size(), 2u);  // Steps 2 and 3; the pin is not a step.
+  EXPECT_FALSE(fs::exists(*step2));
+  absl::StatusOr<std::vector<CheckpointEntry>> list = ListCheckpoints(root);
+  ASSERT_EQ(list->size(), 1u);
+  EXPECT_EQ((*list)[0].step, 4);
+
+  absl::StatusOr<Checkpoint> ck = Checkpoint::Open(pin, /*verify_checksums=*/true);
+  ASSERT_TRUE(ck.ok()) << ck.status();
+  EXPECT_EQ(ck->trainer_state().step, 2);
+  std::vector<float> weights(static_cast<size_t>(saved.layout.total()));
+  ASSERT_TRUE(ck->ReadWeights(saved.layout, 0, absl::MakeSpan(weights)).ok());
+  EXPECT_EQ(weights, saved.params);
+
+  EXPECT_TRUE(absl::IsNotFound(PinCheckpoint(*step2, root + "/pinned/d-2")));  // Pruned.
+  EXPECT_FALSE(fs::exists(root + "/pinned/d-2"));
+  const std::string step4 = root + "/step-00000004";
+  EXPECT_TRUE(absl::IsAlreadyExists(PinCheckpoint(step4, pin)));
+  // A step whose listed file is gone: the pin is refused and nothing is left.
+  const std::string damaged = CopyOf(step4, "ckpt_pin/step-00000005");
+  fs::remove(damaged + "/optimizer.safetensors");
+  absl::Status s = PinCheckpoint(damaged, root + "/pinned/d-3");
+  ExpectError(s, absl::StatusCode::kDataLoss, "optimizer.safetensors", "changed while");
+  EXPECT_FALSE(fs::exists(root + "/pinned/d-3"));
+  EXPECT_FALSE(fs::exists(root + "/pinned/d-3.tmp"));
+
+  ASSERT_TRUE(RemoveCheckpointPin(pin).ok());
+  EXPECT_FALSE(fs::exists(pin));
+  EXPECT_TRUE(RemoveCheckpointPin(pin).ok());  // None: OK.
+}
+
 // ---- Version 2: sharded ----
 
 // Five entries of different sizes, so that shards hold different numbers of tensors.

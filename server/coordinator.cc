@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <filesystem>
 #include <optional>
 #include <thread>
 #include <utility>
@@ -19,6 +20,7 @@
 #include "api/training_job.h"
 #include "engine/tensor.h"
 #include "model/checkpoint.h"
+#include "model/file_io.h"
 #include "server/attention_kind.h"
 #include "server/deployment_kind.h"
 #include "server/job_state.h"
@@ -346,8 +348,21 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
   }
   if (request.spec().has_deployment()) {
     v1::SubmitJobRequest resolved = request;
-    if (absl::Status s = ResolveDeployment(resolved.mutable_spec()); !s.ok()) return s;
-    return Submit(resolved, {}, nullptr);
+    std::string new_pin;
+    if (absl::Status s =
+            ResolveDeployment(request.idempotency_key(), resolved.mutable_spec(), &new_pin);
+        !s.ok()) {
+      return s;
+    }
+    absl::StatusOr<v1::SubmitJobResponse> submitted = Submit(resolved, {}, nullptr);
+    // A pin this call made belongs to the job it created, and to nothing else.
+    if (!new_pin.empty() && (!submitted.ok() || !submitted->created())) {
+      if (absl::Status s = model::RemoveCheckpointPin(new_pin); !s.ok()) {
+        Log(absl::StrCat("could not remove the unused checkpoint pin ", new_pin, ": ",
+                         s.message()));
+      }
+    }
+    return submitted;
   }
   return Submit(request, {}, nullptr);
 }
@@ -389,11 +404,33 @@ absl::StatusOr<std::string> TrainingJobCheckpoint(const v1::Job& job, int64_t st
   return found;
 }
 
+// Where a deployment of `key` pins step `step` of the training job `job`: <its checkpoint root>/
+// pinned/step-<step>-<16 hex>, the hex from SHA-256 of the tenant and the idempotency key, so that
+// a retry of the submit resolves to the same spec (and finds its pin); random without a key (a
+// request the validation then refuses: the caller removes the pin).
+std::string PinFolder(const v1::Job& job, int64_t step, const std::string& tenant,
+                      const std::string& key) {
+  std::string tag;
+  if (!key.empty()) {
+    absl::StatusOr<std::string> digest =
+        model::Sha256Hex(absl::StrCat(api::TenantOrDefault(tenant), "\n", key));
+    if (digest.ok()) tag = digest->substr(0, 16);
+  }
+  if (tag.empty()) {
+    std::random_device random;
+    tag = absl::StrCat(absl::Hex((uint64_t{random()} << 32) | random(), absl::kZeroPad16));
+  }
+  return absl::StrCat(api::TrainingCheckpointDir(job.spec().training(), job.job_id()),
+                      "/pinned/step-", step, "-", tag);
+}
+
 }  // namespace
 
-absl::Status Coordinator::ResolveDeployment(v1::JobSpec* spec) {
+absl::Status Coordinator::ResolveDeployment(const std::string& idempotency_key, v1::JobSpec* spec,
+                                            std::string* new_pin) {
   v1::DeploymentSpec* d = spec->mutable_deployment();
   d->clear_model_config_json();
+  d->clear_checkpoint_pinned();
   if (d->training_job_step() != 0 && d->training_job_id().empty()) {
     return absl::InvalidArgumentError(
         "spec.deployment.training_job_step: only with training_job_id (a step of its checkpoints)");
@@ -419,9 +456,44 @@ absl::Status Coordinator::ResolveDeployment(v1::JobSpec* spec) {
                                               api::Quote(d->training_job_id()), " of this tenant"));
     }
     if (d->training_job_step() > 0) {
-      absl::StatusOr<std::string> folder = TrainingJobCheckpoint(*job, d->training_job_step());
-      if (!folder.ok()) return folder.status();
-      d->set_checkpoint(*folder);
+      // A job that has not ended may still prune the step (keep_last): it is pinned. A retry
+      // finds the pin its first call made, whatever became of the job and the step since.
+      const std::string pin =
+          PinFolder(*job, d->training_job_step(), spec->tenant(), idempotency_key);
+      const bool pinned_before =
+          !idempotency_key.empty() && std::filesystem::exists(pin + "/MANIFEST.json");
+      if (pinned_before) {
+        d->set_checkpoint(pin);
+        d->set_checkpoint_pinned(true);
+      } else {
+        absl::StatusOr<std::string> folder = TrainingJobCheckpoint(*job, d->training_job_step());
+        if (!folder.ok()) return folder.status();
+        d->set_checkpoint(*folder);
+        if (!IsTerminal(job->state())) {
+          absl::Status s = model::PinCheckpoint(*folder, pin);
+          if (absl::IsAlreadyExists(s)) {
+            // A retry racing its first call, which made the pin (and owns it).
+            d->set_checkpoint(pin);
+            d->set_checkpoint_pinned(true);
+          } else if (absl::IsNotFound(s) || absl::IsDataLoss(s)) {
+            return absl::InvalidArgumentError(
+                absl::StrCat("spec.deployment.training_job_step: step ", d->training_job_step(),
+                             " of job ", job->job_id(), " was pruned while it was being pinned (",
+                             s.message(), "); deploy a newer step"));
+          } else if (!s.ok()) {
+            return absl::FailedPreconditionError(absl::StrCat(
+                "spec.deployment.training_job_step: cannot pin step ", d->training_job_step(),
+                " of job ", job->job_id(), ", which is still ", StateName(job->state()),
+                " and may prune it (", s.message(),
+                "): the coordinator needs write access to the job's checkpoint folder, on the "
+                "file system of its steps"));
+          } else {
+            *new_pin = pin;
+            d->set_checkpoint(pin);
+            d->set_checkpoint_pinned(true);
+          }
+        }
+      }
     } else if (!job->spec().has_training() || job->state() != v1::JOB_STATE_SUCCEEDED ||
                job->result().training().final_checkpoint().empty()) {
       return absl::InvalidArgumentError(absl::StrCat(
@@ -1504,11 +1576,19 @@ absl::StatusOr<v1::Worker> Coordinator::UndrainWorker(const v1::UndrainWorkerReq
 
 void Coordinator::ReapStores() {
   std::vector<std::unique_ptr<comm::TcpStoreServer>> stores;
+  std::vector<std::string> pins;
   {
     absl::MutexLock lock(&mu_);
     stores = rings_.TakeRetired();
+    pins = runner_.TakeRetiredPins();
   }
   stores.clear();  // Closes their connections and joins their threads.
+  for (const std::string& pin : pins) {
+    if (absl::Status s = model::RemoveCheckpointPin(pin); !s.ok()) {
+      Log(absl::StrCat("could not remove the checkpoint pin ", pin,
+                       " of an ended deployment: ", s.message()));
+    }
+  }
 }
 
 void Coordinator::SchedulePass() {

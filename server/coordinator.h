@@ -320,8 +320,13 @@ class Coordinator {
                                                const std::function<void(const v1::Job&)>& on_adopt);
   // Fills a deployment spec's model_config_json (and, from training_job_id, its checkpoint) at
   // submit: reads the checkpoint's manifest and model config (no checksums: the worker verifies
-  // them when it loads). INVALID_ARGUMENT naming the field; NOT_FOUND for an unknown training job.
-  absl::Status ResolveDeployment(v1::JobSpec* spec);
+  // them when it loads). A step of a training job that has not ended is pinned first
+  // (model::PinCheckpoint; DeploymentSpec.checkpoint_pinned): `new_pin` receives the pin's folder
+  // when this call made it (the caller removes it unless a job was created). INVALID_ARGUMENT
+  // naming the field; NOT_FOUND for an unknown training job; FAILED_PRECONDITION when the step
+  // cannot be pinned (no write access to the job's checkpoint folder).
+  absl::Status ResolveDeployment(const std::string& idempotency_key, v1::JobSpec* spec,
+                                 std::string* new_pin);
   // The task `task_id` of the current attempt of an active job, if worker `worker_id` holds it
   // (and *run, its job); nullptr otherwise: a report, upload or stream of it is not wanted.
   const TaskEntry* HeldTaskLocked(const std::string& worker_id, const std::string& task_id,
@@ -347,7 +352,8 @@ class Coordinator {
   // One monitor pass: store probes, stalled writes, dead workers, retention.
   void MonitorPass() ABSL_LOCKS_EXCLUDED(mu_);
   void MonitorLoop() ABSL_LOCKS_EXCLUDED(mu_);
-  // Destroys retired rendezvous stores (their threads are joined) without the lock.
+  // Destroys retired rendezvous stores (their threads are joined) and removes the checkpoint pins
+  // of ended deployments (JobRunner::TakeRetiredPins), without the lock.
   void ReapStores() ABSL_LOCKS_EXCLUDED(mu_);
 
   const CoordinatorOptions options_;

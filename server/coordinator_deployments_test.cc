@@ -8,8 +8,10 @@
 #include <vector>
 
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
+#include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/testing/test_checkpoint.h"
 #include "server/coordinator_test_util.h"
@@ -134,7 +136,10 @@ TEST_F(CoordinatorTest, DeploymentSpecsAreCheckedAtSubmit) {
 
 // Any saved step of a training job, in whatever state the job is: training_job_step picks the
 // complete checkpoint <checkpoint_dir>/<job_id>/step-NNNNNNNN; a step it has not saved (or saved
-// only in part) is refused naming the steps it has.
+// only in part) is refused naming the steps it has. A step of a job that has not ended is pinned
+// (its keep_last cannot take it from the deployment): a retry finds the same pin, even once the
+// step itself was pruned; the pin goes when the deployment ends. A step of an ended job is not
+// pinned.
 TEST_F(CoordinatorTest, ADeploymentServesAnySavedStepOfATrainingJob) {
   const std::string root = NewDataDir() + "/checkpoints";
   v1::SubmitJobRequest train;
@@ -161,11 +166,49 @@ TEST_F(CoordinatorTest, ADeploymentServesAnySavedStepOfATrainingJob) {
     r.mutable_spec()->mutable_deployment()->set_training_job_step(step);
     return coordinator_->SubmitJob(r);
   };
+  auto pins = [&] {
+    std::vector<std::string> out;
+    std::error_code ec;
+    for (const auto& e : std::filesystem::directory_iterator(folder + "/pinned", ec)) {
+      out.push_back(e.path().string());
+    }
+    return out;
+  };
   absl::StatusOr<v1::SubmitJobResponse> served = deploy("d4", job.job_id(), 4);
   ASSERT_TRUE(served.ok()) << served.status();
   const v1::Job deployment = Get(served->job().job_id());
-  EXPECT_EQ(deployment.spec().deployment().checkpoint(), step4);
+  const std::string pin = deployment.spec().deployment().checkpoint();
+  EXPECT_THAT(pin, ::testing::StartsWith(folder + "/pinned/step-4-"));
+  EXPECT_TRUE(deployment.spec().deployment().checkpoint_pinned());
   EXPECT_THAT(deployment.spec().deployment().model_config_json(), HasSubstr("\"d_model\": 8"));
+  // The job saves step 8 and keeps only it: the pinned step 4 still opens, checksums and all.
+  SaveTinyCheckpoint(folder, 8);
+  ASSERT_TRUE(model::PruneCheckpoints(folder, 1).ok());
+  ASSERT_FALSE(std::filesystem::exists(step4));
+  EXPECT_TRUE(model::Checkpoint::Open(pin, /*verify_checksums=*/true).ok());
+  absl::StatusOr<v1::SubmitJobResponse> retry = deploy("d4", job.job_id(), 4);
+  ASSERT_TRUE(retry.ok()) << retry.status();
+  EXPECT_FALSE(retry->created());
+  EXPECT_EQ(retry->job().job_id(), deployment.job_id());
+  EXPECT_EQ(pins(), std::vector<std::string>{pin});
+  // Another key, another deployment with a pin of its own; a submit refused after pinning (here
+  // for its missing key) leaves none.
+  absl::StatusOr<v1::SubmitJobResponse> other = deploy("d8", job.job_id(), 8);
+  ASSERT_TRUE(other.ok()) << other.status();
+  const std::string pin8 = Get(other->job().job_id()).spec().deployment().checkpoint();
+  EXPECT_THAT(pin8, ::testing::StartsWith(folder + "/pinned/step-8-"));
+  EXPECT_TRUE(absl::IsInvalidArgument(deploy("", job.job_id(), 8).status()));
+  EXPECT_EQ(pins().size(), 2u);
+  // Undeployed: its pin goes (at the coordinator's next scheduling pass).
+  v1::CancelJobRequest undeploy;
+  undeploy.set_job_id(deployment.job_id());
+  ASSERT_TRUE(coordinator_->CancelJob(undeploy).ok());
+  ASSERT_TRUE(WaitState(deployment.job_id(), v1::JOB_STATE_CANCELLED));
+  for (int i = 0; i < 500 && std::filesystem::exists(pin); ++i) {
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  EXPECT_FALSE(std::filesystem::exists(pin));
+  EXPECT_EQ(pins(), std::vector<std::string>{pin8});
   const v1::Job attention = Submit(ValidRequest("attention"));
   struct Case {
     std::string job_id;
@@ -175,7 +218,7 @@ TEST_F(CoordinatorTest, ADeploymentServesAnySavedStepOfATrainingJob) {
   const std::vector<Case> cases = {
       {job.job_id(), 6,
        absl::StrCat("job ", job.job_id(), " has no complete checkpoint of step 6 under \"")},
-      {job.job_id(), 6, "(its steps: 2, 4)"},
+      {job.job_id(), 6, "(its steps: 8)"},  // 2, 4 and the incomplete 6 pruned
       {job.job_id(), 3, "no complete checkpoint of step 3"},
       {job.job_id(), -1, "training_job_step: must be >= 1 (0: the final checkpoint), got -1"},
       {"", 4, "training_job_step: only with training_job_id"},
@@ -191,6 +234,27 @@ TEST_F(CoordinatorTest, ADeploymentServesAnySavedStepOfATrainingJob) {
     EXPECT_EQ(r.status().code(), absl::StatusCode::kInvalidArgument) << r.status();
     EXPECT_THAT(std::string(r.status().message()), HasSubstr(cases[i].message));
   }
+  EXPECT_EQ(pins().size(), 1u) << "refused submits leave no pin";
+
+  // A deployment the quota refuses after its step was pinned leaves no pin either.
+  options_.quotas.max_deployments = 1;  // d8 is queued
+  Restart();
+  absl::StatusOr<v1::SubmitJobResponse> over = deploy("d8-over", job.job_id(), 8);
+  EXPECT_EQ(over.status().code(), absl::StatusCode::kResourceExhausted) << over.status();
+  EXPECT_EQ(pins(), std::vector<std::string>{pin8});
+
+  // An ended job prunes nothing more: its steps are served where they are.
+  v1::CancelJobRequest cancel;
+  cancel.set_job_id(job.job_id());
+  ASSERT_TRUE(coordinator_->CancelJob(cancel).ok());
+  ASSERT_TRUE(WaitState(job.job_id(), v1::JOB_STATE_CANCELLED));
+  options_.quotas.max_deployments = 0;
+  Restart();
+  absl::StatusOr<v1::SubmitJobResponse> ended = deploy("d8-ended", job.job_id(), 8);
+  ASSERT_TRUE(ended.ok()) << ended.status();
+  const v1::DeploymentSpec d8 = Get(ended->job().job_id()).spec().deployment();
+  EXPECT_EQ(d8.checkpoint(), folder + "/step-00000008");
+  EXPECT_FALSE(d8.checkpoint_pinned());
 }
 
 // --tenant-max-deployments: a tenant's deployments queued or serving; a retry of an accepted one is

@@ -147,13 +147,24 @@ Ticket JobRunner::Transition(JobRun* run, v1::JobState state, const std::string&
   if (ticket.queue == nullptr) return ticket;
   if (IsTerminal(state)) {
     rings_->End(run->job.job_id(), "");
-    dispatcher_->Kick();  // The scheduling loop destroys the retired store.
+    const v1::DeploymentSpec& d = run->job.spec().deployment();
+    if (run->job.spec().has_deployment() && d.checkpoint_pinned()) {
+      retired_pins_.push_back(d.checkpoint());
+    }
+    dispatcher_->Kick();  // The scheduling loop destroys the retired store and pin.
   }
   if (IsActiveRun(from) && !IsActiveRun(state)) {
     run->kind->AttemptEnded(run->job.job_id());
     activity_->SignalAll();
   }
   return ticket;
+}
+
+std::vector<std::string> JobRunner::TakeRetiredPins() {
+  mu_->AssertHeld();
+  std::vector<std::string> out;
+  out.swap(retired_pins_);
+  return out;
 }
 
 Ticket JobRunner::Append(JobRun* run, v1::JobEvent event) {

@@ -71,6 +71,10 @@ class JobRunner {
                     const std::string& message);
   // An event in the job's current state.
   Ticket Append(JobRun* run, v1::JobEvent event);
+  // The checkpoint pins (DeploymentSpec.checkpoint_pinned) of deployments that reached a terminal
+  // state since the last call, for the caller to remove without the lock (the coordinator's next
+  // scheduling pass, normally after the terminal state was written).
+  std::vector<std::string> TakeRetiredPins();
   // Queues a QUEUED job with the dispatcher.
   void Enqueue(JobRun* run);
   // The job goes back in the queue as attempt + 1 with an event of `kind`; a job that runs once
@@ -140,6 +144,7 @@ class JobRunner {
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);
 
   absl::Mutex* const mu_;
+  std::vector<std::string> retired_pins_ ABSL_GUARDED_BY(mu_);
   JobBook* const book_ ABSL_PT_GUARDED_BY(mu_);
   WorkerRegistry* const workers_ ABSL_PT_GUARDED_BY(mu_);
   RingRendezvous* const rings_ ABSL_PT_GUARDED_BY(mu_);

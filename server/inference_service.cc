@@ -158,21 +158,19 @@ grpc::Status InferenceService::ServerReady(grpc::ServerContext* context,
   return Done(kServerReady, s);
 }
 
-absl::Status InferenceService::FindDeployment(const grpc::ServerContext& context,
+absl::Status InferenceService::FindDeployment(const security::Principal& caller,
                                               const std::string& name) const {
   const absl::Status not_found = absl::NotFoundError(
       absl::StrCat("model ", api::Quote(name), " not found: the models are \"", kAttentionModel,
                    "\" and the deployments, each by its job id (dattn list)"));
-  absl::StatusOr<security::Principal> caller = access_->Caller(context);
-  if (!caller.ok()) return caller.status();
   if (name.empty()) return not_found;
   absl::StatusOr<v1::Job> job = deployments_.get_job(name);
   if (absl::IsNotFound(job.status())) return not_found;
   if (!job.ok()) return job.status();
   if (!job->spec().has_deployment()) return not_found;
   // Another tenant's deployment is not found, as JobService hides other tenants' jobs.
-  if (access_->authenticates() && api::TenantOrDefault(job->spec().tenant()) != caller->tenant &&
-      !Access::MaySee(*caller, *job)) {
+  if (access_->authenticates() && api::TenantOrDefault(job->spec().tenant()) != caller.tenant &&
+      !Access::MaySee(caller, *job)) {
     return not_found;
   }
   return absl::OkStatus();
@@ -181,9 +179,10 @@ absl::Status InferenceService::FindDeployment(const grpc::ServerContext& context
 grpc::Status InferenceService::ModelReady(grpc::ServerContext* context,
                                           const inference::ModelReadyRequest* request,
                                           inference::ModelReadyResponse* response) {
-  absl::Status s = Authenticate(*context);
+  absl::StatusOr<security::Principal> caller = access_->Caller(*context);
+  absl::Status s = caller.status();
   if (s.ok() && request->name() != kAttentionModel) {
-    s = FindDeployment(*context, request->name());
+    s = FindDeployment(*caller, request->name());
     if (s.ok()) s = CheckDeploymentVersion(request->name(), request->version());
     if (s.ok()) response->set_ready(deployments_.serving(request->name()).ok());
     return Done(kModelReady, s);
@@ -207,9 +206,10 @@ grpc::Status InferenceService::ServerMetadata(grpc::ServerContext* context,
 grpc::Status InferenceService::ModelMetadata(grpc::ServerContext* context,
                                              const inference::ModelMetadataRequest* request,
                                              inference::ModelMetadataResponse* response) {
-  absl::Status s = Authenticate(*context);
+  absl::StatusOr<security::Principal> caller = access_->Caller(*context);
+  absl::Status s = caller.status();
   if (s.ok() && request->name() != kAttentionModel) {
-    s = FindDeployment(*context, request->name());
+    s = FindDeployment(*caller, request->name());
     if (s.ok()) s = CheckDeploymentVersion(request->name(), request->version());
     if (s.ok()) *response = DeploymentModelMetadata(request->name());
     return Done(kModelMetadata, s);
@@ -255,7 +255,7 @@ grpc::Status InferenceService::ModelInfer(grpc::ServerContext* context,
       absl::StatusOr<security::Principal> caller = access_->Caller(*context);
       if (!caller.ok()) return caller.status();
       tenant = api::TenantOrDefault(caller->tenant);
-      if (absl::Status s = FindDeployment(*context, request->model_name()); !s.ok()) return s;
+      if (absl::Status s = FindDeployment(*caller, request->model_name()); !s.ok()) return s;
       label = request->model_name();
       return InferDeployment(context, *request, response, &bytes_in, &bytes_out);
     }();

@@ -113,9 +113,10 @@ class InferenceService final : public inference::GRPCInferenceService::Service {
   // Authenticates the caller (any role may read health and metadata).
   absl::Status Authenticate(const grpc::ServerContext& context) const;
   grpc::Status Done(const char* method, const absl::Status& status) const;
-  // Whether `name` is a deployment the caller may use (OK), or NOT_FOUND: neither the attention
-  // model nor such a deployment. Call only for names other than the attention model's.
-  absl::Status FindDeployment(const grpc::ServerContext& context, const std::string& name) const;
+  // Whether `name` is a deployment the authenticated `caller` may use (OK), or NOT_FOUND: neither
+  // the attention model nor such a deployment. Call only for names other than the attention
+  // model's.
+  absl::Status FindDeployment(const security::Principal& caller, const std::string& name) const;
   // ModelInfer on a deployment.
   absl::Status InferDeployment(grpc::ServerContext* context,
                                const inference::ModelInferRequest& request,

@@ -299,8 +299,9 @@ absl::StatusOr<std::vector<std::string>> PruneCheckpoints(const std::string& roo
 // size) so that a step removed while it was being linked is an error, never a partial pin.
 // Both folders must be on one file system (hard links). Errors: NOT_FOUND `step_folder` has no
 // manifest (never completed, or pruned); ALREADY_EXISTS `pin` exists; DATA_LOSS the step changed
-// while linked (nothing is left at `pin`); file-system errors (named, with errno's code: e.g.
-// PERMISSION_DENIED, or INVALID_ARGUMENT-like codes for EXDEV) otherwise.
+// while linked (nothing is left at `pin`); otherwise file-system errors naming the operation and
+// path, with the code errno maps to (e.g. PERMISSION_DENIED; EXDEV when `pin` is on another file
+// system than the step).
 absl::Status PinCheckpoint(const std::string& step_folder, const std::string& pin);
 
 // Removes a folder PinCheckpoint made (and its leftover temporary). OK when there is none.

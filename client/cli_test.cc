@@ -639,6 +639,25 @@ class CliTest : public ::testing::Test {
     return job;
   }
 
+  // A deployment named "kjv" of step 100 of the training job j-run, serving, 12 requests and 480
+  // tokens done.
+  v1::Job ServingDeployment(const std::string& id) {
+    v1::Job job = RunningJob(id);
+    job.clear_spec();
+    job.mutable_spec()->set_name("kjv");
+    v1::DeploymentSpec* d = job.mutable_spec()->mutable_deployment();
+    d->set_training_job_id("j-run");
+    d->set_training_job_step(100);
+    d->set_checkpoint("/shared/ckpt/j-run/step-00000100");
+    d->set_max_context(8192);
+    v1::DeploymentStatus* s = job.mutable_progress()->mutable_deployment();
+    s->set_ready(true);
+    s->set_checkpoint_step(100);
+    s->set_requests_done(12);
+    s->set_tokens_generated(480);
+    return job;
+  }
+
   FakeJobService jobs_;
   FakeAdminService admin_;
   std::unique_ptr<grpc::Server> server_;
@@ -2280,19 +2299,7 @@ TEST_F(CliTest, ModelsListsDeploymentsAndTrainedCheckpoints) {
   jobs_.AddJob(SucceededTrainingJob("j-done"));
   jobs_.AddJob(RunningTrainingJob("j-run"));
   jobs_.AddJob(RunningJob("j-attn"));
-  v1::Job serving = RunningJob("j-dep1");
-  serving.clear_spec();
-  serving.mutable_spec()->set_name("kjv");
-  v1::DeploymentSpec* d = serving.mutable_spec()->mutable_deployment();
-  d->set_training_job_id("j-run");
-  d->set_training_job_step(100);
-  d->set_checkpoint("/shared/ckpt/j-run/step-00000100");
-  d->set_max_context(8192);
-  v1::DeploymentStatus* s = serving.mutable_progress()->mutable_deployment();
-  s->set_ready(true);
-  s->set_checkpoint_step(100);
-  s->set_requests_done(12);
-  s->set_tokens_generated(480);
+  const v1::Job serving = ServingDeployment("j-dep1");
   jobs_.AddJob(serving);
   v1::Job loading = serving;
   loading.set_job_id("j-dep2");
@@ -2356,26 +2363,15 @@ TEST_F(CliTest, ModelsListsDeploymentsAndTrainedCheckpoints) {
 }
 
 TEST_F(CliTest, StatusAndListShowWhatADeploymentServes) {
-  v1::Job job = RunningJob("j-dep1");
-  job.clear_spec();
-  job.mutable_spec()->set_name("kjv");
-  v1::DeploymentSpec* d = job.mutable_spec()->mutable_deployment();
-  d->set_training_job_id("j-run");
-  d->set_training_job_step(100);
-  d->set_checkpoint("/shared/ckpt/j-run/step-00000100");
-  d->set_max_context(8192);
+  v1::Job job = ServingDeployment("j-dep1");
   job.mutable_progress()->set_steps_total(1);
   v1::DeploymentStatus* s = job.mutable_progress()->mutable_deployment();
-  s->set_ready(true);
-  s->set_checkpoint_step(100);
   s->set_parameters(85300000);
   s->set_vocab_size(256);
   s->set_load_seconds(1.5);
   s->set_cache_bytes_per_sequence(168 << 20);
   s->set_running(3);
   s->set_queued(1);
-  s->set_requests_done(12);
-  s->set_tokens_generated(480);
   jobs_.AddJob(job);
   // The value of field `name` in `dattn status` output ("Name   value" lines), or "(absent)".
   auto field = [](const std::string& out, const std::string& name) -> std::string {

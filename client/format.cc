@@ -77,6 +77,18 @@ std::string Age(const google::protobuf::Timestamp& ts, absl::Time now) {
   return HumanDuration(now - t);
 }
 
+// A deployment's limits as it runs them: the coordinator's defaults (api/limits.h) for 0.
+struct DeploymentLimits {
+  int64_t max_context;
+  int max_batch;
+  int max_queued;
+};
+DeploymentLimits LimitsOf(const v1::DeploymentSpec& d) {
+  return {d.max_context() > 0 ? d.max_context() : api::kDefaultMaxContext,
+          d.max_batch() > 0 ? d.max_batch() : api::kDefaultMaxBatch,
+          d.max_queued() > 0 ? d.max_queued() : api::kDefaultMaxQueued};
+}
+
 }  // namespace
 
 std::string StateName(v1::JobState state) {
@@ -322,15 +334,12 @@ void PrintJob(const v1::Job& job, absl::Time now, bool unicode, std::ostream& ou
     if (!training.init_from().empty()) fields.emplace_back("Init from", training.init_from());
   }
   if (job.spec().has_deployment()) {
-    const v1::DeploymentSpec& d = job.spec().deployment();
+    const DeploymentLimits limits = LimitsOf(job.spec().deployment());
     const v1::DeploymentStatus& s = job.progress().deployment();
     fields.emplace_back("Model", DeploymentModel(job));
     fields.emplace_back(
-        "Limits",
-        absl::StrCat(
-            "max_context ", d.max_context() > 0 ? d.max_context() : api::kDefaultMaxContext,
-            ", max_batch ", d.max_batch() > 0 ? d.max_batch() : api::kDefaultMaxBatch,
-            ", max_queued ", d.max_queued() > 0 ? d.max_queued() : api::kDefaultMaxQueued));
+        "Limits", absl::StrCat("max_context ", limits.max_context, ", max_batch ", limits.max_batch,
+                               ", max_queued ", limits.max_queued));
     if (s.ready()) {
       fields.emplace_back(
           "Loaded",
@@ -618,14 +627,12 @@ Table DeploymentsTable(const std::vector<v1::Job>& deployments, absl::Time now) 
   Table table({"DEPLOYMENT", "NAME", "STATE", "MODEL", "MAX CONTEXT", "BATCH", "REQUESTS", "TOKENS",
                "AGE"});
   for (const v1::Job& job : deployments) {
-    const v1::DeploymentSpec& d = job.spec().deployment();
+    const DeploymentLimits limits = LimitsOf(job.spec().deployment());
     const v1::DeploymentStatus& s = job.progress().deployment();
     table.AddRow({job.job_id(), job.spec().name().empty() ? "-" : job.spec().name(),
-                  DeploymentState(job), DeploymentModel(job),
-                  absl::StrCat(d.max_context() > 0 ? d.max_context() : api::kDefaultMaxContext),
-                  absl::StrCat(d.max_batch() > 0 ? d.max_batch() : api::kDefaultMaxBatch),
-                  absl::StrCat(s.requests_done()), absl::StrCat(s.tokens_generated()),
-                  Age(job.create_time(), now)});
+                  DeploymentState(job), DeploymentModel(job), absl::StrCat(limits.max_context),
+                  absl::StrCat(limits.max_batch), absl::StrCat(s.requests_done()),
+                  absl::StrCat(s.tokens_generated()), Age(job.create_time(), now)});
   }
   return table;
 }

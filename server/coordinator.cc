@@ -460,8 +460,8 @@ absl::Status Coordinator::ResolveDeployment(const std::string& idempotency_key, 
       // finds the pin its first call made, whatever became of the job and the step since.
       const std::string pin =
           PinFolder(*job, d->training_job_step(), spec->tenant(), idempotency_key);
-      const bool pinned_before =
-          !idempotency_key.empty() && std::filesystem::exists(pin + "/MANIFEST.json");
+      const bool pinned_before = !idempotency_key.empty() && std::filesystem::exists(absl::StrCat(
+                                                                 pin, "/", model::kManifestFile));
       if (pinned_before) {
         d->set_checkpoint(pin);
         d->set_checkpoint_pinned(true);

@@ -64,15 +64,6 @@ absl::StatusOr<MemoryPlan> PlanShard(const RankProblem& p, BackendKind backend, 
   return plan;
 }
 
-// Bytes of the ring's exchange buffers on `rank` (the larger of the forward and backward calls,
-// which allocate and free their own) plus the agreement check's P + 1 fingerprints.
-// The groups of a ring and their schedules, forward and backward: the same for every rank
-// (ring::ScheduledGroups), so PlanLargestRankMemory computes them once for all P ranks.
-struct RingGroups {
-  std::vector<ring::Group> forward;
-  std::vector<ring::Group> backward;
-};
-
 ring::PlanOptions RingPlanOptions(BackendKind backend) {
   ring::PlanOptions options;
   options.mode = ring::ExchangeMode::kAuto;
@@ -81,26 +72,28 @@ ring::PlanOptions RingPlanOptions(BackendKind backend) {
   return options;
 }
 
-// `groups`: from a geometry of the same ring (any rank), or null to compute them here.
-absl::StatusOr<int64_t> RingBytes(const RankProblem& p, int rank, BackendKind backend,
-                                  const RingGroups* groups = nullptr) {
+// A rank's ring bytes from its exchange buffers' bytes in the forward and (when planned) the
+// backward call, which allocate and free their own: the larger of the two, plus the agreement
+// check's P + 1 fingerprints.
+int64_t RankRingBytes(const RankProblem& p, int64_t forward, int64_t backward) {
+  const int64_t agreement = 8 * (static_cast<int64_t>(p.ranks) + 1);
+  return (p.backward ? std::max(forward, backward) : forward) + agreement;
+}
+
+// Bytes of the ring's exchange buffers on `rank`: RankRingBytes of its calls' buffers.
+absl::StatusOr<int64_t> RingBytes(const RankProblem& p, int rank, BackendKind backend) {
   if (p.ranks == 1) return int64_t{0};
   ring::RingShape shape{p.batch, p.seq_len, p.num_heads, p.head_dim, p.ranks};
   absl::StatusOr<ring::RingGeometry> geo = ring::RingGeometry::Create(p.spec, shape, rank, p.dtype);
   if (!geo.ok()) return geo.status();
   const ring::PlanOptions options = RingPlanOptions(backend);
-  RingGroups own;
-  if (groups == nullptr) {
-    own.forward = ring::ScheduledGroups(*geo, /*backward=*/false, options);
-    if (p.backward) own.backward = ring::ScheduledGroups(*geo, /*backward=*/true, options);
-    groups = &own;
-  }
-  int64_t bytes = ring::RingBufferBytes(*geo, /*backward=*/false, groups->forward);
-  if (p.backward) {
-    bytes = std::max(bytes, ring::RingBufferBytes(*geo, /*backward=*/true, groups->backward));
-  }
-  const int64_t agreement = 8 * (static_cast<int64_t>(p.ranks) + 1);
-  return bytes + agreement;
+  const int64_t forward = ring::RingBufferBytes(
+      *geo, /*backward=*/false, ring::ScheduledGroups(*geo, /*backward=*/false, options));
+  const int64_t backward =
+      p.backward ? ring::RingBufferBytes(*geo, /*backward=*/true,
+                                         ring::ScheduledGroups(*geo, /*backward=*/true, options))
+                 : 0;
+  return RankRingBytes(p, forward, backward);
 }
 
 absl::Status CheckProblem(const RankProblem& p) {
@@ -160,28 +153,36 @@ absl::StatusOr<RankMemoryPlan> PlanRankMemory(const RankProblem& problem, int ra
 
 absl::StatusOr<RankMemoryPlan> PlanLargestRankMemory(const RankProblem& problem,
                                                      BackendKind backend, int cpu_threads) {
+  if (problem.ranks == 1) return PlanRankMemory(problem, 0, backend, cpu_threads);
   if (absl::Status s = CheckProblem(problem); !s.ok()) return s;
-  absl::StatusOr<RankMemoryPlan> best = PlanRankMemory(problem, 0, backend, cpu_threads);
-  if (!best.ok()) return best.status();
-  if (problem.ranks == 1) return best;
   // The shard part is the same on every rank; only the exchange buffers differ. The groups and
-  // their schedules are the ring's, not a rank's: computed once.
+  // their schedules are the ring's, not a rank's, and each group's members' buffers are counted
+  // in one pass for all ranks (ring::RingBufferBytesOfEveryRank): what RingBytes gives rank by
+  // rank (PlanRankMemory).
+  absl::StatusOr<MemoryPlan> shard = PlanShard(problem, backend, cpu_threads);
+  if (!shard.ok()) return shard.status();
+  if (shard->total_bytes() < 0) return Overflow("the rank's total");
   ring::RingShape shape{problem.batch, problem.seq_len, problem.num_heads, problem.head_dim,
                         problem.ranks};
   absl::StatusOr<ring::RingGeometry> geo =
       ring::RingGeometry::Create(problem.spec, shape, 0, problem.dtype);
   if (!geo.ok()) return geo.status();
   const ring::PlanOptions options = RingPlanOptions(backend);
-  RingGroups groups;
-  groups.forward = ring::ScheduledGroups(*geo, /*backward=*/false, options);
-  if (problem.backward) groups.backward = ring::ScheduledGroups(*geo, /*backward=*/true, options);
-  for (int r = 1; r < problem.ranks; ++r) {
-    absl::StatusOr<int64_t> ring = RingBytes(problem, r, backend, &groups);
-    if (!ring.ok()) return ring.status();
-    if (*ring > best->ring_bytes) {
-      if (*ring > kMax - best->shard.total_bytes()) return Overflow("the rank's total");
-      best->ring_bytes = *ring;
-      best->rank = r;
+  const std::vector<int64_t> forward = ring::RingBufferBytesOfEveryRank(
+      *geo, /*backward=*/false, ring::ScheduledGroups(*geo, /*backward=*/false, options));
+  std::vector<int64_t> backward;
+  if (problem.backward) {
+    backward = ring::RingBufferBytesOfEveryRank(
+        *geo, /*backward=*/true, ring::ScheduledGroups(*geo, /*backward=*/true, options));
+  }
+  RankMemoryPlan best;
+  best.shard = *shard;
+  for (int r = 0; r < problem.ranks; ++r) {
+    const int64_t ring = RankRingBytes(problem, forward[r], problem.backward ? backward[r] : 0);
+    if (r == 0 || ring > best.ring_bytes) {  // The lowest of the largest ranks.
+      if (ring > kMax - best.shard.total_bytes()) return Overflow("the rank's total");
+      best.ring_bytes = ring;
+      best.rank = r;
     }
   }
   return best;

@@ -135,20 +135,28 @@ void ChooseSchedule(const RingGeometry& geo, bool backward, const PlanOptions& o
   g->schedule = allgather ? Schedule::kAllGather : causal ? Schedule::kShift : Schedule::kRing;
 }
 
-// Builds this rank's part of each group into `plan` (its packs, buffers, and with `record` its
-// transfers, computes and adds). Without `record` only the buffers are listed: what the memory
-// planner needs (RingBufferBytes), at a fraction of the cost, from the same code.
+// Builds one rank's part of each group into `plan`: with `record`, its packs, buffers, transfers,
+// computes and adds; without, only the bytes of its buffers are counted (buffer_bytes(); `plan` may
+// be null): what the memory planner needs (RingBufferBytes), at a fraction of the cost, from the
+// same code.
 class Builder {
  public:
   Builder(const RingGeometry& geo, const std::vector<Group>& groups, RingPlan* plan, bool record)
       : geo_(geo), groups_(groups), plan_(plan), record_(record) {}
+
+  // Bytes of the buffers made so far.
+  int64_t buffer_bytes() const { return buffer_bytes_; }
+  void ResetBufferBytes() { buffer_bytes_ = 0; }
 
   Phase& At(size_t s) {
     if (plan_->phases.size() <= s) plan_->phases.resize(s + 1);
     return plan_->phases[s];
   }
 
+  // The new buffer's index in the plan (-1 without `record`).
   int NewBuffer(BufferKind kind, int64_t elements, int group) {
+    buffer_bytes_ += elements * ElementBytes(geo_, kind);
+    if (!record_) return -1;
     plan_->buffers.push_back({kind, elements, group});
     return static_cast<int>(plan_->buffers.size()) - 1;
   }
@@ -187,14 +195,14 @@ class Builder {
     At(phase).adds.push_back({group, dst, src, origin});
   }
 
-  // The rank's part of one group, member index a of n.
-  void AddGroup(int gi, bool backward) {
+  // The part of one group of its member `self` (a rank of the ring; the geometry's own rank when
+  // building a plan), member index a of n.
+  void AddGroup(int gi, bool backward, int self) {
     const Group& g = groups_[gi];
     const std::vector<int>& m = g.members;
     const int n = static_cast<int>(m.size());
-    const int a = static_cast<int>(std::lower_bound(m.begin(), m.end(), geo_.rank()) - m.begin());
-    const int self = geo_.rank();
-    const int64_t own_elements = MemberElements(g, self);
+    const int a = static_cast<int>(std::lower_bound(m.begin(), m.end(), self) - m.begin());
+    const int64_t own_elements = g.block_elements[a];
     auto member = [&](int i) { return m[((i % n) + n) % n]; };
     const bool causal = geo_.spec().causal;
     const BufferKind kKv = BufferKind::kKv, kDkv = BufferKind::kDkv;
@@ -204,33 +212,32 @@ class Builder {
     int own = -1;
     if (sends_own) {
       own = NewBuffer(kKv, own_elements, gi);
-      plan_->packs.push_back({gi, own});
+      if (record_) plan_->packs.push_back({gi, own});
     }
 
     if (g.schedule == Schedule::kAllGather) {
-      std::vector<int> kv(n, -1), part(n, -1), back(n, -1);
       for (int j = 0; j < n; ++j) {
         if (j == a) continue;
         if (!causal || j > a) {
           Move(0, true, m[j], own, kKv, gi, self);
           if (backward) {
-            back[j] = NewBuffer(kDkv, own_elements, gi);
-            Move(2, false, m[j], back[j], kDkv, gi, self);
-            Add(2, gi, -1, back[j], self);
+            const int back = NewBuffer(kDkv, own_elements, gi);
+            Move(2, false, m[j], back, kDkv, gi, self);
+            Add(2, gi, -1, back, self);
           }
         }
       }
       for (int j = 0; j < n; ++j) {
         if (j == a || (causal && j > a)) continue;
-        const int64_t e = MemberElements(g, m[j]);
-        kv[j] = NewBuffer(kKv, e, gi);
-        Move(0, false, m[j], kv[j], kKv, gi, m[j]);
+        const int64_t e = g.block_elements[j];
+        const int kv = NewBuffer(kKv, e, gi);
+        Move(0, false, m[j], kv, kKv, gi, m[j]);
         if (backward) {
-          part[j] = NewBuffer(kDkv, e, gi);
-          Compute(1, gi, m[j], kv[j], part[j], true);
-          Move(2, true, m[j], part[j], kDkv, gi, m[j]);
+          const int part = NewBuffer(kDkv, e, gi);
+          Compute(1, gi, m[j], kv, part, true);
+          Move(2, true, m[j], part, kDkv, gi, m[j]);
         } else {
-          Compute(1, gi, m[j], kv[j], -1, false);
+          Compute(1, gi, m[j], kv, -1, false);
         }
       }
       Compute(0, gi, self, -1, -1, false);
@@ -300,6 +307,7 @@ class Builder {
   const std::vector<Group>& groups_;
   RingPlan* plan_;
   const bool record_;
+  int64_t buffer_bytes_ = 0;
 };
 
 // Whether this rank is a member of `g` (members ascending).
@@ -364,7 +372,9 @@ RingPlan PlanRing(const RingGeometry& geo, bool backward, const PlanOptions&,
   AddLocalWork(geo, &plan);
   Builder builder(geo, plan.groups, &plan, /*record=*/true);
   for (size_t gi = 0; gi < plan.groups.size(); ++gi) {
-    if (IsMember(plan.groups[gi], geo.rank())) builder.AddGroup(static_cast<int>(gi), backward);
+    if (IsMember(plan.groups[gi], geo.rank())) {
+      builder.AddGroup(static_cast<int>(gi), backward, geo.rank());
+    }
   }
   plan.bytes_sent_to.assign(geo.ranks(), 0);
   plan.bytes_received_from.assign(geo.ranks(), 0);
@@ -381,13 +391,26 @@ RingPlan PlanRing(const RingGeometry& geo, bool backward, const PlanOptions&,
 }
 
 int64_t RingBufferBytes(const RingGeometry& geo, bool backward, const std::vector<Group>& groups) {
-  RingPlan sizes;
-  Builder builder(geo, groups, &sizes, /*record=*/false);
+  Builder builder(geo, groups, /*plan=*/nullptr, /*record=*/false);
   for (size_t gi = 0; gi < groups.size(); ++gi) {
-    if (IsMember(groups[gi], geo.rank())) builder.AddGroup(static_cast<int>(gi), backward);
+    if (IsMember(groups[gi], geo.rank())) {
+      builder.AddGroup(static_cast<int>(gi), backward, geo.rank());
+    }
   }
-  int64_t bytes = 0;
-  for (const BufferSpec& b : sizes.buffers) bytes += b.elements * ElementBytes(geo, b.kind);
+  return builder.buffer_bytes();
+}
+
+std::vector<int64_t> RingBufferBytesOfEveryRank(const RingGeometry& geo, bool backward,
+                                                const std::vector<Group>& groups) {
+  std::vector<int64_t> bytes(static_cast<size_t>(geo.ranks()), 0);
+  Builder builder(geo, groups, /*plan=*/nullptr, /*record=*/false);
+  for (size_t gi = 0; gi < groups.size(); ++gi) {
+    for (const int member : groups[gi].members) {
+      builder.ResetBufferBytes();
+      builder.AddGroup(static_cast<int>(gi), backward, member);
+      bytes[static_cast<size_t>(member)] += builder.buffer_bytes();
+    }
+  }
   return bytes;
 }
 

@@ -157,9 +157,14 @@ RingPlan PlanRing(const RingGeometry& geo, bool backward, const PlanOptions& opt
                   std::vector<Group> groups);
 
 // PlanRing(geo, backward, options, groups).buffer_bytes without building the plan's phases (the
-// same code, recording only the buffers): O(groups x log members) and a few allocations instead
-// of O(transfers). The memory planner asks it for every rank of a ring (PlanLargestRankMemory).
+// same code, counting only the buffers): O(groups x log members) and no allocation instead of
+// O(transfers). The memory planner asks it for one rank (PlanRankMemory).
 int64_t RingBufferBytes(const RingGeometry& geo, bool backward, const std::vector<Group>& groups);
+// RingBufferBytes of every rank of the ring at once (element r: rank r's), from `geo` of any rank:
+// one pass over the groups, each member's part counted once, so O(sum of the groups' sizes)
+// against P geometries and P passes over every group.
+std::vector<int64_t> RingBufferBytesOfEveryRank(const RingGeometry& geo, bool backward,
+                                                const std::vector<Group>& groups);
 
 // Bytes of one element of a buffer kind under `geo`.
 int64_t ElementBytes(const RingGeometry& geo, BufferKind kind);

@@ -322,8 +322,9 @@ TEST(RingPlanTest, EveryScheduleDeliversExactlyWhatTheSpecNeeds) {
   }
 }
 
-// The memory planner's shortcut lists the same buffers as the plan: every case, exchange mode,
-// direction, rank and dtype (the dK/dV buffers' element size differs from the inputs' in bf16).
+// The memory planner's shortcuts count the same buffers as the plan: every case, exchange mode,
+// direction, rank and dtype (the dK/dV buffers' element size differs from the inputs' in bf16),
+// rank by rank and for every rank at once (from rank 0's geometry and from the last rank's).
 TEST(RingPlanTest, RingBufferBytesIsThePlansBufferBytes) {
   int checked = 0;
   for (const Case& c : Sweep()) {
@@ -333,13 +334,20 @@ TEST(RingPlanTest, RingBufferBytesIsThePlansBufferBytes) {
           PlanOptions options;
           options.mode = mode;
           const std::vector<Group> groups = ScheduledGroups(Geo(c, 0, dtype), backward, options);
+          const std::vector<int64_t> every =
+              RingBufferBytesOfEveryRank(Geo(c, 0, dtype), backward, groups);
+          ASSERT_EQ(every.size(), static_cast<size_t>(c.p));
+          EXPECT_EQ(RingBufferBytesOfEveryRank(Geo(c, c.p - 1, dtype), backward, groups), every);
           for (int r = 0; r < c.p; ++r) {
             const RingGeometry geo = Geo(c, r, dtype);
             const RingPlan plan = PlanRing(geo, backward, options, groups);
+            const std::string where =
+                absl::StrCat(Name(c), " ", ExchangeModeName(mode),
+                             backward ? " backward" : " forward", " rank ", r);
             EXPECT_EQ(RingBufferBytes(geo, backward, groups), plan.buffer_bytes)
-                << Name(c) << " " << ExchangeModeName(mode) << (backward ? " backward" : " forward")
-                << " rank " << r << "\n"
+                << where << "\n"
                 << plan.DebugString();
+            EXPECT_EQ(every[r], plan.buffer_bytes) << where;
             checked += plan.buffer_bytes > 0;
           }
         }

@@ -19,6 +19,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "engine/comm/tcp_store.h"
+#include "engine/testing/sanitizers.h"
 #include "gtest/gtest.h"
 #include "model/cpu_layer_ops.h"
 #include "model/longnet.h"
@@ -32,17 +33,7 @@ namespace {
 
 namespace fs = std::filesystem;
 
-#if defined(__SANITIZE_ADDRESS__)
-constexpr bool kSanitized = true;
-#elif defined(__has_feature)
-#if __has_feature(address_sanitizer)
-constexpr bool kSanitized = true;
-#else
-constexpr bool kSanitized = false;
-#endif
-#else
-constexpr bool kSanitized = false;
-#endif
+constexpr bool kSanitized = DATTN_ADDRESS_SANITIZER;
 
 std::string TempDir(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");

@@ -100,7 +100,7 @@ if [ -n "$stage_dir" ]; then
   for t in "${all[@]}"; do labels+=("//fuzz:$t"); done
   # shellcheck disable=SC2086
   bazel ${DATTN_BAZEL_STARTUP:-} build --config=fuzz ${DATTN_BAZEL_FLAGS:-} "${labels[@]}" 2>&1 |
-    grep -v "ld.gold: warning" | tail -2
+    tail -2
   # shellcheck disable=SC2086
   from=$(bazel ${DATTN_BAZEL_STARTUP:-} info --config=fuzz ${DATTN_BAZEL_FLAGS:-} bazel-bin 2>/dev/null)
   rm -rf "$stage_dir"
@@ -132,11 +132,10 @@ if [ "$build" -eq 1 ]; then
   labels=()
   for t in "${selected[@]}"; do labels+=("//fuzz:$t"); done
   echo "fuzz: building ${selected[*]} (--config=fuzz)"
-  # ld.gold prints a warning per AddressSanitizer helper it links: the log keeps them.
   # shellcheck disable=SC2086
   if ! bazel ${DATTN_BAZEL_STARTUP:-} build --config=fuzz ${DATTN_BAZEL_FLAGS:-} "${labels[@]}" \
     >"$out/build.log" 2>&1; then
-    grep -v "ld.gold: warning" "$out/build.log" | tail -40
+    tail -40 "$out/build.log"
     echo "fuzz: the build failed (log: $out/build.log)"
     exit 1
   fi

@@ -12,8 +12,9 @@ packages=(
   libopenblas-dev libgtest-dev libgmock-dev libbenchmark-dev
   prometheus-cpp-dev prometheus
   curl python3 procps iproute2 clang-format
-  clang-14  # the clang thread-safety build (.bazelrc, --config=clang-tsa)
-  libclang-rt-14-dev  # libFuzzer and clang's sanitizer runtimes (.bazelrc, --config=fuzz; scripts/fuzz.sh)
+  clang-14  # the sanitized build with clang's thread-safety analysis (.bazelrc, --config=sanitize)
+  lld-14  # its linker (.bazelrc)
+  libclang-rt-14-dev  # clang's sanitizer runtimes and libFuzzer (.bazelrc's sanitize and fuzz)
   libssl-dev python3-numpy bible-kjv bible-kjv-text
   python3-grpcio python3-protobuf  # the Python client (python/, docs/PYTHON.md)
 )

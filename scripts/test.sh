@@ -1,17 +1,18 @@
 #!/usr/bin/env bash
-# The whole test suite: installs what is missing, builds everything (the CUDA code included: it must
-# compile without a GPU) and runs every test twice: as built, then built with AddressSanitizer,
-# LeakSanitizer and UndefinedBehaviorSanitizer (.bazelrc's --config=sanitize), where memory errors
-# that pass silently in the plain build fail. GPU tests skip, saying why, where no GPU exists; they
-# are tagged "gpu" and the sanitized pass leaves them out (`bazel test --test_tag_filters=gpu //...`
-# runs just them on a GPU host).
-# Then the host code is compiled once more, by clang with its thread-safety analysis as errors
-# (.bazelrc's --config=clang-tsa: a build, no tests), so that every lock annotation is checked.
+# The whole test suite: installs what is missing, builds everything with gcc (the CUDA code
+# included: it must compile without a GPU) and runs every test twice: as built, then built by clang
+# with AddressSanitizer, LeakSanitizer and UndefinedBehaviorSanitizer and clang's thread-safety
+# analysis as errors (.bazelrc's --config=sanitize), where memory errors that pass silently in the
+# plain build fail and every lock annotation is checked. GPU tests skip, saying why, where no GPU
+# exists; they are tagged "gpu" and the sanitized pass leaves them out (`bazel test
+# --test_tag_filters=gpu //...` runs just them on a GPU host).
+# Then the objects that no sanitized test needed (benchmarks, tools, the GPU tests) are compiled the
+# same way (a build, no links), so that the analysis sees all the host code.
 # Last, every libFuzzer target of fuzz/ runs for 60 seconds (scripts/fuzz.sh, two at a time; built by
 # clang with libFuzzer and the sanitizers, .bazelrc's --config=fuzz; docs/FUZZING.md).
 # Exit status: non-zero on any build or test failure. Last line: "N passed, N failed" (the tests of
-# both passes; a failed clang build and a failed fuzz run count as one failure each and are named on
-# that line).
+# both passes; a failed analysis build and a failed fuzz run count as one failure each and are named
+# on that line).
 set -uo pipefail
 cd "$(dirname "$0")/.."
 
@@ -58,9 +59,11 @@ for pass in plain sanitize; do
   [ "$status" -ne 0 ] && [ "$total" -eq 0 ] && total=$status
 done
 
-# The clang thread-safety build: objects only, so it adds minutes, not another run of the suite.
-echo "== build: clang thread-safety (--config=clang-tsa) =="
-bazel "${startup[@]}" build //... --config=clang-tsa --keep_going 2>&1 | tee -a "$log"
+# The rest of the host code through clang's thread-safety analysis: objects only (no links), and
+# the sanitized pass compiled most of them already, so it adds a minute or two.
+echo "== build: the other objects under clang's thread-safety analysis (--config=sanitize) =="
+bazel "${startup[@]}" build //... --config=sanitize --output_groups=compilation_outputs \
+  --keep_going 2>&1 | tee -a "$log"
 tsa_status=${PIPESTATUS[0]}
 
 # The fuzz targets, 60 s each, two at a time (CI has 2 cores): about 3 minutes, plus their build.
@@ -83,9 +86,9 @@ if [ "$total" -ne 0 ] && [ "$failed" -eq 0 ]; then
 fi
 tsa_note=""
 if [ "$tsa_status" -ne 0 ]; then
-  echo "bazel build --config=clang-tsa exited with $tsa_status (clang or its thread-safety analysis)"
+  echo "bazel build --config=sanitize exited with $tsa_status (clang or its thread-safety analysis)"
   failed=$((failed + 1))
-  tsa_note=" (the clang thread-safety build failed)"
+  tsa_note=" (the thread-safety build failed)"
 fi
 if [ "$fuzz_status" -ne 0 ]; then
   echo "scripts/fuzz.sh exited with $fuzz_status (a fuzz target found a failing input, or did not build)"

@@ -20,6 +20,7 @@
 #include "dattn/v1/job_service.grpc.pb.h"
 #include "engine/attention_spec.h"
 #include "engine/testing/oracle.h"
+#include "engine/testing/sanitizers.h"
 #include "engine/testing/test_util.h"
 #include "gmock/gmock.h"
 #include "grpcpp/grpcpp.h"
@@ -367,7 +368,7 @@ TEST_F(AttendTest, A256MiBRoundTripThroughABoundedRelay) {
   const double buffered = std::stod(metrics.substr(at + name.size()));
   EXPECT_GT(buffered, 0);
   EXPECT_LE(buffered, 2 * (16 << 20) + 2 * 4 * (4 << 20)) << buffered;
-#ifndef __SANITIZE_ADDRESS__  // AddressSanitizer keeps freed memory in quarantine (256 MiB).
+#if !DATTN_ADDRESS_SANITIZER  // AddressSanitizer keeps freed memory in quarantine (256 MiB).
   // And the process as a whole stayed below one tensor more than where it started (the relay's
   // queues, gRPC's buffers and malloc's two arenas, server/main.cc: 99-149 MiB in 20 runs on 2
   // cores); a coordinator that held a tensor would be 256 MiB above that.

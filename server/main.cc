@@ -57,7 +57,7 @@ int main(int argc, char** argv) {
   // and messages) that threads allocate and other threads free spread over every arena's free
   // lists, and each arena keeps its own high-water mark. Relaying that 256 MiB tensor on 2 cores
   // (16 arenas) raised the resident memory by 122-261 MiB from run to run (one CI run failed the
-  // test's bound on it); with 2 arenas by 99-149 MiB (20 runs), with 1 by 92-115 MiB. Durable
+  // test's bound on it); with 2 arenas by 99-149 MiB (20 runs), with 1 by 73-115 MiB (11). Durable
   // submits/s did not change measurably (bench/submit, 8 clients: within run-to-run noise); the
   // coordinator moves bytes and writes SQLite, and small blocks come from per-thread caches anyway.
   mallopt(M_ARENA_MAX, 2);

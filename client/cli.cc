@@ -404,14 +404,16 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   // deploy
   CLI::App* deploy = app.add_subcommand(
       "deploy",
-      "Serve a model from a checkpoint on a worker: Generate and Score (docs/SERVING.md)");
+      "Serve a model (a checkpoint or an imported one) on a worker: Generate and Score "
+      "(docs/SERVING.md)");
   std::string deploy_checkpoint, deploy_from_job, deploy_name;
   int64_t deploy_max_context = 0, deploy_step = 0;
   int deploy_max_batch = 0, deploy_max_queued = 0, deploy_priority = 0;
   double deploy_wait = 0;
   deploy
       ->add_option("--checkpoint", deploy_checkpoint,
-                   "A checkpoint step folder (as the coordinator and the workers see it)")
+                   "A checkpoint step folder, or an imported model's folder (config.json and "
+                   "safetensors weights), as the coordinator and the workers see it")
       ->type_name("DIR");
   deploy
       ->add_option("--from-job", deploy_from_job,

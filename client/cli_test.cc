@@ -2372,6 +2372,7 @@ TEST_F(CliTest, StatusAndListShowWhatADeploymentServes) {
   s->set_cache_bytes_per_sequence(168 << 20);
   s->set_running(3);
   s->set_queued(1);
+  s->set_model_source("checkpoint of step 100");
   jobs_.AddJob(job);
   // The value of field `name` in `dattn status` output ("Name   value" lines), or "(absent)".
   auto field = [](const std::string& out, const std::string& name) -> std::string {
@@ -2386,6 +2387,7 @@ TEST_F(CliTest, StatusAndListShowWhatADeploymentServes) {
   EXPECT_EQ(field(r.out, "Serving"), "serving") << r.out;
   EXPECT_EQ(field(r.out, "Progress"), "(absent)") << "a deployment has no steps to count";
   EXPECT_EQ(field(r.out, "Model"), "j-run step 100");
+  EXPECT_EQ(field(r.out, "Serves"), "checkpoint of step 100");
   EXPECT_EQ(field(r.out, "Limits"), "max_context 8192, max_batch 8, max_queued 256");
   EXPECT_EQ(field(r.out, "Loaded"),
             "85.30M parameters, vocabulary 256, in 1.500 s; a sequence's cache 168.0 MiB");
@@ -2401,6 +2403,18 @@ TEST_F(CliTest, StatusAndListShowWhatADeploymentServes) {
   Result loading = Run({"status", "j-dep1"});
   EXPECT_EQ(field(loading.out, "Serving"), "loading") << loading.out;
   EXPECT_EQ(field(loading.out, "Requests"), "(absent)");
+  // An imported model: its folder, and what the worker found there.
+  job.mutable_spec()->mutable_deployment()->clear_training_job_id();
+  job.mutable_spec()->mutable_deployment()->clear_training_job_step();
+  job.mutable_spec()->mutable_deployment()->set_checkpoint("/shared/models/kjv-bf16");
+  job.mutable_progress()->mutable_deployment()->set_ready(true);
+  job.mutable_progress()->mutable_deployment()->set_checkpoint_step(0);
+  job.mutable_progress()->mutable_deployment()->set_model_source(
+      "imported model (model.safetensors, BF16)");
+  jobs_.AddJob(job);
+  Result imported = Run({"status", "j-dep1"});
+  EXPECT_EQ(field(imported.out, "Model"), "/shared/models/kjv-bf16") << imported.out;
+  EXPECT_EQ(field(imported.out, "Serves"), "imported model (model.safetensors, BF16)");
 }
 
 }  // namespace

@@ -337,6 +337,7 @@ void PrintJob(const v1::Job& job, absl::Time now, bool unicode, std::ostream& ou
     const DeploymentLimits limits = LimitsOf(job.spec().deployment());
     const v1::DeploymentStatus& s = job.progress().deployment();
     fields.emplace_back("Model", DeploymentModel(job));
+    if (!s.model_source().empty()) fields.emplace_back("Serves", s.model_source());
     fields.emplace_back(
         "Limits", absl::StrCat("max_context ", limits.max_context, ", max_batch ", limits.max_batch,
                                ", max_queued ", limits.max_queued));

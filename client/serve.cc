@@ -56,10 +56,13 @@ int Commands::Deploy(const DeployArgs& args) {
     PrintJson(job);
   } else {
     const v1::DeploymentStatus& d = job.progress().deployment();
-    out_ << "Deployment " << Printable(id) << " serves the checkpoint of step "
-         << d.checkpoint_step() << " (" << d.parameters() << " parameters, vocabulary "
-         << d.vocab_size() << ", loaded in " << absl::StrFormat("%.2f", d.load_seconds())
-         << " s); try: dattn generate " << Printable(id) << " --prompt '...'\n";
+    const std::string source = d.model_source().empty()
+                                   ? absl::StrCat("checkpoint of step ", d.checkpoint_step())
+                                   : d.model_source();
+    out_ << "Deployment " << Printable(id) << " serves the " << Printable(source) << " ("
+         << d.parameters() << " parameters, vocabulary " << d.vocab_size() << ", loaded in "
+         << absl::StrFormat("%.2f", d.load_seconds()) << " s); try: dattn generate "
+         << Printable(id) << " --prompt '...'\n";
   }
   return kExitOk;
 }

@@ -247,10 +247,12 @@ class Checkpoint {
   // `state` (moments resized to layout.total(), step = optimizer_step()).
   absl::Status Restore(const ParamLayout& layout, absl::Span<float> params,
                        AdamWState* state) const;
+  // Checks the weights tensors against `layout` from the headers alone (ReadWeights' first step):
+  // FAILED_PRECONDITION naming a missing or extra tensor, another shape, a dtype other than F32.
+  absl::Status CheckWeights(const ParamLayout& layout) const;
 
  private:
   Checkpoint() = default;
-  absl::Status CheckWeights(const ParamLayout& layout) const;
   absl::Status OpenV2(int64_t world);
 
   std::string dir_;

@@ -20,7 +20,10 @@
 #include "api/training_job.h"
 #include "engine/tensor.h"
 #include "model/checkpoint.h"
+#include "model/config.h"
 #include "model/file_io.h"
+#include "model/longnet_params.h"
+#include "model/model_folder.h"
 #include "server/attention_kind.h"
 #include "server/deployment_kind.h"
 #include "server/job_state.h"
@@ -507,17 +510,30 @@ absl::Status Coordinator::ResolveDeployment(const std::string& idempotency_key, 
   }
   if (d->checkpoint().empty()) {
     return absl::InvalidArgumentError(
-        "spec.deployment.checkpoint: required (a checkpoint step folder), or training_job_id");
+        "spec.deployment.checkpoint: required (a checkpoint step folder or an imported model's "
+        "folder), or training_job_id");
   }
-  absl::StatusOr<model::Checkpoint> checkpoint =
-      model::Checkpoint::Open(d->checkpoint(), /*verify_checksums=*/false);
-  if (!checkpoint.ok()) {
+  absl::StatusOr<model::ModelFolder> folder =
+      model::ModelFolder::Open(d->checkpoint(), /*verify_checksums=*/false);
+  if (!folder.ok()) {
     return absl::InvalidArgumentError(absl::StrCat(
         "spec.deployment.checkpoint: ", api::Quote(d->checkpoint()), ": ",
-        checkpoint.status().message(),
+        folder.status().message(),
         " (the coordinator reads the model's config from it at submit, the workers its weights)"));
   }
-  d->set_model_config_json(checkpoint->model_config_json());
+  // The tensors against the config's layout, from the headers (a model that cannot load is
+  // refused now, not when a worker tries). A config that does not parse is the kind's to name.
+  absl::StatusOr<model::LongNetConfig> config = model::ParseConfigJson(folder->model_config_json());
+  if (config.ok()) {
+    absl::StatusOr<model::ParamLayout> layout = model::BuildParamLayout(*config);
+    if (layout.ok()) {
+      if (absl::Status s = folder->CheckWeights(*layout); !s.ok()) {
+        return absl::InvalidArgumentError(
+            absl::StrCat("spec.deployment.checkpoint: ", s.message()));  // It names the file.
+      }
+    }
+  }
+  d->set_model_config_json(folder->model_config_json());
   return absl::OkStatus();
 }
 

@@ -1,8 +1,8 @@
 // Deployments in the coordinator, with workers played through the core API: a deployment is
-// resolved at submit (its model config read from the checkpoint, bad checkpoints refused naming
-// them), planned with its limits and memory, never taken for a stalled job however long it runs,
-// not waited for by a coordinator's drain (requeued at once), and answers Generate only while it
-// serves.
+// resolved at submit (its model config read from the checkpoint or imported model, bad folders
+// refused naming them), planned with its limits and memory, never taken for a stalled job however
+// long it runs, not waited for by a coordinator's drain (requeued at once), and answers Generate
+// only while it serves.
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -13,6 +13,8 @@
 #include "gtest/gtest.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/file_io.h"
+#include "model/safetensors.h"
 #include "model/testing/test_checkpoint.h"
 #include "server/coordinator_test_util.h"
 
@@ -26,8 +28,7 @@ using ctest::NewDataDir;
 using ctest::ValidRequest;
 using ::testing::HasSubstr;
 
-// A checkpoint of a tiny model (the coordinator reads only its config), of `step`.
-std::string SaveTinyCheckpoint(const std::string& root, int64_t step = 2) {
+model::LongNetConfig TinyConfig() {
   model::LongNetConfig c;
   c.vocab_size = 256;
   c.d_model = 8;
@@ -36,7 +37,13 @@ std::string SaveTinyCheckpoint(const std::string& root, int64_t step = 2) {
   c.ffn_dim = 16;
   c.segment_lengths = {4, 8};
   c.dilation_rates = {1, 2};
-  absl::StatusOr<std::string> dir = model::testing::SaveTestCheckpoint(root, c, 1, step, 0.0f);
+  return c;
+}
+
+// A checkpoint of a tiny model (the coordinator reads its config and the weights' headers).
+std::string SaveTinyCheckpoint(const std::string& root, int64_t step = 2) {
+  absl::StatusOr<std::string> dir =
+      model::testing::SaveTestCheckpoint(root, TinyConfig(), 1, step, 0.0f);
   EXPECT_TRUE(dir.ok()) << dir.status();
   return dir.ok() ? *dir : "";
 }
@@ -105,7 +112,9 @@ TEST_F(CoordinatorTest, DeploymentSpecsAreCheckedAtSubmit) {
   };
   std::vector<Case> cases;
   cases.push_back({"missing", DeployRequest("a", checkpoint + "-missing"),
-                   "no checkpoint at " + checkpoint + "-missing"});
+                   "model folder " + checkpoint + "-missing does not exist"});
+  cases.push_back({"root", DeployRequest("g", std::filesystem::path(checkpoint).parent_path()),
+                   "holds checkpoint step folders (" + checkpoint + " is the newest)"});
   cases.push_back({"none", DeployRequest("b", ""), "spec.deployment.checkpoint: required"});
   v1::SubmitJobRequest both = DeployRequest("c", checkpoint);
   both.mutable_spec()->mutable_deployment()->set_training_job_id("j-0123");
@@ -132,6 +141,43 @@ TEST_F(CoordinatorTest, DeploymentSpecsAreCheckedAtSubmit) {
   absl::StatusOr<v1::ScoreResponse> scored = coordinator_->Score(score, [] { return false; });
   EXPECT_TRUE(absl::IsFailedPrecondition(scored.status())) << scored.status();
   EXPECT_THAT(std::string(scored.status().message()), HasSubstr("is not a deployment"));
+}
+
+// An imported model (config.json + safetensors, model/model_folder.h) is resolved like a
+// checkpoint: its config read at submit; tensors that do not fit its config are refused then,
+// naming the tensor, and so is a checkpoint whose weights do not fit its config.
+TEST_F(CoordinatorTest, AnImportedModelIsCheckedAndResolvedAtSubmit) {
+  const std::string root = NewDataDir();
+  std::vector<float> weights;
+  model::LongNetConfig c = TinyConfig();
+  ASSERT_TRUE(model::testing::SaveTestCheckpoint(root + "/ckpt", c, 1, 2, 0.0f, &weights).ok());
+  const std::string imported = root + "/imported";
+  ASSERT_TRUE(model::testing::SaveTestImport(imported, c, weights, model::SafeDtype::kBF16).ok());
+  const v1::Job job = Submit(DeployRequest("imported", imported));
+  EXPECT_EQ(job.spec().deployment().checkpoint(), imported);
+  EXPECT_EQ(job.spec().deployment().model_config_json(), model::ConfigToJson(c));
+  EXPECT_FALSE(job.spec().deployment().checkpoint_pinned());
+
+  // The same tensors under the config of a wider model: refused, naming the first misfit.
+  model::LongNetConfig wide = c;
+  wide.d_model = 16;
+  ASSERT_TRUE(
+      model::WriteWholeFile(imported + "/config.json", model::ConfigToJson(wide), false).ok());
+  absl::StatusOr<v1::SubmitJobResponse> misfit =
+      coordinator_->SubmitJob(DeployRequest("misfit", imported));
+  ASSERT_TRUE(absl::IsInvalidArgument(misfit.status())) << misfit.status();
+  EXPECT_THAT(
+      std::string(misfit.status().message()),
+      HasSubstr("spec.deployment.checkpoint: " + imported +
+                "/model.safetensors: tensor \"token_embedding.weight\" has shape [256, 8], the "
+                "model's layout [256, 16]"));
+  // Neither form: a folder with only weights.
+  std::filesystem::remove(imported + "/config.json");
+  absl::StatusOr<v1::SubmitJobResponse> neither =
+      coordinator_->SubmitJob(DeployRequest("neither", imported));
+  ASSERT_TRUE(absl::IsInvalidArgument(neither.status())) << neither.status();
+  EXPECT_THAT(std::string(neither.status().message()),
+              HasSubstr("is neither a checkpoint (no MANIFEST.json) nor an imported model"));
 }
 
 // Any saved step of a training job, in whatever state the job is: training_job_step picks the

@@ -9,9 +9,11 @@
 // - Bad requests get clear errors naming the value (unknown deployment, a token outside the
 //   vocabulary, a prompt over max_context, a job that is not a deployment, a checkpoint that
 //   does not exist); an undeployed deployment refuses further requests.
+// - An imported model (config.json + BF16 safetensors) serves its own bf16 weights.
 #include <grpcpp/grpcpp.h>
 #include <signal.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstring>
@@ -73,6 +75,29 @@ std::vector<int32_t> Expected(const std::vector<float>& weights, const std::vect
   std::vector<int32_t> t;
   for (const model::GeneratedToken& g : r->tokens) t.push_back(g.token);
   return t;
+}
+
+// log p(text[i + 1] | text[..i]) on these weights, from the model's forward pass.
+std::vector<double> LogProbs(const std::vector<float>& weights, const std::string& text) {
+  const std::vector<int32_t> tokens(
+      reinterpret_cast<const unsigned char*>(text.data()),
+      reinterpret_cast<const unsigned char*>(text.data()) + text.size());
+  auto lm = model::LongNetLM<float>::CreateCpu(ByteModel(), {}, 1);
+  EXPECT_TRUE((*lm)->CopyParamsFromHost(weights.data()).ok());
+  model::TokenBatch b;
+  b.tokens = tokens.data();
+  b.batch = 1;
+  b.seq_len = static_cast<int64_t>(tokens.size());
+  EXPECT_TRUE((*lm)->Forward(b).ok());
+  std::vector<float> logits(tokens.size() * 256);
+  EXPECT_TRUE((*lm)->CopyLogitsToHost(logits.data()).ok());
+  std::vector<double> lp;
+  for (size_t i = 0; i + 1 < tokens.size(); ++i) {
+    double z = 0;
+    for (int k = 0; k < 256; ++k) z += std::exp(static_cast<double>(logits[i * 256 + k]));
+    lp.push_back(logits[i * 256 + static_cast<size_t>(tokens[i + 1])] - std::log(z));
+  }
+  return lp;
 }
 
 // The value of the first sample of `name` on a /metrics page whose labels include every one of
@@ -216,22 +241,10 @@ TEST_F(ServingTest, GenerateAndScoreAreTheModelsAndConcurrentRequestsKeepTheirOw
     ASSERT_TRUE(s.ok()) << s.error_message();
   }
   const std::vector<int32_t> text = Bytes(score.text());
-  auto lm = model::LongNetLM<float>::CreateCpu(ByteModel(), {}, 1);
-  ASSERT_TRUE((*lm)->CopyParamsFromHost(weights_.data()).ok());
-  model::TokenBatch b;
-  b.tokens = text.data();
-  b.batch = 1;
-  b.seq_len = static_cast<int64_t>(text.size());
-  ASSERT_TRUE((*lm)->Forward(b).ok());
-  std::vector<float> logits(text.size() * 256);
-  ASSERT_TRUE((*lm)->CopyLogitsToHost(logits.data()).ok());
-  ASSERT_EQ(scored.logprobs_size(), static_cast<int>(text.size()) - 1);
-  for (size_t i = 0; i + 1 < text.size(); ++i) {
-    double z = 0;
-    for (int k = 0; k < 256; ++k) z += std::exp(static_cast<double>(logits[i * 256 + k]));
-    EXPECT_NEAR(scored.logprobs(static_cast<int>(i)), logits[i * 256 + text[i + 1]] - std::log(z),
-                1e-4)
-        << i;
+  const std::vector<double> expected = LogProbs(weights_, score.text());
+  ASSERT_EQ(scored.logprobs_size(), static_cast<int>(expected.size()));
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_NEAR(scored.logprobs(static_cast<int>(i)), expected[i], 1e-4) << i;
   }
 
   // The same Score as ModelInfer of the Open Inference Protocol, the deployment's job id its model
@@ -469,6 +482,58 @@ TEST_F(ServingTest, TheCliDeploysGeneratesScoresAndUndeploys) {
   v1::Job ended;
   ASSERT_TRUE(cluster_->WaitForJobEnd(id, seconds(30), &ended)) << cluster_->Logs();
   EXPECT_EQ(ended.state(), v1::JOB_STATE_CANCELLED);
+}
+
+// A model from elsewhere: config.json and BF16 safetensors, no manifest (model/model_folder.h).
+// `dattn deploy` serves it, says what it serves, and its tokens and log-probabilities are those
+// of the bf16-rounded weights, not of the fp32 ones they were rounded from.
+TEST_F(ServingTest, AnImportedModelServesItsOwnWeights) {
+  SetUpServing();
+  const std::string dir = cluster_->dir() + "/imported";
+  std::vector<float> served;
+  ASSERT_TRUE(
+      model::testing::SaveTestImport(dir, ByteModel(), weights_, model::SafeDtype::kBF16, &served)
+          .ok());
+  ASSERT_NE(served, weights_);
+  ProcessResult deployed =
+      cluster_->Cli({"deploy", "--checkpoint", dir, "--max-context", "512", "--wait", "30"});
+  ASSERT_EQ(deployed.exit_code, 0) << deployed.out << deployed.err << cluster_->Logs();
+  EXPECT_NE(deployed.out.find("serves the imported model (model.safetensors, BF16)"),
+            std::string::npos)
+      << deployed.out;
+  const std::string id = JobIdFrom(deployed.out);
+  ASSERT_FALSE(id.empty()) << deployed.out;
+
+  Generated g = Generate(Greedy(id, "In the beginning", 32));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message() << cluster_->Logs();
+  EXPECT_EQ(g.tokens, Expected(served, Bytes("In the beginning"), 32, 512));
+
+  v1::ScoreRequest score;
+  score.set_deployment_id(id);
+  score.set_text("And God said, Let there be light");
+  v1::ScoreResponse scored;
+  {
+    grpc::ClientContext c;
+    const grpc::Status s = cluster_->jobs().Score(&c, score, &scored);
+    ASSERT_TRUE(s.ok()) << s.error_message();
+  }
+  const std::vector<double> of_served = LogProbs(served, score.text());
+  const std::vector<double> of_fp32 = LogProbs(weights_, score.text());
+  ASSERT_EQ(scored.logprobs_size(), static_cast<int>(of_served.size()));
+  double off_fp32 = 0;
+  for (size_t i = 0; i < of_served.size(); ++i) {
+    EXPECT_NEAR(scored.logprobs(static_cast<int>(i)), of_served[i], 1e-4) << i;
+    off_fp32 = std::max(off_fp32, std::abs(scored.logprobs(static_cast<int>(i)) - of_fp32[i]));
+  }
+  EXPECT_GT(off_fp32, 1e-3) << "the bf16 rounding should show in the log-probabilities";
+
+  // A folder that is neither a checkpoint nor a model is refused at submit, naming it.
+  ProcessResult refused = cluster_->Cli({"deploy", "--checkpoint", cluster_->dir()});
+  EXPECT_EQ(refused.exit_code, 4) << refused.err;
+  EXPECT_NE(refused.err.find("is neither a checkpoint (no MANIFEST.json) nor an imported model"),
+            std::string::npos)
+      << refused.err;
+  ASSERT_EQ(cluster_->Cli({"cancel", id}).exit_code, 0);
 }
 
 }  // namespace

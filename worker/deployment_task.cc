@@ -13,11 +13,11 @@
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
 #include "model/batch_generator.h"
-#include "model/checkpoint.h"
 #include "model/config.h"
 #include "model/decoder.h"
 #include "model/generation.h"
 #include "model/longnet.h"
+#include "model/model_folder.h"
 
 namespace dattn {
 namespace worker {
@@ -42,17 +42,16 @@ absl::StatusOr<Loaded> Load(const v1::DeploymentRankPlan& plan, int threads) {
     return absl::InvalidArgumentError(
         absl::StrCat("the plan's model config: ", planned.status().message()));
   }
-  absl::StatusOr<model::Checkpoint> checkpoint = model::Checkpoint::Open(plan.checkpoint());
-  if (!checkpoint.ok()) {
-    return absl::Status(
-        checkpoint.status().code(),
-        absl::StrCat("checkpoint ", plan.checkpoint(), ": ", checkpoint.status().message()));
+  // A checkpoint (its checksums verified) or an imported model (model/model_folder.h).
+  absl::StatusOr<model::ModelFolder> folder = model::ModelFolder::Open(plan.checkpoint());
+  if (!folder.ok()) {
+    return absl::Status(folder.status().code(), absl::StrCat("model folder ", plan.checkpoint(),
+                                                             ": ", folder.status().message()));
   }
-  absl::StatusOr<model::LongNetConfig> found =
-      model::ParseConfigJson(checkpoint->model_config_json());
+  absl::StatusOr<model::LongNetConfig> found = model::ParseConfigJson(folder->model_config_json());
   if (!found.ok() || *found != *planned) {
     return absl::FailedPreconditionError(absl::StrCat(
-        "checkpoint ", plan.checkpoint(),
+        "model folder ", plan.checkpoint(),
         ": its model is not the one the deployment was submitted with (the folder changed since); "
         "submit the deployment again"));
   }
@@ -62,11 +61,12 @@ absl::StatusOr<Loaded> Load(const v1::DeploymentRankPlan& plan, int threads) {
   if (!lm.ok()) return lm.status();
   loaded.lm = *std::move(lm);
   std::vector<float> params(static_cast<size_t>(loaded.lm->layout().total()));
-  absl::Status s = checkpoint->ReadWeights(loaded.lm->layout(), 0, absl::MakeSpan(params));
+  absl::Status s = folder->ReadWeights(loaded.lm->layout(), absl::MakeSpan(params));
   if (s.ok()) s = loaded.lm->CopyParamsFromHost(params.data());
-  if (!s.ok())
+  if (!s.ok()) {
     return absl::Status(s.code(),
-                        absl::StrCat("checkpoint ", plan.checkpoint(), ": ", s.message()));
+                        absl::StrCat("model folder ", plan.checkpoint(), ": ", s.message()));
+  }
   absl::StatusOr<std::unique_ptr<Decoder<float>>> decoder =
       Decoder<float>::Create(loaded.lm.get(), plan.max_context());
   if (!decoder.ok()) return decoder.status();
@@ -83,7 +83,8 @@ absl::StatusOr<Loaded> Load(const v1::DeploymentRankPlan& plan, int threads) {
   st.set_vocab_size(planned->vocab_size);
   st.set_cache_bytes_per_sequence(loaded.decoder->geometry().ElementsPerSequence() *
                                   static_cast<int64_t>(sizeof(float)));
-  st.set_checkpoint_step(checkpoint->step());
+  st.set_checkpoint_step(folder->step());
+  st.set_model_source(folder->Describe());
   return loaded;
 }
 

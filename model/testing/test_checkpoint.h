@@ -3,19 +3,27 @@
 // each moved by a fixed pattern of amplitude `amplitude` (so that biases and gains are not 0 and 1
 // and every path of the model matters), saved under `root` as the checkpoint of `step` with zero
 // optimizer moments. Returns the step folder; *weights (optional) gets the fp32 weights saved.
+// SaveTestImport writes the same weights as an imported model (model_folder.h): `dir`/config.json
+// and `dir`/model.safetensors, each tensor as F32 or BF16; *served gets the values a reader sees.
 #ifndef DATTN_MODEL_TESTING_TEST_CHECKPOINT_H_
 #define DATTN_MODEL_TESTING_TEST_CHECKPOINT_H_
 
 #include <cstdint>
+#include <filesystem>
 #include <memory>
 #include <string>
 #include <vector>
 
 #include "absl/status/statusor.h"
+#include "absl/strings/str_cat.h"
+#include "absl/strings/string_view.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/file_io.h"
 #include "model/longnet.h"
+#include "model/longnet_params.h"
 #include "model/optimizer.h"
+#include "model/safetensors.h"
 
 namespace dattn {
 namespace model {
@@ -46,6 +54,48 @@ inline absl::StatusOr<std::string> SaveTestCheckpoint(const std::string& root,
   absl::StatusOr<std::string> dir = SaveCheckpoint(root, contents);
   if (dir.ok() && weights != nullptr) *weights = std::move(params);
   return dir;
+}
+
+inline absl::Status SaveTestImport(const std::string& dir, const LongNetConfig& config,
+                                   const std::vector<float>& weights, SafeDtype dtype,
+                                   std::vector<float>* served = nullptr) {
+  if (dtype != SafeDtype::kF32 && dtype != SafeDtype::kBF16) {
+    return absl::InvalidArgumentError("SaveTestImport writes F32 or BF16");
+  }
+  absl::StatusOr<ParamLayout> layout = BuildParamLayout(config);
+  if (!layout.ok()) return layout.status();
+  if (static_cast<int64_t>(weights.size()) != layout->total()) {
+    return absl::InvalidArgumentError("SaveTestImport: weights do not fit the config's layout");
+  }
+  std::vector<float> values = weights;
+  std::vector<uint16_t> halves(weights.size());
+  std::vector<TensorToWrite> tensors;
+  for (const ParamEntry& e : layout->entries()) {
+    TensorToWrite t;
+    t.name = e.name;
+    t.dtype = dtype;
+    t.shape = e.shape;
+    const size_t at = static_cast<size_t>(e.offset), n = static_cast<size_t>(e.numel);
+    if (dtype == SafeDtype::kBF16) {
+      for (size_t i = at; i < at + n; ++i) {
+        halves[i] = FloatToBf16(weights[i]);
+        values[i] = Bf16ToFloat(halves[i]);
+      }
+      t.bytes = absl::string_view(reinterpret_cast<const char*>(halves.data() + at), n * 2);
+    } else {
+      t.bytes = absl::string_view(reinterpret_cast<const char*>(weights.data() + at), n * 4);
+    }
+    tensors.push_back(std::move(t));
+  }
+  std::error_code ec;
+  std::filesystem::create_directories(dir, ec);
+  if (ec) return absl::InternalError(absl::StrCat("cannot create ", dir, ": ", ec.message()));
+  if (absl::Status s = WriteSafetensors(dir + "/model.safetensors", tensors); !s.ok()) return s;
+  if (absl::Status s = WriteWholeFile(dir + "/config.json", ConfigToJson(config), false); !s.ok()) {
+    return s;
+  }
+  if (served != nullptr) *served = std::move(values);
+  return absl::OkStatus();
 }
 
 }  // namespace testing

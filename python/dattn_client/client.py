@@ -496,10 +496,11 @@ class Client:
 
     def deploy(self, checkpoint=None, *, training_job_id=None, step=0, max_context=0, max_batch=0,
                max_queued=0, name="", priority=0, wait=None, idempotency_key=None):
-        """Submits a deployment of a checkpoint step folder (or of a succeeded training job's final
-        checkpoint, or with `step` of any saved step of a training job) and returns its Job. With
-        `wait` (seconds), follows it until it serves and returns the Job then; raises DattnError if
-        it ends first or the wait runs out."""
+        """Submits a deployment of a checkpoint step folder or an imported model's folder
+        (config.json and safetensors weights; docs/SERVING.md), or of a succeeded training job's
+        final checkpoint, or with `step` of any saved step of a training job, and returns its Job.
+        With `wait` (seconds), follows it until it serves and returns the Job then; raises
+        DattnError if it ends first or the wait runs out."""
         if (checkpoint is None) == (training_job_id is None):
             raise ValueError("checkpoint or training_job_id: give one of them")
         if step and training_job_id is None:

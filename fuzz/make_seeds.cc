@@ -1,6 +1,7 @@
 // Writes the seed inputs of the fuzz targets whose inputs are binary or made by the project's own
 // writers, into the folder given (fuzz/corpus/): safetensors files from SerializeSafetensors, a
-// checkpoint folder from SaveCheckpoint (joined as checkpoint_fuzz reads it), and the frames a
+// checkpoint folder from SaveCheckpoint (joined as checkpoint_fuzz reads it), imported models (as
+// model_folder_fuzz reads them), and the frames a
 // TcpStore client sends during a rendezvous. Run by hand when a writer changes:
 //   bazel run //fuzz:make_seeds -- $PWD/fuzz/corpus
 // (requests_fuzz's seeds are protoc --encode of text protos, job_file_fuzz's the example job files:
@@ -100,6 +101,43 @@ void CheckpointSeed(const std::string& dir) {
   std::system(("rm -rf '" + root + "'").c_str());
 }
 
+// Imported models, joined as model_folder_fuzz reads them: an empty index part and one file, or
+// an index and its files.
+void ModelFolderSeeds(const std::string& dir) {
+  const std::vector<float> w = {0.5f, -1.0f, 2.0f, 0.25f, -0.0f, 3.0f};
+  const std::vector<uint16_t> bf16 = {model::FloatToBf16(1.5f), model::FloatToBf16(-3.0f)};
+  const std::vector<uint16_t> f16_nan = {0x3c00, 0x7e00};  // 1.0, NaN.
+  const std::vector<double> f64 = {0.125, -8.0};
+  const model::TensorToWrite embed = model::TensorToWrite::F32("token_embedding.weight", {2, 3}, w);
+  const model::TensorToWrite norm = {
+      "final_norm.weight",
+      model::SafeDtype::kBF16,
+      {2},
+      absl::string_view(reinterpret_cast<const char*>(bf16.data()), 4)};
+  const model::TensorToWrite bias = {
+      "final_norm.bias",
+      model::SafeDtype::kF64,
+      {2},
+      absl::string_view(reinterpret_cast<const char*>(f64.data()), 16)};
+  const model::TensorToWrite nan = {
+      "final_norm.weight",
+      model::SafeDtype::kF16,
+      {2},
+      absl::string_view(reinterpret_cast<const char*>(f16_nan.data()), 4)};
+  const std::string sep = "\n@@@@\n";
+  Write(dir + "/model_folder_fuzz/single",
+        sep + OrDie(model::SerializeSafetensors({embed, norm, bias}, {{"format", "pt"}})));
+  Write(dir + "/model_folder_fuzz/non-finite",
+        sep + OrDie(model::SerializeSafetensors({embed, nan})));
+  Write(
+      dir + "/model_folder_fuzz/sharded",
+      std::string(R"({"metadata": {"total_size": 44}, "weight_map": {)"
+                  R"("token_embedding.weight": "a.safetensors", )"
+                  R"("final_norm.weight": "b.safetensors", "final_norm.bias": "b.safetensors"}})") +
+          sep + OrDie(model::SerializeSafetensors({embed})) + sep +
+          OrDie(model::SerializeSafetensors({norm, bias})));
+}
+
 void StoreSeeds(const std::string& dir) {
   // What ring ranks send during a rendezvous: a counter, an address, waits for the others.
   auto frame = [](uint8_t op, const std::string& key, const std::string& value, int64_t arg) {
@@ -131,11 +169,13 @@ int main(int argc, char** argv) {
     return 2;
   }
   const std::string dir = argv[1];
-  for (const char* target : {"safetensors_fuzz", "checkpoint_fuzz", "tcp_store_fuzz"}) {
+  for (const char* target :
+       {"safetensors_fuzz", "checkpoint_fuzz", "model_folder_fuzz", "tcp_store_fuzz"}) {
     std::system(absl::StrCat("mkdir -p '", dir, "/", target, "'").c_str());
   }
   SafetensorsSeeds(dir);
   CheckpointSeed(dir);
+  ModelFolderSeeds(dir);
   StoreSeeds(dir);
   return 0;
 }

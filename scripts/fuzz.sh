@@ -21,7 +21,7 @@
 #                 --seconds, sharing the target's new-input folder; N cores): its executions are
 #                 the sum of the N processes'. Default 1. --jobs then counts targets, not cores.
 #   TARGET        requests_fuzz, attend_relay_fuzz, inference_fuzz, job_file_fuzz,
-#                 safetensors_fuzz, checkpoint_fuzz, tcp_store_fuzz
+#                 safetensors_fuzz, checkpoint_fuzz, model_folder_fuzz, tcp_store_fuzz
 #                 (default: all)
 # Extra Bazel options (e.g. --local_cpu_resources=1) come from $DATTN_BAZEL_FLAGS, startup options
 # (scripts/test.sh's fresh output root) from $DATTN_BAZEL_STARTUP.
@@ -43,6 +43,7 @@ inference_fuzz    4096   -
 job_file_fuzz     4096   job_file.dict
 safetensors_fuzz  8192   safetensors.dict
 checkpoint_fuzz   4096   checkpoint.dict
+model_folder_fuzz 8192   model_folder.dict
 tcp_store_fuzz    4096   -
 "
 

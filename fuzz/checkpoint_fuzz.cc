@@ -9,8 +9,6 @@
 // the manifest's checksum into it before writing it (their mismatches are model/checkpoint_test's),
 // and opens without verifying the files' SHA-256. The folder is a fresh one per process, under
 // $TMPDIR (/tmp by default), removed at exit.
-#include <fcntl.h>
-#include <stdlib.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -21,6 +19,7 @@
 
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "fuzz/scratch_folder.h"
 #include "model/checkpoint.h"
 #include "model/file_io.h"
 #include "model/optimizer.h"
@@ -37,37 +36,8 @@ constexpr const char* kFiles[] = {model::kManifestFile, model::kConfigFile,
                                   model::kOptimizerFile};
 constexpr int64_t kMaxRestoreElements = int64_t{1} << 20;
 
-void Check(bool ok) {
-  if (!ok) __builtin_trap();
-}
-
-std::string* folder = nullptr;
-
-void RemoveFolder() {
-  std::error_code ec;
-  if (folder != nullptr) std::filesystem::remove_all(*folder, ec);
-}
-
-const std::string& Folder() {
-  if (folder == nullptr) {
-    const char* tmp = getenv("TMPDIR");
-    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
-                          "/dattn-checkpoint-fuzz.XXXXXX";
-    Check(mkdtemp(pattern.data()) != nullptr);
-    folder = new std::string(pattern);
-    atexit(RemoveFolder);
-  }
-  return *folder;
-}
-
-// The harness's own writes: plain POSIX (model's OutputFile reserves a 1 MiB buffer per file, which
-// would cost more than the parse under test).
-void WriteFile(const std::string& path, const std::string& content) {
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  Check(fd >= 0);
-  Check(write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size()));
-  close(fd);
-}
+using ::dattn::fuzz::Check;
+using ::dattn::fuzz::WriteScratchFile;
 
 // The manifest with the sizes of the files present and its own checksum made right, when it is an
 // object listing files; else as given.
@@ -106,7 +76,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
 
   std::vector<std::string> parts = absl::StrSplit(input, "\n@@@@\n");
   if (parts.size() > 5) parts.resize(5);
-  const std::string& dir = Folder();
+  const std::string& dir = ::dattn::fuzz::ScratchFolder("checkpoint-fuzz");
   for (size_t i = 0; i < 5; ++i) {
     const std::string path = model::JoinPath(dir, kFiles[i]);
     if (i >= parts.size()) {
@@ -114,7 +84,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
       continue;
     }
     const std::string content = i == 0 ? FixManifest(parts[0], parts) : parts[i];
-    WriteFile(path, content);
+    WriteScratchFile(path, content);
   }
   absl::StatusOr<model::Checkpoint> ck = model::Checkpoint::Open(dir, /*verify_checksums=*/false);
   if (!ck.ok()) return 0;

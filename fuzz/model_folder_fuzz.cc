@@ -12,8 +12,6 @@
 // layout (every tensor it holds, as held) passes CheckWeights unless a dtype is not one of the
 // four readable ones (FAILED_PRECONDITION), and then ReadWeights is OK or refuses non-finite values
 // (FAILED_PRECONDITION); the same layout less one tensor fails CheckWeights (an extra tensor).
-#include <fcntl.h>
-#include <stdlib.h>
 #include <unistd.h>
 
 #include <cstddef>
@@ -25,6 +23,7 @@
 #include "absl/status/status.h"
 #include "absl/strings/str_split.h"
 #include "absl/strings/string_view.h"
+#include "fuzz/scratch_folder.h"
 #include "model/checkpoint.h"
 #include "model/file_io.h"
 #include "model/model_folder.h"
@@ -38,36 +37,8 @@ namespace model = dattn::model;
 constexpr const char* kShards[] = {"a.safetensors", "b.safetensors", "c.safetensors"};
 constexpr int64_t kMaxReadElements = int64_t{1} << 20;
 
-void Check(bool ok) {
-  if (!ok) __builtin_trap();
-}
-
-std::string* folder = nullptr;
-
-void RemoveFolder() {
-  std::error_code ec;
-  if (folder != nullptr) std::filesystem::remove_all(*folder, ec);
-}
-
-const std::string& Folder() {
-  if (folder == nullptr) {
-    const char* tmp = getenv("TMPDIR");
-    std::string pattern = std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") +
-                          "/dattn-model-folder-fuzz.XXXXXX";
-    Check(mkdtemp(pattern.data()) != nullptr);
-    folder = new std::string(pattern);
-    atexit(RemoveFolder);
-  }
-  return *folder;
-}
-
-// Plain POSIX writes (as checkpoint_fuzz.cc: cheaper than the model's buffered OutputFile).
-void WriteFile(const std::string& path, absl::string_view content) {
-  const int fd = open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
-  Check(fd >= 0);
-  Check(write(fd, content.data(), content.size()) == static_cast<ssize_t>(content.size()));
-  close(fd);
-}
+using ::dattn::fuzz::Check;
+using ::dattn::fuzz::WriteScratchFile;
 
 void Remove(const std::string& path) { unlink(path.c_str()); }
 
@@ -77,25 +48,25 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   const absl::string_view input(reinterpret_cast<const char*>(data), size);
   std::vector<absl::string_view> parts = absl::StrSplit(input, "\n@@@@\n");
   if (parts.size() > 4) parts.resize(4);
-  const std::string& dir = Folder();
-  WriteFile(model::JoinPath(dir, model::kConfigFile), "{}");
+  const std::string& dir = ::dattn::fuzz::ScratchFolder("model-folder-fuzz");
+  WriteScratchFile(model::JoinPath(dir, model::kConfigFile), "{}");
   const std::string single = model::JoinPath(dir, model::kImportedWeightsFile);
   const std::string index = model::JoinPath(dir, model::kImportedIndexFile);
   if (parts[0].empty()) {
     Remove(index);
     for (const char* shard : kShards) Remove(model::JoinPath(dir, shard));
     if (parts.size() > 1) {
-      WriteFile(single, parts[1]);
+      WriteScratchFile(single, parts[1]);
     } else {
       Remove(single);
     }
   } else {
     Remove(single);
-    WriteFile(index, parts[0]);
+    WriteScratchFile(index, parts[0]);
     for (size_t i = 0; i < 3; ++i) {
       const std::string path = model::JoinPath(dir, kShards[i]);
       if (i + 1 < parts.size()) {
-        WriteFile(path, parts[i + 1]);
+        WriteScratchFile(path, parts[i + 1]);
       } else {
         Remove(path);
       }

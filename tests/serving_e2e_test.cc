@@ -172,6 +172,16 @@ class ServingTest : public ClusterTest {
     return g;
   }
 
+  // Score of `text` on deployment `id`, which must succeed.
+  void Score(const std::string& id, const std::string& text, v1::ScoreRequest* request,
+             v1::ScoreResponse* response) {
+    request->set_deployment_id(id);
+    request->set_text(text);
+    grpc::ClientContext c;
+    const grpc::Status s = cluster_->jobs().Score(&c, *request, response);
+    ASSERT_TRUE(s.ok()) << s.error_message() << cluster_->Logs();
+  }
+
   std::vector<float> weights_;
   std::string checkpoint_;
 
@@ -232,14 +242,8 @@ TEST_F(ServingTest, GenerateAndScoreAreTheModelsAndConcurrentRequestsKeepTheirOw
 
   // Score: the forward pass's log-probabilities.
   v1::ScoreRequest score;
-  score.set_deployment_id(id);
-  score.set_text("And God said, Let there be light");
   v1::ScoreResponse scored;
-  {
-    grpc::ClientContext c;
-    const grpc::Status s = cluster_->jobs().Score(&c, score, &scored);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-  }
+  ASSERT_NO_FATAL_FAILURE(Score(id, "And God said, Let there be light", &score, &scored));
   const std::vector<int32_t> text = Bytes(score.text());
   const std::vector<double> expected = LogProbs(weights_, score.text());
   ASSERT_EQ(scored.logprobs_size(), static_cast<int>(expected.size()));
@@ -509,14 +513,8 @@ TEST_F(ServingTest, AnImportedModelServesItsOwnWeights) {
   EXPECT_EQ(g.tokens, Expected(served, Bytes("In the beginning"), 32, 512));
 
   v1::ScoreRequest score;
-  score.set_deployment_id(id);
-  score.set_text("And God said, Let there be light");
   v1::ScoreResponse scored;
-  {
-    grpc::ClientContext c;
-    const grpc::Status s = cluster_->jobs().Score(&c, score, &scored);
-    ASSERT_TRUE(s.ok()) << s.error_message();
-  }
+  ASSERT_NO_FATAL_FAILURE(Score(id, "And God said, Let there be light", &score, &scored));
   const std::vector<double> of_served = LogProbs(served, score.text());
   const std::vector<double> of_fp32 = LogProbs(weights_, score.text());
   ASSERT_EQ(scored.logprobs_size(), static_cast<int>(of_served.size()));

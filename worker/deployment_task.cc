@@ -42,12 +42,10 @@ absl::StatusOr<Loaded> Load(const v1::DeploymentRankPlan& plan, int threads) {
     return absl::InvalidArgumentError(
         absl::StrCat("the plan's model config: ", planned.status().message()));
   }
-  // A checkpoint (its checksums verified) or an imported model (model/model_folder.h).
+  // A checkpoint (its checksums verified) or an imported model (model/model_folder.h); its
+  // errors name the folder or the file.
   absl::StatusOr<model::ModelFolder> folder = model::ModelFolder::Open(plan.checkpoint());
-  if (!folder.ok()) {
-    return absl::Status(folder.status().code(), absl::StrCat("model folder ", plan.checkpoint(),
-                                                             ": ", folder.status().message()));
-  }
+  if (!folder.ok()) return folder.status();
   absl::StatusOr<model::LongNetConfig> found = model::ParseConfigJson(folder->model_config_json());
   if (!found.ok() || *found != *planned) {
     return absl::FailedPreconditionError(absl::StrCat(

@@ -33,11 +33,6 @@ Kind KindOf(const std::string& path) {
   return Kind::kOther;
 }
 
-bool IsReadableDtype(SafeDtype d) {
-  return d == SafeDtype::kF32 || d == SafeDtype::kBF16 || d == SafeDtype::kF16 ||
-         d == SafeDtype::kF64;
-}
-
 // A file name the index may use: one plain name inside the folder, of a safetensors file.
 absl::Status CheckIndexedName(const std::string& index, const std::string& tensor,
                               const std::string& file) {
@@ -229,7 +224,7 @@ absl::Status ModelFolder::CheckWeights(const ParamLayout& layout) const {
           absl::StrCat(file.name(), ": tensor \"", e.name, "\" has shape ",
                        ShapeString(info->shape), ", the model's layout ", ShapeString(e.shape)));
     }
-    if (!IsReadableDtype(info->dtype)) {
+    if (!IsFloatDtype(info->dtype)) {
       return absl::FailedPreconditionError(
           absl::StrCat(file.name(), ": tensor \"", e.name, "\" is ", SafeDtypeName(info->dtype),
                        "; a model's weights are F32, BF16, F16 or F64"));
@@ -266,11 +261,13 @@ absl::Status ModelFolder::ReadWeights(const ParamLayout& layout, absl::Span<floa
     for (int64_t i = 0; i < e.numel; ++i) {
       const float x = out[static_cast<size_t>(e.offset + i)];
       if (!std::isfinite(x)) {
-        const SafetensorsFile& file =
-            weights_[static_cast<size_t>(form_ == Form::kCheckpoint ? 0 : holder_.at(e.name))];
-        return absl::FailedPreconditionError(absl::StrCat(
-            form_ == Form::kCheckpoint ? dir_ : file.name(), ": tensor \"", e.name, "\" holds ", x,
-            " at element ", i, "; a served model's weights must be finite"));
+        // A checkpoint's tensors are named by its folder; an import's by the file holding them.
+        const std::string& where = form_ == Form::kCheckpoint
+                                       ? dir_
+                                       : weights_[static_cast<size_t>(holder_.at(e.name))].name();
+        return absl::FailedPreconditionError(
+            absl::StrCat(where, ": tensor \"", e.name, "\" holds ", x, " at element ", i,
+                         "; a served model's weights must be finite"));
       }
     }
   }

@@ -171,6 +171,11 @@ int64_t SafeDtypeSize(SafeDtype dtype) {
   return 0;
 }
 
+bool IsFloatDtype(SafeDtype dtype) {
+  return dtype == SafeDtype::kF32 || dtype == SafeDtype::kF64 || dtype == SafeDtype::kF16 ||
+         dtype == SafeDtype::kBF16;
+}
+
 absl::StatusOr<SafeDtype> ParseSafeDtype(absl::string_view name) {
   for (const DtypeRow& row : kDtypes) {
     if (name == row.name) return row.dtype;
@@ -357,8 +362,7 @@ absl::Status SafetensorsFile::ReadAsFloat32(const std::string& tensor,
                                                       ShapeString(info.shape), ", expected ",
                                                       ShapeString(shape)));
   }
-  if (info.dtype != SafeDtype::kF32 && info.dtype != SafeDtype::kF64 &&
-      info.dtype != SafeDtype::kBF16 && info.dtype != SafeDtype::kF16) {
+  if (!IsFloatDtype(info.dtype)) {
     return absl::FailedPreconditionError(absl::StrCat(name_, ": tensor \"", tensor, "\" is ",
                                                       SafeDtypeName(info.dtype),
                                                       ", not a floating-point dtype"));

@@ -63,6 +63,8 @@ enum class SafeDtype {
 const char* SafeDtypeName(SafeDtype dtype);
 // Bytes per element.
 int64_t SafeDtypeSize(SafeDtype dtype);
+// The floating-point dtypes, those SafetensorsFile::ReadAsFloat32 reads: F32, F64, F16, BF16.
+bool IsFloatDtype(SafeDtype dtype);
 // INVALID_ARGUMENT naming the text for an unknown dtype.
 absl::StatusOr<SafeDtype> ParseSafeDtype(absl::string_view name);
 

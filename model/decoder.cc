@@ -20,15 +20,21 @@ namespace model {
   } while (0)
 
 absl::StatusOr<KvCacheGeometry> KvCacheGeometry::Make(const LongNetConfig& config,
-                                                      int64_t max_context) {
+                                                      int64_t max_context, int shards, int shard) {
   DECODER_RETURN_IF_ERROR(ValidateConfig(config));
   if (max_context < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("decoder max_context ", max_context, " must be >= 1"));
   }
+  if (shards < 1 || shard < 0 || shard >= shards) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("decoder cache shard ", shard, " of ", shards, " is outside [0, shards)"));
+  }
   KvCacheGeometry g;
   g.config_ = config;
   g.max_context_ = max_context;
+  g.shards_ = shards;
+  g.shard_ = shard;
   const AttentionSpec spec = config.attention_spec();
   for (int i = 0; i < spec.num_patterns(); ++i) {
     const int64_t w = std::min(spec.segment_lengths[static_cast<size_t>(i)], max_context);
@@ -41,8 +47,10 @@ absl::StatusOr<KvCacheGeometry> KvCacheGeometry::Make(const LongNetConfig& confi
       slot.offset = dilation::PatternOffset(spec, i, h, config.num_heads);
       slot.capacity = dilation::SelectedCount(w, slot.offset, r);
       if (slot.capacity == 0) continue;  // The pattern selects nothing for this head.
+      // Rows j = shard, shard + shards, ... below the capacity.
+      slot.local_capacity = slot.capacity > shard ? (slot.capacity - shard - 1) / shards + 1 : 0;
       slot.first_row = g.rows_per_layer_;
-      g.rows_per_layer_ += slot.capacity;
+      g.rows_per_layer_ += slot.local_capacity;
       g.slots_.push_back(slot);
     }
   }
@@ -63,19 +71,39 @@ int64_t KvCacheGeometry::RowOf(const Slot& slot, int64_t t) const {
 
 template <typename T>
 absl::StatusOr<std::unique_ptr<Decoder<T>>> Decoder<T>::Create(LongNetLM<T>* model,
-                                                               int64_t max_context) {
+                                                               int64_t max_context,
+                                                               comm::Communicator* ring) {
   if (model == nullptr) return absl::InvalidArgumentError("decoder: the model is null");
-  absl::StatusOr<KvCacheGeometry> geometry = KvCacheGeometry::Make(model->config(), max_context);
+  if (ring != nullptr && ring->size() == 1) ring = nullptr;  // One device.
+  if (ring != nullptr) {
+    if (ring->device() != Device::kCpu) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "decoder: the ring's communicator (", ring->name(),
+          ") is not on host memory; the decoder's cache and transfers are (use Gloo)"));
+    }
+    if (max_context % ring->size() != 0) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("decoder max_context ", max_context, " must be a multiple of the ring's ",
+                       ring->size(), " ranks (a prompt is split evenly over them)"));
+    }
+  }
+  absl::StatusOr<KvCacheGeometry> geometry =
+      KvCacheGeometry::Make(model->config(), max_context, ring == nullptr ? 1 : ring->size(),
+                            ring == nullptr ? 0 : ring->rank());
   if (!geometry.ok()) return geometry.status();
   absl::StatusOr<RotaryPlan> rotary = RotaryPlan::Make(model->config(), max_context);
   if (!rotary.ok()) return rotary.status();
   return std::unique_ptr<Decoder<T>>(
-      new Decoder<T>(model, *std::move(geometry), *std::move(rotary)));
+      new Decoder<T>(model, *std::move(geometry), *std::move(rotary), ring));
 }
 
 template <typename T>
-Decoder<T>::Decoder(LongNetLM<T>* model, KvCacheGeometry geometry, RotaryPlan rotary)
+Decoder<T>::Decoder(LongNetLM<T>* model, KvCacheGeometry geometry, RotaryPlan rotary,
+                    comm::Communicator* ring)
     : model_(model),
+      ring_(ring),
+      shards_(ring == nullptr ? 1 : ring->size()),
+      partial_width_(model->config().head_dim() + 2),
       geometry_(std::move(geometry)),
       spec_(model->config().attention_spec()),
       rotary_(std::move(rotary)) {
@@ -110,25 +138,62 @@ void Decoder<T>::Append(DecodeState<T>& state, int64_t layer, int64_t t, const T
   const int64_t layer_row = layer * geometry_.rows_per_layer();
   for (const KvCacheGeometry::Slot& slot : geometry_.slots()) {
     const int64_t row = geometry_.RowOf(slot, t);
-    if (row < 0) continue;
-    const size_t at = static_cast<size_t>((layer_row + slot.first_row + row) * dh);
+    if (row < 0 || row % shards_ != geometry_.shard()) continue;
+    const size_t at = static_cast<size_t>((layer_row + slot.first_row + row / shards_) * dh);
     std::memcpy(state.k_.data() + at, k + slot.head * dh, static_cast<size_t>(dh) * sizeof(T));
     std::memcpy(state.v_.data() + at, v + slot.head * dh, static_cast<size_t>(dh) * sizeof(T));
   }
 }
 
 template <typename T>
-void Decoder<T>::Attend(const DecodeState<T>& state, int64_t layer, int64_t t, const T* q,
-                        T* out) const {
+void Decoder<T>::AttendPartial(const DecodeState<T>& state, int64_t layer, int64_t t, const T* q,
+                               double* partial) const {
+  const int64_t dh = config().head_dim();
+  const double scale = spec_.ScaleFor(dh);
+  const int64_t layer_row = layer * geometry_.rows_per_layer();
+  const int64_t shard = geometry_.shard();
+  std::vector<double> scores;
+  for (size_t s = 0; s < geometry_.slots().size(); ++s) {
+    const KvCacheGeometry::Slot& slot = geometry_.slots()[s];
+    double* out = partial + static_cast<int64_t>(s) * partial_width_;
+    out[0] = -std::numeric_limits<double>::infinity();  // Maximum score.
+    out[1] = 0;                                         // Sum of exponentials.
+    std::fill(out + 2, out + partial_width_, 0.0);      // Unnormalized output.
+    const int64_t last = geometry_.RowOf(slot, t);
+    // This shard's rows among the slot's rows [0, last]: j = shard, shard + S, ...
+    const int64_t rows = last >= shard ? (last - shard) / shards_ + 1 : 0;
+    if (rows == 0) continue;
+    const T* qh = q + slot.head * dh;
+    const T* keys = state.k_.data() + (layer_row + slot.first_row) * dh;
+    const T* values = state.v_.data() + (layer_row + slot.first_row) * dh;
+    scores.resize(static_cast<size_t>(rows));
+    double max_score = -std::numeric_limits<double>::infinity();
+    for (int64_t j = 0; j < rows; ++j) {
+      double dot = 0;
+      for (int64_t c = 0; c < dh; ++c) {
+        dot += static_cast<double>(qh[c]) * static_cast<double>(keys[j * dh + c]);
+      }
+      scores[static_cast<size_t>(j)] = scale * dot;
+      max_score = std::max(max_score, scale * dot);
+    }
+    double sum = 0;
+    for (int64_t j = 0; j < rows; ++j) {
+      const double e = std::exp(scores[static_cast<size_t>(j)] - max_score);
+      sum += e;
+      for (int64_t c = 0; c < dh; ++c) out[2 + c] += e * static_cast<double>(values[j * dh + c]);
+    }
+    out[0] = max_score;
+    out[1] = sum;
+  }
+}
+
+template <typename T>
+void Decoder<T>::MergePartials(const double* partials, int64_t shard_stride, T* out) const {
   const LongNetConfig& c = config();
   const int64_t dh = c.head_dim(), heads = c.num_heads;
   const int g = spec_.num_patterns();
-  const double scale = spec_.ScaleFor(dh);
-  const int64_t layer_row = layer * geometry_.rows_per_layer();
   std::vector<double> acc(static_cast<size_t>(dh)), total(static_cast<size_t>(dh));
-  std::vector<double> scores;
   for (int64_t h = 0; h < heads; ++h) {
-    const T* qh = q + h * dh;
     // Each pattern that selects t for h: its output row (acc) and log-sum-exp, merged into
     // total with the running maximum L of the log-sum-exps (ENGINE.md's mixture rule; grouped
     // mode has one pattern per head and divides by G instead).
@@ -137,30 +202,20 @@ void Decoder<T>::Attend(const DecodeState<T>& state, int64_t layer, int64_t t, c
     for (int i = 0; i < g; ++i) {
       const int64_t s = slot_of_[static_cast<size_t>(i * heads + h)];
       if (s < 0) continue;
-      const KvCacheGeometry::Slot& slot = geometry_.slots()[static_cast<size_t>(s)];
-      const int64_t last = geometry_.RowOf(slot, t);
-      if (last < 0) continue;
-      const int64_t rows = last + 1;
-      const T* keys = state.k_.data() + (layer_row + slot.first_row) * dh;
-      const T* values = state.v_.data() + (layer_row + slot.first_row) * dh;
-      scores.resize(static_cast<size_t>(rows));
+      // The shards' partials of the slot, merged in shard order to the largest maximum.
       double max_score = -std::numeric_limits<double>::infinity();
-      for (int64_t j = 0; j < rows; ++j) {
-        double dot = 0;
-        for (int64_t c2 = 0; c2 < dh; ++c2) {
-          dot += static_cast<double>(qh[c2]) * static_cast<double>(keys[j * dh + c2]);
-        }
-        scores[static_cast<size_t>(j)] = scale * dot;
-        max_score = std::max(max_score, scale * dot);
+      for (int r = 0; r < shards_; ++r) {
+        max_score = std::max(max_score, partials[r * shard_stride + s * partial_width_]);
       }
+      if (std::isinf(max_score)) continue;  // The pattern does not select t for h.
       double sum = 0;
       std::fill(acc.begin(), acc.end(), 0.0);
-      for (int64_t j = 0; j < rows; ++j) {
-        const double e = std::exp(scores[static_cast<size_t>(j)] - max_score);
-        sum += e;
-        for (int64_t c2 = 0; c2 < dh; ++c2) {
-          acc[static_cast<size_t>(c2)] += e * static_cast<double>(values[j * dh + c2]);
-        }
+      for (int r = 0; r < shards_; ++r) {
+        const double* p = partials + r * shard_stride + s * partial_width_;
+        if (std::isinf(p[0])) continue;  // This shard holds none of the rows.
+        const double factor = std::exp(p[0] - max_score);
+        sum += factor * p[1];
+        for (int64_t c2 = 0; c2 < dh; ++c2) acc[static_cast<size_t>(c2)] += factor * p[2 + c2];
       }
       for (double& a : acc) a /= sum;
       if (spec_.mode == AttentionMode::kGrouped) {
@@ -188,6 +243,79 @@ void Decoder<T>::Attend(const DecodeState<T>& state, int64_t layer, int64_t t, c
 }
 
 template <typename T>
+absl::Status Decoder<T>::ShareLayerRows(int64_t layer, int64_t n, int64_t shard_len, const T* k,
+                                        const T* v, DecodeState<T>& state) {
+  const LongNetConfig& c = config();
+  const int64_t dh = c.head_dim(), d = c.d_model;
+  const int me = geometry_.shard();
+  const int64_t my_begin = me * shard_len;
+  LayerOps<T>& ops = model_->ops();
+  T* cache_k = state.k_.data() + layer * geometry_.rows_per_layer() * dh;
+  T* cache_v = state.v_.data() + layer * geometry_.rows_per_layer() * dh;
+  // The rows a later token can still attend to: the selected rows of the prompt's last segment of
+  // every slot's pattern. Every rank enumerates them in the same order, so the rows rank a sends
+  // rank b are the rows b expects from a, in order. send[r]: k then v of each row this rank
+  // computed for rank r; expect[r]: the cache rows here that rank r's rows fill.
+  std::vector<std::vector<T>> send(static_cast<size_t>(shards_));
+  std::vector<std::vector<int64_t>> expect(static_cast<size_t>(shards_));
+  for (const KvCacheGeometry::Slot& slot : geometry_.slots()) {
+    const int64_t w = c.segment_lengths[static_cast<size_t>(slot.pattern)];
+    const int64_t r = c.dilation_rates[static_cast<size_t>(slot.pattern)];
+    const int64_t start = (n - 1) / w * w;
+    for (int64_t p = start + slot.offset, row = 0; p < n; p += r, ++row) {
+      const int computer = static_cast<int>(p / shard_len);
+      const int owner = static_cast<int>(row % shards_);
+      const int64_t local = slot.first_row + row / shards_;  // Its row on the owner.
+      if (computer == me) {
+        const int64_t from = (p - my_begin) * d + slot.head * dh;
+        if (owner == me) {
+          DECODER_RETURN_IF_ERROR(ops.CopyToHost(k + from, dh, cache_k + local * dh));
+          DECODER_RETURN_IF_ERROR(ops.CopyToHost(v + from, dh, cache_v + local * dh));
+          continue;
+        }
+        std::vector<T>& out = send[static_cast<size_t>(owner)];
+        out.resize(out.size() + static_cast<size_t>(2 * dh));
+        DECODER_RETURN_IF_ERROR(ops.CopyToHost(k + from, dh, out.data() + out.size() - 2 * dh));
+        DECODER_RETURN_IF_ERROR(ops.CopyToHost(v + from, dh, out.data() + out.size() - dh));
+      } else if (owner == me) {
+        expect[static_cast<size_t>(computer)].push_back(local);
+      }
+    }
+  }
+  if (ring_ == nullptr) return absl::OkStatus();
+  const DType dtype = sizeof(T) == sizeof(double) ? DType::kFloat64 : DType::kFloat32;
+  std::vector<std::vector<T>> received(static_cast<size_t>(shards_));
+  std::vector<comm::P2POp> transfers;
+  for (int peer = 0; peer < shards_; ++peer) {
+    const auto at = static_cast<size_t>(peer);
+    if (peer == me) continue;
+    if (!send[at].empty()) {
+      transfers.push_back(
+          comm::P2POp::Send(peer, send[at].data(), static_cast<int64_t>(send[at].size()), dtype));
+    }
+    if (!expect[at].empty()) {
+      received[at].resize(expect[at].size() * static_cast<size_t>(2 * dh));
+      transfers.push_back(comm::P2POp::Recv(peer, received[at].data(),
+                                            static_cast<int64_t>(received[at].size()), dtype));
+    }
+  }
+  if (transfers.empty()) return absl::OkStatus();
+  absl::StatusOr<std::unique_ptr<comm::Work>> work = ring_->StartGroup(transfers, comm::Stream{});
+  if (!work.ok()) return work.status();
+  DECODER_RETURN_IF_ERROR((*work)->Wait(comm::Stream{}));
+  for (int peer = 0; peer < shards_; ++peer) {
+    const auto at = static_cast<size_t>(peer);
+    for (size_t q = 0; q < expect[at].size(); ++q) {
+      const T* row = received[at].data() + q * static_cast<size_t>(2 * dh);
+      const int64_t local = expect[at][q];
+      std::memcpy(cache_k + local * dh, row, static_cast<size_t>(dh) * sizeof(T));
+      std::memcpy(cache_v + local * dh, row + dh, static_cast<size_t>(dh) * sizeof(T));
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
 absl::Status Decoder<T>::Prefill(const int32_t* tokens, int64_t n, DecodeState<T>* state,
                                  T* logits) {
   if (state == nullptr || state->owner_ != this) {
@@ -208,35 +336,52 @@ absl::Status Decoder<T>::Prefill(const int32_t* tokens, int64_t n, DecodeState<T
                                               geometry_.max_context()));
   }
   const LongNetConfig& c = config();
-  const int64_t dh = c.head_dim(), d = c.d_model;
-  LayerOps<T>& ops = model_->ops();
-  // Each block's k and v: the selected rows of the prompt's last segment of every slot's
-  // pattern, which are the rows a later token can still attend to.
-  model_->set_kv_observer([&](int64_t layer, const T* k, const T* v) -> absl::Status {
-    const int64_t layer_row = layer * geometry_.rows_per_layer();
-    for (const KvCacheGeometry::Slot& slot : geometry_.slots()) {
-      const int64_t w = c.segment_lengths[static_cast<size_t>(slot.pattern)];
-      const int64_t r = c.dilation_rates[static_cast<size_t>(slot.pattern)];
-      const int64_t start = (n - 1) / w * w;
-      for (int64_t p = start + slot.offset, row = 0; p < n; p += r, ++row) {
-        const size_t at = static_cast<size_t>((layer_row + slot.first_row + row) * dh);
-        const int64_t from = p * d + slot.head * dh;
-        DECODER_RETURN_IF_ERROR(ops.CopyToHost(k + from, dh, state->k_.data() + at));
-        DECODER_RETURN_IF_ERROR(ops.CopyToHost(v + from, dh, state->v_.data() + at));
-      }
+  // Checked whole before anything runs: on a ring a rank refusing only its own shard would leave
+  // the others waiting.
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("decoder Prefill: token ", tokens[i],
+                                                     " at position ", i, " is outside [0, ",
+                                                     c.vocab_size, ")"));
     }
-    return absl::OkStatus();
+  }
+  // This rank's positions [begin, begin + shard_len) of the prompt padded to a multiple of the
+  // ring's size (padding: token 0, after the prompt, so it changes none of the prompt's rows).
+  const int64_t shard_len = (n + shards_ - 1) / shards_;
+  const int64_t begin = geometry_.shard() * shard_len;
+  std::vector<int32_t> shard(static_cast<size_t>(shard_len), 0);
+  if (begin < n) {
+    std::copy(tokens + begin, tokens + std::min(n, begin + shard_len), shard.begin());
+  }
+  model_->set_kv_observer([&](int64_t layer, const T* k, const T* v) -> absl::Status {
+    return ShareLayerRows(layer, n, shard_len, k, v, *state);
   });
   TokenBatch batch;
-  batch.tokens = tokens;
+  batch.tokens = shard.data();
   batch.batch = 1;
-  batch.seq_len = n;
-  batch.positions = {0, geometry_.max_context()};
+  batch.seq_len = shard_len;
+  batch.positions = {begin, geometry_.max_context()};
   absl::StatusOr<LossResult> forward = model_->Forward(batch);
   model_->set_kv_observer(nullptr);
   if (!forward.ok()) return forward.status();
-  DECODER_RETURN_IF_ERROR(
-      ops.CopyToHost(model_->logits() + (n - 1) * c.vocab_size, c.vocab_size, logits));
+  // The logits of position n - 1, from the rank that computed it.
+  const int holder = static_cast<int>((n - 1) / shard_len);
+  const int64_t vocab = c.vocab_size;
+  LayerOps<T>& ops = model_->ops();
+  if (ring_ == nullptr) {
+    DECODER_RETURN_IF_ERROR(ops.CopyToHost(model_->logits() + (n - 1) * vocab, vocab, logits));
+  } else {
+    std::vector<T> mine(static_cast<size_t>(vocab), T(0));
+    if (holder == geometry_.shard()) {
+      DECODER_RETURN_IF_ERROR(
+          ops.CopyToHost(model_->logits() + (n - 1 - begin) * vocab, vocab, mine.data()));
+    }
+    std::vector<T> all(static_cast<size_t>(shards_ * vocab));
+    DECODER_RETURN_IF_ERROR(ring_->AllGather(
+        mine.data(), all.data(), vocab,
+        sizeof(T) == sizeof(double) ? DType::kFloat64 : DType::kFloat32, comm::Stream{}));
+    std::copy(all.begin() + holder * vocab, all.begin() + (holder + 1) * vocab, logits);
+  }
   state->position_ = n;
   return absl::OkStatus();
 }
@@ -313,6 +458,9 @@ absl::Status Decoder<T>::Step(absl::Span<DecodeState<T>* const> states, const in
     }
   }
   DECODER_RETURN_IF_ERROR(EnsureStepBuffers(rows));
+  const int64_t sequence_width = static_cast<int64_t>(geometry_.slots().size()) * partial_width_;
+  partials_.resize(static_cast<size_t>(rows * sequence_width));
+  if (ring_ != nullptr) gathered_.resize(static_cast<size_t>(shards_ * rows * sequence_width));
   LayerOps<T>& ops = model_->ops();
   const T* p = model_->params();
   const ModelOffsets& offsets = model_->offsets();
@@ -332,7 +480,21 @@ absl::Status Decoder<T>::Step(absl::Span<DecodeState<T>* const> states, const in
     for (int64_t j = 0; j < rows; ++j) {
       DecodeState<T>& s = *states[static_cast<size_t>(j)];
       Append(s, layer, s.position_, host_k_.data() + j * d, host_v_.data() + j * d);
-      Attend(s, layer, s.position_, host_q_.data() + j * d, host_attn_.data() + j * d);
+      AttendPartial(s, layer, s.position_, host_q_.data() + j * d,
+                    partials_.data() + j * sequence_width);
+    }
+    // partials of sequence j, shard r: at r * shard_stride + j * sequence_width.
+    const double* all = partials_.data();
+    int64_t shard_stride = 0;
+    if (ring_ != nullptr) {
+      DECODER_RETURN_IF_ERROR(ring_->AllGather(partials_.data(), gathered_.data(),
+                                               rows * sequence_width, DType::kFloat64,
+                                               comm::Stream{}));
+      all = gathered_.data();
+      shard_stride = rows * sequence_width;
+    }
+    for (int64_t j = 0; j < rows; ++j) {
+      MergePartials(all + j * sequence_width, shard_stride, host_attn_.data() + j * d);
     }
     DECODER_RETURN_IF_ERROR(ops.CopyFromHost(host_attn_.data(), rows * d, step_.attn));
     DECODER_RETURN_IF_ERROR(BlockOutputForward(ops, c, p, o, rows, x_, step_, x_next_));

@@ -38,11 +38,41 @@
 // the layers run on the model's ops. The CPU model is the one LongNetLM; a GPU decoder needs the
 // cache on the device and is not built yet.
 //
+// A ring of S ranks (Create with a communicator of S > 1 ranks, host memory: Gloo). Every rank
+// holds the whole model; the sequence's positions and its cache are what is split:
+//   - the cache: row j of every slot (the slot's j-th selected position of its current segment)
+//     is held by rank j mod S only, so a rank holds ceil((C(i, h) - rank) / S) rows of each slot
+//     and 1/S of the single-device cache's bytes (to a row a slot);
+//   - Prefill: the prompt, padded with token 0 to n' = S ceil(n / S) positions (padding after the
+//     prompt changes none of its rows: attention is causal), runs as a sequence-parallel forward
+//     pass: rank r computes positions [r n' / S, (r + 1) n' / S) and its model's attention must be
+//     the ring over the same communicator (ring_sequence_attention.h, which takes the prefix of a
+//     max_context-long sequence). Each block's cached rows then go from the rank that computed
+//     them to the rank that holds them (one group of point-to-point transfers a layer), and the
+//     rank that computed position n - 1 hands its logits to all (an all-gather);
+//   - Step: every rank runs the layers for the new tokens (replicated: the same weights, the same
+//     inputs), its owner appends each new key and value, and each rank attends over the rows it
+//     holds: per (sequence, pattern, head) a partial softmax (its maximum m_r, sum s_r and
+//     unnormalized output a_r, in fp64), all-gathered and merged in rank order, M = max m_r,
+//     out = sum_r e^(m_r - M) a_r / sum_r e^(m_r - M) s_r, lse = M + log(sum_r e^(m_r - M) s_r),
+//     then patterns merged as on one device. Every rank merges the same numbers in the same order,
+//     so every rank gets the same attention output and the same logits. With S = 1 the merge is
+//     the single-device arithmetic, bit for bit.
+// Traffic per Step and layer: (S - 1) x sequences x slots x (D + 2) fp64 values received by each
+// rank. The layers' weights are read by every rank (a step costs each rank what it costs one
+// device, less the attention's share): a ring serves a longer context or more sequences in the
+// same memory per rank, and its prefill is split S ways; it does not make one decoding step
+// faster. Collective contract: every rank of the ring makes the same calls (Prefill with the same
+// prompt, Step with the same tokens to its own states of the same sequences, in the same order);
+// a rank that does not leaves the others waiting until the communicator's timeout
+// (DEADLINE_EXCEEDED). After a communicator error the states are unspecified (drop them).
+//
 // Thread-safety: a decoder is used by one thread at a time, and its model must not be used by
 // another thread meanwhile (Prefill runs the model's Forward and overwrites its activations). A
 // state belongs to one sequence and is used by one call at a time.
 // Errors: INVALID_ARGUMENT naming the bad value (a token outside the vocabulary, a state of
-// another decoder, a state passed twice, an empty prompt); OUT_OF_RANGE when a sequence would
+// another decoder, a state passed twice, an empty prompt, a ring that is not on host memory or
+// whose size does not divide max_context); OUT_OF_RANGE when a sequence would
 // pass max_context (naming both); FAILED_PRECONDITION for Prefill on a state that already holds
 // tokens; the model's and ops' errors as they return them. A failed call leaves every state at
 // the position it had (its cache rows for the failed position are rewritten by the next call).
@@ -57,6 +87,7 @@
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
 #include "engine/attention_spec.h"
+#include "engine/comm/communicator.h"
 #include "model/config.h"
 #include "model/longnet.h"
 #include "model/rotary.h"
@@ -72,26 +103,36 @@ class KvCacheGeometry {
   struct Slot {
     int pattern = 0;
     int64_t head = 0;
-    int64_t offset = 0;    // o(h, i): the first selected position of each segment.
-    int64_t capacity = 0;  // C(i, h).
-    int64_t first_row = 0;
+    int64_t offset = 0;          // o(h, i): the first selected position of each segment.
+    int64_t capacity = 0;        // C(i, h): the slot's rows, every shard together.
+    int64_t local_capacity = 0;  // The rows this shard holds: those j < C with j % shards == shard.
+    int64_t first_row = 0;       // Of this shard's rows, in its layer's cache.
   };
 
-  // INVALID_ARGUMENT for a config ValidateConfig refuses or max_context < 1.
-  static absl::StatusOr<KvCacheGeometry> Make(const LongNetConfig& config, int64_t max_context);
+  // The rows of shard `shard` of `shards` (a ring's rank and size, above; 0 of 1: every row).
+  // INVALID_ARGUMENT for a config ValidateConfig refuses, max_context < 1 or a shard outside
+  // [0, shards).
+  static absl::StatusOr<KvCacheGeometry> Make(const LongNetConfig& config, int64_t max_context,
+                                              int shards = 1, int shard = 0);
 
   const std::vector<Slot>& slots() const { return slots_; }
   int64_t max_context() const { return max_context_; }
+  int shards() const { return shards_; }
+  int shard() const { return shard_; }
+  // This shard's rows of each layer.
   int64_t rows_per_layer() const { return rows_per_layer_; }
-  // K and V of every layer: num_layers * 2 * rows_per_layer * head_dim.
+  // K and V of every layer, this shard's rows: num_layers * 2 * rows_per_layer * head_dim.
   int64_t ElementsPerSequence() const;
-  // Where position t's key sits in slot s, or -1 when the slot's pattern does not select t for
-  // its head. The rows [0, row] of the slot are then the keys the query at t attends to.
+  // Where position t's key sits in slot s (its row of the slot, every shard together), or -1 when
+  // the slot's pattern does not select t for its head. The rows [0, row] of the slot are then the
+  // keys the query at t attends to; row j is held by shard j % shards(), as its row j / shards().
   int64_t RowOf(const Slot& slot, int64_t t) const;
 
  private:
   LongNetConfig config_;
   int64_t max_context_ = 0;
+  int shards_ = 1;
+  int shard_ = 0;
   int64_t rows_per_layer_ = 0;
   std::vector<Slot> slots_;
 };
@@ -124,8 +165,12 @@ template <typename T>
 class Decoder {
  public:
   // Borrows `model` (it must outlive the decoder). INVALID_ARGUMENT for max_context < 1; the
-  // rotary plan's errors for a max_context it refuses (XPOS with too long a block).
-  static absl::StatusOr<std::unique_ptr<Decoder>> Create(LongNetLM<T>* model, int64_t max_context);
+  // rotary plan's errors for a max_context it refuses (XPOS with too long a block). With `ring`
+  // (borrowed, outliving the decoder; null or one rank: a single device) the decoder is that
+  // rank's part of a ring (above): INVALID_ARGUMENT unless the ring is on host memory and its size
+  // divides max_context; `model`'s attention must be the ring over the same communicator.
+  static absl::StatusOr<std::unique_ptr<Decoder>> Create(LongNetLM<T>* model, int64_t max_context,
+                                                         comm::Communicator* ring = nullptr);
 
   const LongNetConfig& config() const { return model_->config(); }
   const KvCacheGeometry& geometry() const { return geometry_; }
@@ -137,7 +182,8 @@ class Decoder {
   // Runs the prompt (n >= 1 tokens) through the model's batched forward pass, fills the state's
   // cache from it and writes the logits that predict token n into logits[0, vocab_size). The
   // state must hold no tokens yet (FAILED_PRECONDITION); n <= max_context (OUT_OF_RANGE).
-  // Cost: the model's forward pass over n tokens (CountFlops) plus copying the cached rows.
+  // Cost: the model's forward pass over n tokens (CountFlops) plus copying the cached rows (on a
+  // ring: each rank's share of the forward pass over n' tokens, and the rows' transfers).
   absl::Status Prefill(const int32_t* tokens, int64_t n, DecodeState<T>* state, T* logits);
 
   // Feeds tokens[j] to states[j] (distinct states of this decoder, each with position <
@@ -148,14 +194,31 @@ class Decoder {
   absl::Status Step(absl::Span<DecodeState<T>* const> states, const int32_t* tokens, T* logits);
 
  private:
-  Decoder(LongNetLM<T>* model, KvCacheGeometry geometry, RotaryPlan rotary);
+  Decoder(LongNetLM<T>* model, KvCacheGeometry geometry, RotaryPlan rotary,
+          comm::Communicator* ring);
   absl::Status EnsureStepBuffers(int64_t rows);
-  // Writes row `row` of [rows, d] k and v (host) into the state's cache at position t, layer l.
+  // Writes k and v ([d], host) of position t into the state's cache at layer l: the rows of the
+  // slots that select t and this shard holds.
   void Append(DecodeState<T>& state, int64_t layer, int64_t t, const T* k, const T* v) const;
-  // out[0, d) := the attention output at position t of layer l for q (host, [d]) from the cache.
-  void Attend(const DecodeState<T>& state, int64_t layer, int64_t t, const T* q, T* out) const;
+  // partial[s * (D + 2) ...] := slot s's partial softmax at position t of layer l for q (host,
+  // [d]) over the rows this shard holds: its maximum score, its sum of exponentials relative to
+  // that maximum and the D values of its unnormalized output ({-inf, 0, 0...} when the slot's
+  // pattern does not select t or this shard holds none of its rows).
+  void AttendPartial(const DecodeState<T>& state, int64_t layer, int64_t t, const T* q,
+                     double* partial) const;
+  // out[0, d) := the attention output from every shard's partials: shard r's of slot s at
+  // partials[r * shard_stride + s * (D + 2)].
+  void MergePartials(const double* partials, int64_t shard_stride, T* out) const;
+  // Prefill's transfer of one layer's cached rows from the ranks that computed them (the forward
+  // pass's rows [r n' / S, (r + 1) n' / S) on rank r; k and v on the model's device) to the ranks
+  // that hold them, for a prompt of n tokens.
+  absl::Status ShareLayerRows(int64_t layer, int64_t n, int64_t shard_len, const T* k, const T* v,
+                              DecodeState<T>& state);
 
   LongNetLM<T>* const model_;
+  comm::Communicator* const ring_;  // Null: one device.
+  const int shards_;                // The ring's size (1 without one).
+  const int64_t partial_width_;     // D + 2.
   const KvCacheGeometry geometry_;
   const AttentionSpec spec_;
   const RotaryPlan rotary_;
@@ -169,6 +232,8 @@ class Decoder {
   T *x_ = nullptr, *x_next_ = nullptr, *xf_ = nullptr, *xf_mean_ = nullptr, *xf_rstd_ = nullptr,
     *logits_ = nullptr;
   std::vector<T> host_q_, host_k_, host_v_, host_attn_;
+  // Step's partial softmaxes of one layer: this shard's [rows][slots][D + 2] and every shard's.
+  std::vector<double> partials_, gathered_;
 };
 
 }  // namespace model

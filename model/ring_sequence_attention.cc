@@ -22,32 +22,44 @@ class RingSequenceAttention final : public SequenceAttention {
 
   absl::Status Forward(const AttentionSpec& spec, const SequencePositions& positions,
                        const ForwardArgs& args) override {
-    if (absl::Status s = CheckShard(positions, args.q); !s.ok()) return s;
-    return ring_.Forward(spec, positions.total, args);
+    absl::StatusOr<int64_t> ring_n = RingLength(spec, positions, args.q);
+    if (!ring_n.ok()) return ring_n.status();
+    return ring_.Forward(spec, *ring_n, args);
   }
 
   absl::Status Backward(const AttentionSpec& spec, const SequencePositions& positions,
                         const BackwardArgs& args) override {
-    if (absl::Status s = CheckShard(positions, args.q); !s.ok()) return s;
-    return ring_.Backward(spec, positions.total, args);
+    absl::StatusOr<int64_t> ring_n = RingLength(spec, positions, args.q);
+    if (!ring_n.ok()) return ring_n.status();
+    return ring_.Backward(spec, *ring_n, args);
   }
 
  private:
-  absl::Status CheckShard(const SequencePositions& positions, const TensorView& q) const {
+  // The N of the ring's call: `total` when the ranks' shards cover the whole sequence; with causal
+  // attention also n * P < total, the first n * P positions of a longer sequence (a prompt whose
+  // rotary positions are planned for the context it will grow to: decoder.h). No row of a causal
+  // prefix sees a later one, and the segments of the prefix start where the whole sequence's do
+  // (a segment longer than the prefix is cut to it, as one longer than the sequence is), so the
+  // ring over the prefix computes exactly those rows of the whole sequence's attention.
+  absl::StatusOr<int64_t> RingLength(const AttentionSpec& spec, const SequencePositions& positions,
+                                     const TensorView& q) const {
     const int64_t p = sp_->size();
     const int64_t rank = sp_->rank();
     const int64_t n = q.rank() == 4 ? q.shape[1] : -1;
     const int64_t total = positions.total;
-    if (n < 1 || total < 1 || n * p != total ||
-        positions.offset != static_cast<int64_t>(static_cast<__int128>(rank) * total / p)) {
+    const bool whole = n >= 1 && total >= 1 && n * p == total;
+    const bool prefix = spec.causal && n >= 1 && n * p < total;
+    if (!(whole || prefix) || positions.offset != rank * n) {
       const int64_t expected = static_cast<int64_t>(static_cast<__int128>(rank) * total / p);
       return absl::InvalidArgumentError(absl::StrCat(
           "ring attention rank ", rank, " of ", p, ": positions start at ", positions.offset,
           " of a sequence of ", total, " positions with ", n,
           " rows of q; this rank's shard must start at rank * N / P = ", expected,
-          " and hold N / P rows (", n, " x ", p, " = ", n * p, " must equal ", total, ")"));
+          " and hold N / P rows (", n, " x ", p, " = ", n * p, " must equal ", total,
+          spec.causal ? ", or with causal attention be at most it: a prefix of the sequence" : "",
+          ")"));
     }
-    return absl::OkStatus();
+    return n * p;
   }
 
   comm::Communicator* const sp_;

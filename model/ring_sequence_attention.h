@@ -8,7 +8,11 @@
 // and n * S == N (n: the rows of q), and then calls RingAttention::Forward / Backward(spec, N,
 // args); INVALID_ARGUMENT naming the values otherwise (nothing is communicated then, so a rank
 // that refuses leaves its peers waiting until the communicator's timeout: every rank of the group
-// must call with its own shard).
+// must call with its own shard). With causal attention the ranks may also hold the first n * S <
+// N positions of a longer sequence (offset == rank * n): a prompt whose rotary positions are
+// planned for the context it will grow to (decoder.h). The ring then runs over those n * S
+// positions, which gives exactly their rows of the whole sequence's attention (no causal row sees
+// a later one, and the prefix's segments start where the sequence's do).
 //
 // Collective contract (ring_attention.h): every rank of `sp` calls Forward (or Backward) with the
 // same spec, the same N and same-shaped slices, in the same order. A model on a sequence-parallel

@@ -4,6 +4,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <map>
 #include <new>
 #include <utility>
 
@@ -18,6 +19,21 @@ namespace model {
     absl::Status status_ = (expr);     \
     if (!status_.ok()) return status_; \
   } while (0)
+
+namespace {
+
+// The calls a leading rank sends its followers (Decoder::Lead): the first word of each.
+constexpr int64_t kCallNothing = 1;  // A keep-alive.
+constexpr int64_t kCallRelease = 2;  // Follow returns.
+constexpr int64_t kCallPrefill = 3;  // state id, n, n tokens.
+constexpr int64_t kCallStep = 4;     // rows, rows state ids, rows tokens.
+constexpr int64_t kCallScore = 5;    // n, n tokens.
+
+// The communicator's dtype of T (cache rows and logits).
+template <typename T>
+constexpr DType kStateDType = sizeof(T) == sizeof(double) ? DType::kFloat64 : DType::kFloat32;
+
+}  // namespace
 
 absl::StatusOr<KvCacheGeometry> KvCacheGeometry::Make(const LongNetConfig& config,
                                                       int64_t max_context, int shards, int shard) {
@@ -128,6 +144,8 @@ absl::StatusOr<DecodeState<T>> Decoder<T>::NewState() const {
         absl::StrCat("decoder: cannot allocate a sequence's cache of ",
                      2 * half * static_cast<int64_t>(sizeof(T)), " bytes"));
   }
+  state.id_ = next_state_id_++;
+  state.dropped_ = dropped_;
   return state;
 }
 
@@ -283,7 +301,7 @@ absl::Status Decoder<T>::ShareLayerRows(int64_t layer, int64_t n, int64_t shard_
     }
   }
   if (ring_ == nullptr) return absl::OkStatus();
-  const DType dtype = sizeof(T) == sizeof(double) ? DType::kFloat64 : DType::kFloat32;
+  const DType dtype = kStateDType<T>;
   std::vector<std::vector<T>> received(static_cast<size_t>(shards_));
   std::vector<comm::P2POp> transfers;
   for (int peer = 0; peer < shards_; ++peer) {
@@ -316,8 +334,21 @@ absl::Status Decoder<T>::ShareLayerRows(int64_t layer, int64_t n, int64_t shard_
 }
 
 template <typename T>
-absl::Status Decoder<T>::Prefill(const int32_t* tokens, int64_t n, DecodeState<T>* state,
-                                 T* logits) {
+absl::Status Decoder<T>::CheckTokens(const char* call, const int32_t* tokens, int64_t n) const {
+  const int64_t vocab = config().vocab_size;
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("decoder ", call, ": token ", tokens[i],
+                                                     " at position ", i, " is outside [0, ",
+                                                     vocab, ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status Decoder<T>::CheckPrefill(const int32_t* tokens, int64_t n,
+                                      const DecodeState<T>* state) const {
   if (state == nullptr || state->owner_ != this) {
     return absl::InvalidArgumentError("decoder Prefill: the state was not made by this decoder");
   }
@@ -335,38 +366,60 @@ absl::Status Decoder<T>::Prefill(const int32_t* tokens, int64_t n, DecodeState<T
                                               " tokens pass the decoder's max_context of ",
                                               geometry_.max_context()));
   }
-  const LongNetConfig& c = config();
   // Checked whole before anything runs: on a ring a rank refusing only its own shard would leave
   // the others waiting.
-  for (int64_t i = 0; i < n; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("decoder Prefill: token ", tokens[i],
-                                                     " at position ", i, " is outside [0, ",
-                                                     c.vocab_size, ")"));
-    }
-  }
-  // This rank's positions [begin, begin + shard_len) of the prompt padded to a multiple of the
-  // ring's size (padding: token 0, after the prompt, so it changes none of the prompt's rows).
+  return CheckTokens("Prefill", tokens, n);
+}
+
+template <typename T>
+absl::StatusOr<std::pair<int64_t, int64_t>> Decoder<T>::ShardForward(const int32_t* tokens,
+                                                                     int64_t n, int64_t total) {
+  // This rank's positions [begin, begin + shard_len) of the tokens padded to a multiple of the
+  // ring's size (padding: token 0, after the tokens, so it changes none of their rows).
   const int64_t shard_len = (n + shards_ - 1) / shards_;
   const int64_t begin = geometry_.shard() * shard_len;
   std::vector<int32_t> shard(static_cast<size_t>(shard_len), 0);
   if (begin < n) {
     std::copy(tokens + begin, tokens + std::min(n, begin + shard_len), shard.begin());
   }
-  model_->set_kv_observer([&](int64_t layer, const T* k, const T* v) -> absl::Status {
-    return ShareLayerRows(layer, n, shard_len, k, v, *state);
-  });
   TokenBatch batch;
   batch.tokens = shard.data();
   batch.batch = 1;
   batch.seq_len = shard_len;
-  batch.positions = {begin, geometry_.max_context()};
+  batch.positions = {begin, total};
   absl::StatusOr<LossResult> forward = model_->Forward(batch);
-  model_->set_kv_observer(nullptr);
   if (!forward.ok()) return forward.status();
+  return std::make_pair(begin, shard_len);
+}
+
+template <typename T>
+absl::Status Decoder<T>::Prefill(const int32_t* tokens, int64_t n, DecodeState<T>* state,
+                                 T* logits) {
+  DECODER_RETURN_IF_ERROR(CheckPrefill(tokens, n, state));
+  if (leading_) {
+    std::vector<int64_t> call = {kCallPrefill, state->id_, n};
+    call.insert(call.end(), tokens, tokens + n);
+    DECODER_RETURN_IF_ERROR(SendCall(std::move(call)));
+  }
+  return RunPrefill(tokens, n, state, logits);
+}
+
+template <typename T>
+absl::Status Decoder<T>::RunPrefill(const int32_t* tokens, int64_t n, DecodeState<T>* state,
+                                    T* logits) {
+  const int64_t shard_len = (n + shards_ - 1) / shards_;
+  model_->set_kv_observer([&](int64_t layer, const T* k, const T* v) -> absl::Status {
+    return ShareLayerRows(layer, n, shard_len, k, v, *state);
+  });
+  // The prompt as the first positions of a max_context-long sequence (rotary's plan).
+  absl::StatusOr<std::pair<int64_t, int64_t>> shard =
+      ShardForward(tokens, n, geometry_.max_context());
+  model_->set_kv_observer(nullptr);
+  if (!shard.ok()) return shard.status();
+  const int64_t begin = shard->first;
   // The logits of position n - 1, from the rank that computed it.
   const int holder = static_cast<int>((n - 1) / shard_len);
-  const int64_t vocab = c.vocab_size;
+  const int64_t vocab = config().vocab_size;
   LayerOps<T>& ops = model_->ops();
   if (ring_ == nullptr) {
     DECODER_RETURN_IF_ERROR(ops.CopyToHost(model_->logits() + (n - 1) * vocab, vocab, logits));
@@ -377,13 +430,221 @@ absl::Status Decoder<T>::Prefill(const int32_t* tokens, int64_t n, DecodeState<T
           ops.CopyToHost(model_->logits() + (n - 1 - begin) * vocab, vocab, mine.data()));
     }
     std::vector<T> all(static_cast<size_t>(shards_ * vocab));
-    DECODER_RETURN_IF_ERROR(ring_->AllGather(
-        mine.data(), all.data(), vocab,
-        sizeof(T) == sizeof(double) ? DType::kFloat64 : DType::kFloat32, comm::Stream{}));
+    DECODER_RETURN_IF_ERROR(ring_->AllGather(mine.data(), all.data(), vocab, kStateDType<T>,
+                                             comm::Stream{}));
     std::copy(all.begin() + holder * vocab, all.begin() + (holder + 1) * vocab, logits);
   }
   state->position_ = n;
   return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status Decoder<T>::Score(const int32_t* tokens, int64_t n, double* logprobs) {
+  if (n < 2 || tokens == nullptr || logprobs == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "decoder Score: ", n, " tokens given; scoring needs at least 2 (the first is context)"));
+  }
+  if (n > geometry_.max_context()) {
+    return absl::OutOfRangeError(absl::StrCat("decoder Score: the ", n,
+                                              " tokens pass the decoder's max_context of ",
+                                              geometry_.max_context()));
+  }
+  DECODER_RETURN_IF_ERROR(CheckTokens("Score", tokens, n));
+  if (leading_) {
+    std::vector<int64_t> call = {kCallScore, n};
+    call.insert(call.end(), tokens, tokens + n);
+    DECODER_RETURN_IF_ERROR(SendCall(std::move(call)));
+  }
+  return RunScore(tokens, n, logprobs);
+}
+
+template <typename T>
+absl::Status Decoder<T>::RunScore(const int32_t* tokens, int64_t n, double* logprobs) {
+  // The plain forward pass over the n tokens (rotary planned for n, or for the padded length the
+  // ring splits evenly).
+  const int64_t padded = (n + shards_ - 1) / shards_ * shards_;
+  absl::StatusOr<std::pair<int64_t, int64_t>> shard = ShardForward(tokens, n, padded);
+  if (!shard.ok()) return shard.status();
+  const auto [begin, shard_len] = *shard;
+  const int64_t vocab = config().vocab_size;
+  std::vector<T> logits(static_cast<size_t>(shard_len * vocab));
+  DECODER_RETURN_IF_ERROR(model_->ops().CopyToHost(model_->logits(), shard_len * vocab,
+                                                   logits.data()));
+  // log p(tokens[g + 1] | ...) for this rank's positions g < n - 1; rank-major order is position
+  // order, so the all-gather lays them out as they are returned.
+  std::vector<double> mine(static_cast<size_t>(shard_len), 0.0);
+  for (int64_t i = 0; i < shard_len && begin + i + 1 < n; ++i) {
+    const T* row = logits.data() + i * vocab;
+    double max_z = row[0];
+    for (int64_t k = 1; k < vocab; ++k) max_z = std::max<double>(max_z, row[k]);
+    double z = 0;
+    for (int64_t k = 0; k < vocab; ++k) z += std::exp(static_cast<double>(row[k]) - max_z);
+    mine[static_cast<size_t>(i)] =
+        static_cast<double>(row[tokens[begin + i + 1]]) - max_z - std::log(z);
+  }
+  if (ring_ == nullptr) {
+    std::copy(mine.begin(), mine.begin() + (n - 1), logprobs);
+    return absl::OkStatus();
+  }
+  std::vector<double> all(static_cast<size_t>(shards_ * shard_len));
+  DECODER_RETURN_IF_ERROR(
+      ring_->AllGather(mine.data(), all.data(), shard_len, DType::kFloat64, comm::Stream{}));
+  std::copy(all.begin(), all.begin() + (n - 1), logprobs);
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status Decoder<T>::SendCall(std::vector<int64_t> words) {
+  // Header: the op, then the states dropped since the last call.
+  std::vector<int64_t> message = {words[0], static_cast<int64_t>(dropped_->ids.size())};
+  message.insert(message.end(), dropped_->ids.begin(), dropped_->ids.end());
+  message.insert(message.end(), words.begin() + 1, words.end());
+  dropped_->ids.clear();
+  last_call_ = absl::Now();
+  // Its length, then the words (int64s moved as 8-byte words: nothing adds them).
+  const int64_t length = static_cast<int64_t>(message.size());
+  for (const int64_t* data : {&length, static_cast<const int64_t*>(message.data())}) {
+    const int64_t count = data == &length ? 1 : length;
+    std::vector<comm::P2POp> sends;
+    for (int peer = 1; peer < shards_; ++peer) {
+      sends.push_back(comm::P2POp::Send(peer, data, count, DType::kFloat64));
+    }
+    absl::StatusOr<std::unique_ptr<comm::Work>> work = ring_->StartGroup(sends, comm::Stream{});
+    if (!work.ok()) return work.status();
+    DECODER_RETURN_IF_ERROR((*work)->Wait(comm::Stream{}));
+  }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status Decoder<T>::Lead() {
+  if (ring_ == nullptr) return absl::OkStatus();
+  if (ring_->rank() != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("decoder Lead: rank ", ring_->rank(), " of the ring; rank 0 leads"));
+  }
+  leading_ = true;
+  dropped_->record = true;
+  last_call_ = absl::Now();
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status Decoder<T>::KeepAlive(absl::Duration interval) {
+  if (ring_ == nullptr) return absl::OkStatus();
+  if (!leading_) return absl::FailedPreconditionError("decoder KeepAlive: this rank does not lead");
+  if (absl::Now() - last_call_ < interval) return absl::OkStatus();
+  return SendCall({kCallNothing});
+}
+
+template <typename T>
+absl::Status Decoder<T>::Release() {
+  if (ring_ == nullptr) return absl::OkStatus();
+  if (!leading_) return absl::FailedPreconditionError("decoder Release: this rank does not lead");
+  leading_ = false;
+  absl::Status s = SendCall({kCallRelease});
+  dropped_->record = false;
+  dropped_->ids.clear();
+  return s;
+}
+
+template <typename T>
+absl::Status Decoder<T>::Follow() {
+  if (ring_ == nullptr || ring_->rank() == 0) {
+    return absl::FailedPreconditionError(
+        "decoder Follow: only ranks 1.. of a ring follow (rank 0 leads)");
+  }
+  std::map<int64_t, DecodeState<T>> states;  // Rank 0's state ids -> this rank's states.
+  auto state_of = [&](int64_t id) -> absl::StatusOr<DecodeState<T>*> {
+    auto it = states.find(id);
+    if (it == states.end()) {
+      absl::StatusOr<DecodeState<T>> made = NewState();
+      if (!made.ok()) return made.status();
+      it = states.emplace(id, *std::move(made)).first;
+    }
+    return &it->second;
+  };
+  const int64_t vocab = config().vocab_size;
+  std::vector<T> logits;
+  std::vector<double> logprobs;
+  std::vector<int64_t> words;
+  std::vector<int32_t> tokens;
+  while (true) {
+    int64_t length = 0;
+    for (bool header : {true, false}) {
+      if (!header) {
+        // A call is at most a Step of every state's token or a max_context-long prompt, with its
+        // ids: far below this.
+        if (length < 2 || length > (int64_t{1} << 32)) {
+          return absl::InternalError(
+              absl::StrCat("decoder Follow: rank 0 sent a call of ", length, " words"));
+        }
+        words.resize(static_cast<size_t>(length));
+      }
+      const comm::P2POp recv = comm::P2POp::Recv(0, header ? &length : words.data(),
+                                                 header ? 1 : length, DType::kFloat64);
+      absl::StatusOr<std::unique_ptr<comm::Work>> work =
+          ring_->StartGroup(absl::MakeConstSpan(&recv, 1), comm::Stream{});
+      if (!work.ok()) return work.status();
+      DECODER_RETURN_IF_ERROR((*work)->Wait(comm::Stream{}));
+    }
+    // [op, dropped count, dropped ids..., arguments...]; every count checked against the length.
+    const int64_t op = words[0], dropped = words[1];
+    if (dropped < 0 || 2 + dropped > length) {
+      return absl::InternalError(absl::StrCat("decoder Follow: rank 0's call drops ", dropped,
+                                              " states in ", length, " words"));
+    }
+    for (int64_t i = 0; i < dropped; ++i) states.erase(words[static_cast<size_t>(2 + i)]);
+    follower_states_ = static_cast<int64_t>(states.size());
+    const int64_t* args = words.data() + 2 + dropped;
+    const int64_t argc = length - 2 - dropped;
+    auto take_tokens = [&](int64_t from, int64_t n) -> absl::Status {
+      if (n < 0 || from + n > argc) {
+        return absl::InternalError(absl::StrCat("decoder Follow: rank 0's call of op ", op,
+                                                " holds ", argc, " words, not ", from + n));
+      }
+      tokens.assign(args + from, args + from + n);
+      return absl::OkStatus();
+    };
+    absl::Status s;
+    if (op == kCallNothing) {
+      continue;
+    } else if (op == kCallRelease) {
+      return absl::OkStatus();
+    } else if (op == kCallPrefill && argc >= 2) {
+      DECODER_RETURN_IF_ERROR(take_tokens(2, args[1]));
+      absl::StatusOr<DecodeState<T>*> state = state_of(args[0]);
+      if (!state.ok()) return state.status();
+      logits.resize(static_cast<size_t>(vocab));
+      s = CheckPrefill(tokens.data(), args[1], *state);
+      if (s.ok()) s = RunPrefill(tokens.data(), args[1], *state, logits.data());
+    } else if (op == kCallStep && argc >= 1) {
+      const int64_t rows = args[0];
+      DECODER_RETURN_IF_ERROR(take_tokens(1 + rows, rows));
+      std::vector<DecodeState<T>*> step;
+      for (int64_t j = 0; j < rows; ++j) {
+        absl::StatusOr<DecodeState<T>*> state = state_of(args[1 + j]);
+        if (!state.ok()) return state.status();
+        step.push_back(*state);
+      }
+      logits.resize(static_cast<size_t>(rows * vocab));
+      s = CheckStep(absl::MakeSpan(step), tokens.data());
+      if (s.ok()) s = RunStep(absl::MakeSpan(step), tokens.data(), logits.data());
+    } else if (op == kCallScore && argc >= 1) {
+      DECODER_RETURN_IF_ERROR(take_tokens(1, args[0]));
+      logprobs.resize(static_cast<size_t>(std::max<int64_t>(args[0] - 1, 0)));
+      s = RunScore(tokens.data(), args[0], logprobs.data());
+    } else {
+      return absl::InternalError(absl::StrCat("decoder Follow: rank 0 sent op ", op, " with ",
+                                              argc, " arguments"));
+    }
+    follower_states_ = static_cast<int64_t>(states.size());
+    if (!s.ok()) {
+      return absl::Status(s.code(), absl::StrCat("decoder Follow, rank ", ring_->rank(),
+                                                 ", following rank 0's call (op ", op,
+                                                 "): ", s.message()));
+    }
+  }
 }
 
 template <typename T>
@@ -428,12 +689,25 @@ absl::Status Decoder<T>::EnsureStepBuffers(int64_t rows) {
 template <typename T>
 absl::Status Decoder<T>::Step(absl::Span<DecodeState<T>* const> states, const int32_t* tokens,
                               T* logits) {
-  const LongNetConfig& c = config();
-  const int64_t rows = static_cast<int64_t>(states.size());
-  if (rows == 0) return absl::OkStatus();
+  if (states.empty()) return absl::OkStatus();
   if (tokens == nullptr || logits == nullptr) {
     return absl::InvalidArgumentError("decoder Step: tokens and logits must be given");
   }
+  DECODER_RETURN_IF_ERROR(CheckStep(states, tokens));
+  if (leading_) {
+    std::vector<int64_t> call = {kCallStep, static_cast<int64_t>(states.size())};
+    for (const DecodeState<T>* s : states) call.push_back(s->id_);
+    call.insert(call.end(), tokens, tokens + states.size());
+    DECODER_RETURN_IF_ERROR(SendCall(std::move(call)));
+  }
+  return RunStep(states, tokens, logits);
+}
+
+template <typename T>
+absl::Status Decoder<T>::CheckStep(absl::Span<DecodeState<T>* const> states,
+                                   const int32_t* tokens) const {
+  const LongNetConfig& c = config();
+  const int64_t rows = static_cast<int64_t>(states.size());
   absl::flat_hash_set<const DecodeState<T>*> seen;
   for (int64_t j = 0; j < rows; ++j) {
     const DecodeState<T>* s = states[static_cast<size_t>(j)];
@@ -457,6 +731,14 @@ absl::Status Decoder<T>::Step(absl::Span<DecodeState<T>* const> states, const in
                                                      c.vocab_size, ")"));
     }
   }
+  return absl::OkStatus();
+}
+
+template <typename T>
+absl::Status Decoder<T>::RunStep(absl::Span<DecodeState<T>* const> states, const int32_t* tokens,
+                                 T* logits) {
+  const LongNetConfig& c = config();
+  const int64_t rows = static_cast<int64_t>(states.size());
   DECODER_RETURN_IF_ERROR(EnsureStepBuffers(rows));
   const int64_t sequence_width = static_cast<int64_t>(geometry_.slots().size()) * partial_width_;
   partials_.resize(static_cast<size_t>(rows * sequence_width));

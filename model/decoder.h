@@ -81,10 +81,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <utility>
 #include <vector>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "engine/attention_spec.h"
 #include "engine/comm/communicator.h"
@@ -140,13 +142,32 @@ class KvCacheGeometry {
 template <typename T>
 class Decoder;
 
+// The ids of the states a leading decoder's sequences dropped since its last call to the followers
+// (Decoder::Lead): shared by the decoder and its states, so that a state may outlive its decoder.
+struct DroppedStates {
+  bool record = false;  // Only a leading decoder records.
+  std::vector<int64_t> ids;
+};
+
 // One sequence's cache and position. Move-only; made by Decoder::NewState and used with that
 // decoder only.
 template <typename T>
 class DecodeState {
  public:
-  DecodeState(DecodeState&&) noexcept = default;
-  DecodeState& operator=(DecodeState&&) noexcept = default;
+  DecodeState(DecodeState&& other) noexcept { *this = std::move(other); }
+  DecodeState& operator=(DecodeState&& other) noexcept {
+    if (this != &other) {
+      Drop();
+      owner_ = std::exchange(other.owner_, nullptr);
+      id_ = std::exchange(other.id_, 0);
+      dropped_ = std::move(other.dropped_);
+      position_ = other.position_;
+      k_ = std::move(other.k_);
+      v_ = std::move(other.v_);
+    }
+    return *this;
+  }
+  ~DecodeState() { Drop(); }
 
   // Tokens the sequence holds so far (the position of the next one).
   int64_t position() const { return position_; }
@@ -156,7 +177,13 @@ class DecodeState {
  private:
   friend class Decoder<T>;
   DecodeState() = default;
+  void Drop() {
+    if (id_ != 0 && dropped_ != nullptr && dropped_->record) dropped_->ids.push_back(id_);
+    id_ = 0;
+  }
   const void* owner_ = nullptr;  // The decoder that made it.
+  int64_t id_ = 0;               // Its decoder's number for it (1, 2, ...), the same on a ring.
+  std::shared_ptr<DroppedStates> dropped_;
   int64_t position_ = 0;
   std::vector<T> k_, v_;  // [layer][rows_per_layer][head_dim]
 };
@@ -193,6 +220,39 @@ class Decoder {
   // read (scores and values).
   absl::Status Step(absl::Span<DecodeState<T>* const> states, const int32_t* tokens, T* logits);
 
+  // logprobs[i] := log p(tokens[i + 1] | tokens[0..i]) for i in [0, n - 1), from one forward pass
+  // of the model over the n >= 2 tokens (no state, no cache; fp64 log-softmax of the logits). On a
+  // ring the forward pass is split as Prefill's and each rank's log-probabilities all-gathered.
+  // Errors: INVALID_ARGUMENT for n < 2 or a token outside the vocabulary (naming it and its
+  // position), OUT_OF_RANGE for n > max_context; the model's.
+  absl::Status Score(const int32_t* tokens, int64_t n, double* logprobs);
+
+  // --- A ring driven by rank 0 alone (a serving loop).
+  //
+  // On a ring the calls above are collective: every rank makes them. A deployment instead has one
+  // serving loop, on rank 0, which decides what runs (requests, sampling, cancels). After Lead()
+  // on rank 0, each Prefill, Step and Score it makes first sends the call (its tokens
+  // and its states' ids) to the other ranks, which are in Follow(): they make the same call on
+  // their own states (created at a state's first use, dropped when rank 0's state is destroyed:
+  // the ids of dropped states go with the next call) and go on listening. Rank 0 ends the
+  // followers with Release() (their Follow returns OK). A follower waits for the next call at most
+  // the communicator's timeout, so a leader with nothing to do calls KeepAlive(interval) often
+  // (it sends a no-op when nothing was sent for `interval`; an interval under half the timeout
+  // keeps the followers waiting). On one device Lead, KeepAlive and Release do nothing (there is
+  // no one to follow). Errors: FAILED_PRECONDITION for Lead, KeepAlive or Release off rank 0, and
+  // for Follow on rank 0 or on one device; the communicator's errors (a follower that
+  // died: the leader's next call fails; a leader that died: Follow returns DEADLINE_EXCEEDED or
+  // UNAVAILABLE); a follower's call that fails where the leader's succeeded ends its Follow with
+  // that error, and the leader's next collective times out (the ring is then rebuilt whole).
+  absl::Status Lead();
+  absl::Status Follow();
+  absl::Status KeepAlive(absl::Duration interval);
+  absl::Status Release();
+  bool leading() const { return leading_; }
+  // The states a follower holds (those of rank 0's sequences that are still alive), updated at
+  // each call it follows; 0 before Follow.
+  int64_t follower_states() const { return follower_states_; }
+
  private:
   Decoder(LongNetLM<T>* model, KvCacheGeometry geometry, RotaryPlan rotary,
           comm::Communicator* ring);
@@ -214,6 +274,21 @@ class Decoder {
   // that hold them, for a prompt of n tokens.
   absl::Status ShareLayerRows(int64_t layer, int64_t n, int64_t shard_len, const T* k, const T* v,
                               DecodeState<T>& state);
+  // The checks and the collective parts of Prefill, Step and Score (after a leader's send).
+  absl::Status CheckPrefill(const int32_t* tokens, int64_t n, const DecodeState<T>* state) const;
+  absl::Status RunPrefill(const int32_t* tokens, int64_t n, DecodeState<T>* state, T* logits);
+  absl::Status CheckStep(absl::Span<DecodeState<T>* const> states, const int32_t* tokens) const;
+  absl::Status RunStep(absl::Span<DecodeState<T>* const> states, const int32_t* tokens, T* logits);
+  absl::Status RunScore(const int32_t* tokens, int64_t n, double* logprobs);
+  // Checks tokens[0, n) against the vocabulary, naming the first bad one and `call`.
+  absl::Status CheckTokens(const char* call, const int32_t* tokens, int64_t n) const;
+  // This rank's forward pass over its shard of the n tokens padded to a multiple of the ring's
+  // size (one device: all n); `total` is the positions' total (rotary's plan). Returns the
+  // shard's first position and length.
+  absl::StatusOr<std::pair<int64_t, int64_t>> ShardForward(const int32_t* tokens, int64_t n,
+                                                           int64_t total);
+  // A leader's call to the followers: words (op, dropped ids, arguments) sent to every follower.
+  absl::Status SendCall(std::vector<int64_t> words);
 
   LongNetLM<T>* const model_;
   comm::Communicator* const ring_;  // Null: one device.
@@ -234,6 +309,13 @@ class Decoder {
   std::vector<T> host_q_, host_k_, host_v_, host_attn_;
   // Step's partial softmaxes of one layer: this shard's [rows][slots][D + 2] and every shard's.
   std::vector<double> partials_, gathered_;
+
+  // States' ids, and the ids of those dropped while leading.
+  mutable int64_t next_state_id_ = 1;
+  std::shared_ptr<DroppedStates> dropped_ = std::make_shared<DroppedStates>();
+  bool leading_ = false;
+  int64_t follower_states_ = 0;
+  absl::Time last_call_ = absl::InfinitePast();  // When the leader last sent a call.
 };
 
 }  // namespace model

@@ -4,8 +4,12 @@
 // on one device (fp64 to 1e-11, fp32 to 1e-5 relative) and are the same bits on every rank;
 // prompts shorter than the ring, ending mid-segment and at a boundary; several sequences at
 // different positions in one step; the ranks' caches add up to the single device's (each about
-// 1/S of it); errors before anything is communicated.
+// 1/S of it); errors before anything is communicated. Then a ring led by rank 0 (as a deployment
+// runs one): a BatchGenerator on rank 0 gives each request one device's tokens and Score one
+// device's log-probabilities; followers drop ended sequences' states and wait as long as the
+// leader keeps them alive, no longer.
 #include <algorithm>
+#include <cmath>
 #include <cstdint>
 #include <cstring>
 #include <memory>
@@ -15,8 +19,10 @@
 
 #include "absl/status/status.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
 #include "engine/testing/test_util.h"
 #include "gtest/gtest.h"
+#include "model/batch_generator.h"
 #include "model/cpu_layer_ops.h"
 #include "model/decoder.h"
 #include "model/longnet.h"
@@ -323,6 +329,178 @@ TEST(RingDecoderTest, BadRingsAndPromptsAreRefusedOnEveryRank) {
         return sp->health();
       });
   for (int r = 0; r < 4; ++r) {
+    EXPECT_TRUE(results[static_cast<size_t>(r)].ok())
+        << "rank " << r << ": " << results[static_cast<size_t>(r)];
+  }
+}
+
+// A ring driven by rank 0 alone, as a deployment is: rank 0 leads (its BatchGenerator decides what
+// runs and samples), ranks 1.. follow. Each request gets the tokens one device's generator gives it
+// (fp64: the logits agree to 1e-11, so every sampled token is the same), Score gives one device's
+// log-probabilities, the followers drop the states of ended sequences, and Release ends them.
+struct Generated {
+  std::vector<int32_t> tokens;
+  FinishReason finish = FinishReason::kLength;
+  bool done = false;
+};
+
+// Three requests at once (greedy, sampled with top-k, a stop sequence) and a Score, on `decoder`.
+absl::Status Serve(Decoder<double>& decoder, int64_t vocab, std::vector<Generated>* out,
+                   std::vector<double>* logprobs) {
+  absl::StatusOr<std::unique_ptr<BatchGenerator<double>>> generator =
+      BatchGenerator<double>::Create(&decoder, 2);  // The third waits for a free sequence.
+  if (!generator.ok()) return generator.status();
+  out->assign(3, Generated{});
+  for (int i = 0; i < 3; ++i) {
+    GenerationRequest r;
+    r.prompt = RandomTokens(vocab, 5 + 6 * i, 20 + static_cast<uint64_t>(i));
+    r.options.max_tokens = 12 - i;
+    r.options.sampling.temperature = i == 0 ? 0.0 : 0.9;
+    r.options.sampling.top_k = i == 2 ? 4 : 0;
+    r.options.sampling.seed = 100 + static_cast<uint64_t>(i);
+    if (i == 1) r.options.stop_sequences = {{3}};
+    Generated* g = &(*out)[static_cast<size_t>(i)];
+    r.on_done = [g](absl::StatusOr<GenerateResult> result) {
+      g->done = true;
+      if (!result.ok()) return;
+      for (const GeneratedToken& t : result->tokens) g->tokens.push_back(t.token);
+      g->finish = result->finish;
+    };
+    absl::StatusOr<int64_t> id = (*generator)->Submit(std::move(r));
+    if (!id.ok()) return id.status();
+  }
+  while ((*generator)->running() > 0 || (*generator)->queued() > 0) {
+    absl::StatusOr<TickStats> tick = (*generator)->Tick(absl::Now());
+    if (!tick.ok()) return tick.status();
+  }
+  const std::vector<int32_t> text = RandomTokens(vocab, 23, 9);
+  logprobs->resize(text.size() - 1);
+  return decoder.Score(text.data(), static_cast<int64_t>(text.size()), logprobs->data());
+}
+
+TEST(RingDecoderTest, ALedRingServesAsOneDevice) {
+  const LongNetConfig config = RingConfig(AttentionMode::kMixture, HeadOffsets::kModulo, true);
+  const int64_t v = config.vocab_size;
+  absl::StatusOr<std::unique_ptr<LongNetLM<double>>> single =
+      LongNetLM<double>::CreateCpu(config, ModelOptions{}, 1);
+  ASSERT_TRUE(single.ok());
+  ASSERT_TRUE(SetParams(**single, 7).ok());
+  absl::StatusOr<std::unique_ptr<Decoder<double>>> one = Decoder<double>::Create(single->get(), 40);
+  ASSERT_TRUE(one.ok());
+  std::vector<Generated> expected;
+  std::vector<double> expected_logprobs;
+  ASSERT_TRUE(Serve(**one, v, &expected, &expected_logprobs).ok());
+  // Score is the plain forward pass's log-softmax.
+  {
+    const std::vector<int32_t> text = RandomTokens(v, 23, 9);
+    TokenBatch b;
+    b.tokens = text.data();
+    b.batch = 1;
+    b.seq_len = 23;
+    ASSERT_TRUE((*single)->Forward(b).ok());
+    std::vector<double> logits(static_cast<size_t>(23 * v));
+    ASSERT_TRUE((*single)->CopyLogitsToHost(logits.data()).ok());
+    for (int64_t i = 0; i + 1 < 23; ++i) {
+      double z = 0;
+      for (int64_t k = 0; k < v; ++k) z += std::exp(logits[static_cast<size_t>(i * v + k)]);
+      EXPECT_NEAR(expected_logprobs[static_cast<size_t>(i)],
+                  logits[static_cast<size_t>(i * v + text[static_cast<size_t>(i + 1)])] -
+                      std::log(z),
+                  1e-12);
+    }
+  }
+  for (int ranks : {2, 4}) {
+    std::vector<Generated> got;
+    std::vector<double> logprobs;
+    std::vector<int64_t> held(static_cast<size_t>(ranks), -1);
+    const std::vector<absl::Status> results = RunRanks(
+        ranks, ranks,
+        [&](int rank, comm::Communicator&, comm::Communicator* sp) -> absl::Status {
+          absl::StatusOr<std::unique_ptr<LongNetLM<double>>> model = RingModel<double>(config, sp);
+          if (!model.ok()) return model.status();
+          absl::StatusOr<std::unique_ptr<Decoder<double>>> decoder =
+              Decoder<double>::Create(model->get(), kMaxContext, sp);
+          if (!decoder.ok()) return decoder.status();
+          if (rank != 0) {
+            absl::Status s = (*decoder)->Follow();
+            held[static_cast<size_t>(rank)] = (*decoder)->follower_states();
+            return s;
+          }
+          if (absl::Status s = (*decoder)->Lead(); !s.ok()) return s;
+          if (absl::Status s = Serve(**decoder, v, &got, &logprobs); !s.ok()) return s;
+          return (*decoder)->Release();
+        },
+        absl::Seconds(60), absl::StrCat("led", ranks));
+    for (int r = 0; r < ranks; ++r) {
+      ASSERT_TRUE(results[static_cast<size_t>(r)].ok())
+          << ranks << " ranks, rank " << r << ": " << results[static_cast<size_t>(r)];
+    }
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_TRUE(got[i].done);
+      EXPECT_EQ(got[i].tokens, expected[i].tokens) << ranks << " ranks, request " << i;
+      EXPECT_EQ(got[i].finish, expected[i].finish) << ranks << " ranks, request " << i;
+    }
+    EXPECT_TRUE(RelativelyNear(absl::StrCat(ranks, " ranks' Score"), logprobs, expected_logprobs,
+                               1e-11));
+    // Every sequence ended, so the followers dropped every state.
+    for (int r = 1; r < ranks; ++r) EXPECT_EQ(held[static_cast<size_t>(r)], 0) << "rank " << r;
+  }
+  // The three requests differ, and the sampled ones are not the greedy tokens of the same
+  // prompt: the comparison above is of real choices.
+  EXPECT_NE(expected[0].tokens, expected[1].tokens);
+  EXPECT_EQ(expected[1].finish, FinishReason::kStop);
+}
+
+// A follower waits for the next call at most the communicator's timeout (1 s here): a leader that
+// has nothing to do keeps it with KeepAlive, and a leader that stops calling leaves it
+// DEADLINE_EXCEEDED, not waiting for ever. Misuse is named.
+TEST(RingDecoderTest, FollowersWaitAsLongAsTheLeaderKeepsThemAndNoLonger) {
+  const LongNetConfig config = RingConfig(AttentionMode::kGrouped, HeadOffsets::kModulo, false);
+  const std::vector<absl::Status> results = RunRanks(
+      2, 2,
+      [&](int rank, comm::Communicator&, comm::Communicator* sp) -> absl::Status {
+        absl::StatusOr<std::unique_ptr<LongNetLM<float>>> model = RingModel<float>(config, sp);
+        if (!model.ok()) return model.status();
+        absl::StatusOr<std::unique_ptr<Decoder<float>>> decoder =
+            Decoder<float>::Create(model->get(), kMaxContext, sp);
+        if (!decoder.ok()) return decoder.status();
+        if (rank == 1) {
+          absl::Status lead = (*decoder)->Lead();
+          if (lead.code() != absl::StatusCode::kFailedPrecondition) {
+            return absl::InternalError(absl::StrCat("Lead on rank 1: ", lead.ToString()));
+          }
+          absl::Status s = (*decoder)->Follow();
+          if (s.code() != absl::StatusCode::kDeadlineExceeded) {
+            return absl::InternalError(absl::StrCat("follower: ", s.ToString()));
+          }
+          return absl::OkStatus();
+        }
+        absl::Status follow = (*decoder)->Follow();
+        if (follow.code() != absl::StatusCode::kFailedPrecondition) {
+          return absl::InternalError(absl::StrCat("Follow on rank 0: ", follow.ToString()));
+        }
+        if (absl::Status s = (*decoder)->Lead(); !s.ok()) return s;
+        // 2.5 s idle (2.5 timeouts), kept alive every 200 ms; then a prefill still runs.
+        const absl::Time until = absl::Now() + absl::Milliseconds(2500);
+        while (absl::Now() < until) {
+          if (absl::Status s = (*decoder)->KeepAlive(absl::Milliseconds(200)); !s.ok()) return s;
+          absl::SleepFor(absl::Milliseconds(20));
+        }
+        absl::StatusOr<DecodeState<float>> state = (*decoder)->NewState();
+        if (!state.ok()) return state.status();
+        const std::vector<int32_t> prompt = RandomTokens(config.vocab_size, 7, 3);
+        std::vector<float> logits(static_cast<size_t>(config.vocab_size));
+        if (absl::Status s = (*decoder)->Prefill(prompt.data(), 7, &*state, logits.data());
+            !s.ok()) {
+          return s;
+        }
+        // Then silence: the follower gives up after its timeout (its status is checked above);
+        // this rank only waits long enough for that.
+        absl::SleepFor(absl::Milliseconds(2500));
+        return absl::OkStatus();
+      },
+      absl::Seconds(1), "keepalive");
+  for (int r = 0; r < 2; ++r) {
     EXPECT_TRUE(results[static_cast<size_t>(r)].ok())
         << "rank " << r << ": " << results[static_cast<size_t>(r)];
   }

@@ -58,13 +58,14 @@ inline constexpr int kDefaultPageSize = 50;
 inline constexpr int kDefaultMaxEvents = 1000;
 inline constexpr int kMaxEvents = 10000;
 // DeploymentSpec's limits: max_context, max_batch and max_queued, 1 .. kMax...; 0 means
-// kDefault....
+// kDefault...; ranks 1 .. kMaxDeploymentRanks (0 means 1).
 inline constexpr int64_t kDefaultMaxContext = 4096;
 inline constexpr int64_t kMaxDeploymentContext = int64_t{1} << 24;
 inline constexpr int kDefaultMaxBatch = 8;
 inline constexpr int kMaxDeploymentBatch = 256;
 inline constexpr int kDefaultMaxQueued = 256;
 inline constexpr int kMaxDeploymentQueued = 65536;
+inline constexpr int kMaxDeploymentRanks = 64;
 // Largest gRPC message the coordinator and its clients exchange. No message carries a tensor (those
 // travel in chunks of kMaxOutputChunkBytes), so this bounds a Job with its events and per-rank
 // results and a listing page.

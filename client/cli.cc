@@ -408,7 +408,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       "(docs/SERVING.md)");
   std::string deploy_checkpoint, deploy_from_job, deploy_name;
   int64_t deploy_max_context = 0, deploy_step = 0;
-  int deploy_max_batch = 0, deploy_max_queued = 0, deploy_priority = 0;
+  int deploy_max_batch = 0, deploy_max_queued = 0, deploy_priority = 0, deploy_ranks = 0;
   double deploy_wait = 0;
   deploy
       ->add_option("--checkpoint", deploy_checkpoint,
@@ -433,6 +433,12 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       ->type_name("N")
       ->check(CLI::NonNegativeNumber);
   deploy->add_option("--max-queued", deploy_max_queued, "Requests waiting at most (default 256)")
+      ->type_name("N")
+      ->check(CLI::NonNegativeNumber);
+  deploy
+      ->add_option("--ranks", deploy_ranks,
+                   "Workers it runs on as one ring, each keeping 1/N of every sequence's cache "
+                   "(default 1; must divide --max-context)")
       ->type_name("N")
       ->check(CLI::NonNegativeNumber);
   deploy->add_option("--name", deploy_name, "Job name")->type_name("NAME");
@@ -694,6 +700,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       d->set_max_context(deploy_max_context);
       d->set_max_batch(deploy_max_batch);
       d->set_max_queued(deploy_max_queued);
+      d->set_ranks(deploy_ranks);
       args.request.set_idempotency_key(RandomIdempotencyKey());
       args.wait = Seconds(deploy_wait);
       return Commands(global, out, err, env).Deploy(args);

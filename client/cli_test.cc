@@ -2415,6 +2415,13 @@ TEST_F(CliTest, StatusAndListShowWhatADeploymentServes) {
   Result imported = Run({"status", "j-dep1"});
   EXPECT_EQ(field(imported.out, "Model"), "/shared/models/kjv-bf16") << imported.out;
   EXPECT_EQ(field(imported.out, "Serves"), "imported model (model.safetensors, BF16)");
+  EXPECT_EQ(field(imported.out, "Ring"), "(absent)") << "one worker";
+  // On a ring of 4 workers.
+  job.mutable_spec()->mutable_deployment()->set_ranks(4);
+  jobs_.AddJob(job);
+  Result ring = Run({"status", "j-dep1"});
+  EXPECT_EQ(field(ring.out, "Ring"), "4 workers, each keeping 1/4 of every sequence's cache")
+      << ring.out;
 }
 
 }  // namespace

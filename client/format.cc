@@ -341,6 +341,11 @@ void PrintJob(const v1::Job& job, absl::Time now, bool unicode, std::ostream& ou
     fields.emplace_back(
         "Limits", absl::StrCat("max_context ", limits.max_context, ", max_batch ", limits.max_batch,
                                ", max_queued ", limits.max_queued));
+    if (job.spec().deployment().ranks() > 1) {
+      fields.emplace_back(
+          "Ring", absl::StrCat(job.spec().deployment().ranks(), " workers, each keeping 1/",
+                               job.spec().deployment().ranks(), " of every sequence's cache"));
+    }
     if (s.ready()) {
       fields.emplace_back(
           "Loaded",

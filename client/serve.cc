@@ -61,8 +61,9 @@ int Commands::Deploy(const DeployArgs& args) {
                                    : d.model_source();
     out_ << "Deployment " << Printable(id) << " serves the " << Printable(source) << " ("
          << d.parameters() << " parameters, vocabulary " << d.vocab_size() << ", loaded in "
-         << absl::StrFormat("%.2f", d.load_seconds()) << " s); try: dattn generate "
-         << Printable(id) << " --prompt '...'\n";
+         << absl::StrFormat("%.2f", d.load_seconds()) << " s"
+         << (d.ranks() > 1 ? absl::StrCat(", on a ring of ", d.ranks(), " workers") : "")
+         << "); try: dattn generate " << Printable(id) << " --prompt '...'\n";
   }
   return kExitOk;
 }

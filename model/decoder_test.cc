@@ -15,41 +15,15 @@
 #include "engine/testing/test_util.h"
 #include "gtest/gtest.h"
 #include "model/longnet.h"
+#include "model/testing/decode_fixtures.h"
 
 namespace dattn {
 namespace model {
 namespace {
 
+using testing::DecodeConfig;
+using testing::RandomTokens;
 using testutil::RelativelyNear;
-
-// Patterns with H % G != 0 (3 heads, 2 patterns in grouped mode), a rate dividing no segment
-// (3 against 8), segments far shorter than the sequences decoded (every few tokens a segment of
-// one pattern ends and its cache rows are dropped), and a strong XPOS decay.
-LongNetConfig DecodeConfig(AttentionMode mode, HeadOffsets offsets, bool xpos) {
-  LongNetConfig c;
-  c.vocab_size = 11;
-  c.d_model = 12;
-  c.num_layers = 2;
-  c.num_heads = 3;  // D = 4.
-  c.ffn_dim = 10;
-  c.segment_lengths = {3, 8};
-  c.dilation_rates = {1, 3};
-  c.attention_mode = mode;
-  c.head_offsets = offsets;
-  c.rope_theta = 50;
-  c.xpos = xpos;
-  c.xpos_scale_base = 8;
-  return c;
-}
-
-std::vector<int32_t> RandomTokens(int64_t vocab, int64_t n, uint64_t seed) {
-  testutil::Random rng(seed);
-  std::vector<int32_t> t;
-  for (int64_t i = 0; i < n; ++i) {
-    t.push_back(static_cast<int32_t>(rng.Next() % static_cast<uint64_t>(vocab)));
-  }
-  return t;
-}
 
 template <typename T>
 std::unique_ptr<LongNetLM<T>> MakeModel(const LongNetConfig& config, uint64_t seed) {
@@ -59,14 +33,7 @@ std::unique_ptr<LongNetLM<T>> MakeModel(const LongNetConfig& config, uint64_t se
       LongNetLM<T>::CreateCpu(config, options, /*num_threads=*/1);
   EXPECT_TRUE(model.ok()) << model.status();
   if (!model.ok()) return nullptr;
-  // MAGNETO's biases are 0 and gains 1: perturb every parameter so each path is exercised.
-  std::vector<double> p(static_cast<size_t>((*model)->layout().total()));
-  EXPECT_TRUE((*model)->InitParams(seed).ok());
-  std::vector<T> host(p.size());
-  EXPECT_TRUE((*model)->CopyParamsToHost(host.data()).ok());
-  const std::vector<double> noise = testutil::RandomValues((*model)->layout().total(), seed, 0.3);
-  for (size_t i = 0; i < host.size(); ++i) host[i] += static_cast<T>(noise[i]);
-  EXPECT_TRUE((*model)->CopyParamsFromHost(host.data()).ok());
+  EXPECT_TRUE(testing::PerturbedParams(**model, seed).ok());
   return *std::move(model);
 }
 

@@ -27,57 +27,21 @@
 #include "model/decoder.h"
 #include "model/longnet.h"
 #include "model/ring_sequence_attention.h"
+#include "model/testing/decode_fixtures.h"
 #include "model/testing/gloo_ranks.h"
 
 namespace dattn {
 namespace model {
 namespace {
 
+using testing::DecodeConfig;
+using testing::PerturbedParams;
+using testing::RandomTokens;
 using testing::RunRanks;
 using testutil::RelativelyNear;
 
 constexpr int64_t kMaxContext = 40;  // A multiple of 1, 2 and 4 ranks.
 constexpr int64_t kTotal = 30;       // Tokens each sequence reaches.
-
-// decoder_test's shapes: H % G != 0, a rate dividing no segment, segments far shorter than the
-// sequences (a segment of one pattern ends every few tokens and its rows leave the cache), so
-// that a ring of 4 splits segments, rows and slots unevenly.
-LongNetConfig RingConfig(AttentionMode mode, HeadOffsets offsets, bool xpos) {
-  LongNetConfig c;
-  c.vocab_size = 11;
-  c.d_model = 12;
-  c.num_layers = 2;
-  c.num_heads = 3;  // D = 4.
-  c.ffn_dim = 10;
-  c.segment_lengths = {3, 8};
-  c.dilation_rates = {1, 3};
-  c.attention_mode = mode;
-  c.head_offsets = offsets;
-  c.rope_theta = 50;
-  c.xpos = xpos;
-  c.xpos_scale_base = 8;
-  return c;
-}
-
-std::vector<int32_t> RandomTokens(int64_t vocab, int64_t n, uint64_t seed) {
-  testutil::Random rng(seed);
-  std::vector<int32_t> t;
-  for (int64_t i = 0; i < n; ++i) {
-    t.push_back(static_cast<int32_t>(rng.Next() % static_cast<uint64_t>(vocab)));
-  }
-  return t;
-}
-
-// MAGNETO's biases are 0 and gains 1: every parameter is perturbed so that each path counts.
-template <typename T>
-absl::Status SetParams(LongNetLM<T>& model, uint64_t seed) {
-  if (absl::Status s = model.InitParams(seed); !s.ok()) return s;
-  std::vector<T> host(static_cast<size_t>(model.layout().total()));
-  if (absl::Status s = model.CopyParamsToHost(host.data()); !s.ok()) return s;
-  const std::vector<double> noise = testutil::RandomValues(model.layout().total(), seed, 0.3);
-  for (size_t i = 0; i < host.size(); ++i) host[i] += static_cast<T>(noise[i]);
-  return model.CopyParamsFromHost(host.data());
-}
 
 // A ring rank's model: the layers on the CPU, attention the ring over `ring`.
 template <typename T>
@@ -90,7 +54,7 @@ absl::StatusOr<std::unique_ptr<LongNetLM<T>>> RingModel(const LongNetConfig& con
   absl::StatusOr<std::unique_ptr<LongNetLM<T>>> model = LongNetLM<T>::Create(
       config, options, NewCpuLayerOps<T>(ops), NewCpuRingSequenceAttention(ring, 1));
   if (!model.ok()) return model.status();
-  if (absl::Status s = SetParams(**model, 7); !s.ok()) return s;
+  if (absl::Status s = PerturbedParams(**model, 7); !s.ok()) return s;
   return model;
 }
 
@@ -102,7 +66,7 @@ std::vector<std::vector<double>> ReferenceLogits(const LongNetConfig& config,
   absl::StatusOr<std::unique_ptr<LongNetLM<T>>> model =
       LongNetLM<T>::CreateCpu(config, ModelOptions{}, 1);
   EXPECT_TRUE(model.ok()) << model.status();
-  EXPECT_TRUE(SetParams(**model, 7).ok());
+  EXPECT_TRUE(PerturbedParams(**model, 7).ok());
   std::vector<std::vector<double>> out;
   const int64_t v = config.vocab_size;
   for (int64_t n = 1; n <= kTotal; ++n) {
@@ -135,7 +99,7 @@ class RingDecodeMatchesRecomputeTest : public ::testing::TestWithParam<RingCase>
 // compared with the reference and with rank 0's after the ranks have returned.
 template <typename T>
 void CheckRingDecode(const RingCase& c, double tol) {
-  const LongNetConfig config = RingConfig(c.mode, c.offsets, c.xpos);
+  const LongNetConfig config = DecodeConfig(c.mode, c.offsets, c.xpos);
   const int64_t v = config.vocab_size;
   const std::vector<int32_t> tokens = RandomTokens(v, kTotal, 11);
   const std::vector<std::vector<double>> reference = ReferenceLogits<T>(config, tokens);
@@ -232,7 +196,7 @@ INSTANTIATE_TEST_SUITE_P(Rings, RingDecodeMatchesRecomputeTest, ::testing::Value
 // Three sequences at different positions (one prefilled, one fresh, one further on) in one Step of
 // a 4-rank ring give what one device's decoder gives each stepped alone.
 TEST(RingDecoderTest, ABatchedStepOnARingEqualsOneDevice) {
-  const LongNetConfig config = RingConfig(AttentionMode::kMixture, HeadOffsets::kModulo, true);
+  const LongNetConfig config = DecodeConfig(AttentionMode::kMixture, HeadOffsets::kModulo, true);
   const int64_t v = config.vocab_size;
   const std::vector<int32_t> a = RandomTokens(v, 20, 1), b = RandomTokens(v, 20, 2),
                              c = RandomTokens(v, 20, 3);
@@ -273,7 +237,7 @@ TEST(RingDecoderTest, ABatchedStepOnARingEqualsOneDevice) {
   absl::StatusOr<std::unique_ptr<LongNetLM<double>>> single =
       LongNetLM<double>::CreateCpu(config, ModelOptions{}, 1);
   ASSERT_TRUE(single.ok());
-  ASSERT_TRUE(SetParams(**single, 7).ok());
+  ASSERT_TRUE(PerturbedParams(**single, 7).ok());
   std::vector<double> expected;
   ASSERT_TRUE(run(nullptr, **single, &expected).ok());
   std::vector<std::vector<double>> got(4);
@@ -294,7 +258,7 @@ TEST(RingDecoderTest, ABatchedStepOnARingEqualsOneDevice) {
 // the ring does not divide, a token outside the vocabulary anywhere in the prompt (each rank checks
 // the whole prompt, not only its shard).
 TEST(RingDecoderTest, BadRingsAndPromptsAreRefusedOnEveryRank) {
-  const LongNetConfig config = RingConfig(AttentionMode::kGrouped, HeadOffsets::kModulo, false);
+  const LongNetConfig config = DecodeConfig(AttentionMode::kGrouped, HeadOffsets::kModulo, false);
   const std::vector<absl::Status> results =
       RunRanks(4, 4, [&](int, comm::Communicator&, comm::Communicator* sp) -> absl::Status {
         std::vector<int32_t> prompt = RandomTokens(config.vocab_size, 12, 5);
@@ -379,12 +343,12 @@ absl::Status Serve(Decoder<double>& decoder, int64_t vocab, std::vector<Generate
 }
 
 TEST(RingDecoderTest, ALedRingServesAsOneDevice) {
-  const LongNetConfig config = RingConfig(AttentionMode::kMixture, HeadOffsets::kModulo, true);
+  const LongNetConfig config = DecodeConfig(AttentionMode::kMixture, HeadOffsets::kModulo, true);
   const int64_t v = config.vocab_size;
   absl::StatusOr<std::unique_ptr<LongNetLM<double>>> single =
       LongNetLM<double>::CreateCpu(config, ModelOptions{}, 1);
   ASSERT_TRUE(single.ok());
-  ASSERT_TRUE(SetParams(**single, 7).ok());
+  ASSERT_TRUE(PerturbedParams(**single, 7).ok());
   absl::StatusOr<std::unique_ptr<Decoder<double>>> one = Decoder<double>::Create(single->get(), 40);
   ASSERT_TRUE(one.ok());
   std::vector<Generated> expected;
@@ -403,10 +367,10 @@ TEST(RingDecoderTest, ALedRingServesAsOneDevice) {
     for (int64_t i = 0; i + 1 < 23; ++i) {
       double z = 0;
       for (int64_t k = 0; k < v; ++k) z += std::exp(logits[static_cast<size_t>(i * v + k)]);
-      EXPECT_NEAR(expected_logprobs[static_cast<size_t>(i)],
-                  logits[static_cast<size_t>(i * v + text[static_cast<size_t>(i + 1)])] -
-                      std::log(z),
-                  1e-12);
+      EXPECT_NEAR(
+          expected_logprobs[static_cast<size_t>(i)],
+          logits[static_cast<size_t>(i * v + text[static_cast<size_t>(i + 1)])] - std::log(z),
+          1e-12);
     }
   }
   for (int ranks : {2, 4}) {
@@ -440,8 +404,8 @@ TEST(RingDecoderTest, ALedRingServesAsOneDevice) {
       EXPECT_EQ(got[i].tokens, expected[i].tokens) << ranks << " ranks, request " << i;
       EXPECT_EQ(got[i].finish, expected[i].finish) << ranks << " ranks, request " << i;
     }
-    EXPECT_TRUE(RelativelyNear(absl::StrCat(ranks, " ranks' Score"), logprobs, expected_logprobs,
-                               1e-11));
+    EXPECT_TRUE(
+        RelativelyNear(absl::StrCat(ranks, " ranks' Score"), logprobs, expected_logprobs, 1e-11));
     // Every sequence ended, so the followers dropped every state.
     for (int r = 1; r < ranks; ++r) EXPECT_EQ(held[static_cast<size_t>(r)], 0) << "rank " << r;
   }
@@ -455,7 +419,7 @@ TEST(RingDecoderTest, ALedRingServesAsOneDevice) {
 // has nothing to do keeps it with KeepAlive, and a leader that stops calling leaves it
 // DEADLINE_EXCEEDED, not waiting for ever. Misuse is named.
 TEST(RingDecoderTest, FollowersWaitAsLongAsTheLeaderKeepsThemAndNoLonger) {
-  const LongNetConfig config = RingConfig(AttentionMode::kGrouped, HeadOffsets::kModulo, false);
+  const LongNetConfig config = DecodeConfig(AttentionMode::kGrouped, HeadOffsets::kModulo, false);
   const std::vector<absl::Status> results = RunRanks(
       2, 2,
       [&](int rank, comm::Communicator&, comm::Communicator* sp) -> absl::Status {

@@ -7,6 +7,7 @@
 #include <string>
 #include <vector>
 
+#include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/time/clock.h"
 #include "gmock/gmock.h"
@@ -103,6 +104,43 @@ TEST_F(CoordinatorTest, ADeploymentIsPlannedNeverStallsAndIsNotWaitedForByADrain
   EXPECT_EQ(drained.attempt(), 2);
 }
 
+// A deployment on a ring of 2 workers: placed as a gang with a rendezvous (each rank's assignment
+// carries the ring and the plan's ranks), each rank reserving its share: half of each cache and of
+// the prefill, the weights whole, plus the ring's buffers.
+TEST_F(CoordinatorTest, ADeploymentOnARingIsPlacedAsAGangWithItsShareOnEachRank) {
+  FakeWorker* a = AddWorker("cpu-a", int64_t{4} << 30);
+  FakeWorker* b = AddWorker("cpu-b", int64_t{4} << 30);
+  const std::string checkpoint = SaveTinyCheckpoint(NewDataDir());
+  v1::SubmitJobRequest request = DeployRequest("ring", checkpoint);
+  request.mutable_spec()->mutable_deployment()->set_ranks(2);
+  const v1::Job ring = Submit(request);
+  // Each worker gets a rank.
+  std::vector<v1::TaskAssignment> ranks;
+  for (FakeWorker* w : {a, b}) {
+    std::optional<v1::WorkerCommand> c = w->Next();
+    if (c.has_value() && c->has_assign()) ranks.push_back(c->assign());
+  }
+  ASSERT_EQ(ranks.size(), 2u) << Get(ring.job_id(), true).DebugString();
+  for (const v1::TaskAssignment& t : ranks) {
+    EXPECT_EQ(t.deployment_plan().ranks(), 2);
+    EXPECT_EQ(t.ring().size(), 2);
+    EXPECT_EQ(t.ring().rank(), t.rank());
+    EXPECT_EQ(t.ring().backend(), "gloo");
+    EXPECT_FALSE(t.ring().store_address().empty());
+    // The weights are whole on each rank; the caches and the prefill are halved.
+    EXPECT_THAT(t.deployment_plan().memory_plan(), HasSubstr("prefill of 2048 tokens"));
+    EXPECT_THAT(t.deployment_plan().memory_plan(), HasSubstr("ring buffers"));
+    EXPECT_THAT(t.deployment_plan().memory_plan(), HasSubstr("8 caches of 128 B (1/2 of 256 B)"));
+  }
+  EXPECT_NE(ranks[0].rank(), ranks[1].rank());
+  const v1::Job got = Get(ring.job_id(), true);
+  bool said = false;
+  for (const v1::JobEvent& e : got.events()) {
+    said = said || absl::StrContains(e.message(), "on a ring of 2 workers");
+  }
+  EXPECT_TRUE(said) << got.DebugString();
+}
+
 TEST_F(CoordinatorTest, DeploymentSpecsAreCheckedAtSubmit) {
   const std::string checkpoint = SaveTinyCheckpoint(NewDataDir());
   struct Case {
@@ -128,6 +166,14 @@ TEST_F(CoordinatorTest, DeploymentSpecsAreCheckedAtSubmit) {
   v1::SubmitJobRequest context = DeployRequest("f", checkpoint);
   context.mutable_spec()->mutable_deployment()->set_max_context(-5);
   cases.push_back({"context", context, "spec.deployment.max_context: must be 1 .. 16777216"});
+  v1::SubmitJobRequest ranks = DeployRequest("h", checkpoint);
+  ranks.mutable_spec()->mutable_deployment()->set_ranks(65);
+  cases.push_back({"ranks", ranks, "spec.deployment.ranks: must be 1 .. 64 (0: 1), got 65"});
+  v1::SubmitJobRequest uneven = DeployRequest("i", checkpoint);
+  uneven.mutable_spec()->mutable_deployment()->set_ranks(3);
+  cases.push_back({"uneven", uneven,
+                   "spec.deployment.ranks: 3 ranks must divide max_context 4096 (a prompt is "
+                   "split evenly over the ring)"});
   for (const Case& c : cases) {
     absl::StatusOr<v1::SubmitJobResponse> r = coordinator_->SubmitJob(c.request);
     ASSERT_FALSE(r.ok()) << c.name;

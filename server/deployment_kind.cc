@@ -4,6 +4,7 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "engine/rank_memory_plan.h"
 #include "model/decoder.h"
 #include "model/longnet.h"
 #include "model/longnet_params.h"
@@ -72,9 +73,23 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> DeploymentKind::Analyze(
     return Invalid(at + ".max_queued", absl::StrCat("must be 1 .. ", kMaxDeploymentQueued, " (0: ",
                                                     kDefaultMaxQueued, "), got ", d.max_queued()));
   }
+  const int ranks = d.ranks() == 0 ? 1 : d.ranks();
+  if (ranks < 1 || ranks > api::kMaxDeploymentRanks) {
+    return Invalid(at + ".ranks", absl::StrCat("must be 1 .. ", api::kMaxDeploymentRanks,
+                                               " (0: 1), got ", d.ranks()));
+  }
+  if (max_context % ranks != 0) {
+    return Invalid(at + ".ranks",
+                   absl::StrCat(ranks, " ranks must divide max_context ", max_context,
+                                " (a prompt is split evenly over the ring)"));
+  }
   absl::StatusOr<model::KvCacheGeometry> geometry =
       model::KvCacheGeometry::Make(*config, max_context);
   if (!geometry.ok()) return Invalid(at + ".max_context", std::string(geometry.status().message()));
+  // The largest share of a sequence's cache: rank 0's (it holds row 0 of every slot).
+  absl::StatusOr<model::KvCacheGeometry> share =
+      model::KvCacheGeometry::Make(*config, max_context, ranks, 0);
+  if (!share.ok()) return Invalid(at + ".max_context", std::string(share.status().message()));
   absl::StatusOr<model::ParamLayout> layout = model::BuildParamLayout(*config);
   if (!layout.ok())
     return Invalid(at + ".model_config_json", std::string(layout.status().message()));
@@ -84,31 +99,63 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> DeploymentKind::Analyze(
   a->max_context = max_context;
   a->max_batch = max_batch;
   a->max_queued = max_queued;
+  a->ranks = ranks;
   a->cache_bytes_per_sequence = geometry->ElementsPerSequence() * 4;
   const model::LongNetConfig& c = *config;
   const int64_t weights = 2 * a->parameters * 4;
-  const int64_t prefill = model::LongNetLM<float>::BufferElements(c, {}, 1, max_context) * 4;
-  const int64_t caches = max_batch * a->cache_bytes_per_sequence;
-  const int64_t step = int64_t{max_batch} * (20 * c.d_model + 3 * c.ffn_dim + c.vocab_size) * 4;
+  // A rank's share of a max_context-token prompt or Score (and on a ring the engine's exchange
+  // buffers of its largest rank, forward only).
+  const int64_t shard = max_context / ranks;
+  const int64_t prefill = model::LongNetLM<float>::BufferElements(c, {}, 1, shard) * 4;
+  int64_t ring = 0;
+  if (ranks > 1) {
+    RankProblem problem;
+    problem.spec = c.attention_spec();
+    problem.batch = 1;
+    problem.seq_len = max_context;
+    problem.num_heads = c.num_heads;
+    problem.head_dim = c.head_dim();
+    problem.ranks = ranks;
+    problem.dtype = DType::kFloat32;
+    problem.backward = false;
+    absl::StatusOr<RankMemoryPlan> plan = PlanLargestRankMemory(problem, BackendKind::kCpu, 1);
+    if (!plan.ok()) return Invalid(at + ".ranks", std::string(plan.status().message()));
+    ring = plan->ring_bytes;
+  }
+  const int64_t cache_share = share->ElementsPerSequence() * 4;
+  const int64_t caches = max_batch * cache_share;
+  // The decoder's step buffers, and on a ring the all-gathered partial softmaxes of a layer.
+  const int64_t step =
+      int64_t{max_batch} * (20 * c.d_model + 3 * c.ffn_dim + c.vocab_size) * 4 +
+      (ranks > 1 ? int64_t{ranks + 1} * max_batch * static_cast<int64_t>(geometry->slots().size()) *
+                       (c.head_dim() + 2) * 8
+                 : 0);
   api::DeviceVariant cpu;
   cpu.gpu = false;
-  cpu.memory_per_rank_bytes = weights + prefill + caches + step;
-  cpu.memory_plan = absl::StrCat("weights and gradient buffer ", scheduler::FormatBytes(weights),
-                                 " + prefill of ", max_context, " tokens ",
-                                 scheduler::FormatBytes(prefill), " + ", max_batch, " caches of ",
-                                 scheduler::FormatBytes(a->cache_bytes_per_sequence),
-                                 " + step buffers ", scheduler::FormatBytes(step));
+  cpu.ring_backend = "gloo";
+  cpu.memory_per_rank_bytes = weights + prefill + ring + caches + step;
+  cpu.memory_plan = absl::StrCat(
+      "weights and gradient buffer ", scheduler::FormatBytes(weights), " + prefill of ", shard,
+      " tokens ", scheduler::FormatBytes(prefill),
+      ranks > 1 ? absl::StrCat(" + ring buffers ", scheduler::FormatBytes(ring)) : "", " + ",
+      max_batch, " caches of ", scheduler::FormatBytes(cache_share),
+      ranks > 1 ? absl::StrCat(" (1/", ranks, " of ",
+                               scheduler::FormatBytes(a->cache_bytes_per_sequence), ")")
+                : "",
+      " + step buffers ", scheduler::FormatBytes(step), ranks > 1 ? " on each of " : "",
+      ranks > 1 ? absl::StrCat(ranks, " ranks") : "");
   a->devices = {cpu};
-  a->num_ranks = 1;
+  a->num_ranks = ranks;
   a->steps_total = 1;
   a->dtype = "fp32";
   a->head_dim = 0;
   a->keeps_output = false;
   a->resident = true;
-  a->summary = absl::StrCat("deployment of ", d.checkpoint(), ": a ", a->parameters,
-                            "-parameter LongNet (d_model ", c.d_model, ", ", c.num_layers,
-                            " layers, vocabulary ", c.vocab_size, "), context ", max_context, ", ",
-                            max_batch, " sequences at once; ", cpu.memory_plan);
+  a->summary = absl::StrCat(
+      "deployment of ", d.checkpoint(), ": a ", a->parameters, "-parameter LongNet (d_model ",
+      c.d_model, ", ", c.num_layers, " layers, vocabulary ", c.vocab_size, "), context ",
+      max_context, ", ", max_batch, " sequences at once",
+      ranks > 1 ? absl::StrCat(", on a ring of ", ranks, " workers") : "", "; ", cpu.memory_plan);
   return std::shared_ptr<const JobAnalysis>(std::move(a));
 }
 
@@ -122,6 +169,7 @@ void DeploymentKind::PlanRank(const JobAnalysis& analysis, size_t device, int,
   plan->set_max_context(a.max_context);
   plan->set_max_batch(a.max_batch);
   plan->set_max_queued(a.max_queued);
+  plan->set_ranks(a.ranks);
   plan->set_memory_bytes(analysis.devices[device].memory_per_rank_bytes);
   plan->set_memory_plan(analysis.devices[device].memory_plan);
 }
@@ -132,7 +180,8 @@ std::unique_ptr<AttemptResults> DeploymentKind::NewAttempt(const JobAnalysis&, s
 
 void DeploymentKind::DescribeRecovery(const JobAnalysis& analysis, size_t device,
                                       scheduler::RecoveryInput* input) const {
-  input->num_ranks = 1;
+  const int ranks = AsDeployment(analysis)->ranks;
+  input->num_ranks = ranks;
   input->surviving_ranks = 0;
   input->seq_len = 1;
   input->micro_batch_size = 1;
@@ -144,8 +193,8 @@ void DeploymentKind::DescribeRecovery(const JobAnalysis& analysis, size_t device
   input->allow_precision_fallback = false;
   input->allow_more_ranks = false;
   const int64_t planned = analysis.devices[device].memory_per_rank_bytes;
-  input->memory_per_rank = [planned](int ranks) -> std::optional<int64_t> {
-    if (ranks != 1) return std::nullopt;
+  input->memory_per_rank = [planned, ranks](int asked) -> std::optional<int64_t> {
+    if (asked != ranks) return std::nullopt;
     return planned;
   };
 }

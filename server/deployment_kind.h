@@ -1,5 +1,6 @@
 // Deployments (JobSpec.deployment, docs/SERVING.md): a LongNet model from a checkpoint, resident
-// on one CPU worker's rank, serving JobService.Generate and Score until cancelled.
+// on a ring of `ranks` CPU workers (one by default), serving JobService.Generate and Score until
+// cancelled; rank 0 serves, the others follow it (model/decoder.h, "A ring of S ranks").
 //
 // A deployment is a job like any other for the coordinator's roles: validated and analysed once
 // (Analyze: the resolved model config, max_context, max_batch, max_queued, and the memory its rank
@@ -9,10 +10,11 @@
 // progress reports carry a DeploymentStatus (readiness, queue, counts), which TakeProgress keeps
 // in the job and turns into a "ready" event.
 //
-// The memory a rank reserves (fp32): the parameters and the model's gradient buffer (2 P), the
-// forward pass of a max_context-token prompt or Score (LongNetLM::BufferElements), max_batch
-// caches (KvCacheGeometry::ElementsPerSequence each) and the decoder's step buffers for
-// max_batch rows.
+// The memory a rank reserves (fp32): the parameters and the model's gradient buffer (2 P), its
+// share (max_context / ranks tokens) of the forward pass of a max_context-token prompt or Score
+// (LongNetLM::BufferElements) and on a ring the engine's exchange buffers (forward), max_batch
+// caches (KvCacheGeometry::ElementsPerSequence of rank 0's share, the largest) and the decoder's
+// step buffers for max_batch rows (with the ring's gathered partial softmaxes).
 //
 // The spec's model_config_json is filled at submit (ResolveDeployment, from the checkpoint the
 // spec names or a training job's final one); Analyze refuses a spec without it.
@@ -45,7 +47,8 @@ struct DeploymentAnalysis : JobAnalysis {
   int64_t max_context = 0;
   int max_batch = 0;
   int max_queued = 0;
-  int64_t cache_bytes_per_sequence = 0;
+  int ranks = 1;                         // The ring's size (num_ranks).
+  int64_t cache_bytes_per_sequence = 0;  // Every rank's share together.
 };
 
 class DeploymentKind final : public WorkKind {

@@ -18,6 +18,7 @@
 #include <cmath>
 #include <cstring>
 #include <filesystem>
+#include <functional>
 #include <string>
 #include <thread>
 #include <vector>
@@ -123,16 +124,26 @@ struct Generated {
   v1::GenerateDone done;
 };
 
+v1::GenerateRequest Greedy(const std::string& id, const std::string& text, int64_t max_tokens) {
+  v1::GenerateRequest r;
+  r.set_deployment_id(id);
+  r.set_prompt_text(text);
+  r.set_max_tokens(max_tokens);
+  return r;
+}
+
 class ServingTest : public ClusterTest {
  protected:
   // A deployment of `checkpoint`, waited for until ready (30 s at most); its job id.
-  std::string Deploy(const std::string& checkpoint, int max_batch = 4, int64_t max_context = 0) {
+  std::string Deploy(const std::string& checkpoint, int max_batch = 4, int64_t max_context = 0,
+                     int ranks = 0) {
     v1::SubmitJobRequest request;
     request.set_idempotency_key("deploy-" + checkpoint.substr(checkpoint.size() - 8));
     request.mutable_spec()->set_name("serve");
     request.mutable_spec()->mutable_deployment()->set_checkpoint(checkpoint);
     request.mutable_spec()->mutable_deployment()->set_max_batch(max_batch);
     request.mutable_spec()->mutable_deployment()->set_max_context(max_context);
+    request.mutable_spec()->mutable_deployment()->set_ranks(ranks);
     grpc::ClientContext context;
     v1::SubmitJobResponse response;
     const grpc::Status s = cluster_->jobs().SubmitJob(&context, request, &response);
@@ -182,6 +193,29 @@ class ServingTest : public ClusterTest {
     ASSERT_TRUE(s.ok()) << s.error_message() << cluster_->Logs();
   }
 
+  // Job `id` once `done` holds of it (polled for 30 s at most; then the last one read).
+  v1::Job WaitJob(const std::string& id, const std::function<bool(const v1::Job&)>& done) {
+    v1::Job job;
+    for (int i = 0; i < 300; ++i) {
+      grpc::ClientContext c;
+      v1::GetJobRequest get;
+      get.set_job_id(id);
+      if (cluster_->jobs().GetJob(&c, get, &job).ok() && done(job)) break;
+      std::this_thread::sleep_for(milliseconds(100));
+    }
+    return job;
+  }
+
+  // A long request on deployment `id`, in flight when worker `victim` is killed (SIGKILL).
+  Generated KillMidRequest(const std::string& id, int victim) {
+    Generated in_flight;
+    std::thread caller([&] { in_flight = Generate(Greedy(id, "x", 190000)); });
+    std::this_thread::sleep_for(milliseconds(500));
+    cluster_->worker(victim).Signal(SIGKILL);
+    caller.join();
+    return in_flight;
+  }
+
   std::vector<float> weights_;
   std::string checkpoint_;
 
@@ -190,14 +224,6 @@ class ServingTest : public ClusterTest {
     checkpoint_ = SaveModel(cluster_->dir() + "/model", &weights_);
   }
 };
-
-v1::GenerateRequest Greedy(const std::string& id, const std::string& text, int64_t max_tokens) {
-  v1::GenerateRequest r;
-  r.set_deployment_id(id);
-  r.set_prompt_text(text);
-  r.set_max_tokens(max_tokens);
-  return r;
-}
 
 std::vector<int32_t> Bytes(const std::string& s) {
   return std::vector<int32_t>(reinterpret_cast<const unsigned char*>(s.data()),
@@ -408,33 +434,66 @@ TEST_F(ServingTest, ADeploymentWhoseWorkerDiesIsPlacedAgainAndServesTheSame) {
   const int victim = cluster_->WorkerIndex(cluster_->WorkerName(job.worker_ids(0)));
   ASSERT_GE(victim, 0);
   // A request long enough to be in flight when its worker dies.
-  Generated in_flight;
-  std::thread caller([&] { in_flight = Generate(Greedy(id, "x", 190000)); });
-  std::this_thread::sleep_for(milliseconds(500));
-  cluster_->worker(victim).Signal(SIGKILL);
-  caller.join();
+  const Generated in_flight = KillMidRequest(id, victim);
   EXPECT_EQ(in_flight.status.error_code(), grpc::StatusCode::UNAVAILABLE)
       << in_flight.status.error_message();
   EXPECT_NE(in_flight.status.error_message().find("retry"), std::string::npos)
       << in_flight.status.error_message();
 
   // Placed again (on the surviving worker), ready, and the same model.
-  for (int i = 0; i < 300; ++i) {
-    grpc::ClientContext c;
-    v1::GetJobRequest get;
-    get.set_job_id(id);
-    ASSERT_TRUE(cluster_->jobs().GetJob(&c, get, &job).ok());
-    if (job.attempt() >= 2 && job.state() == v1::JOB_STATE_RUNNING &&
-        job.progress().deployment().ready()) {
-      break;
-    }
-    std::this_thread::sleep_for(milliseconds(100));
-  }
+  job = WaitJob(id, [](const v1::Job& j) {
+    return j.attempt() >= 2 && j.state() == v1::JOB_STATE_RUNNING &&
+           j.progress().deployment().ready();
+  });
   ASSERT_EQ(job.state(), v1::JOB_STATE_RUNNING) << job.DebugString() << cluster_->Logs();
   EXPECT_GE(job.attempt(), 2);
   Generated after = Generate(Greedy(id, "abc", 30));
   ASSERT_TRUE(after.status.ok()) << after.status.error_message();
   EXPECT_EQ(after.tokens, before);
+}
+
+// A deployment on a ring of both workers: rank 0 serves and rank 1 follows it, the cache split
+// between them. Generate (alone and two at once) and Score are the model's; kill -9 of the worker
+// that follows ends the request in flight UNAVAILABLE (retryable) and puts the deployment back in
+// the queue (one worker is left: it waits there for a second).
+TEST_F(ServingTest, ADeploymentOnARingOfTwoWorkersServesTheModel) {
+  StartCluster(2, ClusterOptions{});
+  checkpoint_ = SaveModel(cluster_->dir() + "/model", &weights_);
+  const std::string id = Deploy(checkpoint_, /*max_batch=*/4, /*max_context=*/200000, /*ranks=*/2);
+  v1::Job job = WaitJob(id, [](const v1::Job&) { return true; });
+  ASSERT_EQ(job.worker_ids_size(), 2) << job.DebugString();
+  EXPECT_EQ(job.progress().deployment().ranks(), 2);
+  Generated g = Generate(Greedy(id, "In the beginning", 40));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message() << cluster_->Logs();
+  EXPECT_EQ(g.tokens, Expected(weights_, Bytes("In the beginning"), 40, 200000));
+  v1::ScoreRequest score;
+  v1::ScoreResponse scored;
+  ASSERT_NO_FATAL_FAILURE(Score(id, "And God said, Let there be light", &score, &scored));
+  const std::vector<double> expected = LogProbs(weights_, score.text());
+  ASSERT_EQ(scored.logprobs_size(), static_cast<int>(expected.size()));
+  for (size_t i = 0; i < expected.size(); ++i) {
+    EXPECT_NEAR(scored.logprobs(static_cast<int>(i)), expected[i], 1e-4) << i;
+  }
+  std::vector<Generated> together(2);
+  {
+    std::thread other([&] { together[1] = Generate(Greedy(id, "Let there", 25)); });
+    together[0] = Generate(Greedy(id, "a", 25));
+    other.join();
+  }
+  EXPECT_EQ(together[0].tokens, Expected(weights_, Bytes("a"), 25, 200000));
+  EXPECT_EQ(together[1].tokens, Expected(weights_, Bytes("Let there"), 25, 200000));
+
+  // The follower (rank 1) dies mid-request.
+  const int victim = cluster_->WorkerIndex(cluster_->WorkerName(job.worker_ids(1)));
+  ASSERT_GE(victim, 0);
+  const Generated in_flight = KillMidRequest(id, victim);
+  EXPECT_EQ(in_flight.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << in_flight.status.error_message();
+  EXPECT_LT(in_flight.tokens.size(), 190000u);
+  job = WaitJob(
+      id, [](const v1::Job& j) { return j.attempt() >= 2 && j.state() == v1::JOB_STATE_QUEUED; });
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED) << job.DebugString() << cluster_->Logs();
+  EXPECT_GE(job.attempt(), 2);
 }
 
 // The CLI: dattn deploy --wait, dattn generate (bytes to stdout as they come), dattn score, and

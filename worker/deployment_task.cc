@@ -8,16 +8,19 @@
 #include <utility>
 #include <vector>
 
+#include "absl/cleanup/cleanup.h"
 #include "absl/strings/str_cat.h"
 #include "absl/synchronization/mutex.h"
 #include "absl/time/clock.h"
 #include "absl/types/span.h"
 #include "model/batch_generator.h"
 #include "model/config.h"
+#include "model/cpu_layer_ops.h"
 #include "model/decoder.h"
 #include "model/generation.h"
 #include "model/longnet.h"
 #include "model/model_folder.h"
+#include "model/ring_sequence_attention.h"
 
 namespace dattn {
 namespace worker {
@@ -35,7 +38,8 @@ struct Loaded {
   v1::DeploymentStatus status;
 };
 
-absl::StatusOr<Loaded> Load(const v1::DeploymentRankPlan& plan, int threads) {
+absl::StatusOr<Loaded> Load(const v1::DeploymentRankPlan& plan, int threads,
+                            comm::Communicator* ring) {
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<model::LongNetConfig> planned = model::ParseConfigJson(plan.model_config_json());
   if (!planned.ok()) {
@@ -54,8 +58,16 @@ absl::StatusOr<Loaded> Load(const v1::DeploymentRankPlan& plan, int threads) {
         "submit the deployment again"));
   }
   Loaded loaded;
-  absl::StatusOr<std::unique_ptr<LongNetLM<float>>> lm =
-      LongNetLM<float>::CreateCpu(*planned, {}, threads);
+  absl::StatusOr<std::unique_ptr<LongNetLM<float>>> lm;
+  if (ring == nullptr) {
+    lm = LongNetLM<float>::CreateCpu(*planned, {}, threads);
+  } else {
+    // The ring's attention: a prompt's prefill and a Score split over the ranks.
+    model::CpuLayerOpsOptions ops;
+    ops.num_threads = threads;
+    lm = LongNetLM<float>::Create(*planned, {}, model::NewCpuLayerOps<float>(ops),
+                                  model::NewCpuRingSequenceAttention(ring, threads));
+  }
   if (!lm.ok()) return lm.status();
   loaded.lm = *std::move(lm);
   std::vector<float> params(static_cast<size_t>(loaded.lm->layout().total()));
@@ -66,9 +78,10 @@ absl::StatusOr<Loaded> Load(const v1::DeploymentRankPlan& plan, int threads) {
                         absl::StrCat("model folder ", plan.checkpoint(), ": ", s.message()));
   }
   absl::StatusOr<std::unique_ptr<Decoder<float>>> decoder =
-      Decoder<float>::Create(loaded.lm.get(), plan.max_context());
+      Decoder<float>::Create(loaded.lm.get(), plan.max_context(), ring);
   if (!decoder.ok()) return decoder.status();
   loaded.decoder = *std::move(decoder);
+  const int ranks = ring == nullptr ? 1 : ring->size();
   absl::StatusOr<std::unique_ptr<BatchGenerator<float>>> generator =
       BatchGenerator<float>::Create(loaded.decoder.get(), plan.max_batch());
   if (!generator.ok()) return generator.status();
@@ -79,19 +92,24 @@ absl::StatusOr<Loaded> Load(const v1::DeploymentRankPlan& plan, int threads) {
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   st.set_parameters(loaded.lm->layout().total());
   st.set_vocab_size(planned->vocab_size);
-  st.set_cache_bytes_per_sequence(loaded.decoder->geometry().ElementsPerSequence() *
+  // Every rank's share together: the cache of one sequence.
+  absl::StatusOr<model::KvCacheGeometry> whole =
+      model::KvCacheGeometry::Make(*planned, plan.max_context());
+  if (!whole.ok()) return whole.status();
+  st.set_cache_bytes_per_sequence(whole->ElementsPerSequence() *
                                   static_cast<int64_t>(sizeof(float)));
+  st.set_ranks(ranks);
   st.set_checkpoint_step(folder->step());
   st.set_model_source(folder->Describe());
   return loaded;
 }
 
-// log p(tokens[i + 1] | tokens[..i]) for every i, from one forward pass.
-absl::StatusOr<v1::ScoreResponse> Score(LongNetLM<float>& lm, const v1::ScoreRequest& request,
+// log p(tokens[i + 1] | tokens[..i]) for every i, from one forward pass (over the ring on a
+// ring: Decoder::Score).
+absl::StatusOr<v1::ScoreResponse> Score(Decoder<float>& decoder, const v1::ScoreRequest& request,
                                         int64_t max_context) {
   const auto start = std::chrono::steady_clock::now();
   const int64_t n = request.tokens_size();
-  const int64_t v = lm.config().vocab_size;
   if (n < 2) {
     return absl::InvalidArgumentError(
         absl::StrCat("tokens: ", n, " given; scoring needs at least 2 (the first is context)"));
@@ -101,24 +119,12 @@ absl::StatusOr<v1::ScoreResponse> Score(LongNetLM<float>& lm, const v1::ScoreReq
         absl::StrCat("tokens: ", n, " pass the deployment's max_context of ", max_context));
   }
   std::vector<int32_t> tokens(request.tokens().begin(), request.tokens().end());
-  model::TokenBatch batch;
-  batch.tokens = tokens.data();
-  batch.batch = 1;
-  batch.seq_len = n;
-  absl::StatusOr<model::LossResult> forward = lm.Forward(batch);
-  if (!forward.ok()) return forward.status();
-  std::vector<float> logits(static_cast<size_t>(n * v));
-  if (absl::Status s = lm.CopyLogitsToHost(logits.data()); !s.ok()) return s;
+  std::vector<double> logprobs(static_cast<size_t>(n - 1));
+  if (absl::Status s = decoder.Score(tokens.data(), n, logprobs.data()); !s.ok()) return s;
   v1::ScoreResponse response;
   double sum = 0;
   for (int64_t i = 0; i + 1 < n; ++i) {
-    const float* row = logits.data() + i * v;
-    double max_z = row[0];
-    for (int64_t k = 1; k < v; ++k) max_z = std::max<double>(max_z, row[k]);
-    double z = 0;
-    for (int64_t k = 0; k < v; ++k) z += std::exp(static_cast<double>(row[k]) - max_z);
-    const double lp =
-        static_cast<double>(row[tokens[static_cast<size_t>(i + 1)]]) - max_z - std::log(z);
+    const double lp = logprobs[static_cast<size_t>(i)];
     if (!std::isfinite(lp)) {
       return absl::InternalError(
           absl::StrCat("the model's log-probability of token ", i + 1, " is ", lp));
@@ -191,11 +197,41 @@ absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
         absl::StrCat("task ", assignment.task_id(), " carries no deployment plan"));
   }
   const v1::DeploymentRankPlan& plan = assignment.deployment_plan();
-  absl::StatusOr<Loaded> loaded = Load(plan, options.num_threads);
-  if (!loaded.ok()) return loaded.status();
-  if (options.is_cancelled && options.is_cancelled()) {
-    return absl::CancelledError("undeployed while loading");
+  auto cancelled = [&] { return options.is_cancelled && options.is_cancelled(); };
+  comm::Communicator* ring = nullptr;
+  if (plan.ranks() > 1) {
+    if (!options.join_ring) {
+      return absl::FailedPreconditionError(
+          absl::StrCat("task ", assignment.task_id(), ": a deployment on ", plan.ranks(),
+                       " ranks, and this worker was given no way to join its ring"));
+    }
+    absl::StatusOr<comm::Communicator*> joined = options.join_ring();
+    if (!joined.ok()) return joined.status();
+    ring = *joined;
+    if (ring->size() != plan.ranks() || ring->rank() != assignment.rank()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("task ", assignment.task_id(), ": its ring is rank ", ring->rank(), " of ",
+                       ring->size(), ", the plan rank ", assignment.rank(), " of ", plan.ranks()));
+    }
   }
+  absl::StatusOr<Loaded> loaded = Load(plan, options.num_threads, ring);
+  if (!loaded.ok()) return loaded.status();
+  if (cancelled()) return absl::CancelledError("undeployed while loading");
+  model::Decoder<float>& decoder = *loaded->decoder;
+  if (ring != nullptr && ring->rank() > 0) {
+    if (options.on_following) options.on_following();
+    absl::Status followed = decoder.Follow();
+    if (cancelled()) return absl::CancelledError("the deployment was stopped");
+    if (followed.ok()) {
+      return absl::UnavailableError("rank 0 of the deployment stopped serving; it is placed again");
+    }
+    return followed;
+  }
+  // Rank 0 of a ring drives the others; idle, it tells them it is alive well within their wait.
+  if (absl::Status s = decoder.Lead(); !s.ok()) return s;
+  const absl::Duration keep_alive =
+      ring == nullptr ? absl::InfiniteDuration() : std::min(absl::Seconds(1), ring->timeout() / 4);
+  auto release = absl::MakeCleanup([&decoder] { (void)decoder.Release(); });
   absl::StatusOr<std::unique_ptr<ServeChannel>> channel = options.open_channel(loaded->status);
   if (!channel.ok()) return channel.status();
   if (options.on_status) options.on_status(loaded->status);
@@ -228,7 +264,7 @@ absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
     for (v1::ServeWork& w : work) {
       const int64_t id = w.request_id();
       if (w.has_score()) {
-        absl::StatusOr<v1::ScoreResponse> score = Score(*loaded->lm, w.score(), plan.max_context());
+        absl::StatusOr<v1::ScoreResponse> score = Score(decoder, w.score(), plan.max_context());
         v1::ServeUpdate u;
         if (score.ok()) {
           u.set_request_id(id);
@@ -296,6 +332,9 @@ absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
         outcome = tick.status();  // Every request in the step was failed with it.
         break;
       }
+    } else if (absl::Status alive = decoder.KeepAlive(keep_alive); !alive.ok()) {
+      outcome = alive;  // A follower is gone: the ring is placed again.
+      break;
     }
     status.set_running(generator.running());
     status.set_queued(generator.queued());

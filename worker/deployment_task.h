@@ -1,15 +1,25 @@
-// The one rank of a deployment (JobSpec.deployment, docs/SERVING.md), run on a CPU worker: the
-// worker's unit of serving, free of gRPC (the worker hands it a ServeChannel over its Serve
-// stream).
+// A rank of a deployment (JobSpec.deployment, docs/SERVING.md), run on a CPU worker: the worker's
+// unit of serving, free of gRPC (the worker hands it a ServeChannel over its Serve stream).
 //
 // RunDeploymentTask takes a dattn.v1.TaskAssignment whose plan is a DeploymentRankPlan and:
-//   1. opens the checkpoint (model/checkpoint.h, checksums verified), checks that its model config
-//      is the one the coordinator planned with, and loads its weights into a CPU model in fp32;
-//   2. makes a Decoder (model/decoder.h) for the plan's max_context and a BatchGenerator
-//      (model/batch_generator.h) for max_batch sequences;
-//   3. opens the channel (options.open_channel) with its status (ready) and serves until
-//      cancelled: GenerateRequests go to the generator's queue (at most max_queued waiting; more
-//      are refused RESOURCE_EXHAUSTED), each of their tokens and their outcome go back as
+//   1. with plan.ranks > 1, joins the deployment's ring (options.join_ring: the worker's
+//   rendezvous,
+//      ring_join.h; a Gloo communicator of plan.ranks ranks, this task's rank its assignment's);
+//   2. opens the model folder (model/model_folder.h: a checkpoint's checksums verified), checks
+//      that its model config is the one the coordinator planned with, and loads its weights into a
+//      CPU model in fp32, whose attention is the ring's on a ring
+//      (model/ring_sequence_attention.h);
+//   3. makes a Decoder (model/decoder.h) for the plan's max_context (on the ring: its rank's share
+//      of each cache) and, on rank 0, a BatchGenerator (model/batch_generator.h) for max_batch
+//      sequences;
+//   4. on ranks 1.. of a ring: calls options.on_following and follows rank 0 (Decoder::Follow)
+//      until rank 0 releases it (it returns UNAVAILABLE: the deployment's attempt is over), the
+//      ring breaks (the communicator's error) or it is cancelled (CANCELLED; the worker aborts the
+//      communicator on a cancel, which ends the wait at once). The rest is rank 0's:
+//   5. leads the ring (Decoder::Lead: every prefill, step and Score runs on every rank, keep-alives
+//      while idle), opens the channel (options.open_channel) with its status (ready) and serves
+//      until cancelled: GenerateRequests go to the generator's queue (at most max_queued waiting;
+//      more are refused RESOURCE_EXHAUSTED), each of their tokens and their outcome go back as
 //      ServeUpdates; ScoreRequests run between the generator's rounds (one forward pass); cancels
 //      end their request at once, freeing its cache.
 // It returns CANCELLED once is_cancelled() says so (the deployment was undeployed or its worker
@@ -29,6 +39,7 @@
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
 #include "dattn/v1/worker.pb.h"
+#include "engine/comm/communicator.h"
 
 namespace dattn {
 namespace worker {
@@ -48,6 +59,11 @@ class ServeChannel {
 struct DeploymentTaskOptions {
   int num_threads = 0;  // CPU threads of the model (0: every core).
   std::function<bool()> is_cancelled;
+  // With plan.ranks > 1: joins the ring and returns this rank's communicator (host memory), which
+  // the caller owns and keeps until RunDeploymentTask returns (and aborts on a cancel).
+  std::function<absl::StatusOr<comm::Communicator*>()> join_ring;
+  // Ranks 1.. of a ring: called once the model is loaded, as the rank starts following rank 0.
+  std::function<void()> on_following;
   // Opens the Serve stream once the model is loaded; `ready` is the first status it sends.
   std::function<absl::StatusOr<std::unique_ptr<ServeChannel>>(const v1::DeploymentStatus& ready)>
       open_channel;

@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "model/decoder.h"
 #include "model/generation.h"
 #include "model/longnet.h"
+#include "model/testing/gloo_ranks.h"
 #include "model/testing/test_checkpoint.h"
 
 namespace dattn {
@@ -233,6 +235,134 @@ TEST(DeploymentTaskTest, ServesGenerateAndScoreAsTheModelComputesThem) {
   r.cancel = true;
   r.thread.join();
   EXPECT_TRUE(absl::IsCancelled(r.outcome)) << r.outcome;
+}
+
+// A deployment on a ring of S ranks (threads with Gloo communicators, as the worker's rendezvous
+// would give them): rank 0 serves, the others follow it; Generate and Score give what one rank
+// gives (the tokens exactly, log-probabilities to fp32 rounding), the status says the ring's size
+// and the whole sequence's cache, a cancel ends every rank CANCELLED. Then a follower that dies
+// ends rank 0's task with the ring's error within a keep-alive (the attempt is placed again),
+// never a hang.
+struct RingRun {
+  std::vector<std::unique_ptr<Running>> ranks;
+  std::vector<absl::Status> results;
+  std::thread thread;
+  std::atomic<bool> kill_follower{false};
+};
+
+void StartRing(RingRun* run, const std::string& dir, int ranks, absl::Duration timeout) {
+  for (int r = 0; r < ranks; ++r) run->ranks.push_back(std::make_unique<Running>());
+  run->thread = std::thread([run, dir, ranks, timeout] {
+    run->results = model::testing::RunRanks(
+        ranks, ranks,
+        [&](int rank, comm::Communicator&, comm::Communicator* sp) -> absl::Status {
+          Running* r = run->ranks[static_cast<size_t>(rank)].get();
+          v1::TaskAssignment a = Assignment(dir, 2, 8);
+          a.set_task_id(absl::StrCat("j-1/1/", rank));
+          a.set_rank(rank);
+          a.mutable_deployment_plan()->set_ranks(ranks);
+          DeploymentTaskOptions o;
+          o.num_threads = 1;
+          o.is_cancelled = [r] { return r->cancel.load(); };
+          o.join_ring = [sp]() -> absl::StatusOr<comm::Communicator*> { return sp; };
+          o.on_following = [r] { r->opened = true; };
+          o.open_channel = [r](const v1::DeploymentStatus& ready)
+              -> absl::StatusOr<std::unique_ptr<ServeChannel>> {
+            auto channel = std::make_unique<FakeChannel>();
+            r->channel = channel.get();
+            r->ready = ready;
+            r->opened = true;
+            return channel;
+          };
+          // The last rank "dies" when told to: its communicator breaks, as a killed process's
+          // connections do.
+          std::thread killer;
+          if (rank == ranks - 1) {
+            killer = std::thread([run, r, sp] {
+              while (!run->kill_follower.load() && !r->cancel.load()) {
+                absl::SleepFor(absl::Milliseconds(10));
+              }
+              if (run->kill_follower.load()) sp->Abort("killed by the test");
+            });
+          }
+          r->outcome = RunDeploymentTask(a, o);
+          r->cancel = true;  // Stops the killer thread.
+          if (killer.joinable()) killer.join();
+          return absl::OkStatus();
+        },
+        timeout, absl::StrCat("deploy", ranks));
+  });
+  for (int i = 0; i < 3000; ++i) {
+    bool all = true;
+    for (const auto& r : run->ranks) all = all && r->opened.load();
+    if (all) break;
+    absl::SleepFor(absl::Milliseconds(10));
+  }
+  for (const auto& r : run->ranks) ASSERT_TRUE(r->opened);
+}
+
+TEST(DeploymentTaskTest, ARingOfRanksServesAsOneRank) {
+  std::vector<float> weights;
+  const std::string dir = SaveModel("ring", &weights);
+  // One rank: the reference.
+  Running one;
+  Start(&one, Assignment(dir, 2, 8));
+  const std::vector<int32_t> prompt = {3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5};
+  one.channel->Send(Generate(1, prompt, 14));
+  v1::ServeWork score;
+  score.set_request_id(2);
+  for (int32_t t : {2, 7, 1, 8, 2, 8, 1, 8, 2, 8, 4, 5, 9}) score.mutable_score()->add_tokens(t);
+  one.channel->Send(score);
+  const std::vector<v1::ServeUpdate> expected = one.channel->Await(1);
+  const std::vector<v1::ServeUpdate> expected_score = one.channel->Await(2);
+  one.cancel = true;
+  one.thread.join();
+  ASSERT_EQ(expected.size(), 15u);
+  ASSERT_TRUE(expected_score[0].has_score());
+
+  for (int ranks : {2, 4}) {
+    RingRun run;
+    StartRing(&run, dir, ranks, absl::Seconds(60));
+    Running& leader = *run.ranks[0];
+    EXPECT_EQ(leader.ready.ranks(), ranks);
+    EXPECT_EQ(leader.ready.cache_bytes_per_sequence(), one.ready.cache_bytes_per_sequence());
+    // Two at once (the second prompt's tail on the last rank), then the Score.
+    leader.channel->Send(Generate(1, prompt, 14));
+    leader.channel->Send(Generate(3, {7, 7}, 5));
+    leader.channel->Send(score);
+    const std::vector<v1::ServeUpdate> got = leader.channel->Await(1);
+    ASSERT_EQ(got.size(), expected.size()) << ranks << " ranks: " << got.back().DebugString();
+    for (size_t i = 0; i + 1 < got.size(); ++i) {
+      EXPECT_EQ(got[i].token().token(), expected[i].token().token()) << ranks << " ranks, " << i;
+      EXPECT_NEAR(got[i].token().logprob(), expected[i].token().logprob(), 1e-5) << i;
+    }
+    EXPECT_TRUE(leader.channel->Await(3).back().has_done());
+    const std::vector<v1::ServeUpdate> scored = leader.channel->Await(2);
+    ASSERT_TRUE(scored[0].has_score()) << scored[0].DebugString();
+    ASSERT_EQ(scored[0].score().logprobs_size(), 12);
+    for (int i = 0; i < 12; ++i) {
+      EXPECT_NEAR(scored[0].score().logprobs(i), expected_score[0].score().logprobs(i), 1e-5) << i;
+    }
+    for (const auto& r : run.ranks) r->cancel = true;
+    run.thread.join();
+    for (int r = 0; r < ranks; ++r) {
+      EXPECT_TRUE(absl::IsCancelled(run.ranks[static_cast<size_t>(r)]->outcome))
+          << ranks << " ranks, rank " << r << ": " << run.ranks[static_cast<size_t>(r)]->outcome;
+    }
+  }
+
+  // A follower dies while rank 0 is idle: rank 0 learns it at its next keep-alive (at most 1 s;
+  // the communicator's timeout is 8 s) and ends with the ring's error, not CANCELLED.
+  RingRun run;
+  StartRing(&run, dir, 2, absl::Seconds(8));
+  const absl::Time killed = absl::Now();
+  run.kill_follower = true;
+  run.thread.join();
+  EXPECT_LT(absl::Now() - killed, absl::Seconds(8));
+  const absl::Status& leader = run.ranks[0]->outcome;
+  EXPECT_FALSE(leader.ok());
+  EXPECT_FALSE(absl::IsCancelled(leader)) << leader;
+  EXPECT_FALSE(run.ranks[1]->outcome.ok());
 }
 
 TEST(DeploymentTaskTest, AFullQueueIsRefusedAndAClosedStreamEndsTheTask) {

@@ -15,6 +15,7 @@
 #include "worker/deployment_task.h"
 #include "worker/host_info.h"
 #include "worker/log.h"
+#include "worker/ring_join.h"
 #include "worker/training_task.h"
 
 namespace dattn {
@@ -908,7 +909,35 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
       task->deployment = status;
       progressed(0, /*force=*/true);
     };
+    // A deployment on a ring: the communicator lives here until the task returns, registered so
+    // that a cancel aborts it (a follower waiting for rank 0 stops at once).
+    RingMembership membership;
+    run_options.join_ring = [&]() -> absl::StatusOr<comm::Communicator*> {
+      on_phase(v1::RANK_PHASE_FORMING_RING);
+      RingJoinOptions join;
+      join.member_name = member_name;
+      join.default_comm_timeout = options_.default_comm_timeout;
+      join.store_tls = options_.store_tls;
+      join.is_cancelled = is_cancelled;
+      absl::StatusOr<RingMembership> joined =
+          JoinRing(task->assignment.ring(), device_.get(), join);
+      if (!joined.ok()) return joined.status();
+      membership = *std::move(joined);
+      task->ring_formation_seconds = membership.formation_seconds;
+      absl::MutexLock lock(&task->comm_mu);
+      task->comm = membership.comm.get();
+      if (task->cancel.load()) task->comm->Abort("the task was cancelled");
+      return membership.comm.get();
+    };
+    run_options.on_following = [&]() {
+      task->phase = v1::RANK_PHASE_RUNNING;
+      on_started();
+    };
     failure = RunDeploymentTask(task->assignment, run_options);
+    {
+      absl::MutexLock lock(&task->comm_mu);
+      task->comm = nullptr;
+    }
     // A deployment never succeeds: it serves until it is stopped.
     if (failure.ok()) failure = absl::CancelledError("the deployment stopped serving");
   } else if (task->assignment.spec().has_training()) {

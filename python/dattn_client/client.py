@@ -495,10 +495,12 @@ class Client:
     # ---- Deployments (docs/SERVING.md) ------------------------------------------------------------
 
     def deploy(self, checkpoint=None, *, training_job_id=None, step=0, max_context=0, max_batch=0,
-               max_queued=0, name="", priority=0, wait=None, idempotency_key=None):
+               max_queued=0, ranks=0, name="", priority=0, wait=None, idempotency_key=None):
         """Submits a deployment of a checkpoint step folder or an imported model's folder
         (config.json and safetensors weights; docs/SERVING.md), or of a succeeded training job's
         final checkpoint, or with `step` of any saved step of a training job, and returns its Job.
+        With `ranks` > 1 it runs on that many workers as one ring, each keeping 1/ranks of every
+        sequence's cache.
         With `wait` (seconds), follows it until it serves and returns the Job then; raises
         DattnError if it ends first or the wait runs out."""
         if (checkpoint is None) == (training_job_id is None):
@@ -508,7 +510,7 @@ class Client:
         spec = job_pb2.JobSpec(name=name, priority=priority, deployment=job_pb2.DeploymentSpec(
             checkpoint=checkpoint or "", training_job_id=training_job_id or "",
             training_job_step=step, max_context=max_context, max_batch=max_batch,
-            max_queued=max_queued))
+            max_queued=max_queued, ranks=ranks))
         job = self.submit(spec, idempotency_key)
         if wait is None:
             return job

@@ -4,6 +4,7 @@
 #include <atomic>
 #include <filesystem>
 #include <optional>
+#include <set>
 #include <thread>
 #include <utility>
 
@@ -128,6 +129,7 @@ absl::Status Coordinator::Start() {
 absl::Status Coordinator::Recover() {
   absl::StatusOr<std::vector<StoredJob>> active = store_->LoadActive();
   if (!active.ok()) return active.status();
+  RemoveStalePins(*active);
   Tickets tickets;
   for (const StoredJob& stored : *active) {
     const v1::JobState state = stored.job.state();
@@ -196,6 +198,42 @@ absl::Status Coordinator::Recover() {
                     &tickets);
   }
   return recorder_.Flush(tickets);
+}
+
+void Coordinator::RemoveStalePins(const std::vector<StoredJob>& active) {
+  std::set<std::string> held;
+  for (const StoredJob& stored : active) {
+    const v1::JobSpec& spec = stored.job.spec();
+    if (spec.has_deployment() && spec.deployment().checkpoint_pinned()) {
+      held.insert(spec.deployment().checkpoint());
+    }
+  }
+  ListFilter finished;
+  finished.kind = "deployment";
+  finished.states = {v1::JOB_STATE_SUCCEEDED, v1::JOB_STATE_FAILED, v1::JOB_STATE_CANCELLED};
+  std::string token;
+  do {
+    absl::StatusOr<ListPage> page = store_->List(finished, api::kMaxPageSize, token);
+    if (!page.ok()) {
+      Log(absl::StrCat("cannot look for checkpoint pins of ended deployments: ",
+                       page.status().message()));
+      return;
+    }
+    for (const StoredJob& stored : page->jobs) {
+      const v1::DeploymentSpec& d = stored.job.spec().deployment();
+      if (!d.checkpoint_pinned() || held.count(d.checkpoint()) > 0) continue;
+      std::error_code ec;
+      if (!std::filesystem::exists(d.checkpoint(), ec)) continue;
+      if (absl::Status s = model::RemoveCheckpointPin(d.checkpoint()); !s.ok()) {
+        Log(absl::StrCat("could not remove the checkpoint pin ", d.checkpoint(),
+                         " of ended deployment ", stored.job.job_id(), ": ", s.message()));
+        continue;
+      }
+      Log(absl::StrCat("removed the checkpoint pin ", d.checkpoint(), " of deployment ",
+                       stored.job.job_id(), ", which ended before the coordinator stopped"));
+    }
+    token = page->next_page_token;
+  } while (!token.empty());
 }
 
 absl::Status Coordinator::Health() {

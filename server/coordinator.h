@@ -342,6 +342,11 @@ class Coordinator {
 
   // Loads the active jobs at start-up (see "Durability" above).
   absl::Status Recover() ABSL_LOCKS_EXCLUDED(mu_);
+  // Removes the checkpoint pins (SERVING.md, "Pinned steps") of deployments that ended while no
+  // scheduling pass came after to remove them (the coordinator stopped first): every finished
+  // deployment's pin that no active one (`active`, as Recover loaded them) holds. Runs once at
+  // Start, after Recover; failures are logged, never fatal (a pin left behind costs disk only).
+  void RemoveStalePins(const std::vector<StoredJob>& active) ABSL_LOCKS_EXCLUDED(mu_);
   // Takes a stored QUEUED job into the book and the queue; no-op if present.
   void AdoptLocked(const StoredJob& stored, const AnalyzedSpec& spec, bool checked)
       ABSL_EXCLUSIVE_LOCKS_REQUIRED(mu_);

@@ -18,6 +18,7 @@
 #include "model/safetensors.h"
 #include "model/testing/test_checkpoint.h"
 #include "server/coordinator_test_util.h"
+#include "server/job_store.h"
 
 namespace dattn {
 namespace server {
@@ -139,6 +140,50 @@ TEST_F(CoordinatorTest, ADeploymentOnARingIsPlacedAsAGangWithItsShareOnEachRank)
     said = said || absl::StrContains(e.message(), "on a ring of 2 workers");
   }
   EXPECT_TRUE(said) << got.DebugString();
+}
+
+// A deployment that ended while the coordinator stopped before its next scheduling pass (the pass
+// removes an ended deployment's pin) leaves its pinned step on disk: the next coordinator removes
+// it at startup, and keeps the pin of a deployment still active.
+TEST_F(CoordinatorTest, PinsOfDeploymentsThatEndedBeforeAStopAreRemovedAtStartup) {
+  const std::string root = NewDataDir();
+  const std::string step = SaveTinyCheckpoint(root);
+  const std::string stale = root + "/pinned/step-2-00000000000000aa";
+  const std::string kept = root + "/pinned/step-2-00000000000000bb";
+  ASSERT_TRUE(model::PinCheckpoint(step, stale).ok());
+  ASSERT_TRUE(model::PinCheckpoint(step, kept).ok());
+  // A resolved deployment spec (the model's config read at submit), to store two of, each on a pin
+  // as a submit of a training job's step makes them.
+  const v1::Job resolved = Submit(DeployRequest("model", step));
+  ASSERT_TRUE(coordinator_->Close().ok());
+  coordinator_.reset();
+  {
+    absl::StatusOr<std::unique_ptr<JobStore>> store =
+        JobStore::Open(options_.data_dir + "/jobs.db", JobStoreOptions{});
+    ASSERT_TRUE(store.ok()) << store.status();
+    int n = 0;
+    for (const std::string& pin : {stale, kept}) {
+      v1::Job job = resolved;
+      job.set_job_id(absl::StrCat("j-00000000000000p", ++n));
+      job.set_idempotency_key(absl::StrCat("default/pinned-", n));
+      job.mutable_spec()->mutable_deployment()->set_checkpoint(pin);
+      job.mutable_spec()->mutable_deployment()->set_checkpoint_pinned(true);
+      v1::JobEvent submitted;
+      submitted.set_kind("submitted");
+      ASSERT_TRUE((*store)->Submit(job, submitted).ok());
+      if (pin == stale) {
+        job.set_state(v1::JOB_STATE_CANCELLED);
+        v1::JobEvent cancelled;
+        cancelled.set_kind("cancelled");
+        ASSERT_TRUE((*store)->Update(job, cancelled).ok());
+      }
+    }
+    ASSERT_TRUE((*store)->Close().ok());
+  }
+  Open();
+  EXPECT_FALSE(std::filesystem::exists(stale));
+  EXPECT_TRUE(std::filesystem::exists(kept + "/" + model::kManifestFile));
+  EXPECT_TRUE(std::filesystem::exists(step + "/" + model::kManifestFile)) << "the step itself";
 }
 
 TEST_F(CoordinatorTest, DeploymentSpecsAreCheckedAtSubmit) {

@@ -138,7 +138,8 @@ class ServingTest : public ClusterTest {
   std::string Deploy(const std::string& checkpoint, int max_batch = 4, int64_t max_context = 0,
                      int ranks = 0) {
     v1::SubmitJobRequest request;
-    request.set_idempotency_key("deploy-" + checkpoint.substr(checkpoint.size() - 8));
+    request.set_idempotency_key(
+        absl::StrCat("deploy-", std::hash<std::string>{}(checkpoint), "-", ranks));
     request.mutable_spec()->set_name("serve");
     request.mutable_spec()->mutable_deployment()->set_checkpoint(checkpoint);
     request.mutable_spec()->mutable_deployment()->set_max_batch(max_batch);
@@ -494,6 +495,31 @@ TEST_F(ServingTest, ADeploymentOnARingOfTwoWorkersServesTheModel) {
       id, [](const v1::Job& j) { return j.attempt() >= 2 && j.state() == v1::JOB_STATE_QUEUED; });
   EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED) << job.DebugString() << cluster_->Logs();
   EXPECT_GE(job.attempt(), 2);
+}
+
+// The same ring with rank 0 (the worker that serves) killed mid-request: the request ends
+// UNAVAILABLE, the deployment goes back to the queue, and the follower's rank ends (cancelled by
+// the coordinator, or its ring breaking): its worker then serves a deployment of one rank.
+TEST_F(ServingTest, ARingDeploymentWhoseServingWorkerDiesIsRequeued) {
+  StartCluster(2, ClusterOptions{});
+  checkpoint_ = SaveModel(cluster_->dir() + "/model", &weights_);
+  const std::string id = Deploy(checkpoint_, /*max_batch=*/4, /*max_context=*/200000, /*ranks=*/2);
+  v1::Job job = WaitJob(id, [](const v1::Job&) { return true; });
+  ASSERT_EQ(job.worker_ids_size(), 2) << job.DebugString();
+  const int leader = cluster_->WorkerIndex(cluster_->WorkerName(job.worker_ids(0)));
+  ASSERT_GE(leader, 0);
+  const Generated in_flight = KillMidRequest(id, leader);
+  EXPECT_EQ(in_flight.status.error_code(), grpc::StatusCode::UNAVAILABLE)
+      << in_flight.status.error_message();
+  job = WaitJob(
+      id, [](const v1::Job& j) { return j.attempt() >= 2 && j.state() == v1::JOB_STATE_QUEUED; });
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED) << job.DebugString() << cluster_->Logs();
+  std::vector<float> other_weights;
+  const std::string other = SaveModel(cluster_->dir() + "/model-two", &other_weights);
+  const std::string single = Deploy(other);  // Waits until it serves (30 s at most).
+  Generated g = Generate(Greedy(single, "abc", 10));
+  ASSERT_TRUE(g.status.ok()) << g.status.error_message() << cluster_->Logs();
+  EXPECT_EQ(g.tokens, Expected(other_weights, Bytes("abc"), 10));
 }
 
 // The CLI: dattn deploy --wait, dattn generate (bytes to stdout as they come), dattn score, and

@@ -28,6 +28,8 @@ constexpr int64_t kCallRelease = 2;  // Follow returns.
 constexpr int64_t kCallPrefill = 3;  // state id, n, n tokens.
 constexpr int64_t kCallStep = 4;     // rows, rows state ids, rows tokens.
 constexpr int64_t kCallScore = 5;    // n, n tokens.
+// A call's first packet: its length, then up to kCallPacketWords - 1 of its words.
+constexpr int64_t kCallPacketWords = 64;
 
 // The communicator's dtype of T (cache rows and logits).
 template <typename T>
@@ -339,8 +341,8 @@ absl::Status Decoder<T>::CheckTokens(const char* call, const int32_t* tokens, in
   for (int64_t i = 0; i < n; ++i) {
     if (tokens[i] < 0 || tokens[i] >= vocab) {
       return absl::InvalidArgumentError(absl::StrCat("decoder ", call, ": token ", tokens[i],
-                                                     " at position ", i, " is outside [0, ",
-                                                     vocab, ")"));
+                                                     " at position ", i, " is outside [0, ", vocab,
+                                                     ")"));
     }
   }
   return absl::OkStatus();
@@ -430,8 +432,8 @@ absl::Status Decoder<T>::RunPrefill(const int32_t* tokens, int64_t n, DecodeStat
           ops.CopyToHost(model_->logits() + (n - 1 - begin) * vocab, vocab, mine.data()));
     }
     std::vector<T> all(static_cast<size_t>(shards_ * vocab));
-    DECODER_RETURN_IF_ERROR(ring_->AllGather(mine.data(), all.data(), vocab, kStateDType<T>,
-                                             comm::Stream{}));
+    DECODER_RETURN_IF_ERROR(
+        ring_->AllGather(mine.data(), all.data(), vocab, kStateDType<T>, comm::Stream{}));
     std::copy(all.begin() + holder * vocab, all.begin() + (holder + 1) * vocab, logits);
   }
   state->position_ = n;
@@ -468,8 +470,8 @@ absl::Status Decoder<T>::RunScore(const int32_t* tokens, int64_t n, double* logp
   const auto [begin, shard_len] = *shard;
   const int64_t vocab = config().vocab_size;
   std::vector<T> logits(static_cast<size_t>(shard_len * vocab));
-  DECODER_RETURN_IF_ERROR(model_->ops().CopyToHost(model_->logits(), shard_len * vocab,
-                                                   logits.data()));
+  DECODER_RETURN_IF_ERROR(
+      model_->ops().CopyToHost(model_->logits(), shard_len * vocab, logits.data()));
   // log p(tokens[g + 1] | ...) for this rank's positions g < n - 1; rank-major order is position
   // order, so the all-gather lays them out as they are returned.
   std::vector<double> mine(static_cast<size_t>(shard_len), 0.0);
@@ -501,13 +503,22 @@ absl::Status Decoder<T>::SendCall(std::vector<int64_t> words) {
   message.insert(message.end(), words.begin() + 1, words.end());
   dropped_->ids.clear();
   last_call_ = absl::Now();
-  // Its length, then the words (int64s moved as 8-byte words: nothing adds them).
+  // One packet of kCallPacketWords: the message's length and its first words; the rest, when it
+  // is longer, in a second transfer. A step of a few sequences is one packet: one round trip.
+  // (int64s move as 8-byte words: nothing adds them.)
   const int64_t length = static_cast<int64_t>(message.size());
-  for (const int64_t* data : {&length, static_cast<const int64_t*>(message.data())}) {
-    const int64_t count = data == &length ? 1 : length;
+  std::vector<int64_t> packet(kCallPacketWords, 0);
+  packet[0] = length;
+  const int64_t inline_words = std::min<int64_t>(length, kCallPacketWords - 1);
+  std::copy(message.begin(), message.begin() + inline_words, packet.begin() + 1);
+  for (bool first : {true, false}) {
+    if (!first && inline_words == length) break;
     std::vector<comm::P2POp> sends;
     for (int peer = 1; peer < shards_; ++peer) {
-      sends.push_back(comm::P2POp::Send(peer, data, count, DType::kFloat64));
+      sends.push_back(
+          first ? comm::P2POp::Send(peer, packet.data(), kCallPacketWords, DType::kFloat64)
+                : comm::P2POp::Send(peer, message.data() + inline_words, length - inline_words,
+                                    DType::kFloat64));
     }
     absl::StatusOr<std::unique_ptr<comm::Work>> work = ring_->StartGroup(sends, comm::Stream{});
     if (!work.ok()) return work.status();
@@ -567,26 +578,30 @@ absl::Status Decoder<T>::Follow() {
   const int64_t vocab = config().vocab_size;
   std::vector<T> logits;
   std::vector<double> logprobs;
-  std::vector<int64_t> words;
+  std::vector<int64_t> words, packet(kCallPacketWords);
   std::vector<int32_t> tokens;
   while (true) {
-    int64_t length = 0;
-    for (bool header : {true, false}) {
-      if (!header) {
-        // A call is at most a Step of every state's token or a max_context-long prompt, with its
-        // ids: far below this.
-        if (length < 2 || length > (int64_t{1} << 32)) {
-          return absl::InternalError(
-              absl::StrCat("decoder Follow: rank 0 sent a call of ", length, " words"));
-        }
-        words.resize(static_cast<size_t>(length));
-      }
-      const comm::P2POp recv = comm::P2POp::Recv(0, header ? &length : words.data(),
-                                                 header ? 1 : length, DType::kFloat64);
+    // The call's first packet (SendCall), then the rest of it when it is longer.
+    auto receive = [this](int64_t* data, int64_t count) -> absl::Status {
+      const comm::P2POp recv = comm::P2POp::Recv(0, data, count, DType::kFloat64);
       absl::StatusOr<std::unique_ptr<comm::Work>> work =
           ring_->StartGroup(absl::MakeConstSpan(&recv, 1), comm::Stream{});
       if (!work.ok()) return work.status();
-      DECODER_RETURN_IF_ERROR((*work)->Wait(comm::Stream{}));
+      return (*work)->Wait(comm::Stream{});
+    };
+    DECODER_RETURN_IF_ERROR(receive(packet.data(), kCallPacketWords));
+    const int64_t length = packet[0];
+    // A call is at most a Step of every state's token or a max_context-long prompt, with its
+    // ids: far below this.
+    if (length < 2 || length > (int64_t{1} << 32)) {
+      return absl::InternalError(
+          absl::StrCat("decoder Follow: rank 0 sent a call of ", length, " words"));
+    }
+    words.resize(static_cast<size_t>(length));
+    const int64_t inline_words = std::min<int64_t>(length, kCallPacketWords - 1);
+    std::copy(packet.begin() + 1, packet.begin() + 1 + inline_words, words.begin());
+    if (inline_words < length) {
+      DECODER_RETURN_IF_ERROR(receive(words.data() + inline_words, length - inline_words));
     }
     // [op, dropped count, dropped ids..., arguments...]; every count checked against the length.
     const int64_t op = words[0], dropped = words[1];
@@ -635,14 +650,14 @@ absl::Status Decoder<T>::Follow() {
       logprobs.resize(static_cast<size_t>(std::max<int64_t>(args[0] - 1, 0)));
       s = RunScore(tokens.data(), args[0], logprobs.data());
     } else {
-      return absl::InternalError(absl::StrCat("decoder Follow: rank 0 sent op ", op, " with ",
-                                              argc, " arguments"));
+      return absl::InternalError(
+          absl::StrCat("decoder Follow: rank 0 sent op ", op, " with ", argc, " arguments"));
     }
     follower_states_ = static_cast<int64_t>(states.size());
     if (!s.ok()) {
-      return absl::Status(s.code(), absl::StrCat("decoder Follow, rank ", ring_->rank(),
-                                                 ", following rank 0's call (op ", op,
-                                                 "): ", s.message()));
+      return absl::Status(s.code(),
+                          absl::StrCat("decoder Follow, rank ", ring_->rank(),
+                                       ", following rank 0's call (op ", op, "): ", s.message()));
     }
   }
 }

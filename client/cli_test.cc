@@ -2308,6 +2308,7 @@ TEST_F(CliTest, ModelsListsDeploymentsAndTrainedCheckpoints) {
   loading.mutable_spec()->mutable_deployment()->set_training_job_step(0);
   loading.mutable_spec()->mutable_deployment()->set_checkpoint("/models/m/step-00000007");
   loading.mutable_progress()->clear_deployment();
+  loading.mutable_spec()->mutable_deployment()->set_ranks(4);  // On a ring of 4 workers.
   jobs_.AddJob(loading);
   v1::Job ended = serving;
   ended.set_job_id("j-dep3");
@@ -2322,8 +2323,9 @@ TEST_F(CliTest, ModelsListsDeploymentsAndTrainedCheckpoints) {
   EXPECT_THAT(lines[1], HasSubstr("DEPLOYMENT  NAME"));
   EXPECT_THAT(lines[2], HasSubstr("j-dep1      kjv   serving  j-run step 100"));
   EXPECT_THAT(lines[2], HasSubstr("8192"));
-  EXPECT_THAT(lines[2], HasSubstr("12        480"));
+  EXPECT_THAT(lines[2], HasSubstr("8      1        12        480"));
   EXPECT_THAT(lines[3], HasSubstr("j-dep2      -     loading  /models/m/step-00000007"));
+  EXPECT_THAT(lines[3], HasSubstr("8      4        0"));
   EXPECT_THAT(r.out, Not(HasSubstr("j-dep3")));  // Ended: in dattn list, not here.
   EXPECT_EQ(lines[4], "");
   EXPECT_EQ(lines[5], "Trained models (the complete checkpoints of the newest 2 training jobs)");

@@ -630,15 +630,17 @@ std::string DeploymentModel(const v1::Job& job) {
 }
 
 Table DeploymentsTable(const std::vector<v1::Job>& deployments, absl::Time now) {
-  Table table({"DEPLOYMENT", "NAME", "STATE", "MODEL", "MAX CONTEXT", "BATCH", "REQUESTS", "TOKENS",
-               "AGE"});
+  Table table({"DEPLOYMENT", "NAME", "STATE", "MODEL", "MAX CONTEXT", "BATCH", "WORKERS",
+               "REQUESTS", "TOKENS", "AGE"});
   for (const v1::Job& job : deployments) {
     const DeploymentLimits limits = LimitsOf(job.spec().deployment());
     const v1::DeploymentStatus& s = job.progress().deployment();
     table.AddRow({job.job_id(), job.spec().name().empty() ? "-" : job.spec().name(),
                   DeploymentState(job), DeploymentModel(job), absl::StrCat(limits.max_context),
-                  absl::StrCat(limits.max_batch), absl::StrCat(s.requests_done()),
-                  absl::StrCat(s.tokens_generated()), Age(job.create_time(), now)});
+                  absl::StrCat(limits.max_batch),
+                  absl::StrCat(std::max(1, job.spec().deployment().ranks())),
+                  absl::StrCat(s.requests_done()), absl::StrCat(s.tokens_generated()),
+                  Age(job.create_time(), now)});
   }
   return table;
 }

@@ -69,7 +69,9 @@
 //
 // Thread-safety: a decoder is used by one thread at a time, and its model must not be used by
 // another thread meanwhile (Prefill runs the model's Forward and overwrites its activations). A
-// state belongs to one sequence and is used by one call at a time.
+// state belongs to one sequence and is used by one call at a time; while its decoder leads a ring
+// (Lead, below) a state is destroyed on the decoder's thread (its id joins the decoder's list of
+// dropped states).
 // Errors: INVALID_ARGUMENT naming the bad value (a token outside the vocabulary, a state of
 // another decoder, a state passed twice, an empty prompt, a ring that is not on host memory or
 // whose size does not divide max_context); OUT_OF_RANGE when a sequence would

@@ -528,6 +528,25 @@ absl::Status Decoder<T>::SendCall(std::vector<int64_t> words) {
 }
 
 template <typename T>
+absl::Status Decoder<T>::ExchangePartials(int64_t count) {
+  // Every rank sends its partials to every other one at once: one hop of S - 1 concurrent
+  // transfers each way, where a ring all-gather takes S - 1 hops one after the other (a decoding
+  // step is latency-bound: one exchange a layer). Each rank's lands at its rank's place.
+  const int me = geometry_.shard();
+  std::copy(partials_.begin(), partials_.begin() + count, gathered_.begin() + me * count);
+  std::vector<comm::P2POp> transfers;
+  for (int peer = 0; peer < shards_; ++peer) {
+    if (peer == me) continue;
+    transfers.push_back(comm::P2POp::Send(peer, partials_.data(), count, DType::kFloat64));
+    transfers.push_back(
+        comm::P2POp::Recv(peer, gathered_.data() + peer * count, count, DType::kFloat64));
+  }
+  absl::StatusOr<std::unique_ptr<comm::Work>> work = ring_->StartGroup(transfers, comm::Stream{});
+  if (!work.ok()) return work.status();
+  return (*work)->Wait(comm::Stream{});
+}
+
+template <typename T>
 absl::Status Decoder<T>::Lead() {
   if (ring_ == nullptr) return absl::OkStatus();
   if (ring_->rank() != 0) {
@@ -784,9 +803,7 @@ absl::Status Decoder<T>::RunStep(absl::Span<DecodeState<T>* const> states, const
     const double* all = partials_.data();
     int64_t shard_stride = 0;
     if (ring_ != nullptr) {
-      DECODER_RETURN_IF_ERROR(ring_->AllGather(partials_.data(), gathered_.data(),
-                                               rows * sequence_width, DType::kFloat64,
-                                               comm::Stream{}));
+      DECODER_RETURN_IF_ERROR(ExchangePartials(rows * sequence_width));
       all = gathered_.data();
       shard_stride = rows * sequence_width;
     }

@@ -53,7 +53,8 @@
 //   - Step: every rank runs the layers for the new tokens (replicated: the same weights, the same
 //     inputs), its owner appends each new key and value, and each rank attends over the rows it
 //     holds: per (sequence, pattern, head) a partial softmax (its maximum m_r, sum s_r and
-//     unnormalized output a_r, in fp64), all-gathered and merged in rank order, M = max m_r,
+//     unnormalized output a_r, in fp64), exchanged (each rank sends its own to every other at
+//     once: one hop, not a ring all-gather's S - 1) and merged in rank order, M = max m_r,
 //     out = sum_r e^(m_r - M) a_r / sum_r e^(m_r - M) s_r, lse = M + log(sum_r e^(m_r - M) s_r),
 //     then patterns merged as on one device. Every rank merges the same numbers in the same order,
 //     so every rank gets the same attention output and the same logits. With S = 1 the merge is
@@ -291,6 +292,9 @@ class Decoder {
                                                            int64_t total);
   // A leader's call to the followers: words (op, dropped ids, arguments) sent to every follower.
   absl::Status SendCall(std::vector<int64_t> words);
+  // Step's exchange of one layer's partial softmaxes: partials_[0, count) of every rank into
+  // gathered_ at [rank * count, (rank + 1) * count).
+  absl::Status ExchangePartials(int64_t count);
 
   LongNetLM<T>* const model_;
   comm::Communicator* const ring_;  // Null: one device.

@@ -374,24 +374,27 @@ absl::Status Decoder<T>::CheckPrefill(const int32_t* tokens, int64_t n,
 }
 
 template <typename T>
-absl::StatusOr<std::pair<int64_t, int64_t>> Decoder<T>::ShardForward(const int32_t* tokens,
-                                                                     int64_t n, int64_t total) {
-  // This rank's positions [begin, begin + shard_len) of the tokens padded to a multiple of the
-  // ring's size (padding: token 0, after the tokens, so it changes none of their rows).
-  const int64_t shard_len = (n + shards_ - 1) / shards_;
-  const int64_t begin = geometry_.shard() * shard_len;
-  std::vector<int32_t> shard(static_cast<size_t>(shard_len), 0);
-  if (begin < n) {
-    std::copy(tokens + begin, tokens + std::min(n, begin + shard_len), shard.begin());
+typename Decoder<T>::Shard Decoder<T>::ShardOf(int64_t n) const {
+  Shard shard;
+  shard.len = (n + shards_ - 1) / shards_;
+  shard.begin = geometry_.shard() * shard.len;
+  return shard;
+}
+
+template <typename T>
+absl::Status Decoder<T>::ShardForward(const int32_t* tokens, int64_t n, const Shard& shard,
+                                      int64_t total) {
+  // Padding is token 0, after the tokens, so it changes none of their rows.
+  std::vector<int32_t> mine(static_cast<size_t>(shard.len), 0);
+  if (shard.begin < n) {
+    std::copy(tokens + shard.begin, tokens + std::min(n, shard.begin + shard.len), mine.begin());
   }
   TokenBatch batch;
-  batch.tokens = shard.data();
+  batch.tokens = mine.data();
   batch.batch = 1;
-  batch.seq_len = shard_len;
-  batch.positions = {begin, total};
-  absl::StatusOr<LossResult> forward = model_->Forward(batch);
-  if (!forward.ok()) return forward.status();
-  return std::make_pair(begin, shard_len);
+  batch.seq_len = shard.len;
+  batch.positions = {shard.begin, total};
+  return model_->Forward(batch).status();
 }
 
 template <typename T>
@@ -409,18 +412,17 @@ absl::Status Decoder<T>::Prefill(const int32_t* tokens, int64_t n, DecodeState<T
 template <typename T>
 absl::Status Decoder<T>::RunPrefill(const int32_t* tokens, int64_t n, DecodeState<T>* state,
                                     T* logits) {
-  const int64_t shard_len = (n + shards_ - 1) / shards_;
+  const Shard shard = ShardOf(n);
   model_->set_kv_observer([&](int64_t layer, const T* k, const T* v) -> absl::Status {
-    return ShareLayerRows(layer, n, shard_len, k, v, *state);
+    return ShareLayerRows(layer, n, shard.len, k, v, *state);
   });
   // The prompt as the first positions of a max_context-long sequence (rotary's plan).
-  absl::StatusOr<std::pair<int64_t, int64_t>> shard =
-      ShardForward(tokens, n, geometry_.max_context());
+  absl::Status forward = ShardForward(tokens, n, shard, geometry_.max_context());
   model_->set_kv_observer(nullptr);
-  if (!shard.ok()) return shard.status();
-  const int64_t begin = shard->first;
+  if (!forward.ok()) return forward;
+  const int64_t begin = shard.begin;
   // The logits of position n - 1, from the rank that computed it.
-  const int holder = static_cast<int>((n - 1) / shard_len);
+  const int holder = static_cast<int>((n - 1) / shard.len);
   const int64_t vocab = config().vocab_size;
   LayerOps<T>& ops = model_->ops();
   if (ring_ == nullptr) {
@@ -441,7 +443,8 @@ absl::Status Decoder<T>::RunPrefill(const int32_t* tokens, int64_t n, DecodeStat
 }
 
 template <typename T>
-absl::Status Decoder<T>::Score(const int32_t* tokens, int64_t n, double* logprobs) {
+absl::Status Decoder<T>::CheckScore(const int32_t* tokens, int64_t n,
+                                    const double* logprobs) const {
   if (n < 2 || tokens == nullptr || logprobs == nullptr) {
     return absl::InvalidArgumentError(absl::StrCat(
         "decoder Score: ", n, " tokens given; scoring needs at least 2 (the first is context)"));
@@ -451,7 +454,12 @@ absl::Status Decoder<T>::Score(const int32_t* tokens, int64_t n, double* logprob
                                               " tokens pass the decoder's max_context of ",
                                               geometry_.max_context()));
   }
-  DECODER_RETURN_IF_ERROR(CheckTokens("Score", tokens, n));
+  return CheckTokens("Score", tokens, n);
+}
+
+template <typename T>
+absl::Status Decoder<T>::Score(const int32_t* tokens, int64_t n, double* logprobs) {
+  DECODER_RETURN_IF_ERROR(CheckScore(tokens, n, logprobs));
   if (leading_) {
     std::vector<int64_t> call = {kCallScore, n};
     call.insert(call.end(), tokens, tokens + n);
@@ -464,10 +472,9 @@ template <typename T>
 absl::Status Decoder<T>::RunScore(const int32_t* tokens, int64_t n, double* logprobs) {
   // The plain forward pass over the n tokens (rotary planned for n, or for the padded length the
   // ring splits evenly).
-  const int64_t padded = (n + shards_ - 1) / shards_ * shards_;
-  absl::StatusOr<std::pair<int64_t, int64_t>> shard = ShardForward(tokens, n, padded);
-  if (!shard.ok()) return shard.status();
-  const auto [begin, shard_len] = *shard;
+  const Shard shard = ShardOf(n);
+  DECODER_RETURN_IF_ERROR(ShardForward(tokens, n, shard, shard.len * shards_));
+  const int64_t begin = shard.begin, shard_len = shard.len;
   const int64_t vocab = config().vocab_size;
   std::vector<T> logits(static_cast<size_t>(shard_len * vocab));
   DECODER_RETURN_IF_ERROR(
@@ -666,8 +673,9 @@ absl::Status Decoder<T>::Follow() {
       if (s.ok()) s = RunStep(absl::MakeSpan(step), tokens.data(), logits.data());
     } else if (op == kCallScore && argc >= 1) {
       DECODER_RETURN_IF_ERROR(take_tokens(1, args[0]));
-      logprobs.resize(static_cast<size_t>(std::max<int64_t>(args[0] - 1, 0)));
-      s = RunScore(tokens.data(), args[0], logprobs.data());
+      logprobs.resize(static_cast<size_t>(std::max<int64_t>(args[0] - 1, 1)));
+      s = CheckScore(tokens.data(), args[0], logprobs.data());
+      if (s.ok()) s = RunScore(tokens.data(), args[0], logprobs.data());
     } else {
       return absl::InternalError(
           absl::StrCat("decoder Follow: rank 0 sent op ", op, " with ", argc, " arguments"));

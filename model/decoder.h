@@ -277,19 +277,26 @@ class Decoder {
   // that hold them, for a prompt of n tokens.
   absl::Status ShareLayerRows(int64_t layer, int64_t n, int64_t shard_len, const T* k, const T* v,
                               DecodeState<T>& state);
-  // The checks and the collective parts of Prefill, Step and Score (after a leader's send).
+  // The checks and the collective parts of Prefill, Step and Score (after a leader's send); a
+  // follower runs the same checks on the calls it receives.
   absl::Status CheckPrefill(const int32_t* tokens, int64_t n, const DecodeState<T>* state) const;
   absl::Status RunPrefill(const int32_t* tokens, int64_t n, DecodeState<T>* state, T* logits);
   absl::Status CheckStep(absl::Span<DecodeState<T>* const> states, const int32_t* tokens) const;
   absl::Status RunStep(absl::Span<DecodeState<T>* const> states, const int32_t* tokens, T* logits);
+  absl::Status CheckScore(const int32_t* tokens, int64_t n, const double* logprobs) const;
   absl::Status RunScore(const int32_t* tokens, int64_t n, double* logprobs);
   // Checks tokens[0, n) against the vocabulary, naming the first bad one and `call`.
   absl::Status CheckTokens(const char* call, const int32_t* tokens, int64_t n) const;
-  // This rank's forward pass over its shard of the n tokens padded to a multiple of the ring's
-  // size (one device: all n); `total` is the positions' total (rotary's plan). Returns the
-  // shard's first position and length.
-  absl::StatusOr<std::pair<int64_t, int64_t>> ShardForward(const int32_t* tokens, int64_t n,
-                                                           int64_t total);
+  // This rank's positions [begin, begin + len) of n tokens padded to a multiple of the ring's
+  // size: len = ceil(n / S), begin = rank * len (one device: [0, n)).
+  struct Shard {
+    int64_t begin = 0;
+    int64_t len = 0;
+  };
+  Shard ShardOf(int64_t n) const;
+  // This rank's forward pass over `shard` of the n tokens (padding: token 0); `total` is the
+  // positions' total (rotary's plan).
+  absl::Status ShardForward(const int32_t* tokens, int64_t n, const Shard& shard, int64_t total);
   // A leader's call to the followers: words (op, dropped ids, arguments) sent to every follower.
   absl::Status SendCall(std::vector<int64_t> words);
   // Step's exchange of one layer's partial softmaxes: partials_[0, count) of every rank into

@@ -194,6 +194,19 @@ class ServingTest : public ClusterTest {
     ASSERT_TRUE(s.ok()) << s.error_message() << cluster_->Logs();
   }
 
+  // Score of `text` on deployment `id`, each log-probability within 1e-4 of the model's forward
+  // pass with `weights` (LogProbs); the response in *response.
+  void ExpectScoreOfModel(const std::string& id, const std::vector<float>& weights,
+                          const std::string& text, v1::ScoreResponse* response) {
+    v1::ScoreRequest request;
+    ASSERT_NO_FATAL_FAILURE(Score(id, text, &request, response));
+    const std::vector<double> expected = LogProbs(weights, text);
+    ASSERT_EQ(response->logprobs_size(), static_cast<int>(expected.size()));
+    for (size_t i = 0; i < expected.size(); ++i) {
+      EXPECT_NEAR(response->logprobs(static_cast<int>(i)), expected[i], 1e-4) << i;
+    }
+  }
+
   // Job `id` once `done` holds of it (polled for 30 s at most; then the last one read).
   v1::Job WaitJob(const std::string& id, const std::function<bool(const v1::Job&)>& done) {
     v1::Job job;
@@ -268,15 +281,10 @@ TEST_F(ServingTest, GenerateAndScoreAreTheModelsAndConcurrentRequestsKeepTheirOw
   EXPECT_TRUE(std::equal(stopped.tokens.begin(), stopped.tokens.end(), g.tokens.begin()));
 
   // Score: the forward pass's log-probabilities.
-  v1::ScoreRequest score;
+  const std::string light = "And God said, Let there be light";
   v1::ScoreResponse scored;
-  ASSERT_NO_FATAL_FAILURE(Score(id, "And God said, Let there be light", &score, &scored));
-  const std::vector<int32_t> text = Bytes(score.text());
-  const std::vector<double> expected = LogProbs(weights_, score.text());
-  ASSERT_EQ(scored.logprobs_size(), static_cast<int>(expected.size()));
-  for (size_t i = 0; i < expected.size(); ++i) {
-    EXPECT_NEAR(scored.logprobs(static_cast<int>(i)), expected[i], 1e-4) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(ExpectScoreOfModel(id, weights_, light, &scored));
+  const std::vector<int32_t> text = Bytes(light);
 
   // The same Score as ModelInfer of the Open Inference Protocol, the deployment's job id its model
   // name: the same numbers, and the deployment reports itself ready.
@@ -467,14 +475,9 @@ TEST_F(ServingTest, ADeploymentOnARingOfTwoWorkersServesTheModel) {
   Generated g = Generate(Greedy(id, "In the beginning", 40));
   ASSERT_TRUE(g.status.ok()) << g.status.error_message() << cluster_->Logs();
   EXPECT_EQ(g.tokens, Expected(weights_, Bytes("In the beginning"), 40, 200000));
-  v1::ScoreRequest score;
   v1::ScoreResponse scored;
-  ASSERT_NO_FATAL_FAILURE(Score(id, "And God said, Let there be light", &score, &scored));
-  const std::vector<double> expected = LogProbs(weights_, score.text());
-  ASSERT_EQ(scored.logprobs_size(), static_cast<int>(expected.size()));
-  for (size_t i = 0; i < expected.size(); ++i) {
-    EXPECT_NEAR(scored.logprobs(static_cast<int>(i)), expected[i], 1e-4) << i;
-  }
+  ASSERT_NO_FATAL_FAILURE(
+      ExpectScoreOfModel(id, weights_, "And God said, Let there be light", &scored));
   std::vector<Generated> together(2);
   {
     std::thread other([&] { together[1] = Generate(Greedy(id, "Let there", 25)); });

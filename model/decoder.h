@@ -35,8 +35,8 @@
 // optimization, never a requirement. Sampling and stop rules are generation.h's.
 //
 // Device. The cache and the cached attention are host memory and host code (fp64 accumulation);
-// the layers run on the model's ops. The CPU model is the one LongNetLM; a GPU decoder needs the
-// cache on the device and is not built yet.
+// the layers run on the model's ops. The CPU model is the one LongNetLM; the GPU's decoder, with
+// the cache and the cached attention on the device, is model/cuda/cuda_decoder.h.
 //
 // A ring of S ranks (Create with a communicator of S > 1 ranks, host memory: Gloo). Every rank
 // holds the whole model; the sequence's positions and its cache are what is split:
@@ -194,6 +194,8 @@ class DecodeState {
 template <typename T>
 class Decoder {
  public:
+  using State = DecodeState<T>;
+
   // Borrows `model` (it must outlive the decoder). INVALID_ARGUMENT for max_context < 1; the
   // rotary plan's errors for a max_context it refuses (XPOS with too long a block). With `ring`
   // (borrowed, outliving the decoder; null or one rank: a single device) the decoder is that

@@ -237,6 +237,51 @@ absl::Status CudaLongNetLM::CopyLogitsToHost(float* host) {
   return absl::OkStatus();
 }
 
+absl::Status CudaLongNetLM::CopyLogitsToHost(float* host, int64_t first_row, int64_t rows) {
+  if (!logits_valid_) {
+    return absl::FailedPreconditionError("CopyLogitsToHost: no Forward has run");
+  }
+  const int64_t m = batch_ * seq_len_;
+  if (first_row < 0 || rows < 0 || first_row + rows > m) {
+    return absl::InvalidArgumentError(absl::StrCat("CopyLogitsToHost: rows [", first_row, ", ",
+                                                   first_row + rows, ") are outside the ", m,
+                                                   " of the last Forward"));
+  }
+  const int64_t v = config_.vocab_size;
+  MODEL_CUDA(cudaMemcpyAsync(host, impl_->At<float>(impl_->layout.logits) + first_row * v,
+                             static_cast<size_t>(rows * v) * 4, cudaMemcpyDeviceToHost, stream_));
+  MODEL_CUDA(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaLongNetLM::CopyTargetLogProbsToHost(float* host) {
+  if (!logits_valid_ || !has_targets_) {
+    return absl::FailedPreconditionError(
+        "CopyTargetLogProbsToHost: no Forward with targets has run");
+  }
+  const ArenaLayout& a = impl_->layout;
+  const int64_t m = batch_ * seq_len_;
+  // The target log-probabilities go where the backward pass's bf16 dlogits go ([M, V], at least
+  // 4 M bytes): a Backward after this call rewrites them.
+  float* out = impl_->At<float>(a.dlogits);
+  MODEL_CUDA(TargetLogProbs(impl_->At<float>(a.logits), impl_->At<float>(a.row_lse),
+                            impl_->At<int32_t>(a.targets), m, config_.vocab_size, out, stream_));
+  MODEL_CUDA(
+      cudaMemcpyAsync(host, out, static_cast<size_t>(m) * 4, cudaMemcpyDeviceToHost, stream_));
+  MODEL_CUDA(cudaStreamSynchronize(stream_));
+  return absl::OkStatus();
+}
+
+absl::Status CudaLongNetLM::RefreshWorkingCopy() {
+  MODEL_CUDA(CastPackParams(params_, impl_->segments, impl_->num_segments, working_.size,
+                            impl_->working, stream_));
+  return absl::OkStatus();
+}
+
+const bf16_t* CudaLongNetLM::working_copy() const { return impl_->working; }
+
+Gemm& CudaLongNetLM::gemm() { return *impl_->gemm; }
+
 absl::Status CudaLongNetLM::EnsureArena(int64_t batch, int64_t seq_len) {
   if (impl_->arena != nullptr && batch == batch_ && seq_len == seq_len_) return absl::OkStatus();
   MODEL_CUDA(cudaStreamSynchronize(stream_));
@@ -483,6 +528,9 @@ absl::Status CudaLongNetLM::BlockForward(int64_t i, int64_t set, const void* x_i
   DATTN_RETURN_IF_ERROR(gemm.Run(qkv));
   MODEL_CUDA(RotaryForward(impl_->At<bf16_t>(s.qkv), m, 3 * d, seq_len_, positions_.offset, d,
                            config_.head_dim(), impl_->rotary, num_sms_, stream_));
+  if (qkv_observer_ && !in_backward_) {
+    DATTN_RETURN_IF_ERROR(qkv_observer_(i, impl_->At<bf16_t>(s.qkv)));
+  }
   DATTN_RETURN_IF_ERROR(Attention(set, /*backward=*/false));
   MODEL_CUDA(LayerNormForward(impl_->At<bf16_t>(s.attn), m, d, params_ + o.attn_sub_norm.weight,
                               params_ + o.attn_sub_norm.bias, eps, false, false,
@@ -723,6 +771,14 @@ absl::Status CudaLongNetLM::Backward(const BackwardOptions& options) {
         absl::StrCat("Backward: loss_scale ", options.loss_scale, " is not finite"));
   }
   ready_for_backward_ = false;
+  // The checkpointed blocks' recomputation below is not a Forward: the qkv observer stays quiet.
+  in_backward_ = true;
+  const absl::Status status = RunBackward(options);
+  in_backward_ = false;
+  return status;
+}
+
+absl::Status CudaLongNetLM::RunBackward(const BackwardOptions& options) {
   const ArenaLayout& a = impl_->layout;
   const int64_t m = a.rows, d = config_.d_model, v = config_.vocab_size;
   const int64_t layers = config_.num_layers;

@@ -57,6 +57,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "model/config.h"
+#include "model/cuda/gemm.h"
 #include "model/cuda/training_plan.h"
 #include "model/language_model.h"
 #include "model/longnet_params.h"
@@ -67,6 +68,9 @@
 namespace dattn {
 namespace model {
 namespace cuda {
+
+// A bf16 value as its 16-bit pattern (model_kernels.h's alias, without its kernels' names).
+using bf16_t = uint16_t;
 
 // Makes the model's attention (sequence_attention.h) on the model's stream, once, at Create: what
 // lets a sequence-parallel rank's model attend over its ring (cuda_sequence_attention.h's
@@ -133,8 +137,30 @@ class CudaLongNetLM final : public LanguageModel<float> {
   // written and read about twice, the gradients read and written once by their GEMMs.
   absl::Status Backward(const BackwardOptions& options = {}) override;
   absl::Status CopyLogitsToHost(float* host) override;
+  // Rows [first_row, first_row + rows) of the last Forward's logits ([rows, vocab] fp32).
+  // FAILED_PRECONDITION without a Forward; INVALID_ARGUMENT for rows outside the call's.
+  absl::Status CopyLogitsToHost(float* host, int64_t first_row, int64_t rows);
+  // host[t] := log p(target of row t) (0 for rows whose target is kIgnoreTarget), from the last
+  // Forward with targets, batch x seq_len values. FAILED_PRECONDITION without one.
+  absl::Status CopyTargetLogProbsToHost(float* host);
+
+  // --- For incremental decoding (cuda_decoder.h), which runs the same layers a row at a time.
+  // Called during each Forward, on the calling thread, once per block i after its rotary
+  // positions: qkv is the block's [batch x seq_len, 3 d] bf16 projection output (q and k rotated)
+  // on the device, valid for work the observer enqueues on stream(); an error it returns is
+  // Forward's. Null: none (the default).
+  using QkvObserver = std::function<absl::Status(int64_t block, const bf16_t* qkv)>;
+  void set_qkv_observer(QkvObserver observer) { qkv_observer_ = std::move(observer); }
+  // Refreshes the bf16 working copy from params() (every Forward does it first), so that a
+  // decoder's steps read the current weights without a Forward.
+  absl::Status RefreshWorkingCopy();
+  const bf16_t* working_copy() const;
+  const WorkingCopyLayout& working_layout() const { return working_; }
+  // The model's cuBLASLt GEMMs, on stream() (one call at a time, as the model's).
+  Gemm& gemm();
 
   cudaStream_t stream() const { return stream_; }
+  int cuda_device() const { return cuda_options_.device; }
   int num_sms() const { return num_sms_; }
   absl::Status Synchronize();
   // Whether the current shape's arena recomputes norms (the kAuto choice once a Forward ran).
@@ -152,6 +178,7 @@ class CudaLongNetLM final : public LanguageModel<float> {
   absl::Status UploadTokens(const TokenBatch& batch);
   absl::Status BlockForward(int64_t i, int64_t set, const void* x_in, void* x_out);
   absl::Status BlockBackward(int64_t i, int64_t set, const void* x_in);
+  absl::Status RunBackward(const BackwardOptions& options);
   absl::Status RecomputeNorms(int64_t i, int64_t set, int which);
   absl::Status PoisonArena();
   absl::Status PoisonScratch();
@@ -180,6 +207,8 @@ class CudaLongNetLM final : public LanguageModel<float> {
   bool logits_valid_ = false;
   int64_t num_targets_ = 0;
   int64_t emb_num_items_ = 0;
+  QkvObserver qkv_observer_;
+  bool in_backward_ = false;
 };
 
 }  // namespace cuda

@@ -500,8 +500,8 @@ __device__ __forceinline__ void RotateChunk(float (&v)[8], const float (&cs)[4],
 template <int kVec>
 __global__ void __launch_bounds__(kMaxRowThreads)
     RotaryForwardKernel(bf16_t* qkv, int64_t rows, int64_t ld, int64_t seq_len, int64_t offset,
-                        int64_t d, int64_t head_dim, int group_threads,
-                        const RotaryConsts* __restrict__ rc) {
+                        const int64_t* __restrict__ positions, int64_t d, int64_t head_dim,
+                        int group_threads, const RotaryConsts* __restrict__ rc) {
   const int groups = blockDim.x / group_threads;
   const int gid = threadIdx.x / group_threads, t = threadIdx.x % group_threads;
   const Cols<kVec> c(t, group_threads, d);
@@ -510,7 +510,8 @@ __global__ void __launch_bounds__(kMaxRowThreads)
        base += static_cast<int64_t>(gridDim.x) * groups) {
     const int64_t r = base + gid;
     if (r >= rows) continue;
-    const double e = RelativePosition(offset + r % seq_len, block);
+    const int64_t at = positions != nullptr ? positions[r] : offset + r % seq_len;
+    const double e = RelativePosition(at, block);
 #pragma unroll
     for (int i = 0; i < kVec; ++i) {
       if (!c.ok[i]) continue;
@@ -662,6 +663,16 @@ __global__ void SumDoublesKernel(const double* __restrict__ partials, int64_t co
   double total = 0.0;
   for (int64_t i = 0; i < count; ++i) total += partials[i];
   *out = total;
+}
+
+__global__ void TargetLogProbsKernel(const float* __restrict__ logits,
+                                     const float* __restrict__ row_lse,
+                                     const int32_t* __restrict__ targets, int64_t m, int64_t v,
+                                     float* __restrict__ out) {
+  const int64_t t = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (t >= m) return;
+  const int32_t target = targets[t];
+  out[t] = target < 0 ? 0.0f : logits[t * v + target] - row_lse[t];
 }
 
 __global__ void CrossEntropyBackwardKernel(const float* __restrict__ logits,
@@ -887,9 +898,11 @@ cudaError_t LayerNormBackward(const LayerNormBackwardArgs& a, int num_sms, cudaS
   }
 }
 
-cudaError_t RotaryForward(bf16_t* qkv, int64_t rows, int64_t ld, int64_t seq_len,
-                          int64_t position_offset, int64_t d, int64_t head_dim,
-                          const RotaryConsts* consts, int num_sms, cudaStream_t stream) {
+namespace {
+cudaError_t LaunchRotaryForward(bf16_t* qkv, int64_t rows, int64_t ld, int64_t seq_len,
+                                int64_t position_offset, const int64_t* positions, int64_t d,
+                                int64_t head_dim, const RotaryConsts* consts, int num_sms,
+                                cudaStream_t stream) {
   if (rows < 1 || seq_len < 1 || !RowWidthOk(d) || head_dim < 8 || head_dim % 8 != 0 ||
       d % head_dim != 0 || ld < 2 * d || ld % 8 != 0 || num_sms < 1 || position_offset < 0) {
     return cudaErrorInvalidValue;
@@ -898,19 +911,34 @@ cudaError_t RotaryForward(bf16_t* qkv, int64_t rows, int64_t ld, int64_t seq_len
   const dim3 grid(static_cast<unsigned>(l.ctas)), block(l.group * l.groups);
   switch (l.vec) {
     case 1:
-      RotaryForwardKernel<1><<<grid, block, 0, stream>>>(qkv, rows, ld, seq_len, position_offset, d,
-                                                         head_dim, l.group, consts);
+      RotaryForwardKernel<1><<<grid, block, 0, stream>>>(qkv, rows, ld, seq_len, position_offset,
+                                                         positions, d, head_dim, l.group, consts);
       break;
     case 2:
-      RotaryForwardKernel<2><<<grid, block, 0, stream>>>(qkv, rows, ld, seq_len, position_offset, d,
-                                                         head_dim, l.group, consts);
+      RotaryForwardKernel<2><<<grid, block, 0, stream>>>(qkv, rows, ld, seq_len, position_offset,
+                                                         positions, d, head_dim, l.group, consts);
       break;
     default:
-      RotaryForwardKernel<4><<<grid, block, 0, stream>>>(qkv, rows, ld, seq_len, position_offset, d,
-                                                         head_dim, l.group, consts);
+      RotaryForwardKernel<4><<<grid, block, 0, stream>>>(qkv, rows, ld, seq_len, position_offset,
+                                                         positions, d, head_dim, l.group, consts);
       break;
   }
   return cudaGetLastError();
+}
+}  // namespace
+
+cudaError_t RotaryForward(bf16_t* qkv, int64_t rows, int64_t ld, int64_t seq_len,
+                          int64_t position_offset, int64_t d, int64_t head_dim,
+                          const RotaryConsts* consts, int num_sms, cudaStream_t stream) {
+  return LaunchRotaryForward(qkv, rows, ld, seq_len, position_offset, nullptr, d, head_dim, consts,
+                             num_sms, stream);
+}
+
+cudaError_t RotaryForwardAt(bf16_t* qkv, int64_t rows, int64_t ld, const int64_t* positions,
+                            int64_t d, int64_t head_dim, const RotaryConsts* consts, int num_sms,
+                            cudaStream_t stream) {
+  if (positions == nullptr) return cudaErrorInvalidValue;
+  return LaunchRotaryForward(qkv, rows, ld, 1, 0, positions, d, head_dim, consts, num_sms, stream);
 }
 
 cudaError_t RotaryBackward(const bf16_t* dq, const bf16_t* dk, const bf16_t* dv, int64_t rows,
@@ -962,6 +990,13 @@ cudaError_t CrossEntropyBackward(const float* logits, const float* row_lse, cons
   if (m < 1 || v < 1) return cudaErrorInvalidValue;
   CrossEntropyBackwardKernel<<<GridFor(m * v, 256), 256, 0, stream>>>(
       logits, row_lse, targets, m, v, scale, reinterpret_cast<__nv_bfloat16*>(dlogits));
+  return cudaGetLastError();
+}
+
+cudaError_t TargetLogProbs(const float* logits, const float* row_lse, const int32_t* targets,
+                           int64_t m, int64_t v, float* out, cudaStream_t stream) {
+  if (m < 1 || v < 1) return cudaErrorInvalidValue;
+  TargetLogProbsKernel<<<GridFor(m, 256), 256, 0, stream>>>(logits, row_lse, targets, m, v, out);
   return cudaGetLastError();
 }
 

@@ -141,6 +141,12 @@ struct RotaryConsts {
 cudaError_t RotaryForward(bf16_t* qkv, int64_t rows, int64_t ld, int64_t seq_len,
                           int64_t position_offset, int64_t d, int64_t head_dim,
                           const RotaryConsts* consts, int num_sms, cudaStream_t stream);
+// The same with each row at its own position: row t at positions[t] (device int64 [rows], each
+// >= 0), as a decoding step's rows of different sequences are. Same FLOPs; bytes 4 rows d s +
+// 8 rows.
+cudaError_t RotaryForwardAt(bf16_t* qkv, int64_t rows, int64_t ld, const int64_t* positions,
+                            int64_t d, int64_t head_dim, const RotaryConsts* consts, int num_sms,
+                            cudaStream_t stream);
 // The transpose, out of place: dqkv[t, 0:d) := Rot^T(dq[t]), dqkv[t, d:2d) := Rot^T(dk[t]),
 // dqkv[t, 2d:3d) := dv[t]; dq, dk, dv contiguous [rows, d]; dqkv [rows, 3d]. partials
 // [ctas][3][d] (ctas = RowLaunchFor(rows, d, num_sms).ctas): the column sums of the three parts
@@ -175,6 +181,10 @@ cudaError_t CrossEntropyForward(const float* logits, const int32_t* targets, int
 cudaError_t CrossEntropyBackward(const float* logits, const float* row_lse, const int32_t* targets,
                                  int64_t m, int64_t v, float scale, bf16_t* dlogits,
                                  cudaStream_t stream);
+// out[t] := logits[t, targets[t]] - row_lse[t], the log-probability of row t's target (0 where
+// the target is kIgnoreTarget), after CrossEntropyForward wrote row_lse. FLOPs m; bytes 16 m.
+cudaError_t TargetLogProbs(const float* logits, const float* row_lse, const int32_t* targets,
+                           int64_t m, int64_t v, float* out, cudaStream_t stream);
 
 // --- AdamW over elements [0, n) of flat fp32 buffers (the caller offsets the pointers), the
 // update of model/optimizer.h (PyTorch's torch.optim.AdamW), one fp32 rounding per operation in

@@ -1,0 +1,561 @@
+#include "model/cuda/cuda_decoder.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cstring>
+#include <map>
+#include <set>
+#include <string>
+#include <unordered_set>
+
+#include "absl/strings/str_cat.h"
+#include "engine/attention_spec.h"
+#include "engine/cuda/cuda_status.h"
+#include "model/cuda/serving_plan.h"
+#include "model/ignore_target.h"
+#include "model/language_model.h"
+#include "model/longnet_params.h"
+
+namespace dattn {
+namespace model {
+namespace cuda {
+namespace {
+
+#define DECODER_CUDA(expr) DATTN_CUDA_RETURN_IF_ERROR(expr)
+
+absl::Status Allocate(void** p, int64_t bytes, const char* what) {
+  const cudaError_t e = cudaMalloc(p, static_cast<size_t>(std::max<int64_t>(bytes, 16)));
+  if (e == cudaErrorMemoryAllocation) {
+    cudaGetLastError();  // not sticky: clear it
+    return absl::ResourceExhaustedError(
+        absl::StrCat("the GPU decoder could not allocate ", bytes, " bytes for ", what));
+  }
+  if (e != cudaSuccess) return ::dattn::cuda::CudaErrorStatus(e, "cudaMalloc", __FILE__, __LINE__);
+  return absl::OkStatus();
+}
+
+}  // namespace
+
+// --- States.
+
+CudaDecodeState& CudaDecodeState::operator=(CudaDecodeState&& other) noexcept {
+  if (this != &other) {
+    Free();
+    owner_ = std::exchange(other.owner_, nullptr);
+    device_ = other.device_;
+    position_ = std::exchange(other.position_, 0);
+    elements_ = std::exchange(other.elements_, 0);
+    cache_ = std::exchange(other.cache_, nullptr);
+  }
+  return *this;
+}
+
+void CudaDecodeState::Free() {
+  if (cache_ != nullptr) {
+    int current = 0;
+    cudaGetDevice(&current);
+    if (current != device_) cudaSetDevice(device_);
+    cudaFree(cache_);
+    if (current != device_) cudaSetDevice(current);
+  }
+  cache_ = nullptr;
+}
+
+// --- The decoder's device buffers.
+
+struct CudaDecoder::Buffers {
+  ~Buffers() {
+    ClearGraphs();
+    for (void* p : {static_cast<void*>(rotary), static_cast<void*>(slots),
+                    static_cast<void*>(slot_of), static_cast<void*>(fill_jobs), step}) {
+      if (p != nullptr) cudaFree(p);
+    }
+  }
+  RotaryConsts* rotary = nullptr;
+  DecodeSlot* slots = nullptr;
+  int32_t* slot_of = nullptr;  // [patterns][heads]
+  CacheFillJob* fill_jobs = nullptr;
+  // Step's buffers for `rows` sequences, one allocation: first what each step uploads (tokens,
+  // positions, cache pointers, slot rows), then the activations, the logits and the partials.
+  void* step = nullptr;
+  int64_t rows = 0;
+  int64_t upload_bytes = 0;
+  int32_t* tokens = nullptr;
+  int64_t* positions = nullptr;
+  bf16_t** k_cache = nullptr;
+  bf16_t** v_cache = nullptr;
+  int32_t* slot_rows = nullptr;
+  bf16_t *x = nullptr, *x_next = nullptr, *ln = nullptr, *qkv = nullptr, *attn = nullptr,
+         *sub = nullptr, *x_mid = nullptr, *h = nullptr, *sub2 = nullptr, *xf = nullptr;
+  float* stats = nullptr;  // mean [rows], rstd [rows]
+  float* logits = nullptr;
+  float* partials = nullptr;
+  std::vector<char> upload;  // host image of the upload region
+  // A step's work for a batch of `rows` sequences, captured once as a CUDA graph (after an eager
+  // run of that size has planned its GEMMs) and replayed: one launch instead of ~12 a layer.
+  std::map<int64_t, cudaGraphExec_t> graphs;
+  std::set<int64_t> planned;   // sizes run eagerly once
+  bool graphs_failed = false;  // a capture failed: run eagerly from then on
+  void ClearGraphs() {
+    for (auto& [rows, exec] : graphs) cudaGraphExecDestroy(exec);
+    graphs.clear();
+    planned.clear();
+  }
+};
+
+CudaDecoder::CudaDecoder(CudaLongNetLM* model, KvCacheGeometry geometry, RotaryPlan rotary)
+    : model_(model),
+      geometry_(std::move(geometry)),
+      rotary_(std::move(rotary)),
+      spec_(model->config().attention_spec()),
+      buffers_(std::make_unique<Buffers>()) {}
+
+CudaDecoder::~CudaDecoder() {
+  cudaSetDevice(model_->cuda_device());
+  cudaStreamSynchronize(model_->stream());
+}
+
+absl::StatusOr<std::unique_ptr<CudaDecoder>> CudaDecoder::Create(CudaLongNetLM* model,
+                                                                 int64_t max_context) {
+  if (model == nullptr) return absl::InvalidArgumentError("GPU decoder: no model");
+  if (max_context < 1) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPU decoder: max_context ", max_context, " must be >= 1"));
+  }
+  absl::StatusOr<KvCacheGeometry> geometry = KvCacheGeometry::Make(model->config(), max_context);
+  if (!geometry.ok()) return geometry.status();
+  absl::StatusOr<RotaryPlan> rotary = RotaryPlan::Make(model->config(), max_context);
+  if (!rotary.ok()) return rotary.status();
+  std::unique_ptr<CudaDecoder> decoder(
+      new CudaDecoder(model, *std::move(geometry), *std::move(rotary)));
+  DATTN_RETURN_IF_ERROR(decoder->Init());
+  return decoder;
+}
+
+absl::Status CudaDecoder::Init() {
+  DECODER_CUDA(cudaSetDevice(model_->cuda_device()));
+  const LongNetConfig& c = config();
+  const cudaStream_t stream = model_->stream();
+  Buffers& b = *buffers_;
+  // Rotary constants of the max_context plan (as CudaLongNetLM::UploadRotary computes them).
+  RotaryConsts rc;
+  rc.pairs = static_cast<int>(rotary_.head_dim() / 2);
+  rc.block = rotary_.block();
+  rc.xpos = rotary_.xpos();
+  for (int j = 0; j < rc.pairs; ++j) {
+    rc.inv_freq[j] = rotary_.inv_freq()[static_cast<size_t>(j)];
+    rc.log2_zeta_over_base[j] =
+        rotary_.log_zeta()[static_cast<size_t>(j)] / rotary_.scale_base() / std::log(2.0);
+  }
+  const std::vector<KvCacheGeometry::Slot>& slots = geometry_.slots();
+  const int64_t num_slots = static_cast<int64_t>(slots.size());
+  std::vector<DecodeSlot> table(slots.size());
+  std::vector<int32_t> slot_of(static_cast<size_t>(spec_.num_patterns() * c.num_heads), -1);
+  for (int64_t s = 0; s < num_slots; ++s) {
+    const KvCacheGeometry::Slot& slot = slots[static_cast<size_t>(s)];
+    table[static_cast<size_t>(s)].head = slot.head;
+    table[static_cast<size_t>(s)].first_row = slot.first_row;
+    slot_of[static_cast<size_t>(slot.pattern * c.num_heads + slot.head)] = static_cast<int32_t>(s);
+  }
+  max_chunks_ = DecodeMaxChunks(geometry_);
+  DATTN_RETURN_IF_ERROR(
+      Allocate(reinterpret_cast<void**>(&b.rotary), sizeof(RotaryConsts), "rotary constants"));
+  DATTN_RETURN_IF_ERROR(Allocate(reinterpret_cast<void**>(&b.slots),
+                                 num_slots * static_cast<int64_t>(sizeof(DecodeSlot)), "slots"));
+  DATTN_RETURN_IF_ERROR(Allocate(reinterpret_cast<void**>(&b.slot_of),
+                                 static_cast<int64_t>(slot_of.size() * 4), "slot table"));
+  DATTN_RETURN_IF_ERROR(Allocate(reinterpret_cast<void**>(&b.fill_jobs),
+                                 num_slots * static_cast<int64_t>(sizeof(CacheFillJob)),
+                                 "prefill jobs"));
+  DECODER_CUDA(cudaMemcpyAsync(b.rotary, &rc, sizeof(rc), cudaMemcpyHostToDevice, stream));
+  if (num_slots > 0) {
+    DECODER_CUDA(cudaMemcpyAsync(b.slots, table.data(), table.size() * sizeof(DecodeSlot),
+                                 cudaMemcpyHostToDevice, stream));
+  }
+  DECODER_CUDA(cudaMemcpyAsync(b.slot_of, slot_of.data(), slot_of.size() * 4,
+                               cudaMemcpyHostToDevice, stream));
+  DATTN_RETURN_IF_ERROR(model_->RefreshWorkingCopy());
+  DECODER_CUDA(cudaStreamSynchronize(stream));
+  return absl::OkStatus();
+}
+
+absl::StatusOr<CudaDecodeState> CudaDecoder::NewState() const {
+  DECODER_CUDA(cudaSetDevice(model_->cuda_device()));
+  CudaDecodeState state;
+  state.owner_ = this;
+  state.device_ = model_->cuda_device();
+  state.elements_ = config().num_layers * geometry_.rows_per_layer() * config().head_dim();
+  DATTN_RETURN_IF_ERROR(
+      Allocate(reinterpret_cast<void**>(&state.cache_), state.cache_bytes(), "a sequence's cache"));
+  return state;
+}
+
+absl::StatusOr<CudaDecodeState> CudaDecoder::Clone(const CudaDecodeState& state) const {
+  if (state.owner_ != this) {
+    return absl::InvalidArgumentError("GPU decoder Clone: the state was not made by this decoder");
+  }
+  absl::StatusOr<CudaDecodeState> copy = NewState();
+  if (!copy.ok()) return copy.status();
+  DECODER_CUDA(cudaMemcpyAsync(copy->cache_, state.cache_, static_cast<size_t>(state.cache_bytes()),
+                               cudaMemcpyDeviceToDevice, model_->stream()));
+  DECODER_CUDA(cudaStreamSynchronize(model_->stream()));
+  copy->position_ = state.position_;
+  return copy;
+}
+
+absl::Status CudaDecoder::CheckTokens(const char* call, const int32_t* tokens, int64_t n) const {
+  const int64_t vocab = config().vocab_size;
+  for (int64_t t = 0; t < n; ++t) {
+    if (tokens[t] < 0 || tokens[t] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat("GPU decoder ", call, ": token ", tokens[t],
+                                                     " at position ", t, " is outside [0, ", vocab,
+                                                     ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::Prefill(const int32_t* tokens, int64_t n, CudaDecodeState* state,
+                                  float* logits) {
+  if (state == nullptr || state->owner_ != this) {
+    return absl::InvalidArgumentError(
+        "GPU decoder Prefill: the state was not made by this decoder");
+  }
+  if (state->position_ != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GPU decoder Prefill: the state already holds ", state->position_,
+                     " tokens (prefill starts a sequence; use Step to extend one)"));
+  }
+  if (n < 1 || tokens == nullptr || logits == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPU decoder Prefill: the prompt has ", n, " tokens (needs at least 1)"));
+  }
+  if (n > geometry_.max_context()) {
+    return absl::OutOfRangeError(absl::StrCat("GPU decoder Prefill: the prompt's ", n,
+                                              " tokens pass the decoder's max_context of ",
+                                              geometry_.max_context()));
+  }
+  DATTN_RETURN_IF_ERROR(CheckTokens("Prefill", tokens, n));
+  DECODER_CUDA(cudaSetDevice(model_->cuda_device()));
+  const LongNetConfig& c = config();
+  const cudaStream_t stream = model_->stream();
+  // The rows the prompt leaves: each slot's selected positions of the prompt's last segment.
+  std::vector<CacheFillJob> jobs;
+  int64_t max_count = 0;
+  for (const KvCacheGeometry::Slot& slot : geometry_.slots()) {
+    const int64_t w = c.segment_lengths[static_cast<size_t>(slot.pattern)];
+    const int64_t r = c.dilation_rates[static_cast<size_t>(slot.pattern)];
+    CacheFillJob job;
+    job.first_pos = (n - 1) / w * w + slot.offset;
+    job.rate = r;
+    job.count = job.first_pos < n ? (n - 1 - job.first_pos) / r + 1 : 0;
+    job.dst_row = slot.first_row;
+    job.head = slot.head;
+    if (job.count == 0) continue;
+    max_count = std::max(max_count, job.count);
+    jobs.push_back(job);
+  }
+  if (!jobs.empty()) {
+    DECODER_CUDA(cudaMemcpyAsync(buffers_->fill_jobs, jobs.data(),
+                                 jobs.size() * sizeof(CacheFillJob), cudaMemcpyHostToDevice,
+                                 stream));
+  }
+  const int64_t d = c.d_model, dh = c.head_dim();
+  const int64_t layer_elements = geometry_.rows_per_layer() * dh;
+  bf16_t* k_cache = state->cache_;
+  bf16_t* v_cache = state->cache_ + state->elements_;
+  model_->set_qkv_observer([&](int64_t layer, const bf16_t* qkv) -> absl::Status {
+    DECODER_CUDA(CacheFill(qkv, 3 * d, d, dh, buffers_->fill_jobs, static_cast<int>(jobs.size()),
+                           max_count, k_cache + layer * layer_elements,
+                           v_cache + layer * layer_elements, stream));
+    return absl::OkStatus();
+  });
+  TokenBatch batch;
+  batch.tokens = tokens;
+  batch.batch = 1;
+  batch.seq_len = n;
+  // The prompt as the first positions of a max_context-long sequence (rotary's plan).
+  batch.positions = {0, geometry_.max_context()};
+  absl::StatusOr<LossResult> forward = model_->Forward(batch);
+  model_->set_qkv_observer(nullptr);
+  if (!forward.ok()) return forward.status();
+  DATTN_RETURN_IF_ERROR(model_->CopyLogitsToHost(logits, n - 1, 1));
+  state->position_ = n;
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::Score(const int32_t* tokens, int64_t n, double* logprobs) {
+  if (n < 2 || tokens == nullptr || logprobs == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("GPU decoder Score: ", n,
+                     " tokens given; scoring needs at least 2 (the first is context)"));
+  }
+  if (n > geometry_.max_context()) {
+    return absl::OutOfRangeError(absl::StrCat("GPU decoder Score: the ", n,
+                                              " tokens pass the decoder's max_context of ",
+                                              geometry_.max_context()));
+  }
+  DATTN_RETURN_IF_ERROR(CheckTokens("Score", tokens, n));
+  DECODER_CUDA(cudaSetDevice(model_->cuda_device()));
+  std::vector<int32_t> targets(tokens + 1, tokens + n);
+  targets.push_back(kIgnoreTarget);
+  TokenBatch batch;
+  batch.tokens = tokens;
+  batch.targets = targets.data();
+  batch.batch = 1;
+  batch.seq_len = n;
+  absl::StatusOr<LossResult> forward = model_->Forward(batch);
+  if (!forward.ok()) return forward.status();
+  std::vector<float> out(static_cast<size_t>(n));
+  DATTN_RETURN_IF_ERROR(model_->CopyTargetLogProbsToHost(out.data()));
+  for (int64_t i = 0; i + 1 < n; ++i) logprobs[i] = out[static_cast<size_t>(i)];
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::EnsureStepBuffers(int64_t rows) {
+  Buffers& b = *buffers_;
+  if (rows <= b.rows) return absl::OkStatus();
+  const DecodeStepLayout l =
+      LayoutDecodeStep(config(), static_cast<int64_t>(geometry_.slots().size()), max_chunks_, rows);
+  void* step = nullptr;
+  DATTN_RETURN_IF_ERROR(Allocate(&step, l.bytes, "a decoding step's buffers"));
+  DECODER_CUDA(cudaStreamSynchronize(model_->stream()));
+  if (b.step != nullptr) cudaFree(b.step);
+  b.ClearGraphs();  // they name the old buffers
+  b.step = step;
+  b.rows = rows;
+  b.upload_bytes = l.upload_bytes;
+  char* base = static_cast<char*>(step);
+  b.tokens = reinterpret_cast<int32_t*>(base + l.tokens);
+  b.positions = reinterpret_cast<int64_t*>(base + l.positions);
+  b.k_cache = reinterpret_cast<bf16_t**>(base + l.k_cache);
+  b.v_cache = reinterpret_cast<bf16_t**>(base + l.v_cache);
+  b.slot_rows = reinterpret_cast<int32_t*>(base + l.slot_rows);
+  b.x = reinterpret_cast<bf16_t*>(base + l.x);
+  b.x_next = reinterpret_cast<bf16_t*>(base + l.x_next);
+  b.ln = reinterpret_cast<bf16_t*>(base + l.ln);
+  b.qkv = reinterpret_cast<bf16_t*>(base + l.qkv);
+  b.attn = reinterpret_cast<bf16_t*>(base + l.attn);
+  b.sub = reinterpret_cast<bf16_t*>(base + l.sub);
+  b.x_mid = reinterpret_cast<bf16_t*>(base + l.x_mid);
+  b.h = reinterpret_cast<bf16_t*>(base + l.h);
+  b.sub2 = reinterpret_cast<bf16_t*>(base + l.sub2);
+  b.xf = reinterpret_cast<bf16_t*>(base + l.xf);
+  b.stats = reinterpret_cast<float*>(base + l.stats);
+  b.logits = reinterpret_cast<float*>(base + l.logits);
+  b.partials = reinterpret_cast<float*>(base + l.partials);
+  b.upload.assign(static_cast<size_t>(l.upload_bytes), 0);
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::Step(absl::Span<CudaDecodeState* const> states, const int32_t* tokens,
+                               float* logits) {
+  if (states.empty()) return absl::OkStatus();
+  if (tokens == nullptr || logits == nullptr) {
+    return absl::InvalidArgumentError("GPU decoder Step: null tokens or logits");
+  }
+  const LongNetConfig& c = config();
+  std::unordered_set<const CudaDecodeState*> seen;
+  for (size_t j = 0; j < states.size(); ++j) {
+    const CudaDecodeState* s = states[j];
+    if (s == nullptr || s->owner_ != this) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GPU decoder Step: state ", j, " was not made by this decoder"));
+    }
+    if (!seen.insert(s).second) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GPU decoder Step: state ", j, " is passed twice (one token a sequence)"));
+    }
+    if (s->position_ >= geometry_.max_context()) {
+      return absl::OutOfRangeError(absl::StrCat("GPU decoder Step: sequence ", j, " holds ",
+                                                s->position_,
+                                                " tokens, the decoder's max_context"
+                                                " (no room for another)"));
+    }
+    if (tokens[j] < 0 || tokens[j] >= c.vocab_size) {
+      return absl::InvalidArgumentError(absl::StrCat("GPU decoder Step: token ", tokens[j],
+                                                     " of sequence ", j, " is outside [0, ",
+                                                     c.vocab_size, ")"));
+    }
+  }
+  DECODER_CUDA(cudaSetDevice(model_->cuda_device()));
+  return RunStep(states, tokens, logits);
+}
+
+absl::Status CudaDecoder::RunStep(absl::Span<CudaDecodeState* const> states, const int32_t* tokens,
+                                  float* logits) {
+  const LongNetConfig& c = config();
+  const int64_t rows = static_cast<int64_t>(states.size());
+  DATTN_RETURN_IF_ERROR(EnsureStepBuffers(rows));
+  Buffers& b = *buffers_;
+  const cudaStream_t stream = model_->stream();
+  const std::vector<KvCacheGeometry::Slot>& slots = geometry_.slots();
+  const int num_slots = static_cast<int>(slots.size());
+  // The step's upload: tokens, positions, cache pointers and each (sequence, slot)'s row.
+  {
+    char* host = b.upload.data();
+    const char* dev = static_cast<const char*>(b.step);
+    auto at = [&](const void* device_ptr) {
+      return host + (static_cast<const char*>(device_ptr) - dev);
+    };
+    int32_t* h_tokens = reinterpret_cast<int32_t*>(at(b.tokens));
+    int64_t* h_positions = reinterpret_cast<int64_t*>(at(b.positions));
+    bf16_t** h_k = reinterpret_cast<bf16_t**>(at(b.k_cache));
+    bf16_t** h_v = reinterpret_cast<bf16_t**>(at(b.v_cache));
+    int32_t* h_rows = reinterpret_cast<int32_t*>(at(b.slot_rows));
+    for (int64_t j = 0; j < rows; ++j) {
+      const CudaDecodeState& s = *states[static_cast<size_t>(j)];
+      h_tokens[j] = tokens[j];
+      h_positions[j] = s.position_;
+      h_k[j] = s.cache_;
+      h_v[j] = s.cache_ + s.elements_;
+      for (int k = 0; k < num_slots; ++k) {
+        h_rows[j * num_slots + k] =
+            static_cast<int32_t>(geometry_.RowOf(slots[static_cast<size_t>(k)], s.position_));
+      }
+    }
+    DECODER_CUDA(cudaMemcpyAsync(b.step, host, static_cast<size_t>(b.upload_bytes),
+                                 cudaMemcpyHostToDevice, stream));
+  }
+  if (auto it = b.graphs.find(rows); it != b.graphs.end()) {
+    DECODER_CUDA(cudaGraphLaunch(it->second, stream));
+  } else if (b.planned.count(rows) == 0 || b.graphs_failed) {
+    DATTN_RETURN_IF_ERROR(EnqueueStep(rows));
+    b.planned.insert(rows);
+  } else {
+    // Every GEMM shape of this size is planned: capture the step and replay it from now on.
+    DECODER_CUDA(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    const absl::Status enqueued = EnqueueStep(rows);
+    cudaGraph_t graph = nullptr;
+    const cudaError_t ended = cudaStreamEndCapture(stream, &graph);
+    cudaGraphExec_t exec = nullptr;
+    const bool captured = enqueued.ok() && ended == cudaSuccess && graph != nullptr &&
+                          cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess;
+    if (graph != nullptr) cudaGraphDestroy(graph);
+    if (captured) {
+      b.graphs[rows] = exec;
+      DECODER_CUDA(cudaGraphLaunch(exec, stream));
+    } else {
+      if (exec != nullptr) cudaGraphExecDestroy(exec);
+      cudaGetLastError();  // a failed capture's error is not the step's
+      b.graphs_failed = true;
+      DATTN_RETURN_IF_ERROR(EnqueueStep(rows));
+    }
+  }
+  DECODER_CUDA(cudaMemcpyAsync(logits, b.logits, static_cast<size_t>(rows * c.vocab_size) * 4,
+                               cudaMemcpyDeviceToHost, stream));
+  DECODER_CUDA(cudaStreamSynchronize(stream));
+  for (CudaDecodeState* s : states) ++s->position_;
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::EnqueueStep(int64_t rows) {
+  const LongNetConfig& c = config();
+  Buffers& b = *buffers_;
+  const cudaStream_t stream = model_->stream();
+  const int num_sms = model_->num_sms();
+  const int64_t d = c.d_model, f = c.ffn_dim, v = c.vocab_size, dh = c.head_dim();
+  const int num_slots = static_cast<int>(geometry_.slots().size());
+  const float eps = static_cast<float>(c.layer_norm_eps);
+  const bf16_t* wk = model_->working_copy();
+  const WorkingCopyLayout& working = model_->working_layout();
+  const float* p = model_->params();
+  const ModelOffsets& offsets = model_->offsets();
+  Gemm& gemm = model_->gemm();
+  DecodeBatch batch;
+  batch.batch = rows;
+  batch.slots = num_slots;
+  batch.slot = b.slots;
+  batch.rows = b.slot_rows;
+  batch.k_cache = b.k_cache;
+  batch.v_cache = b.v_cache;
+  batch.d = d;
+  batch.head_dim = dh;
+  const float scale = static_cast<float>(spec_.ScaleFor(dh));
+  float* mean = b.stats;
+  float* rstd = b.stats + rows;
+  // The residual stream alternates between two buffers (locally: a captured graph must name the
+  // same ones every time).
+  bf16_t* x = b.x;
+  bf16_t* x_next = b.x_next;
+  DECODER_CUDA(EmbeddingForward(b.tokens, rows, wk + working.embedding, d, x, stream));
+  for (int64_t layer = 0; layer < c.num_layers; ++layer) {
+    const WorkingBlock& w = working.blocks[static_cast<size_t>(layer)];
+    const BlockOffsets& o = offsets.blocks[static_cast<size_t>(layer)];
+    DECODER_CUDA(LayerNormForward(x, rows, d, p + o.attn_norm.weight, p + o.attn_norm.bias, eps,
+                                  false, false, b.ln, mean, rstd, num_sms, stream));
+    GemmArgs qkv;
+    qkv.op = GemmOp::kNT;
+    qkv.rows = rows, qkv.cols = 3 * d, qkv.k = d;
+    qkv.a = b.ln, qkv.lda = d;
+    qkv.b = wk + w.wqkv, qkv.ldb = d;
+    qkv.c = b.qkv, qkv.ldc = 3 * d;
+    qkv.bias = wk + w.bqkv;
+    DATTN_RETURN_IF_ERROR(gemm.Run(qkv));
+    DECODER_CUDA(
+        RotaryForwardAt(b.qkv, rows, 3 * d, b.positions, d, dh, b.rotary, num_sms, stream));
+    if (num_slots > 0) {
+      batch.layer_offset = layer * geometry_.rows_per_layer() * dh;
+      DECODER_CUDA(DecodeAppend(batch, b.qkv, stream));
+      DECODER_CUDA(DecodeAttend(batch, b.qkv, scale, max_chunks_, b.partials, stream));
+      DECODER_CUDA(DecodeMerge(batch, b.partials, max_chunks_, b.slot_of, spec_.num_patterns(),
+                               c.num_heads, spec_.mode == AttentionMode::kGrouped, b.attn, stream));
+    } else {
+      DECODER_CUDA(cudaMemsetAsync(b.attn, 0, static_cast<size_t>(rows * d * 2), stream));
+    }
+    DECODER_CUDA(LayerNormForward(b.attn, rows, d, p + o.attn_sub_norm.weight,
+                                  p + o.attn_sub_norm.bias, eps, false, false, b.sub, mean, rstd,
+                                  num_sms, stream));
+    GemmArgs out;
+    out.op = GemmOp::kNT;
+    out.rows = rows, out.cols = d, out.k = d;
+    out.a = b.sub, out.lda = d;
+    out.b = wk + w.wo, out.ldb = d;
+    out.c = b.x_mid, out.ldc = d;
+    out.bias = wk + w.bo;
+    out.residual = x;
+    out.beta = 1.0f;
+    DATTN_RETURN_IF_ERROR(gemm.Run(out));
+    DECODER_CUDA(LayerNormForward(b.x_mid, rows, d, p + o.ffn_norm.weight, p + o.ffn_norm.bias, eps,
+                                  false, false, b.ln, mean, rstd, num_sms, stream));
+    GemmArgs fc1;
+    fc1.op = GemmOp::kNT;
+    fc1.rows = rows, fc1.cols = f, fc1.k = d;
+    fc1.a = b.ln, fc1.lda = d;
+    fc1.b = wk + w.w1, fc1.ldb = d;
+    fc1.c = b.h, fc1.ldc = f;
+    fc1.bias = wk + w.b1;
+    DATTN_RETURN_IF_ERROR(gemm.Run(fc1));
+    DECODER_CUDA(LayerNormForward(b.h, rows, f, p + o.ffn_sub_norm.weight, p + o.ffn_sub_norm.bias,
+                                  eps, /*gelu=*/true, false, b.sub2, mean, rstd, num_sms, stream));
+    GemmArgs fc2;
+    fc2.op = GemmOp::kNT;
+    fc2.rows = rows, fc2.cols = d, fc2.k = f;
+    fc2.a = b.sub2, fc2.lda = f;
+    fc2.b = wk + w.w2, fc2.ldb = f;
+    fc2.c = x_next, fc2.ldc = d;
+    fc2.bias = wk + w.b2;
+    fc2.residual = b.x_mid;
+    fc2.beta = 1.0f;
+    DATTN_RETURN_IF_ERROR(gemm.Run(fc2));
+    std::swap(x, x_next);
+  }
+  DECODER_CUDA(LayerNormForward(x, rows, d, p + offsets.final_norm.weight,
+                                p + offsets.final_norm.bias, eps, false, false, b.xf, mean, rstd,
+                                num_sms, stream));
+  GemmArgs head;
+  head.op = GemmOp::kNT;
+  head.rows = rows, head.cols = v, head.k = d;
+  head.a = b.xf, head.lda = d;
+  head.b = wk + working.head, head.ldb = d;
+  head.c = b.logits, head.ldc = v;
+  head.c_fp32 = true;
+  return gemm.Run(head);
+}
+
+#undef DECODER_CUDA
+
+}  // namespace cuda
+}  // namespace model
+}  // namespace dattn

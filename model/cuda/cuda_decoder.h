@@ -1,0 +1,146 @@
+// Incremental decoding of the LongNet language model on one GPU: model/decoder.h's decoder (the
+// same cache of only the keys some pattern can still select, the same geometry, the same API) with
+// the cache, the layers and the cached attention on the device, in bf16 like CudaLongNetLM.
+//
+// What runs where:
+//   - Prefill(prompt): the CUDA model's batched forward pass over the prompt as the first rows of
+//     a max_context-long causal sequence (rotary planned for max_context, as on the CPU); after
+//     each block's rotary positions the model hands its q, k, v projection to the decoder (the
+//     model's qkv observer), which copies the rows the cache keeps (the prompt's last segment of
+//     each slot's pattern: decode_kernels.h's CacheFill) into the state. Logits of the last
+//     position are copied out.
+//   - Step(states, tokens): per layer LayerNorm, the q, k, v GEMM over the B new rows at once
+//     (cuBLASLt through the model's Gemm, its bf16 working copy), rotary at each row's own
+//     position, the new key and value appended to each state's cache, split-K attention over the
+//     cached rows (chunks of 256 rows, one CTA each, fp32 partial softmaxes), the partials merged
+//     per slot and then per head (grouped or mixture mode, the engine's rule), then the output
+//     projection and the feed-forward branch as in CudaLongNetLM's forward (the same kernels and
+//     GEMM epilogues); the final LayerNorm and the head give fp32 logits, copied to the host.
+//   - Score(tokens): the model's forward pass over the tokens with targets, each row's
+//     log-probability of its target on the device (n - 1 floats copied out).
+// The step's kernels: decode_kernels.h (FLOPs and bytes stated there). A step reads the weights
+// once for all B sequences (2 P bytes, bf16) and each sequence's cached rows that its position's
+// patterns select: at most the cache's bytes.
+//
+// Numbers. bf16 activations, fp32 accumulation and softmax: a step's logits equal the model's
+// forward pass over the same prefix (last row) to bf16's rounding, not bit for bit (the two run
+// different GEMM shapes and attention kernels); against the CPU decoder in fp32 on the same
+// weights the difference is bf16's (cuda_decoder_test states the tolerances it checks).
+//
+// Memory: each state's cache is one device allocation of KvCacheGeometry::ElementsPerSequence()
+// bf16 values (2 bytes each), made by NewState. Step keeps buffers for the largest batch seen
+// (activations of B rows, B x slots x ceil(max rows / 256) partials of head_dim + 2 floats).
+// Prefill and Score use the model's activation arena for the prompt's shape (the model's
+// ModelOptions::checkpoint_activations keeps it to each block's input and one block's set).
+//
+// The model is borrowed: its weights must not change while the decoder is used (Create refreshes
+// the working copy once; Prefill and Score refresh it again through Forward), and it must not be
+// used by another thread meanwhile. Thread-safety: one call at a time; a state is used with the
+// decoder that made it, by one call at a time, and must not outlive the model's device context
+// (destroying it frees its cache with cudaFree).
+// Errors: as decoder.h's (INVALID_ARGUMENT naming the bad token, state or size; OUT_OF_RANGE past
+// max_context; FAILED_PRECONDITION for Prefill on a state that holds tokens), RESOURCE_EXHAUSTED
+// naming the bytes when the device cannot hold a cache or the step's buffers, and CUDA errors
+// naming the call. A failed call leaves every state at the position it had.
+#ifndef DATTN_MODEL_CUDA_CUDA_DECODER_H_
+#define DATTN_MODEL_CUDA_CUDA_DECODER_H_
+
+#include <cstdint>
+#include <memory>
+#include <utility>
+#include <vector>
+
+#include "absl/status/status.h"
+#include "absl/status/statusor.h"
+#include "absl/types/span.h"
+#include "model/config.h"
+#include "model/cuda/cuda_longnet.h"
+#include "model/cuda/decode_kernels.h"
+#include "model/decoder.h"
+
+namespace dattn {
+namespace model {
+namespace cuda {
+
+class CudaDecoder;
+
+// One sequence's cache (on the device) and position. Move-only; made by CudaDecoder::NewState.
+class CudaDecodeState {
+ public:
+  CudaDecodeState(CudaDecodeState&& other) noexcept { *this = std::move(other); }
+  CudaDecodeState& operator=(CudaDecodeState&& other) noexcept;
+  CudaDecodeState(const CudaDecodeState&) = delete;
+  CudaDecodeState& operator=(const CudaDecodeState&) = delete;
+  ~CudaDecodeState() { Free(); }
+
+  // Tokens the sequence holds so far (the position of the next one).
+  int64_t position() const { return position_; }
+  // Bytes of its cache on the device (allocated whole at creation).
+  int64_t cache_bytes() const { return 2 * elements_ * static_cast<int64_t>(sizeof(bf16_t)); }
+
+ private:
+  friend class CudaDecoder;
+  CudaDecodeState() = default;
+  void Free();
+  const void* owner_ = nullptr;
+  int device_ = 0;
+  int64_t position_ = 0;
+  int64_t elements_ = 0;     // Of K (and of V): layers x rows_per_layer x head_dim.
+  bf16_t* cache_ = nullptr;  // K then V, [layer][row][head_dim] each.
+};
+
+class CudaDecoder {
+ public:
+  using State = CudaDecodeState;
+
+  // Borrows `model` (it must outlive the decoder and every state). INVALID_ARGUMENT for
+  // max_context < 1 (naming it); the rotary plan's errors for a max_context it refuses.
+  static absl::StatusOr<std::unique_ptr<CudaDecoder>> Create(CudaLongNetLM* model,
+                                                             int64_t max_context);
+  ~CudaDecoder();
+  CudaDecoder(const CudaDecoder&) = delete;
+  CudaDecoder& operator=(const CudaDecoder&) = delete;
+
+  const LongNetConfig& config() const { return model_->config(); }
+  const KvCacheGeometry& geometry() const { return geometry_; }
+
+  // A sequence with no tokens yet and its whole cache allocated on the model's device.
+  absl::StatusOr<CudaDecodeState> NewState() const;
+  // A copy of `state` (its cache and position): a shared prompt decoded several ways, without a
+  // second prefill. INVALID_ARGUMENT for a state of another decoder.
+  absl::StatusOr<CudaDecodeState> Clone(const CudaDecodeState& state) const;
+
+  // As Decoder::Prefill: the prompt (1 <= n <= max_context tokens) through the forward pass, the
+  // cache filled, logits[0, vocab) := the logits predicting token n.
+  absl::Status Prefill(const int32_t* tokens, int64_t n, CudaDecodeState* state, float* logits);
+  // As Decoder::Step: tokens[j] fed to states[j] (distinct, each below max_context), logits of
+  // each one's next token into logits[j vocab, (j + 1) vocab); each state advances by one.
+  absl::Status Step(absl::Span<CudaDecodeState* const> states, const int32_t* tokens,
+                    float* logits);
+  // As Decoder::Score: logprobs[i] := log p(tokens[i + 1] | tokens[0..i]), i < n - 1, n >= 2.
+  absl::Status Score(const int32_t* tokens, int64_t n, double* logprobs);
+
+ private:
+  struct Buffers;
+  CudaDecoder(CudaLongNetLM* model, KvCacheGeometry geometry, RotaryPlan rotary);
+  absl::Status Init();
+  absl::Status EnsureStepBuffers(int64_t rows);
+  absl::Status CheckTokens(const char* call, const int32_t* tokens, int64_t n) const;
+  absl::Status RunStep(absl::Span<CudaDecodeState* const> states, const int32_t* tokens,
+                       float* logits);
+  // Enqueues a step's device work for `rows` sequences (the upload done): embedding to logits.
+  absl::Status EnqueueStep(int64_t rows);
+
+  CudaLongNetLM* const model_;
+  const KvCacheGeometry geometry_;
+  const RotaryPlan rotary_;
+  const AttentionSpec spec_;
+  int64_t max_chunks_ = 1;  // ceil(largest slot capacity / kDecodeChunk)
+  std::unique_ptr<Buffers> buffers_;
+};
+
+}  // namespace cuda
+}  // namespace model
+}  // namespace dattn
+
+#endif  // DATTN_MODEL_CUDA_CUDA_DECODER_H_

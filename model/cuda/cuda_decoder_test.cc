@@ -1,0 +1,360 @@
+// The GPU decoder (cuda_decoder.h) against the CPU decoder (model/decoder.h, fp32, itself checked
+// against full recomputes to 1e-5) on the same weights and tokens: the logits of the prefill and
+// of every step, and Score's log-probabilities, within bf16 tolerance; grouped and mixture modes,
+// RoPE and XPOS, head dims 64 and 128, many segment boundaries, a slot of more rows than one
+// attention chunk; sequences at different positions batched into one step; Clone; the cache's
+// bytes by its formula; the errors.
+//
+// Tolerances: the GPU computes activations in bf16 (2^-9 relative per rounding) with fp32
+// accumulation, as CudaLongNetLM does (cuda_longnet_test: logits within 3e-2 relative of the CPU
+// fp32 model); each position's logits here within 3e-2 relative (Frobenius), log-probabilities
+// within 6e-2 absolute (a logit of magnitude 8 is rounded to 2^-6 = 0.016 in bf16; measured up to
+// 0.034 on an H200). Each case prints its largest error ("[ parity ]" lines).
+//
+// Without a GPU every test skips, saying why.
+#include "model/cuda/cuda_decoder.h"
+
+#include <cuda_runtime_api.h>
+
+#include <algorithm>
+#include <cmath>
+#include <iostream>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "engine/testing/test_util.h"
+#include "gtest/gtest.h"
+#include "model/decoder.h"
+#include "model/longnet.h"
+
+namespace dattn {
+namespace model {
+namespace cuda {
+namespace {
+
+bool HaveGpu(std::string* why) {
+  int count = 0;
+  const cudaError_t e = cudaGetDeviceCount(&count);
+  if (e != cudaSuccess || count == 0) {
+    cudaGetLastError();
+    *why = std::string("no CUDA device: cudaGetDeviceCount returned ") +
+           std::to_string(static_cast<int>(e)) + " (" + cudaGetErrorString(e) + "), " +
+           std::to_string(count) + " devices";
+    return false;
+  }
+  return true;
+}
+
+#define SKIP_WITHOUT_GPU()                     \
+  do {                                         \
+    std::string why_;                          \
+    if (!HaveGpu(&why_)) GTEST_SKIP() << why_; \
+  } while (0)
+
+// D = 64, grouped with 3 heads over 2 patterns (H % G != 0), RoPE, tied head; segments of 32
+// and 128 positions, so that a decode of a few hundred tokens crosses many boundaries.
+LongNetConfig GroupedConfig() {
+  LongNetConfig c;
+  c.vocab_size = 256;
+  c.d_model = 192;
+  c.num_layers = 2;
+  c.num_heads = 3;
+  c.ffn_dim = 256;
+  c.segment_lengths = {32, 128};
+  c.dilation_rates = {1, 4};
+  return c;
+}
+
+// D = 128, mixture mode with blocked offsets, XPOS, untied head, an odd vocabulary; the long
+// pattern's slot holds 512 rows (two attention chunks of 256).
+LongNetConfig MixtureConfig() {
+  LongNetConfig c;
+  c.vocab_size = 77;
+  c.d_model = 256;
+  c.num_layers = 2;
+  c.num_heads = 2;
+  c.ffn_dim = 200;
+  c.tie_embeddings = false;
+  c.attention_mode = AttentionMode::kMixture;
+  c.head_offsets = HeadOffsets::kBlocked;
+  c.segment_lengths = {32, 1024};
+  c.dilation_rates = {1, 2};
+  c.xpos = true;
+  c.xpos_scale_base = 256;
+  return c;
+}
+
+std::vector<int32_t> RandomTokens(int64_t vocab, int64_t n, uint64_t seed) {
+  testutil::Random rng(seed);
+  std::vector<int32_t> t;
+  for (int64_t i = 0; i < n; ++i) t.push_back(static_cast<int32_t>(rng.Next() % vocab));
+  return t;
+}
+
+// MAGNETO's initialisation with every parameter nudged (N(0, 0.02)), so that biases and norm
+// shifts are not 0: the same host values for both models.
+std::vector<float> Params(const LongNetConfig& config, uint64_t seed) {
+  absl::StatusOr<std::unique_ptr<LongNetLM<float>>> cpu =
+      LongNetLM<float>::CreateCpu(config, ModelOptions{}, 1);
+  EXPECT_TRUE(cpu.ok()) << cpu.status();
+  if (!cpu.ok()) return {};
+  EXPECT_TRUE((*cpu)->InitParams(seed).ok());
+  std::vector<float> host(static_cast<size_t>((*cpu)->layout().total()));
+  EXPECT_TRUE((*cpu)->CopyParamsToHost(host.data()).ok());
+  const std::vector<double> noise = testutil::RandomValues((*cpu)->layout().total(), seed, 0.02);
+  for (size_t i = 0; i < host.size(); ++i) host[i] += static_cast<float>(noise[i]);
+  return host;
+}
+
+struct Models {
+  std::unique_ptr<LongNetLM<float>> cpu;
+  std::unique_ptr<Decoder<float>> cpu_decoder;
+  std::unique_ptr<CudaLongNetLM> gpu;
+  std::unique_ptr<CudaDecoder> gpu_decoder;
+};
+
+Models Make(const LongNetConfig& config, int64_t max_context, bool checkpoint) {
+  Models m;
+  const std::vector<float> params = Params(config, 11);
+  absl::StatusOr<std::unique_ptr<LongNetLM<float>>> cpu =
+      LongNetLM<float>::CreateCpu(config, ModelOptions{}, 0);
+  EXPECT_TRUE(cpu.ok()) << cpu.status();
+  if (!cpu.ok()) return m;
+  m.cpu = *std::move(cpu);
+  EXPECT_TRUE(m.cpu->CopyParamsFromHost(params.data()).ok());
+  absl::StatusOr<std::unique_ptr<Decoder<float>>> cd =
+      Decoder<float>::Create(m.cpu.get(), max_context);
+  EXPECT_TRUE(cd.ok()) << cd.status();
+  if (!cd.ok()) return m;
+  m.cpu_decoder = *std::move(cd);
+  ModelOptions options;
+  options.checkpoint_activations = checkpoint;
+  options.poison_scratch = true;  // The prefill reads nothing it did not write.
+  absl::StatusOr<std::unique_ptr<CudaLongNetLM>> gpu = CudaLongNetLM::Create(config, options);
+  EXPECT_TRUE(gpu.ok()) << gpu.status();
+  if (!gpu.ok()) return m;
+  m.gpu = *std::move(gpu);
+  EXPECT_TRUE(m.gpu->CopyParamsFromHost(params.data()).ok());
+  absl::StatusOr<std::unique_ptr<CudaDecoder>> gd = CudaDecoder::Create(m.gpu.get(), max_context);
+  EXPECT_TRUE(gd.ok()) << gd.status();
+  if (!gd.ok()) return m;
+  m.gpu_decoder = *std::move(gd);
+  return m;
+}
+
+double RelError(const std::vector<float>& got, const std::vector<float>& want) {
+  double num = 0, den = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    const double e = static_cast<double>(got[i]) - want[i];
+    num += e * e;
+    den += static_cast<double>(want[i]) * want[i];
+  }
+  return std::sqrt(num / std::max(den, 1e-30));
+}
+
+struct Case {
+  std::string name;
+  LongNetConfig config;
+  int64_t max_context, prompt, steps;
+  bool checkpoint;
+};
+
+void PrintTo(const Case& c, std::ostream* os) { *os << c.name; }
+
+class CudaDecoderParityTest : public ::testing::TestWithParam<Case> {};
+
+// Prefill, then `steps` tokens one at a time: every position's logits against the CPU decoder's.
+TEST_P(CudaDecoderParityTest, StepsMatchTheCpuDecoder) {
+  SKIP_WITHOUT_GPU();
+  const Case& c = GetParam();
+  Models m = Make(c.config, c.max_context, c.checkpoint);
+  ASSERT_NE(m.gpu_decoder, nullptr);
+  const int64_t v = c.config.vocab_size;
+  const std::vector<int32_t> tokens = RandomTokens(v, c.prompt + c.steps, 5);
+  absl::StatusOr<DecodeState<float>> cs = m.cpu_decoder->NewState();
+  absl::StatusOr<CudaDecodeState> gs = m.gpu_decoder->NewState();
+  ASSERT_TRUE(cs.ok() && gs.ok());
+  EXPECT_EQ(gs->cache_bytes(), 2 * m.gpu_decoder->geometry().ElementsPerSequence());
+  std::vector<float> want(static_cast<size_t>(v)), got(static_cast<size_t>(v));
+  ASSERT_TRUE(m.cpu_decoder->Prefill(tokens.data(), c.prompt, &*cs, want.data()).ok());
+  absl::Status s = m.gpu_decoder->Prefill(tokens.data(), c.prompt, &*gs, got.data());
+  ASSERT_TRUE(s.ok()) << s;
+  double worst = RelError(got, want);
+  EXPECT_LE(worst, 3e-2) << "prefill of " << c.prompt;
+  for (int64_t t = c.prompt; t < c.prompt + c.steps; ++t) {
+    DecodeState<float>* cp = &*cs;
+    CudaDecodeState* gp = &*gs;
+    ASSERT_TRUE(m.cpu_decoder->Step(absl::MakeSpan(&cp, 1), &tokens[t], want.data()).ok());
+    s = m.gpu_decoder->Step(absl::MakeSpan(&gp, 1), &tokens[t], got.data());
+    ASSERT_TRUE(s.ok()) << s;
+    const double e = RelError(got, want);
+    EXPECT_LE(e, 3e-2) << "step at position " << t;
+    worst = std::max(worst, e);
+  }
+  EXPECT_EQ(gs->position(), c.prompt + c.steps);
+  std::cout << "[ parity ] " << c.name << ": prefill " << c.prompt << " + " << c.steps
+            << " steps, largest relative logit error " << worst << "\n";
+}
+
+TEST_P(CudaDecoderParityTest, ScoreMatchesTheCpuDecoder) {
+  SKIP_WITHOUT_GPU();
+  const Case& c = GetParam();
+  Models m = Make(c.config, c.max_context, c.checkpoint);
+  ASSERT_NE(m.gpu_decoder, nullptr);
+  const int64_t n = c.prompt + c.steps;
+  const std::vector<int32_t> tokens = RandomTokens(c.config.vocab_size, n, 9);
+  std::vector<double> want(static_cast<size_t>(n - 1)), got(static_cast<size_t>(n - 1));
+  ASSERT_TRUE(m.cpu_decoder->Score(tokens.data(), n, want.data()).ok());
+  absl::Status s = m.gpu_decoder->Score(tokens.data(), n, got.data());
+  ASSERT_TRUE(s.ok()) << s;
+  double worst = 0;
+  for (int64_t i = 0; i + 1 < n; ++i) worst = std::max(worst, std::abs(got[i] - want[i]));
+  EXPECT_LE(worst, 6e-2);
+  std::cout << "[ parity ] " << c.name << ": Score of " << n
+            << " tokens, largest log-probability error " << worst << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, CudaDecoderParityTest,
+    ::testing::Values(Case{"grouped_d64_rope", GroupedConfig(), 512, 200, 90, false},
+                      Case{"grouped_one_token_prompt", GroupedConfig(), 256, 1, 70, false},
+                      Case{"mixture_d128_xpos_two_chunks", MixtureConfig(), 1024, 700, 40, true},
+                      Case{"mixture_segment_boundary", MixtureConfig(), 1024, 64, 40, false}),
+    [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// Three sequences at different positions in one step give what each gives alone (to bf16's
+// rounding: a batched GEMM may take another algorithm), and a clone decodes as its original.
+TEST(CudaDecoderTest, BatchedStepAndClone) {
+  SKIP_WITHOUT_GPU();
+  const LongNetConfig config = MixtureConfig();
+  Models m = Make(config, 1024, false);
+  ASSERT_NE(m.gpu_decoder, nullptr);
+  CudaDecoder& dec = *m.gpu_decoder;
+  const int64_t v = config.vocab_size;
+  const std::vector<int32_t> tokens = RandomTokens(v, 700, 3);
+  std::vector<float> logits(static_cast<size_t>(3 * v));
+  std::vector<CudaDecodeState> alone, batched;
+  for (int64_t n : {10, 300, 650}) {
+    absl::StatusOr<CudaDecodeState> a = dec.NewState();
+    ASSERT_TRUE(a.ok());
+    ASSERT_TRUE(dec.Prefill(tokens.data(), n, &*a, logits.data()).ok());
+    absl::StatusOr<CudaDecodeState> b = dec.Clone(*a);
+    ASSERT_TRUE(b.ok()) << b.status();
+    EXPECT_EQ(b->position(), n);
+    alone.push_back(*std::move(a));
+    batched.push_back(*std::move(b));
+  }
+  for (int round = 0; round < 5; ++round) {
+    std::vector<float> each(static_cast<size_t>(3 * v));
+    std::vector<int32_t> next(3);
+    for (int j = 0; j < 3; ++j) {
+      next[j] = tokens[static_cast<size_t>(alone[j].position())];
+      CudaDecodeState* p = &alone[j];
+      ASSERT_TRUE(dec.Step(absl::MakeSpan(&p, 1), &next[j], each.data() + j * v).ok());
+    }
+    std::vector<CudaDecodeState*> all = {&batched[0], &batched[1], &batched[2]};
+    ASSERT_TRUE(dec.Step(absl::MakeSpan(all), next.data(), logits.data()).ok());
+    EXPECT_LE(RelError(logits, each), 2e-2) << "round " << round;
+  }
+  // A clone stepped alone gives its original's bits.
+  absl::StatusOr<CudaDecodeState> twin = dec.Clone(alone[1]);
+  ASSERT_TRUE(twin.ok());
+  std::vector<float> a(static_cast<size_t>(v)), b(static_cast<size_t>(v));
+  const int32_t token = 5;
+  CudaDecodeState* pa = &alone[1];
+  CudaDecodeState* pb = &*twin;
+  ASSERT_TRUE(dec.Step(absl::MakeSpan(&pa, 1), &token, a.data()).ok());
+  ASSERT_TRUE(dec.Step(absl::MakeSpan(&pb, 1), &token, b.data()).ok());
+  EXPECT_EQ(a, b);
+}
+
+// The first step of a batch size runs eagerly, the second is captured as a CUDA graph, later ones
+// replay it: all three give the same bits on the same inputs.
+TEST(CudaDecoderTest, CapturedStepsEqualTheEagerStep) {
+  SKIP_WITHOUT_GPU();
+  const LongNetConfig config = GroupedConfig();
+  Models m = Make(config, 512, false);
+  ASSERT_NE(m.gpu_decoder, nullptr);
+  CudaDecoder& dec = *m.gpu_decoder;
+  const int64_t v = config.vocab_size;
+  const std::vector<int32_t> tokens = RandomTokens(v, 300, 4);
+  std::vector<float> first(static_cast<size_t>(2 * v));
+  absl::StatusOr<CudaDecodeState> a = dec.NewState();
+  ASSERT_TRUE(a.ok());
+  ASSERT_TRUE(dec.Prefill(tokens.data(), 300, &*a, first.data()).ok());
+  std::vector<CudaDecodeState> copies;
+  for (int i = 0; i < 3; ++i) {
+    absl::StatusOr<CudaDecodeState> c = dec.Clone(*a);
+    ASSERT_TRUE(c.ok());
+    copies.push_back(*std::move(c));
+  }
+  const int32_t next[2] = {7, 9};
+  std::vector<std::vector<float>> out;
+  for (CudaDecodeState& c : copies) {  // eager, captured, replayed
+    std::vector<float> logits(static_cast<size_t>(2 * v));
+    CudaDecodeState* p = &c;
+    ASSERT_TRUE(dec.Step(absl::MakeSpan(&p, 1), next, logits.data()).ok());
+    ASSERT_TRUE(dec.Step(absl::MakeSpan(&p, 1), next + 1, logits.data() + v).ok());
+    out.push_back(logits);
+  }
+  EXPECT_EQ(out[0], out[1]);
+  EXPECT_EQ(out[0], out[2]);
+}
+
+TEST(CudaDecoderTest, BadCallsAreRefusedAndChangeNothing) {
+  SKIP_WITHOUT_GPU();
+  const LongNetConfig config = GroupedConfig();
+  Models m = Make(config, 64, false);
+  ASSERT_NE(m.gpu_decoder, nullptr);
+  CudaDecoder& dec = *m.gpu_decoder;
+  std::vector<float> logits(static_cast<size_t>(2 * config.vocab_size));
+  std::vector<int32_t> tokens = RandomTokens(config.vocab_size, 80, 1);
+  absl::StatusOr<CudaDecodeState> s = dec.NewState();
+  ASSERT_TRUE(s.ok());
+  tokens[3] = 256;
+  absl::Status e = dec.Prefill(tokens.data(), 10, &*s, logits.data());
+  EXPECT_EQ(e.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.message().find("token 256 at position 3"), std::string::npos) << e;
+  tokens[3] = 1;
+  e = dec.Prefill(tokens.data(), 65, &*s, logits.data());
+  EXPECT_EQ(e.code(), absl::StatusCode::kOutOfRange);
+  EXPECT_NE(e.message().find("65"), std::string::npos) << e;
+  EXPECT_EQ(s->position(), 0);
+  ASSERT_TRUE(dec.Prefill(tokens.data(), 63, &*s, logits.data()).ok());
+  EXPECT_EQ(dec.Prefill(tokens.data(), 5, &*s, logits.data()).code(),
+            absl::StatusCode::kFailedPrecondition);
+  CudaDecodeState* p = &*s;
+  const int32_t bad = -1;
+  e = dec.Step(absl::MakeSpan(&p, 1), &bad, logits.data());
+  EXPECT_EQ(e.code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(e.message().find("token -1"), std::string::npos) << e;
+  std::vector<CudaDecodeState*> twice = {p, p};
+  const int32_t two[2] = {1, 2};
+  EXPECT_EQ(dec.Step(absl::MakeSpan(twice), two, logits.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(s->position(), 63);
+  ASSERT_TRUE(dec.Step(absl::MakeSpan(&p, 1), two, logits.data()).ok());
+  e = dec.Step(absl::MakeSpan(&p, 1), two, logits.data());
+  EXPECT_EQ(e.code(), absl::StatusCode::kOutOfRange) << e;
+  EXPECT_EQ(s->position(), 64);
+  // A state of another decoder.
+  absl::StatusOr<std::unique_ptr<CudaDecoder>> other = CudaDecoder::Create(m.gpu.get(), 64);
+  ASSERT_TRUE(other.ok());
+  absl::StatusOr<CudaDecodeState> foreign = (*other)->NewState();
+  ASSERT_TRUE(foreign.ok());
+  CudaDecodeState* f = &*foreign;
+  EXPECT_EQ(dec.Step(absl::MakeSpan(&f, 1), two, logits.data()).code(),
+            absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(dec.Clone(*foreign).status().code(), absl::StatusCode::kInvalidArgument);
+  std::vector<double> lp(80);
+  EXPECT_EQ(dec.Score(tokens.data(), 1, lp.data()).code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_EQ(dec.Score(tokens.data(), 65, lp.data()).code(), absl::StatusCode::kOutOfRange);
+  EXPECT_EQ(CudaDecoder::Create(m.gpu.get(), 0).status().code(),
+            absl::StatusCode::kInvalidArgument);
+}
+
+}  // namespace
+}  // namespace cuda
+}  // namespace model
+}  // namespace dattn

@@ -1,0 +1,108 @@
+#include "model/cuda/serving_plan.h"
+
+#include <algorithm>
+
+#include "absl/strings/str_cat.h"
+#include "absl/strings/str_format.h"
+#include "model/cuda/training_plan.h"
+
+namespace dattn {
+namespace model {
+namespace cuda {
+namespace {
+
+constexpr int64_t kGranule = 2ll << 20;    // cudaMalloc's allocation granule
+constexpr int64_t kDecodeChunkRows = 256;  // decode_kernels.h's kDecodeChunk
+
+int64_t RoundUp(int64_t x, int64_t to) { return (x + to - 1) / to * to; }
+
+std::string MiB(int64_t bytes) {
+  return absl::StrFormat("%.1f MiB", static_cast<double>(bytes) / (1 << 20));
+}
+
+}  // namespace
+
+DecodeStepLayout LayoutDecodeStep(const LongNetConfig& c, int64_t slots, int64_t max_chunks,
+                                  int64_t rows) {
+  DecodeStepLayout l;
+  int64_t at = 0;
+  auto take = [&](int64_t bytes) {
+    const int64_t here = at;
+    at += RoundUp(bytes, 256);
+    return here;
+  };
+  const int64_t d = c.d_model, f = c.ffn_dim, v = c.vocab_size, dh = c.head_dim();
+  const int64_t s = std::max<int64_t>(slots, 1);
+  l.tokens = take(rows * 4);
+  l.positions = take(rows * 8);
+  l.k_cache = take(rows * 8);
+  l.v_cache = take(rows * 8);
+  l.slot_rows = take(rows * s * 4);
+  l.upload_bytes = at;
+  l.x = take(rows * d * 2);
+  l.x_next = take(rows * d * 2);
+  l.ln = take(rows * d * 2);
+  l.qkv = take(rows * 3 * d * 2);
+  l.attn = take(rows * d * 2);
+  l.sub = take(rows * d * 2);
+  l.x_mid = take(rows * d * 2);
+  l.h = take(rows * f * 2);
+  l.sub2 = take(rows * f * 2);
+  l.xf = take(rows * d * 2);
+  l.stats = take(rows * 2 * 4);
+  l.logits = take(rows * v * 4);
+  l.partials = take(rows * s * std::max<int64_t>(max_chunks, 1) * (dh + 2) * 4);
+  l.bytes = at;
+  return l;
+}
+
+int64_t DecodeMaxChunks(const KvCacheGeometry& geometry) {
+  int64_t largest = 1;
+  for (const KvCacheGeometry::Slot& slot : geometry.slots()) {
+    largest = std::max(largest, slot.capacity);
+  }
+  return (largest + kDecodeChunkRows - 1) / kDecodeChunkRows;
+}
+
+std::string ServingMemoryPlan::DebugString() const {
+  return absl::StrCat("model ", MiB(model_bytes), " + prefill ", MiB(prefill_bytes), " + caches ",
+                      MiB(cache_bytes), " + step buffers ", MiB(step_bytes), " = ",
+                      MiB(total_bytes));
+}
+
+absl::StatusOr<ServingMemoryPlan> PlanCudaServingMemory(const LongNetConfig& config,
+                                                        int64_t max_context, int64_t max_batch) {
+  if (absl::Status s = CheckCudaConfig(config); !s.ok()) return s;
+  if (max_context < 1 || max_batch < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("GPU serving plan: max_context ", max_context,
+                                                   " and max_batch ", max_batch, " must be >= 1"));
+  }
+  absl::StatusOr<KvCacheGeometry> geometry = KvCacheGeometry::Make(config, max_context);
+  if (!geometry.ok()) return geometry.status();
+  TrainingMemoryOptions options;
+  options.arena.checkpoint_activations = true;
+  options.arena.recompute_norms = true;
+  options.include_optimizer = false;
+  absl::StatusOr<TrainingMemoryPlan> model = PlanTrainingMemory(config, 1, max_context, options);
+  if (!model.ok()) return model.status();
+  ServingMemoryPlan p;
+  p.model_bytes = model->params_bytes + model->grads_bytes + model->working_copy_bytes +
+                  model->gemm_workspace_bytes + model->library_bytes;
+  p.prefill_bytes =
+      model->activations_bytes + model->scratch_bytes + model->attention_workspace_bytes;
+  p.cache_bytes_per_sequence =
+      RoundUp(2 * geometry->ElementsPerSequence() * 2, kGranule);  // K and V, bf16
+  p.cache_bytes = max_batch * p.cache_bytes_per_sequence;
+  const int64_t slots = static_cast<int64_t>(geometry->slots().size());
+  const DecodeStepLayout step =
+      LayoutDecodeStep(config, slots, DecodeMaxChunks(*geometry), max_batch);
+  // The step buffers, and the decoder's tables (rotary constants, slots, prefill jobs): one
+  // granule each.
+  p.step_bytes = RoundUp(step.bytes, kGranule) + 4 * kGranule;
+  p.total_bytes = p.model_bytes + p.prefill_bytes + p.cache_bytes + p.step_bytes;
+  return p;
+}
+
+}  // namespace cuda
+}  // namespace model
+}  // namespace dattn

@@ -409,6 +409,7 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   std::string deploy_checkpoint, deploy_from_job, deploy_name;
   int64_t deploy_max_context = 0, deploy_step = 0;
   int deploy_max_batch = 0, deploy_max_queued = 0, deploy_priority = 0, deploy_ranks = 0;
+  std::string deploy_device = "any";
   double deploy_wait = 0;
   deploy
       ->add_option("--checkpoint", deploy_checkpoint,
@@ -441,6 +442,11 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
                    "(default 1; must divide --max-context)")
       ->type_name("N")
       ->check(CLI::NonNegativeNumber);
+  deploy
+      ->add_option("--device", deploy_device,
+                   "any (default: a GPU worker when one has room), cpu (fp32) or gpu (bf16, "
+                   "one GPU)")
+      ->type_name("KIND");
   deploy->add_option("--name", deploy_name, "Job name")->type_name("NAME");
   deploy->add_option("--priority", deploy_priority, "-100 .. 100 (placement)")->type_name("N");
   deploy->add_option("--wait", deploy_wait, "Wait up to this long until it serves")
@@ -701,6 +707,11 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       d->set_max_batch(deploy_max_batch);
       d->set_max_queued(deploy_max_queued);
       d->set_ranks(deploy_ranks);
+      absl::StatusOr<v1::DevicePreference> device = ParseDevice(deploy_device);
+      if (!device.ok()) {
+        return UsageError(err, absl::StrCat("--device: ", device.status().message()), "deploy");
+      }
+      d->set_device(*device);
       args.request.set_idempotency_key(RandomIdempotencyKey());
       args.wait = Seconds(deploy_wait);
       return Commands(global, out, err, env).Deploy(args);

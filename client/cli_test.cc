@@ -655,6 +655,7 @@ class CliTest : public ::testing::Test {
     s->set_checkpoint_step(100);
     s->set_requests_done(12);
     s->set_tokens_generated(480);
+    s->set_device("cuda bf16");
     return job;
   }
 
@@ -711,6 +712,44 @@ TEST_F(CliTest, SubmitFlagsBuildTheExactRequest) {
   EXPECT_TRUE(differencer.Compare(expected, submits[0])) << diff;
   EXPECT_THAT(r.out, HasSubstr("Submitted job j-00000000000000a1 (QUEUED, position 3"));
   EXPECT_THAT(r.out, HasSubstr("Idempotency key: key-123"));
+}
+
+// dattn deploy's flags: the DeploymentSpec they build (the device preference included), and a bad
+// --device refused naming the flag before anything is sent.
+TEST_F(CliTest, DeployFlagsBuildTheDeploymentSpec) {
+  Result r = Run({"deploy", "--checkpoint", "/models/kjv/step-00000300", "--max-context", "8192",
+                  "--max-batch", "16", "--max-queued", "9", "--device", "gpu", "--name", "kjv",
+                  "--priority", "3"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  std::vector<v1::SubmitJobRequest> submits = jobs_.submits();
+  ASSERT_EQ(submits.size(), 1u);
+  const auto expected = Proto<v1::JobSpec>(R"pb(
+    name: "kjv"
+    priority: 3
+    deployment {
+      checkpoint: "/models/kjv/step-00000300"
+      max_context: 8192
+      max_batch: 16
+      max_queued: 9
+      device: DEVICE_PREFERENCE_GPU
+    })pb");
+  std::string diff;
+  google::protobuf::util::MessageDifferencer differencer;
+  differencer.ReportDifferencesToString(&diff);
+  EXPECT_TRUE(differencer.Compare(expected, submits[0].spec())) << diff;
+
+  Result cpu = Run({"deploy", "--checkpoint", "/m", "--device", "cpu", "--ranks", "2"});
+  ASSERT_EQ(cpu.code, kExitOk) << cpu.err;
+  submits = jobs_.submits();
+  ASSERT_EQ(submits.size(), 2u);
+  EXPECT_EQ(submits[1].spec().deployment().device(), v1::DEVICE_PREFERENCE_CPU);
+  EXPECT_EQ(submits[1].spec().deployment().ranks(), 2);
+
+  Result bad = Run({"deploy", "--checkpoint", "/m", "--device", "tpu"});
+  EXPECT_EQ(bad.code, kExitUsage);
+  EXPECT_THAT(bad.err, HasSubstr("--device"));
+  EXPECT_THAT(bad.err, HasSubstr("tpu"));
+  EXPECT_EQ(jobs_.submits().size(), 2u);
 }
 
 // Only the required flags: the defaults documented in docs/CLI.md, and a fresh random key printed.
@@ -2323,9 +2362,9 @@ TEST_F(CliTest, ModelsListsDeploymentsAndTrainedCheckpoints) {
   EXPECT_THAT(lines[1], HasSubstr("DEPLOYMENT  NAME"));
   EXPECT_THAT(lines[2], HasSubstr("j-dep1      kjv   serving  j-run step 100"));
   EXPECT_THAT(lines[2], HasSubstr("8192"));
-  EXPECT_THAT(lines[2], HasSubstr("8      1        12        480"));
+  EXPECT_THAT(lines[2], HasSubstr("8      1        cuda bf16  12        480"));
   EXPECT_THAT(lines[3], HasSubstr("j-dep2      -     loading  /models/m/step-00000007"));
-  EXPECT_THAT(lines[3], HasSubstr("8      4        0"));
+  EXPECT_THAT(lines[3], HasSubstr("8      4        -          0"));
   EXPECT_THAT(r.out, Not(HasSubstr("j-dep3")));  // Ended: in dattn list, not here.
   EXPECT_EQ(lines[4], "");
   EXPECT_EQ(lines[5], "Trained models (the complete checkpoints of the newest 2 training jobs)");
@@ -2394,6 +2433,7 @@ TEST_F(CliTest, StatusAndListShowWhatADeploymentServes) {
   EXPECT_EQ(field(r.out, "Loaded"),
             "85.30M parameters, vocabulary 256, in 1.500 s; a sequence's cache 168.0 MiB");
   EXPECT_EQ(field(r.out, "Requests"), "3 running, 1 queued, 12 finished; 480 tokens generated");
+  EXPECT_EQ(field(r.out, "Device"), "cuda bf16");
   Result list = Run({"list"});
   ASSERT_EQ(list.code, kExitOk) << list.err;
   std::vector<std::string> lines = absl::StrSplit(list.out, '\n', absl::SkipEmpty());

@@ -346,6 +346,7 @@ void PrintJob(const v1::Job& job, absl::Time now, bool unicode, std::ostream& ou
           "Ring", absl::StrCat(job.spec().deployment().ranks(), " workers, each keeping 1/",
                                job.spec().deployment().ranks(), " of every sequence's cache"));
     }
+    if (!s.device().empty()) fields.emplace_back("Device", s.device());
     if (s.ready()) {
       fields.emplace_back(
           "Loaded",
@@ -630,7 +631,7 @@ std::string DeploymentModel(const v1::Job& job) {
 }
 
 Table DeploymentsTable(const std::vector<v1::Job>& deployments, absl::Time now) {
-  Table table({"DEPLOYMENT", "NAME", "STATE", "MODEL", "MAX CONTEXT", "BATCH", "WORKERS",
+  Table table({"DEPLOYMENT", "NAME", "STATE", "MODEL", "MAX CONTEXT", "BATCH", "WORKERS", "DEVICE",
                "REQUESTS", "TOKENS", "AGE"});
   for (const v1::Job& job : deployments) {
     const DeploymentLimits limits = LimitsOf(job.spec().deployment());
@@ -639,8 +640,8 @@ Table DeploymentsTable(const std::vector<v1::Job>& deployments, absl::Time now) 
                   DeploymentState(job), DeploymentModel(job), absl::StrCat(limits.max_context),
                   absl::StrCat(limits.max_batch),
                   absl::StrCat(std::max(1, job.spec().deployment().ranks())),
-                  absl::StrCat(s.requests_done()), absl::StrCat(s.tokens_generated()),
-                  Age(job.create_time(), now)});
+                  s.device().empty() ? "-" : s.device(), absl::StrCat(s.requests_done()),
+                  absl::StrCat(s.tokens_generated()), Age(job.create_time(), now)});
   }
   return table;
 }

@@ -61,12 +61,15 @@ struct TickStats {
   int64_t finished = 0;    // Requests that ended (any way).
 };
 
-template <typename T>
+// D is the decoder: Decoder<T> (this file's), or another with the same calls (config(),
+// geometry(), NewState(), Prefill, Step and a State type with position() and cache_bytes()): the
+// GPU decoder, model/cuda/cuda_decoder.h, whose instantiation lives with it
+// (batch_generator_impl.h holds the definitions).
+template <typename T, typename D = Decoder<T>>
 class BatchGenerator {
  public:
   // Borrows `decoder` (it must outlive the generator). INVALID_ARGUMENT for max_batch < 1.
-  static absl::StatusOr<std::unique_ptr<BatchGenerator>> Create(Decoder<T>* decoder,
-                                                                int64_t max_batch);
+  static absl::StatusOr<std::unique_ptr<BatchGenerator>> Create(D* decoder, int64_t max_batch);
 
   // Queues a request; returns its id (1, 2, ...). Checked at once, nothing queued on error:
   // INVALID_ARGUMENT naming the bad option or prompt token, or an empty prompt; OUT_OF_RANGE for
@@ -90,7 +93,7 @@ class BatchGenerator {
     int64_t id = 0;
     GenerationRequest request;
     std::unique_ptr<TokenStream> stream;
-    std::unique_ptr<DecodeState<T>> state;
+    std::unique_ptr<typename D::State> state;
     std::vector<T> logits;  // Ready to be sampled when `has_logits`.
     bool has_logits = false;
     int64_t steps = 0;
@@ -99,13 +102,13 @@ class BatchGenerator {
     double prefill_seconds = 0;
   };
 
-  BatchGenerator(Decoder<T>* decoder, int64_t max_batch);
+  BatchGenerator(D* decoder, int64_t max_batch);
   // Ends `seq` (on_done with `outcome`, or with its stream's result when `outcome` is OK).
   void End(Sequence& seq, absl::Status outcome, TickStats* stats);
   // Samples seq's logits: false when it ended.
   bool Sample(Sequence& seq, TickStats* stats);
 
-  Decoder<T>* const decoder_;
+  D* const decoder_;
   const int64_t max_batch_;
   int64_t next_id_ = 1;
   std::list<std::unique_ptr<Sequence>> queue_;    // In submission order.

@@ -14,6 +14,7 @@
 #include "gtest/gtest.h"
 #include "model/checkpoint.h"
 #include "model/config.h"
+#include "model/cuda/serving_plan.h"
 #include "model/file_io.h"
 #include "model/safetensors.h"
 #include "model/testing/test_checkpoint.h"
@@ -232,6 +233,66 @@ TEST_F(CoordinatorTest, DeploymentSpecsAreCheckedAtSubmit) {
   absl::StatusOr<v1::ScoreResponse> scored = coordinator_->Score(score, [] { return false; });
   EXPECT_TRUE(absl::IsFailedPrecondition(scored.status())) << scored.status();
   EXPECT_THAT(std::string(scored.status().message()), HasSubstr("is not a deployment"));
+}
+
+// Where a deployment runs: a GPU worker in bf16 when the spec allows (device any or gpu) and the
+// model runs there (one rank), reserving what model/cuda/serving_plan.h plans; CPU workers in fp32
+// otherwise. A GPU spec the GPU cannot serve (a ring, a head_dim the CUDA model refuses) is refused
+// at submit naming the field.
+TEST_F(CoordinatorTest, ADeploymentRunsOnAGpuWorkerInBf16WhenItsSpecAndModelAllow) {
+  model::LongNetConfig gpu_config = TinyConfig();
+  gpu_config.d_model = 16;  // head_dim 8: the CUDA model's smallest
+  absl::StatusOr<std::string> gpu_checkpoint =
+      model::testing::SaveTestCheckpoint(NewDataDir(), gpu_config, 1, 2, 0.0f);
+  ASSERT_TRUE(gpu_checkpoint.ok()) << gpu_checkpoint.status();
+  FakeWorker* gpu = AddWorker("gpu-0", int64_t{8} << 30, 1, true, true, /*gpu=*/true);
+  const v1::Job any = Submit(DeployRequest("any", *gpu_checkpoint));
+  std::optional<v1::WorkerCommand> assign = gpu->Next();
+  ASSERT_TRUE(assign.has_value());
+  EXPECT_EQ(assign->assign().job_id(), any.job_id());
+  const v1::DeploymentRankPlan& plan = assign->assign().deployment_plan();
+  absl::StatusOr<model::cuda::ServingMemoryPlan> planned =
+      model::cuda::PlanCudaServingMemory(gpu_config, 4096, 8);
+  ASSERT_TRUE(planned.ok()) << planned.status();
+  EXPECT_EQ(plan.memory_bytes(), planned->total_bytes);
+  EXPECT_THAT(plan.memory_plan(), HasSubstr("GPU, bf16: model "));
+  EXPECT_THAT(plan.memory_plan(), HasSubstr("(8 caches of "));
+
+  // device cpu: a CPU worker takes it (with none ready it would be refused at submit: it could
+  // never run).
+  FakeWorker* cpu = AddWorker("cpu-0", int64_t{8} << 30);
+  v1::SubmitJobRequest cpu_only = DeployRequest("cpu", *gpu_checkpoint);
+  cpu_only.mutable_spec()->mutable_deployment()->set_device(v1::DEVICE_PREFERENCE_CPU);
+  const v1::Job on_cpu = Submit(cpu_only);
+  std::optional<v1::WorkerCommand> cpu_assign = cpu->Next();
+  ASSERT_TRUE(cpu_assign.has_value());
+  EXPECT_EQ(cpu_assign->assign().job_id(), on_cpu.job_id());
+  EXPECT_THAT(cpu_assign->assign().deployment_plan().memory_plan(), HasSubstr("CPU, fp32: "));
+
+  // Refused at submit: a ring on GPUs, a model the CUDA model cannot run (head_dim 4).
+  v1::SubmitJobRequest ring = DeployRequest("ring", *gpu_checkpoint);
+  ring.mutable_spec()->mutable_deployment()->set_device(v1::DEVICE_PREFERENCE_GPU);
+  ring.mutable_spec()->mutable_deployment()->set_ranks(2);
+  absl::StatusOr<v1::SubmitJobResponse> refused = coordinator_->SubmitJob(ring);
+  ASSERT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("spec.deployment.ranks: GPU deployments run on one GPU; a ring of 2 ranks "
+                        "runs on CPU workers"));
+  v1::SubmitJobRequest small = DeployRequest("small", SaveTinyCheckpoint(NewDataDir()));
+  small.mutable_spec()->mutable_deployment()->set_device(v1::DEVICE_PREFERENCE_GPU);
+  refused = coordinator_->SubmitJob(small);
+  ASSERT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
+  EXPECT_THAT(std::string(refused.status().message()),
+              HasSubstr("spec.deployment.model_config_json: the model does not run on GPU "
+                        "workers: "));
+  EXPECT_THAT(std::string(refused.status().message()), HasSubstr("d_model / num_heads"));
+  // The same model with device any: CPU workers only (the GPU worker, busy anyway, is not what
+  // it waits for: a free CPU worker takes it).
+  const v1::Job small_any = Submit(DeployRequest("small-any", SaveTinyCheckpoint(NewDataDir())));
+  FakeWorker* cpu2 = AddWorker("cpu-1", int64_t{8} << 30);
+  std::optional<v1::WorkerCommand> second = cpu2->Next();
+  ASSERT_TRUE(second.has_value());
+  EXPECT_EQ(second->assign().job_id(), small_any.job_id());
 }
 
 // An imported model (config.json + safetensors, model/model_folder.h) is resolved like a

@@ -41,22 +41,29 @@ v1::SubmitJobRequest ValidRequest(const std::string& key);
 // Plays a worker through the core API, as the WorkerRegistry handlers would.
 class FakeWorker {
  public:
+  // gpu: registers as a GPU worker (bf16, fp16, fp32; NCCL rings) instead of a CPU one.
   FakeWorker(Coordinator* coordinator, std::string name, int64_t memory = int64_t{1} << 30,
-             int max_ranks = 1, bool joins_rings = true)
+             int max_ranks = 1, bool joins_rings = true, bool gpu = false)
       : coordinator_(coordinator), name_(std::move(name)) {
     v1::RegisterWorkerRequest request;
     request.set_name(name_);
     request.set_address("127.0.0.1:0");
     request.set_version("test");
     v1::WorkerCapabilities* caps = request.mutable_capabilities();
-    caps->set_is_gpu(false);
-    caps->set_device_name("cpu");
+    caps->set_is_gpu(gpu);
+    caps->set_device_name(gpu ? "NVIDIA H200" : "cpu");
     caps->set_total_memory_bytes(memory);
-    caps->add_dtypes(v1::DTYPE_FP32);
-    caps->add_dtypes(v1::DTYPE_FP64);
+    if (gpu) {
+      caps->add_dtypes(v1::DTYPE_BF16);
+      caps->add_dtypes(v1::DTYPE_FP16);
+      caps->add_dtypes(v1::DTYPE_FP32);
+    } else {
+      caps->add_dtypes(v1::DTYPE_FP32);
+      caps->add_dtypes(v1::DTYPE_FP64);
+    }
     caps->set_max_ranks(max_ranks);
     caps->set_num_threads(2);
-    if (joins_rings) caps->add_ring_backends("gloo");
+    if (joins_rings) caps->add_ring_backends(gpu ? "nccl" : "gloo");
     absl::StatusOr<v1::RegisterWorkerResponse> response = coordinator_->RegisterWorker(request);
     EXPECT_TRUE(response.ok()) << response.status();
     if (response.ok()) id_ = response->worker_id();
@@ -300,9 +307,10 @@ class CoordinatorTest : public ::testing::Test {
   }
 
   FakeWorker* AddWorker(const std::string& name, int64_t memory = int64_t{1} << 30,
-                        int max_ranks = 1, bool stream = true, bool joins_rings = true) {
-    workers_.push_back(
-        std::make_unique<FakeWorker>(coordinator_.get(), name, memory, max_ranks, joins_rings));
+                        int max_ranks = 1, bool stream = true, bool joins_rings = true,
+                        bool gpu = false) {
+    workers_.push_back(std::make_unique<FakeWorker>(coordinator_.get(), name, memory, max_ranks,
+                                                    joins_rings, gpu));
     if (stream) workers_.back()->StartStream();
     return workers_.back().get();
   }

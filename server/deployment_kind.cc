@@ -4,7 +4,9 @@
 
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_format.h"
+#include "absl/strings/str_join.h"
 #include "engine/rank_memory_plan.h"
+#include "model/cuda/serving_plan.h"
 #include "model/decoder.h"
 #include "model/longnet.h"
 #include "model/longnet_params.h"
@@ -130,6 +132,37 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> DeploymentKind::Analyze(
       (ranks > 1 ? int64_t{ranks + 1} * max_batch * static_cast<int64_t>(geometry->slots().size()) *
                        (c.head_dim() + 2) * 8
                  : 0);
+  // Which devices may run it: the spec's preference; a GPU serves one rank only.
+  const v1::DevicePreference preference = d.device();
+  if (preference != v1::DEVICE_PREFERENCE_ANY && preference != v1::DEVICE_PREFERENCE_CPU &&
+      preference != v1::DEVICE_PREFERENCE_GPU) {
+    return Invalid(at + ".device", absl::StrCat("unknown device preference ", preference));
+  }
+  const bool want_gpu = preference != v1::DEVICE_PREFERENCE_CPU;
+  const bool want_cpu = preference != v1::DEVICE_PREFERENCE_GPU;
+  if (preference == v1::DEVICE_PREFERENCE_GPU && ranks > 1) {
+    return Invalid(at + ".ranks", absl::StrCat("GPU deployments run on one GPU; a ring of ", ranks,
+                                               " ranks runs on CPU workers (device cpu or any)"));
+  }
+  std::vector<api::DeviceVariant> variants;
+  if (want_gpu && ranks == 1) {
+    // bf16 on one GPU (model/cuda/serving_plan.h: model, prefill arena, caches, step buffers).
+    absl::StatusOr<model::cuda::ServingMemoryPlan> plan =
+        model::cuda::PlanCudaServingMemory(c, max_context, max_batch);
+    if (plan.ok()) {
+      api::DeviceVariant gpu;
+      gpu.gpu = true;
+      gpu.ring_backend = "nccl";
+      gpu.memory_per_rank_bytes = plan->total_bytes;
+      gpu.memory_plan = absl::StrCat("GPU, bf16: ", plan->DebugString(), " (", max_batch,
+                                     " caches of ", plan->cache_bytes_per_sequence, " bytes)");
+      variants.push_back(gpu);
+    } else if (!want_cpu) {
+      return Invalid(
+          at + ".model_config_json",
+          absl::StrCat("the model does not run on GPU workers: ", plan.status().message()));
+    }
+  }
   api::DeviceVariant cpu;
   cpu.gpu = false;
   cpu.ring_backend = "gloo";
@@ -144,7 +177,11 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> DeploymentKind::Analyze(
                 : "",
       " + step buffers ", scheduler::FormatBytes(step), ranks > 1 ? " on each of " : "",
       ranks > 1 ? absl::StrCat(ranks, " ranks") : "");
-  a->devices = {cpu};
+  if (want_cpu) {
+    cpu.memory_plan = absl::StrCat("CPU, fp32: ", cpu.memory_plan);
+    variants.push_back(cpu);
+  }
+  a->devices = variants;
   a->num_ranks = ranks;
   a->steps_total = 1;
   a->dtype = "fp32";
@@ -155,7 +192,10 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> DeploymentKind::Analyze(
       "deployment of ", d.checkpoint(), ": a ", a->parameters, "-parameter LongNet (d_model ",
       c.d_model, ", ", c.num_layers, " layers, vocabulary ", c.vocab_size, "), context ",
       max_context, ", ", max_batch, " sequences at once",
-      ranks > 1 ? absl::StrCat(", on a ring of ", ranks, " workers") : "", "; ", cpu.memory_plan);
+      ranks > 1 ? absl::StrCat(", on a ring of ", ranks, " workers") : "", "; ",
+      absl::StrJoin(variants, "; or ", [](std::string* out, const api::DeviceVariant& v) {
+        out->append(v.memory_plan);
+      }));
   return std::shared_ptr<const JobAnalysis>(std::move(a));
 }
 
@@ -186,7 +226,7 @@ void DeploymentKind::DescribeRecovery(const JobAnalysis& analysis, size_t device
   input->seq_len = 1;
   input->micro_batch_size = 1;
   input->dtype = analysis.dtype;
-  input->needs_gpu = false;
+  input->needs_gpu = analysis.devices[device].gpu;
   // A deployment is placed again whole (its requests in flight failed UNAVAILABLE: retryable).
   input->allow_shrink = false;
   input->allow_single_device = false;

@@ -1,6 +1,9 @@
 // Deployments (JobSpec.deployment, docs/SERVING.md): a LongNet model from a checkpoint, resident
-// on a ring of `ranks` CPU workers (one by default), serving JobService.Generate and Score until
-// cancelled; rank 0 serves, the others follow it (model/decoder.h, "A ring of S ranks").
+// on one GPU (bf16) or on a ring of `ranks` CPU workers (one by default, fp32), serving
+// JobService.Generate and Score until cancelled; on a ring rank 0 serves and the others follow it
+// (model/decoder.h, "A ring of S ranks"). The spec's `device` picks the variants Analyze plans: a
+// GPU one (one rank, a model the CUDA model runs: model/cuda/serving_plan.h's memory) first, a
+// CPU one (below) second.
 //
 // A deployment is a job like any other for the coordinator's roles: validated and analysed once
 // (Analyze: the resolved model config, max_context, max_batch, max_queued, and the memory its rank
@@ -10,11 +13,12 @@
 // progress reports carry a DeploymentStatus (readiness, queue, counts), which TakeProgress keeps
 // in the job and turns into a "ready" event.
 //
-// The memory a rank reserves (fp32): the parameters and the model's gradient buffer (2 P), its
-// share (max_context / ranks tokens) of the forward pass of a max_context-token prompt or Score
-// (LongNetLM::BufferElements) and on a ring the engine's exchange buffers (forward), max_batch
-// caches (KvCacheGeometry::ElementsPerSequence of rank 0's share, the largest) and the decoder's
-// step buffers for max_batch rows (with the ring's gathered partial softmaxes).
+// The memory a rank reserves on CPU workers (fp32): the parameters and the model's gradient
+// buffer (2 P), its share (max_context / ranks tokens) of the forward pass of a max_context-token
+// prompt or Score (LongNetLM::BufferElements) and on a ring the engine's exchange buffers
+// (forward), max_batch caches (KvCacheGeometry::ElementsPerSequence of rank 0's share, the
+// largest) and the decoder's step buffers for max_batch rows (with the ring's gathered partial
+// softmaxes).
 //
 // The spec's model_config_json is filled at submit (ResolveDeployment, from the checkpoint the
 // spec names or a training job's final one); Analyze refuses a spec without it.

@@ -142,6 +142,11 @@ class CpuDevice final : public TaskDevice {
     // The CPU model's buffers are host memory, which the Gloo communicator reads and writes.
     return model::NewCommunicatorCollective(world);
   }
+  absl::StatusOr<std::unique_ptr<model::ServingModel>> NewServingModel(
+      const model::LongNetConfig& config, absl::Span<const float> params, int64_t max_context,
+      int64_t max_batch, int threads, comm::Communicator* ring) override {
+    return model::NewCpuServingModel(config, params, max_context, max_batch, threads, ring);
+  }
 
  private:
   const CpuDeviceOptions options_;

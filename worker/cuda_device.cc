@@ -14,6 +14,7 @@
 #include "engine/cuda/cuda_status.h"
 #include "engine/memory_plan.h"
 #include "engine/ring/cuda_block_kernels.h"
+#include "model/cuda/cuda_serving_model.h"
 #include "model/cuda/cuda_trainable_model.h"
 #include "model/cuda/nccl_collective.h"
 #include "worker/checksum_cuda.h"
@@ -228,6 +229,9 @@ class CudaDevice final : public TaskDevice {
   }
   absl::StatusOr<std::unique_ptr<model::TrainerCollective>> NewTrainerCollective(
       comm::Communicator* world, model::TrainableModel* model) override;
+  absl::StatusOr<std::unique_ptr<model::ServingModel>> NewServingModel(
+      const model::LongNetConfig& config, absl::Span<const float> params, int64_t max_context,
+      int64_t max_batch, int threads, comm::Communicator* ring) override;
 
  private:
   static constexpr int64_t kStagingBytes = int64_t{8} << 20;
@@ -297,6 +301,17 @@ absl::StatusOr<std::unique_ptr<model::TrainerCollective>> CudaDevice::NewTrainer
   absl::StatusOr<cudaStream_t> stream = model::cuda::CudaTrainableModelStream(*model);
   if (!stream.ok()) return stream.status();
   return model::cuda::NewCudaCollective(world, *stream);
+}
+
+absl::StatusOr<std::unique_ptr<model::ServingModel>> CudaDevice::NewServingModel(
+    const model::LongNetConfig& config, absl::Span<const float> params, int64_t max_context,
+    int64_t max_batch, int, comm::Communicator* ring) {
+  if (ring != nullptr && ring->size() > 1) {
+    return absl::UnimplementedError(absl::StrCat(
+        "a deployment on a ring of ", ring->size(),
+        " GPUs: GPU deployments run on one GPU (ranks 1); rings of several run on CPU workers"));
+  }
+  return model::cuda::NewCudaServingModel(config, params, max_context, max_batch, device_);
 }
 
 }  // namespace

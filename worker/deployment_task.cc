@@ -26,20 +26,14 @@ namespace dattn {
 namespace worker {
 namespace {
 
-using model::BatchGenerator;
-using model::Decoder;
-using model::LongNetLM;
-
-// The model, loaded from the plan's checkpoint.
+// The model, loaded from the plan's checkpoint onto the worker's device.
 struct Loaded {
-  std::unique_ptr<LongNetLM<float>> lm;
-  std::unique_ptr<Decoder<float>> decoder;
-  std::unique_ptr<BatchGenerator<float>> generator;
+  std::unique_ptr<model::ServingModel> served;
   v1::DeploymentStatus status;
 };
 
-absl::StatusOr<Loaded> Load(const v1::DeploymentRankPlan& plan, int threads,
-                            comm::Communicator* ring) {
+absl::StatusOr<Loaded> Load(const v1::DeploymentRankPlan& plan,
+                            const DeploymentTaskOptions& options, comm::Communicator* ring) {
   const auto start = std::chrono::steady_clock::now();
   absl::StatusOr<model::LongNetConfig> planned = model::ParseConfigJson(plan.model_config_json());
   if (!planned.ok()) {
@@ -57,57 +51,39 @@ absl::StatusOr<Loaded> Load(const v1::DeploymentRankPlan& plan, int threads,
         ": its model is not the one the deployment was submitted with (the folder changed since); "
         "submit the deployment again"));
   }
-  Loaded loaded;
-  absl::StatusOr<std::unique_ptr<LongNetLM<float>>> lm;
-  if (ring == nullptr) {
-    lm = LongNetLM<float>::CreateCpu(*planned, {}, threads);
-  } else {
-    // The ring's attention: a prompt's prefill and a Score split over the ranks.
-    model::CpuLayerOpsOptions ops;
-    ops.num_threads = threads;
-    lm = LongNetLM<float>::Create(*planned, {}, model::NewCpuLayerOps<float>(ops),
-                                  model::NewCpuRingSequenceAttention(ring, threads));
-  }
-  if (!lm.ok()) return lm.status();
-  loaded.lm = *std::move(lm);
-  std::vector<float> params(static_cast<size_t>(loaded.lm->layout().total()));
-  absl::Status s = folder->ReadWeights(loaded.lm->layout(), absl::MakeSpan(params));
-  if (s.ok()) s = loaded.lm->CopyParamsFromHost(params.data());
-  if (!s.ok()) {
+  absl::StatusOr<model::ParamLayout> layout = model::BuildParamLayout(*planned);
+  if (!layout.ok()) return layout.status();
+  std::vector<float> params(static_cast<size_t>(layout->total()));
+  if (absl::Status s = folder->ReadWeights(*layout, absl::MakeSpan(params)); !s.ok()) {
     return absl::Status(s.code(),
                         absl::StrCat("model folder ", plan.checkpoint(), ": ", s.message()));
   }
-  absl::StatusOr<std::unique_ptr<Decoder<float>>> decoder =
-      Decoder<float>::Create(loaded.lm.get(), plan.max_context(), ring);
-  if (!decoder.ok()) return decoder.status();
-  loaded.decoder = *std::move(decoder);
-  const int ranks = ring == nullptr ? 1 : ring->size();
-  absl::StatusOr<std::unique_ptr<BatchGenerator<float>>> generator =
-      BatchGenerator<float>::Create(loaded.decoder.get(), plan.max_batch());
-  if (!generator.ok()) return generator.status();
-  loaded.generator = *std::move(generator);
+  absl::StatusOr<std::unique_ptr<model::ServingModel>> served =
+      options.new_serving_model
+          ? options.new_serving_model(*planned, params, plan.max_context(), plan.max_batch(), ring)
+          : model::NewCpuServingModel(*planned, params, plan.max_context(), plan.max_batch(),
+                                      options.num_threads, ring);
+  if (!served.ok()) return served.status();
+  Loaded loaded;
+  loaded.served = *std::move(served);
   v1::DeploymentStatus& st = loaded.status;
   st.set_ready(true);
   st.set_load_seconds(
       std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
-  st.set_parameters(loaded.lm->layout().total());
+  st.set_parameters(loaded.served->parameters());
   st.set_vocab_size(planned->vocab_size);
-  // Every rank's share together: the cache of one sequence.
-  absl::StatusOr<model::KvCacheGeometry> whole =
-      model::KvCacheGeometry::Make(*planned, plan.max_context());
-  if (!whole.ok()) return whole.status();
-  st.set_cache_bytes_per_sequence(whole->ElementsPerSequence() *
-                                  static_cast<int64_t>(sizeof(float)));
-  st.set_ranks(ranks);
+  st.set_cache_bytes_per_sequence(loaded.served->cache_bytes_per_sequence());
+  st.set_ranks(ring == nullptr ? 1 : ring->size());
   st.set_checkpoint_step(folder->step());
   st.set_model_source(folder->Describe());
+  st.set_device(loaded.served->device());
   return loaded;
 }
 
 // log p(tokens[i + 1] | tokens[..i]) for every i, from one forward pass (over the ring on a
 // ring: Decoder::Score).
-absl::StatusOr<v1::ScoreResponse> Score(Decoder<float>& decoder, const v1::ScoreRequest& request,
-                                        int64_t max_context) {
+absl::StatusOr<v1::ScoreResponse> Score(model::ServingModel& served,
+                                        const v1::ScoreRequest& request, int64_t max_context) {
   const auto start = std::chrono::steady_clock::now();
   const int64_t n = request.tokens_size();
   if (n < 2) {
@@ -120,7 +96,7 @@ absl::StatusOr<v1::ScoreResponse> Score(Decoder<float>& decoder, const v1::Score
   }
   std::vector<int32_t> tokens(request.tokens().begin(), request.tokens().end());
   std::vector<double> logprobs(static_cast<size_t>(n - 1));
-  if (absl::Status s = decoder.Score(tokens.data(), n, logprobs.data()); !s.ok()) return s;
+  if (absl::Status s = served.Score(tokens.data(), n, logprobs.data()); !s.ok()) return s;
   v1::ScoreResponse response;
   double sum = 0;
   for (int64_t i = 0; i + 1 < n; ++i) {
@@ -214,13 +190,13 @@ absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
                        ring->size(), ", the plan rank ", assignment.rank(), " of ", plan.ranks()));
     }
   }
-  absl::StatusOr<Loaded> loaded = Load(plan, options.num_threads, ring);
+  absl::StatusOr<Loaded> loaded = Load(plan, options, ring);
   if (!loaded.ok()) return loaded.status();
   if (cancelled()) return absl::CancelledError("undeployed while loading");
-  model::Decoder<float>& decoder = *loaded->decoder;
+  model::ServingModel& served = *loaded->served;
   if (ring != nullptr && ring->rank() > 0) {
     if (options.on_following) options.on_following();
-    absl::Status followed = decoder.Follow();
+    absl::Status followed = served.Follow();
     if (cancelled()) return absl::CancelledError("the deployment was stopped");
     if (followed.ok()) {
       return absl::UnavailableError("rank 0 of the deployment stopped serving; it is placed again");
@@ -228,10 +204,10 @@ absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
     return followed;
   }
   // Rank 0 of a ring drives the others; idle, it tells them it is alive well within their wait.
-  if (absl::Status s = decoder.Lead(); !s.ok()) return s;
+  if (absl::Status s = served.Lead(); !s.ok()) return s;
   const absl::Duration keep_alive =
       ring == nullptr ? absl::InfiniteDuration() : std::min(absl::Seconds(1), ring->timeout() / 4);
-  auto release = absl::MakeCleanup([&decoder] { (void)decoder.Release(); });
+  auto release = absl::MakeCleanup([&served] { (void)served.Release(); });
   absl::StatusOr<std::unique_ptr<ServeChannel>> channel = options.open_channel(loaded->status);
   if (!channel.ok()) return channel.status();
   if (options.on_status) options.on_status(loaded->status);
@@ -243,7 +219,6 @@ absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
     while (ch->Read(&work)) inbox.Push(std::move(work));
     inbox.End();
   });
-  BatchGenerator<float>& generator = *loaded->generator;
   v1::DeploymentStatus status = loaded->status;
   std::map<int64_t, int64_t> generator_of;  // The coordinator's request id -> the generator's.
   bool broken = false;
@@ -258,13 +233,13 @@ absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
       break;
     }
     bool ended = false;
-    const bool busy = generator.running() > 0 || generator.queued() > 0;
+    const bool busy = served.running() > 0 || served.queued() > 0;
     std::deque<v1::ServeWork> work =
         inbox.Take(busy ? absl::ZeroDuration() : options.idle_wait, &ended);
     for (v1::ServeWork& w : work) {
       const int64_t id = w.request_id();
       if (w.has_score()) {
-        absl::StatusOr<v1::ScoreResponse> score = Score(decoder, w.score(), plan.max_context());
+        absl::StatusOr<v1::ScoreResponse> score = Score(served, w.score(), plan.max_context());
         v1::ServeUpdate u;
         if (score.ok()) {
           u.set_request_id(id);
@@ -276,10 +251,10 @@ absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
         send(u);
       } else if (w.has_generate()) {
         // Queued requests that the next round admits (free sequences) are not waiting.
-        const int64_t free_sequences = std::max<int64_t>(0, plan.max_batch() - generator.running());
-        if (generator.queued() - free_sequences >= std::max(1, plan.max_queued())) {
+        const int64_t free_sequences = std::max<int64_t>(0, plan.max_batch() - served.running());
+        if (served.queued() - free_sequences >= std::max(1, plan.max_queued())) {
           send(Error(id, absl::ResourceExhaustedError(
-                             absl::StrCat("the deployment's queue is full (", generator.queued(),
+                             absl::StrCat("the deployment's queue is full (", served.queued(),
                                           " requests wait for one of its ", plan.max_batch(),
                                           " sequences); retry later"))));
           continue;
@@ -315,7 +290,7 @@ absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
           done->set_prefill_seconds(result->prefill_seconds);
           send(u);
         };
-        absl::StatusOr<int64_t> queued = generator.Submit(std::move(request));
+        absl::StatusOr<int64_t> queued = served.Submit(std::move(request));
         if (!queued.ok()) {
           send(Error(id, queued.status()));
         } else {
@@ -323,21 +298,21 @@ absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
         }
       } else if (w.cancel()) {
         auto it = generator_of.find(id);
-        if (it != generator_of.end()) generator.Cancel(it->second);
+        if (it != generator_of.end()) served.Cancel(it->second);
       }
     }
-    if (generator.running() > 0 || generator.queued() > 0) {
-      absl::StatusOr<model::TickStats> tick = generator.Tick(absl::Now());
+    if (served.running() > 0 || served.queued() > 0) {
+      absl::StatusOr<model::TickStats> tick = served.Tick(absl::Now());
       if (!tick.ok()) {
         outcome = tick.status();  // Every request in the step was failed with it.
         break;
       }
-    } else if (absl::Status alive = decoder.KeepAlive(keep_alive); !alive.ok()) {
+    } else if (absl::Status alive = served.KeepAlive(keep_alive); !alive.ok()) {
       outcome = alive;  // A follower is gone: the ring is placed again.
       break;
     }
-    status.set_running(generator.running());
-    status.set_queued(generator.queued());
+    status.set_running(served.running());
+    status.set_queued(served.queued());
     if (options.on_status && absl::Now() - last_status >= options.status_interval) {
       last_status = absl::Now();
       options.on_status(status);
@@ -354,7 +329,7 @@ absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
   }
   // Whatever is still in flight ends now, its client told why (as far as the stream still goes).
   for (const auto& [id, queued] : std::map<int64_t, int64_t>(generator_of)) {
-    generator.Cancel(queued);
+    served.Cancel(queued);
   }
   (void)ch->Close();
   reader.join();

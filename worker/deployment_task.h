@@ -1,17 +1,20 @@
-// A rank of a deployment (JobSpec.deployment, docs/SERVING.md), run on a CPU worker: the worker's
-// unit of serving, free of gRPC (the worker hands it a ServeChannel over its Serve stream).
+// A rank of a deployment (JobSpec.deployment, docs/SERVING.md), run on a CPU or GPU worker: the
+// worker's unit of serving, free of gRPC (the worker hands it a ServeChannel over its Serve
+// stream). The model, its decoder and batch generator are a model::ServingModel made by the
+// worker's device (options.new_serving_model: fp32 on a CPU, bf16 on a GPU), so this loop is the
+// same on both.
 //
 // RunDeploymentTask takes a dattn.v1.TaskAssignment whose plan is a DeploymentRankPlan and:
 //   1. with plan.ranks > 1, joins the deployment's ring (options.join_ring: the worker's
 //   rendezvous,
 //      ring_join.h; a Gloo communicator of plan.ranks ranks, this task's rank its assignment's);
 //   2. opens the model folder (model/model_folder.h: a checkpoint's checksums verified), checks
-//      that its model config is the one the coordinator planned with, and loads its weights into a
-//      CPU model in fp32, whose attention is the ring's on a ring
-//      (model/ring_sequence_attention.h);
-//   3. makes a Decoder (model/decoder.h) for the plan's max_context (on the ring: its rank's share
-//      of each cache) and, on rank 0, a BatchGenerator (model/batch_generator.h) for max_batch
-//      sequences;
+//      that its model config is the one the coordinator planned with, reads its weights and has
+//      the device make the serving model (options.new_serving_model): on a CPU the model in fp32,
+//      whose attention is the ring's on a ring (model/ring_sequence_attention.h), on a GPU the
+//      CUDA model in bf16 (one rank only);
+//   3. the serving model's decoder serves the plan's max_context (on the ring: its rank's share
+//      of each cache) and its BatchGenerator (model/batch_generator.h) max_batch sequences;
 //   4. on ranks 1.. of a ring: calls options.on_following and follows rank 0 (Decoder::Follow)
 //      until rank 0 releases it (it returns UNAVAILABLE: the deployment's attempt is over), the
 //      ring breaks (the communicator's error) or it is cancelled (CANCELLED; the worker aborts the
@@ -38,8 +41,11 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "dattn/v1/worker.pb.h"
 #include "engine/comm/communicator.h"
+#include "model/config.h"
+#include "model/serving_model.h"
 
 namespace dattn {
 namespace worker {
@@ -58,6 +64,13 @@ class ServeChannel {
 
 struct DeploymentTaskOptions {
   int num_threads = 0;  // CPU threads of the model (0: every core).
+  // Makes the serving model on the worker's device from the checkpoint's weights (host fp32, the
+  // config's ParamLayout order): TaskDevice::NewServingModel. Null: the CPU's
+  // (model::NewCpuServingModel with num_threads).
+  std::function<absl::StatusOr<std::unique_ptr<model::ServingModel>>(
+      const model::LongNetConfig& config, absl::Span<const float> params, int64_t max_context,
+      int64_t max_batch, comm::Communicator* ring)>
+      new_serving_model;
   std::function<bool()> is_cancelled;
   // With plan.ranks > 1: joins the ring and returns this rank's communicator (host memory), which
   // the caller owns and keeps until RunDeploymentTask returns (and aborts on a cancel).

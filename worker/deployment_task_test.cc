@@ -407,6 +407,52 @@ TEST(DeploymentTaskTest, ACheckpointThatChangedIsRefused) {
   EXPECT_NE(s.message().find(dir + "-missing"), std::string::npos) << s;
 }
 
+// The model is made by the worker's device (options.new_serving_model: TaskDevice::NewServingModel)
+// from the checkpoint's weights, and what it says it is goes into the status; a device that cannot
+// serve the deployment fails the task with its own error, before any channel opens.
+TEST(DeploymentTaskTest, TheWorkersDeviceMakesTheModel) {
+  std::vector<float> weights;
+  const std::string dir = SaveModel("device", &weights);
+  const v1::TaskAssignment a = Assignment(dir, 1, 1);
+  DeploymentTaskOptions o;
+  std::vector<float> seen;
+  int64_t seen_context = 0, seen_batch = 0;
+  o.new_serving_model =
+      [&](const model::LongNetConfig& config, absl::Span<const float> params, int64_t max_context,
+          int64_t max_batch,
+          comm::Communicator* ring) -> absl::StatusOr<std::unique_ptr<model::ServingModel>> {
+    EXPECT_EQ(config, Config());
+    seen.assign(params.begin(), params.end());
+    seen_context = max_context;
+    seen_batch = max_batch;
+    EXPECT_EQ(ring, nullptr);
+    return absl::UnimplementedError("this device serves nothing");
+  };
+  bool opened = false;
+  o.open_channel =
+      [&](const v1::DeploymentStatus&) -> absl::StatusOr<std::unique_ptr<ServeChannel>> {
+    opened = true;
+    return absl::InternalError("unused");
+  };
+  absl::Status s = RunDeploymentTask(a, o);
+  EXPECT_TRUE(absl::IsUnimplemented(s)) << s;
+  EXPECT_EQ(s.message(), "this device serves nothing");
+  EXPECT_FALSE(opened);
+  EXPECT_EQ(seen, weights);  // the checkpoint's weights, in the layout's order
+  EXPECT_EQ(seen_context, 64);
+  EXPECT_EQ(seen_batch, 1);
+
+  // The CPU's model (the default) says what it is.
+  Running r;
+  Start(&r, Assignment(dir, 1, 1));
+  EXPECT_EQ(r.ready.device(), "cpu fp32");
+  EXPECT_EQ(r.ready.cache_bytes_per_sequence(),
+            model::KvCacheGeometry::Make(Config(), 64)->ElementsPerSequence() * 4);
+  r.cancel = true;
+  r.thread.join();
+  EXPECT_TRUE(absl::IsCancelled(r.outcome)) << r.outcome;
+}
+
 }  // namespace
 }  // namespace worker
 }  // namespace dattn

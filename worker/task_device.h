@@ -21,12 +21,14 @@
 
 #include "absl/status/statusor.h"
 #include "absl/time/time.h"
+#include "absl/types/span.h"
 #include "engine/attention.h"
 #include "engine/comm/communicator.h"
 #include "engine/comm/store.h"
 #include "engine/ring/block_kernels.h"
 #include "model/collective.h"
 #include "model/language_model.h"
+#include "model/serving_model.h"
 #include "model/trainable_model.h"
 #include "worker/random_inputs.h"
 
@@ -125,6 +127,15 @@ class TaskDevice {
   // exists.
   virtual absl::StatusOr<std::unique_ptr<model::TrainerCollective>> NewTrainerCollective(
       comm::Communicator* world, model::TrainableModel* model) = 0;
+  // Serving (worker/deployment_task.h). The LongNet model of `config` with `params` (host fp32, the
+  // config's ParamLayout order), its decoder for `max_context` and a batch generator for
+  // `max_batch` sequences (model/serving_model.h): the CPU model in fp32 with `threads` threads,
+  // or the CUDA model in bf16 on this GPU. With `ring` (borrowed, from NewCommunicator, more than
+  // one rank) this rank's part of a ring deployment; UNIMPLEMENTED where this device has none (a
+  // GPU: rings of GPU deployments are not built). The model's and decoder's errors.
+  virtual absl::StatusOr<std::unique_ptr<model::ServingModel>> NewServingModel(
+      const model::LongNetConfig& config, absl::Span<const float> params, int64_t max_context,
+      int64_t max_batch, int threads, comm::Communicator* ring) = 0;
 };
 
 // A device that passes every call to another one: derive from it to change a few calls (the
@@ -186,6 +197,11 @@ class ForwardingDevice : public TaskDevice {
   absl::StatusOr<std::unique_ptr<model::TrainerCollective>> NewTrainerCollective(
       comm::Communicator* world, model::TrainableModel* model) override {
     return base_->NewTrainerCollective(world, model);
+  }
+  absl::StatusOr<std::unique_ptr<model::ServingModel>> NewServingModel(
+      const model::LongNetConfig& config, absl::Span<const float> params, int64_t max_context,
+      int64_t max_batch, int threads, comm::Communicator* ring) override {
+    return base_->NewServingModel(config, params, max_context, max_batch, threads, ring);
   }
 
  protected:

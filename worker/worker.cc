@@ -886,6 +886,13 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
     DeploymentTaskOptions run_options;
     run_options.num_threads = threads_per_task_;
     run_options.is_cancelled = is_cancelled;
+    // The model on this worker's device: fp32 on the CPU, bf16 on a GPU.
+    run_options.new_serving_model = [this](const model::LongNetConfig& config,
+                                           absl::Span<const float> params, int64_t max_context,
+                                           int64_t max_batch, comm::Communicator* ring) {
+      return device_->NewServingModel(config, params, max_context, max_batch, threads_per_task_,
+                                      ring);
+    };
     run_options.open_channel =
         [this, &task, &on_started](
             const v1::DeploymentStatus& ready) -> absl::StatusOr<std::unique_ptr<ServeChannel>> {

@@ -495,22 +495,26 @@ class Client:
     # ---- Deployments (docs/SERVING.md) ------------------------------------------------------------
 
     def deploy(self, checkpoint=None, *, training_job_id=None, step=0, max_context=0, max_batch=0,
-               max_queued=0, ranks=0, name="", priority=0, wait=None, idempotency_key=None):
+               max_queued=0, ranks=0, device="any", name="", priority=0, wait=None,
+               idempotency_key=None):
         """Submits a deployment of a checkpoint step folder or an imported model's folder
         (config.json and safetensors weights; docs/SERVING.md), or of a succeeded training job's
         final checkpoint, or with `step` of any saved step of a training job, and returns its Job.
         With `ranks` > 1 it runs on that many workers as one ring, each keeping 1/ranks of every
-        sequence's cache.
+        sequence's cache. `device`: "any" (a GPU worker when one has room), "cpu" (fp32) or
+        "gpu" (bf16, one GPU); the job's progress.deployment.device says what serves it.
         With `wait` (seconds), follows it until it serves and returns the Job then; raises
         DattnError if it ends first or the wait runs out."""
         if (checkpoint is None) == (training_job_id is None):
             raise ValueError("checkpoint or training_job_id: give one of them")
         if step and training_job_id is None:
             raise ValueError("step: only with training_job_id (a step of its checkpoints)")
+        if device not in _DEVICES:
+            raise ValueError(f"device: {device!r} is not one of {sorted(_DEVICES)}")
         spec = job_pb2.JobSpec(name=name, priority=priority, deployment=job_pb2.DeploymentSpec(
             checkpoint=checkpoint or "", training_job_id=training_job_id or "",
             training_job_step=step, max_context=max_context, max_batch=max_batch,
-            max_queued=max_queued, ranks=ranks))
+            max_queued=max_queued, ranks=ranks, device=_DEVICES[device]))
         job = self.submit(spec, idempotency_key)
         if wait is None:
             return job

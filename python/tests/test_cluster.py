@@ -265,9 +265,14 @@ class ClusterTest(unittest.TestCase):
                                   "--config", config], capture_output=True, text=True)
         self.assertEqual(trained.returncode, 0, trained.stderr)
         checkpoint = os.path.join(out, "checkpoints", "step-00000003")
-        job = self.client.deploy(checkpoint, max_context=128, wait=60)
+        with self.assertRaises(ValueError) as bad:
+            self.client.deploy(checkpoint, device="tpu")
+        self.assertIn("tpu", str(bad.exception))
+        job = self.client.deploy(checkpoint, max_context=128, device="cpu", wait=60)
+        self.assertEqual(job.spec.deployment.device, job_pb2.DEVICE_PREFERENCE_CPU)
         self.assertTrue(job.progress.deployment.ready)
         self.assertEqual(job.progress.deployment.checkpoint_step, 3)
+        self.assertEqual(job.progress.deployment.device, "cpu fp32")
         try:
             generation = self.client.generate(job.job_id, "In the", max_tokens=20)
             tokens = [t.token for t in generation]

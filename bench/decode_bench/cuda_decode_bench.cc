@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
   const double many = run(streams, tokens, &read_many);
 
   const int64_t cache = states[0].cache_bytes();
-  const int64_t formula = 2 * dec.geometry().ElementsPerSequence();
+  const int64_t formula = 2 * dec.geometry().ElementsPerSequence();  // K and V elements, 2 B each
   const double full = static_cast<double>(c.num_layers) * 2 * static_cast<double>(context) *
                       static_cast<double>(c.d_model) * 2;
   const double weights = 2.0 * static_cast<double>((*model)->working_layout().size);

@@ -25,6 +25,8 @@
 
 #include "engine/testing/test_util.h"
 #include "gtest/gtest.h"
+#include "model/cuda/cuda_serving_model.h"
+#include "model/cuda/serving_plan.h"
 #include "model/decoder.h"
 #include "model/longnet.h"
 
@@ -175,6 +177,7 @@ TEST_P(CudaDecoderParityTest, StepsMatchTheCpuDecoder) {
   absl::StatusOr<DecodeState<float>> cs = m.cpu_decoder->NewState();
   absl::StatusOr<CudaDecodeState> gs = m.gpu_decoder->NewState();
   ASSERT_TRUE(cs.ok() && gs.ok());
+  // ElementsPerSequence counts K and V, 2 bytes each in bf16.
   EXPECT_EQ(gs->cache_bytes(), 2 * m.gpu_decoder->geometry().ElementsPerSequence());
   std::vector<float> want(static_cast<size_t>(v)), got(static_cast<size_t>(v));
   ASSERT_TRUE(m.cpu_decoder->Prefill(tokens.data(), c.prompt, &*cs, want.data()).ok());
@@ -300,6 +303,120 @@ TEST(CudaDecoderTest, CapturedStepsEqualTheEagerStep) {
   }
   EXPECT_EQ(out[0], out[1]);
   EXPECT_EQ(out[0], out[2]);
+}
+
+// A model whose activations are reserved for max_context (what a GPU deployment does) runs every
+// shorter prompt in that one arena, with the bits of a model that allocates an arena per shape.
+TEST(CudaDecoderTest, AReservedArenaServesEveryPromptLengthWithTheSameBits) {
+  SKIP_WITHOUT_GPU();
+  const LongNetConfig config = GroupedConfig();
+  Models reserved = Make(config, 512, true);
+  Models plain = Make(config, 512, true);
+  ASSERT_NE(reserved.gpu_decoder, nullptr);
+  ASSERT_NE(plain.gpu_decoder, nullptr);
+  EXPECT_EQ(reserved.gpu->ReserveActivations(0, 512).code(), absl::StatusCode::kInvalidArgument);
+  ASSERT_TRUE(reserved.gpu->ReserveActivations(1, 512).ok());
+  const int64_t capacity = reserved.gpu->memory().arena_capacity;
+  EXPECT_GT(capacity, 0);
+  const int64_t v = config.vocab_size;
+  const std::vector<int32_t> tokens = RandomTokens(v, 512, 8);
+  for (int64_t n : {10, 300, 512, 100}) {
+    std::vector<float> a(static_cast<size_t>(v)), b(static_cast<size_t>(v));
+    absl::StatusOr<CudaDecodeState> sa = reserved.gpu_decoder->NewState();
+    absl::StatusOr<CudaDecodeState> sb = plain.gpu_decoder->NewState();
+    ASSERT_TRUE(sa.ok() && sb.ok());
+    ASSERT_TRUE(reserved.gpu_decoder->Prefill(tokens.data(), n, &*sa, a.data()).ok());
+    ASSERT_TRUE(plain.gpu_decoder->Prefill(tokens.data(), n, &*sb, b.data()).ok());
+    EXPECT_EQ(a, b) << "prompt of " << n;
+    EXPECT_EQ(reserved.gpu->memory().arena_capacity, capacity) << "prompt of " << n;
+    EXPECT_EQ(plain.gpu->memory().arena_capacity, plain.gpu->memory().arena) << "prompt of " << n;
+    if (n < 512) {
+      EXPECT_LT(reserved.gpu->memory().arena, capacity) << "prompt of " << n;
+    }
+    std::vector<double> la(static_cast<size_t>(n - 1)), lb(static_cast<size_t>(n - 1));
+    ASSERT_TRUE(reserved.gpu_decoder->Score(tokens.data(), n, la.data()).ok());
+    ASSERT_TRUE(plain.gpu_decoder->Score(tokens.data(), n, lb.data()).ok());
+    EXPECT_EQ(la, lb) << "Score of " << n;
+  }
+}
+
+// What a GPU deployment holds at its fullest (the base model, its arena reserved for max_context,
+// max_batch caches, a step of max_batch rows after a max_context prompt) within what
+// model/cuda/serving_plan.h plans, which the coordinator reserves.
+TEST(CudaDecoderTest, TheServingPlanCoversWhatADeploymentHolds) {
+  SKIP_WITHOUT_GPU();
+  const LongNetConfig config;  // the base model
+  const int64_t max_context = 32768, max_batch = 8;
+  absl::StatusOr<ServingMemoryPlan> plan = PlanCudaServingMemory(config, max_context, max_batch);
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+  size_t free_before = 0, total = 0;
+  ASSERT_EQ(cudaMemGetInfo(&free_before, &total), cudaSuccess);
+  int64_t used = 0;
+  {
+    ModelOptions options;
+    options.checkpoint_activations = true;
+    CudaModelOptions cuda_options;
+    cuda_options.norms = CudaModelOptions::Norms::kRecompute;
+    absl::StatusOr<std::unique_ptr<CudaLongNetLM>> model =
+        CudaLongNetLM::Create(config, options, cuda_options);
+    ASSERT_TRUE(model.ok()) << model.status();
+    ASSERT_TRUE((*model)->InitParams(1).ok());
+    ASSERT_TRUE((*model)->ReserveActivations(1, max_context).ok());
+    absl::StatusOr<std::unique_ptr<CudaDecoder>> decoder =
+        CudaDecoder::Create(model->get(), max_context);
+    ASSERT_TRUE(decoder.ok()) << decoder.status();
+    const std::vector<int32_t> tokens = RandomTokens(config.vocab_size, max_context, 2);
+    std::vector<CudaDecodeState> states;
+    std::vector<float> logits(static_cast<size_t>(max_batch * config.vocab_size));
+    for (int64_t j = 0; j < max_batch; ++j) {
+      absl::StatusOr<CudaDecodeState> s = (*decoder)->NewState();
+      ASSERT_TRUE(s.ok()) << s.status();
+      states.push_back(*std::move(s));
+    }
+    ASSERT_TRUE(
+        (*decoder)->Prefill(tokens.data(), max_context - 1, &states[0], logits.data()).ok());
+    for (int64_t j = 1; j < max_batch; ++j) {
+      ASSERT_TRUE((*decoder)->Prefill(tokens.data(), 100, &states[j], logits.data()).ok());
+    }
+    std::vector<CudaDecodeState*> all;
+    for (CudaDecodeState& s : states) all.push_back(&s);
+    std::vector<int32_t> next(static_cast<size_t>(max_batch), 1);
+    ASSERT_TRUE((*decoder)->Step(absl::MakeSpan(all), next.data(), logits.data()).ok());
+    ASSERT_EQ(cudaDeviceSynchronize(), cudaSuccess);
+    size_t free_after = 0;
+    ASSERT_EQ(cudaMemGetInfo(&free_after, &total), cudaSuccess);
+    used = static_cast<int64_t>(free_before) - static_cast<int64_t>(free_after);
+  }
+  const double ratio = static_cast<double>(plan->total_bytes) / static_cast<double>(used);
+  std::cout << "[ planner ] base model, GPU deployment, max_context " << max_context
+            << ", max_batch " << max_batch << ": planned " << plan->DebugString() << "; measured "
+            << used / (1 << 20) << " MiB (plan / measured " << ratio << ")\n";
+  EXPECT_GE(plan->total_bytes, used);
+  EXPECT_LE(ratio, 1.15);  // (a plan that counted the caches twice was 1.23)
+}
+
+// The serving model a GPU worker makes reports the bytes a sequence's cache takes, as allocated.
+TEST(CudaDecoderTest, AServingModelReportsItsCacheAsAllocated) {
+  SKIP_WITHOUT_GPU();
+  const LongNetConfig config = MixtureConfig();
+  const std::vector<float> params = Params(config, 3);
+  absl::StatusOr<std::unique_ptr<ServingModel>> served =
+      NewCudaServingModel(config, params, 1024, 2, 0);
+  ASSERT_TRUE(served.ok()) << served.status();
+  EXPECT_EQ((*served)->device(), "cuda bf16");
+  Models m = Make(config, 1024, true);
+  ASSERT_NE(m.gpu_decoder, nullptr);
+  absl::StatusOr<CudaDecodeState> state = m.gpu_decoder->NewState();
+  ASSERT_TRUE(state.ok());
+  EXPECT_EQ((*served)->cache_bytes_per_sequence(), state->cache_bytes());
+  // A parameter count that is not the model's is refused naming both.
+  absl::StatusOr<std::unique_ptr<ServingModel>> short_params =
+      NewCudaServingModel(config, absl::MakeSpan(params).subspan(1), 1024, 2, 0);
+  EXPECT_EQ(short_params.status().code(), absl::StatusCode::kInvalidArgument);
+  EXPECT_NE(short_params.status().message().find(std::to_string(params.size() - 1)),
+            std::string::npos)
+      << short_params.status();
 }
 
 TEST(CudaDecoderTest, BadCallsAreRefusedAndChangeNothing) {

@@ -186,6 +186,7 @@ CudaModelMemory CudaLongNetLM::memory() const {
   CudaModelMemory m;
   m.params_grads_copy = impl_->fixed_bytes;
   m.arena = impl_->arena != nullptr ? impl_->layout.bytes : 0;
+  m.arena_capacity = impl_->arena != nullptr ? arena_capacity_ : 0;
   m.gemm_workspace = impl_->gemm != nullptr ? impl_->gemm->workspace_bytes() : 0;
   if (impl_->backend != nullptr) {
     uint64_t high = 0;
@@ -282,12 +283,24 @@ const bf16_t* CudaLongNetLM::working_copy() const { return impl_->working; }
 
 Gemm& CudaLongNetLM::gemm() { return *impl_->gemm; }
 
+absl::Status CudaLongNetLM::ReserveActivations(int64_t batch, int64_t seq_len) {
+  if (batch < 1 || seq_len < 1) {
+    return absl::InvalidArgumentError(absl::StrCat("ReserveActivations: batch ", batch,
+                                                   " and seq_len ", seq_len, " must be >= 1"));
+  }
+  DATTN_RETURN_IF_ERROR(EnsureArena(batch, seq_len));
+  arena_reserved_ = true;
+  return absl::OkStatus();
+}
+
 absl::Status CudaLongNetLM::EnsureArena(int64_t batch, int64_t seq_len) {
   if (impl_->arena != nullptr && batch == batch_ && seq_len == seq_len_) return absl::OkStatus();
   MODEL_CUDA(cudaStreamSynchronize(stream_));
-  if (impl_->arena != nullptr) {
+  if (impl_->arena != nullptr && !arena_reserved_) {
+    // Freed first: the norms' kAuto choice below counts the device's free memory.
     MODEL_CUDA(cudaFree(impl_->arena));
     impl_->arena = nullptr;
+    arena_capacity_ = 0;
   }
   batch_ = seq_len_ = 0;
   logits_valid_ = false;
@@ -316,10 +329,21 @@ absl::Status CudaLongNetLM::EnsureArena(int64_t batch, int64_t seq_len) {
   arena_options.num_sms = num_sms_;
   absl::StatusOr<ArenaLayout> layout = LayoutArena(config_, batch, seq_len, arena_options);
   if (!layout.ok()) return layout.status();
-  DATTN_RETURN_IF_ERROR(Malloc(reinterpret_cast<void**>(&impl_->arena), layout->bytes,
-                               absl::StrCat("the activations of batch ", batch, " x ", seq_len,
-                                            recompute ? " (norms recomputed)" : "")
-                                   .c_str()));
+  // A reserved arena (ReserveActivations) serves every shape it holds; otherwise each shape gets
+  // an arena of its own size (an unreserved one was freed above).
+  const bool reuse = impl_->arena != nullptr && layout->bytes <= arena_capacity_;
+  if (!reuse) {
+    if (impl_->arena != nullptr) {
+      MODEL_CUDA(cudaFree(impl_->arena));
+      impl_->arena = nullptr;
+      arena_capacity_ = 0;
+    }
+    DATTN_RETURN_IF_ERROR(Malloc(reinterpret_cast<void**>(&impl_->arena), layout->bytes,
+                                 absl::StrCat("the activations of batch ", batch, " x ", seq_len,
+                                              recompute ? " (norms recomputed)" : "")
+                                     .c_str()));
+    arena_capacity_ = layout->bytes;
+  }
   impl_->layout = *std::move(layout);
   recompute_norms_ = recompute;
   const ArenaLayout& a = impl_->layout;

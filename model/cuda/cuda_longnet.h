@@ -102,6 +102,7 @@ struct CudaModelOptions {
 struct CudaModelMemory {
   int64_t params_grads_copy = 0;  // params, grads, working copy and their tables
   int64_t arena = 0;              // the current shape's activation arena
+  int64_t arena_capacity = 0;  // the arena's allocation (larger when reserved for a larger shape)
   int64_t gemm_workspace = 0;
   int64_t attention_pool_reserved_high = 0;  // the engine's workspace pool high-water mark
 };
@@ -166,6 +167,12 @@ class CudaLongNetLM final : public LanguageModel<float> {
   // Whether the current shape's arena recomputes norms (the kAuto choice once a Forward ran).
   bool recompute_norms() const { return recompute_norms_; }
   CudaModelMemory memory() const;
+  // Allocates the activation arena of a batch x seq_len Forward now (RESOURCE_EXHAUSTED naming the
+  // bytes if the device cannot hold it) and keeps it: from then on every shape whose arena fits in
+  // it runs in it, without a new allocation (a server's prompts of any length up to its limit;
+  // otherwise each new shape frees the arena and allocates its own). A larger shape later
+  // replaces it with its own, then kept as the reservation.
+  absl::Status ReserveActivations(int64_t batch, int64_t seq_len);
 
  private:
   CudaLongNetLM(const LongNetConfig& config, const ModelOptions& options,
@@ -209,6 +216,8 @@ class CudaLongNetLM final : public LanguageModel<float> {
   int64_t emb_num_items_ = 0;
   QkvObserver qkv_observer_;
   bool in_backward_ = false;
+  bool arena_reserved_ = false;
+  int64_t arena_capacity_ = 0;  // bytes of the arena's allocation
 };
 
 }  // namespace cuda

@@ -23,7 +23,8 @@ class CudaServingModel final : public ServingModel {
   std::string device() const override { return "cuda bf16"; }
   int64_t parameters() const override { return lm_->layout().total(); }
   int64_t cache_bytes_per_sequence() const override {
-    return 2 * decoder_->geometry().ElementsPerSequence() * static_cast<int64_t>(sizeof(bf16_t));
+    // ElementsPerSequence counts K and V.
+    return decoder_->geometry().ElementsPerSequence() * static_cast<int64_t>(sizeof(bf16_t));
   }
   absl::Status Score(const int32_t* tokens, int64_t n, double* logprobs) override {
     return decoder_->Score(tokens, n, logprobs);
@@ -71,6 +72,10 @@ absl::StatusOr<std::unique_ptr<ServingModel>> NewCudaServingModel(const LongNetC
                                                    served->lm_->layout().total()));
   }
   if (absl::Status s = served->lm_->CopyParamsFromHost(params.data()); !s.ok()) return s;
+  // The activations of a max_context-token prompt or Score, claimed now: a device without room
+  // fails the deployment as it loads, not at its first long request, and prompts of any length
+  // then run without an allocation.
+  if (absl::Status s = served->lm_->ReserveActivations(1, max_context); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<CudaDecoder>> decoder =
       CudaDecoder::Create(served->lm_.get(), max_context);
   if (!decoder.ok()) return decoder.status();

@@ -1,6 +1,7 @@
 // A deployment's serving model on one GPU (model/serving_model.h): the CUDA model in bf16 on fp32
 // master weights (cuda_longnet.h, with activation checkpointing and recomputed norms, so that a
-// max_context-token prefill or Score keeps each block's input only: serving_plan.h counts it), the
+// max_context-token prefill or Score keeps each block's input only: serving_plan.h counts it; the
+// arena of that shape is allocated at creation, CudaLongNetLM::ReserveActivations), the
 // GPU decoder (cuda_decoder.h) and a batch generator over it. One GPU only: Follow is
 // FAILED_PRECONDITION, and Lead, KeepAlive and Release have nothing to do.
 #ifndef DATTN_MODEL_CUDA_CUDA_SERVING_MODEL_H_

@@ -90,8 +90,8 @@ absl::StatusOr<ServingMemoryPlan> PlanCudaServingMemory(const LongNetConfig& con
                   model->gemm_workspace_bytes + model->library_bytes;
   p.prefill_bytes =
       model->activations_bytes + model->scratch_bytes + model->attention_workspace_bytes;
-  p.cache_bytes_per_sequence =
-      RoundUp(2 * geometry->ElementsPerSequence() * 2, kGranule);  // K and V, bf16
+  // ElementsPerSequence counts K and V; bf16.
+  p.cache_bytes_per_sequence = RoundUp(geometry->ElementsPerSequence() * 2, kGranule);
   p.cache_bytes = max_batch * p.cache_bytes_per_sequence;
   const int64_t slots = static_cast<int64_t>(geometry->slots().size());
   const DecodeStepLayout step =

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <utility>
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
@@ -52,6 +53,35 @@ class ServingModel {
   virtual absl::Status Follow() = 0;
   virtual absl::Status KeepAlive(absl::Duration interval) = 0;
   virtual absl::Status Release() = 0;
+};
+
+// What every serving model does the same way: M is the model, D its decoder (Decoder<float>, or
+// the GPU's cuda::CudaDecoder) and the batch generator over it, all three owned (the decoder
+// borrows the model, the generator the decoder: destroyed generator first, then decoder, then
+// model). Subclasses say what device, cache bytes and ring calls they have.
+template <typename M, typename D>
+class DecoderServingModel : public ServingModel {
+ public:
+  DecoderServingModel(std::unique_ptr<M> lm, std::unique_ptr<D> decoder,
+                      std::unique_ptr<BatchGenerator<float, D>> generator)
+      : lm_(std::move(lm)), decoder_(std::move(decoder)), generator_(std::move(generator)) {}
+
+  int64_t parameters() const override { return lm_->layout().total(); }
+  absl::Status Score(const int32_t* tokens, int64_t n, double* logprobs) override {
+    return decoder_->Score(tokens, n, logprobs);
+  }
+  absl::StatusOr<int64_t> Submit(GenerationRequest request) override {
+    return generator_->Submit(std::move(request));
+  }
+  bool Cancel(int64_t id) override { return generator_->Cancel(id); }
+  absl::StatusOr<TickStats> Tick(absl::Time now) override { return generator_->Tick(now); }
+  int64_t running() const override { return generator_->running(); }
+  int64_t queued() const override { return generator_->queued(); }
+
+ protected:
+  const std::unique_ptr<M> lm_;
+  const std::unique_ptr<D> decoder_;
+  const std::unique_ptr<BatchGenerator<float, D>> generator_;
 };
 
 // The CPU model in fp32 with `params` (host, the config's ParamLayout order) and `threads` OpenBLAS

@@ -485,14 +485,8 @@ absl::Status CudaDecoder::EnqueueStep(int64_t rows) {
     const BlockOffsets& o = offsets.blocks[static_cast<size_t>(layer)];
     DECODER_CUDA(LayerNormForward(x, rows, d, p + o.attn_norm.weight, p + o.attn_norm.bias, eps,
                                   false, false, b.ln, mean, rstd, num_sms, stream));
-    GemmArgs qkv;
-    qkv.op = GemmOp::kNT;
-    qkv.rows = rows, qkv.cols = 3 * d, qkv.k = d;
-    qkv.a = b.ln, qkv.lda = d;
-    qkv.b = wk + w.wqkv, qkv.ldb = d;
-    qkv.c = b.qkv, qkv.ldc = 3 * d;
-    qkv.bias = wk + w.bqkv;
-    DATTN_RETURN_IF_ERROR(gemm.Run(qkv));
+    DATTN_RETURN_IF_ERROR(
+        gemm.Run(LinearArgs(b.ln, rows, d, wk + w.wqkv, wk + w.bqkv, 3 * d, b.qkv)));
     DECODER_CUDA(
         RotaryForwardAt(b.qkv, rows, 3 * d, b.positions, d, dh, b.rotary, num_sms, stream));
     if (num_slots > 0) {
@@ -507,51 +501,22 @@ absl::Status CudaDecoder::EnqueueStep(int64_t rows) {
     DECODER_CUDA(LayerNormForward(b.attn, rows, d, p + o.attn_sub_norm.weight,
                                   p + o.attn_sub_norm.bias, eps, false, false, b.sub, mean, rstd,
                                   num_sms, stream));
-    GemmArgs out;
-    out.op = GemmOp::kNT;
-    out.rows = rows, out.cols = d, out.k = d;
-    out.a = b.sub, out.lda = d;
-    out.b = wk + w.wo, out.ldb = d;
-    out.c = b.x_mid, out.ldc = d;
-    out.bias = wk + w.bo;
-    out.residual = x;
-    out.beta = 1.0f;
-    DATTN_RETURN_IF_ERROR(gemm.Run(out));
+    DATTN_RETURN_IF_ERROR(
+        gemm.Run(LinearArgs(b.sub, rows, d, wk + w.wo, wk + w.bo, d, b.x_mid, x)));
     DECODER_CUDA(LayerNormForward(b.x_mid, rows, d, p + o.ffn_norm.weight, p + o.ffn_norm.bias, eps,
                                   false, false, b.ln, mean, rstd, num_sms, stream));
-    GemmArgs fc1;
-    fc1.op = GemmOp::kNT;
-    fc1.rows = rows, fc1.cols = f, fc1.k = d;
-    fc1.a = b.ln, fc1.lda = d;
-    fc1.b = wk + w.w1, fc1.ldb = d;
-    fc1.c = b.h, fc1.ldc = f;
-    fc1.bias = wk + w.b1;
-    DATTN_RETURN_IF_ERROR(gemm.Run(fc1));
+    DATTN_RETURN_IF_ERROR(gemm.Run(LinearArgs(b.ln, rows, d, wk + w.w1, wk + w.b1, f, b.h)));
     DECODER_CUDA(LayerNormForward(b.h, rows, f, p + o.ffn_sub_norm.weight, p + o.ffn_sub_norm.bias,
                                   eps, /*gelu=*/true, false, b.sub2, mean, rstd, num_sms, stream));
-    GemmArgs fc2;
-    fc2.op = GemmOp::kNT;
-    fc2.rows = rows, fc2.cols = d, fc2.k = f;
-    fc2.a = b.sub2, fc2.lda = f;
-    fc2.b = wk + w.w2, fc2.ldb = f;
-    fc2.c = x_next, fc2.ldc = d;
-    fc2.bias = wk + w.b2;
-    fc2.residual = b.x_mid;
-    fc2.beta = 1.0f;
-    DATTN_RETURN_IF_ERROR(gemm.Run(fc2));
+    DATTN_RETURN_IF_ERROR(
+        gemm.Run(LinearArgs(b.sub2, rows, f, wk + w.w2, wk + w.b2, d, x_next, b.x_mid)));
     std::swap(x, x_next);
   }
   DECODER_CUDA(LayerNormForward(x, rows, d, p + offsets.final_norm.weight,
                                 p + offsets.final_norm.bias, eps, false, false, b.xf, mean, rstd,
                                 num_sms, stream));
-  GemmArgs head;
-  head.op = GemmOp::kNT;
-  head.rows = rows, head.cols = v, head.k = d;
-  head.a = b.xf, head.lda = d;
-  head.b = wk + working.head, head.ldb = d;
-  head.c = b.logits, head.ldc = v;
-  head.c_fp32 = true;
-  return gemm.Run(head);
+  return gemm.Run(LinearArgs(b.xf, rows, d, wk + working.head, nullptr, v, b.logits, nullptr,
+                             /*y_fp32=*/true));
 }
 
 #undef DECODER_CUDA

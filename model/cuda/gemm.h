@@ -57,6 +57,27 @@ struct GemmArgs {
   float beta = 0.0f;  // 0: C is overwritten; 1: C (or residual) is added
 };
 
+// A linear layer over contiguous rows (kNT): y[rows, out] := x[rows, in] w[out, in]^T + bias[out]
+// (bias null: none) + residual[rows, out] (null: none; else beta 1 on it), every leading dimension
+// the row's width; y fp32 with y_fp32, else bf16.
+inline GemmArgs LinearArgs(const void* x, int64_t rows, int64_t in, const void* w, const void* bias,
+                           int64_t out, void* y, const void* residual = nullptr,
+                           bool y_fp32 = false) {
+  GemmArgs g;
+  g.op = GemmOp::kNT;
+  g.rows = rows, g.cols = out, g.k = in;
+  g.a = x, g.lda = in;
+  g.b = w, g.ldb = in;
+  g.c = y, g.ldc = out;
+  g.c_fp32 = y_fp32;
+  g.bias = bias;
+  if (residual != nullptr) {
+    g.residual = residual;
+    g.beta = 1.0f;
+  }
+  return g;
+}
+
 class Gemm {
  public:
   // A cuBLASLt handle and `workspace_bytes` of device memory (RESOURCE_EXHAUSTED if it cannot be

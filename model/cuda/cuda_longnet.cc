@@ -262,9 +262,9 @@ absl::Status CudaLongNetLM::CopyTargetLogProbsToHost(float* host) {
   }
   const ArenaLayout& a = impl_->layout;
   const int64_t m = batch_ * seq_len_;
-  // The target log-probabilities go where the backward pass's bf16 dlogits go ([M, V], at least
-  // 4 M bytes): a Backward after this call rewrites them.
-  float* out = impl_->At<float>(a.dlogits);
+  // The target log-probabilities go where the backward pass's fp32 residual gradient goes ([M, d],
+  // at least M floats, unread until a Backward, which rewrites it).
+  float* out = impl_->At<float>(a.dres32);
   MODEL_CUDA(TargetLogProbs(impl_->At<float>(a.logits), impl_->At<float>(a.row_lse),
                             impl_->At<int32_t>(a.targets), m, config_.vocab_size, out, stream_));
   MODEL_CUDA(

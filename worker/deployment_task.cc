@@ -166,6 +166,13 @@ v1::ServeUpdate Error(int64_t request_id, const absl::Status& s) {
 
 }  // namespace
 
+absl::Status RequestFailure(const absl::Status& error) {
+  if (!absl::IsAborted(error)) return error;
+  return absl::UnavailableError(absl::StrCat("the deployment's ring broke under the request (",
+                                             error.message(),
+                                             "); the deployment is placed again: retry"));
+}
+
 absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
                                const DeploymentTaskOptions& options) {
   if (!assignment.has_deployment_plan()) {
@@ -245,7 +252,7 @@ absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
           u.set_request_id(id);
           *u.mutable_score() = *std::move(score);
         } else {
-          u = Error(id, score.status());
+          u = Error(id, RequestFailure(score.status()));
         }
         status.set_requests_done(status.requests_done() + 1);
         send(u);
@@ -277,7 +284,7 @@ absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
           generator_of.erase(id);
           status.set_requests_done(status.requests_done() + 1);
           if (!result.ok()) {
-            send(Error(id, result.status()));
+            send(Error(id, RequestFailure(result.status())));
             return;
           }
           v1::ServeUpdate u;

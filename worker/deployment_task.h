@@ -90,6 +90,13 @@ struct DeploymentTaskOptions {
 absl::Status RunDeploymentTask(const v1::TaskAssignment& assignment,
                                const DeploymentTaskOptions& options);
 
+// What a request's client is told when it fails on the deployment: its own error (a bad token,
+// its deadline, a non-finite logit, a decoder error), except that a communicator aborted under it
+// (ABORTED: the worker aborts a ring's communicator when the task is cancelled, e.g. because
+// another rank's worker was lost, and that may come before the ring's own error) is the
+// deployment's failure, not the request's: UNAVAILABLE, retryable, as the ring's own errors are.
+absl::Status RequestFailure(const absl::Status& error);
+
 }  // namespace worker
 }  // namespace dattn
 

@@ -407,6 +407,22 @@ TEST(DeploymentTaskTest, ACheckpointThatChangedIsRefused) {
   EXPECT_NE(s.message().find(dir + "-missing"), std::string::npos) << s;
 }
 
+// A request that fails because the ring's communicator was aborted under it (the task cancelled
+// when another rank's worker was lost) is told UNAVAILABLE (retry), naming the cause; its own
+// errors keep their codes.
+TEST(DeploymentTaskTest, ARequestUnderAnAbortedRingIsToldToRetry) {
+  const absl::Status aborted = RequestFailure(absl::AbortedError(
+      "gloo rank 0: communicator aborted: the task was cancelled: worker w-1 lost"));
+  EXPECT_TRUE(absl::IsUnavailable(aborted)) << aborted;
+  EXPECT_NE(aborted.message().find("worker w-1 lost"), std::string::npos) << aborted;
+  EXPECT_NE(aborted.message().find("retry"), std::string::npos) << aborted;
+  for (const absl::Status& own :
+       {absl::InvalidArgumentError("token 99"), absl::DeadlineExceededError("deadline"),
+        absl::InternalError("logit NaN"), absl::UnavailableError("peer closed")}) {
+    EXPECT_EQ(RequestFailure(own), own);
+  }
+}
+
 // The model is made by the worker's device (options.new_serving_model: TaskDevice::NewServingModel)
 // from the checkpoint's weights, and what it says it is goes into the status; a device that cannot
 // serve the deployment fails the task with its own error, before any channel opens.

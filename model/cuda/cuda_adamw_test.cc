@@ -15,6 +15,7 @@
 #include "engine/testing/test_util.h"
 #include "gtest/gtest.h"
 #include "model/config.h"
+#include "model/cuda/gpu_test_util.h"
 #include "model/longnet_params.h"
 
 namespace dattn {
@@ -40,13 +41,7 @@ LongNetConfig Small() {
 class CudaAdamWTest : public ::testing::Test {
  protected:
   void SetUp() override {
-    int count = 0;
-    const cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || count == 0) {
-      cudaGetLastError();
-      GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount returned " << static_cast<int>(e) << " ("
-                   << cudaGetErrorString(e) << "), " << count << " devices";
-    }
+    SKIP_WITHOUT_GPU();
     absl::StatusOr<ParamLayout> layout = BuildParamLayout(Small());
     ASSERT_TRUE(layout.ok());
     layout_ = *layout;

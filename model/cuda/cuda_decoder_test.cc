@@ -26,6 +26,7 @@
 #include "engine/testing/test_util.h"
 #include "gtest/gtest.h"
 #include "model/cuda/cuda_serving_model.h"
+#include "model/cuda/gpu_test_util.h"
 #include "model/cuda/serving_plan.h"
 #include "model/decoder.h"
 #include "model/longnet.h"
@@ -34,25 +35,6 @@ namespace dattn {
 namespace model {
 namespace cuda {
 namespace {
-
-bool HaveGpu(std::string* why) {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    *why = std::string("no CUDA device: cudaGetDeviceCount returned ") +
-           std::to_string(static_cast<int>(e)) + " (" + cudaGetErrorString(e) + "), " +
-           std::to_string(count) + " devices";
-    return false;
-  }
-  return true;
-}
-
-#define SKIP_WITHOUT_GPU()                     \
-  do {                                         \
-    std::string why_;                          \
-    if (!HaveGpu(&why_)) GTEST_SKIP() << why_; \
-  } while (0)
 
 // D = 64, grouped with 3 heads over 2 patterns (H % G != 0), RoPE, tied head; segments of 32
 // and 128 positions, so that a decode of a few hundred tokens crosses many boundaries.

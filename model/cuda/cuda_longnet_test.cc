@@ -23,6 +23,7 @@
 #include "engine/testing/test_util.h"
 #include "gtest/gtest.h"
 #include "model/cuda/cuda_adamw.h"
+#include "model/cuda/gpu_test_util.h"
 #include "model/cuda/training_plan.h"
 #include "model/longnet.h"
 
@@ -91,25 +92,6 @@ Batch RandomBatch(int64_t vocab, int64_t batch, int64_t seq_len, uint64_t seed) 
   }
   return b;
 }
-
-bool HaveGpu(std::string* why) {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    *why = std::string("no CUDA device: cudaGetDeviceCount returned ") +
-           std::to_string(static_cast<int>(e)) + " (" + cudaGetErrorString(e) + "), " +
-           std::to_string(count) + " devices";
-    return false;
-  }
-  return true;
-}
-
-#define SKIP_WITHOUT_GPU()                     \
-  do {                                         \
-    std::string why_;                          \
-    if (!HaveGpu(&why_)) GTEST_SKIP() << why_; \
-  } while (0)
 
 struct Outcome {
   LossResult loss;

@@ -36,6 +36,7 @@
 #include "gtest/gtest.h"
 #include "model/checkpoint.h"
 #include "model/cuda/cuda_trainable_model.h"
+#include "model/cuda/gpu_test_util.h"
 #include "model/file_io.h"
 #include "model/longnet_params.h"
 #include "model/optimizer.h"
@@ -51,25 +52,6 @@ namespace fs = std::filesystem;
 
 constexpr char kKjv[] = "model/kjv.txt";
 constexpr double kCurveTolerance = 3e-2;  // GPU bf16 against CPU fp32, relative, every step.
-
-bool HaveGpu(std::string* why) {
-  int count = 0;
-  const cudaError_t e = cudaGetDeviceCount(&count);
-  if (e != cudaSuccess || count == 0) {
-    cudaGetLastError();
-    *why = std::string("no CUDA device: cudaGetDeviceCount returned ") +
-           std::to_string(static_cast<int>(e)) + " (" + cudaGetErrorString(e) + "), " +
-           std::to_string(count) + " devices";
-    return false;
-  }
-  return true;
-}
-
-#define SKIP_WITHOUT_GPU()                     \
-  do {                                         \
-    std::string why_;                          \
-    if (!HaveGpu(&why_)) GTEST_SKIP() << why_; \
-  } while (0)
 
 std::string TempDir(const std::string& name) {
   const char* dir = std::getenv("TEST_TMPDIR");

@@ -23,6 +23,7 @@
 #include "gtest/gtest.h"
 #include "model/config.h"
 #include "model/cuda/gemm.h"
+#include "model/cuda/gpu_test_util.h"
 #include "model/rotary.h"
 
 namespace dattn {
@@ -119,13 +120,7 @@ double GeluGrad(double x) {
 class ModelKernels : public ::testing::Test {
  protected:
   void SetUp() override {
-    int count = 0;
-    const cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || count == 0) {
-      cudaGetLastError();
-      GTEST_SKIP() << "no CUDA device: cudaGetDeviceCount returned " << static_cast<int>(e) << " ("
-                   << cudaGetErrorString(e) << "), " << count << " devices";
-    }
+    SKIP_WITHOUT_GPU();
     cudaDeviceGetAttribute(&sms_, cudaDevAttrMultiProcessorCount, 0);
     SCOPED_TRACE(testutil::ReproduceHint());
   }

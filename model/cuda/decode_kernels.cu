@@ -6,6 +6,8 @@
 
 #include <cmath>
 
+#include "model/cuda/bf16_vector.cuh"
+
 namespace dattn {
 namespace model {
 namespace cuda {
@@ -13,17 +15,6 @@ namespace {
 
 constexpr int kAttendThreads = 256;
 static_assert(kAttendThreads == kDecodeChunk, "one thread scores one row of a chunk");
-
-__device__ __forceinline__ void Load8(const bf16_t* p, float (&v)[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    v[2 * i] = f.x;
-    v[2 * i + 1] = f.y;
-  }
-}
 
 __device__ __forceinline__ float Bf16ToFloat(bf16_t x) {
   return __bfloat162float(__ushort_as_bfloat16(x));

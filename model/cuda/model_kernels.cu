@@ -6,6 +6,8 @@
 
 #include <algorithm>
 
+#include "model/cuda/bf16_vector.cuh"
+
 namespace dattn {
 namespace model {
 namespace cuda {
@@ -17,24 +19,8 @@ constexpr double kInv2Pi = 0.15915494309189533577;
 constexpr double k2PiHi = 6.28318530717958623200;      // 2 pi rounded to fp64
 constexpr double k2PiLo = 2.44929359829470635445e-16;  // 2 pi - k2PiHi
 
-// --- Element access: 8 consecutive values per thread, 16-byte loads and stores.
-__device__ __forceinline__ void Load8(const bf16_t* p, float (&v)[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    v[2 * i] = f.x;
-    v[2 * i + 1] = f.y;
-  }
-}
-__device__ __forceinline__ void Store8(bf16_t* p, const float (&v)[8]) {
-  uint4 raw;
-  __nv_bfloat162* h = reinterpret_cast<__nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) h[i] = __floats2bfloat162_rn(v[2 * i], v[2 * i + 1]);
-  *reinterpret_cast<uint4*>(p) = raw;
-}
+// --- Element access: 8 consecutive values per thread, 16-byte loads and stores (bf16:
+// bf16_vector.cuh's Load8, Store8).
 __device__ __forceinline__ void Load8f(const float* p, float (&v)[8]) {
   const float4 a = *reinterpret_cast<const float4*>(p);
   const float4 b = *reinterpret_cast<const float4*>(p + 4);

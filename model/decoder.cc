@@ -87,6 +87,77 @@ int64_t KvCacheGeometry::RowOf(const Slot& slot, int64_t t) const {
   return (pos - slot.offset) / r;
 }
 
+absl::Status CheckDecodeTokens(const char* decoder, const char* call, const int32_t* tokens,
+                               int64_t n, int64_t vocab) {
+  for (int64_t i = 0; i < n; ++i) {
+    if (tokens[i] < 0 || tokens[i] >= vocab) {
+      return absl::InvalidArgumentError(absl::StrCat(decoder, " ", call, ": token ", tokens[i],
+                                                     " at position ", i, " is outside [0, ", vocab,
+                                                     ")"));
+    }
+  }
+  return absl::OkStatus();
+}
+
+absl::Status CheckPrefillArgs(const char* decoder, bool ours, int64_t held, const int32_t* tokens,
+                              int64_t n, int64_t max_context, int64_t vocab) {
+  if (!ours) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(decoder, " Prefill: the state was not made by this decoder"));
+  }
+  if (held != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(decoder, " Prefill: the state already holds ", held,
+                     " tokens (prefill starts a sequence; use Step to extend one)"));
+  }
+  if (n < 1 || tokens == nullptr) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(decoder, " Prefill: the prompt has ", n, " tokens (needs at least 1)"));
+  }
+  if (n > max_context) {
+    return absl::OutOfRangeError(absl::StrCat(decoder, " Prefill: the prompt's ", n,
+                                              " tokens pass the decoder's max_context of ",
+                                              max_context));
+  }
+  return CheckDecodeTokens(decoder, "Prefill", tokens, n, vocab);
+}
+
+absl::Status CheckScoreArgs(const char* decoder, const int32_t* tokens, int64_t n,
+                            const double* logprobs, int64_t max_context, int64_t vocab) {
+  if (n < 2 || tokens == nullptr || logprobs == nullptr) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        decoder, " Score: ", n, " tokens given; scoring needs at least 2 (the first is context)"));
+  }
+  if (n > max_context) {
+    return absl::OutOfRangeError(absl::StrCat(
+        decoder, " Score: the ", n, " tokens pass the decoder's max_context of ", max_context));
+  }
+  return CheckDecodeTokens(decoder, "Score", tokens, n, vocab);
+}
+
+absl::Status CheckStepSequence(const char* decoder, int64_t j, bool ours, bool repeated,
+                               int64_t position, int64_t max_context, int32_t token,
+                               int64_t vocab) {
+  if (!ours) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(decoder, " Step: state ", j, " was not made by this decoder"));
+  }
+  if (repeated) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(decoder, " Step: state ", j, " is passed twice (one token a sequence)"));
+  }
+  if (position >= max_context) {
+    return absl::OutOfRangeError(absl::StrCat(decoder, " Step: sequence ", j, " holds ", position,
+                                              " tokens, the decoder's max_context"
+                                              " (no room for another)"));
+  }
+  if (token < 0 || token >= vocab) {
+    return absl::InvalidArgumentError(absl::StrCat(decoder, " Step: token ", token, " of sequence ",
+                                                   j, " is outside [0, ", vocab, ")"));
+  }
+  return absl::OkStatus();
+}
+
 template <typename T>
 absl::StatusOr<std::unique_ptr<Decoder<T>>> Decoder<T>::Create(LongNetLM<T>* model,
                                                                int64_t max_context,
@@ -336,41 +407,13 @@ absl::Status Decoder<T>::ShareLayerRows(int64_t layer, int64_t n, int64_t shard_
 }
 
 template <typename T>
-absl::Status Decoder<T>::CheckTokens(const char* call, const int32_t* tokens, int64_t n) const {
-  const int64_t vocab = config().vocab_size;
-  for (int64_t i = 0; i < n; ++i) {
-    if (tokens[i] < 0 || tokens[i] >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("decoder ", call, ": token ", tokens[i],
-                                                     " at position ", i, " is outside [0, ", vocab,
-                                                     ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
-template <typename T>
 absl::Status Decoder<T>::CheckPrefill(const int32_t* tokens, int64_t n,
                                       const DecodeState<T>* state) const {
-  if (state == nullptr || state->owner_ != this) {
-    return absl::InvalidArgumentError("decoder Prefill: the state was not made by this decoder");
-  }
-  if (state->position_ != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("decoder Prefill: the state already holds ", state->position_,
-                     " tokens (prefill starts a sequence; use Step to extend one)"));
-  }
-  if (n < 1 || tokens == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("decoder Prefill: the prompt has ", n, " tokens (needs at least 1)"));
-  }
-  if (n > geometry_.max_context()) {
-    return absl::OutOfRangeError(absl::StrCat("decoder Prefill: the prompt's ", n,
-                                              " tokens pass the decoder's max_context of ",
-                                              geometry_.max_context()));
-  }
-  // Checked whole before anything runs: on a ring a rank refusing only its own shard would leave
-  // the others waiting.
-  return CheckTokens("Prefill", tokens, n);
+  // The tokens are checked whole before anything runs: on a ring a rank refusing only its own
+  // shard would leave the others waiting.
+  return CheckPrefillArgs("decoder", state != nullptr && state->owner_ == this,
+                          state != nullptr ? state->position_ : 0, tokens, n,
+                          geometry_.max_context(), config().vocab_size);
 }
 
 template <typename T>
@@ -445,16 +488,8 @@ absl::Status Decoder<T>::RunPrefill(const int32_t* tokens, int64_t n, DecodeStat
 template <typename T>
 absl::Status Decoder<T>::CheckScore(const int32_t* tokens, int64_t n,
                                     const double* logprobs) const {
-  if (n < 2 || tokens == nullptr || logprobs == nullptr) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "decoder Score: ", n, " tokens given; scoring needs at least 2 (the first is context)"));
-  }
-  if (n > geometry_.max_context()) {
-    return absl::OutOfRangeError(absl::StrCat("decoder Score: the ", n,
-                                              " tokens pass the decoder's max_context of ",
-                                              geometry_.max_context()));
-  }
-  return CheckTokens("Score", tokens, n);
+  return CheckScoreArgs("decoder", tokens, n, logprobs, geometry_.max_context(),
+                        config().vocab_size);
 }
 
 template <typename T>
@@ -748,30 +783,13 @@ absl::Status Decoder<T>::Step(absl::Span<DecodeState<T>* const> states, const in
 template <typename T>
 absl::Status Decoder<T>::CheckStep(absl::Span<DecodeState<T>* const> states,
                                    const int32_t* tokens) const {
-  const LongNetConfig& c = config();
-  const int64_t rows = static_cast<int64_t>(states.size());
   absl::flat_hash_set<const DecodeState<T>*> seen;
-  for (int64_t j = 0; j < rows; ++j) {
-    const DecodeState<T>* s = states[static_cast<size_t>(j)];
-    if (s == nullptr || s->owner_ != this) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("decoder Step: state ", j, " was not made by this decoder"));
-    }
-    if (!seen.insert(s).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("decoder Step: state ", j, " is passed twice (one token a sequence)"));
-    }
-    if (s->position_ >= geometry_.max_context()) {
-      return absl::OutOfRangeError(absl::StrCat("decoder Step: sequence ", j, " holds ",
-                                                s->position_,
-                                                " tokens, the decoder's max_context"
-                                                " (no room for another)"));
-    }
-    if (tokens[j] < 0 || tokens[j] >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("decoder Step: token ", tokens[j],
-                                                     " of sequence ", j, " is outside [0, ",
-                                                     c.vocab_size, ")"));
-    }
+  for (size_t j = 0; j < states.size(); ++j) {
+    const DecodeState<T>* s = states[j];
+    const bool ours = s != nullptr && s->owner_ == this;
+    DECODER_RETURN_IF_ERROR(CheckStepSequence(
+        "decoder", static_cast<int64_t>(j), ours, ours && !seen.insert(s).second,
+        ours ? s->position_ : 0, geometry_.max_context(), tokens[j], config().vocab_size));
   }
   return absl::OkStatus();
 }

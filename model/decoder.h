@@ -142,6 +142,24 @@ class KvCacheGeometry {
   std::vector<Slot> slots_;
 };
 
+// The argument checks of a decoder's calls, shared by this file's decoder and the GPU's
+// (model/cuda/cuda_decoder.h); `decoder` names it in the messages ("decoder", "GPU decoder"). Each
+// returns the first problem, naming the value: INVALID_ARGUMENT, or OUT_OF_RANGE past max_context,
+// or FAILED_PRECONDITION for a prefill of a state that holds tokens.
+// Every token of `call`'s tokens[0, n) in [0, vocab).
+absl::Status CheckDecodeTokens(const char* decoder, const char* call, const int32_t* tokens,
+                               int64_t n, int64_t vocab);
+// Prefill of n tokens into a state (`ours`: made by this decoder) that holds `held` tokens.
+absl::Status CheckPrefillArgs(const char* decoder, bool ours, int64_t held, const int32_t* tokens,
+                              int64_t n, int64_t max_context, int64_t vocab);
+// Score of n tokens into logprobs.
+absl::Status CheckScoreArgs(const char* decoder, const int32_t* tokens, int64_t n,
+                            const double* logprobs, int64_t max_context, int64_t vocab);
+// Sequence j of a Step: its state (`ours`; `repeated`: passed earlier in the same call) at
+// `position`, fed `token`.
+absl::Status CheckStepSequence(const char* decoder, int64_t j, bool ours, bool repeated,
+                               int64_t position, int64_t max_context, int32_t token, int64_t vocab);
+
 template <typename T>
 class Decoder;
 
@@ -287,8 +305,6 @@ class Decoder {
   absl::Status RunStep(absl::Span<DecodeState<T>* const> states, const int32_t* tokens, T* logits);
   absl::Status CheckScore(const int32_t* tokens, int64_t n, const double* logprobs) const;
   absl::Status RunScore(const int32_t* tokens, int64_t n, double* logprobs);
-  // Checks tokens[0, n) against the vocabulary, naming the first bad one and `call`.
-  absl::Status CheckTokens(const char* call, const int32_t* tokens, int64_t n) const;
   // This rank's positions [begin, begin + len) of n tokens padded to a multiple of the ring's
   // size: len = ceil(n / S), begin = rank * len (one device: [0, n)).
   struct Shard {

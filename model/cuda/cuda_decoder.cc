@@ -205,39 +205,14 @@ absl::StatusOr<CudaDecodeState> CudaDecoder::Clone(const CudaDecodeState& state)
   return copy;
 }
 
-absl::Status CudaDecoder::CheckTokens(const char* call, const int32_t* tokens, int64_t n) const {
-  const int64_t vocab = config().vocab_size;
-  for (int64_t t = 0; t < n; ++t) {
-    if (tokens[t] < 0 || tokens[t] >= vocab) {
-      return absl::InvalidArgumentError(absl::StrCat("GPU decoder ", call, ": token ", tokens[t],
-                                                     " at position ", t, " is outside [0, ", vocab,
-                                                     ")"));
-    }
-  }
-  return absl::OkStatus();
-}
-
 absl::Status CudaDecoder::Prefill(const int32_t* tokens, int64_t n, CudaDecodeState* state,
                                   float* logits) {
-  if (state == nullptr || state->owner_ != this) {
-    return absl::InvalidArgumentError(
-        "GPU decoder Prefill: the state was not made by this decoder");
+  if (logits == nullptr) {
+    return absl::InvalidArgumentError("GPU decoder Prefill: no buffer for the logits");
   }
-  if (state->position_ != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("GPU decoder Prefill: the state already holds ", state->position_,
-                     " tokens (prefill starts a sequence; use Step to extend one)"));
-  }
-  if (n < 1 || tokens == nullptr || logits == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GPU decoder Prefill: the prompt has ", n, " tokens (needs at least 1)"));
-  }
-  if (n > geometry_.max_context()) {
-    return absl::OutOfRangeError(absl::StrCat("GPU decoder Prefill: the prompt's ", n,
-                                              " tokens pass the decoder's max_context of ",
-                                              geometry_.max_context()));
-  }
-  DATTN_RETURN_IF_ERROR(CheckTokens("Prefill", tokens, n));
+  DATTN_RETURN_IF_ERROR(CheckPrefillArgs("GPU decoder", state != nullptr && state->owner_ == this,
+                                         state != nullptr ? state->position_ : 0, tokens, n,
+                                         geometry_.max_context(), config().vocab_size));
   DECODER_CUDA(cudaSetDevice(model_->cuda_device()));
   const LongNetConfig& c = config();
   const cudaStream_t stream = model_->stream();
@@ -287,17 +262,8 @@ absl::Status CudaDecoder::Prefill(const int32_t* tokens, int64_t n, CudaDecodeSt
 }
 
 absl::Status CudaDecoder::Score(const int32_t* tokens, int64_t n, double* logprobs) {
-  if (n < 2 || tokens == nullptr || logprobs == nullptr) {
-    return absl::InvalidArgumentError(
-        absl::StrCat("GPU decoder Score: ", n,
-                     " tokens given; scoring needs at least 2 (the first is context)"));
-  }
-  if (n > geometry_.max_context()) {
-    return absl::OutOfRangeError(absl::StrCat("GPU decoder Score: the ", n,
-                                              " tokens pass the decoder's max_context of ",
-                                              geometry_.max_context()));
-  }
-  DATTN_RETURN_IF_ERROR(CheckTokens("Score", tokens, n));
+  DATTN_RETURN_IF_ERROR(CheckScoreArgs("GPU decoder", tokens, n, logprobs, geometry_.max_context(),
+                                       config().vocab_size));
   DECODER_CUDA(cudaSetDevice(model_->cuda_device()));
   std::vector<int32_t> targets(tokens + 1, tokens + n);
   targets.push_back(kIgnoreTarget);
@@ -356,29 +322,13 @@ absl::Status CudaDecoder::Step(absl::Span<CudaDecodeState* const> states, const 
   if (tokens == nullptr || logits == nullptr) {
     return absl::InvalidArgumentError("GPU decoder Step: null tokens or logits");
   }
-  const LongNetConfig& c = config();
   std::unordered_set<const CudaDecodeState*> seen;
   for (size_t j = 0; j < states.size(); ++j) {
     const CudaDecodeState* s = states[j];
-    if (s == nullptr || s->owner_ != this) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("GPU decoder Step: state ", j, " was not made by this decoder"));
-    }
-    if (!seen.insert(s).second) {
-      return absl::InvalidArgumentError(
-          absl::StrCat("GPU decoder Step: state ", j, " is passed twice (one token a sequence)"));
-    }
-    if (s->position_ >= geometry_.max_context()) {
-      return absl::OutOfRangeError(absl::StrCat("GPU decoder Step: sequence ", j, " holds ",
-                                                s->position_,
-                                                " tokens, the decoder's max_context"
-                                                " (no room for another)"));
-    }
-    if (tokens[j] < 0 || tokens[j] >= c.vocab_size) {
-      return absl::InvalidArgumentError(absl::StrCat("GPU decoder Step: token ", tokens[j],
-                                                     " of sequence ", j, " is outside [0, ",
-                                                     c.vocab_size, ")"));
-    }
+    const bool ours = s != nullptr && s->owner_ == this;
+    DATTN_RETURN_IF_ERROR(CheckStepSequence(
+        "GPU decoder", static_cast<int64_t>(j), ours, ours && !seen.insert(s).second,
+        ours ? s->position_ : 0, geometry_.max_context(), tokens[j], config().vocab_size));
   }
   DECODER_CUDA(cudaSetDevice(model_->cuda_device()));
   return RunStep(states, tokens, logits);

@@ -125,7 +125,6 @@ class CudaDecoder {
   CudaDecoder(CudaLongNetLM* model, KvCacheGeometry geometry, RotaryPlan rotary);
   absl::Status Init();
   absl::Status EnsureStepBuffers(int64_t rows);
-  absl::Status CheckTokens(const char* call, const int32_t* tokens, int64_t n) const;
   absl::Status RunStep(absl::Span<CudaDecodeState* const> states, const int32_t* tokens,
                        float* logits);
   // Enqueues a step's device work for `rows` sequences (the upload done): embedding to logits.

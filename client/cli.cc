@@ -404,9 +404,10 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   // deploy
   CLI::App* deploy = app.add_subcommand(
       "deploy",
-      "Serve a model (a checkpoint or an imported one) on a worker: Generate and Score "
+      "Serve a model (registered, a checkpoint or an imported folder) on a worker: Generate "
+      "and Score "
       "(docs/SERVING.md)");
-  std::string deploy_checkpoint, deploy_from_job, deploy_name;
+  std::string deploy_checkpoint, deploy_from_job, deploy_name, deploy_model;
   int64_t deploy_max_context = 0, deploy_step = 0;
   int deploy_max_batch = 0, deploy_max_queued = 0, deploy_priority = 0, deploy_ranks = 0;
   std::string deploy_device = "any";
@@ -416,6 +417,11 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
                    "A checkpoint step folder, or an imported model's folder (config.json and "
                    "safetensors weights), as the coordinator and the workers see it")
       ->type_name("DIR");
+  deploy
+      ->add_option("--model", deploy_model,
+                   "Or a registered model (dattn models import): NAME (its newest version) or "
+                   "NAME:VERSION")
+      ->type_name("NAME[:VERSION]");
   deploy
       ->add_option("--from-job", deploy_from_job,
                    "Or a training job that succeeded: its final checkpoint")
@@ -511,6 +517,38 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
   models->add_option("--limit", models_limit, "Training jobs to look at, newest first (default 20)")
       ->type_name("N")
       ->check(CLI::PositiveNumber);
+  models->require_subcommand(0, 1);
+  CLI::App* models_list =
+      models->add_subcommand("list", "The registered models' versions (all, or one name's)");
+  std::string models_list_name;
+  models_list->add_option("NAME", models_list_name, "Only this model's versions");
+  CLI::App* models_import = models->add_subcommand(
+      "import",
+      "Copy a model into the registry as the next version of NAME: a folder the coordinator "
+      "reads, or a training job's checkpoint");
+  std::string import_name, import_dir, import_job, import_description;
+  int64_t import_step = 0;
+  models_import->add_option("NAME", import_name, "The model's name ([A-Za-z0-9._-], 1 to 64)")
+      ->required();
+  models_import
+      ->add_option("DIR", import_dir,
+                   "A checkpoint step folder or an imported model's folder (config.json and "
+                   "safetensors weights), as the coordinator sees it")
+      ->type_name("DIR");
+  models_import
+      ->add_option("--from-job", import_job,
+                   "Or a training job that succeeded: its final checkpoint")
+      ->type_name("JOB_ID");
+  models_import
+      ->add_option("--step", import_step, "With --from-job: that step's saved checkpoint instead")
+      ->type_name("N")
+      ->check(CLI::PositiveNumber);
+  models_import->add_option("--description", import_description, "Kept with the version")
+      ->type_name("TEXT");
+  CLI::App* models_delete = models->add_subcommand(
+      "delete", "Remove a version of a registered model (NAME:VERSION), or every version (NAME)");
+  std::string delete_model;
+  models_delete->add_option("MODEL", delete_model, "NAME or NAME:VERSION")->required();
 
   for (CLI::App* sub : {submit, status, list, watch, cancel, output, attend, checkpoints, del,
                         workers, drain, undrain, health, deploy, generate, score, models}) {
@@ -622,6 +660,33 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
           .Status(status_job, status_events || status_max_events > 0, status_max_events,
                   status_output);
     }
+    if (models_list->parsed()) return Commands(global, out, err, env).ListModels(models_list_name);
+    if (models_import->parsed()) {
+      if (import_dir.empty() == import_job.empty()) {
+        return UsageError(err, "give DIR or --from-job JOB_ID (one of them)", "models import");
+      }
+      if (import_step != 0 && import_job.empty()) {
+        return UsageError(err, "--step: only with --from-job (a step of that job's checkpoints)",
+                          "models import");
+      }
+      v1::ImportModelRequest request;
+      request.set_name(import_name);
+      request.set_path(import_dir);
+      request.set_training_job_id(import_job);
+      request.set_training_job_step(import_step);
+      request.set_description(import_description);
+      return Commands(global, out, err, env).ImportModel(request);
+    }
+    if (models_delete->parsed()) {
+      absl::StatusOr<ModelRef> ref = ParseModelRef(delete_model);
+      if (!ref.ok()) {
+        return UsageError(err, std::string(ref.status().message()), "models delete");
+      }
+      v1::DeleteModelRequest request;
+      request.set_name(ref->name);
+      request.set_version(ref->version);
+      return Commands(global, out, err, env).DeleteModel(request);
+    }
     if (models->parsed()) return Commands(global, out, err, env).Models(models_limit);
     if (list->parsed()) {
       if (!list_states.empty()) {
@@ -687,9 +752,10 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
     }
     if (del->parsed()) return Commands(global, out, err, env).Delete(delete_job);
     if (deploy->parsed()) {
-      if (deploy_checkpoint.empty() == deploy_from_job.empty()) {
-        return UsageError(err, "give --checkpoint DIR or --from-job JOB_ID (one of them)",
-                          "deploy");
+      if (!deploy_checkpoint.empty() + !deploy_from_job.empty() + !deploy_model.empty() != 1) {
+        return UsageError(
+            err, "give --model NAME[:VERSION], --checkpoint DIR or --from-job JOB_ID (one of them)",
+            "deploy");
       }
       if (deploy_step != 0 && deploy_from_job.empty()) {
         return UsageError(err, "--step: only with --from-job (a step of that job's checkpoints)",
@@ -700,6 +766,14 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       spec->set_name(deploy_name);
       spec->set_priority(deploy_priority);
       v1::DeploymentSpec* d = spec->mutable_deployment();
+      if (!deploy_model.empty()) {
+        absl::StatusOr<ModelRef> ref = ParseModelRef(deploy_model);
+        if (!ref.ok()) {
+          return UsageError(err, absl::StrCat("--model: ", ref.status().message()), "deploy");
+        }
+        d->set_model(ref->name);
+        d->set_model_version(ref->version);
+      }
       d->set_checkpoint(deploy_checkpoint);
       d->set_training_job_id(deploy_from_job);
       d->set_training_job_step(deploy_step);

@@ -256,6 +256,63 @@ class FakeJobService final : public v1::JobService::Service {
     return grpc::Status::OK;
   }
 
+  // The registry: a list of versions; ImportModel appends the next version of its name (the
+  // request kept); DeleteModel removes one or all (NOT_FOUND for none).
+  grpc::Status ImportModel(grpc::ServerContext*, const v1::ImportModelRequest* request,
+                           v1::RegisteredModel* response) override {
+    absl::MutexLock lock(&mu_);
+    imports_.push_back(*request);
+    int64_t version = 1;
+    for (const v1::RegisteredModel& m : models_) {
+      if (m.name() == request->name()) version = std::max(version, m.version() + 1);
+    }
+    v1::RegisteredModel m;
+    m.set_name(request->name());
+    m.set_version(version);
+    m.set_parameters(85300000);
+    m.set_weights("weights.safetensors, F32");
+    m.set_bytes(341200000);
+    m.set_source(request->path().empty() ? absl::StrCat("training job ", request->training_job_id(),
+                                                        " step ", request->training_job_step())
+                                         : absl::StrCat("folder ", request->path()));
+    m.set_description(request->description());
+    m.set_create_time_us(1796000000000000);
+    models_.push_back(m);
+    *response = m;
+    return grpc::Status::OK;
+  }
+  grpc::Status ListModels(grpc::ServerContext*, const v1::ListModelsRequest* request,
+                          v1::ListModelsResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    for (const v1::RegisteredModel& m : models_) {
+      if (request->name().empty() || m.name() == request->name()) *response->add_models() = m;
+    }
+    return grpc::Status::OK;
+  }
+  grpc::Status DeleteModel(grpc::ServerContext*, const v1::DeleteModelRequest* request,
+                           v1::DeleteModelResponse* response) override {
+    absl::MutexLock lock(&mu_);
+    std::vector<v1::RegisteredModel> kept;
+    for (const v1::RegisteredModel& m : models_) {
+      if (m.name() == request->name() &&
+          (request->version() == 0 || m.version() == request->version())) {
+        response->add_versions(m.version());
+        response->set_bytes_freed(response->bytes_freed() + m.bytes());
+      } else {
+        kept.push_back(m);
+      }
+    }
+    if (response->versions_size() == 0) {
+      return grpc::Status(grpc::StatusCode::NOT_FOUND, "no such model version");
+    }
+    models_ = kept;
+    return grpc::Status::OK;
+  }
+  std::vector<v1::ImportModelRequest> imports() {
+    absl::MutexLock lock(&mu_);
+    return imports_;
+  }
+
   void SetOutput(const std::string& job_id, const v1::TensorHeader& header, std::string data,
                  size_t chunk = 5) {
     absl::MutexLock lock(&mu_);
@@ -312,6 +369,8 @@ class FakeJobService final : public v1::JobService::Service {
  private:
   absl::Mutex mu_;
   std::map<std::string, v1::Job> jobs_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::RegisteredModel> models_ ABSL_GUARDED_BY(mu_);
+  std::vector<v1::ImportModelRequest> imports_ ABSL_GUARDED_BY(mu_);
   std::vector<std::string> list_order_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, v1::Job> finals_ ABSL_GUARDED_BY(mu_);
   std::map<std::string, std::pair<v1::TensorHeader, std::string>> outputs_ ABSL_GUARDED_BY(mu_);
@@ -2356,8 +2415,11 @@ TEST_F(CliTest, ModelsListsDeploymentsAndTrainedCheckpoints) {
 
   Result r = Run({"models"});
   ASSERT_EQ(r.code, kExitOk) << r.err;
-  std::vector<std::string> lines = absl::StrSplit(r.out, '\n');
-  ASSERT_GE(lines.size(), 10u) << r.out;
+  std::vector<std::string> all_lines = absl::StrSplit(r.out, '\n');
+  ASSERT_GE(all_lines.size(), 12u) << r.out;
+  EXPECT_EQ(all_lines[0], "No registered model (dattn models import).");
+  EXPECT_EQ(all_lines[1], "");
+  const std::vector<std::string> lines(all_lines.begin() + 2, all_lines.end());
   EXPECT_EQ(lines[0], "Deployments");
   EXPECT_THAT(lines[1], HasSubstr("DEPLOYMENT  NAME"));
   EXPECT_THAT(lines[2], HasSubstr("j-dep1      kjv   serving  j-run step 100"));
@@ -2401,6 +2463,72 @@ TEST_F(CliTest, ModelsListsDeploymentsAndTrainedCheckpoints) {
   EXPECT_EQ(parsed["jobs"][0]["job_id"], "j-dep1");
   EXPECT_EQ(parsed["jobs"][1]["job_id"], "j-dep2");
   EXPECT_EQ(parsed["jobs"][2]["job_id"], "j-done");
+}
+
+// `dattn models import|list|delete` and `dattn deploy --model`: the registry's calls, what they
+// print, and usage errors before any call.
+TEST_F(CliTest, ModelsImportListDeleteAndDeployByName) {
+  Result imported = Run({"models", "import", "kjv", "/shared/kjv-bf16", "--description", "bf16"});
+  ASSERT_EQ(imported.code, kExitOk) << imported.err;
+  EXPECT_THAT(imported.out, HasSubstr("Imported kjv:1 (85.30M parameters, weights.safetensors, "
+                                      "F32, 325.4 MiB) from folder /shared/kjv-bf16"));
+  EXPECT_THAT(imported.out, HasSubstr("Serve it with: dattn deploy --model kjv:1"));
+  Result from_job = Run({"models", "import", "kjv", "--from-job", "j-train", "--step", "300"});
+  ASSERT_EQ(from_job.code, kExitOk) << from_job.err;
+  std::vector<v1::ImportModelRequest> imports = jobs_.imports();
+  ASSERT_EQ(imports.size(), 2u);
+  EXPECT_EQ(imports[0].path(), "/shared/kjv-bf16");
+  EXPECT_EQ(imports[0].description(), "bf16");
+  EXPECT_EQ(imports[1].training_job_id(), "j-train");
+  EXPECT_EQ(imports[1].training_job_step(), 300);
+
+  Result list = Run({"models", "list"});
+  ASSERT_EQ(list.code, kExitOk) << list.err;
+  std::vector<std::string> lines = absl::StrSplit(list.out, '\n', absl::SkipEmpty());
+  ASSERT_EQ(lines.size(), 3u) << list.out;
+  EXPECT_THAT(lines[0], HasSubstr("MODEL  PARAMETERS  WEIGHTS"));
+  EXPECT_THAT(lines[1], HasSubstr("kjv:1  85.30M"));
+  EXPECT_THAT(lines[1], HasSubstr("folder /shared/kjv-bf16        bf16"));
+  EXPECT_THAT(lines[2], HasSubstr("kjv:2"));
+  EXPECT_THAT(lines[2], HasSubstr("training job j-train step 300  -"));
+  Result overview = Run({"models"});
+  ASSERT_EQ(overview.code, kExitOk) << overview.err;
+  EXPECT_THAT(overview.out, HasSubstr("Registered models (dattn deploy --model NAME:VERSION)\n"));
+  EXPECT_THAT(overview.out, HasSubstr("kjv:2"));
+  Result json = Run({"models", "list", "--json"});
+  ASSERT_EQ(json.code, kExitOk) << json.err;
+  EXPECT_EQ(nlohmann::json::parse(json.out)["models"].size(), 2u);
+
+  Result deploy = Run({"deploy", "--model", "kjv:2", "--max-context", "8192"});
+  ASSERT_EQ(deploy.code, kExitOk) << deploy.err;
+  const v1::DeploymentSpec d = jobs_.submits().back().spec().deployment();
+  EXPECT_EQ(d.model(), "kjv");
+  EXPECT_EQ(d.model_version(), 2);
+  EXPECT_EQ(d.checkpoint(), "");
+  Result newest = Run({"deploy", "--model", "kjv"});
+  ASSERT_EQ(newest.code, kExitOk) << newest.err;
+  EXPECT_EQ(jobs_.submits().back().spec().deployment().model_version(), 0);
+
+  Result deleted = Run({"models", "delete", "kjv:1"});
+  ASSERT_EQ(deleted.code, kExitOk) << deleted.err;
+  EXPECT_THAT(deleted.out, HasSubstr("Deleted kjv version 1 (325.4 MiB freed)"));
+  Result missing = Run({"models", "delete", "kjv:1"});
+  EXPECT_NE(missing.code, kExitOk);
+  EXPECT_THAT(missing.err, HasSubstr("delete model kjv:1"));
+
+  const size_t submits = jobs_.submits().size();
+  for (const std::vector<std::string>& bad :
+       std::vector<std::vector<std::string>>{{"models", "import", "kjv"},
+                                             {"models", "import", "kjv", "/x", "--from-job", "j"},
+                                             {"models", "import", "kjv", "/x", "--step", "3"},
+                                             {"models", "delete", "kjv:0"},
+                                             {"deploy", "--model", "kjv", "--checkpoint", "/x"},
+                                             {"deploy", "--model", "kjv:x"}}) {
+    Result r = Run(bad);
+    EXPECT_EQ(r.code, kExitUsage) << absl::StrJoin(bad, " ") << ": " << r.err;
+  }
+  EXPECT_EQ(jobs_.submits().size(), submits);
+  EXPECT_EQ(jobs_.imports().size(), 2u);
 }
 
 TEST_F(CliTest, StatusAndListShowWhatADeploymentServes) {

@@ -391,6 +391,12 @@ int Commands::Models(int limit) {
     return *failed;
   }
   if (std::optional<int> failed = walk("training", {}, limit, &training)) return *failed;
+  v1::ListModelsResponse registered;
+  if (!args_.json) {
+    grpc::Status status =
+        jobs_->ListModels(NewContext().get(), v1::ListModelsRequest(), &registered);
+    if (!status.ok()) return RpcFailed(status, "list registered models");
+  }
   if (args_.json) {
     v1::ListJobsResponse all;
     for (const v1::Job& job : deployments) *all.add_jobs() = job;
@@ -399,6 +405,13 @@ int Commands::Models(int limit) {
     out_ << std::flush;
     return kExitOk;
   }
+  if (registered.models_size() == 0) {
+    out_ << "No registered model (dattn models import).\n";
+  } else {
+    out_ << "Registered models (dattn deploy --model NAME:VERSION)\n";
+    RegisteredModelsTable({registered.models().begin(), registered.models().end()}).Print(out_);
+  }
+  out_ << '\n';
   if (deployments.empty()) {
     out_ << "No deployment is queued or serving (dattn deploy).\n";
   } else {
@@ -414,6 +427,64 @@ int Commands::Models(int limit) {
     out_ << "Trained models (the complete checkpoints of the newest " << training.size()
          << " training job" << (training.size() == 1 ? "" : "s") << ")\n";
     trained.Print(out_);
+  }
+  out_ << std::flush;
+  return kExitOk;
+}
+
+int Commands::ListModels(const std::string& name) {
+  v1::ListModelsRequest request;
+  request.set_name(name);
+  v1::ListModelsResponse response;
+  grpc::Status status = jobs_->ListModels(NewContext().get(), request, &response);
+  if (!status.ok()) return RpcFailed(status, "list registered models");
+  if (args_.json) {
+    PrintJson(response);
+  } else if (response.models_size() == 0) {
+    out_ << (name.empty() ? std::string("No registered model (dattn models import).")
+                          : absl::StrCat("No model named ", Printable(name), " is registered."))
+         << '\n';
+  } else {
+    RegisteredModelsTable({response.models().begin(), response.models().end()}).Print(out_);
+  }
+  out_ << std::flush;
+  return kExitOk;
+}
+
+int Commands::ImportModel(const v1::ImportModelRequest& request) {
+  v1::RegisteredModel model;
+  // A copy of many gigabytes takes a while: the call may take an hour (or --timeout, if longer);
+  // a client that gives up (Ctrl-C, the deadline) cancels the copy, which leaves nothing.
+  std::unique_ptr<grpc::ClientContext> context = NewContext();
+  context->set_deadline(absl::ToChronoTime(absl::Now() + std::max(args_.timeout, absl::Hours(1))));
+  grpc::Status status = jobs_->ImportModel(context.get(), request, &model);
+  if (!status.ok()) return RpcFailed(status, "import model " + request.name());
+  if (args_.json) {
+    PrintJson(model);
+  } else {
+    out_ << "Imported " << Printable(model.name()) << ":" << model.version() << " ("
+         << FormatCount(model.parameters()) << " parameters, " << Printable(model.weights()) << ", "
+         << FormatBytes(model.bytes()) << ") from " << Printable(model.source())
+         << "\nServe it with: dattn deploy --model " << Printable(model.name()) << ":"
+         << model.version() << '\n';
+  }
+  out_ << std::flush;
+  return kExitOk;
+}
+
+int Commands::DeleteModel(const v1::DeleteModelRequest& request) {
+  v1::DeleteModelResponse response;
+  grpc::Status status = jobs_->DeleteModel(NewContext().get(), request, &response);
+  const std::string what = request.version() == 0
+                               ? request.name()
+                               : absl::StrCat(request.name(), ":", request.version());
+  if (!status.ok()) return RpcFailed(status, "delete model " + what);
+  if (args_.json) {
+    PrintJson(response);
+  } else {
+    out_ << "Deleted " << Printable(request.name()) << " version"
+         << (response.versions_size() == 1 ? " " : "s ") << absl::StrJoin(response.versions(), ", ")
+         << " (" << FormatBytes(response.bytes_freed()) << " freed)\n";
   }
   out_ << std::flush;
   return kExitOk;

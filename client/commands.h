@@ -86,10 +86,16 @@ class Commands {
   int Status(const std::string& job_id, bool events, int max_events,
              const std::string& output_file);
   int List(const ListArgs& args);
-  // `dattn models`: the caller's deployments that are queued or running, and the complete
-  // checkpoints of its newest `limit` training jobs (two ListJobs walks). With --json, one
-  // ListJobsResponse: the deployments, then the training jobs.
+  // `dattn models`: the caller's registered models (ListModels), its deployments that are queued
+  // or running, and the complete checkpoints of its newest `limit` training jobs (two ListJobs
+  // walks). With --json, one ListJobsResponse: the deployments, then the training jobs (the
+  // registry's JSON is `dattn models list --json`).
   int Models(int limit);
+  // `dattn models list|import|delete`: the model registry (JobService.ListModels, ImportModel,
+  // DeleteModel). --json prints the response.
+  int ListModels(const std::string& name);
+  int ImportModel(const v1::ImportModelRequest& request);
+  int DeleteModel(const v1::DeleteModelRequest& request);
   int Watch(const std::string& job_id, absl::Duration reconnect_for);
   int Cancel(const std::string& job_id, const std::string& reason);
   int Workers(bool include_dead);

@@ -623,6 +623,7 @@ std::string DeploymentState(const v1::Job& job) {
 
 std::string DeploymentModel(const v1::Job& job) {
   const v1::DeploymentSpec& d = job.spec().deployment();
+  if (!d.model().empty()) return absl::StrCat(d.model(), ":", d.model_version());
   if (d.training_job_id().empty()) return d.checkpoint();
   const int64_t reported = job.progress().deployment().checkpoint_step();
   const int64_t step = reported > 0 ? reported : d.training_job_step();
@@ -664,6 +665,18 @@ Table TrainedModelsTable(const std::vector<v1::Job>& training_jobs) {
                     absl::StrCat("dattn deploy --from-job ", job.job_id(),
                                  is_final ? "" : absl::StrCat(" --step ", c.step()))});
     }
+  }
+  return table;
+}
+
+Table RegisteredModelsTable(const std::vector<v1::RegisteredModel>& models) {
+  Table table({"MODEL", "PARAMETERS", "WEIGHTS", "SIZE", "IMPORTED", "SOURCE", "DESCRIPTION"});
+  for (const v1::RegisteredModel& m : models) {
+    table.AddRow({absl::StrCat(m.name(), ":", m.version()), FormatCount(m.parameters()),
+                  m.weights(), FormatBytes(m.bytes()),
+                  absl::FormatTime("%Y-%m-%d %H:%M:%S UTC",
+                                   absl::FromUnixMicros(m.create_time_us()), absl::UTCTimeZone()),
+                  m.source(), m.description().empty() ? "-" : m.description()});
   }
   return table;
 }

@@ -17,6 +17,7 @@
 #include "client/table.h"
 #include "dattn/v1/admin.pb.h"
 #include "dattn/v1/job.pb.h"
+#include "dattn/v1/job_service.pb.h"
 #include "dattn/v1/training.pb.h"
 #include "google/protobuf/message.h"
 #include "google/protobuf/timestamp.pb.h"
@@ -99,8 +100,8 @@ Table CheckpointsTable(
     const google::protobuf::RepeatedPtrField<v1::TrainingCheckpoint>& checkpoints);
 // A deployment's state: "serving" (loaded), "loading" (RUNNING, not yet loaded), else the job's.
 std::string DeploymentState(const v1::Job& job);
-// The model a deployment serves: "<training job> step N" ("(final)" for its final checkpoint), or
-// the checkpoint folder it was given.
+// The model a deployment serves: "NAME:VERSION" (a registered model), "<training job> step N"
+// ("(final)" for its final checkpoint), or the checkpoint folder it was given.
 std::string DeploymentModel(const v1::Job& job);
 // `dattn models`: one row per deployment (its state, the model it serves, its limits and what it
 // served).
@@ -108,6 +109,9 @@ Table DeploymentsTable(const std::vector<v1::Job>& deployments, absl::Time now);
 // `dattn models`: one row per complete checkpoint of each training job (newest job first, each
 // job's steps newest first; "(final)" marks a succeeded job's final checkpoint).
 Table TrainedModelsTable(const std::vector<v1::Job>& training_jobs);
+// `dattn models` and `dattn models list`: one row per registered version ("NAME:VERSION", its size,
+// weights, when and from what it was imported).
+Table RegisteredModelsTable(const std::vector<v1::RegisteredModel>& models);
 // `dattn status --events`: one row per event.
 Table EventsTable(const google::protobuf::RepeatedPtrField<v1::JobEvent>& events);
 

@@ -152,6 +152,25 @@ absl::StatusOr<v1::DevicePreference> ParseDevice(const std::string& text) {
   return ParseNamed(text, kNames, "any, cpu, gpu");
 }
 
+absl::StatusOr<ModelRef> ParseModelRef(const std::string& text) {
+  ModelRef ref;
+  const size_t colon = text.rfind(':');
+  ref.name = text.substr(0, colon);
+  if (ref.name.empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("\"", text, "\" names no model (NAME or NAME:VERSION)"));
+  }
+  if (colon != std::string::npos) {
+    absl::StatusOr<int64_t> version = ParseInt(text.substr(colon + 1), 1, INT64_MAX);
+    if (!version.ok()) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("\"", text, "\": the version after ':' ", version.status().message()));
+    }
+    ref.version = *version;
+  }
+  return ref;
+}
+
 absl::StatusOr<std::vector<v1::JobState>> ParseJobStates(const std::string& text) {
   static const NamedValue<int> kNames[] = {
       {"queued", 1 << v1::JOB_STATE_QUEUED},

@@ -47,6 +47,14 @@ absl::StatusOr<v1::DevicePreference> ParseDevice(const std::string& text);
 // Duplicates are dropped; the order is the enum's.
 absl::StatusOr<std::vector<v1::JobState>> ParseJobStates(const std::string& text);
 
+// A registered model as the CLI names it: "NAME" (version 0: the newest) or "NAME:VERSION"
+// (VERSION >= 1). The name itself is the coordinator's to check.
+struct ModelRef {
+  std::string name;
+  int64_t version = 0;
+};
+absl::StatusOr<ModelRef> ParseModelRef(const std::string& text);
+
 }  // namespace client
 }  // namespace dattn
 

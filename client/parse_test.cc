@@ -517,6 +517,24 @@ TEST(PrintableTest, EscapesWhatATerminalWouldActOn) {
   EXPECT_EQ(Printable("\xff"), "\\xff");
 }
 
+TEST(ParseTest, ModelRefs) {
+  absl::StatusOr<ModelRef> newest = ParseModelRef("kjv");
+  ASSERT_TRUE(newest.ok());
+  EXPECT_EQ(newest->name, "kjv");
+  EXPECT_EQ(newest->version, 0);
+  absl::StatusOr<ModelRef> third = ParseModelRef("kjv-small.v2:3");
+  ASSERT_TRUE(third.ok());
+  EXPECT_EQ(third->name, "kjv-small.v2");
+  EXPECT_EQ(third->version, 3);
+  for (const char* bad : {"", ":3", "kjv:", "kjv:0", "kjv:-1", "kjv:x", "kjv:1.5"}) {
+    absl::StatusOr<ModelRef> r = ParseModelRef(bad);
+    EXPECT_TRUE(absl::IsInvalidArgument(r.status())) << bad;
+    EXPECT_THAT(std::string(r.status().message()),
+                ::testing::HasSubstr(absl::StrCat("\"", bad, "\"")))
+        << bad;
+  }
+}
+
 // Table cells cannot break rows or carry control sequences.
 TEST(PrintableTest, TableCellsArePrintable) {
   Table table({"NAME", "STATE"});

@@ -2,13 +2,16 @@
 
 #include <sys/stat.h>
 
+#include <algorithm>
 #include <cmath>
 #include <set>
 #include <utility>
 
+#include "absl/strings/ascii.h"
 #include "absl/strings/match.h"
 #include "absl/strings/str_cat.h"
 #include "absl/strings/str_join.h"
+#include "absl/strings/str_split.h"
 #include "model/file_io.h"
 #include "nlohmann/json.hpp"
 
@@ -85,6 +88,9 @@ absl::StatusOr<ModelFolder> ModelFolder::Open(const std::string& dir, bool verif
   }
   folder.form_ = Form::kImported;
   if (absl::Status s = folder.OpenImported(); !s.ok()) return s;
+  if (verify_checksums && KindOf(JoinPath(dir, kChecksumsFile)) != Kind::kMissing) {
+    if (absl::Status s = folder.VerifyChecksums(); !s.ok()) return s;
+  }
   return folder;
 }
 
@@ -189,6 +195,71 @@ absl::Status ModelFolder::OpenImported() {
     }
   }
   return absl::OkStatus();
+}
+
+absl::Status ModelFolder::VerifyChecksums() {
+  const std::string path = JoinPath(dir_, kChecksumsFile);
+  absl::StatusOr<std::string> text = ReadSmallFile(path, kMaxJsonFile);
+  if (!text.ok()) return absl::DataLossError(text.status().message());
+  std::map<std::string, std::string> digest_of;  // File name -> hex digest.
+  int line_number = 0;
+  for (absl::string_view line : absl::StrSplit(*text, '\n')) {
+    ++line_number;
+    if (line.empty()) continue;
+    // "<64 hex>  <name>" or "<64 hex> *<name>" (sha256sum's binary-mode marker).
+    const bool hex =
+        line.size() > 66 && std::all_of(line.begin(), line.begin() + 64, [](char c) {
+          return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f') || (c >= 'A' && c <= 'F');
+        });
+    if (!hex || line[64] != ' ' || (line[65] != ' ' && line[65] != '*')) {
+      return absl::DataLossError(
+          absl::StrCat(path, ": line ", line_number, " is not \"<64 hex digits>  <file name>\""));
+    }
+    const std::string name(line.substr(66));
+    if (name.empty() || name == "." || name == ".." || name.find('/') != std::string::npos) {
+      return absl::DataLossError(absl::StrCat(path, ": line ", line_number, " names ",
+                                              Json(name).dump(), ", not a file of its folder"));
+    }
+    if (!digest_of.emplace(name, absl::AsciiStrToLower(line.substr(0, 64))).second) {
+      return absl::DataLossError(absl::StrCat(path, ": ", name, " is listed twice"));
+    }
+  }
+  for (const std::string& name : ModelFiles()) {
+    if (!digest_of.count(name)) {
+      return absl::DataLossError(absl::StrCat(path, " does not list ", name,
+                                              ", a file of the model: a model with checksums is "
+                                              "checked whole"));
+    }
+  }
+  for (const auto& [name, digest] : digest_of) {
+    const std::string file = JoinPath(dir_, name);
+    absl::StatusOr<std::string> actual = Sha256FileHex(file);
+    if (!actual.ok()) {
+      return absl::DataLossError(absl::StrCat(
+          path, " lists ", name, ", which cannot be read: ", actual.status().message()));
+    }
+    if (*actual != digest) {
+      return absl::DataLossError(absl::StrCat(file, " has SHA-256 ", *actual, ", ", kChecksumsFile,
+                                              " says ", digest, ": the file changed"));
+    }
+  }
+  checksums_verified_ = true;
+  return absl::OkStatus();
+}
+
+std::vector<std::string> ModelFolder::ModelFiles() const {
+  std::vector<std::string> files = {kConfigFile};
+  if (form_ == Form::kImported) {
+    if (absl::EndsWith(weights_source_, ".json")) files.push_back(weights_source_);
+  } else if (KindOf(JoinPath(dir_, kWeightsIndexFile)) != Kind::kMissing) {
+    files.push_back(kWeightsIndexFile);
+  }
+  for (const SafetensorsFile& f : weights_) {
+    const std::string& name = f.name();
+    const size_t slash = name.find_last_of('/');
+    files.push_back(slash == std::string::npos ? name : name.substr(slash + 1));
+  }
+  return files;
 }
 
 std::string ModelFolder::Describe() const {

@@ -22,6 +22,14 @@
 // and names only plain file names in the folder), the tensors against the layout (CheckWeights),
 // and, on ReadWeights, that every value is finite.
 //
+// Checksums: an imported model may carry SHA256SUMS, lines of "<64 hex digits>  <file name>" (the
+// format of coreutils' sha256sum, so `sha256sum -c SHA256SUMS` checks the folder as well). When it
+// is present, Open with verify_checksums reads every file it lists and compares, and requires
+// config.json, the index and every weights file to be listed: a model with checksums is checked
+// whole. The coordinator's model registry (server/model_registry.h) writes one into every version
+// it keeps, and its workers open with verify_checksums, so a registered model that changed on disk
+// is refused at load, naming the file.
+//
 // Errors, each naming the folder or file and what is wrong:
 //   NOT_FOUND            the folder does not exist.
 //   FAILED_PRECONDITION  a folder of neither form (no MANIFEST.json and no config.json; a folder
@@ -31,7 +39,10 @@
 //                        are not finite.
 //   DATA_LOSS            a damaged file: a checkpoint as Checkpoint::Open says; an import's
 //                        safetensors file that does not parse, an index that is not JSON or does
-//                        not match the files, a file the index names missing.
+//                        not match the files, a file the index names missing; with
+//                        verify_checksums, a SHA256SUMS line that does not parse, a file whose
+//                        digest differs from its line, a listed file missing, a model file not
+//                        listed.
 //   INVALID_ARGUMENT     an index naming a file outside the folder (a path, "..") or not a
 //                        .safetensors file; a span of the wrong length.
 //
@@ -59,6 +70,7 @@ namespace model {
 
 inline constexpr char kImportedWeightsFile[] = "model.safetensors";
 inline constexpr char kImportedIndexFile[] = "model.safetensors.index.json";
+inline constexpr char kChecksumsFile[] = "SHA256SUMS";
 // An index may name at most this many files.
 inline constexpr int kMaxImportedWeightsFiles = 4096;
 
@@ -77,6 +89,12 @@ class ModelFolder {
   int64_t step() const { return step_; }
   // The weights files, in the order of their names (an index's files sorted by name).
   const std::vector<SafetensorsFile>& weights_files() const { return weights_; }
+  // The files the model is made of, as names in dir(): config.json, the weights index if there
+  // is one, then the weights files. A checkpoint's optimizer and trainer state are not among them:
+  // these files alone, copied into another folder, are the same model in the imported form.
+  std::vector<std::string> ModelFiles() const;
+  // An imported model whose SHA256SUMS Open verified (verify_checksums and the file present).
+  bool checksums_verified() const { return checksums_verified_; }
   // "checkpoint of step 300", "imported model (model.safetensors, BF16)", "imported model (4 files
   // of model.safetensors.index.json, BF16 and F32)".
   std::string Describe() const;
@@ -91,12 +109,14 @@ class ModelFolder {
  private:
   ModelFolder() = default;
   absl::Status OpenImported();
+  absl::Status VerifyChecksums();
 
   Form form_ = Form::kImported;
   std::string dir_;
   std::string config_;
   int64_t step_ = 0;
   std::string weights_source_;  // The single file's or the index's name (imported).
+  bool checksums_verified_ = false;
   std::shared_ptr<const Checkpoint> checkpoint_;  // The checkpoint form's.
   std::vector<SafetensorsFile> weights_;
   std::map<std::string, int> holder_;  // Tensor name -> position in weights_.

@@ -111,6 +111,24 @@ absl::Status Access::ScopeSubmit(const security::Principal& caller, v1::JobSpec*
       " submits for tenant \"", caller.tenant, "\" (leave spec.tenant empty)"));
 }
 
+absl::Status Access::ScopeTenant(const security::Principal& caller, const char* field,
+                                 std::string* tenant, bool* foreign) {
+  *foreign = false;
+  if (caller.tenant.empty()) return absl::OkStatus();  // --insecure: the request says.
+  if (tenant->empty()) {
+    *tenant = caller.tenant;
+    return absl::OkStatus();
+  }
+  if (*tenant == caller.tenant) return absl::OkStatus();
+  if (caller.role == security::Role::kAdmin) {
+    *foreign = true;
+    return absl::OkStatus();
+  }
+  return absl::PermissionDeniedError(absl::StrCat(
+      field, " \"", tenant->substr(0, 64), "\" is not yours: the token of ", caller.name,
+      " acts for tenant \"", caller.tenant, "\" (leave ", field, " empty)"));
+}
+
 namespace {
 
 // "ipv4:10.0.0.7:53211" / "ipv6:[::1]:53211" -> the address without the port.

@@ -76,6 +76,11 @@ class Access {
   // Sets a submitted spec's tenant to the caller's. PERMISSION_DENIED when a user's spec names
   // another tenant.
   static absl::Status ScopeSubmit(const security::Principal& caller, v1::JobSpec* spec);
+  // The same rule for a request's own tenant field (the model registry's calls): empty becomes the
+  // caller's tenant; a user naming another tenant is PERMISSION_DENIED naming `field`. Sets
+  // *foreign when an admin acts on another tenant (an act to audit).
+  static absl::Status ScopeTenant(const security::Principal& caller, const char* field,
+                                  std::string* tenant, bool* foreign);
   // Whether gRPC's `peer` ("ipv4:127.0.0.1:5000", "ipv6:[::1]:5000", "unix:/run/d.sock") is on
   // this host: a loopback address or a Unix socket. Calls that name this host's shared memory
   // (AttendStart.shared_memory) are taken only from such peers.

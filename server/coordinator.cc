@@ -103,6 +103,11 @@ absl::Status Coordinator::Start() {
   outputs_ = *std::move(outputs);
   recorder_.Attach(store_.get(), outputs_.get());
   reader_.Attach(store_.get(), outputs_.get());
+  absl::StatusOr<std::unique_ptr<ModelRegistry>> registry =
+      ModelRegistry::Open(o.model_dir.empty() ? o.data_dir + "/models" : o.model_dir);
+  if (!registry.ok()) return registry.status();
+  registry_ = *std::move(registry);
+  for (const std::string& problem : registry_->problems()) Log(problem);
 
   for (const WorkKind* kind : kinds_.All()) {
     absl::StatusOr<std::map<v1::JobState, int64_t>> counts = store_->CountByState(kind->name());
@@ -388,6 +393,8 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
         "attention on your own tensors is an Attend call");
   }
   if (request.spec().has_deployment()) {
+    // A version being deployed is not removed meanwhile (DeleteModel takes this for writing).
+    absl::ReaderMutexLock models(&model_use_mu_);
     v1::SubmitJobRequest resolved = request;
     std::string new_pin;
     if (absl::Status s =
@@ -482,6 +489,28 @@ absl::Status Coordinator::ResolveDeployment(const std::string& idempotency_key, 
                      "got ",
                      d->training_job_step()));
   }
+  if (d->model_version() != 0 && d->model().empty()) {
+    return absl::InvalidArgumentError(
+        "spec.deployment.model_version: only with model (a version of a registered model)");
+  }
+  if (!d->model().empty()) {
+    if (!d->checkpoint().empty() || !d->training_job_id().empty()) {
+      return absl::InvalidArgumentError(
+          "spec.deployment: give one of model, checkpoint and training_job_id");
+    }
+    if (d->model_version() < 0) {
+      return absl::InvalidArgumentError(absl::StrCat(
+          "spec.deployment.model_version: must be >= 1 (0: the newest), got ", d->model_version()));
+    }
+    absl::StatusOr<v1::RegisteredModel> m =
+        registry_->Get(spec->tenant(), d->model(), d->model_version());
+    if (!m.ok()) {
+      return absl::Status(m.status().code(),
+                          absl::StrCat("spec.deployment.model: ", m.status().message()));
+    }
+    d->set_checkpoint(m->folder());
+    d->set_model_version(m->version());
+  }
   if (!d->training_job_id().empty()) {
     if (!d->checkpoint().empty()) {
       return absl::InvalidArgumentError(
@@ -573,6 +602,129 @@ absl::Status Coordinator::ResolveDeployment(const std::string& idempotency_key, 
   }
   d->set_model_config_json(folder->model_config_json());
   return absl::OkStatus();
+}
+
+// -------------------------------------------------------------------------------------------------
+// The model registry.
+
+absl::StatusOr<v1::RegisteredModel> Coordinator::ImportModel(
+    const v1::ImportModelRequest& request, const std::function<bool()>& cancelled) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckPhaseLocked(/*submit=*/true); !s.ok()) return s;
+  }
+  if (!request.path().empty() && !request.training_job_id().empty()) {
+    return absl::InvalidArgumentError("give path or training_job_id, not both");
+  }
+  if (request.training_job_step() != 0 && request.training_job_id().empty()) {
+    return absl::InvalidArgumentError(
+        "training_job_step: only with training_job_id (a step of its checkpoints)");
+  }
+  if (request.training_job_step() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training_job_step: must be >= 1 (0: the final checkpoint), got ",
+                     request.training_job_step()));
+  }
+  if (absl::Status s = CheckModelName(request.name()); !s.ok()) return s;
+  if (!request.path().empty()) {
+    return registry_->Import(request.tenant(), request.name(), request.path(),
+                             absl::StrCat("folder ", request.path()), "path", request.description(),
+                             cancelled);
+  }
+  if (request.training_job_id().empty()) {
+    return absl::InvalidArgumentError(
+        "path: required (a model folder the coordinator can read), or training_job_id");
+  }
+  v1::GetJobRequest get;
+  get.set_job_id(request.training_job_id());
+  get.set_max_events(1);
+  absl::StatusOr<v1::Job> job = GetJob(get);
+  if (!job.ok() ||
+      api::TenantOrDefault(job->spec().tenant()) != api::TenantOrDefault(request.tenant())) {
+    return absl::NotFoundError(absl::StrCat(
+        "training_job_id: no job ", api::Quote(request.training_job_id()), " of this tenant"));
+  }
+  std::string folder;
+  int64_t step = request.training_job_step();
+  if (step > 0) {
+    absl::StatusOr<std::string> found = TrainingJobCheckpoint(*job, step);
+    if (!found.ok()) {
+      return absl::Status(found.status().code(), absl::StrReplaceAll(found.status().message(),
+                                                                     {{"spec.deployment.", ""}}));
+    }
+    folder = *found;
+  } else if (!job->spec().has_training() || job->state() != v1::JOB_STATE_SUCCEEDED ||
+             job->result().training().final_checkpoint().empty()) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "training_job_id: job ", request.training_job_id(),
+        " is not a training job that succeeded with a final checkpoint (it is ",
+        StateName(job->state()), job->spec().has_training() ? "" : ", and not training",
+        "); give training_job_step to import one of its saved steps"));
+  } else {
+    folder = job->result().training().final_checkpoint();
+  }
+  // A step the job prunes while it is copied fails the copy (NOT_FOUND, DATA_LOSS): said so.
+  const std::string source = absl::StrCat(
+      "training job ", job->job_id(), step > 0 ? absl::StrCat(" step ", step) : " final checkpoint",
+      " (", folder, ")");
+  absl::StatusOr<v1::RegisteredModel> imported =
+      registry_->Import(request.tenant(), request.name(), folder, source, "training_job_id",
+                        request.description(), cancelled);
+  if (!imported.ok() &&
+      (absl::IsNotFound(imported.status()) || absl::IsDataLoss(imported.status()))) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("training_job_id: ", source, " went away while it was copied (",
+                     imported.status().message(), "); import a newer step"));
+  }
+  return imported;
+}
+
+absl::StatusOr<v1::ListModelsResponse> Coordinator::ListModels(
+    const v1::ListModelsRequest& request) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckPhaseLocked(/*submit=*/false); !s.ok()) return s;
+  }
+  v1::ListModelsResponse response;
+  for (v1::RegisteredModel& m : registry_->List(request.tenant(), request.name())) {
+    *response.add_models() = std::move(m);
+  }
+  return response;
+}
+
+absl::StatusOr<v1::DeleteModelResponse> Coordinator::DeleteModel(
+    const v1::DeleteModelRequest& request) {
+  {
+    absl::MutexLock lock(&mu_);
+    if (absl::Status s = CheckPhaseLocked(/*submit=*/false); !s.ok()) return s;
+  }
+  if (request.version() < 0) {
+    return absl::InvalidArgumentError(
+        absl::StrCat("version: must be >= 1 (0: every version), got ", request.version()));
+  }
+  // No deployment of the model is being submitted meanwhile (SubmitJob reads this lock).
+  absl::WriterMutexLock models(&model_use_mu_);
+  // The deployments that have not ended and serve the version's folder.
+  ListFilter active;
+  active.kind = "deployment";
+  active.tenant = api::TenantOrDefault(request.tenant());
+  active.states = {v1::JOB_STATE_QUEUED, v1::JOB_STATE_PLACED, v1::JOB_STATE_RUNNING};
+  std::map<std::string, std::vector<std::string>> users;  // folder -> job ids
+  std::string token;
+  do {
+    absl::StatusOr<ListPage> page = store_->List(active, api::kMaxPageSize, token);
+    if (!page.ok()) return page.status();
+    for (const StoredJob& stored : page->jobs) {
+      users[stored.job.spec().deployment().checkpoint()].push_back(stored.job.job_id());
+    }
+    token = page->next_page_token;
+  } while (!token.empty());
+  return registry_->Delete(
+      request.tenant(), request.name(), request.version(),
+      [&users](const v1::RegisteredModel& m) -> absl::StatusOr<std::vector<std::string>> {
+        auto it = users.find(m.folder());
+        return it == users.end() ? std::vector<std::string>{} : it->second;
+      });
 }
 
 absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(

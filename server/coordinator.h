@@ -15,11 +15,13 @@
 //   - RingRendezvous (ring_rendezvous.h): a rendezvous store per ring attempt;
 //   - WorkKinds (work_kind.h): what each kind of work means (attention_kind.h, training_kind.h,
 //     deployment_kind.h);
-//   - ResultStore (result_store.h): jobs' stored outputs.
+//   - ResultStore (result_store.h): jobs' stored outputs;
+//   - ModelRegistry (model_registry.h): registered models, each version a folder it wrote.
 // The coordinator itself validates calls, owns the lifecycle (start, recovery, drain, close) and
 // runs two threads: the scheduling loop and the monitor.
 //
-// Durability. The JobStore is the only durable state besides stored outputs. A call that changes a
+// Durability. The JobStore is the only durable state besides stored outputs and the registry's
+// model folders. A call that changes a
 // job returns OK only after the change is committed, so an acknowledged submit, cancel or report
 // survives a crash. Changes of one job are written in the order they were decided, and watchers
 // see only committed events. Everything else (workers, tasks, the queue, unpersisted progress)
@@ -118,6 +120,7 @@
 #include "server/job_runner.h"
 #include "server/job_store.h"
 #include "server/metrics.h"
+#include "server/model_registry.h"
 #include "server/requests.h"
 #include "server/result_store.h"
 #include "server/ring_rendezvous.h"
@@ -198,6 +201,16 @@ class Coordinator {
   // Deletes a finished job, its history and its output. NOT_FOUND for an unknown job;
   // FAILED_PRECONDITION for one that has not finished.
   absl::StatusOr<v1::DeleteJobResponse> DeleteJob(const v1::DeleteJobRequest& request);
+
+  // The model registry (job_service.proto; model_registry.h). Tenants are as the request names
+  // them (the gRPC edge scopes a user to its own). ImportModel copies a folder or a training job's
+  // checkpoint (its final one, or training_job_step's) as the next version of `name`; DeleteModel
+  // refuses a version that a deployment not yet ended serves (FAILED_PRECONDITION naming them).
+  // `cancelled` (the caller went away) ends an import's copy CANCELLED.
+  absl::StatusOr<v1::RegisteredModel> ImportModel(const v1::ImportModelRequest& request,
+                                                  const std::function<bool()>& cancelled = nullptr);
+  absl::StatusOr<v1::ListModelsResponse> ListModels(const v1::ListModelsRequest& request);
+  absl::StatusOr<v1::DeleteModelResponse> DeleteModel(const v1::DeleteModelRequest& request);
   // Attention on the caller's tensors (job_service.proto, Attend; attend_relay.h): `first` is the
   // call's first message (start; its tenant already set by the edge), `next` reads the chunks,
   // `emit` sends the answer (accepted, output chunks, done). Submits a streamed attention job
@@ -369,6 +382,11 @@ class Coordinator {
   // Set by Start() before the phase leaves kNew; thread-safe themselves.
   std::unique_ptr<JobStore> store_;
   std::unique_ptr<ResultStore> outputs_;
+  std::unique_ptr<ModelRegistry> registry_;
+  // Held for reading while a deployment is resolved and submitted, for writing while DeleteModel
+  // checks a version's users and removes it: a version is never removed under a submit that
+  // resolved to it. Taken before mu_ (never while holding it).
+  absl::Mutex model_use_mu_;
   AttendRelay relay_;        // Attend calls' sessions; thread-safe itself.
   DeploymentRouter router_;  // Deployments' Serve streams and their calls; thread-safe itself.
 

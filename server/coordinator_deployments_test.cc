@@ -455,6 +455,171 @@ TEST_F(CoordinatorTest, ADeploymentServesAnySavedStepOfATrainingJob) {
   EXPECT_FALSE(d8.checkpoint_pinned());
 }
 
+// The model registry: an imported folder and a training job's saved step become versions 1 and 2
+// of a name; a deployment names the model (the newest version, or one given), resolved at submit to
+// the version's folder; a served version cannot be removed until its deployment ends, and then it
+// can; bad names, versions and sources are refused naming the field; another tenant's models are
+// not seen. The registry outlives a restart.
+TEST_F(CoordinatorTest, ADeploymentServesARegisteredModelByName) {
+  const std::string root = NewDataDir();
+  std::vector<float> weights;
+  ASSERT_TRUE(
+      model::testing::SaveTestCheckpoint(root + "/ckpt", TinyConfig(), 1, 2, 0.0f, &weights).ok());
+  const std::string imported = root + "/imported";
+  ASSERT_TRUE(
+      model::testing::SaveTestImport(imported, TinyConfig(), weights, model::SafeDtype::kBF16)
+          .ok());
+  v1::ImportModelRequest import;
+  import.set_name("tiny");
+  import.set_path(imported);
+  import.set_description("bf16 copy");
+  absl::StatusOr<v1::RegisteredModel> first = coordinator_->ImportModel(import);
+  ASSERT_TRUE(first.ok()) << first.status();
+  EXPECT_EQ(first->version(), 1);
+  EXPECT_EQ(first->source(), "folder " + imported);
+  EXPECT_EQ(first->folder(), options_.data_dir + "/models/default/tiny/1");
+
+  // A training job's saved step.
+  v1::SubmitJobRequest train;
+  train.set_idempotency_key("train");
+  v1::TrainingJobSpec* training = train.mutable_spec()->mutable_training();
+  training->set_config_json(R"({
+    "model": {"vocab_size": 256, "d_model": 8, "num_layers": 1, "num_heads": 2, "ffn_dim": 16,
+              "attention": {"segment_lengths": [4, 8], "dilation_rates": [1, 2]}},
+    "data": {"paths": ["/data/corpus.txt"]},
+    "seq_len": 16, "batch_size": 2, "steps": 100})");
+  training->set_device(v1::DEVICE_PREFERENCE_CPU);
+  training->set_checkpoint_dir(root + "/checkpoints");
+  const v1::Job job = Submit(train);
+  SaveTinyCheckpoint(root + "/checkpoints/" + job.job_id(), 4);
+  v1::ImportModelRequest from_job;
+  from_job.set_name("tiny");
+  from_job.set_training_job_id(job.job_id());
+  from_job.set_training_job_step(4);
+  absl::StatusOr<v1::RegisteredModel> second = coordinator_->ImportModel(from_job);
+  ASSERT_TRUE(second.ok()) << second.status();
+  EXPECT_EQ(second->version(), 2);
+  EXPECT_THAT(second->source(), HasSubstr("training job " + job.job_id() + " step 4 ("));
+  EXPECT_EQ(second->weights(), "weights.safetensors, F32");
+
+  // Refusals, each naming the field.
+  struct Case {
+    v1::ImportModelRequest request;
+    absl::StatusCode code;
+    std::string message;
+  };
+  std::vector<Case> cases(6);
+  cases[0].request.set_name("bad name");
+  cases[0].request.set_path(imported);
+  cases[0] = {cases[0].request, absl::StatusCode::kInvalidArgument, "name: \"bad name\""};
+  cases[1].request.set_name("tiny");
+  cases[1] = {cases[1].request, absl::StatusCode::kInvalidArgument, "path: required"};
+  cases[2].request.set_name("tiny");
+  cases[2].request.set_path(imported);
+  cases[2].request.set_training_job_id(job.job_id());
+  cases[2] = {cases[2].request, absl::StatusCode::kInvalidArgument,
+              "give path or training_job_id, not both"};
+  cases[3].request.set_name("tiny");
+  cases[3].request.set_training_job_id(job.job_id());
+  cases[3] = {cases[3].request, absl::StatusCode::kInvalidArgument,
+              "is not a training job that succeeded with a final checkpoint (it is queued)"};
+  cases[4].request.set_name("tiny");
+  cases[4].request.set_training_job_id(job.job_id());
+  cases[4].request.set_training_job_step(6);
+  cases[4] = {cases[4].request, absl::StatusCode::kInvalidArgument,
+              "training_job_step: job " + job.job_id() + " has no complete checkpoint of step 6"};
+  cases[5].request.set_name("tiny");
+  cases[5].request.set_training_job_id("J-nope");
+  cases[5] = {cases[5].request, absl::StatusCode::kNotFound,
+              "training_job_id: no job \"J-nope\" of this tenant"};
+  for (const Case& c : cases) {
+    absl::StatusOr<v1::RegisteredModel> r = coordinator_->ImportModel(c.request);
+    EXPECT_EQ(r.status().code(), c.code) << r.status();
+    EXPECT_THAT(std::string(r.status().message()), HasSubstr(c.message));
+  }
+
+  // Deploy by name: the newest version, or the one named.
+  v1::SubmitJobRequest by_name;
+  by_name.set_idempotency_key("by-name");
+  by_name.mutable_spec()->mutable_deployment()->set_model("tiny");
+  const v1::Job newest = Submit(by_name);
+  EXPECT_EQ(newest.spec().deployment().model_version(), 2);
+  EXPECT_EQ(newest.spec().deployment().checkpoint(), second->folder());
+  EXPECT_EQ(newest.spec().deployment().model_config_json(), model::ConfigToJson(TinyConfig()));
+  v1::SubmitJobRequest pinned = by_name;
+  pinned.set_idempotency_key("v1");
+  pinned.mutable_spec()->mutable_deployment()->set_model_version(1);
+  const v1::Job old = Submit(pinned);
+  EXPECT_EQ(old.spec().deployment().checkpoint(), first->folder());
+  EXPECT_EQ(old.spec().deployment().model_version(), 1);
+  struct Bad {
+    std::string model;
+    int64_t version;
+    std::string checkpoint;
+    absl::StatusCode code;
+    std::string message;
+  };
+  for (const Bad& b : std::vector<Bad>{
+           {"tiny", 3, "", absl::StatusCode::kNotFound,
+            "spec.deployment.model: model tiny has no version 3 (its versions: 1, 2)"},
+           {"other", 0, "", absl::StatusCode::kNotFound,
+            "spec.deployment.model: no model named \"other\" in the registry of tenant default"},
+           {"tiny", -1, "", absl::StatusCode::kInvalidArgument,
+            "spec.deployment.model_version: must be >= 1"},
+           {"", 2, imported, absl::StatusCode::kInvalidArgument,
+            "spec.deployment.model_version: only with model"},
+           {"tiny", 0, imported, absl::StatusCode::kInvalidArgument,
+            "give one of model, checkpoint and training_job_id"}}) {
+    v1::SubmitJobRequest r;
+    r.set_idempotency_key("bad-" + b.model + absl::StrCat(b.version));
+    r.mutable_spec()->mutable_deployment()->set_model(b.model);
+    r.mutable_spec()->mutable_deployment()->set_model_version(b.version);
+    r.mutable_spec()->mutable_deployment()->set_checkpoint(b.checkpoint);
+    absl::StatusOr<v1::SubmitJobResponse> refused = coordinator_->SubmitJob(r);
+    EXPECT_EQ(refused.status().code(), b.code) << refused.status();
+    EXPECT_THAT(std::string(refused.status().message()), HasSubstr(b.message));
+  }
+  // Another tenant sees none of it.
+  v1::ListModelsRequest other_tenant;
+  other_tenant.set_tenant("acme");
+  absl::StatusOr<v1::ListModelsResponse> none = coordinator_->ListModels(other_tenant);
+  ASSERT_TRUE(none.ok());
+  EXPECT_EQ(none->models_size(), 0);
+  v1::SubmitJobRequest foreign = by_name;
+  foreign.set_idempotency_key("foreign");
+  foreign.mutable_spec()->set_tenant("acme");
+  EXPECT_TRUE(absl::IsNotFound(coordinator_->SubmitJob(foreign).status()));
+
+  // Served versions stay until their deployments end.
+  v1::DeleteModelRequest remove;
+  remove.set_name("tiny");
+  absl::StatusOr<v1::DeleteModelResponse> busy = coordinator_->DeleteModel(remove);
+  ASSERT_TRUE(absl::IsFailedPrecondition(busy.status())) << busy.status();
+  EXPECT_THAT(std::string(busy.status().message()),
+              HasSubstr("model tiny is served: version 1 by " + old.job_id() + "; version 2 by " +
+                        newest.job_id()));
+  ASSERT_TRUE(Cancel(old.job_id()).ok());
+  ASSERT_TRUE(WaitState(old.job_id(), v1::JOB_STATE_CANCELLED));
+  remove.set_version(1);
+  absl::StatusOr<v1::DeleteModelResponse> removed = coordinator_->DeleteModel(remove);
+  ASSERT_TRUE(removed.ok()) << removed.status();
+  EXPECT_THAT(removed->versions(), ::testing::ElementsAre(1));
+  EXPECT_FALSE(std::filesystem::exists(first->folder()));
+
+  // A restart keeps version 2 and its number sequence.
+  Restart();
+  v1::ListModelsRequest list;
+  absl::StatusOr<v1::ListModelsResponse> listed = coordinator_->ListModels(list);
+  ASSERT_TRUE(listed.ok());
+  ASSERT_EQ(listed->models_size(), 1);
+  EXPECT_EQ(listed->models(0).version(), 2);
+  EXPECT_EQ(listed->models(0).description(), "");
+  import.set_description("");
+  absl::StatusOr<v1::RegisteredModel> third = coordinator_->ImportModel(import);
+  ASSERT_TRUE(third.ok()) << third.status();
+  EXPECT_EQ(third->version(), 3);
+}
+
 // --tenant-max-deployments: a tenant's deployments queued or serving; a retry of an accepted one is
 // answered whatever the quota says, another tenant has its own, an undeployed one makes room, and
 // other jobs do not count.

@@ -18,6 +18,10 @@ struct CoordinatorOptions {
   // Folder of the durable state (created 0700 if missing): the job store `data_dir`/jobs.db and
   // stored outputs in `data_dir`/outputs.
   std::string data_dir = "./dattn-data";
+  // Folder of the model registry (model_registry.h): the copies JobService.ImportModel makes, which
+  // the workers load at the same path (on several hosts, a shared file system). Empty:
+  // `data_dir`/models.
+  std::string model_dir;
   JobStoreOptions store;
   // The clock every age, interval and deadline is read from; not owned; nullptr: the real clock.
   const Clock* clock = nullptr;

@@ -48,7 +48,9 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> DeploymentKind::Analyze(
   const v1::DeploymentSpec& d = spec.deployment();
   const std::string at = path + ".deployment";
   if (d.checkpoint().empty()) {
-    return Invalid(at + ".checkpoint", "required (or training_job_id: its final checkpoint)");
+    return Invalid(at + ".checkpoint",
+                   "required (or model: a registered model; or training_job_id: its final "
+                   "checkpoint)");
   }
   if (d.model_config_json().empty()) {
     return Invalid(at + ".model_config_json",

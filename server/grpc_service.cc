@@ -51,6 +51,9 @@ constexpr char kDeleteJob[] = "/dattn.v1.JobService/DeleteJob";
 constexpr char kAttend[] = "/dattn.v1.JobService/Attend";
 constexpr char kGenerate[] = "/dattn.v1.JobService/Generate";
 constexpr char kScore[] = "/dattn.v1.JobService/Score";
+constexpr char kImportModel[] = "/dattn.v1.JobService/ImportModel";
+constexpr char kListModels[] = "/dattn.v1.JobService/ListModels";
+constexpr char kDeleteModel[] = "/dattn.v1.JobService/DeleteModel";
 constexpr char kServe[] = "/dattn.v1.WorkerRegistry/Serve";
 constexpr char kRegisterWorker[] = "/dattn.v1.WorkerRegistry/RegisterWorker";
 constexpr char kHeartbeat[] = "/dattn.v1.WorkerRegistry/Heartbeat";
@@ -62,10 +65,10 @@ constexpr char kListWorkers[] = "/dattn.v1.AdminService/ListWorkers";
 constexpr char kDrainWorker[] = "/dattn.v1.AdminService/DrainWorker";
 constexpr char kUndrainWorker[] = "/dattn.v1.AdminService/UndrainWorker";
 constexpr const char* kMethods[] = {
-    kSubmitJob,         kGetJob,        kListJobs,     kCancelJob,      kWatchJob,
-    kReadOutput,        kDeleteJob,     kAttend,       kRegisterWorker, kHeartbeat,
-    kStreamAssignments, kReportTask,    kUploadOutput, kReadInput,      kListWorkers,
-    kDrainWorker,       kUndrainWorker, kGenerate,     kScore,          kServe};
+    kSubmitJob,    kGetJob,    kListJobs,       kCancelJob,   kWatchJob,          kReadOutput,
+    kDeleteJob,    kAttend,    kRegisterWorker, kHeartbeat,   kStreamAssignments, kReportTask,
+    kUploadOutput, kReadInput, kListWorkers,    kDrainWorker, kUndrainWorker,     kGenerate,
+    kScore,        kServe,     kImportModel,    kListModels,  kDeleteModel};
 
 constexpr const char* kServiceNames[] = {"", "dattn.v1.JobService", "dattn.v1.WorkerRegistry",
                                          "dattn.v1.AdminService", "inference.GRPCInferenceService"};
@@ -237,7 +240,54 @@ class JobServiceImpl final : public v1::JobService::Service {
     });
   }
 
+  grpc::Status ImportModel(grpc::ServerContext* context, const v1::ImportModelRequest* request,
+                           v1::RegisteredModel* response) override {
+    return calls_.Run(kImportModel, [&] {
+      v1::ImportModelRequest scoped = *request;
+      return OnTenant(*context, kImportModel, scoped.mutable_tenant(), scoped.name(), [&] {
+        return Assign(core_->ImportModel(scoped, [context] { return context->IsCancelled(); }),
+                      response);
+      });
+    });
+  }
+  grpc::Status ListModels(grpc::ServerContext* context, const v1::ListModelsRequest* request,
+                          v1::ListModelsResponse* response) override {
+    return calls_.Run(kListModels, [&] {
+      v1::ListModelsRequest scoped = *request;
+      return OnTenant(*context, nullptr, scoped.mutable_tenant(), scoped.name(),
+                      [&] { return Assign(core_->ListModels(scoped), response); });
+    });
+  }
+  grpc::Status DeleteModel(grpc::ServerContext* context, const v1::DeleteModelRequest* request,
+                           v1::DeleteModelResponse* response) override {
+    return calls_.Run(kDeleteModel, [&] {
+      v1::DeleteModelRequest scoped = *request;
+      return OnTenant(*context, kDeleteModel, scoped.mutable_tenant(), scoped.name(),
+                      [&] { return Assign(core_->DeleteModel(scoped), response); });
+    });
+  }
+
  private:
+  // Authenticates the caller of a registry call and scopes `tenant` to it (Access::ScopeTenant),
+  // then runs `call`; an admin's act (`audited_method` not null) on another tenant's model is
+  // audited.
+  template <typename Fn>
+  absl::Status OnTenant(const grpc::ServerContext& context, const char* audited_method,
+                        std::string* tenant, const std::string& name, Fn&& call) {
+    absl::StatusOr<security::Principal> caller = access_->Caller(context);
+    if (!caller.ok()) return caller.status();
+    bool foreign = false;
+    if (absl::Status s = Access::ScopeTenant(*caller, "tenant", tenant, &foreign); !s.ok()) {
+      return s;
+    }
+    absl::Status done = call();
+    if (foreign && audited_method != nullptr) {
+      access_->Audit(*caller, context, audited_method, absl::StrCat("model ", *tenant, "/", name),
+                     done);
+    }
+    return done;
+  }
+
   // What OnJob's call is: an act audited when an admin does it to another tenant's job, or a
   // stream that takes one of the caller's stream slots while it is open.
   enum CallKind { kAudited, kStream };

@@ -99,6 +99,10 @@ int main(int argc, char** argv) {
       ->capture_default_str();
   app.add_option("--data-dir", data_dir, "folder of the job store (jobs.db); created if missing")
       ->capture_default_str();
+  std::string model_dir;
+  app.add_option("--model-dir", model_dir,
+                 "folder of the model registry (`dattn models import`); workers load from it at "
+                 "the same path (default: DATA_DIR/models)");
   app.add_option("--dead-after-ms", dead_after_ms,
                  "a worker silent this long is dead and its jobs are recovered")
       ->check(CLI::Range(int64_t{1}, int64_t{24} * 3600 * 1000))
@@ -244,6 +248,7 @@ int main(int argc, char** argv) {
 
   CoordinatorOptions options;
   options.data_dir = data_dir;
+  options.model_dir = model_dir;
   options.dead_after = absl::Milliseconds(dead_after_ms);
   options.heartbeat_interval = absl::Milliseconds(heartbeat_ms);
   options.max_attempts = max_attempts;

@@ -494,25 +494,29 @@ class Client:
 
     # ---- Deployments (docs/SERVING.md) ------------------------------------------------------------
 
-    def deploy(self, checkpoint=None, *, training_job_id=None, step=0, max_context=0, max_batch=0,
-               max_queued=0, ranks=0, device="any", name="", priority=0, wait=None,
-               idempotency_key=None):
+    def deploy(self, checkpoint=None, *, model=None, version=0, training_job_id=None, step=0,
+               max_context=0, max_batch=0, max_queued=0, ranks=0, device="any", name="",
+               priority=0, wait=None, idempotency_key=None):
         """Submits a deployment of a checkpoint step folder or an imported model's folder
-        (config.json and safetensors weights; docs/SERVING.md), or of a succeeded training job's
-        final checkpoint, or with `step` of any saved step of a training job, and returns its Job.
+        (config.json and safetensors weights; docs/SERVING.md), or of a registered `model` (its
+        newest version, or `version`; import_model), or of a succeeded training job's final
+        checkpoint, or with `step` of any saved step of a training job, and returns its Job.
         With `ranks` > 1 it runs on that many workers as one ring, each keeping 1/ranks of every
         sequence's cache. `device`: "any" (a GPU worker when one has room), "cpu" (fp32) or
         "gpu" (bf16, one GPU); the job's progress.deployment.device says what serves it.
         With `wait` (seconds), follows it until it serves and returns the Job then; raises
         DattnError if it ends first or the wait runs out."""
-        if (checkpoint is None) == (training_job_id is None):
-            raise ValueError("checkpoint or training_job_id: give one of them")
+        if (checkpoint is not None) + (model is not None) + (training_job_id is not None) != 1:
+            raise ValueError("checkpoint, model or training_job_id: give one of them")
+        if version and model is None:
+            raise ValueError("version: only with model (a version of a registered model)")
         if step and training_job_id is None:
             raise ValueError("step: only with training_job_id (a step of its checkpoints)")
         if device not in _DEVICES:
             raise ValueError(f"device: {device!r} is not one of {sorted(_DEVICES)}")
         spec = job_pb2.JobSpec(name=name, priority=priority, deployment=job_pb2.DeploymentSpec(
-            checkpoint=checkpoint or "", training_job_id=training_job_id or "",
+            checkpoint=checkpoint or "", model=model or "", model_version=version,
+            training_job_id=training_job_id or "",
             training_job_step=step, max_context=max_context, max_batch=max_batch,
             max_queued=max_queued, ranks=ranks, device=_DEVICES[device]))
         job = self.submit(spec, idempotency_key)
@@ -534,6 +538,40 @@ class Client:
                     f"deployment {job.job_id} is not serving after {wait} s "
                     f"({job_pb2.JobState.Name(job.state)}: {job.state_reason})", "deploy")
             time.sleep(0.2)
+
+    # ---- The model registry (docs/SERVING.md "The model registry") ----------------------------
+
+    def import_model(self, name, path=None, *, training_job_id=None, step=0, description="",
+                     timeout=3600):
+        """Copies a model into the coordinator's registry as the next version of `name` and
+        returns its RegisteredModel (version, folder, parameters, weights, bytes): a folder the
+        coordinator reads (`path`: a checkpoint step or an imported model), or a training job's
+        final checkpoint (`training_job_id`), or with `step` one of its saved steps. The copy may
+        take a while: `timeout` seconds (default an hour); giving up cancels it."""
+        if (path is None) == (training_job_id is None):
+            raise ValueError("path or training_job_id: give one of them")
+        if step and training_job_id is None:
+            raise ValueError("step: only with training_job_id (a step of its checkpoints)")
+        request = job_service_pb2.ImportModelRequest(
+            name=name, path=path or "", training_job_id=training_job_id or "",
+            training_job_step=step, description=description)
+        try:
+            return self._jobs.ImportModel(request, metadata=self._metadata, timeout=timeout)
+        except grpc.RpcError as e:
+            raise errors.from_rpc_error(e, f"import model {name}") from None
+
+    def list_models(self, name=""):
+        """The registered models' versions (RegisteredModel), of `name` only when given, by name
+        then version."""
+        request = job_service_pb2.ListModelsRequest(name=name)
+        return list(self._call(self._jobs.ListModels, request, "list models").models)
+
+    def delete_model(self, name, version=0):
+        """Removes `version` of a registered model, or every version (0); returns the
+        DeleteModelResponse (versions, bytes_freed). FailedPrecondition while a deployment that
+        has not ended serves it."""
+        request = job_service_pb2.DeleteModelRequest(name=name, version=version)
+        return self._call(self._jobs.DeleteModel, request, f"delete model {name}")
 
     def generate(self, deployment_id, prompt, *, max_tokens=16, temperature=0.0, top_k=0,
                  top_p=1.0, seed=0, stop=(), priority=0, timeout=None):

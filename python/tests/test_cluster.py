@@ -306,10 +306,42 @@ class ClusterTest(unittest.TestCase):
                 list(self.client.generate("j-0000000000000000", "x"))
             with self.assertRaises(ValueError):
                 self.client.deploy()
+            with self.assertRaises(ValueError):
+                self.client.deploy(checkpoint, model="tiny")
         finally:
             self.client.cancel(job.job_id)
             self.assertEqual(self.client.wait(job.job_id, timeout=60).state,
                              job_pb2.JOB_STATE_CANCELLED)
+
+        # The registry: the same checkpoint imported, deployed by name on a real worker (which
+        # verifies the copy's checksums as it loads), generates the same tokens.
+        registered = self.client.import_model("tiny", checkpoint, description="3 steps")
+        self.assertEqual(registered.version, 1)
+        self.assertEqual(registered.weights, "weights.safetensors, F32")
+        self.assertTrue(os.path.exists(os.path.join(registered.folder, "SHA256SUMS")))
+        self.assertFalse(os.path.exists(os.path.join(registered.folder, "optimizer.safetensors")))
+        self.assertEqual([m.version for m in self.client.list_models("tiny")], [1])
+        with self.assertRaises(dattn_client.InvalidArgument) as e:
+            self.client.import_model("no/slash", checkpoint)
+        self.assertIn("name:", str(e.exception))
+        by_name = self.client.deploy(model="tiny", max_context=128, device="cpu", wait=60)
+        try:
+            self.assertEqual(by_name.spec.deployment.model_version, 1)
+            self.assertEqual(by_name.spec.deployment.checkpoint, registered.folder)
+            self.assertEqual([t.token for t in self.client.generate(by_name.job_id, "In the",
+                                                                    max_tokens=20)], tokens)
+            with self.assertRaises(dattn_client.FailedPrecondition) as e:
+                self.client.delete_model("tiny")
+            self.assertIn(by_name.job_id, str(e.exception))
+        finally:
+            self.client.cancel(by_name.job_id)
+            self.assertEqual(self.client.wait(by_name.job_id, timeout=60).state,
+                             job_pb2.JOB_STATE_CANCELLED)
+        deleted = self.client.delete_model("tiny")
+        self.assertEqual(list(deleted.versions), [1])
+        self.assertFalse(os.path.exists(registered.folder))
+        with self.assertRaises(dattn_client.NotFound):
+            self.client.deploy(model="tiny")
 
 
 class TlsTest(unittest.TestCase):

@@ -69,14 +69,21 @@ struct CudaDecoder::Buffers {
   ~Buffers() {
     ClearGraphs();
     for (void* p : {static_cast<void*>(rotary), static_cast<void*>(slots),
-                    static_cast<void*>(slot_of), static_cast<void*>(fill_jobs), step}) {
+                    static_cast<void*>(slot_of), copy_jobs, transfer, scratch, step}) {
       if (p != nullptr) cudaFree(p);
     }
   }
   RotaryConsts* rotary = nullptr;
   DecodeSlot* slots = nullptr;
   int32_t* slot_of = nullptr;  // [patterns][heads]
-  CacheFillJob* fill_jobs = nullptr;
+  // A prefill's row copies (RowCopy), its rows sent and received on a ring (bf16), and the
+  // gathers of logits and log-probabilities (fp32): grown as needed, kept.
+  void* copy_jobs = nullptr;
+  int64_t copy_jobs_bytes = 0;
+  void* transfer = nullptr;
+  int64_t transfer_bytes = 0;
+  void* scratch = nullptr;
+  int64_t scratch_bytes = 0;
   // Step's buffers for `rows` sequences, one allocation: first what each step uploads (tokens,
   // positions, cache pointers, slot rows), then the activations, the logits and the partials.
   void* step = nullptr;
@@ -87,12 +94,16 @@ struct CudaDecoder::Buffers {
   bf16_t** k_cache = nullptr;
   bf16_t** v_cache = nullptr;
   int32_t* slot_rows = nullptr;
+  int32_t* append_rows = nullptr;  // a ring's (decode_kernels.h's DecodeBatch)
+  int32_t* merge_rows = nullptr;
   bf16_t *x = nullptr, *x_next = nullptr, *ln = nullptr, *qkv = nullptr, *attn = nullptr,
          *sub = nullptr, *x_mid = nullptr, *h = nullptr, *sub2 = nullptr, *xf = nullptr;
   float* stats = nullptr;  // mean [rows], rstd [rows]
   float* logits = nullptr;
   float* partials = nullptr;
-  std::vector<char> upload;  // host image of the upload region
+  float* gathered = nullptr;   // a ring's: every rank's partials
+  int64_t partial_floats = 0;  // of one rank's partials, for `rows` sequences
+  std::vector<char> upload;    // host image of the upload region
   // A step's work for a batch of `rows` sequences, captured once as a CUDA graph (after an eager
   // run of that size has planned its GEMMs) and replayed: one launch instead of ~12 a layer.
   std::map<int64_t, cudaGraphExec_t> graphs;
@@ -105,8 +116,11 @@ struct CudaDecoder::Buffers {
   }
 };
 
-CudaDecoder::CudaDecoder(CudaLongNetLM* model, KvCacheGeometry geometry, RotaryPlan rotary)
+CudaDecoder::CudaDecoder(CudaLongNetLM* model, KvCacheGeometry geometry, RotaryPlan rotary,
+                         comm::Communicator* ring)
     : model_(model),
+      ring_(ring),
+      shards_(ring == nullptr ? 1 : ring->size()),
       geometry_(std::move(geometry)),
       rotary_(std::move(rotary)),
       spec_(model->config().attention_spec()),
@@ -118,18 +132,34 @@ CudaDecoder::~CudaDecoder() {
 }
 
 absl::StatusOr<std::unique_ptr<CudaDecoder>> CudaDecoder::Create(CudaLongNetLM* model,
-                                                                 int64_t max_context) {
+                                                                 int64_t max_context,
+                                                                 comm::Communicator* ring) {
   if (model == nullptr) return absl::InvalidArgumentError("GPU decoder: no model");
   if (max_context < 1) {
     return absl::InvalidArgumentError(
         absl::StrCat("GPU decoder: max_context ", max_context, " must be >= 1"));
   }
-  absl::StatusOr<KvCacheGeometry> geometry = KvCacheGeometry::Make(model->config(), max_context);
+  if (ring != nullptr && ring->size() == 1) ring = nullptr;  // one rank: one GPU
+  if (ring != nullptr) {
+    if (ring->device() != Device::kCuda) {
+      return absl::InvalidArgumentError(
+          absl::StrCat("GPU decoder: the ring's communicator (", ring->name(),
+                       ") is on host memory; a ring of GPUs needs an NCCL communicator"));
+    }
+    if (max_context % ring->size() != 0) {
+      return absl::InvalidArgumentError(absl::StrCat("GPU decoder: max_context ", max_context,
+                                                     " is not a multiple of the ring's ",
+                                                     ring->size(), " ranks"));
+    }
+  }
+  absl::StatusOr<KvCacheGeometry> geometry =
+      KvCacheGeometry::Make(model->config(), max_context, ring == nullptr ? 1 : ring->size(),
+                            ring == nullptr ? 0 : ring->rank());
   if (!geometry.ok()) return geometry.status();
   absl::StatusOr<RotaryPlan> rotary = RotaryPlan::Make(model->config(), max_context);
   if (!rotary.ok()) return rotary.status();
   std::unique_ptr<CudaDecoder> decoder(
-      new CudaDecoder(model, *std::move(geometry), *std::move(rotary)));
+      new CudaDecoder(model, *std::move(geometry), *std::move(rotary), ring));
   DATTN_RETURN_IF_ERROR(decoder->Init());
   return decoder;
 }
@@ -166,9 +196,6 @@ absl::Status CudaDecoder::Init() {
                                  num_slots * static_cast<int64_t>(sizeof(DecodeSlot)), "slots"));
   DATTN_RETURN_IF_ERROR(Allocate(reinterpret_cast<void**>(&b.slot_of),
                                  static_cast<int64_t>(slot_of.size() * 4), "slot table"));
-  DATTN_RETURN_IF_ERROR(Allocate(reinterpret_cast<void**>(&b.fill_jobs),
-                                 num_slots * static_cast<int64_t>(sizeof(CacheFillJob)),
-                                 "prefill jobs"));
   DECODER_CUDA(cudaMemcpyAsync(b.rotary, &rc, sizeof(rc), cudaMemcpyHostToDevice, stream));
   if (num_slots > 0) {
     DECODER_CUDA(cudaMemcpyAsync(b.slots, table.data(), table.size() * sizeof(DecodeSlot),
@@ -205,58 +232,178 @@ absl::StatusOr<CudaDecodeState> CudaDecoder::Clone(const CudaDecodeState& state)
   return copy;
 }
 
+absl::Status CudaDecoder::Sync() {
+  if (ring_ != nullptr) return ring_->Synchronize(comm::Stream{model_->stream()});
+  DECODER_CUDA(cudaStreamSynchronize(model_->stream()));
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::Reserve(void** buffer, int64_t* capacity, int64_t bytes,
+                                  const char* what) {
+  if (bytes <= *capacity) return absl::OkStatus();
+  DECODER_CUDA(cudaStreamSynchronize(model_->stream()));  // the old one may still be read
+  if (*buffer != nullptr) cudaFree(*buffer);
+  *buffer = nullptr;
+  *capacity = 0;
+  DATTN_RETURN_IF_ERROR(Allocate(buffer, bytes, what));
+  *capacity = bytes;
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::ShareFromRanks(const float* mine, int64_t count, float* all) {
+  const cudaStream_t stream = model_->stream();
+  if (ring_ == nullptr) {
+    std::copy(mine, mine + count, all);
+    return absl::OkStatus();
+  }
+  Buffers& b = *buffers_;
+  DATTN_RETURN_IF_ERROR(
+      Reserve(&b.scratch, &b.scratch_bytes, (shards_ + 1) * count * 4, "a gather's buffer"));
+  float* send = static_cast<float*>(b.scratch);
+  float* recv = send + count;
+  DECODER_CUDA(
+      cudaMemcpyAsync(send, mine, static_cast<size_t>(count) * 4, cudaMemcpyHostToDevice, stream));
+  DATTN_RETURN_IF_ERROR(ring_->AllGather(send, recv, count, DType::kFloat32, comm::Stream{stream}));
+  DECODER_CUDA(cudaMemcpyAsync(all, recv, static_cast<size_t>(shards_ * count) * 4,
+                               cudaMemcpyDeviceToHost, stream));
+  return Sync();
+}
+
 absl::Status CudaDecoder::Prefill(const int32_t* tokens, int64_t n, CudaDecodeState* state,
                                   float* logits) {
   if (logits == nullptr) {
     return absl::InvalidArgumentError("GPU decoder Prefill: no buffer for the logits");
   }
+  // The tokens are checked whole before anything runs: on a ring a rank refusing only its own
+  // shard would leave the others waiting.
   DATTN_RETURN_IF_ERROR(CheckPrefillArgs("GPU decoder", state != nullptr && state->owner_ == this,
                                          state != nullptr ? state->position_ : 0, tokens, n,
                                          geometry_.max_context(), config().vocab_size));
   DECODER_CUDA(cudaSetDevice(model_->cuda_device()));
   const LongNetConfig& c = config();
   const cudaStream_t stream = model_->stream();
-  // The rows the prompt leaves: each slot's selected positions of the prompt's last segment.
-  std::vector<CacheFillJob> jobs;
-  int64_t max_count = 0;
+  const int64_t d = c.d_model, dh = c.head_dim(), v = c.vocab_size;
+  const int me = geometry_.shard();
+  // This rank's positions [begin, begin + len) of the prompt padded to S ceil(n / S) (one GPU:
+  // [0, n)); padding is token 0 after the prompt, which changes none of its rows (causal).
+  const int64_t len = (n + shards_ - 1) / shards_, begin = me * len;
+  // The rows the prompt leaves, each slot's selected positions of the prompt's last segment, in
+  // the same order on every rank: row j of a slot is held by rank j mod S as its row j / S. Each
+  // is a copy from this rank's projection into its cache (`local`), into the block sent to the
+  // rank that holds it (`sent`), or from the block received from the rank that computed it
+  // (`got`). Destinations in the cache are offsets from layer 0's K (V: elements further on).
+  std::vector<RowCopy> local;
+  std::vector<std::vector<std::pair<int64_t, int64_t>>> sent(static_cast<size_t>(shards_));
+  std::vector<std::vector<int64_t>> got(static_cast<size_t>(shards_));
+  const int64_t v_at = state->elements_;
   for (const KvCacheGeometry::Slot& slot : geometry_.slots()) {
     const int64_t w = c.segment_lengths[static_cast<size_t>(slot.pattern)];
     const int64_t r = c.dilation_rates[static_cast<size_t>(slot.pattern)];
-    CacheFillJob job;
-    job.first_pos = (n - 1) / w * w + slot.offset;
-    job.rate = r;
-    job.count = job.first_pos < n ? (n - 1 - job.first_pos) / r + 1 : 0;
-    job.dst_row = slot.first_row;
-    job.head = slot.head;
-    if (job.count == 0) continue;
-    max_count = std::max(max_count, job.count);
-    jobs.push_back(job);
+    for (int64_t p = (n - 1) / w * w + slot.offset, row = 0; p < n; p += r, ++row) {
+      const int computer = static_cast<int>(p / len);
+      const int owner = static_cast<int>(row % shards_);
+      const int64_t cache_row = slot.first_row + row / shards_;
+      const int64_t src_k = (p - begin) * 3 * d + d + slot.head * dh;
+      if (computer == me && owner == me) {
+        local.push_back({src_k, src_k + d, cache_row * dh, v_at + cache_row * dh});
+      } else if (computer == me) {
+        sent[static_cast<size_t>(owner)].emplace_back(src_k, src_k + d);
+      } else if (owner == me) {
+        got[static_cast<size_t>(computer)].push_back(cache_row);
+      }
+    }
   }
+  // Each peer's block holds its rows as (k, v) pairs of dh values: send offsets, then receive.
+  std::vector<RowCopy> pack, unpack;
+  std::vector<int64_t> send_at(static_cast<size_t>(shards_)), recv_at(static_cast<size_t>(shards_));
+  int64_t sent_rows = 0, got_rows = 0;
+  for (int peer = 0; peer < shards_; ++peer) {
+    send_at[static_cast<size_t>(peer)] = sent_rows;
+    for (const auto& [src_k, src_v] : sent[static_cast<size_t>(peer)]) {
+      pack.push_back({src_k, src_v, sent_rows * 2 * dh, sent_rows * 2 * dh + dh});
+      ++sent_rows;
+    }
+  }
+  for (int peer = 0; peer < shards_; ++peer) {
+    recv_at[static_cast<size_t>(peer)] = got_rows;
+    for (int64_t cache_row : got[static_cast<size_t>(peer)]) {
+      unpack.push_back({(sent_rows + got_rows) * 2 * dh, (sent_rows + got_rows) * 2 * dh + dh,
+                        cache_row * dh, v_at + cache_row * dh});
+      ++got_rows;
+    }
+  }
+  Buffers& b = *buffers_;
+  std::vector<RowCopy> jobs = local;
+  jobs.insert(jobs.end(), pack.begin(), pack.end());
+  jobs.insert(jobs.end(), unpack.begin(), unpack.end());
+  DATTN_RETURN_IF_ERROR(Reserve(&b.copy_jobs, &b.copy_jobs_bytes,
+                                static_cast<int64_t>(jobs.size() * sizeof(RowCopy)),
+                                "a prefill's row copies"));
+  DATTN_RETURN_IF_ERROR(Reserve(&b.transfer, &b.transfer_bytes, (sent_rows + got_rows) * 2 * dh * 2,
+                                "a prefill's transfers"));
   if (!jobs.empty()) {
-    DECODER_CUDA(cudaMemcpyAsync(buffers_->fill_jobs, jobs.data(),
-                                 jobs.size() * sizeof(CacheFillJob), cudaMemcpyHostToDevice,
-                                 stream));
+    DECODER_CUDA(cudaMemcpyAsync(b.copy_jobs, jobs.data(), jobs.size() * sizeof(RowCopy),
+                                 cudaMemcpyHostToDevice, stream));
   }
-  const int64_t d = c.d_model, dh = c.head_dim();
+  const RowCopy* local_jobs = static_cast<const RowCopy*>(b.copy_jobs);
+  const RowCopy* pack_jobs = local_jobs + local.size();
+  const RowCopy* unpack_jobs = pack_jobs + pack.size();
+  bf16_t* transfer = static_cast<bf16_t*>(b.transfer);
   const int64_t layer_elements = geometry_.rows_per_layer() * dh;
-  bf16_t* k_cache = state->cache_;
-  bf16_t* v_cache = state->cache_ + state->elements_;
+  bf16_t* cache = state->cache_;
   model_->set_qkv_observer([&](int64_t layer, const bf16_t* qkv) -> absl::Status {
-    DECODER_CUDA(CacheFill(qkv, 3 * d, d, dh, buffers_->fill_jobs, static_cast<int>(jobs.size()),
-                           max_count, k_cache + layer * layer_elements,
-                           v_cache + layer * layer_elements, stream));
+    const int64_t shift = layer * layer_elements;
+    DECODER_CUDA(
+        CopyRows(qkv, cache, shift, local_jobs, static_cast<int64_t>(local.size()), dh, stream));
+    if (sent_rows + got_rows == 0) return absl::OkStatus();
+    DECODER_CUDA(
+        CopyRows(qkv, transfer, 0, pack_jobs, static_cast<int64_t>(pack.size()), dh, stream));
+    std::vector<comm::P2POp> ops;
+    for (int peer = 0; peer < shards_; ++peer) {
+      const auto at = static_cast<size_t>(peer);
+      if (!sent[at].empty()) {
+        ops.push_back(comm::P2POp::Send(peer, transfer + send_at[at] * 2 * dh,
+                                        static_cast<int64_t>(sent[at].size()) * 2 * dh,
+                                        DType::kBFloat16));
+      }
+      if (!got[at].empty()) {
+        ops.push_back(comm::P2POp::Recv(peer, transfer + (sent_rows + recv_at[at]) * 2 * dh,
+                                        static_cast<int64_t>(got[at].size()) * 2 * dh,
+                                        DType::kBFloat16));
+      }
+    }
+    absl::StatusOr<std::unique_ptr<comm::Work>> work = ring_->StartGroup(ops, comm::Stream{stream});
+    if (!work.ok()) return work.status();
+    DATTN_RETURN_IF_ERROR((*work)->Wait(comm::Stream{stream}));
+    DECODER_CUDA(CopyRows(transfer, cache, shift, unpack_jobs, static_cast<int64_t>(unpack.size()),
+                          dh, stream));
     return absl::OkStatus();
   });
+  std::vector<int32_t> mine(static_cast<size_t>(len), 0);
+  if (begin < n) {
+    std::copy(tokens + begin, tokens + std::min(n, begin + len), mine.begin());
+  }
   TokenBatch batch;
-  batch.tokens = tokens;
+  batch.tokens = mine.data();
   batch.batch = 1;
-  batch.seq_len = n;
+  batch.seq_len = len;
   // The prompt as the first positions of a max_context-long sequence (rotary's plan).
-  batch.positions = {0, geometry_.max_context()};
+  batch.positions = {begin, geometry_.max_context()};
   absl::StatusOr<LossResult> forward = model_->Forward(batch);
   model_->set_qkv_observer(nullptr);
   if (!forward.ok()) return forward.status();
-  DATTN_RETURN_IF_ERROR(model_->CopyLogitsToHost(logits, n - 1, 1));
+  // The logits of position n - 1, from the rank that computed it.
+  const int holder = static_cast<int>((n - 1) / len);
+  std::vector<float> row(static_cast<size_t>(v), 0.0f);
+  if (holder == me) DATTN_RETURN_IF_ERROR(model_->CopyLogitsToHost(row.data(), n - 1 - begin, 1));
+  if (ring_ == nullptr) {
+    std::copy(row.begin(), row.end(), logits);
+  } else {
+    std::vector<float> all(static_cast<size_t>(shards_ * v));
+    DATTN_RETURN_IF_ERROR(ShareFromRanks(row.data(), v, all.data()));
+    std::copy(all.begin() + holder * v, all.begin() + (holder + 1) * v, logits);
+  }
+  DATTN_RETURN_IF_ERROR(Sync());
   state->position_ = n;
   return absl::OkStatus();
 }
@@ -265,26 +412,36 @@ absl::Status CudaDecoder::Score(const int32_t* tokens, int64_t n, double* logpro
   DATTN_RETURN_IF_ERROR(CheckScoreArgs("GPU decoder", tokens, n, logprobs, geometry_.max_context(),
                                        config().vocab_size));
   DECODER_CUDA(cudaSetDevice(model_->cuda_device()));
-  std::vector<int32_t> targets(tokens + 1, tokens + n);
-  targets.push_back(kIgnoreTarget);
+  // This rank's positions of the n tokens padded to S ceil(n / S), a whole sequence (rotary
+  // planned for the padded length); each position's target is the next token, none past n - 1.
+  const int64_t len = (n + shards_ - 1) / shards_, begin = geometry_.shard() * len;
+  std::vector<int32_t> mine(static_cast<size_t>(len), 0), targets(static_cast<size_t>(len));
+  for (int64_t i = 0; i < len; ++i) {
+    const int64_t g = begin + i;
+    if (g < n) mine[static_cast<size_t>(i)] = tokens[g];
+    targets[static_cast<size_t>(i)] = g + 1 < n ? tokens[g + 1] : kIgnoreTarget;
+  }
   TokenBatch batch;
-  batch.tokens = tokens;
+  batch.tokens = mine.data();
   batch.targets = targets.data();
   batch.batch = 1;
-  batch.seq_len = n;
+  batch.seq_len = len;
+  if (ring_ != nullptr) batch.positions = {begin, len * shards_};
   absl::StatusOr<LossResult> forward = model_->Forward(batch);
   if (!forward.ok()) return forward.status();
-  std::vector<float> out(static_cast<size_t>(n));
+  std::vector<float> out(static_cast<size_t>(len));
   DATTN_RETURN_IF_ERROR(model_->CopyTargetLogProbsToHost(out.data()));
-  for (int64_t i = 0; i + 1 < n; ++i) logprobs[i] = out[static_cast<size_t>(i)];
+  std::vector<float> all(static_cast<size_t>(shards_ * len));
+  DATTN_RETURN_IF_ERROR(ShareFromRanks(out.data(), len, all.data()));
+  for (int64_t i = 0; i + 1 < n; ++i) logprobs[i] = all[static_cast<size_t>(i)];
   return absl::OkStatus();
 }
 
 absl::Status CudaDecoder::EnsureStepBuffers(int64_t rows) {
   Buffers& b = *buffers_;
   if (rows <= b.rows) return absl::OkStatus();
-  const DecodeStepLayout l =
-      LayoutDecodeStep(config(), static_cast<int64_t>(geometry_.slots().size()), max_chunks_, rows);
+  const DecodeStepLayout l = LayoutDecodeStep(
+      config(), static_cast<int64_t>(geometry_.slots().size()), max_chunks_, rows, shards_);
   void* step = nullptr;
   DATTN_RETURN_IF_ERROR(Allocate(&step, l.bytes, "a decoding step's buffers"));
   DECODER_CUDA(cudaStreamSynchronize(model_->stream()));
@@ -299,6 +456,8 @@ absl::Status CudaDecoder::EnsureStepBuffers(int64_t rows) {
   b.k_cache = reinterpret_cast<bf16_t**>(base + l.k_cache);
   b.v_cache = reinterpret_cast<bf16_t**>(base + l.v_cache);
   b.slot_rows = reinterpret_cast<int32_t*>(base + l.slot_rows);
+  b.append_rows = reinterpret_cast<int32_t*>(base + l.append_rows);
+  b.merge_rows = reinterpret_cast<int32_t*>(base + l.merge_rows);
   b.x = reinterpret_cast<bf16_t*>(base + l.x);
   b.x_next = reinterpret_cast<bf16_t*>(base + l.x_next);
   b.ln = reinterpret_cast<bf16_t*>(base + l.ln);
@@ -312,6 +471,8 @@ absl::Status CudaDecoder::EnsureStepBuffers(int64_t rows) {
   b.stats = reinterpret_cast<float*>(base + l.stats);
   b.logits = reinterpret_cast<float*>(base + l.logits);
   b.partials = reinterpret_cast<float*>(base + l.partials);
+  b.gathered = reinterpret_cast<float*>(base + l.gathered);
+  b.partial_floats = l.partial_floats;
   b.upload.assign(static_cast<size_t>(l.upload_bytes), 0);
   return absl::OkStatus();
 }
@@ -355,6 +516,9 @@ absl::Status CudaDecoder::RunStep(absl::Span<CudaDecodeState* const> states, con
     bf16_t** h_k = reinterpret_cast<bf16_t**>(at(b.k_cache));
     bf16_t** h_v = reinterpret_cast<bf16_t**>(at(b.v_cache));
     int32_t* h_rows = reinterpret_cast<int32_t*>(at(b.slot_rows));
+    int32_t* h_append = reinterpret_cast<int32_t*>(at(b.append_rows));
+    int32_t* h_merge = reinterpret_cast<int32_t*>(at(b.merge_rows));
+    const int me = geometry_.shard();
     for (int64_t j = 0; j < rows; ++j) {
       const CudaDecodeState& s = *states[static_cast<size_t>(j)];
       h_tokens[j] = tokens[j];
@@ -362,8 +526,19 @@ absl::Status CudaDecoder::RunStep(absl::Span<CudaDecodeState* const> states, con
       h_k[j] = s.cache_;
       h_v[j] = s.cache_ + s.elements_;
       for (int k = 0; k < num_slots; ++k) {
-        h_rows[j * num_slots + k] =
-            static_cast<int32_t>(geometry_.RowOf(slots[static_cast<size_t>(k)], s.position_));
+        // The slot's row of the position on the whole ring; on a ring, also the rank that holds
+        // it (and its row there) and the last row up to it that this rank holds.
+        const int64_t row = geometry_.RowOf(slots[static_cast<size_t>(k)], s.position_);
+        const int64_t at_jk = j * num_slots + k;
+        if (shards_ == 1) {
+          h_rows[at_jk] = static_cast<int32_t>(row);
+          continue;
+        }
+        const int64_t held = row >= me ? (row - me) / shards_ + 1 : 0;
+        h_rows[at_jk] = static_cast<int32_t>(held - 1);
+        h_append[at_jk] =
+            row >= 0 && row % shards_ == me ? static_cast<int32_t>(row / shards_) : -1;
+        h_merge[at_jk] = static_cast<int32_t>(row);
       }
     }
     DECODER_CUDA(cudaMemcpyAsync(b.step, host, static_cast<size_t>(b.upload_bytes),
@@ -371,7 +546,7 @@ absl::Status CudaDecoder::RunStep(absl::Span<CudaDecodeState* const> states, con
   }
   if (auto it = b.graphs.find(rows); it != b.graphs.end()) {
     DECODER_CUDA(cudaGraphLaunch(it->second, stream));
-  } else if (b.planned.count(rows) == 0 || b.graphs_failed) {
+  } else if (b.planned.count(rows) == 0 || b.graphs_failed || ring_ != nullptr) {
     DATTN_RETURN_IF_ERROR(EnqueueStep(rows));
     b.planned.insert(rows);
   } else {
@@ -396,7 +571,7 @@ absl::Status CudaDecoder::RunStep(absl::Span<CudaDecodeState* const> states, con
   }
   DECODER_CUDA(cudaMemcpyAsync(logits, b.logits, static_cast<size_t>(rows * c.vocab_size) * 4,
                                cudaMemcpyDeviceToHost, stream));
-  DECODER_CUDA(cudaStreamSynchronize(stream));
+  DATTN_RETURN_IF_ERROR(Sync());
   for (CudaDecodeState* s : states) ++s->position_;
   return absl::OkStatus();
 }
@@ -423,6 +598,14 @@ absl::Status CudaDecoder::EnqueueStep(int64_t rows) {
   batch.v_cache = b.v_cache;
   batch.d = d;
   batch.head_dim = dh;
+  // This step's partials of one rank: B x slots x max_chunks x (dh + 2) floats.
+  const int64_t partial_count = rows * num_slots * max_chunks_ * (dh + 2);
+  if (ring_ != nullptr) {
+    batch.append_rows = b.append_rows;
+    batch.merge_rows = b.merge_rows;
+    batch.ranks = shards_;
+    batch.rank_stride = partial_count;
+  }
   const float scale = static_cast<float>(spec_.ScaleFor(dh));
   float* mean = b.stats;
   float* rstd = b.stats + rows;
@@ -444,8 +627,13 @@ absl::Status CudaDecoder::EnqueueStep(int64_t rows) {
       batch.layer_offset = layer * geometry_.rows_per_layer() * dh;
       DECODER_CUDA(DecodeAppend(batch, b.qkv, stream));
       DECODER_CUDA(DecodeAttend(batch, b.qkv, scale, max_chunks_, b.partials, stream));
-      DECODER_CUDA(DecodeMerge(batch, b.partials, max_chunks_, b.slot_of, spec_.num_patterns(),
-                               c.num_heads, spec_.mode == AttentionMode::kGrouped, b.attn, stream));
+      if (ring_ != nullptr) {
+        DATTN_RETURN_IF_ERROR(ring_->AllGather(b.partials, b.gathered, partial_count,
+                                               DType::kFloat32, comm::Stream{stream}));
+      }
+      DECODER_CUDA(DecodeMerge(batch, ring_ != nullptr ? b.gathered : b.partials, max_chunks_,
+                               b.slot_of, spec_.num_patterns(), c.num_heads,
+                               spec_.mode == AttentionMode::kGrouped, b.attn, stream));
     } else {
       DECODER_CUDA(cudaMemsetAsync(b.attn, 0, static_cast<size_t>(rows * d * 2), stream));
     }

@@ -7,7 +7,7 @@
 //     a max_context-long causal sequence (rotary planned for max_context, as on the CPU); after
 //     each block's rotary positions the model hands its q, k, v projection to the decoder (the
 //     model's qkv observer), which copies the rows the cache keeps (the prompt's last segment of
-//     each slot's pattern: decode_kernels.h's CacheFill) into the state. Logits of the last
+//     each slot's pattern: decode_kernels.h's CopyRows) into the state. Logits of the last
 //     position are copied out.
 //   - Step(states, tokens): per layer LayerNorm, the q, k, v GEMM over the B new rows at once
 //     (cuBLASLt through the model's Gemm, its bf16 working copy), rotary at each row's own
@@ -26,6 +26,29 @@
 // forward pass over the same prefix (last row) to bf16's rounding, not bit for bit (the two run
 // different GEMM shapes and attention kernels); against the CPU decoder in fp32 on the same
 // weights the difference is bf16's (cuda_decoder_test states the tolerances it checks).
+//
+// A ring of S GPUs (Create with an NCCL communicator of S > 1 ranks): model/decoder.h's ring, on
+// the device. Every rank holds the whole model, whose attention must be the ring over the same
+// communicator (CudaModelOptions::attention_factory with cuda_sequence_attention.h's
+// NewCudaRingSequenceAttention); the cache is split as the CPU ring splits it (row j of a slot on
+// rank j mod S), 1/S of one GPU's bytes to a row a slot.
+//   - Prefill: the prompt padded with token 0 to S ceil(n / S) positions, rank r computing
+//     positions [r n' / S, (r + 1) n' / S) as the prefix of a max_context-long sequence; each
+//     layer's cached rows go from the rank that computed them to the rank that holds them (CopyRows
+//     into a send buffer, one NCCL group of sends and receives, CopyRows into the cache), and the
+//     logits of position n - 1 from the rank that computed them to all (an all-gather).
+//   - Step: every rank runs the layers for the new tokens (the same weights and inputs), the rank
+//     that holds a slot's new row appends the key and value, each rank attends over the rows it
+//     holds (DecodeAttend writes every chunk, empty past its rows), the partials of all ranks are
+//     all-gathered (NCCL, on the model's stream; per layer B x slots x max_chunks x (dh + 2) fp32
+//     from each rank) and every rank merges all of them in rank order: every rank computes the
+//     same bits, and the same logits. The step is not captured as a CUDA graph on a ring (its
+//     all-gathers go through the communicator's checks).
+//   - Score: the forward pass split as Prefill's (S ceil(n / S) positions, the whole padded
+//     sequence), each rank's log-probabilities all-gathered.
+// Collective contract: every rank makes the same calls with the same arguments (its own states
+// of the same sequences), as on the CPU; a rank that does not leaves the others waiting until the
+// communicator's timeout. After a communicator error the states are unspecified (drop them).
 //
 // Memory: each state's cache is one device allocation of KvCacheGeometry::ElementsPerSequence()
 // bf16 values (2 bytes each), made by NewState. Step keeps buffers for the largest batch seen
@@ -53,6 +76,7 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/types/span.h"
+#include "engine/comm/communicator.h"
 #include "model/config.h"
 #include "model/cuda/cuda_longnet.h"
 #include "model/cuda/decode_kernels.h"
@@ -94,9 +118,13 @@ class CudaDecoder {
   using State = CudaDecodeState;
 
   // Borrows `model` (it must outlive the decoder and every state). INVALID_ARGUMENT for
-  // max_context < 1 (naming it); the rotary plan's errors for a max_context it refuses.
+  // max_context < 1 (naming it); the rotary plan's errors for a max_context it refuses. With
+  // `ring` (borrowed, outliving the decoder; null or one rank: one GPU) the decoder is that rank's
+  // part of a ring (above): INVALID_ARGUMENT unless the ring is on CUDA memory (NCCL) and its size
+  // divides max_context; `model`'s attention must be the ring over the same communicator.
   static absl::StatusOr<std::unique_ptr<CudaDecoder>> Create(CudaLongNetLM* model,
-                                                             int64_t max_context);
+                                                             int64_t max_context,
+                                                             comm::Communicator* ring = nullptr);
   ~CudaDecoder();
   CudaDecoder(const CudaDecoder&) = delete;
   CudaDecoder& operator=(const CudaDecoder&) = delete;
@@ -122,8 +150,16 @@ class CudaDecoder {
 
  private:
   struct Buffers;
-  CudaDecoder(CudaLongNetLM* model, KvCacheGeometry geometry, RotaryPlan rotary);
+  CudaDecoder(CudaLongNetLM* model, KvCacheGeometry geometry, RotaryPlan rotary,
+              comm::Communicator* ring);
   absl::Status Init();
+  // Waits for the model's stream: on a ring through the communicator (a dead peer is its
+  // timeout's error, not a hang).
+  absl::Status Sync();
+  // Grows a device buffer to at least `bytes` (after the stream's work that may read it).
+  absl::Status Reserve(void** buffer, int64_t* capacity, int64_t bytes, const char* what);
+  // out[0, count) := rank `holder`'s host values (every rank gets them; one device: a copy).
+  absl::Status ShareFromRanks(const float* mine, int64_t count, float* all);
   absl::Status EnsureStepBuffers(int64_t rows);
   absl::Status RunStep(absl::Span<CudaDecodeState* const> states, const int32_t* tokens,
                        float* logits);
@@ -131,6 +167,8 @@ class CudaDecoder {
   absl::Status EnqueueStep(int64_t rows);
 
   CudaLongNetLM* const model_;
+  comm::Communicator* const ring_;  // Null: one GPU.
+  const int shards_;                // The ring's size (1 without one).
   const KvCacheGeometry geometry_;
   const RotaryPlan rotary_;
   const AttentionSpec spec_;

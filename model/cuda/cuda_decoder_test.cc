@@ -9,7 +9,9 @@
 // accumulation, as CudaLongNetLM does (cuda_longnet_test: logits within 3e-2 relative of the CPU
 // fp32 model); each position's logits here within 3e-2 relative (Frobenius), log-probabilities
 // within 6e-2 absolute (a logit of magnitude 8 is rounded to 2^-6 = 0.016 in bf16; measured up to
-// 0.034 on an H200). Each case prints its largest error ("[ parity ]" lines).
+// 0.034 on an H200). Each case prints its largest error ("[ parity ]" lines). On a ring of 2 GPUs
+// (when the machine has them) the same against the CPU decoder on one device, and the same bits
+// on both ranks.
 //
 // Without a GPU every test skips, saying why.
 #include "model/cuda/cuda_decoder.h"
@@ -23,10 +25,13 @@
 #include <string>
 #include <vector>
 
+#include "engine/cuda/cuda_status.h"
 #include "engine/testing/test_util.h"
 #include "gtest/gtest.h"
+#include "model/cuda/cuda_sequence_attention.h"
 #include "model/cuda/cuda_serving_model.h"
 #include "model/cuda/gpu_test_util.h"
+#include "model/cuda/nccl_ranks.h"
 #include "model/cuda/serving_plan.h"
 #include "model/decoder.h"
 #include "model/longnet.h"
@@ -207,6 +212,152 @@ INSTANTIATE_TEST_SUITE_P(
                       Case{"mixture_d128_xpos_two_chunks", MixtureConfig(), 1024, 700, 40, true},
                       Case{"mixture_segment_boundary", MixtureConfig(), 1024, 64, 40, false}),
     [](const ::testing::TestParamInfo<Case>& info) { return info.param.name; });
+
+// --- A ring of GPUs (ranks are threads, one GPU each, over NCCL: nccl_ranks.h).
+
+struct RingCase {
+  std::string name;
+  LongNetConfig config;
+  int64_t max_context, prompt_a, prompt_b, steps;
+};
+
+void PrintTo(const RingCase& c, std::ostream* os) { *os << c.name; }
+
+class CudaRingDecoderTest : public ::testing::TestWithParam<RingCase> {};
+
+// What one rank of the ring decoded: every prefill's and step's logits, Score's log-probabilities,
+// its caches' bytes.
+struct RingRecord {
+  std::vector<std::vector<float>> logits;
+  std::vector<double> scored;
+  int64_t cache_bytes = 0;
+};
+
+// Two sequences (prompts of prompt_a and prompt_b tokens, so at different positions) prefilled,
+// then stepped together `steps` times, and a Score of prompt_a + steps tokens, on a ring of 2
+// GPUs: each position's logits and each log-probability against the CPU decoder on one device
+// (the tolerances of the one-GPU cases), and the same bits on both ranks; each rank's cache holds
+// its half of the rows (to a row a slot), the two together the single device's.
+TEST_P(CudaRingDecoderTest, ARingOfTwoGpusDecodesAsOneDevice) {
+  std::string why;
+  if (!HaveHopperGpus(2, &why)) GTEST_SKIP() << why;
+  const RingCase& c = GetParam();
+  const int64_t v = c.config.vocab_size;
+  const std::vector<float> params = Params(c.config, 11);
+  const std::vector<int32_t> a = RandomTokens(v, c.prompt_a + c.steps, 21);
+  const std::vector<int32_t> b = RandomTokens(v, c.prompt_b + c.steps, 22);
+
+  // The reference: the CPU decoder, fp32, one device.
+  absl::StatusOr<std::unique_ptr<LongNetLM<float>>> cpu =
+      LongNetLM<float>::CreateCpu(c.config, ModelOptions{}, 0);
+  ASSERT_TRUE(cpu.ok()) << cpu.status();
+  ASSERT_TRUE((*cpu)->CopyParamsFromHost(params.data()).ok());
+  absl::StatusOr<std::unique_ptr<Decoder<float>>> cd =
+      Decoder<float>::Create(cpu->get(), c.max_context);
+  ASSERT_TRUE(cd.ok()) << cd.status();
+  Decoder<float>& cpu_decoder = **cd;
+  RingRecord want;
+  {
+    absl::StatusOr<DecodeState<float>> sa = cpu_decoder.NewState(), sb = cpu_decoder.NewState();
+    ASSERT_TRUE(sa.ok() && sb.ok());
+    std::vector<float> out(static_cast<size_t>(v));
+    ASSERT_TRUE(cpu_decoder.Prefill(a.data(), c.prompt_a, &*sa, out.data()).ok());
+    want.logits.push_back(out);
+    ASSERT_TRUE(cpu_decoder.Prefill(b.data(), c.prompt_b, &*sb, out.data()).ok());
+    want.logits.push_back(out);
+    std::vector<float> two(static_cast<size_t>(2 * v));
+    for (int64_t i = 0; i < c.steps; ++i) {
+      DecodeState<float>* both[] = {&*sa, &*sb};
+      const int32_t next[] = {a[static_cast<size_t>(c.prompt_a + i)],
+                              b[static_cast<size_t>(c.prompt_b + i)]};
+      ASSERT_TRUE(cpu_decoder.Step(absl::MakeSpan(both), next, two.data()).ok());
+      want.logits.push_back(two);
+    }
+    want.scored.resize(static_cast<size_t>(c.prompt_a + c.steps - 1));
+    ASSERT_TRUE(cpu_decoder.Score(a.data(), c.prompt_a + c.steps, want.scored.data()).ok());
+    want.cache_bytes = sa->cache_bytes() / 2;  // fp32 there, bf16 on the GPUs
+  }
+
+  std::vector<RingRecord> got(2);
+  const std::vector<absl::Status> ranks = RunNcclRanks(
+      2, 2,
+      [&](int rank, comm::Communicator&, comm::Communicator* sp) -> absl::Status {
+        CudaModelOptions cuda_options;
+        cuda_options.device = rank;
+        cuda_options.attention_factory = [sp, rank](cudaStream_t stream) {
+          return NewCudaRingSequenceAttention(sp, stream, rank);
+        };
+        ModelOptions options;
+        options.poison_scratch = true;
+        absl::StatusOr<std::unique_ptr<CudaLongNetLM>> model =
+            CudaLongNetLM::Create(c.config, options, cuda_options);
+        if (!model.ok()) return model.status();
+        DATTN_RETURN_IF_ERROR((*model)->CopyParamsFromHost(params.data()));
+        // A max_context the ring does not divide is refused.
+        absl::StatusOr<std::unique_ptr<CudaDecoder>> odd =
+            CudaDecoder::Create(model->get(), c.max_context - 1, sp);
+        EXPECT_EQ(odd.status().code(), absl::StatusCode::kInvalidArgument) << odd.status();
+        EXPECT_NE(odd.status().message().find("not a multiple of the ring's 2 ranks"),
+                  std::string::npos)
+            << odd.status();
+        absl::StatusOr<std::unique_ptr<CudaDecoder>> decoder =
+            CudaDecoder::Create(model->get(), c.max_context, sp);
+        if (!decoder.ok()) return decoder.status();
+        CudaDecoder& d = **decoder;
+        RingRecord& mine = got[static_cast<size_t>(rank)];
+        absl::StatusOr<CudaDecodeState> sa = d.NewState(), sb = d.NewState();
+        if (!sa.ok()) return sa.status();
+        if (!sb.ok()) return sb.status();
+        mine.cache_bytes = sa->cache_bytes();
+        std::vector<float> out(static_cast<size_t>(v));
+        DATTN_RETURN_IF_ERROR(d.Prefill(a.data(), c.prompt_a, &*sa, out.data()));
+        mine.logits.push_back(out);
+        DATTN_RETURN_IF_ERROR(d.Prefill(b.data(), c.prompt_b, &*sb, out.data()));
+        mine.logits.push_back(out);
+        std::vector<float> two(static_cast<size_t>(2 * v));
+        for (int64_t i = 0; i < c.steps; ++i) {
+          CudaDecodeState* both[] = {&*sa, &*sb};
+          const int32_t next[] = {a[static_cast<size_t>(c.prompt_a + i)],
+                                  b[static_cast<size_t>(c.prompt_b + i)]};
+          DATTN_RETURN_IF_ERROR(d.Step(absl::MakeSpan(both), next, two.data()));
+          mine.logits.push_back(two);
+        }
+        mine.scored.resize(static_cast<size_t>(c.prompt_a + c.steps - 1));
+        return d.Score(a.data(), c.prompt_a + c.steps, mine.scored.data());
+      },
+      "ring-decoder-" + c.name);
+  for (size_t r = 0; r < ranks.size(); ++r)
+    ASSERT_TRUE(ranks[r].ok()) << "rank " << r << ": " << ranks[r];
+
+  // Row j of a slot on rank j mod 2: rank 0 holds ceil(C / 2) rows of each slot, rank 1 the rest.
+  EXPECT_EQ(got[0].cache_bytes + got[1].cache_bytes, want.cache_bytes);
+  EXPECT_GE(got[0].cache_bytes, got[1].cache_bytes);
+  double worst = 0, worst_score = 0;
+  ASSERT_EQ(got[0].logits.size(), want.logits.size());
+  ASSERT_EQ(got[1].logits.size(), want.logits.size());
+  for (size_t i = 0; i < want.logits.size(); ++i) {
+    EXPECT_EQ(got[0].logits[i], got[1].logits[i]) << "call " << i << ": the ranks differ";
+    const double e = RelError(got[0].logits[i], want.logits[i]);
+    EXPECT_LE(e, 3e-2) << "call " << i << " (0, 1: the prefills; then the steps)";
+    worst = std::max(worst, e);
+  }
+  EXPECT_EQ(got[0].scored, got[1].scored);
+  for (size_t i = 0; i < want.scored.size(); ++i) {
+    worst_score = std::max(worst_score, std::abs(got[0].scored[i] - want.scored[i]));
+  }
+  EXPECT_LE(worst_score, 6e-2);
+  std::cout << "[ parity ] ring of 2, " << c.name << ": prefills of " << c.prompt_a << " and "
+            << c.prompt_b << " + " << c.steps << " batched steps, largest relative logit error "
+            << worst << "; Score's largest log-probability error " << worst_score
+            << "; cache bytes " << got[0].cache_bytes << " + " << got[1].cache_bytes << "\n";
+}
+
+INSTANTIATE_TEST_SUITE_P(
+    Configs, CudaRingDecoderTest,
+    ::testing::Values(RingCase{"grouped_d64_rope", GroupedConfig(), 512, 45, 130, 80},
+                      RingCase{"grouped_one_token_prompt", GroupedConfig(), 256, 1, 2, 40},
+                      RingCase{"mixture_d128_xpos", MixtureConfig(), 2048, 1101, 64, 30}),
+    [](const ::testing::TestParamInfo<RingCase>& info) { return info.param.name; });
 
 // Three sequences at different positions in one step give what each gives alone (to bf16's
 // rounding: a batched GEMM may take another algorithm), and a clone decodes as its original.

@@ -20,25 +20,24 @@ __device__ __forceinline__ float Bf16ToFloat(bf16_t x) {
   return __bfloat162float(__ushort_as_bfloat16(x));
 }
 
-__global__ void CacheFillKernel(const bf16_t* __restrict__ qkv, int64_t ld, int64_t d,
-                                int64_t head_dim, const CacheFillJob* __restrict__ jobs,
-                                bf16_t* __restrict__ cache_k, bf16_t* __restrict__ cache_v) {
-  const CacheFillJob job = jobs[blockIdx.y];
+__global__ void CopyRowsKernel(const bf16_t* __restrict__ src, bf16_t* __restrict__ dst,
+                               int64_t dst_shift, const RowCopy* __restrict__ jobs, int64_t count,
+                               int64_t head_dim) {
   const int64_t chunks = head_dim / 8;
   const int64_t idx = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x;
-  const int64_t i = idx / chunks, col = (idx % chunks) * 8;
-  if (i >= job.count) return;
-  const int64_t p = job.first_pos + i * job.rate;
-  const int64_t src = p * ld + job.head * head_dim + col;
-  const int64_t dst = (job.dst_row + i) * head_dim + col;
-  *reinterpret_cast<uint4*>(cache_k + dst) = *reinterpret_cast<const uint4*>(qkv + src + d);
-  *reinterpret_cast<uint4*>(cache_v + dst) = *reinterpret_cast<const uint4*>(qkv + src + 2 * d);
+  const int64_t j = idx / chunks, col = (idx % chunks) * 8;
+  if (j >= count) return;
+  const RowCopy job = jobs[j];
+  *reinterpret_cast<uint4*>(dst + dst_shift + job.dst_k + col) =
+      *reinterpret_cast<const uint4*>(src + job.src_k + col);
+  *reinterpret_cast<uint4*>(dst + dst_shift + job.dst_v + col) =
+      *reinterpret_cast<const uint4*>(src + job.src_v + col);
 }
 
 __global__ void DecodeAppendKernel(DecodeBatch bt, const bf16_t* __restrict__ qkv) {
   const int s = blockIdx.x;
   const int64_t b = blockIdx.y;
-  const int32_t row = bt.rows[b * bt.slots + s];
+  const int32_t row = (bt.append_rows != nullptr ? bt.append_rows : bt.rows)[b * bt.slots + s];
   if (row < 0) return;
   const int64_t dh = bt.head_dim, col = static_cast<int64_t>(threadIdx.x) * 8;
   if (col >= dh) return;
@@ -76,8 +75,16 @@ __global__ void __launch_bounds__(kAttendThreads)
   const int s = blockIdx.y;
   const int64_t b = blockIdx.z;
   const int32_t row = bt.rows[b * bt.slots + s];
-  if (row < 0 || c * kDecodeChunk > row) return;
   const int64_t dh = bt.head_dim;
+  if (row < 0 || c * kDecodeChunk > row) {
+    if (bt.ranks > 1) {  // an empty partial, which the merge of every rank's chunks reads
+      float* out = partials + ((b * bt.slots + s) * max_chunks + c) * (dh + 2);
+      for (int64_t i = threadIdx.x; i < dh + 2; i += kAttendThreads) {
+        out[i] = i == 0 ? -INFINITY : 0.0f;
+      }
+    }
+    return;
+  }
   const DecodeSlot slot = bt.slot[s];
   const int64_t first = c * kDecodeChunk;
   const int n = static_cast<int>(min(static_cast<int64_t>(kDecodeChunk), row + 1 - first));
@@ -150,17 +157,24 @@ __global__ void DecodeMergeKernel(DecodeBatch bt, const float* __restrict__ part
     for (int i = 0; i < patterns; ++i) {
       const int32_t s = slot_of[i * heads + h];
       if (s < 0) continue;
-      const int32_t row = bt.rows[b * bt.slots + s];
+      const int32_t row = (bt.merge_rows != nullptr ? bt.merge_rows : bt.rows)[b * bt.slots + s];
       if (row < 0) continue;  // The pattern does not select the position for h.
-      const float* p = partials + (b * bt.slots + s) * max_chunks * stride;
-      const int64_t chunks = row / kDecodeChunk + 1;
+      // One device: the chunks up to the row. A ring: every rank's every chunk, in rank order
+      // (rank 0 holds the slot's row 0, so the maximum is finite; empty chunks weigh 0).
+      const int64_t chunks = bt.ranks > 1 ? max_chunks : row / kDecodeChunk + 1;
       float m = -INFINITY;
-      for (int64_t c = 0; c < chunks; ++c) m = fmaxf(m, p[c * stride]);
+      for (int r = 0; r < bt.ranks; ++r) {
+        const float* p = partials + r * bt.rank_stride + (b * bt.slots + s) * max_chunks * stride;
+        for (int64_t c = 0; c < chunks; ++c) m = fmaxf(m, p[c * stride]);
+      }
       float sum = 0.0f, acc = 0.0f;
-      for (int64_t c = 0; c < chunks; ++c) {
-        const float f = expf(p[c * stride] - m);
-        sum = fmaf(f, p[c * stride + 1], sum);
-        acc = fmaf(f, p[c * stride + 2 + col], acc);
+      for (int r = 0; r < bt.ranks; ++r) {
+        const float* p = partials + r * bt.rank_stride + (b * bt.slots + s) * max_chunks * stride;
+        for (int64_t c = 0; c < chunks; ++c) {
+          const float f = expf(p[c * stride] - m);
+          sum = fmaf(f, p[c * stride + 1], sum);
+          acc = fmaf(f, p[c * stride + 2 + col], acc);
+        }
       }
       const float o = acc / sum;
       if (grouped) {
@@ -187,22 +201,23 @@ bool BatchOk(const DecodeBatch& bt) {
   return bt.batch >= 1 && bt.batch <= 65535 && bt.slots >= 1 && bt.slots <= 65535 &&
          HeadDimOk(bt.head_dim) && bt.d % bt.head_dim == 0 && bt.slot != nullptr &&
          bt.rows != nullptr && bt.k_cache != nullptr && bt.v_cache != nullptr &&
-         bt.layer_offset >= 0;
+         bt.layer_offset >= 0 && bt.ranks >= 1 &&
+         (bt.ranks == 1 ||
+          (bt.merge_rows != nullptr && bt.append_rows != nullptr && bt.rank_stride >= 0));
 }
 
 }  // namespace
 
-cudaError_t CacheFill(const bf16_t* qkv, int64_t ld, int64_t d, int64_t head_dim,
-                      const CacheFillJob* jobs, int num_jobs, int64_t max_count, bf16_t* cache_k,
-                      bf16_t* cache_v, cudaStream_t stream) {
-  if (!HeadDimOk(head_dim) || d % head_dim != 0 || ld < 3 * d || ld % 8 != 0 || num_jobs < 0 ||
-      num_jobs > 65535 || max_count < 0) {
+cudaError_t CopyRows(const bf16_t* src, bf16_t* dst, int64_t dst_shift, const RowCopy* jobs,
+                     int64_t count, int64_t head_dim, cudaStream_t stream) {
+  if (!HeadDimOk(head_dim) || count < 0 ||
+      (count > 0 && (src == nullptr || dst == nullptr || jobs == nullptr))) {
     return cudaErrorInvalidValue;
   }
-  if (num_jobs == 0 || max_count == 0) return cudaSuccess;
-  const int64_t threads = max_count * (head_dim / 8);
-  const dim3 grid(static_cast<unsigned>((threads + 255) / 256), static_cast<unsigned>(num_jobs));
-  CacheFillKernel<<<grid, 256, 0, stream>>>(qkv, ld, d, head_dim, jobs, cache_k, cache_v);
+  if (count == 0) return cudaSuccess;
+  const int64_t threads = count * (head_dim / 8);
+  CopyRowsKernel<<<static_cast<unsigned>((threads + 255) / 256), 256, 0, stream>>>(
+      src, dst, dst_shift, jobs, count, head_dim);
   return cudaGetLastError();
 }
 

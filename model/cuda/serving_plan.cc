@@ -23,7 +23,7 @@ std::string MiB(int64_t bytes) {
 }  // namespace
 
 DecodeStepLayout LayoutDecodeStep(const LongNetConfig& c, int64_t slots, int64_t max_chunks,
-                                  int64_t rows) {
+                                  int64_t rows, int shards) {
   DecodeStepLayout l;
   int64_t at = 0;
   auto take = [&](int64_t bytes) {
@@ -38,6 +38,8 @@ DecodeStepLayout LayoutDecodeStep(const LongNetConfig& c, int64_t slots, int64_t
   l.k_cache = take(rows * 8);
   l.v_cache = take(rows * 8);
   l.slot_rows = take(rows * s * 4);
+  l.append_rows = shards > 1 ? take(rows * s * 4) : l.slot_rows;
+  l.merge_rows = shards > 1 ? take(rows * s * 4) : l.slot_rows;
   l.upload_bytes = at;
   l.x = take(rows * d * 2);
   l.x_next = take(rows * d * 2);
@@ -51,7 +53,9 @@ DecodeStepLayout LayoutDecodeStep(const LongNetConfig& c, int64_t slots, int64_t
   l.xf = take(rows * d * 2);
   l.stats = take(rows * 2 * 4);
   l.logits = take(rows * v * 4);
-  l.partials = take(rows * s * std::max<int64_t>(max_chunks, 1) * (dh + 2) * 4);
+  l.partial_floats = rows * s * std::max<int64_t>(max_chunks, 1) * (dh + 2);
+  l.partials = take(l.partial_floats * 4);
+  l.gathered = shards > 1 ? take(shards * l.partial_floats * 4) : l.partials;
   l.bytes = at;
   return l;
 }
@@ -59,7 +63,9 @@ DecodeStepLayout LayoutDecodeStep(const LongNetConfig& c, int64_t slots, int64_t
 int64_t DecodeMaxChunks(const KvCacheGeometry& geometry) {
   int64_t largest = 1;
   for (const KvCacheGeometry::Slot& slot : geometry.slots()) {
-    largest = std::max(largest, slot.capacity);
+    // Shard 0's rows (it holds the most of every slot): every rank of a ring lays its partials
+    // out alike, so that they can be gathered and merged.
+    largest = std::max(largest, (slot.capacity + geometry.shards() - 1) / geometry.shards());
   }
   return (largest + kDecodeChunkRows - 1) / kDecodeChunkRows;
 }

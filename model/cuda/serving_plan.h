@@ -27,20 +27,27 @@ namespace cuda {
 
 // Byte offsets of a decoding step's buffers for `rows` sequences in one allocation, each 256-byte
 // aligned: first what a step uploads (tokens int32, positions int64, the caches' K and V pointers,
-// each (sequence, slot)'s row int32), then the activations (bf16: x, x_next, ln, qkv [3d], attn,
+// each (sequence, slot)'s row int32, and on a ring of `shards` > 1 ranks its append and merge rows
+// too: decode_kernels.h's DecodeBatch), then the activations (bf16: x, x_next, ln, qkv [3d], attn,
 // sub, x_mid [d]; h, sub2 [F]; xf [d]), LayerNorm statistics (fp32 [2 rows]), the logits (fp32
-// [V]) and the attention's partial softmaxes (fp32 [slots][max_chunks][head_dim + 2]).
+// [V]), the attention's partial softmaxes (fp32 [slots][max_chunks][head_dim + 2]) and, on a
+// ring, every rank's gathered (shards times those).
 struct DecodeStepLayout {
   int64_t tokens = 0, positions = 0, k_cache = 0, v_cache = 0, slot_rows = 0;
-  int64_t upload_bytes = 0;  // the upload region: [0, upload_bytes)
+  int64_t append_rows = 0, merge_rows = 0;  // a ring's; equal to slot_rows on one device
+  int64_t upload_bytes = 0;                 // the upload region: [0, upload_bytes)
   int64_t x = 0, x_next = 0, ln = 0, qkv = 0, attn = 0, sub = 0, x_mid = 0, h = 0, sub2 = 0, xf = 0;
   int64_t stats = 0, logits = 0, partials = 0;
-  int64_t bytes = 0;  // the whole allocation
+  int64_t gathered = 0;        // a ring's; equal to partials on one device
+  int64_t partial_floats = 0;  // of one rank's partials
+  int64_t bytes = 0;           // the whole allocation
 };
-// max_chunks: ceil(the largest slot's capacity / kDecodeChunk) (decode_kernels.h), at least 1.
+// max_chunks: ceil(the largest slot's rows on this rank / kDecodeChunk) (decode_kernels.h), at
+// least 1.
 DecodeStepLayout LayoutDecodeStep(const LongNetConfig& config, int64_t slots, int64_t max_chunks,
-                                  int64_t rows);
-// The chunks of 256 rows of the geometry's largest slot (at least 1).
+                                  int64_t rows, int shards = 1);
+// The chunks of 256 rows of the geometry's largest slot on shard 0, which holds the most rows of
+// every slot (at least 1): the same on every rank of a ring.
 int64_t DecodeMaxChunks(const KvCacheGeometry& geometry);
 
 struct ServingMemoryPlan {

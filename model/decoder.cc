@@ -22,15 +22,6 @@ namespace model {
 
 namespace {
 
-// The calls a leading rank sends its followers (Decoder::Lead): the first word of each.
-constexpr int64_t kCallNothing = 1;  // A keep-alive.
-constexpr int64_t kCallRelease = 2;  // Follow returns.
-constexpr int64_t kCallPrefill = 3;  // state id, n, n tokens.
-constexpr int64_t kCallStep = 4;     // rows, rows state ids, rows tokens.
-constexpr int64_t kCallScore = 5;    // n, n tokens.
-// A call's first packet: its length, then up to kCallPacketWords - 1 of its words.
-constexpr int64_t kCallPacketWords = 64;
-
 // The communicator's dtype of T (cache rows and logits).
 template <typename T>
 constexpr DType kStateDType = sizeof(T) == sizeof(double) ? DType::kFloat64 : DType::kFloat32;
@@ -182,8 +173,14 @@ absl::StatusOr<std::unique_ptr<Decoder<T>>> Decoder<T>::Create(LongNetLM<T>* mod
   if (!geometry.ok()) return geometry.status();
   absl::StatusOr<RotaryPlan> rotary = RotaryPlan::Make(model->config(), max_context);
   if (!rotary.ok()) return rotary.status();
-  return std::unique_ptr<Decoder<T>>(
+  std::unique_ptr<Decoder<T>> decoder(
       new Decoder<T>(model, *std::move(geometry), *std::move(rotary), ring));
+  if (ring != nullptr) {
+    absl::StatusOr<std::unique_ptr<DecoderCallWire>> wire = NewHostCallWire(ring);
+    if (!wire.ok()) return wire.status();
+    decoder->wire_ = *std::move(wire);
+  }
+  return decoder;
 }
 
 template <typename T>
@@ -539,34 +536,8 @@ absl::Status Decoder<T>::RunScore(const int32_t* tokens, int64_t n, double* logp
 
 template <typename T>
 absl::Status Decoder<T>::SendCall(std::vector<int64_t> words) {
-  // Header: the op, then the states dropped since the last call.
-  std::vector<int64_t> message = {words[0], static_cast<int64_t>(dropped_->ids.size())};
-  message.insert(message.end(), dropped_->ids.begin(), dropped_->ids.end());
-  message.insert(message.end(), words.begin() + 1, words.end());
-  dropped_->ids.clear();
   last_call_ = absl::Now();
-  // One packet of kCallPacketWords: the message's length and its first words; the rest, when it
-  // is longer, in a second transfer. A step of a few sequences is one packet: one round trip.
-  // (int64s move as 8-byte words: nothing adds them.)
-  const int64_t length = static_cast<int64_t>(message.size());
-  std::vector<int64_t> packet(kCallPacketWords, 0);
-  packet[0] = length;
-  const int64_t inline_words = std::min<int64_t>(length, kCallPacketWords - 1);
-  std::copy(message.begin(), message.begin() + inline_words, packet.begin() + 1);
-  for (bool first : {true, false}) {
-    if (!first && inline_words == length) break;
-    std::vector<comm::P2POp> sends;
-    for (int peer = 1; peer < shards_; ++peer) {
-      sends.push_back(
-          first ? comm::P2POp::Send(peer, packet.data(), kCallPacketWords, DType::kFloat64)
-                : comm::P2POp::Send(peer, message.data() + inline_words, length - inline_words,
-                                    DType::kFloat64));
-    }
-    absl::StatusOr<std::unique_ptr<comm::Work>> work = ring_->StartGroup(sends, comm::Stream{});
-    if (!work.ok()) return work.status();
-    DECODER_RETURN_IF_ERROR((*work)->Wait(comm::Stream{}));
-  }
-  return absl::OkStatus();
+  return SendDecoderCall(*wire_, &dropped_->ids, std::move(words));
 }
 
 template <typename T>
@@ -626,102 +597,7 @@ absl::Status Decoder<T>::Follow() {
     return absl::FailedPreconditionError(
         "decoder Follow: only ranks 1.. of a ring follow (rank 0 leads)");
   }
-  std::map<int64_t, DecodeState<T>> states;  // Rank 0's state ids -> this rank's states.
-  auto state_of = [&](int64_t id) -> absl::StatusOr<DecodeState<T>*> {
-    auto it = states.find(id);
-    if (it == states.end()) {
-      absl::StatusOr<DecodeState<T>> made = NewState();
-      if (!made.ok()) return made.status();
-      it = states.emplace(id, *std::move(made)).first;
-    }
-    return &it->second;
-  };
-  const int64_t vocab = config().vocab_size;
-  std::vector<T> logits;
-  std::vector<double> logprobs;
-  std::vector<int64_t> words, packet(kCallPacketWords);
-  std::vector<int32_t> tokens;
-  while (true) {
-    // The call's first packet (SendCall), then the rest of it when it is longer.
-    auto receive = [this](int64_t* data, int64_t count) -> absl::Status {
-      const comm::P2POp recv = comm::P2POp::Recv(0, data, count, DType::kFloat64);
-      absl::StatusOr<std::unique_ptr<comm::Work>> work =
-          ring_->StartGroup(absl::MakeConstSpan(&recv, 1), comm::Stream{});
-      if (!work.ok()) return work.status();
-      return (*work)->Wait(comm::Stream{});
-    };
-    DECODER_RETURN_IF_ERROR(receive(packet.data(), kCallPacketWords));
-    const int64_t length = packet[0];
-    // A call is at most a Step of every state's token or a max_context-long prompt, with its
-    // ids: far below this.
-    if (length < 2 || length > (int64_t{1} << 32)) {
-      return absl::InternalError(
-          absl::StrCat("decoder Follow: rank 0 sent a call of ", length, " words"));
-    }
-    words.resize(static_cast<size_t>(length));
-    const int64_t inline_words = std::min<int64_t>(length, kCallPacketWords - 1);
-    std::copy(packet.begin() + 1, packet.begin() + 1 + inline_words, words.begin());
-    if (inline_words < length) {
-      DECODER_RETURN_IF_ERROR(receive(words.data() + inline_words, length - inline_words));
-    }
-    // [op, dropped count, dropped ids..., arguments...]; every count checked against the length.
-    const int64_t op = words[0], dropped = words[1];
-    if (dropped < 0 || 2 + dropped > length) {
-      return absl::InternalError(absl::StrCat("decoder Follow: rank 0's call drops ", dropped,
-                                              " states in ", length, " words"));
-    }
-    for (int64_t i = 0; i < dropped; ++i) states.erase(words[static_cast<size_t>(2 + i)]);
-    follower_states_ = static_cast<int64_t>(states.size());
-    const int64_t* args = words.data() + 2 + dropped;
-    const int64_t argc = length - 2 - dropped;
-    auto take_tokens = [&](int64_t from, int64_t n) -> absl::Status {
-      if (n < 0 || from + n > argc) {
-        return absl::InternalError(absl::StrCat("decoder Follow: rank 0's call of op ", op,
-                                                " holds ", argc, " words, not ", from + n));
-      }
-      tokens.assign(args + from, args + from + n);
-      return absl::OkStatus();
-    };
-    absl::Status s;
-    if (op == kCallNothing) {
-      continue;
-    } else if (op == kCallRelease) {
-      return absl::OkStatus();
-    } else if (op == kCallPrefill && argc >= 2) {
-      DECODER_RETURN_IF_ERROR(take_tokens(2, args[1]));
-      absl::StatusOr<DecodeState<T>*> state = state_of(args[0]);
-      if (!state.ok()) return state.status();
-      logits.resize(static_cast<size_t>(vocab));
-      s = CheckPrefill(tokens.data(), args[1], *state);
-      if (s.ok()) s = RunPrefill(tokens.data(), args[1], *state, logits.data());
-    } else if (op == kCallStep && argc >= 1) {
-      const int64_t rows = args[0];
-      DECODER_RETURN_IF_ERROR(take_tokens(1 + rows, rows));
-      std::vector<DecodeState<T>*> step;
-      for (int64_t j = 0; j < rows; ++j) {
-        absl::StatusOr<DecodeState<T>*> state = state_of(args[1 + j]);
-        if (!state.ok()) return state.status();
-        step.push_back(*state);
-      }
-      logits.resize(static_cast<size_t>(rows * vocab));
-      s = CheckStep(absl::MakeSpan(step), tokens.data());
-      if (s.ok()) s = RunStep(absl::MakeSpan(step), tokens.data(), logits.data());
-    } else if (op == kCallScore && argc >= 1) {
-      DECODER_RETURN_IF_ERROR(take_tokens(1, args[0]));
-      logprobs.resize(static_cast<size_t>(std::max<int64_t>(args[0] - 1, 1)));
-      s = CheckScore(tokens.data(), args[0], logprobs.data());
-      if (s.ok()) s = RunScore(tokens.data(), args[0], logprobs.data());
-    } else {
-      return absl::InternalError(
-          absl::StrCat("decoder Follow: rank 0 sent op ", op, " with ", argc, " arguments"));
-    }
-    follower_states_ = static_cast<int64_t>(states.size());
-    if (!s.ok()) {
-      return absl::Status(s.code(),
-                          absl::StrCat("decoder Follow, rank ", ring_->rank(),
-                                       ", following rank 0's call (op ", op, "): ", s.message()));
-    }
-  }
+  return FollowDecoderCalls(*this, *wire_, ring_->rank(), &follower_states_);
 }
 
 template <typename T>

@@ -72,7 +72,7 @@
 // another thread meanwhile (Prefill runs the model's Forward and overwrites its activations). A
 // state belongs to one sequence and is used by one call at a time; while its decoder leads a ring
 // (Lead, below) a state is destroyed on the decoder's thread (its id joins the decoder's list of
-// dropped states).
+// dropped states). The calls a leader sends and a follower makes: decoder_calls.h.
 // Errors: INVALID_ARGUMENT naming the bad value (a token outside the vocabulary, a state of
 // another decoder, a state passed twice, an empty prompt, a ring that is not on host memory or
 // whose size does not divide max_context); OUT_OF_RANGE when a sequence would
@@ -94,6 +94,7 @@
 #include "engine/attention_spec.h"
 #include "engine/comm/communicator.h"
 #include "model/config.h"
+#include "model/decoder_calls.h"
 #include "model/longnet.h"
 #include "model/rotary.h"
 
@@ -213,6 +214,7 @@ template <typename T>
 class Decoder {
  public:
   using State = DecodeState<T>;
+  using Logit = T;
 
   // Borrows `model` (it must outlive the decoder). INVALID_ARGUMENT for max_context < 1; the
   // rotary plan's errors for a max_context it refuses (XPOS with too long a block). With `ring`
@@ -315,16 +317,17 @@ class Decoder {
   // This rank's forward pass over `shard` of the n tokens (padding: token 0); `total` is the
   // positions' total (rotary's plan).
   absl::Status ShardForward(const int32_t* tokens, int64_t n, const Shard& shard, int64_t total);
-  // A leader's call to the followers: words (op, dropped ids, arguments) sent to every follower.
+  // A leader's call to the followers (decoder_calls.h): the op and its arguments.
   absl::Status SendCall(std::vector<int64_t> words);
   // Step's exchange of one layer's partial softmaxes: partials_[0, count) of every rank into
   // gathered_ at [rank * count, (rank + 1) * count).
   absl::Status ExchangePartials(int64_t count);
 
   LongNetLM<T>* const model_;
-  comm::Communicator* const ring_;  // Null: one device.
-  const int shards_;                // The ring's size (1 without one).
-  const int64_t partial_width_;     // D + 2.
+  comm::Communicator* const ring_;         // Null: one device.
+  std::unique_ptr<DecoderCallWire> wire_;  // A ring's, for Lead and Follow.
+  const int shards_;                       // The ring's size (1 without one).
+  const int64_t partial_width_;            // D + 2.
   const KvCacheGeometry geometry_;
   const AttentionSpec spec_;
   const RotaryPlan rotary_;

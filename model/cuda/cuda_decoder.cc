@@ -36,6 +36,60 @@ absl::Status Allocate(void** p, int64_t bytes, const char* what) {
   return absl::OkStatus();
 }
 
+// A ring's call words through a device buffer (NCCL moves device memory): staged in and out on
+// the model's stream, each transfer waited for through the communicator (its timeout, its errors).
+class DeviceCallWire final : public DecoderCallWire {
+ public:
+  DeviceCallWire(comm::Communicator* ring, cudaStream_t stream, int device)
+      : ring_(ring), stream_(stream), device_(device) {}
+  ~DeviceCallWire() override {
+    if (words_ != nullptr) cudaFree(words_);
+  }
+  absl::Status Send(const int64_t* words, int64_t count) override {
+    DATTN_RETURN_IF_ERROR(Stage(count));
+    DECODER_CUDA(cudaMemcpyAsync(words_, words, static_cast<size_t>(count) * 8,
+                                 cudaMemcpyHostToDevice, stream_));
+    std::vector<comm::P2POp> sends;
+    for (int peer = 1; peer < ring_->size(); ++peer) {
+      sends.push_back(comm::P2POp::Send(peer, words_, count, DType::kFloat64));
+    }
+    DATTN_RETURN_IF_ERROR(Run(sends));
+    return ring_->Synchronize(comm::Stream{stream_});
+  }
+  absl::Status Receive(int64_t* words, int64_t count) override {
+    DATTN_RETURN_IF_ERROR(Stage(count));
+    DATTN_RETURN_IF_ERROR(Run({comm::P2POp::Recv(0, words_, count, DType::kFloat64)}));
+    DECODER_CUDA(cudaMemcpyAsync(words, words_, static_cast<size_t>(count) * 8,
+                                 cudaMemcpyDeviceToHost, stream_));
+    return ring_->Synchronize(comm::Stream{stream_});
+  }
+
+ private:
+  absl::Status Stage(int64_t count) {
+    DECODER_CUDA(cudaSetDevice(device_));
+    if (count <= capacity_) return absl::OkStatus();
+    DECODER_CUDA(cudaStreamSynchronize(stream_));
+    if (words_ != nullptr) cudaFree(words_);
+    words_ = nullptr;
+    capacity_ = 0;
+    DATTN_RETURN_IF_ERROR(Allocate(reinterpret_cast<void**>(&words_), count * 8, "a ring call"));
+    capacity_ = count;
+    return absl::OkStatus();
+  }
+  absl::Status Run(const std::vector<comm::P2POp>& ops) {
+    absl::StatusOr<std::unique_ptr<comm::Work>> work =
+        ring_->StartGroup(ops, comm::Stream{stream_});
+    if (!work.ok()) return work.status();
+    return (*work)->Wait(comm::Stream{stream_});
+  }
+
+  comm::Communicator* const ring_;
+  const cudaStream_t stream_;
+  const int device_;
+  int64_t* words_ = nullptr;
+  int64_t capacity_ = 0;
+};
+
 }  // namespace
 
 // --- States.
@@ -44,6 +98,8 @@ CudaDecodeState& CudaDecodeState::operator=(CudaDecodeState&& other) noexcept {
   if (this != &other) {
     Free();
     owner_ = std::exchange(other.owner_, nullptr);
+    id_ = std::exchange(other.id_, 0);
+    dropped_ = std::move(other.dropped_);
     device_ = other.device_;
     position_ = std::exchange(other.position_, 0);
     elements_ = std::exchange(other.elements_, 0);
@@ -53,6 +109,8 @@ CudaDecodeState& CudaDecodeState::operator=(CudaDecodeState&& other) noexcept {
 }
 
 void CudaDecodeState::Free() {
+  if (id_ != 0 && dropped_ != nullptr && dropped_->record) dropped_->ids.push_back(id_);
+  id_ = 0;
   if (cache_ != nullptr) {
     int current = 0;
     cudaGetDevice(&current);
@@ -160,6 +218,9 @@ absl::StatusOr<std::unique_ptr<CudaDecoder>> CudaDecoder::Create(CudaLongNetLM* 
   if (!rotary.ok()) return rotary.status();
   std::unique_ptr<CudaDecoder> decoder(
       new CudaDecoder(model, *std::move(geometry), *std::move(rotary), ring));
+  if (ring != nullptr) {
+    decoder->wire_ = std::make_unique<DeviceCallWire>(ring, model->stream(), model->cuda_device());
+  }
   DATTN_RETURN_IF_ERROR(decoder->Init());
   return decoder;
 }
@@ -213,6 +274,8 @@ absl::StatusOr<CudaDecodeState> CudaDecoder::NewState() const {
   CudaDecodeState state;
   state.owner_ = this;
   state.device_ = model_->cuda_device();
+  state.id_ = next_state_id_++;
+  state.dropped_ = dropped_;
   state.elements_ = config().num_layers * geometry_.rows_per_layer() * config().head_dim();
   DATTN_RETURN_IF_ERROR(
       Allocate(reinterpret_cast<void**>(&state.cache_), state.cache_bytes(), "a sequence's cache"));
@@ -222,6 +285,10 @@ absl::StatusOr<CudaDecodeState> CudaDecoder::NewState() const {
 absl::StatusOr<CudaDecodeState> CudaDecoder::Clone(const CudaDecodeState& state) const {
   if (state.owner_ != this) {
     return absl::InvalidArgumentError("GPU decoder Clone: the state was not made by this decoder");
+  }
+  if (leading_) {
+    return absl::FailedPreconditionError(
+        "GPU decoder Clone: this decoder leads a ring, whose followers make no clones");
   }
   absl::StatusOr<CudaDecodeState> copy = NewState();
   if (!copy.ok()) return copy.status();
@@ -279,6 +346,11 @@ absl::Status CudaDecoder::Prefill(const int32_t* tokens, int64_t n, CudaDecodeSt
   DATTN_RETURN_IF_ERROR(CheckPrefillArgs("GPU decoder", state != nullptr && state->owner_ == this,
                                          state != nullptr ? state->position_ : 0, tokens, n,
                                          geometry_.max_context(), config().vocab_size));
+  if (leading_) {
+    std::vector<int64_t> call = {kCallPrefill, state->id_, n};
+    call.insert(call.end(), tokens, tokens + n);
+    DATTN_RETURN_IF_ERROR(SendCall(std::move(call)));
+  }
   DECODER_CUDA(cudaSetDevice(model_->cuda_device()));
   const LongNetConfig& c = config();
   const cudaStream_t stream = model_->stream();
@@ -411,6 +483,11 @@ absl::Status CudaDecoder::Prefill(const int32_t* tokens, int64_t n, CudaDecodeSt
 absl::Status CudaDecoder::Score(const int32_t* tokens, int64_t n, double* logprobs) {
   DATTN_RETURN_IF_ERROR(CheckScoreArgs("GPU decoder", tokens, n, logprobs, geometry_.max_context(),
                                        config().vocab_size));
+  if (leading_) {
+    std::vector<int64_t> call = {kCallScore, n};
+    call.insert(call.end(), tokens, tokens + n);
+    DATTN_RETURN_IF_ERROR(SendCall(std::move(call)));
+  }
   DECODER_CUDA(cudaSetDevice(model_->cuda_device()));
   // This rank's positions of the n tokens padded to S ceil(n / S), a whole sequence (rotary
   // planned for the padded length); each position's target is the next token, none past n - 1.
@@ -491,8 +568,60 @@ absl::Status CudaDecoder::Step(absl::Span<CudaDecodeState* const> states, const 
         "GPU decoder", static_cast<int64_t>(j), ours, ours && !seen.insert(s).second,
         ours ? s->position_ : 0, geometry_.max_context(), tokens[j], config().vocab_size));
   }
+  if (leading_) {
+    const int64_t rows = static_cast<int64_t>(states.size());
+    std::vector<int64_t> call = {kCallStep, rows};
+    for (const CudaDecodeState* state : states) call.push_back(state->id_);
+    call.insert(call.end(), tokens, tokens + rows);
+    DATTN_RETURN_IF_ERROR(SendCall(std::move(call)));
+  }
   DECODER_CUDA(cudaSetDevice(model_->cuda_device()));
   return RunStep(states, tokens, logits);
+}
+
+absl::Status CudaDecoder::SendCall(std::vector<int64_t> words) {
+  last_call_ = absl::Now();
+  return SendDecoderCall(*wire_, &dropped_->ids, std::move(words));
+}
+
+absl::Status CudaDecoder::Lead() {
+  if (ring_ == nullptr) return absl::OkStatus();
+  if (ring_->rank() != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat("GPU decoder Lead: rank ", ring_->rank(), " of the ring; rank 0 leads"));
+  }
+  leading_ = true;
+  dropped_->record = true;
+  last_call_ = absl::Now();
+  return absl::OkStatus();
+}
+
+absl::Status CudaDecoder::KeepAlive(absl::Duration interval) {
+  if (ring_ == nullptr) return absl::OkStatus();
+  if (!leading_) {
+    return absl::FailedPreconditionError("GPU decoder KeepAlive: this rank does not lead");
+  }
+  if (absl::Now() - last_call_ < interval) return absl::OkStatus();
+  return SendCall({kCallNothing});
+}
+
+absl::Status CudaDecoder::Release() {
+  if (ring_ == nullptr) return absl::OkStatus();
+  if (!leading_)
+    return absl::FailedPreconditionError("GPU decoder Release: this rank does not lead");
+  leading_ = false;
+  absl::Status s = SendCall({kCallRelease});
+  dropped_->record = false;
+  dropped_->ids.clear();
+  return s;
+}
+
+absl::Status CudaDecoder::Follow() {
+  if (ring_ == nullptr || ring_->rank() == 0) {
+    return absl::FailedPreconditionError(
+        "GPU decoder Follow: only ranks 1.. of a ring follow (rank 0 leads)");
+  }
+  return FollowDecoderCalls(*this, *wire_, ring_->rank(), &follower_states_);
 }
 
 absl::Status CudaDecoder::RunStep(absl::Span<CudaDecodeState* const> states, const int32_t* tokens,
@@ -546,7 +675,7 @@ absl::Status CudaDecoder::RunStep(absl::Span<CudaDecodeState* const> states, con
   }
   if (auto it = b.graphs.find(rows); it != b.graphs.end()) {
     DECODER_CUDA(cudaGraphLaunch(it->second, stream));
-  } else if (b.planned.count(rows) == 0 || b.graphs_failed || ring_ != nullptr) {
+  } else if (b.planned.count(rows) == 0 || b.graphs_failed) {
     DATTN_RETURN_IF_ERROR(EnqueueStep(rows));
     b.planned.insert(rows);
   } else {

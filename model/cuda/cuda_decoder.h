@@ -42,13 +42,17 @@
 //     holds (DecodeAttend writes every chunk, empty past its rows), the partials of all ranks are
 //     all-gathered (NCCL, on the model's stream; per layer B x slots x max_chunks x (dh + 2) fp32
 //     from each rank) and every rank merges all of them in rank order: every rank computes the
-//     same bits, and the same logits. The step is not captured as a CUDA graph on a ring (its
-//     all-gathers go through the communicator's checks).
+//     same bits, and the same logits. The step's device work, the all-gathers included (NCCL
+//     kernels), is captured as a CUDA graph as on one GPU and replayed by every rank in the same
+//     order; the host then waits through the communicator (its timeout, its errors).
 //   - Score: the forward pass split as Prefill's (S ceil(n / S) positions, the whole padded
 //     sequence), each rank's log-probabilities all-gathered.
 // Collective contract: every rank makes the same calls with the same arguments (its own states
 // of the same sequences), as on the CPU; a rank that does not leaves the others waiting until the
-// communicator's timeout. After a communicator error the states are unspecified (drop them).
+// communicator's timeout. After a communicator error the states are unspecified (drop them). A
+// deployment's ring is driven by rank 0 alone: Lead, Follow, KeepAlive and Release are the CPU
+// decoder's (decoder.h; the calls of decoder_calls.h), their words staged through a small device
+// buffer for NCCL.
 //
 // Memory: each state's cache is one device allocation of KvCacheGeometry::ElementsPerSequence()
 // bf16 values (2 bytes each), made by NewState. Step keeps buffers for the largest batch seen
@@ -75,12 +79,14 @@
 
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
+#include "absl/time/time.h"
 #include "absl/types/span.h"
 #include "engine/comm/communicator.h"
 #include "model/config.h"
 #include "model/cuda/cuda_longnet.h"
 #include "model/cuda/decode_kernels.h"
 #include "model/decoder.h"
+#include "model/decoder_calls.h"
 
 namespace dattn {
 namespace model {
@@ -105,8 +111,11 @@ class CudaDecodeState {
  private:
   friend class CudaDecoder;
   CudaDecodeState() = default;
+  // Frees the cache; a state of a leading decoder joins its dropped list (decoder.h).
   void Free();
   const void* owner_ = nullptr;
+  int64_t id_ = 0;  // Its decoder's number for it (1, 2, ...), the same on a ring.
+  std::shared_ptr<DroppedStates> dropped_;
   int device_ = 0;
   int64_t position_ = 0;
   int64_t elements_ = 0;     // Of K (and of V): layers x rows_per_layer x head_dim.
@@ -116,6 +125,7 @@ class CudaDecodeState {
 class CudaDecoder {
  public:
   using State = CudaDecodeState;
+  using Logit = float;
 
   // Borrows `model` (it must outlive the decoder and every state). INVALID_ARGUMENT for
   // max_context < 1 (naming it); the rotary plan's errors for a max_context it refuses. With
@@ -135,7 +145,8 @@ class CudaDecoder {
   // A sequence with no tokens yet and its whole cache allocated on the model's device.
   absl::StatusOr<CudaDecodeState> NewState() const;
   // A copy of `state` (its cache and position): a shared prompt decoded several ways, without a
-  // second prefill. INVALID_ARGUMENT for a state of another decoder.
+  // second prefill. INVALID_ARGUMENT for a state of another decoder; FAILED_PRECONDITION while
+  // leading a ring (a clone is not a call the followers make).
   absl::StatusOr<CudaDecodeState> Clone(const CudaDecodeState& state) const;
 
   // As Decoder::Prefill: the prompt (1 <= n <= max_context tokens) through the forward pass, the
@@ -148,6 +159,17 @@ class CudaDecoder {
   // As Decoder::Score: logprobs[i] := log p(tokens[i + 1] | tokens[0..i]), i < n - 1, n >= 2.
   absl::Status Score(const int32_t* tokens, int64_t n, double* logprobs);
 
+  // A ring driven by rank 0 alone, as decoder.h's Decoder: after Lead() on rank 0 each Prefill,
+  // Step and Score first sends the call to the other ranks, which are in Follow(); Release() ends
+  // them; KeepAlive(interval) sends a no-op when nothing was sent for `interval`. On one GPU Lead,
+  // KeepAlive and Release do nothing. Errors as decoder.h's.
+  absl::Status Lead();
+  absl::Status Follow();
+  absl::Status KeepAlive(absl::Duration interval);
+  absl::Status Release();
+  bool leading() const { return leading_; }
+  int64_t follower_states() const { return follower_states_; }
+
  private:
   struct Buffers;
   CudaDecoder(CudaLongNetLM* model, KvCacheGeometry geometry, RotaryPlan rotary,
@@ -158,8 +180,10 @@ class CudaDecoder {
   absl::Status Sync();
   // Grows a device buffer to at least `bytes` (after the stream's work that may read it).
   absl::Status Reserve(void** buffer, int64_t* capacity, int64_t bytes, const char* what);
-  // out[0, count) := rank `holder`'s host values (every rank gets them; one device: a copy).
+  // all[r count, (r + 1) count) := rank r's mine[0, count), for every rank (one GPU: a copy).
   absl::Status ShareFromRanks(const float* mine, int64_t count, float* all);
+  // A leader's call to the followers (decoder_calls.h).
+  absl::Status SendCall(std::vector<int64_t> words);
   absl::Status EnsureStepBuffers(int64_t rows);
   absl::Status RunStep(absl::Span<CudaDecodeState* const> states, const int32_t* tokens,
                        float* logits);
@@ -174,6 +198,13 @@ class CudaDecoder {
   const AttentionSpec spec_;
   int64_t max_chunks_ = 1;  // ceil(largest slot capacity / kDecodeChunk)
   std::unique_ptr<Buffers> buffers_;
+  std::unique_ptr<DecoderCallWire> wire_;  // A ring's, for Lead and Follow.
+  // States' ids, and the ids of those dropped while leading.
+  mutable int64_t next_state_id_ = 1;
+  std::shared_ptr<DroppedStates> dropped_ = std::make_shared<DroppedStates>();
+  bool leading_ = false;
+  int64_t follower_states_ = 0;
+  absl::Time last_call_ = absl::InfinitePast();  // When the leader last sent a call.
 };
 
 }  // namespace cuda

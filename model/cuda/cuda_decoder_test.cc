@@ -231,6 +231,7 @@ struct RingRecord {
   std::vector<std::vector<float>> logits;
   std::vector<double> scored;
   int64_t cache_bytes = 0;
+  int64_t followed_states = -1;  // a follower's states when its Follow returned
 };
 
 // Two sequences (prompts of prompt_a and prompt_b tokens, so at different positions) prefilled,
@@ -323,12 +324,53 @@ TEST_P(CudaRingDecoderTest, ARingOfTwoGpusDecodesAsOneDevice) {
           mine.logits.push_back(two);
         }
         mine.scored.resize(static_cast<size_t>(c.prompt_a + c.steps - 1));
-        return d.Score(a.data(), c.prompt_a + c.steps, mine.scored.data());
+        DATTN_RETURN_IF_ERROR(d.Score(a.data(), c.prompt_a + c.steps, mine.scored.data()));
+
+        // The same calls on a ring driven by rank 0 alone (Lead/Follow, as a deployment runs):
+        // rank 0's results equal the collective run's bit for bit; a state rank 0 drops is
+        // dropped by the follower with the next call; Release ends the follower's Follow.
+        if (rank == 1) {
+          EXPECT_EQ(d.Lead().code(), absl::StatusCode::kFailedPrecondition);
+          DATTN_RETURN_IF_ERROR(d.Follow());
+          mine.followed_states = d.follower_states();
+          return absl::OkStatus();
+        }
+        EXPECT_EQ(d.Follow().code(), absl::StatusCode::kFailedPrecondition);
+        DATTN_RETURN_IF_ERROR(d.Lead());
+        EXPECT_EQ(d.Clone(*sa).status().code(), absl::StatusCode::kFailedPrecondition);
+        absl::StatusOr<CudaDecodeState> la = d.NewState(), lb = d.NewState();
+        if (!la.ok()) return la.status();
+        if (!lb.ok()) return lb.status();
+        std::vector<std::vector<float>> led;
+        DATTN_RETURN_IF_ERROR(d.Prefill(a.data(), c.prompt_a, &*la, out.data()));
+        led.push_back(out);
+        DATTN_RETURN_IF_ERROR(d.Prefill(b.data(), c.prompt_b, &*lb, out.data()));
+        led.push_back(out);
+        for (int64_t i = 0; i < c.steps; ++i) {
+          CudaDecodeState* both[] = {&*la, &*lb};
+          const int32_t next[] = {a[static_cast<size_t>(c.prompt_a + i)],
+                                  b[static_cast<size_t>(c.prompt_b + i)]};
+          DATTN_RETURN_IF_ERROR(d.Step(absl::MakeSpan(both), next, two.data()));
+          led.push_back(two);
+        }
+        std::vector<double> led_scored(mine.scored.size());
+        DATTN_RETURN_IF_ERROR(d.Score(a.data(), c.prompt_a + c.steps, led_scored.data()));
+        EXPECT_EQ(led, mine.logits) << "a led ring computes what the collective calls do";
+        EXPECT_EQ(led_scored, mine.scored);
+        // lb goes: its id goes with the next call, a step of la alone.
+        { const CudaDecodeState gone = std::move(*lb); }
+        CudaDecodeState* alone[] = {&*la};
+        const int32_t token = 7;
+        DATTN_RETURN_IF_ERROR(d.Step(absl::MakeSpan(alone), &token, out.data()));
+        DATTN_RETURN_IF_ERROR(d.KeepAlive(absl::ZeroDuration()));
+        return d.Release();
       },
       "ring-decoder-" + c.name);
   for (size_t r = 0; r < ranks.size(); ++r)
     ASSERT_TRUE(ranks[r].ok()) << "rank " << r << ": " << ranks[r];
 
+  // The follower held the led run's one live sequence when rank 0 released it.
+  EXPECT_EQ(got[1].followed_states, 1);
   // Row j of a slot on rank j mod 2: rank 0 holds ceil(C / 2) rows of each slot, rank 1 the rest.
   EXPECT_EQ(got[0].cache_bytes + got[1].cache_bytes, want.cache_bytes);
   EXPECT_GE(got[0].cache_bytes, got[1].cache_bytes);

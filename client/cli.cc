@@ -450,8 +450,8 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
       ->check(CLI::NonNegativeNumber);
   deploy
       ->add_option("--device", deploy_device,
-                   "any (default: a GPU worker when one has room), cpu (fp32) or gpu (bf16, "
-                   "one GPU)")
+                   "any (default: GPU workers when they have room), cpu (fp32) or gpu (bf16; "
+                   "with --ranks a ring of GPUs)")
       ->type_name("KIND");
   deploy->add_option("--name", deploy_name, "Job name")->type_name("NAME");
   deploy->add_option("--priority", deploy_priority, "-100 .. 100 (placement)")->type_name("N");

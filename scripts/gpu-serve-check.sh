@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# GPU deployments through the service (issue 18): a coordinator, one dattn-worker-gpu and one CPU
-# dattn-worker, and the same checkpoint deployed on each (`dattn deploy --device gpu` and
-# `--device cpu`); then on both Score of the same text (the losses and every token's
-# log-probability compared: bf16 against fp32), greedy Generate of the same prompt (the tokens
-# compared), and on the GPU deployment S concurrent Generate calls (their tokens/s). Builds nothing
-# on the GPU machine.
+# GPU deployments through the service (issue 18): a coordinator, RANKS dattn-worker-gpu (one per
+# GPU) and one CPU dattn-worker, and the same checkpoint deployed on each kind (`dattn deploy
+# --device gpu --ranks RANKS`, on a ring of RANKS GPUs over NCCL when RANKS > 1, and `--device
+# cpu`); then on both Score of the same text (the losses and every token's log-probability
+# compared: bf16 against fp32), greedy Generate of the same prompt (the tokens compared), and on
+# the GPU deployment S concurrent Generate calls (their tokens/s). Builds nothing on the GPU
+# machine.
 #
 #   scripts/gpu-serve-check.sh stage CHECKPOINT  (here) build the coordinator, both workers and the
 #                                    CLI and pack them, the shared libraries the GPU machine lacks
@@ -14,7 +15,8 @@
 #   scripts/gpu-serve-check.sh smoke CHECKPOINT  (here) the same flow with two CPU workers: checks
 #                                    the script
 #
-# Environment: OUT (a folder for logs), STREAMS (concurrent Generate calls, default 8), TOKENS
+# Environment: OUT (a folder for logs), RANKS (GPU workers and the GPU deployment's ring, default
+# 1; smoke: CPU workers standing in), STREAMS (concurrent Generate calls, default 8), TOKENS
 # (tokens each generates, default 128), TOLERANCE (largest |log-probability difference| of a token
 # between the deployments, default 0.1: bf16 against fp32).
 # Exit status: 0 when both deployments served and agreed; 1 when they did not; 2 set-up failures.
@@ -62,6 +64,7 @@ if [ "$mode" = "smoke" ]; then
   model="${2:?usage: scripts/gpu-serve-check.sh smoke CHECKPOINT_STEP_FOLDER}"
   model=$(cd "$model" && pwd)
   gpu_flags=(--threads 1)
+  gpu_index=()
   first_device=cpu
 elif [ "$mode" = "run" ]; then
   [ -f "$pack" ] || { echo "missing $pack: run 'scripts/gpu-serve-check.sh stage' first"; exit 2; }
@@ -72,12 +75,14 @@ elif [ "$mode" = "run" ]; then
   cpu_worker="$bin/dattn-worker"
   cli="$bin/dattn"
   model="$bin/model"
-  gpu_flags=(--gpu --gpu-index 0)
+  gpu_flags=(--gpu)
+  gpu_index=(--gpu-index)
   first_device=gpu
 else
   echo "usage: scripts/gpu-serve-check.sh stage|run|smoke" >&2
   exit 2
 fi
+ranks="${RANKS:-1}"
 streams="${STREAMS:-8}"
 tokens="${TOKENS:-128}"
 tolerance="${TOLERANCE:-0.1}"
@@ -86,6 +91,7 @@ tolerance="${TOLERANCE:-0.1}"
 libs=$(wheel_lib_path cudnn nccl cuda_nvrtc cu13 cublas)
 libs="$libs:/usr/local/cuda/lib64:/usr/lib/x86_64-linux-gnu${bin:+:$bin/lib}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 export LD_LIBRARY_PATH="${libs#:}"
+export NCCL_NVLS_ENABLE=0  # NVLink multicast stays off on these machines
 {
   echo "== environment =="
   date -u
@@ -114,31 +120,32 @@ for _ in $(seq 1 300); do
 done
 [ -n "$addr" ] || { echo "the coordinator did not start:"; cat "$out/coordinator.log"; exit 2; }
 export DATTN_COORDINATOR="$addr"
-"$gpu_worker" --insecure "${gpu_flags[@]}" --name "$first_device-0" --coordinator "$addr" \
-  --health-port 0 --slots 1 2>"$out/worker-$first_device.log" &
-pids+=($!)
-"$cpu_worker" --insecure --threads 8 --name cpu-1 --coordinator "$addr" --health-port 0 \
+for ((r = 0; r < ranks; r++)); do
+  index=()
+  [ ${#gpu_index[@]} -gt 0 ] && index=("${gpu_index[@]}" "$r")
+  "$gpu_worker" --insecure "${gpu_flags[@]}" "${index[@]}" --name "$first_device-$r" \
+    --coordinator "$addr" --health-port 0 --slots 1 2>"$out/worker-$first_device-$r.log" &
+  pids+=($!)
+done
+"$cpu_worker" --insecure --threads 8 --name cpu-x --coordinator "$addr" --health-port 0 \
   --slots 1 2>"$out/worker-cpu.log" &
 pids+=($!)
 for _ in $(seq 1 600); do
   ready=$("$cli" --json workers 2>/dev/null |
           python3 -c 'import json,sys; print(sum(w["state"]=="WORKER_STATE_READY" for w in json.load(sys.stdin).get("workers",[])))' 2>/dev/null || echo 0)
-  [ "$ready" -ge 2 ] && break
+  [ "$ready" -ge $((ranks + 1)) ] && break
   sleep 0.2
 done
 "$cli" workers | tee "$out/workers.txt"
 
-deploy() {  # DEVICE -> job id
+deploy() {  # DEVICE RANKS -> job id
   "$cli" deploy --checkpoint "$model" --max-context 4096 --max-batch 16 --device "$1" \
-    --name "on-$1" --wait 120 >"$out/deploy-$1.txt" 2>&1 || { cat "$out/deploy-$1.txt" >&2; return 1; }
+    --ranks "$2" --name "on-$1" --wait 120 >"$out/deploy-$1.txt" 2>&1 ||
+    { cat "$out/deploy-$1.txt" >&2; return 1; }
   sed -n 's/.*\(j-[0-9a-f]\{16\}\).*/\1/p' "$out/deploy-$1.txt" | head -1
 }
-if [ "$mode" = "smoke" ]; then
-  gpu_job=$(deploy cpu) || exit 2
-else
-  gpu_job=$(deploy gpu) || exit 2
-fi
-cpu_job=$(deploy cpu) || exit 2
+gpu_job=$(deploy "$first_device" "$ranks") || exit 2
+cpu_job=$(deploy cpu 1) || exit 2
 "$cli" status "$gpu_job" | tee "$out/status-gpu.txt"
 "$cli" models | tee "$out/models.txt"
 
@@ -166,9 +173,10 @@ failed=0
 for p in "${spids[@]}"; do wait "$p" || failed=$((failed + 1)); done
 end=$(date +%s.%N)
 
-python3 - "$out" "$streams" "$tokens" "$start" "$end" "$failed" "$tolerance" "$first_device" <<'EOF'
+python3 - "$out" "$streams" "$tokens" "$start" "$end" "$failed" "$tolerance" "$first_device" "$ranks" <<'EOF'
 import json, sys
-out, streams, tokens, start, end, failed, tol, dev = sys.argv[1:]
+out, streams, tokens, start, end, failed, tol, dev, ranks = sys.argv[1:]
+dev = dev if ranks == "1" else f"{dev} x {ranks} ring"
 streams, tokens, failed, tol = int(streams), int(tokens), int(failed), float(tol)
 g = json.load(open(f"{out}/score-gpu.json"))
 c = json.load(open(f"{out}/score-cpu.json"))
@@ -188,7 +196,7 @@ secs = float(end) - float(start)
 ok = worst <= tol and len(tg) == tokens and len(tc) == tokens and failed == 0
 print()
 print("================ gpu-serve-check results ================")
-print(f"| check | {dev} deployment ({'bf16' if dev == 'gpu' else 'fp32'}) | cpu deployment (fp32) | difference |")
+print(f"| check | {dev} deployment ({'bf16' if dev.startswith('gpu') else 'fp32'}) | cpu deployment (fp32) | difference |")
 print("|---|---|---|---|")
 print(f"| Score loss, {len(lg)} tokens (nats/token) | {loss_g:.5f} | {loss_c:.5f} | {abs(loss_g - loss_c):.2e} |")
 print(f"| largest token log-probability difference | | | {worst:.4f} (tolerance {tol}) |")

@@ -235,10 +235,10 @@ TEST_F(CoordinatorTest, DeploymentSpecsAreCheckedAtSubmit) {
   EXPECT_THAT(std::string(scored.status().message()), HasSubstr("is not a deployment"));
 }
 
-// Where a deployment runs: a GPU worker in bf16 when the spec allows (device any or gpu) and the
-// model runs there (one rank), reserving what model/cuda/serving_plan.h plans; CPU workers in fp32
-// otherwise. A GPU spec the GPU cannot serve (a ring, a head_dim the CUDA model refuses) is refused
-// at submit naming the field.
+// Where a deployment runs: GPU workers in bf16 when the spec allows (device any or gpu) and the
+// model runs there, reserving what model/cuda/serving_plan.h plans (one GPU, or each GPU of an
+// NCCL ring its largest rank's share); CPU workers in fp32 otherwise. A GPU spec the GPU cannot
+// serve (a head_dim the CUDA model refuses) is refused at submit naming the field.
 TEST_F(CoordinatorTest, ADeploymentRunsOnAGpuWorkerInBf16WhenItsSpecAndModelAllow) {
   model::LongNetConfig gpu_config = TinyConfig();
   gpu_config.d_model = 16;  // head_dim 8: the CUDA model's smallest
@@ -269,18 +269,40 @@ TEST_F(CoordinatorTest, ADeploymentRunsOnAGpuWorkerInBf16WhenItsSpecAndModelAllo
   EXPECT_EQ(cpu_assign->assign().job_id(), on_cpu.job_id());
   EXPECT_THAT(cpu_assign->assign().deployment_plan().memory_plan(), HasSubstr("CPU, fp32: "));
 
-  // Refused at submit: a ring on GPUs, a model the CUDA model cannot run (head_dim 4).
+  // A ring of 2 GPUs: two GPU workers, each rank an NCCL ring's, reserving rank 0's share.
+  FakeWorker* gpu_a = AddWorker("gpu-a", int64_t{8} << 30, 1, true, true, /*gpu=*/true);
+  FakeWorker* gpu_b = AddWorker("gpu-b", int64_t{8} << 30, 1, true, true, /*gpu=*/true);
+  // Room for the ring's share, NCCL's allowance included (more than the default 1 GiB free).
+  gpu_a->SetFreeMemory(int64_t{4} << 30);
+  gpu_b->SetFreeMemory(int64_t{4} << 30);
+  absl::SleepFor(absl::Milliseconds(100));  // a heartbeat of each says so
   v1::SubmitJobRequest ring = DeployRequest("ring", *gpu_checkpoint);
   ring.mutable_spec()->mutable_deployment()->set_device(v1::DEVICE_PREFERENCE_GPU);
   ring.mutable_spec()->mutable_deployment()->set_ranks(2);
-  absl::StatusOr<v1::SubmitJobResponse> refused = coordinator_->SubmitJob(ring);
-  ASSERT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
-  EXPECT_THAT(std::string(refused.status().message()),
-              HasSubstr("spec.deployment.ranks: GPU deployments run on one GPU; a ring of 2 ranks "
-                        "runs on CPU workers"));
+  const v1::Job on_ring = Submit(ring);
+  absl::StatusOr<model::cuda::ServingMemoryPlan> ring_plan =
+      model::cuda::PlanCudaServingMemory(gpu_config, 4096, 8, 2);
+  ASSERT_TRUE(ring_plan.ok()) << ring_plan.status();
+  EXPECT_GT(ring_plan->ring_bytes, 0);
+  std::vector<int> ring_ranks;
+  for (FakeWorker* w : {gpu_a, gpu_b}) {
+    std::optional<v1::WorkerCommand> c = w->Next();
+    ASSERT_TRUE(c.has_value() && c->has_assign()) << Get(on_ring.job_id(), true).DebugString();
+    EXPECT_EQ(c->assign().job_id(), on_ring.job_id());
+    EXPECT_EQ(c->assign().ring().backend(), "nccl");
+    EXPECT_EQ(c->assign().ring().size(), 2);
+    EXPECT_EQ(c->assign().deployment_plan().memory_bytes(), ring_plan->total_bytes);
+    EXPECT_THAT(c->assign().deployment_plan().memory_plan(), HasSubstr(" + ring "));
+    EXPECT_THAT(c->assign().deployment_plan().memory_plan(),
+                HasSubstr("1/2 of each sequence's) on each of 2 GPUs"));
+    ring_ranks.push_back(c->assign().rank());
+  }
+  EXPECT_NE(ring_ranks[0], ring_ranks[1]);
+
+  // Refused at submit: a model the CUDA model cannot run (head_dim 4).
   v1::SubmitJobRequest small = DeployRequest("small", SaveTinyCheckpoint(NewDataDir()));
   small.mutable_spec()->mutable_deployment()->set_device(v1::DEVICE_PREFERENCE_GPU);
-  refused = coordinator_->SubmitJob(small);
+  absl::StatusOr<v1::SubmitJobResponse> refused = coordinator_->SubmitJob(small);
   ASSERT_TRUE(absl::IsInvalidArgument(refused.status())) << refused.status();
   EXPECT_THAT(std::string(refused.status().message()),
               HasSubstr("spec.deployment.model_config_json: the model does not run on GPU "

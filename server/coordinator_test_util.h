@@ -72,7 +72,7 @@ class FakeWorker {
       while (beating_) {
         v1::HeartbeatRequest request;
         request.set_worker_id(id_);
-        request.set_free_memory_bytes(int64_t{1} << 30);
+        request.set_free_memory_bytes(free_memory_);
         {
           // Like a real worker: every task received and not yet finished is listed.
           absl::MutexLock lock(&mu_);
@@ -153,10 +153,13 @@ class FakeWorker {
     return out;
   }
 
+  // The free memory the heartbeats report from now on (1 GiB until set).
+  void SetFreeMemory(int64_t bytes) { free_memory_ = bytes; }
+
   v1::HeartbeatResponse Heartbeat(std::vector<std::string> running = {}) {
     v1::HeartbeatRequest request;
     request.set_worker_id(id_);
-    request.set_free_memory_bytes(int64_t{1} << 30);
+    request.set_free_memory_bytes(free_memory_);
     for (const std::string& task : running) request.add_tasks()->set_task_id(task);
     absl::StatusOr<v1::HeartbeatResponse> response = coordinator_->Heartbeat(request);
     EXPECT_TRUE(response.ok()) << response.status();
@@ -246,6 +249,7 @@ class FakeWorker {
   std::thread heartbeat_;
   std::atomic<bool> stop_{false};
   std::atomic<bool> beating_{true};
+  std::atomic<int64_t> free_memory_{int64_t{1} << 30};  // What heartbeats report free.
   absl::Mutex mu_;
   std::deque<v1::WorkerCommand> commands_ ABSL_GUARDED_BY(mu_);
   std::set<std::string> held_ ABSL_GUARDED_BY(mu_);  // Tasks received and not yet finished.

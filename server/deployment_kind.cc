@@ -134,7 +134,7 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> DeploymentKind::Analyze(
       (ranks > 1 ? int64_t{ranks + 1} * max_batch * static_cast<int64_t>(geometry->slots().size()) *
                        (c.head_dim() + 2) * 8
                  : 0);
-  // Which devices may run it: the spec's preference; a GPU serves one rank only.
+  // Which devices may run it: the spec's preference.
   const v1::DevicePreference preference = d.device();
   if (preference != v1::DEVICE_PREFERENCE_ANY && preference != v1::DEVICE_PREFERENCE_CPU &&
       preference != v1::DEVICE_PREFERENCE_GPU) {
@@ -142,22 +142,22 @@ absl::StatusOr<std::shared_ptr<const JobAnalysis>> DeploymentKind::Analyze(
   }
   const bool want_gpu = preference != v1::DEVICE_PREFERENCE_CPU;
   const bool want_cpu = preference != v1::DEVICE_PREFERENCE_GPU;
-  if (preference == v1::DEVICE_PREFERENCE_GPU && ranks > 1) {
-    return Invalid(at + ".ranks", absl::StrCat("GPU deployments run on one GPU; a ring of ", ranks,
-                                               " ranks runs on CPU workers (device cpu or any)"));
-  }
   std::vector<api::DeviceVariant> variants;
-  if (want_gpu && ranks == 1) {
-    // bf16 on one GPU (model/cuda/serving_plan.h: model, prefill arena, caches, step buffers).
+  if (want_gpu) {
+    // bf16 on one GPU or a ring of them over NCCL (model/cuda/serving_plan.h: model, prefill
+    // arena, ring buffers, caches, step buffers of the largest rank).
     absl::StatusOr<model::cuda::ServingMemoryPlan> plan =
-        model::cuda::PlanCudaServingMemory(c, max_context, max_batch);
+        model::cuda::PlanCudaServingMemory(c, max_context, max_batch, ranks);
     if (plan.ok()) {
       api::DeviceVariant gpu;
       gpu.gpu = true;
       gpu.ring_backend = "nccl";
       gpu.memory_per_rank_bytes = plan->total_bytes;
-      gpu.memory_plan = absl::StrCat("GPU, bf16: ", plan->DebugString(), " (", max_batch,
-                                     " caches of ", plan->cache_bytes_per_sequence, " bytes)");
+      gpu.memory_plan =
+          absl::StrCat("GPU, bf16: ", plan->DebugString(), " (", max_batch, " caches of ",
+                       plan->cache_bytes_per_sequence, " bytes",
+                       ranks > 1 ? absl::StrCat(", 1/", ranks, " of each sequence's") : "", ")",
+                       ranks > 1 ? absl::StrCat(" on each of ", ranks, " GPUs") : "");
       variants.push_back(gpu);
     } else if (!want_cpu) {
       return Invalid(

@@ -306,12 +306,7 @@ absl::StatusOr<std::unique_ptr<model::TrainerCollective>> CudaDevice::NewTrainer
 absl::StatusOr<std::unique_ptr<model::ServingModel>> CudaDevice::NewServingModel(
     const model::LongNetConfig& config, absl::Span<const float> params, int64_t max_context,
     int64_t max_batch, int, comm::Communicator* ring) {
-  if (ring != nullptr && ring->size() > 1) {
-    return absl::UnimplementedError(absl::StrCat(
-        "a deployment on a ring of ", ring->size(),
-        " GPUs: GPU deployments run on one GPU (ranks 1); rings of several run on CPU workers"));
-  }
-  return model::cuda::NewCudaServingModel(config, params, max_context, max_batch, device_);
+  return model::cuda::NewCudaServingModel(config, params, max_context, max_batch, device_, ring);
 }
 
 }  // namespace

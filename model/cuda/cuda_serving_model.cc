@@ -7,6 +7,7 @@
 #include "model/batch_generator_impl.h"
 #include "model/cuda/cuda_decoder.h"
 #include "model/cuda/cuda_longnet.h"
+#include "model/cuda/cuda_sequence_attention.h"
 
 namespace dattn {
 namespace model {
@@ -20,19 +21,21 @@ namespace {
 
 class CudaServingModel final : public DecoderServingModel<CudaLongNetLM, CudaDecoder> {
  public:
-  using DecoderServingModel::DecoderServingModel;
+  CudaServingModel(std::unique_ptr<CudaLongNetLM> lm, std::unique_ptr<CudaDecoder> decoder,
+                   std::unique_ptr<BatchGenerator<float, CudaDecoder>> generator,
+                   int64_t cache_bytes)
+      : DecoderServingModel(std::move(lm), std::move(decoder), std::move(generator)),
+        cache_bytes_(cache_bytes) {}
   std::string device() const override { return "cuda bf16"; }
-  int64_t cache_bytes_per_sequence() const override {
-    // ElementsPerSequence counts K and V.
-    return decoder_->geometry().ElementsPerSequence() * static_cast<int64_t>(sizeof(bf16_t));
-  }
-  absl::Status Lead() override { return absl::OkStatus(); }
-  absl::Status Follow() override {
-    return absl::FailedPreconditionError(
-        "a GPU deployment runs on one GPU: there is no ring to follow");
-  }
-  absl::Status KeepAlive(absl::Duration) override { return absl::OkStatus(); }
-  absl::Status Release() override { return absl::OkStatus(); }
+  int64_t cache_bytes_per_sequence() const override { return cache_bytes_; }
+  // One GPU: the decoder's Lead, KeepAlive and Release do nothing and its Follow says so.
+  absl::Status Lead() override { return decoder_->Lead(); }
+  absl::Status Follow() override { return decoder_->Follow(); }
+  absl::Status KeepAlive(absl::Duration interval) override { return decoder_->KeepAlive(interval); }
+  absl::Status Release() override { return decoder_->Release(); }
+
+ private:
+  const int64_t cache_bytes_;  // Every rank's share together.
 };
 
 }  // namespace
@@ -40,12 +43,26 @@ class CudaServingModel final : public DecoderServingModel<CudaLongNetLM, CudaDec
 absl::StatusOr<std::unique_ptr<ServingModel>> NewCudaServingModel(const LongNetConfig& config,
                                                                   absl::Span<const float> params,
                                                                   int64_t max_context,
-                                                                  int64_t max_batch, int device) {
+                                                                  int64_t max_batch, int device,
+                                                                  comm::Communicator* ring) {
+  if (ring != nullptr && ring->size() == 1) ring = nullptr;
+  const int shards = ring == nullptr ? 1 : ring->size();
+  if (max_context % shards != 0) {
+    return absl::InvalidArgumentError(absl::StrCat("GPU serving model: max_context ", max_context,
+                                                   " is not a multiple of the ring's ", shards,
+                                                   " ranks"));
+  }
   ModelOptions options;
   options.checkpoint_activations = true;
   CudaModelOptions cuda_options;
   cuda_options.device = device;
   cuda_options.norms = CudaModelOptions::Norms::kRecompute;
+  if (ring != nullptr) {
+    // A prompt's prefill and a Score split over the ring's GPUs.
+    cuda_options.attention_factory = [ring, device](cudaStream_t stream) {
+      return NewCudaRingSequenceAttention(ring, stream, device);
+    };
+  }
   absl::StatusOr<std::unique_ptr<CudaLongNetLM>> lm =
       CudaLongNetLM::Create(config, options, cuda_options);
   if (!lm.ok()) return lm.status();
@@ -58,15 +75,19 @@ absl::StatusOr<std::unique_ptr<ServingModel>> NewCudaServingModel(const LongNetC
   // The activations of a max_context-token prompt or Score, claimed now: a device without room
   // fails the deployment as it loads, not at its first long request, and prompts of any length
   // then run without an allocation.
-  if (absl::Status s = (*lm)->ReserveActivations(1, max_context); !s.ok()) return s;
+  if (absl::Status s = (*lm)->ReserveActivations(1, max_context / shards); !s.ok()) return s;
   absl::StatusOr<std::unique_ptr<CudaDecoder>> decoder =
-      CudaDecoder::Create(lm->get(), max_context);
+      CudaDecoder::Create(lm->get(), max_context, ring);
   if (!decoder.ok()) return decoder.status();
   absl::StatusOr<std::unique_ptr<BatchGenerator<float, CudaDecoder>>> generator =
       BatchGenerator<float, CudaDecoder>::Create(decoder->get(), max_batch);
   if (!generator.ok()) return generator.status();
+  // Every rank's share together: the cache of one sequence (ElementsPerSequence counts K and V).
+  absl::StatusOr<KvCacheGeometry> whole = KvCacheGeometry::Make(config, max_context);
+  if (!whole.ok()) return whole.status();
   return std::unique_ptr<ServingModel>(std::make_unique<CudaServingModel>(
-      *std::move(lm), *std::move(decoder), *std::move(generator)));
+      *std::move(lm), *std::move(decoder), *std::move(generator),
+      whole->ElementsPerSequence() * static_cast<int64_t>(sizeof(bf16_t))));
 }
 
 }  // namespace cuda

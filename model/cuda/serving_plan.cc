@@ -71,41 +71,54 @@ int64_t DecodeMaxChunks(const KvCacheGeometry& geometry) {
 }
 
 std::string ServingMemoryPlan::DebugString() const {
-  return absl::StrCat("model ", MiB(model_bytes), " + prefill ", MiB(prefill_bytes), " + caches ",
+  return absl::StrCat("model ", MiB(model_bytes), " + prefill ", MiB(prefill_bytes),
+                      ring_bytes > 0 ? absl::StrCat(" + ring ", MiB(ring_bytes)) : "", " + caches ",
                       MiB(cache_bytes), " + step buffers ", MiB(step_bytes), " = ",
                       MiB(total_bytes));
 }
 
 absl::StatusOr<ServingMemoryPlan> PlanCudaServingMemory(const LongNetConfig& config,
-                                                        int64_t max_context, int64_t max_batch) {
+                                                        int64_t max_context, int64_t max_batch,
+                                                        int ranks) {
   if (absl::Status s = CheckCudaConfig(config); !s.ok()) return s;
   if (max_context < 1 || max_batch < 1) {
     return absl::InvalidArgumentError(absl::StrCat("GPU serving plan: max_context ", max_context,
                                                    " and max_batch ", max_batch, " must be >= 1"));
   }
-  absl::StatusOr<KvCacheGeometry> geometry = KvCacheGeometry::Make(config, max_context);
+  if (ranks < 1 || max_context % ranks != 0) {
+    return absl::InvalidArgumentError(absl::StrCat(
+        "GPU serving plan: ", ranks, " ranks must be >= 1 and divide max_context ", max_context));
+  }
+  // Rank 0's share: it holds row 0 of every slot, so the most rows.
+  absl::StatusOr<KvCacheGeometry> geometry = KvCacheGeometry::Make(config, max_context, ranks, 0);
   if (!geometry.ok()) return geometry.status();
   TrainingMemoryOptions options;
   options.arena.checkpoint_activations = true;
   options.arena.recompute_norms = true;
   options.include_optimizer = false;
-  absl::StatusOr<TrainingMemoryPlan> model = PlanTrainingMemory(config, 1, max_context, options);
+  // One GPU: the whole prompt's forward pass. A ring: a rank's shard of it, with the ring's
+  // workspace and exchange buffers (the plan counts the backward's too: a bound).
+  absl::StatusOr<TrainingMemoryPlan> model =
+      ranks == 1 ? PlanTrainingMemory(config, 1, max_context, options)
+                 : PlanTrainingRankMemory(config, 1, max_context, 1, ranks, options);
   if (!model.ok()) return model.status();
   ServingMemoryPlan p;
   p.model_bytes = model->params_bytes + model->grads_bytes + model->working_copy_bytes +
                   model->gemm_workspace_bytes + model->library_bytes;
   p.prefill_bytes =
       model->activations_bytes + model->scratch_bytes + model->attention_workspace_bytes;
+  // A ring's one communicator (no trainer's collective): its buffers and NCCL's own memory.
+  p.ring_bytes = ranks > 1 ? model->ring_bytes + options.nccl_world_allowance_bytes : 0;
   // ElementsPerSequence counts K and V; bf16.
   p.cache_bytes_per_sequence = RoundUp(geometry->ElementsPerSequence() * 2, kGranule);
   p.cache_bytes = max_batch * p.cache_bytes_per_sequence;
   const int64_t slots = static_cast<int64_t>(geometry->slots().size());
   const DecodeStepLayout step =
-      LayoutDecodeStep(config, slots, DecodeMaxChunks(*geometry), max_batch);
+      LayoutDecodeStep(config, slots, DecodeMaxChunks(*geometry), max_batch, ranks);
   // The step buffers, and the decoder's tables (rotary constants, slots, prefill jobs): one
   // granule each.
   p.step_bytes = RoundUp(step.bytes, kGranule) + 4 * kGranule;
-  p.total_bytes = p.model_bytes + p.prefill_bytes + p.cache_bytes + p.step_bytes;
+  p.total_bytes = p.model_bytes + p.prefill_bytes + p.ring_bytes + p.cache_bytes + p.step_bytes;
   return p;
 }
 

@@ -53,16 +53,22 @@ int64_t DecodeMaxChunks(const KvCacheGeometry& geometry);
 struct ServingMemoryPlan {
   int64_t model_bytes = 0;  // parameters, gradient buffer, working copy, GEMM workspace, libraries
   int64_t prefill_bytes = 0;  // the arena of a max_context forward pass and attention workspace
+  int64_t ring_bytes = 0;     // a ring's: its exchange buffers and NCCL's own memory
   int64_t cache_bytes = 0;    // max_batch caches
   int64_t cache_bytes_per_sequence = 0;  // one cache, as allocated
   int64_t step_bytes = 0;  // the step buffers for max_batch rows and the decoder's tables
   int64_t total_bytes = 0;
   std::string DebugString() const;  // one line, every part
 };
-// INVALID_ARGUMENT for a config the CUDA model cannot run (CheckCudaConfig, naming the field),
-// max_context or max_batch < 1, and the errors of KvCacheGeometry::Make and PlanTrainingMemory.
+// The plan of one GPU of a deployment on `ranks` GPUs (1: one GPU; on a ring, the largest rank's,
+// rank 0's: its shard of max_context / ranks positions for the prefill, with the ring's workspace
+// and exchange buffers of training_plan.h's PlanTrainingRankMemory and its allowance for NCCL's
+// own memory, and rank 0's share of each cache). INVALID_ARGUMENT for a config the CUDA model
+// cannot run (CheckCudaConfig, naming the field), max_context or max_batch < 1, ranks < 1 or not
+// dividing max_context, and the errors of KvCacheGeometry::Make and PlanTrainingMemory.
 absl::StatusOr<ServingMemoryPlan> PlanCudaServingMemory(const LongNetConfig& config,
-                                                        int64_t max_context, int64_t max_batch);
+                                                        int64_t max_context, int64_t max_batch,
+                                                        int ranks = 1);
 
 }  // namespace cuda
 }  // namespace model

@@ -503,7 +503,8 @@ class Client:
         checkpoint, or with `step` of any saved step of a training job, and returns its Job.
         With `ranks` > 1 it runs on that many workers as one ring, each keeping 1/ranks of every
         sequence's cache. `device`: "any" (a GPU worker when one has room), "cpu" (fp32) or
-        "gpu" (bf16, one GPU); the job's progress.deployment.device says what serves it.
+        "gpu" (bf16; with ranks > 1 a ring of GPUs over NCCL); the job's progress.deployment.device says
+        what serves it.
         With `wait` (seconds), follows it until it serves and returns the Job then; raises
         DattnError if it ends first or the wait runs out."""
         if (checkpoint is not None) + (model is not None) + (training_job_id is not None) != 1:

@@ -173,26 +173,27 @@ absl::StatusOr<std::unique_ptr<Decoder<T>>> Decoder<T>::Create(LongNetLM<T>* mod
   if (!geometry.ok()) return geometry.status();
   absl::StatusOr<RotaryPlan> rotary = RotaryPlan::Make(model->config(), max_context);
   if (!rotary.ok()) return rotary.status();
-  std::unique_ptr<Decoder<T>> decoder(
-      new Decoder<T>(model, *std::move(geometry), *std::move(rotary), ring));
+  std::unique_ptr<DecoderCallWire> wire;
   if (ring != nullptr) {
-    absl::StatusOr<std::unique_ptr<DecoderCallWire>> wire = NewHostCallWire(ring);
-    if (!wire.ok()) return wire.status();
-    decoder->wire_ = *std::move(wire);
+    absl::StatusOr<std::unique_ptr<DecoderCallWire>> made = NewHostCallWire(ring);
+    if (!made.ok()) return made.status();
+    wire = *std::move(made);
   }
-  return decoder;
+  return std::unique_ptr<Decoder<T>>(
+      new Decoder<T>(model, *std::move(geometry), *std::move(rotary), ring, std::move(wire)));
 }
 
 template <typename T>
 Decoder<T>::Decoder(LongNetLM<T>* model, KvCacheGeometry geometry, RotaryPlan rotary,
-                    comm::Communicator* ring)
+                    comm::Communicator* ring, std::unique_ptr<DecoderCallWire> wire)
     : model_(model),
       ring_(ring),
       shards_(ring == nullptr ? 1 : ring->size()),
       partial_width_(model->config().head_dim() + 2),
       geometry_(std::move(geometry)),
       spec_(model->config().attention_spec()),
-      rotary_(std::move(rotary)) {
+      rotary_(std::move(rotary)),
+      calls_(std::move(wire), ring == nullptr ? 0 : ring->rank(), "decoder") {
   const int64_t heads = model->config().num_heads;
   slot_of_.assign(static_cast<size_t>(spec_.num_patterns() * heads), -1);
   for (size_t s = 0; s < geometry_.slots().size(); ++s) {
@@ -214,8 +215,8 @@ absl::StatusOr<DecodeState<T>> Decoder<T>::NewState() const {
         absl::StrCat("decoder: cannot allocate a sequence's cache of ",
                      2 * half * static_cast<int64_t>(sizeof(T)), " bytes"));
   }
-  state.id_ = next_state_id_++;
-  state.dropped_ = dropped_;
+  state.id_ = calls_.NewStateId();
+  state.dropped_ = calls_.dropped();
   return state;
 }
 
@@ -441,11 +442,7 @@ template <typename T>
 absl::Status Decoder<T>::Prefill(const int32_t* tokens, int64_t n, DecodeState<T>* state,
                                  T* logits) {
   DECODER_RETURN_IF_ERROR(CheckPrefill(tokens, n, state));
-  if (leading_) {
-    std::vector<int64_t> call = {kCallPrefill, state->id_, n};
-    call.insert(call.end(), tokens, tokens + n);
-    DECODER_RETURN_IF_ERROR(SendCall(std::move(call)));
-  }
+  DECODER_RETURN_IF_ERROR(calls_.SendIfLeading(PrefillCall(state->id_, tokens, n)));
   return RunPrefill(tokens, n, state, logits);
 }
 
@@ -492,11 +489,7 @@ absl::Status Decoder<T>::CheckScore(const int32_t* tokens, int64_t n,
 template <typename T>
 absl::Status Decoder<T>::Score(const int32_t* tokens, int64_t n, double* logprobs) {
   DECODER_RETURN_IF_ERROR(CheckScore(tokens, n, logprobs));
-  if (leading_) {
-    std::vector<int64_t> call = {kCallScore, n};
-    call.insert(call.end(), tokens, tokens + n);
-    DECODER_RETURN_IF_ERROR(SendCall(std::move(call)));
-  }
+  DECODER_RETURN_IF_ERROR(calls_.SendIfLeading(ScoreCall(tokens, n)));
   return RunScore(tokens, n, logprobs);
 }
 
@@ -535,12 +528,6 @@ absl::Status Decoder<T>::RunScore(const int32_t* tokens, int64_t n, double* logp
 }
 
 template <typename T>
-absl::Status Decoder<T>::SendCall(std::vector<int64_t> words) {
-  last_call_ = absl::Now();
-  return SendDecoderCall(*wire_, &dropped_->ids, std::move(words));
-}
-
-template <typename T>
 absl::Status Decoder<T>::ExchangePartials(int64_t count) {
   // Every rank sends its partials to every other one at once: one hop of S - 1 concurrent
   // transfers each way, where a ring all-gather takes S - 1 hops one after the other (a decoding
@@ -561,43 +548,22 @@ absl::Status Decoder<T>::ExchangePartials(int64_t count) {
 
 template <typename T>
 absl::Status Decoder<T>::Lead() {
-  if (ring_ == nullptr) return absl::OkStatus();
-  if (ring_->rank() != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("decoder Lead: rank ", ring_->rank(), " of the ring; rank 0 leads"));
-  }
-  leading_ = true;
-  dropped_->record = true;
-  last_call_ = absl::Now();
-  return absl::OkStatus();
+  return calls_.Lead();
 }
 
 template <typename T>
 absl::Status Decoder<T>::KeepAlive(absl::Duration interval) {
-  if (ring_ == nullptr) return absl::OkStatus();
-  if (!leading_) return absl::FailedPreconditionError("decoder KeepAlive: this rank does not lead");
-  if (absl::Now() - last_call_ < interval) return absl::OkStatus();
-  return SendCall({kCallNothing});
+  return calls_.KeepAlive(interval);
 }
 
 template <typename T>
 absl::Status Decoder<T>::Release() {
-  if (ring_ == nullptr) return absl::OkStatus();
-  if (!leading_) return absl::FailedPreconditionError("decoder Release: this rank does not lead");
-  leading_ = false;
-  absl::Status s = SendCall({kCallRelease});
-  dropped_->record = false;
-  dropped_->ids.clear();
-  return s;
+  return calls_.Release();
 }
 
 template <typename T>
 absl::Status Decoder<T>::Follow() {
-  if (ring_ == nullptr || ring_->rank() == 0) {
-    return absl::FailedPreconditionError(
-        "decoder Follow: only ranks 1.. of a ring follow (rank 0 leads)");
-  }
-  return FollowDecoderCalls(*this, *wire_, ring_->rank(), &follower_states_);
+  return calls_.Follow(*this);
 }
 
 template <typename T>
@@ -647,11 +613,10 @@ absl::Status Decoder<T>::Step(absl::Span<DecodeState<T>* const> states, const in
     return absl::InvalidArgumentError("decoder Step: tokens and logits must be given");
   }
   DECODER_RETURN_IF_ERROR(CheckStep(states, tokens));
-  if (leading_) {
-    std::vector<int64_t> call = {kCallStep, static_cast<int64_t>(states.size())};
-    for (const DecodeState<T>* s : states) call.push_back(s->id_);
-    call.insert(call.end(), tokens, tokens + states.size());
-    DECODER_RETURN_IF_ERROR(SendCall(std::move(call)));
+  if (calls_.leading()) {
+    std::vector<int64_t> ids;
+    for (const DecodeState<T>* s : states) ids.push_back(s->id_);
+    DECODER_RETURN_IF_ERROR(calls_.SendIfLeading(StepCall(ids, tokens)));
   }
   return RunStep(states, tokens, logits);
 }

@@ -164,13 +164,6 @@ absl::Status CheckStepSequence(const char* decoder, int64_t j, bool ours, bool r
 template <typename T>
 class Decoder;
 
-// The ids of the states a leading decoder's sequences dropped since its last call to the followers
-// (Decoder::Lead): shared by the decoder and its states, so that a state may outlive its decoder.
-struct DroppedStates {
-  bool record = false;  // Only a leading decoder records.
-  std::vector<int64_t> ids;
-};
-
 // One sequence's cache and position. Move-only; made by Decoder::NewState and used with that
 // decoder only.
 template <typename T>
@@ -273,14 +266,14 @@ class Decoder {
   absl::Status Follow();
   absl::Status KeepAlive(absl::Duration interval);
   absl::Status Release();
-  bool leading() const { return leading_; }
+  bool leading() const { return calls_.leading(); }
   // The states a follower holds (those of rank 0's sequences that are still alive), updated at
   // each call it follows; 0 before Follow.
-  int64_t follower_states() const { return follower_states_; }
+  int64_t follower_states() const { return calls_.follower_states(); }
 
  private:
   Decoder(LongNetLM<T>* model, KvCacheGeometry geometry, RotaryPlan rotary,
-          comm::Communicator* ring);
+          comm::Communicator* ring, std::unique_ptr<DecoderCallWire> wire);
   absl::Status EnsureStepBuffers(int64_t rows);
   // Writes k and v ([d], host) of position t into the state's cache at layer l: the rows of the
   // slots that select t and this shard holds.
@@ -317,17 +310,14 @@ class Decoder {
   // This rank's forward pass over `shard` of the n tokens (padding: token 0); `total` is the
   // positions' total (rotary's plan).
   absl::Status ShardForward(const int32_t* tokens, int64_t n, const Shard& shard, int64_t total);
-  // A leader's call to the followers (decoder_calls.h): the op and its arguments.
-  absl::Status SendCall(std::vector<int64_t> words);
   // Step's exchange of one layer's partial softmaxes: partials_[0, count) of every rank into
   // gathered_ at [rank * count, (rank + 1) * count).
   absl::Status ExchangePartials(int64_t count);
 
   LongNetLM<T>* const model_;
-  comm::Communicator* const ring_;         // Null: one device.
-  std::unique_ptr<DecoderCallWire> wire_;  // A ring's, for Lead and Follow.
-  const int shards_;                       // The ring's size (1 without one).
-  const int64_t partial_width_;            // D + 2.
+  comm::Communicator* const ring_;  // Null: one device.
+  const int shards_;                // The ring's size (1 without one).
+  const int64_t partial_width_;     // D + 2.
   const KvCacheGeometry geometry_;
   const AttentionSpec spec_;
   const RotaryPlan rotary_;
@@ -344,12 +334,8 @@ class Decoder {
   // Step's partial softmaxes of one layer: this shard's [rows][slots][D + 2] and every shard's.
   std::vector<double> partials_, gathered_;
 
-  // States' ids, and the ids of those dropped while leading.
-  mutable int64_t next_state_id_ = 1;
-  std::shared_ptr<DroppedStates> dropped_ = std::make_shared<DroppedStates>();
-  bool leading_ = false;
-  int64_t follower_states_ = 0;
-  absl::Time last_call_ = absl::InfinitePast();  // When the leader last sent a call.
+  // States' ids, Lead, Follow and the calls a leader sends (decoder_calls.h).
+  RingCalls calls_;
 };
 
 }  // namespace model

@@ -63,6 +63,66 @@ absl::Status SendDecoderCall(DecoderCallWire& wire, std::vector<int64_t>* droppe
   return wire.Send(message.data() + inline_words, length - inline_words);
 }
 
+std::vector<int64_t> PrefillCall(int64_t state_id, const int32_t* tokens, int64_t n) {
+  std::vector<int64_t> call = {kCallPrefill, state_id, n};
+  call.insert(call.end(), tokens, tokens + n);
+  return call;
+}
+
+std::vector<int64_t> StepCall(const std::vector<int64_t>& state_ids, const int32_t* tokens) {
+  const int64_t rows = static_cast<int64_t>(state_ids.size());
+  std::vector<int64_t> call = {kCallStep, rows};
+  call.insert(call.end(), state_ids.begin(), state_ids.end());
+  call.insert(call.end(), tokens, tokens + rows);
+  return call;
+}
+
+std::vector<int64_t> ScoreCall(const int32_t* tokens, int64_t n) {
+  std::vector<int64_t> call = {kCallScore, n};
+  call.insert(call.end(), tokens, tokens + n);
+  return call;
+}
+
+absl::Status RingCalls::SendIfLeading(std::vector<int64_t> words) {
+  if (!leading_) return absl::OkStatus();
+  last_call_ = absl::Now();
+  return SendDecoderCall(*wire_, &dropped_->ids, std::move(words));
+}
+
+absl::Status RingCalls::Lead() {
+  if (wire_ == nullptr) return absl::OkStatus();
+  if (rank_ != 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name_, " Lead: rank ", rank_, " of the ring; rank 0 leads"));
+  }
+  leading_ = true;
+  dropped_->record = true;
+  last_call_ = absl::Now();
+  return absl::OkStatus();
+}
+
+absl::Status RingCalls::KeepAlive(absl::Duration interval) {
+  if (wire_ == nullptr) return absl::OkStatus();
+  if (!leading_) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name_, " KeepAlive: this rank does not lead"));
+  }
+  if (absl::Now() - last_call_ < interval) return absl::OkStatus();
+  return SendIfLeading({kCallNothing});
+}
+
+absl::Status RingCalls::Release() {
+  if (wire_ == nullptr) return absl::OkStatus();
+  if (!leading_) {
+    return absl::FailedPreconditionError(absl::StrCat(name_, " Release: this rank does not lead"));
+  }
+  absl::Status s = SendIfLeading({kCallRelease});
+  leading_ = false;
+  dropped_->record = false;
+  dropped_->ids.clear();
+  return s;
+}
+
 absl::StatusOr<DecoderCall> ReceiveDecoderCall(DecoderCallWire& wire) {
   std::vector<int64_t> packet(kCallPacketWords);
   if (absl::Status s = wire.Receive(packet.data(), kCallPacketWords); !s.ok()) return s;

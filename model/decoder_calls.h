@@ -31,6 +31,8 @@
 #include "absl/status/status.h"
 #include "absl/status/statusor.h"
 #include "absl/strings/str_cat.h"
+#include "absl/time/clock.h"
+#include "absl/time/time.h"
 #include "engine/comm/communicator.h"
 
 namespace dattn {
@@ -63,6 +65,11 @@ absl::StatusOr<std::unique_ptr<DecoderCallWire>> NewHostCallWire(comm::Communica
 absl::Status SendDecoderCall(DecoderCallWire& wire, std::vector<int64_t>* dropped,
                              std::vector<int64_t> words);
 
+// The words of each call (the op and its arguments), as a leader sends them.
+std::vector<int64_t> PrefillCall(int64_t state_id, const int32_t* tokens, int64_t n);
+std::vector<int64_t> StepCall(const std::vector<int64_t>& state_ids, const int32_t* tokens);
+std::vector<int64_t> ScoreCall(const int32_t* tokens, int64_t n);
+
 // A call as a follower receives it.
 struct DecoderCall {
   int64_t op = 0;
@@ -70,6 +77,50 @@ struct DecoderCall {
   std::vector<int64_t> args;
 };
 absl::StatusOr<DecoderCall> ReceiveDecoderCall(DecoderCallWire& wire);
+
+// The ids of the states a leading decoder's sequences dropped since its last call to the followers:
+// shared by the decoder and its states, so that a state may outlive its decoder. A state records
+// its id here when it is destroyed while `record` is set.
+struct DroppedStates {
+  bool record = false;  // Only a leading decoder records.
+  std::vector<int64_t> ids;
+};
+
+// A decoder's side of the calls, the same for both decoders: its states' ids, and its Lead,
+// KeepAlive, Release (rank 0) and Follow (the others) as decoder.h states them. Without a wire
+// (one device) Lead, KeepAlive and Release do nothing and Follow is FAILED_PRECONDITION; `name`
+// ("decoder", "GPU decoder") names the decoder in errors. One thread at a time.
+class RingCalls {
+ public:
+  RingCalls(std::unique_ptr<DecoderCallWire> wire, int rank, const char* name)
+      : wire_(std::move(wire)), rank_(rank), name_(name) {}
+
+  // A new state's id (1, 2, ...: the same on every rank of a ring that makes the same calls) and
+  // the list its destruction joins while leading.
+  int64_t NewStateId() const { return next_id_++; }
+  const std::shared_ptr<DroppedStates>& dropped() const { return dropped_; }
+
+  bool leading() const { return leading_; }
+  // While leading, sends `words` (one of the *Call functions') to the followers; else nothing.
+  absl::Status SendIfLeading(std::vector<int64_t> words);
+  absl::Status Lead();
+  absl::Status KeepAlive(absl::Duration interval);
+  absl::Status Release();
+  // FollowDecoderCalls on `decoder` (below), counting the states it holds.
+  template <typename D>
+  absl::Status Follow(D& decoder);
+  int64_t follower_states() const { return follower_states_; }
+
+ private:
+  const std::unique_ptr<DecoderCallWire> wire_;  // Null: one device.
+  const int rank_;
+  const char* const name_;
+  mutable int64_t next_id_ = 1;
+  const std::shared_ptr<DroppedStates> dropped_ = std::make_shared<DroppedStates>();
+  bool leading_ = false;
+  int64_t follower_states_ = 0;
+  absl::Time last_call_ = absl::InfinitePast();  // When the leader last sent a call.
+};
 
 // A follower's loop (Decoder::Follow): receives rank 0's calls and makes them on `decoder` with
 // its own states until a release (OK) or an error. D is a decoder with State, Logit, config(),
@@ -147,6 +198,15 @@ absl::Status FollowDecoderCalls(D& decoder, DecoderCallWire& wire, int rank, int
                                  op, "): ", s.message()));
     }
   }
+}
+
+template <typename D>
+absl::Status RingCalls::Follow(D& decoder) {
+  if (wire_ == nullptr || rank_ == 0) {
+    return absl::FailedPreconditionError(
+        absl::StrCat(name_, " Follow: only ranks 1.. of a ring follow (rank 0 leads)"));
+  }
+  return FollowDecoderCalls(decoder, *wire_, rank_, &follower_states_);
 }
 
 }  // namespace model

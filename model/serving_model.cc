@@ -10,27 +10,6 @@
 
 namespace dattn {
 namespace model {
-namespace {
-
-class CpuServingModel final : public DecoderServingModel<LongNetLM<float>, Decoder<float>> {
- public:
-  CpuServingModel(std::unique_ptr<LongNetLM<float>> lm, std::unique_ptr<Decoder<float>> decoder,
-                  std::unique_ptr<BatchGenerator<float>> generator, int64_t cache_bytes)
-      : DecoderServingModel(std::move(lm), std::move(decoder), std::move(generator)),
-        cache_bytes_(cache_bytes) {}
-  std::string device() const override { return "cpu fp32"; }
-  int64_t cache_bytes_per_sequence() const override { return cache_bytes_; }
-  absl::Status Lead() override { return decoder_->Lead(); }
-  absl::Status Follow() override { return decoder_->Follow(); }
-  absl::Status KeepAlive(absl::Duration interval) override { return decoder_->KeepAlive(interval); }
-  absl::Status Release() override { return decoder_->Release(); }
-
- private:
-  const int64_t cache_bytes_;  // Every rank's share together.
-};
-
-}  // namespace
-
 absl::StatusOr<std::unique_ptr<ServingModel>> NewCpuServingModel(const LongNetConfig& config,
                                                                  absl::Span<const float> params,
                                                                  int64_t max_context,
@@ -62,9 +41,10 @@ absl::StatusOr<std::unique_ptr<ServingModel>> NewCpuServingModel(const LongNetCo
   // Every rank's share together: the cache of one sequence.
   absl::StatusOr<KvCacheGeometry> whole = KvCacheGeometry::Make(config, max_context);
   if (!whole.ok()) return whole.status();
-  return std::unique_ptr<ServingModel>(std::make_unique<CpuServingModel>(
-      *std::move(lm), *std::move(decoder), *std::move(generator),
-      whole->ElementsPerSequence() * static_cast<int64_t>(sizeof(float))));
+  return std::unique_ptr<ServingModel>(
+      std::make_unique<DecoderServingModel<LongNetLM<float>, Decoder<float>>>(
+          *std::move(lm), *std::move(decoder), *std::move(generator), "cpu fp32",
+          whole->ElementsPerSequence() * static_cast<int64_t>(sizeof(float))));
 }
 
 }  // namespace model

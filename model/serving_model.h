@@ -55,17 +55,25 @@ class ServingModel {
   virtual absl::Status Release() = 0;
 };
 
-// What every serving model does the same way: M is the model, D its decoder (Decoder<float>, or
-// the GPU's cuda::CudaDecoder) and the batch generator over it, all three owned (the decoder
-// borrows the model, the generator the decoder: destroyed generator first, then decoder, then
-// model). Subclasses say what device, cache bytes and ring calls they have.
+// A serving model of either device: M is the model, D its decoder (Decoder<float>, or the GPU's
+// cuda::CudaDecoder) and the batch generator over it, all three owned (the decoder borrows the
+// model, the generator the decoder: destroyed generator first, then decoder, then model); the ring
+// calls are the decoder's. `device` names what computes; `cache_bytes` is one sequence's cache,
+// every rank's share together.
 template <typename M, typename D>
-class DecoderServingModel : public ServingModel {
+class DecoderServingModel final : public ServingModel {
  public:
   DecoderServingModel(std::unique_ptr<M> lm, std::unique_ptr<D> decoder,
-                      std::unique_ptr<BatchGenerator<float, D>> generator)
-      : lm_(std::move(lm)), decoder_(std::move(decoder)), generator_(std::move(generator)) {}
+                      std::unique_ptr<BatchGenerator<float, D>> generator, std::string device,
+                      int64_t cache_bytes)
+      : lm_(std::move(lm)),
+        decoder_(std::move(decoder)),
+        generator_(std::move(generator)),
+        device_(std::move(device)),
+        cache_bytes_(cache_bytes) {}
 
+  std::string device() const override { return device_; }
+  int64_t cache_bytes_per_sequence() const override { return cache_bytes_; }
   int64_t parameters() const override { return lm_->layout().total(); }
   absl::Status Score(const int32_t* tokens, int64_t n, double* logprobs) override {
     return decoder_->Score(tokens, n, logprobs);
@@ -77,11 +85,17 @@ class DecoderServingModel : public ServingModel {
   absl::StatusOr<TickStats> Tick(absl::Time now) override { return generator_->Tick(now); }
   int64_t running() const override { return generator_->running(); }
   int64_t queued() const override { return generator_->queued(); }
+  absl::Status Lead() override { return decoder_->Lead(); }
+  absl::Status Follow() override { return decoder_->Follow(); }
+  absl::Status KeepAlive(absl::Duration interval) override { return decoder_->KeepAlive(interval); }
+  absl::Status Release() override { return decoder_->Release(); }
 
- protected:
+ private:
   const std::unique_ptr<M> lm_;
   const std::unique_ptr<D> decoder_;
   const std::unique_ptr<BatchGenerator<float, D>> generator_;
+  const std::string device_;
+  const int64_t cache_bytes_;
 };
 
 // The CPU model in fp32 with `params` (host, the config's ParamLayout order) and `threads` OpenBLAS

@@ -31,24 +31,31 @@ using ctest::NewDataDir;
 using ctest::ValidRequest;
 using ::testing::HasSubstr;
 
-model::LongNetConfig TinyConfig() {
-  model::LongNetConfig c;
-  c.vocab_size = 256;
-  c.d_model = 8;
-  c.num_layers = 1;
-  c.num_heads = 2;
-  c.ffn_dim = 16;
-  c.segment_lengths = {4, 8};
-  c.dilation_rates = {1, 2};
-  return c;
-}
+using model::testing::TinyTestConfig;
 
 // A checkpoint of a tiny model (the coordinator reads its config and the weights' headers).
 std::string SaveTinyCheckpoint(const std::string& root, int64_t step = 2) {
   absl::StatusOr<std::string> dir =
-      model::testing::SaveTestCheckpoint(root, TinyConfig(), 1, step, 0.0f);
+      model::testing::SaveTestCheckpoint(root, TinyTestConfig(), 1, step, 0.0f);
   EXPECT_TRUE(dir.ok()) << dir.status();
   return dir.ok() ? *dir : "";
+}
+
+// A training job of TinyConfig's model on CPU workers, saving its checkpoints under
+// `checkpoint_dir` (the tests write its steps there themselves).
+v1::SubmitJobRequest TinyTrainingRequest(const std::string& key,
+                                         const std::string& checkpoint_dir) {
+  v1::SubmitJobRequest train;
+  train.set_idempotency_key(key);
+  v1::TrainingJobSpec* training = train.mutable_spec()->mutable_training();
+  training->set_config_json(R"({
+    "model": {"vocab_size": 256, "d_model": 8, "num_layers": 1, "num_heads": 2, "ffn_dim": 16,
+              "attention": {"segment_lengths": [4, 8], "dilation_rates": [1, 2]}},
+    "data": {"paths": ["/data/corpus.txt"]},
+    "seq_len": 16, "batch_size": 2, "steps": 100})");
+  training->set_device(v1::DEVICE_PREFERENCE_CPU);
+  training->set_checkpoint_dir(checkpoint_dir);
+  return train;
 }
 
 v1::SubmitJobRequest DeployRequest(const std::string& key, const std::string& checkpoint) {
@@ -240,7 +247,7 @@ TEST_F(CoordinatorTest, DeploymentSpecsAreCheckedAtSubmit) {
 // NCCL ring its largest rank's share); CPU workers in fp32 otherwise. A GPU spec the GPU cannot
 // serve (a head_dim the CUDA model refuses) is refused at submit naming the field.
 TEST_F(CoordinatorTest, ADeploymentRunsOnAGpuWorkerInBf16WhenItsSpecAndModelAllow) {
-  model::LongNetConfig gpu_config = TinyConfig();
+  model::LongNetConfig gpu_config = TinyTestConfig();
   gpu_config.d_model = 16;  // head_dim 8: the CUDA model's smallest
   absl::StatusOr<std::string> gpu_checkpoint =
       model::testing::SaveTestCheckpoint(NewDataDir(), gpu_config, 1, 2, 0.0f);
@@ -323,7 +330,7 @@ TEST_F(CoordinatorTest, ADeploymentRunsOnAGpuWorkerInBf16WhenItsSpecAndModelAllo
 TEST_F(CoordinatorTest, AnImportedModelIsCheckedAndResolvedAtSubmit) {
   const std::string root = NewDataDir();
   std::vector<float> weights;
-  model::LongNetConfig c = TinyConfig();
+  model::LongNetConfig c = TinyTestConfig();
   ASSERT_TRUE(model::testing::SaveTestCheckpoint(root + "/ckpt", c, 1, 2, 0.0f, &weights).ok());
   const std::string imported = root + "/imported";
   ASSERT_TRUE(model::testing::SaveTestImport(imported, c, weights, model::SafeDtype::kBF16).ok());
@@ -362,17 +369,8 @@ TEST_F(CoordinatorTest, AnImportedModelIsCheckedAndResolvedAtSubmit) {
 // pinned.
 TEST_F(CoordinatorTest, ADeploymentServesAnySavedStepOfATrainingJob) {
   const std::string root = NewDataDir() + "/checkpoints";
-  v1::SubmitJobRequest train;
-  train.set_idempotency_key("train");
-  v1::TrainingJobSpec* training = train.mutable_spec()->mutable_training();
-  training->set_config_json(R"({
-    "model": {"vocab_size": 256, "d_model": 8, "num_layers": 1, "num_heads": 2, "ffn_dim": 16,
-              "attention": {"segment_lengths": [4, 8], "dilation_rates": [1, 2]}},
-    "data": {"paths": ["/data/corpus.txt"]},
-    "seq_len": 16, "batch_size": 2, "steps": 100})");
-  training->set_device(v1::DEVICE_PREFERENCE_CPU);
-  training->set_checkpoint_dir(root + "/");  // a trailing slash is the same folder
-  const v1::Job job = Submit(train);
+  // A trailing slash is the same folder.
+  const v1::Job job = Submit(TinyTrainingRequest("train", root + "/"));
   const std::string folder = root + "/" + job.job_id();
   // Steps 2 and 4 saved whole; step 6 begun but without its manifest.
   SaveTinyCheckpoint(folder, 2);
@@ -486,10 +484,11 @@ TEST_F(CoordinatorTest, ADeploymentServesARegisteredModelByName) {
   const std::string root = NewDataDir();
   std::vector<float> weights;
   ASSERT_TRUE(
-      model::testing::SaveTestCheckpoint(root + "/ckpt", TinyConfig(), 1, 2, 0.0f, &weights).ok());
+      model::testing::SaveTestCheckpoint(root + "/ckpt", TinyTestConfig(), 1, 2, 0.0f, &weights)
+          .ok());
   const std::string imported = root + "/imported";
   ASSERT_TRUE(
-      model::testing::SaveTestImport(imported, TinyConfig(), weights, model::SafeDtype::kBF16)
+      model::testing::SaveTestImport(imported, TinyTestConfig(), weights, model::SafeDtype::kBF16)
           .ok());
   v1::ImportModelRequest import;
   import.set_name("tiny");
@@ -502,17 +501,7 @@ TEST_F(CoordinatorTest, ADeploymentServesARegisteredModelByName) {
   EXPECT_EQ(first->folder(), options_.data_dir + "/models/default/tiny/1");
 
   // A training job's saved step.
-  v1::SubmitJobRequest train;
-  train.set_idempotency_key("train");
-  v1::TrainingJobSpec* training = train.mutable_spec()->mutable_training();
-  training->set_config_json(R"({
-    "model": {"vocab_size": 256, "d_model": 8, "num_layers": 1, "num_heads": 2, "ffn_dim": 16,
-              "attention": {"segment_lengths": [4, 8], "dilation_rates": [1, 2]}},
-    "data": {"paths": ["/data/corpus.txt"]},
-    "seq_len": 16, "batch_size": 2, "steps": 100})");
-  training->set_device(v1::DEVICE_PREFERENCE_CPU);
-  training->set_checkpoint_dir(root + "/checkpoints");
-  const v1::Job job = Submit(train);
+  const v1::Job job = Submit(TinyTrainingRequest("train", root + "/checkpoints"));
   SaveTinyCheckpoint(root + "/checkpoints/" + job.job_id(), 4);
   v1::ImportModelRequest from_job;
   from_job.set_name("tiny");
@@ -567,7 +556,7 @@ TEST_F(CoordinatorTest, ADeploymentServesARegisteredModelByName) {
   const v1::Job newest = Submit(by_name);
   EXPECT_EQ(newest.spec().deployment().model_version(), 2);
   EXPECT_EQ(newest.spec().deployment().checkpoint(), second->folder());
-  EXPECT_EQ(newest.spec().deployment().model_config_json(), model::ConfigToJson(TinyConfig()));
+  EXPECT_EQ(newest.spec().deployment().model_config_json(), model::ConfigToJson(TinyTestConfig()));
   v1::SubmitJobRequest pinned = by_name;
   pinned.set_idempotency_key("v1");
   pinned.mutable_spec()->mutable_deployment()->set_model_version(1);

@@ -27,17 +27,7 @@ namespace fs = std::filesystem;
 using ::testing::ElementsAre;
 using ::testing::HasSubstr;
 
-model::LongNetConfig TinyConfig() {
-  model::LongNetConfig c;
-  c.vocab_size = 256;
-  c.d_model = 8;
-  c.num_layers = 1;
-  c.num_heads = 2;
-  c.ffn_dim = 16;
-  c.segment_lengths = {4, 8};
-  c.dilation_rates = {1, 2};
-  return c;
-}
+using model::testing::TinyTestConfig;
 
 class ModelRegistryTest : public ::testing::Test {
  protected:
@@ -46,14 +36,14 @@ class ModelRegistryTest : public ::testing::Test {
                         ::testing::UnitTest::GetInstance()->current_test_info()->name());
     fs::remove_all(dir_);
     fs::create_directories(dir_);
-    absl::StatusOr<std::string> step =
-        model::testing::SaveTestCheckpoint(dir_ + "/ckpt", TinyConfig(), 3, 300, 0.1f, &weights_);
+    absl::StatusOr<std::string> step = model::testing::SaveTestCheckpoint(
+        dir_ + "/ckpt", TinyTestConfig(), 3, 300, 0.1f, &weights_);
     ASSERT_TRUE(step.ok()) << step.status();
     checkpoint_ = *step;
     imported_ = dir_ + "/imported";
-    ASSERT_TRUE(
-        model::testing::SaveTestImport(imported_, TinyConfig(), weights_, model::SafeDtype::kBF16)
-            .ok());
+    ASSERT_TRUE(model::testing::SaveTestImport(imported_, TinyTestConfig(), weights_,
+                                               model::SafeDtype::kBF16)
+                    .ok());
     root_ = dir_ + "/models";
   }
   void TearDown() override { fs::remove_all(dir_); }
@@ -87,7 +77,7 @@ TEST_F(ModelRegistryTest, ImportsCheckpointsAndImportsAsVersionsThatLoad) {
   EXPECT_EQ(v1->folder(), root_ + "/default/kjv/1");
   EXPECT_EQ(v1->weights(), "weights.safetensors, F32");
   EXPECT_EQ(v1->parameters(), static_cast<int64_t>(weights_.size()));
-  EXPECT_EQ(v1->model_config_json(), model::ConfigToJson(TinyConfig()));
+  EXPECT_EQ(v1->model_config_json(), model::ConfigToJson(TinyTestConfig()));
   EXPECT_EQ(v1->description(), "first run");
   EXPECT_FALSE(fs::exists(v1->folder() + "/optimizer.safetensors"));
   EXPECT_FALSE(fs::exists(v1->folder() + "/MANIFEST.json"));
@@ -98,7 +88,7 @@ TEST_F(ModelRegistryTest, ImportsCheckpointsAndImportsAsVersionsThatLoad) {
   EXPECT_EQ(v2->version(), 2);
   EXPECT_EQ(v2->weights(), "model.safetensors, BF16");
 
-  absl::StatusOr<model::ParamLayout> layout = model::BuildParamLayout(TinyConfig());
+  absl::StatusOr<model::ParamLayout> layout = model::BuildParamLayout(TinyTestConfig());
   ASSERT_TRUE(layout.ok());
   for (const v1::RegisteredModel& m : {*v1, *v2}) {
     absl::StatusOr<model::ModelFolder> folder = model::ModelFolder::Open(m.folder());
@@ -129,7 +119,7 @@ TEST_F(ModelRegistryTest, ImportsCheckpointsAndImportsAsVersionsThatLoad) {
   ASSERT_EQ(listed.size(), 2u);
   EXPECT_EQ(listed[0].version(), 1);
   EXPECT_EQ(listed[0].source(), "training job J step 300");
-  EXPECT_EQ(listed[0].model_config_json(), model::ConfigToJson(TinyConfig()));
+  EXPECT_EQ(listed[0].model_config_json(), model::ConfigToJson(TinyTestConfig()));
   EXPECT_EQ(listed[1].version(), 2);
   EXPECT_EQ(listed[1].bytes(), v2->bytes());
   EXPECT_EQ(listed[1].create_time_us(), v2->create_time_us());
@@ -196,7 +186,7 @@ TEST_F(ModelRegistryTest, BadImportsAreRefusedNamingTheField) {
               HasSubstr("path: folder " + dir_ + "/nowhere: model folder " + dir_ +
                         "/nowhere does not exist"));
   // Weights of another shape than config.json says.
-  model::LongNetConfig wide = TinyConfig();
+  model::LongNetConfig wide = TinyTestConfig();
   wide.d_model = 16;
   ASSERT_TRUE(
       model::WriteWholeFile(imported_ + "/config.json", model::ConfigToJson(wide), false).ok());
@@ -223,7 +213,7 @@ TEST_F(ModelRegistryTest, BadImportsAreRefusedNamingTheField) {
   // A caller that went away: the copy stops, CANCELLED.
   absl::StatusOr<v1::RegisteredModel> cancelled =
       registry->Import("", "kjv", dir_ + "/imported-2", "f", "path", "", [] { return true; });
-  ASSERT_TRUE(model::testing::SaveTestImport(dir_ + "/imported-2", TinyConfig(), weights_,
+  ASSERT_TRUE(model::testing::SaveTestImport(dir_ + "/imported-2", TinyTestConfig(), weights_,
                                              model::SafeDtype::kF32)
                   .ok());
   cancelled =

@@ -182,7 +182,11 @@ CudaDecoder::CudaDecoder(CudaLongNetLM* model, KvCacheGeometry geometry, RotaryP
       geometry_(std::move(geometry)),
       rotary_(std::move(rotary)),
       spec_(model->config().attention_spec()),
-      buffers_(std::make_unique<Buffers>()) {}
+      buffers_(std::make_unique<Buffers>()),
+      calls_(ring == nullptr
+                 ? nullptr
+                 : std::make_unique<DeviceCallWire>(ring, model->stream(), model->cuda_device()),
+             ring == nullptr ? 0 : ring->rank(), "GPU decoder") {}
 
 CudaDecoder::~CudaDecoder() {
   cudaSetDevice(model_->cuda_device());
@@ -218,9 +222,6 @@ absl::StatusOr<std::unique_ptr<CudaDecoder>> CudaDecoder::Create(CudaLongNetLM* 
   if (!rotary.ok()) return rotary.status();
   std::unique_ptr<CudaDecoder> decoder(
       new CudaDecoder(model, *std::move(geometry), *std::move(rotary), ring));
-  if (ring != nullptr) {
-    decoder->wire_ = std::make_unique<DeviceCallWire>(ring, model->stream(), model->cuda_device());
-  }
   DATTN_RETURN_IF_ERROR(decoder->Init());
   return decoder;
 }
@@ -274,8 +275,8 @@ absl::StatusOr<CudaDecodeState> CudaDecoder::NewState() const {
   CudaDecodeState state;
   state.owner_ = this;
   state.device_ = model_->cuda_device();
-  state.id_ = next_state_id_++;
-  state.dropped_ = dropped_;
+  state.id_ = calls_.NewStateId();
+  state.dropped_ = calls_.dropped();
   state.elements_ = config().num_layers * geometry_.rows_per_layer() * config().head_dim();
   DATTN_RETURN_IF_ERROR(
       Allocate(reinterpret_cast<void**>(&state.cache_), state.cache_bytes(), "a sequence's cache"));
@@ -286,7 +287,7 @@ absl::StatusOr<CudaDecodeState> CudaDecoder::Clone(const CudaDecodeState& state)
   if (state.owner_ != this) {
     return absl::InvalidArgumentError("GPU decoder Clone: the state was not made by this decoder");
   }
-  if (leading_) {
+  if (calls_.leading()) {
     return absl::FailedPreconditionError(
         "GPU decoder Clone: this decoder leads a ring, whose followers make no clones");
   }
@@ -346,11 +347,7 @@ absl::Status CudaDecoder::Prefill(const int32_t* tokens, int64_t n, CudaDecodeSt
   DATTN_RETURN_IF_ERROR(CheckPrefillArgs("GPU decoder", state != nullptr && state->owner_ == this,
                                          state != nullptr ? state->position_ : 0, tokens, n,
                                          geometry_.max_context(), config().vocab_size));
-  if (leading_) {
-    std::vector<int64_t> call = {kCallPrefill, state->id_, n};
-    call.insert(call.end(), tokens, tokens + n);
-    DATTN_RETURN_IF_ERROR(SendCall(std::move(call)));
-  }
+  DATTN_RETURN_IF_ERROR(calls_.SendIfLeading(PrefillCall(state->id_, tokens, n)));
   DECODER_CUDA(cudaSetDevice(model_->cuda_device()));
   const LongNetConfig& c = config();
   const cudaStream_t stream = model_->stream();
@@ -483,11 +480,7 @@ absl::Status CudaDecoder::Prefill(const int32_t* tokens, int64_t n, CudaDecodeSt
 absl::Status CudaDecoder::Score(const int32_t* tokens, int64_t n, double* logprobs) {
   DATTN_RETURN_IF_ERROR(CheckScoreArgs("GPU decoder", tokens, n, logprobs, geometry_.max_context(),
                                        config().vocab_size));
-  if (leading_) {
-    std::vector<int64_t> call = {kCallScore, n};
-    call.insert(call.end(), tokens, tokens + n);
-    DATTN_RETURN_IF_ERROR(SendCall(std::move(call)));
-  }
+  DATTN_RETURN_IF_ERROR(calls_.SendIfLeading(ScoreCall(tokens, n)));
   DECODER_CUDA(cudaSetDevice(model_->cuda_device()));
   // This rank's positions of the n tokens padded to S ceil(n / S), a whole sequence (rotary
   // planned for the padded length); each position's target is the next token, none past n - 1.
@@ -568,61 +561,22 @@ absl::Status CudaDecoder::Step(absl::Span<CudaDecodeState* const> states, const 
         "GPU decoder", static_cast<int64_t>(j), ours, ours && !seen.insert(s).second,
         ours ? s->position_ : 0, geometry_.max_context(), tokens[j], config().vocab_size));
   }
-  if (leading_) {
-    const int64_t rows = static_cast<int64_t>(states.size());
-    std::vector<int64_t> call = {kCallStep, rows};
-    for (const CudaDecodeState* state : states) call.push_back(state->id_);
-    call.insert(call.end(), tokens, tokens + rows);
-    DATTN_RETURN_IF_ERROR(SendCall(std::move(call)));
+  if (calls_.leading()) {
+    std::vector<int64_t> ids;
+    for (const CudaDecodeState* state : states) ids.push_back(state->id_);
+    DATTN_RETURN_IF_ERROR(calls_.SendIfLeading(StepCall(ids, tokens)));
   }
   DECODER_CUDA(cudaSetDevice(model_->cuda_device()));
   return RunStep(states, tokens, logits);
 }
 
-absl::Status CudaDecoder::SendCall(std::vector<int64_t> words) {
-  last_call_ = absl::Now();
-  return SendDecoderCall(*wire_, &dropped_->ids, std::move(words));
-}
+absl::Status CudaDecoder::Lead() { return calls_.Lead(); }
 
-absl::Status CudaDecoder::Lead() {
-  if (ring_ == nullptr) return absl::OkStatus();
-  if (ring_->rank() != 0) {
-    return absl::FailedPreconditionError(
-        absl::StrCat("GPU decoder Lead: rank ", ring_->rank(), " of the ring; rank 0 leads"));
-  }
-  leading_ = true;
-  dropped_->record = true;
-  last_call_ = absl::Now();
-  return absl::OkStatus();
-}
+absl::Status CudaDecoder::KeepAlive(absl::Duration interval) { return calls_.KeepAlive(interval); }
 
-absl::Status CudaDecoder::KeepAlive(absl::Duration interval) {
-  if (ring_ == nullptr) return absl::OkStatus();
-  if (!leading_) {
-    return absl::FailedPreconditionError("GPU decoder KeepAlive: this rank does not lead");
-  }
-  if (absl::Now() - last_call_ < interval) return absl::OkStatus();
-  return SendCall({kCallNothing});
-}
+absl::Status CudaDecoder::Release() { return calls_.Release(); }
 
-absl::Status CudaDecoder::Release() {
-  if (ring_ == nullptr) return absl::OkStatus();
-  if (!leading_)
-    return absl::FailedPreconditionError("GPU decoder Release: this rank does not lead");
-  leading_ = false;
-  absl::Status s = SendCall({kCallRelease});
-  dropped_->record = false;
-  dropped_->ids.clear();
-  return s;
-}
-
-absl::Status CudaDecoder::Follow() {
-  if (ring_ == nullptr || ring_->rank() == 0) {
-    return absl::FailedPreconditionError(
-        "GPU decoder Follow: only ranks 1.. of a ring follow (rank 0 leads)");
-  }
-  return FollowDecoderCalls(*this, *wire_, ring_->rank(), &follower_states_);
-}
+absl::Status CudaDecoder::Follow() { return calls_.Follow(*this); }
 
 absl::Status CudaDecoder::RunStep(absl::Span<CudaDecodeState* const> states, const int32_t* tokens,
                                   float* logits) {

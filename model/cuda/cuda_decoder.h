@@ -167,13 +167,13 @@ class CudaDecoder {
   absl::Status Follow();
   absl::Status KeepAlive(absl::Duration interval);
   absl::Status Release();
-  bool leading() const { return leading_; }
-  int64_t follower_states() const { return follower_states_; }
+  bool leading() const { return calls_.leading(); }
+  int64_t follower_states() const { return calls_.follower_states(); }
 
  private:
   struct Buffers;
   CudaDecoder(CudaLongNetLM* model, KvCacheGeometry geometry, RotaryPlan rotary,
-              comm::Communicator* ring);
+              comm::Communicator* ring);  // A ring's call wire is made here: the model's stream.
   absl::Status Init();
   // Waits for the model's stream: on a ring through the communicator (a dead peer is its
   // timeout's error, not a hang).
@@ -182,8 +182,6 @@ class CudaDecoder {
   absl::Status Reserve(void** buffer, int64_t* capacity, int64_t bytes, const char* what);
   // all[r count, (r + 1) count) := rank r's mine[0, count), for every rank (one GPU: a copy).
   absl::Status ShareFromRanks(const float* mine, int64_t count, float* all);
-  // A leader's call to the followers (decoder_calls.h).
-  absl::Status SendCall(std::vector<int64_t> words);
   absl::Status EnsureStepBuffers(int64_t rows);
   absl::Status RunStep(absl::Span<CudaDecodeState* const> states, const int32_t* tokens,
                        float* logits);
@@ -198,13 +196,8 @@ class CudaDecoder {
   const AttentionSpec spec_;
   int64_t max_chunks_ = 1;  // ceil(largest slot capacity / kDecodeChunk)
   std::unique_ptr<Buffers> buffers_;
-  std::unique_ptr<DecoderCallWire> wire_;  // A ring's, for Lead and Follow.
-  // States' ids, and the ids of those dropped while leading.
-  mutable int64_t next_state_id_ = 1;
-  std::shared_ptr<DroppedStates> dropped_ = std::make_shared<DroppedStates>();
-  bool leading_ = false;
-  int64_t follower_states_ = 0;
-  absl::Time last_call_ = absl::InfinitePast();  // When the leader last sent a call.
+  // States' ids, Lead, Follow and the calls a leader sends (decoder_calls.h).
+  RingCalls calls_;
 };
 
 }  // namespace cuda

@@ -17,28 +17,6 @@ namespace model {
 template class BatchGenerator<float, cuda::CudaDecoder>;
 
 namespace cuda {
-namespace {
-
-class CudaServingModel final : public DecoderServingModel<CudaLongNetLM, CudaDecoder> {
- public:
-  CudaServingModel(std::unique_ptr<CudaLongNetLM> lm, std::unique_ptr<CudaDecoder> decoder,
-                   std::unique_ptr<BatchGenerator<float, CudaDecoder>> generator,
-                   int64_t cache_bytes)
-      : DecoderServingModel(std::move(lm), std::move(decoder), std::move(generator)),
-        cache_bytes_(cache_bytes) {}
-  std::string device() const override { return "cuda bf16"; }
-  int64_t cache_bytes_per_sequence() const override { return cache_bytes_; }
-  // One GPU: the decoder's Lead, KeepAlive and Release do nothing and its Follow says so.
-  absl::Status Lead() override { return decoder_->Lead(); }
-  absl::Status Follow() override { return decoder_->Follow(); }
-  absl::Status KeepAlive(absl::Duration interval) override { return decoder_->KeepAlive(interval); }
-  absl::Status Release() override { return decoder_->Release(); }
-
- private:
-  const int64_t cache_bytes_;  // Every rank's share together.
-};
-
-}  // namespace
 
 absl::StatusOr<std::unique_ptr<ServingModel>> NewCudaServingModel(const LongNetConfig& config,
                                                                   absl::Span<const float> params,
@@ -85,9 +63,10 @@ absl::StatusOr<std::unique_ptr<ServingModel>> NewCudaServingModel(const LongNetC
   // Every rank's share together: the cache of one sequence (ElementsPerSequence counts K and V).
   absl::StatusOr<KvCacheGeometry> whole = KvCacheGeometry::Make(config, max_context);
   if (!whole.ok()) return whole.status();
-  return std::unique_ptr<ServingModel>(std::make_unique<CudaServingModel>(
-      *std::move(lm), *std::move(decoder), *std::move(generator),
-      whole->ElementsPerSequence() * static_cast<int64_t>(sizeof(bf16_t))));
+  return std::unique_ptr<ServingModel>(
+      std::make_unique<DecoderServingModel<CudaLongNetLM, CudaDecoder>>(
+          *std::move(lm), *std::move(decoder), *std::move(generator), "cuda bf16",
+          whole->ElementsPerSequence() * static_cast<int64_t>(sizeof(bf16_t))));
 }
 
 }  // namespace cuda

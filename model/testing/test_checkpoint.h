@@ -29,6 +29,20 @@ namespace dattn {
 namespace model {
 namespace testing {
 
+// The smallest model the coordinator's tests deploy: d_model 8 (head_dim 4: CPU workers only),
+// one layer, two heads, segments of 4 and 8, a byte vocabulary.
+inline LongNetConfig TinyTestConfig() {
+  LongNetConfig c;
+  c.vocab_size = 256;
+  c.d_model = 8;
+  c.num_layers = 1;
+  c.num_heads = 2;
+  c.ffn_dim = 16;
+  c.segment_lengths = {4, 8};
+  c.dilation_rates = {1, 2};
+  return c;
+}
+
 inline absl::StatusOr<std::string> SaveTestCheckpoint(const std::string& root,
                                                       const LongNetConfig& config, uint64_t seed,
                                                       int64_t step, float amplitude,

@@ -418,12 +418,13 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::SubmitJob(const v1::SubmitJob
 namespace {
 
 // The complete checkpoint of `step` that the training job `job` saved (TrainingJobSpec.
-// checkpoint_dir: <checkpoint_dir>/<job_id>/step-NNNNNNNN). INVALID_ARGUMENT naming the step and
-// the steps there are.
-absl::StatusOr<std::string> TrainingJobCheckpoint(const v1::Job& job, int64_t step) {
+// checkpoint_dir: <checkpoint_dir>/<job_id>/step-NNNNNNNN). INVALID_ARGUMENT naming `field` (the
+// request's step field), the step and the steps there are.
+absl::StatusOr<std::string> TrainingJobCheckpoint(const v1::Job& job, int64_t step,
+                                                  const std::string& field) {
   if (!job.spec().has_training() || job.spec().training().checkpoint_dir().empty()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("spec.deployment.training_job_step: job ", job.job_id(),
+        absl::StrCat(field, ": job ", job.job_id(),
                      job.spec().has_training()
                          ? " saves no checkpoints (its spec.training.checkpoint_dir is empty)"
                          : " is not a training job"));
@@ -432,8 +433,7 @@ absl::StatusOr<std::string> TrainingJobCheckpoint(const v1::Job& job, int64_t st
   absl::StatusOr<std::vector<model::CheckpointEntry>> entries = model::ListCheckpoints(root);
   if (!entries.ok()) {
     return absl::InvalidArgumentError(
-        absl::StrCat("spec.deployment.training_job_step: cannot list ", api::Quote(root), ": ",
-                     entries.status().message()));
+        absl::StrCat(field, ": cannot list ", api::Quote(root), ": ", entries.status().message()));
   }
   std::vector<std::string> complete;
   std::string found;
@@ -444,12 +444,28 @@ absl::StatusOr<std::string> TrainingJobCheckpoint(const v1::Job& job, int64_t st
   }
   if (found.empty()) {
     return absl::InvalidArgumentError(absl::StrCat(
-        "spec.deployment.training_job_step: job ", job.job_id(),
-        " has no complete checkpoint of step ", step, " under ", api::Quote(root), " (",
+        field, ": job ", job.job_id(), " has no complete checkpoint of step ", step, " under ",
+        api::Quote(root), " (",
         complete.empty() ? "none yet" : absl::StrCat("its steps: ", absl::StrJoin(complete, ", ")),
         ")"));
   }
   return found;
+}
+
+// The final checkpoint of the training job `job`, which must have SUCCEEDED with one; else
+// INVALID_ARGUMENT naming `field` (the request's job field) and what the job is, and that a saved
+// step can be given to `use` ("serve", "import") instead.
+absl::StatusOr<std::string> FinalCheckpoint(const v1::Job& job, const std::string& field,
+                                            const char* use) {
+  if (!job.spec().has_training() || job.state() != v1::JOB_STATE_SUCCEEDED ||
+      job.result().training().final_checkpoint().empty()) {
+    return absl::InvalidArgumentError(
+        absl::StrCat(field, ": job ", job.job_id(),
+                     " is not a training job that succeeded with a final checkpoint (it is ",
+                     StateName(job.state()), job.spec().has_training() ? "" : ", and not training",
+                     "); give training_job_step to ", use, " one of its saved steps"));
+  }
+  return job.result().training().final_checkpoint();
 }
 
 // Where a deployment of `key` pins step `step` of the training job `job`: <its checkpoint root>/
@@ -473,6 +489,19 @@ std::string PinFolder(const v1::Job& job, int64_t step, const std::string& tenan
 }
 
 }  // namespace
+
+absl::StatusOr<v1::Job> Coordinator::TenantJob(const std::string& tenant, const std::string& job_id,
+                                               const std::string& field) {
+  v1::GetJobRequest get;
+  get.set_job_id(job_id);
+  get.set_max_events(1);
+  absl::StatusOr<v1::Job> job = GetJob(get);
+  if (!job.ok() || api::TenantOrDefault(job->spec().tenant()) != api::TenantOrDefault(tenant)) {
+    return absl::NotFoundError(
+        absl::StrCat(field, ": no job ", api::Quote(job_id), " of this tenant"));
+  }
+  return job;
+}
 
 absl::Status Coordinator::ResolveDeployment(const std::string& idempotency_key, v1::JobSpec* spec,
                                             std::string* new_pin) {
@@ -516,15 +545,9 @@ absl::Status Coordinator::ResolveDeployment(const std::string& idempotency_key, 
       return absl::InvalidArgumentError(
           "spec.deployment: give checkpoint or training_job_id, not both");
     }
-    v1::GetJobRequest get;
-    get.set_job_id(d->training_job_id());
-    get.set_max_events(1);
-    absl::StatusOr<v1::Job> job = GetJob(get);
-    if (!job.ok() ||
-        api::TenantOrDefault(job->spec().tenant()) != api::TenantOrDefault(spec->tenant())) {
-      return absl::NotFoundError(absl::StrCat("spec.deployment.training_job_id: no job ",
-                                              api::Quote(d->training_job_id()), " of this tenant"));
-    }
+    absl::StatusOr<v1::Job> job =
+        TenantJob(spec->tenant(), d->training_job_id(), "spec.deployment.training_job_id");
+    if (!job.ok()) return job.status();
     if (d->training_job_step() > 0) {
       // A job that has not ended may still prune the step (keep_last): it is pinned. A retry
       // finds the pin its first call made, whatever became of the job and the step since.
@@ -536,7 +559,8 @@ absl::Status Coordinator::ResolveDeployment(const std::string& idempotency_key, 
         d->set_checkpoint(pin);
         d->set_checkpoint_pinned(true);
       } else {
-        absl::StatusOr<std::string> folder = TrainingJobCheckpoint(*job, d->training_job_step());
+        absl::StatusOr<std::string> folder = TrainingJobCheckpoint(
+            *job, d->training_job_step(), "spec.deployment.training_job_step");
         if (!folder.ok()) return folder.status();
         d->set_checkpoint(*folder);
         if (!IsTerminal(job->state())) {
@@ -564,15 +588,11 @@ absl::Status Coordinator::ResolveDeployment(const std::string& idempotency_key, 
           }
         }
       }
-    } else if (!job->spec().has_training() || job->state() != v1::JOB_STATE_SUCCEEDED ||
-               job->result().training().final_checkpoint().empty()) {
-      return absl::InvalidArgumentError(absl::StrCat(
-          "spec.deployment.training_job_id: job ", d->training_job_id(),
-          " is not a training job that succeeded with a final checkpoint (it is ",
-          StateName(job->state()), job->spec().has_training() ? "" : ", and not training",
-          "); give training_job_step to serve one of its saved steps"));
     } else {
-      d->set_checkpoint(job->result().training().final_checkpoint());
+      absl::StatusOr<std::string> final_checkpoint =
+          FinalCheckpoint(*job, "spec.deployment.training_job_id", "serve");
+      if (!final_checkpoint.ok()) return final_checkpoint.status();
+      d->set_checkpoint(*final_checkpoint);
     }
   }
   if (d->checkpoint().empty()) {
@@ -635,34 +655,15 @@ absl::StatusOr<v1::RegisteredModel> Coordinator::ImportModel(
     return absl::InvalidArgumentError(
         "path: required (a model folder the coordinator can read), or training_job_id");
   }
-  v1::GetJobRequest get;
-  get.set_job_id(request.training_job_id());
-  get.set_max_events(1);
-  absl::StatusOr<v1::Job> job = GetJob(get);
-  if (!job.ok() ||
-      api::TenantOrDefault(job->spec().tenant()) != api::TenantOrDefault(request.tenant())) {
-    return absl::NotFoundError(absl::StrCat(
-        "training_job_id: no job ", api::Quote(request.training_job_id()), " of this tenant"));
-  }
-  std::string folder;
-  int64_t step = request.training_job_step();
-  if (step > 0) {
-    absl::StatusOr<std::string> found = TrainingJobCheckpoint(*job, step);
-    if (!found.ok()) {
-      return absl::Status(found.status().code(), absl::StrReplaceAll(found.status().message(),
-                                                                     {{"spec.deployment.", ""}}));
-    }
-    folder = *found;
-  } else if (!job->spec().has_training() || job->state() != v1::JOB_STATE_SUCCEEDED ||
-             job->result().training().final_checkpoint().empty()) {
-    return absl::InvalidArgumentError(absl::StrCat(
-        "training_job_id: job ", request.training_job_id(),
-        " is not a training job that succeeded with a final checkpoint (it is ",
-        StateName(job->state()), job->spec().has_training() ? "" : ", and not training",
-        "); give training_job_step to import one of its saved steps"));
-  } else {
-    folder = job->result().training().final_checkpoint();
-  }
+  absl::StatusOr<v1::Job> job =
+      TenantJob(request.tenant(), request.training_job_id(), "training_job_id");
+  if (!job.ok()) return job.status();
+  const int64_t step = request.training_job_step();
+  absl::StatusOr<std::string> found = step > 0
+                                          ? TrainingJobCheckpoint(*job, step, "training_job_step")
+                                          : FinalCheckpoint(*job, "training_job_id", "import");
+  if (!found.ok()) return found.status();
+  const std::string folder = *found;
   // A step the job prunes while it is copied fails the copy (NOT_FOUND, DATA_LOSS): said so.
   const std::string source = absl::StrCat(
       "training job ", job->job_id(), step > 0 ? absl::StrCat(" step ", step) : " final checkpoint",

@@ -338,6 +338,10 @@ class Coordinator {
   // when this call made it (the caller removes it unless a job was created). INVALID_ARGUMENT
   // naming the field; NOT_FOUND for an unknown training job; FAILED_PRECONDITION when the step
   // cannot be pinned (no write access to the job's checkpoint folder).
+  // The job `job_id` of `tenant` (a deployment's or an import's training job): NOT_FOUND naming
+  // `field` for a job that does not exist or is another tenant's (the same message).
+  absl::StatusOr<v1::Job> TenantJob(const std::string& tenant, const std::string& job_id,
+                                    const std::string& field);
   absl::Status ResolveDeployment(const std::string& idempotency_key, v1::JobSpec* spec,
                                  std::string* new_pin);
   // The task `task_id` of the current attempt of an active job, if worker `worker_id` holds it

@@ -55,8 +55,11 @@
 // buffer for NCCL.
 //
 // Memory: each state's cache is one device allocation of KvCacheGeometry::ElementsPerSequence()
-// bf16 values (2 bytes each), made by NewState. Step keeps buffers for the largest batch seen
-// (activations of B rows, B x slots x ceil(max rows / 256) partials of head_dim + 2 floats).
+// bf16 values (2 bytes each; on a ring this rank's share), made by NewState. Step keeps buffers
+// for the largest batch seen (activations of B rows, B x slots x DecodeMaxChunks partials of
+// head_dim + 2 floats, and on a ring S times those again for every rank's). Prefill keeps its row
+// copies' jobs (32 bytes a kept row) and, on a ring, the rows it sends and receives (2 head_dim
+// bf16 values each), grown to the largest prompt's.
 // Prefill and Score use the model's activation arena for the prompt's shape (the model's
 // ModelOptions::checkpoint_activations keeps it to each block's input and one block's set).
 //
@@ -194,7 +197,7 @@ class CudaDecoder {
   const KvCacheGeometry geometry_;
   const RotaryPlan rotary_;
   const AttentionSpec spec_;
-  int64_t max_chunks_ = 1;  // ceil(largest slot capacity / kDecodeChunk)
+  int64_t max_chunks_ = 1;  // DecodeMaxChunks: shard 0's, the same on every rank
   std::unique_ptr<Buffers> buffers_;
   // States' ids, Lead, Follow and the calls a leader sends (decoder_calls.h).
   RingCalls calls_;

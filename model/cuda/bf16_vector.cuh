@@ -12,9 +12,8 @@ namespace dattn {
 namespace model {
 namespace cuda {
 
-// v[0..8) := the fp32 values of p[0..8).
-__device__ __forceinline__ void Load8(const uint16_t* p, float (&v)[8]) {
-  const uint4 raw = *reinterpret_cast<const uint4*>(p);
+// v[0..8) := the fp32 values of the 8 bf16 values packed in `raw` (already loaded).
+__device__ __forceinline__ void Unpack8(const uint4& raw, float (&v)[8]) {
   const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
@@ -22,6 +21,11 @@ __device__ __forceinline__ void Load8(const uint16_t* p, float (&v)[8]) {
     v[2 * i] = f.x;
     v[2 * i + 1] = f.y;
   }
+}
+
+// v[0..8) := the fp32 values of p[0..8).
+__device__ __forceinline__ void Load8(const uint16_t* p, float (&v)[8]) {
+  Unpack8(*reinterpret_cast<const uint4*>(p), v);
 }
 
 // p[0..8) := v[0..8) rounded to bf16 (to nearest even).

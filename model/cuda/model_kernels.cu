@@ -20,7 +20,7 @@ constexpr double k2PiHi = 6.28318530717958623200;      // 2 pi rounded to fp64
 constexpr double k2PiLo = 2.44929359829470635445e-16;  // 2 pi - k2PiHi
 
 // --- Element access: 8 consecutive values per thread, 16-byte loads and stores (bf16:
-// bf16_vector.cuh's Load8, Store8).
+// bf16_vector.cuh's Load8, Unpack8, Store8).
 __device__ __forceinline__ void Load8f(const float* p, float (&v)[8]) {
   const float4 a = *reinterpret_cast<const float4*>(p);
   const float4 b = *reinterpret_cast<const float4*>(p + 4);
@@ -246,15 +246,6 @@ __device__ __forceinline__ void LoadRaw(const bf16_t* base, int64_t r, int64_t r
   for (int i = 0; i < kVec; ++i) {
     out->v[i] = (r < rows && c.ok[i]) ? *reinterpret_cast<const uint4*>(base + r * n + c.col[i])
                                       : make_uint4(0, 0, 0, 0);
-  }
-}
-__device__ __forceinline__ void Unpack8(const uint4& raw, float (&v)[8]) {
-  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&raw);
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const float2 f = __bfloat1622float2(h[i]);
-    v[2 * i] = f.x;
-    v[2 * i + 1] = f.y;
   }
 }
 

@@ -6,6 +6,7 @@
 #include <deque>
 #include <exception>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -453,6 +454,16 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
                    "any (default: GPU workers when they have room), cpu (fp32) or gpu (bf16; "
                    "with --ranks a ring of GPUs)")
       ->type_name("KIND");
+  std::optional<bool> deploy_shrink_ring, deploy_single_device;
+  deploy
+      ->add_option("--shrink-ring", deploy_shrink_ring,
+                   "A worker of its ring lost for good: may it serve again on fewer ranks of "
+                   "the workers left? (default true)")
+      ->type_name("BOOL");
+  deploy
+      ->add_option("--single-device", deploy_single_device,
+                   "The same, on one worker when no smaller ring holds it (default true)")
+      ->type_name("BOOL");
   deploy->add_option("--name", deploy_name, "Job name")->type_name("NAME");
   deploy->add_option("--priority", deploy_priority, "-100 .. 100 (placement)")->type_name("N");
   deploy->add_option("--wait", deploy_wait, "Wait up to this long until it serves")
@@ -786,6 +797,10 @@ int RunCli(int argc, const char* const* argv, std::ostream& out, std::ostream& e
         return UsageError(err, absl::StrCat("--device: ", device.status().message()), "deploy");
       }
       d->set_device(*device);
+      if (deploy_shrink_ring) spec->mutable_recovery()->set_shrink_ring(*deploy_shrink_ring);
+      if (deploy_single_device) {
+        spec->mutable_recovery()->set_single_device(*deploy_single_device);
+      }
       args.request.set_idempotency_key(RandomIdempotencyKey());
       args.wait = Seconds(deploy_wait);
       return Commands(global, out, err, env).Deploy(args);

@@ -809,6 +809,21 @@ TEST_F(CliTest, DeployFlagsBuildTheDeploymentSpec) {
   EXPECT_THAT(bad.err, HasSubstr("--device"));
   EXPECT_THAT(bad.err, HasSubstr("tpu"));
   EXPECT_EQ(jobs_.submits().size(), 2u);
+  EXPECT_FALSE(submits[1].spec().has_recovery());  // The deployment kind's defaults.
+
+  // Ring shrink, set only when given; a value that is not a boolean names the flag.
+  Result fixed = Run({"deploy", "--checkpoint", "/m", "--ranks", "2", "--shrink-ring", "false",
+                      "--single-device", "true"});
+  ASSERT_EQ(fixed.code, kExitOk) << fixed.err;
+  submits = jobs_.submits();
+  ASSERT_EQ(submits.size(), 3u);
+  EXPECT_TRUE(submits[2].spec().recovery().has_shrink_ring());
+  EXPECT_FALSE(submits[2].spec().recovery().shrink_ring());
+  EXPECT_TRUE(submits[2].spec().recovery().single_device());
+  Result maybe = Run({"deploy", "--checkpoint", "/m", "--shrink-ring", "maybe"});
+  EXPECT_EQ(maybe.code, kExitUsage);
+  EXPECT_THAT(maybe.err, HasSubstr("--shrink-ring"));
+  EXPECT_EQ(jobs_.submits().size(), 3u);
 }
 
 // Only the required flags: the defaults documented in docs/CLI.md, and a fresh random key printed.
@@ -1205,6 +1220,7 @@ TEST_F(CliTest, StatusShowsJobAndResultAndJson) {
   EXPECT_THAT(r.out, HasSubstr("1.0 GiB"));  // Per-rank peak memory.
   EXPECT_THAT(r.out, Not(HasSubstr("Events")));
   EXPECT_THAT(r.out, Not(HasSubstr("Expires")));  // Kept for ever.
+  EXPECT_THAT(r.out, Not(HasSubstr("Asked")));    // It ran as submitted.
   EXPECT_FALSE(jobs_.gets().back().include_events());
 
   r = Run({"status", "j-done", "--events"});
@@ -1219,6 +1235,18 @@ TEST_F(CliTest, StatusShowsJobAndResultAndJson) {
   EXPECT_EQ(parsed["state"], "JOB_STATE_SUCCEEDED");
   EXPECT_EQ(parsed["result"]["attention"]["ranks"].size(), 2u);
   EXPECT_EQ(parsed["events"].size(), 2u);
+
+  // A job a recovery ran otherwise (a ring shrink here) says what it was submitted as.
+  v1::Job shrunk = job;
+  shrunk.set_job_id("j-shrunk");
+  *shrunk.mutable_requested_spec() = job.spec();
+  shrunk.mutable_requested_spec()->mutable_attention()->set_num_ranks(4);
+  jobs_.AddJob(shrunk);
+  r = Run({"status", "j-shrunk"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  EXPECT_THAT(r.out, HasSubstr("Asked"));
+  EXPECT_THAT(r.out, HasSubstr("fp32, 4 ranks, fwd, 10 iteration(s)"));
+  EXPECT_THAT(r.out, HasSubstr("(a recovery changed it: the events say which and why)"));
 
   // Under a finite retention the coordinator says when the job goes.
   job.mutable_expire_time()->set_seconds(4102444800);  // 2100-01-01.
@@ -1915,6 +1943,18 @@ TEST_F(CliTest, SubmitRecoveryPolicyFlags) {
   EXPECT_TRUE(policy.has_more_ranks() && policy.more_ranks());
   EXPECT_TRUE(policy.has_lower_precision() && policy.lower_precision());
   EXPECT_EQ(policy.stall_seconds(), 600);
+  EXPECT_FALSE(policy.has_shrink_ring() || policy.has_single_device());
+  r = Run({"submit", "-n", "1024", "--heads", "4", "--head-dim", "32", "--segments", "256",
+           "--rates", "1", "--ranks", "2", "--shrink-ring", "true", "--single-device", "false"});
+  ASSERT_EQ(r.code, kExitOk) << r.err;
+  ASSERT_EQ(jobs_.submits().size(), 2u);
+  const v1::RecoveryPolicy shrink = jobs_.submits()[1].spec().recovery();
+  EXPECT_TRUE(shrink.has_shrink_ring() && shrink.shrink_ring());
+  EXPECT_TRUE(shrink.has_single_device() && !shrink.single_device());
+  r = Run({"submit", "-n", "1024", "--heads", "4", "--head-dim", "32", "--segments", "256",
+           "--rates", "1", "--single-device", "perhaps"});
+  EXPECT_EQ(r.code, kExitUsage);
+  EXPECT_THAT(r.err, HasSubstr("--single-device"));
   r = Run({"submit", "-n", "1024", "--heads", "4", "--head-dim", "32", "--segments", "256",
            "--rates", "1", "--stall-seconds", "0"});
   EXPECT_EQ(r.code, kExitUsage);

@@ -11,6 +11,7 @@
 #include "api/limits.h"
 #include "api/tenant.h"
 #include "google/protobuf/util/json_util.h"
+#include "nlohmann/json.hpp"
 
 namespace dattn {
 namespace client {
@@ -60,6 +61,28 @@ std::string TrainingSummary(const v1::TrainingJobSpec& job) {
   return absl::StrCat(data, " data x ", sequence, " sequence parallel (", data * sequence,
                       data * sequence == 1 ? " rank" : " ranks", "), device ",
                       DeviceName(job.device()));
+}
+
+// A training spec's micro_batches (in its trainer config), for the Asked line.
+std::string MicroBatches(const v1::TrainingJobSpec& job) {
+  const nlohmann::json config = nlohmann::json::parse(job.config_json(), nullptr, false);
+  if (!config.is_object() || !config.contains("micro_batches")) return "";
+  return absl::StrCat(", micro_batches ", config["micro_batches"].dump());
+}
+
+// What a job was submitted as, when a recovery (the out-of-memory ladder, a ring shrink) runs it
+// otherwise: the spec parts those change, as the lines above print the ones it runs with.
+std::string AskedSummary(const v1::JobSpec& asked) {
+  std::string text;
+  if (asked.has_attention()) {
+    text = absl::StrCat(DTypeName(asked.attention().dtype()), ", ", RunSummary(asked.attention()));
+  } else if (asked.has_training()) {
+    text = absl::StrCat(TrainingSummary(asked.training()), MicroBatches(asked.training()));
+  } else if (asked.has_deployment()) {
+    const int ranks = std::max(asked.deployment().ranks(), 1);
+    text = absl::StrCat(ranks, ranks == 1 ? " rank" : " ranks");
+  }
+  return absl::StrCat(text, " (a recovery changed it: the events say which and why)");
 }
 
 std::string Loss(double loss) { return absl::StrFormat("%.4f", loss); }
@@ -323,7 +346,8 @@ void PrintJob(const v1::Job& job, absl::Time now, bool unicode, std::ostream& ou
   }
   if (job.spec().has_training()) {
     const v1::TrainingJobSpec& training = job.spec().training();
-    fields.emplace_back("Training", TrainingSummary(training));
+    fields.emplace_back("Training",
+                        absl::StrCat(TrainingSummary(training), MicroBatches(training)));
     fields.emplace_back(
         "Trainer config",
         absl::StrCat(FormatBytes(static_cast<int64_t>(training.config_json().size())),
@@ -358,6 +382,7 @@ void PrintJob(const v1::Job& job, absl::Time now, bool unicode, std::ostream& ou
                                                    s.tokens_generated(), " tokens generated"));
     }
   }
+  if (job.has_requested_spec()) fields.emplace_back("Asked", AskedSummary(job.requested_spec()));
   PrintFields(fields, 0, out);
 
   if (job.result().has_attention()) {

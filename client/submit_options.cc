@@ -29,6 +29,8 @@ void SetRecovery(const SubmitOptions& o, v1::JobSpec* spec) {
   if (o.more_ranks) spec->mutable_recovery()->set_more_ranks(*o.more_ranks);
   if (o.lower_precision) spec->mutable_recovery()->set_lower_precision(*o.lower_precision);
   if (o.stall_seconds) spec->mutable_recovery()->set_stall_seconds(*o.stall_seconds);
+  if (o.shrink_ring) spec->mutable_recovery()->set_shrink_ring(*o.shrink_ring);
+  if (o.single_device) spec->mutable_recovery()->set_single_device(*o.single_device);
 }
 
 constexpr int64_t kInt64Max = std::numeric_limits<int64_t>::max();
@@ -309,6 +311,14 @@ const std::vector<SubmitField>& SubmitFields() {
             "A running job that finishes no step for N seconds is stopped and retried (default: "
             "30 minutes, or ten steps at 10 GFLOP/s when longer)",
             BindInt(&SubmitOptions::stall_seconds, 1, api::kMaxStallSeconds)),
+      Field("--shrink-ring", "", "shrink_ring", kTop, false, false, "BOOL",
+            "A worker lost for good: may the job continue on fewer ranks (2 or more) of the "
+            "workers left? (default true for training jobs, false for attention jobs)",
+            Bind(&SubmitOptions::shrink_ring, ParseBool)),
+      Field("--single-device", "", "single_device", kTop, false, false, "BOOL",
+            "A worker lost for good: may the job continue on one rank when no ring of the "
+            "workers left holds it? (default true for training jobs, false for attention jobs)",
+            Bind(&SubmitOptions::single_device, ParseBool)),
   };
   // clang-format on
   return *kFields;
@@ -347,6 +357,8 @@ void MergeSubmitOptions(const SubmitOptions& over, SubmitOptions* base) {
   DATTN_MERGE(more_ranks);
   DATTN_MERGE(lower_precision);
   DATTN_MERGE(stall_seconds);
+  DATTN_MERGE(shrink_ring);
+  DATTN_MERGE(single_device);
   if (over.kind.has_value()) {
     base->kind = over.kind;
     base->kind_source = over.kind_source;

@@ -82,6 +82,8 @@ struct SubmitOptions {
   std::optional<bool> more_ranks;
   std::optional<bool> lower_precision;
   std::optional<int32_t> stall_seconds;
+  std::optional<bool> shrink_ring;
+  std::optional<bool> single_device;
 };
 
 // Where a setting is written in a job file, as bits: a setting of both kinds of job (--device) has

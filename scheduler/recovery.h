@@ -19,6 +19,11 @@
 //     2. allow_single_device, P > 1, memory_per_rank(1) places on a survivor -> kSingleDevice
 //     3. otherwise -> kRequeue (restart from the last checkpoint when next placed)
 //
+// The coordinator's work kinds switch every in-place action off (their attempts end on every rank
+// when one fails): it uses the attempts check, kRequeue and kFail here, and runs the same fallbacks
+// as new attempts instead: the out-of-memory ladder (server/job_runner.h LadderStep) and the ring
+// shrink onto the workers left once they are known (JobRunner::ShrinkStranded).
+//
 // Every action carries a reason naming the numbers behind it; it is meant for the job's event
 // history and for users unchanged. Thread-safety: DecideRecovery is pure; call it from any thread.
 #ifndef DATTN_SCHEDULER_RECOVERY_H_

@@ -152,6 +152,25 @@ std::vector<LadderRung> AttentionKind::Ladder(const v1::JobSpec& spec,
   return rungs;
 }
 
+std::vector<LadderRung> AttentionKind::Shrinks(const v1::JobSpec& spec,
+                                               const JobAnalysis& analysis) const {
+  std::vector<LadderRung> rungs;
+  if (spec.work_case() != v1::JobSpec::kAttention || spec.attention().streamed()) return rungs;
+  const v1::RecoveryPolicy& policy = spec.recovery();
+  const api::AttentionJobInfo& info = Info(analysis);
+  for (int64_t p = info.num_ranks - 1; p >= 1; --p) {
+    if (info.seq_len % p != 0 || !(p == 1 ? policy.single_device() : policy.shrink_ring())) {
+      continue;
+    }
+    LadderRung rung;
+    rung.spec = spec;
+    rung.spec.mutable_attention()->set_num_ranks(static_cast<int32_t>(p));
+    rung.change = absl::StrCat(p, p == 1 ? " rank" : " ranks");
+    rungs.push_back(std::move(rung));
+  }
+  return rungs;
+}
+
 void AttentionKind::PlanRank(const JobAnalysis& analysis, size_t device, int rank,
                              v1::TaskAssignment* assignment) const {
   *assignment->mutable_attention_plan() =

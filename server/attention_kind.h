@@ -49,6 +49,10 @@ class AttentionKind final : public WorkKind {
   // size. Streamed jobs (Attend) have none: their call sizes them.
   std::vector<LadderRung> Ladder(const v1::JobSpec& spec,
                                  const JobAnalysis& analysis) const override;
+  // Only what spec.recovery allows (nothing by default): num_ranks from P - 1 down to 2, those
+  // dividing seq_len (shrink_ring), then 1 (single_device). Streamed jobs have none.
+  std::vector<LadderRung> Shrinks(const v1::JobSpec& spec,
+                                  const JobAnalysis& analysis) const override;
   void PlanRank(const JobAnalysis& analysis, size_t device, int rank,
                 v1::TaskAssignment* assignment) const override;
   OutputLayout Output(const JobAnalysis& analysis) const override;

@@ -1809,6 +1809,7 @@ void Coordinator::SchedulePass() {
          dispatcher_.Check(now, workers_.ReadySet(), book_.Runs(), workers_.View(false))) {
       tickets.push_back(runner_.Transition(v.run, v1::JOB_STATE_FAILED, "failed", v.reason));
     }
+    if (dispatcher_.Settled(now)) runner_.ShrinkStranded(&tickets);
     dispatcher_.Place(now, &tickets);
   }
   // Workers hear of a placement only once it is durable: after a crash in between, the restarted

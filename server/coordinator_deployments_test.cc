@@ -150,6 +150,37 @@ TEST_F(CoordinatorTest, ADeploymentOnARingIsPlacedAsAGangWithItsShareOnEachRank)
   EXPECT_TRUE(said) << got.DebugString();
 }
 
+// A deployment on a ring of 2 whose worker is lost for good serves again on one rank of the worker
+// left (shrink_ring and single_device are on for deployments by default).
+TEST_F(CoordinatorTest, ADeploymentRingThatLostAWorkerServesAgainOnTheWorkerLeft) {
+  options_.feasibility_settle = absl::Milliseconds(50);
+  Restart();
+  FakeWorker* a = AddWorker("cpu-a", int64_t{4} << 30);
+  FakeWorker* b = AddWorker("cpu-b", int64_t{4} << 30);
+  v1::SubmitJobRequest request = DeployRequest("ring", SaveTinyCheckpoint(NewDataDir()));
+  request.mutable_spec()->mutable_deployment()->set_ranks(2);
+  const std::string id = Submit(request).job_id();
+  std::optional<v1::WorkerCommand> first = a->Next();
+  ASSERT_TRUE(first.has_value() && first->has_assign());
+  ASSERT_TRUE(b->Next().has_value());
+  b->StopHeartbeats();
+  std::optional<v1::WorkerCommand> cancel = a->Next();
+  ASSERT_TRUE(cancel.has_value() && cancel->has_cancel()) << Get(id, true).DebugString();
+  ASSERT_TRUE(a->Fail(cancel->cancel().task_id(), absl::StatusCode::kAborted, "aborted").ok());
+  std::optional<v1::WorkerCommand> again = a->Next(absl::Seconds(10));
+  ASSERT_TRUE(again.has_value() && again->has_assign()) << Get(id, true).DebugString();
+  EXPECT_EQ(again->assign().deployment_plan().ranks(), 1);
+  EXPECT_EQ(again->assign().attempt(), 2);
+  const v1::Job job = Get(id, true);
+  EXPECT_EQ(job.spec().deployment().ranks(), 1);
+  EXPECT_EQ(job.requested_spec().deployment().ranks(), 2);
+  bool said = false;
+  for (const v1::JobEvent& e : job.events()) {
+    said = said || (e.kind() == "shrunk" && absl::StrContains(e.message(), "on 1 rank ("));
+  }
+  EXPECT_TRUE(said) << job.DebugString();
+}
+
 // A deployment that ended while the coordinator stopped before its next scheduling pass (the pass
 // removes an ended deployment's pin) leaves its pinned step on disk: the next coordinator removes
 // it at startup, and keeps the pin of a deployment still active.

@@ -292,6 +292,131 @@ TEST_F(CoordinatorTest, ARingPlacedBeforeARestartWaitsForItsWorkers) {
   EXPECT_TRUE(other->Next().has_value());
 }
 
+// Ring shrink (issue 19): a job a lost worker requeued, that the workers left cannot hold as it
+// ran.
+class ShrinkTest : public CoordinatorTest {
+ protected:
+  void SetUp() override {
+    CoordinatorTest::SetUp();
+    options_.feasibility_settle = absl::Milliseconds(50);
+    Restart();
+  }
+
+  // Submits `request`, waits until each of `workers` got its rank, and says they started.
+  std::string Run(const v1::SubmitJobRequest& request, const std::vector<FakeWorker*>& workers) {
+    const std::string id = Submit(request).job_id();
+    for (const v1::TaskAssignment& rank : Assignments(workers)) {
+      FakeWorker* w = Holder(workers, Get(id).worker_ids(rank.ring().rank()));
+      EXPECT_NE(w, nullptr);
+      if (w != nullptr) {
+        EXPECT_TRUE(
+            coordinator_->ReportTask(FormedReport(*w, rank.task_id(), v1::TASK_STATE_STARTED, 0.1))
+                .ok());
+      }
+    }
+    EXPECT_TRUE(WaitState(id, v1::JOB_STATE_RUNNING));
+    return id;
+  }
+
+  // `lost` falls silent for good; the others end their cancelled ranks (as real workers do).
+  void Lose(FakeWorker* lost, const std::vector<FakeWorker*>& others) {
+    lost->StopHeartbeats();
+    for (FakeWorker* w : others) {
+      std::optional<v1::WorkerCommand> cancel = w->Next();
+      ASSERT_TRUE(cancel.has_value() && cancel->has_cancel()) << w->id();
+      EXPECT_TRUE(
+          w->Fail(cancel->cancel().task_id(), absl::StatusCode::kAborted, "communicator aborted")
+              .ok());
+    }
+  }
+};
+
+// 4 ranks, one worker lost for good: the job continues on the largest ring of the 3 workers left
+// that divides seq_len (2), saying so, and keeps the spec it was asked for.
+TEST_F(ShrinkTest, ARingThatLostAWorkerForGoodShrinksOntoTheWorkersLeft) {
+  std::vector<FakeWorker*> workers = {AddWorker("a"), AddWorker("b"), AddWorker("c"),
+                                      AddWorker("d")};
+  v1::SubmitJobRequest request = RingRequest("shrink", 4);
+  request.mutable_spec()->mutable_recovery()->set_shrink_ring(true);
+  const std::string id = Run(request, workers);
+  Lose(workers[3], {workers[0], workers[1], workers[2]});
+  ASSERT_TRUE(
+      WaitFor([&] { return Get(id).spec().attention().num_ranks() == 2; }, absl::Seconds(10)))
+      << EventsText(Get(id, true));
+  v1::Job job = Get(id, true);
+  EXPECT_EQ(job.requested_spec().attention().num_ranks(), 4);
+  EXPECT_THAT(EventsText(job), HasSubstr("shrunk: the ready workers cannot hold the job as it "
+                                         "ran (4 ranks): the job can never run on the ready "
+                                         "workers"));
+  EXPECT_THAT(EventsText(job), HasSubstr("it continues on 2 ranks ("));
+  // The second attempt is a ring of 2 on two of the three survivors.
+  ASSERT_TRUE(WaitState(id, v1::JOB_STATE_PLACED)) << EventsText(Get(id, true));
+  job = Get(id);
+  EXPECT_EQ(job.attempt(), 2);
+  ASSERT_EQ(job.worker_ids_size(), 2);
+  for (const std::string& w : job.worker_ids()) EXPECT_NE(w, workers[3]->id());
+  EXPECT_THAT(metrics_->Serialize(), HasSubstr("outcome=\"shrunk\"} 1"));
+}
+
+// An attention job keeps its ring size unless its policy allows a shrink: it waits, saying why.
+TEST_F(ShrinkTest, WithoutShrinkARingWaitsForItsWorkersAndSaysWhy) {
+  std::vector<FakeWorker*> workers = {AddWorker("a"), AddWorker("b")};
+  const std::string id = Run(RingRequest("fixed", 2), workers);
+  Lose(workers[1], {workers[0]});
+  ASSERT_TRUE(
+      WaitFor([&] { return EventsText(Get(id, true)).find("waiting: ") != std::string::npos; },
+              absl::Seconds(10)))
+      << EventsText(Get(id, true));
+  v1::Job job = Get(id, true);
+  EXPECT_EQ(job.state(), v1::JOB_STATE_QUEUED);
+  EXPECT_EQ(job.spec().attention().num_ranks(), 2);
+  EXPECT_THAT(EventsText(job),
+              HasSubstr("its recovery policy allows no fewer ranks (spec.recovery.shrink_ring, "
+                        "spec.recovery.single_device): it waits for workers"));
+}
+
+TEST_F(ShrinkTest, WithSingleDeviceOnlyARingContinuesOnOneRank) {
+  std::vector<FakeWorker*> more = {AddWorker("c"), AddWorker("d")};
+  v1::SubmitJobRequest single = RingRequest("single", 2);
+  single.mutable_spec()->mutable_recovery()->set_single_device(true);
+  const std::string one = Run(single, more);
+  Lose(more[1], {more[0]});
+  ASSERT_TRUE(
+      WaitFor([&] { return Get(one).spec().attention().num_ranks() == 1; }, absl::Seconds(10)))
+      << EventsText(Get(one, true));
+  EXPECT_THAT(EventsText(Get(one, true)), HasSubstr("it continues on 1 rank ("));
+}
+
+// A training gang of 2 x 2 that lost a worker continues as 1 x 2 (the most ranks, then the most
+// sequence ranks) from its newest checkpoint; a deployment's ring of 2, on one rank.
+TEST_F(ShrinkTest, TrainingGangsAndDeploymentsShrinkByDefault) {
+  std::vector<FakeWorker*> workers = {
+      AddWorker("a", int64_t{64} << 30), AddWorker("b", int64_t{64} << 30),
+      AddWorker("c", int64_t{64} << 30), AddWorker("d", int64_t{64} << 30)};
+  v1::SubmitJobRequest request;
+  request.set_idempotency_key("gang");
+  v1::TrainingJobSpec* training = request.mutable_spec()->mutable_training();
+  training->set_config_json(R"({
+      "model": {"vocab_size": 256, "d_model": 64, "num_layers": 2, "num_heads": 4, "ffn_dim": 256,
+                "attention": {"segment_lengths": [256], "dilation_rates": [1]}},
+      "data": {"paths": ["/data/corpus.txt"]},
+      "seq_len": 2048, "batch_size": 8, "micro_batches": 1, "steps": 200})");
+  training->set_device(v1::DEVICE_PREFERENCE_CPU);
+  training->set_data_parallel(2);
+  training->set_sequence_parallel(2);
+  const std::string id = Run(request, workers);
+  Lose(workers[0], {workers[1], workers[2], workers[3]});
+  ASSERT_TRUE(
+      WaitFor([&] { return Get(id).spec().training().data_parallel() == 1; }, absl::Seconds(10)))
+      << EventsText(Get(id, true));
+  v1::Job job = Get(id, true);
+  EXPECT_EQ(job.spec().training().sequence_parallel(), 2);
+  EXPECT_EQ(job.requested_spec().training().data_parallel(), 2);
+  EXPECT_THAT(EventsText(job),
+              HasSubstr("it continues on data_parallel 1, sequence_parallel 2, micro_batches 1 ("));
+  EXPECT_THAT(EventsText(job), HasSubstr("from its newest checkpoint"));
+}
+
 }  // namespace
 }  // namespace server
 }  // namespace dattn

@@ -220,6 +220,25 @@ std::unique_ptr<AttemptResults> DeploymentKind::NewAttempt(const JobAnalysis&, s
   return std::make_unique<DeploymentAttempt>();
 }
 
+std::vector<LadderRung> DeploymentKind::Shrinks(const v1::JobSpec& spec,
+                                                const JobAnalysis& analysis) const {
+  std::vector<LadderRung> rungs;
+  if (spec.work_case() != v1::JobSpec::kDeployment) return rungs;
+  const v1::RecoveryPolicy& policy = spec.recovery();
+  const bool shrink = !policy.has_shrink_ring() || policy.shrink_ring();
+  const bool single = !policy.has_single_device() || policy.single_device();
+  const DeploymentAnalysis& a = *AsDeployment(analysis);
+  for (int r = a.ranks - 1; r >= 1; --r) {
+    if (a.max_context % r != 0 || !(r == 1 ? single : shrink)) continue;
+    LadderRung rung;
+    rung.spec = spec;
+    rung.spec.mutable_deployment()->set_ranks(r);
+    rung.change = absl::StrCat(r, r == 1 ? " rank" : " ranks");
+    rungs.push_back(std::move(rung));
+  }
+  return rungs;
+}
+
 void DeploymentKind::DescribeRecovery(const JobAnalysis& analysis, size_t device,
                                       scheduler::RecoveryInput* input) const {
   const int ranks = AsDeployment(analysis)->ranks;

@@ -88,6 +88,10 @@ std::optional<size_t> Dispatcher::Position(const std::string& job_id) const {
   return position;
 }
 
+bool Dispatcher::Settled(absl::Time now) const {
+  return !ready_set_.empty() && now - ready_set_since_ >= options_.feasibility_settle;
+}
+
 std::vector<Dispatcher::Verdict> Dispatcher::Check(
     absl::Time now, const std::string& ready_set, const std::vector<JobRun*>& runs,
     const std::vector<scheduler::WorkerInfo>& workers) {
@@ -176,6 +180,7 @@ void Dispatcher::Place(absl::Time now, Tickets* tickets) {
     if (run == nullptr || run->terminal || run->job.state() != v1::JOB_STATE_QUEUED) continue;
     if (run->job.attempt() == 0) run->job.set_attempt(1);
     run->placed_before = true;
+    run->shrink_pending = false;  // Placed as it is: no shrink to decide.
     const DeviceOption& device = run->analysis->devices[run->device];
     if (run->analysis->num_ranks > 1) {
       absl::StatusOr<const Ring*> ring = rings_->Start(

@@ -87,6 +87,10 @@ class Dispatcher {
   std::vector<Verdict> Check(absl::Time now, const std::string& ready_set,
                              const std::vector<JobRun*>& runs,
                              const std::vector<scheduler::WorkerInfo>& workers);
+  // Whether, as of the last Check, some worker is ready and the ready set has stayed the same for
+  // feasibility_settle at `now`: what a job stranded by a lost worker waits for before it is
+  // shrunk (JobRunner::ShrinkStranded).
+  bool Settled(absl::Time now) const;
 
   // One scheduling pass (scheduler.h) against `workers` at `now`, with `running` the ranks each
   // tenant holds (Place gives WorkerRegistry::RanksByTenant): the placements made; those jobs left

@@ -93,6 +93,10 @@ struct JobRun {
   bool checked = false;
   // It was placed before: it fitted this cluster once.
   bool placed_before = false;
+  // A ring failure (a rank, its worker or a collective lost) requeued it and it has not been
+  // placed since: the next scheduling pass after the ready set settles shrinks it onto the workers
+  // left when they cannot hold it as it ran (JobRunner::ShrinkStranded), once.
+  bool shrink_pending = false;
   int free_requeues = 0;  // Requeues that were not the job's doing: not counted as attempts.
   int refusals = 0;       // Refused attempts since the last one that started.
   bool cancel_requested = false;

@@ -295,8 +295,23 @@ void JobRunner::Recover(JobRun* run, FailureKind failure, const std::string& why
                      scheduler::RecoveryKindName(action->kind),
                      " is not carried out by the job runner; requeued instead"));
   }
+  std::string reason = action->reason;
+  if (failure != FailureKind::kOom) {
+    // scheduler::DecideRecovery's in-place shrink is not what runs (DescribeRecovery allows none):
+    // a worker it ran on may be gone for good, and once the ready set settles ShrinkStranded
+    // decides, with the workers then known.
+    reason = absl::StrCat(
+        scheduler::FailureKindName(failure), ": requeued as attempt ", run->job.attempt() + 1,
+        " (", attempts, " of ", options_.max_attempts, " attempts used)",
+        run->kind->Shrinks(run->job.spec(), *run->analysis).empty()
+            ? "; it waits for workers that hold it as it ran (its recovery policy allows no "
+              "fewer ranks)"
+            : "; if the workers left cannot hold it as it ran once they settle, it continues on "
+              "fewer ranks (spec.recovery.shrink_ring, spec.recovery.single_device)");
+  }
   NoteRecovery(run, cause, "requeued");
-  Requeue(run, "requeued", absl::StrCat(why, "; ", action->reason), tickets);
+  Requeue(run, "requeued", absl::StrCat(why, "; ", reason), tickets);
+  run->shrink_pending = failure != FailureKind::kOom && !run->terminal;
 }
 
 void JobRunner::NoteRecovery(JobRun* run, const std::string& kind, const char* outcome) {
@@ -341,6 +356,63 @@ std::optional<std::string> JobRunner::LadderStep(JobRun* run) {
     return change;
   }
   return std::nullopt;
+}
+
+void JobRunner::ShrinkStranded(Tickets* tickets) {
+  mu_->AssertHeld();
+  const int64_t ready = workers_->ReadyCount();
+  if (ready == 0) return;
+  const std::vector<scheduler::WorkerInfo> view = workers_->View(/*for_placement=*/false);
+  const int quota = dispatcher_->tenant_max_running_ranks();
+  for (JobRun* run : book_->Runs()) {
+    if (!run->shrink_pending || run->terminal || run->cancel_requested ||
+        run->job.state() != v1::JOB_STATE_QUEUED) {
+      continue;
+    }
+    const absl::Status as_is = dispatcher_->CheckFeasible(*run->analysis, view, ready);
+    if (as_is.ok()) continue;     // It fits the workers left: it waits for them as any job does.
+    run->shrink_pending = false;  // Decided once per recovery.
+    const std::string was =
+        absl::StrCat("the ready workers cannot hold the job as it ran (", run->analysis->num_ranks,
+                     run->analysis->num_ranks == 1 ? " rank" : " ranks", "): ", as_is.message());
+    const std::vector<LadderRung> shrinks = run->kind->Shrinks(run->job.spec(), *run->analysis);
+    bool shrunk = false;
+    for (const LadderRung& rung : shrinks) {
+      absl::StatusOr<std::shared_ptr<const JobAnalysis>> analyzed =
+          run->kind->Analyze(rung.spec, "spec");
+      if (!analyzed.ok()) continue;  // A size the spec's other rules forbid.
+      if (quota > 0 && (*analyzed)->num_ranks > quota) continue;
+      if (!dispatcher_->CheckFeasible(**analyzed, view, ready).ok()) continue;
+      dispatcher_->Remove(run->job.job_id());
+      if (!run->job.has_requested_spec()) *run->job.mutable_requested_spec() = run->job.spec();
+      *run->job.mutable_spec() = rung.spec;
+      run->analysis = *std::move(analyzed);
+      run->device = 0;  // Enqueue picks the first device kind that fits.
+      run->job.mutable_progress()->set_steps_total(run->analysis->steps_total);
+      Enqueue(run);
+      metrics_->CountRecovery(run->recovery_kind.empty() ? "ring_failed" : run->recovery_kind,
+                              "shrunk");
+      tickets->push_back(Transition(
+          run, v1::JOB_STATE_QUEUED, "shrunk",
+          absl::StrCat(
+              was, "; it continues on ", rung.change, " (",
+              scheduler::FormatBytes(run->analysis->devices[run->device].memory_per_rank_bytes),
+              " planned per rank",
+              run->job.spec().has_training() ? ", from its newest checkpoint)" : ")")));
+      shrunk = true;
+      break;
+    }
+    if (!shrunk) {
+      tickets->push_back(
+          Transition(run, v1::JOB_STATE_QUEUED, "waiting",
+                     absl::StrCat(was,
+                                  shrinks.empty()
+                                      ? "; its recovery policy allows no fewer ranks "
+                                        "(spec.recovery.shrink_ring, spec.recovery.single_device)"
+                                      : "; no size of fewer ranks that its policy allows fits them",
+                                  ": it waits for workers")));
+    }
+  }
 }
 
 void JobRunner::RecoverStalled(Tickets* tickets) {

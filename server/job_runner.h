@@ -97,6 +97,14 @@ class JobRunner {
   // requested_spec) and returns the change with its numbers, for the event; nullopt when no rung
   // does (the spec is then unchanged).
   std::optional<std::string> LadderStep(JobRun* run);
+  // Ring shrink: every QUEUED job that a ring failure requeued (JobRun::shrink_pending) and that
+  // the ready workers can no longer hold as it ran (a worker it needs is gone) gets the first size
+  // of fewer ranks (WorkKind::Shrinks, as its recovery policy allows) that they can hold: its spec
+  // and analysis become that size's (the spec first asked for stays in requested_spec) with a
+  // "shrunk" event naming both, or it waits with a "waiting" event saying why. Once per recovery.
+  // The caller runs it only once the ready set has settled (Dispatcher::Settled), so that a worker
+  // restarting within --feasibility-settle-ms gets its ranks back instead.
+  void ShrinkStranded(Tickets* tickets);
   // Recovers (as a failed attempt, FailureKind::kCommTimeout) every RUNNING job whose slowest rank
   // has finished no step for longer than its RecoveryPolicy.stall_seconds (default
   // api::kDefaultStallSeconds) since it started running or last progressed: a "stalled" event,

@@ -185,6 +185,62 @@ std::vector<LadderRung> TrainingKind::Ladder(const v1::JobSpec& spec,
   return rungs;
 }
 
+std::vector<LadderRung> TrainingKind::Shrinks(const v1::JobSpec& spec,
+                                              const JobAnalysis& analysis) const {
+  std::vector<LadderRung> rungs;
+  if (spec.work_case() != v1::JobSpec::kTraining) return rungs;
+  const v1::RecoveryPolicy& policy = spec.recovery();
+  const bool shrink = !policy.has_shrink_ring() || policy.shrink_ring();
+  const bool single = !policy.has_single_device() || policy.single_device();
+  const bool split = !policy.has_split_batch() || policy.split_batch();
+  const api::TrainingJobInfo& info = Info(analysis);
+  const int64_t batch = info.config.batch_size;
+  const int64_t m0 = info.config.micro_batches;
+  const int d0 = info.data_parallel;
+  const int s0 = info.sequence_parallel;
+  nlohmann::json config = nlohmann::json::parse(spec.training().config_json(), nullptr, false);
+  if (config.is_discarded() || !config.is_object()) return rungs;
+  struct Size {
+    int d, s;
+    int64_t m;
+  };
+  std::vector<Size> sizes;
+  for (int s = s0; s >= 1; --s) {
+    if (s0 % s != 0) continue;
+    for (int d = d0; d >= 1; --d) {
+      const int world = d * s;
+      if (d0 % d != 0 || world >= d0 * s0 || !(world == 1 ? single : shrink)) continue;
+      // M micro-batches, then M doubled (split_batch allowing) while the batch splits into whole
+      // rows per group: the first that fits keeps the largest micro-batch a rank can hold.
+      for (int64_t m = m0; m <= batch; m *= 2) {
+        if (batch % m != 0 || (batch / m) % d != 0) continue;
+        sizes.push_back({d, s, m});
+        if (!split) break;
+      }
+    }
+  }
+  std::stable_sort(sizes.begin(), sizes.end(), [](const Size& a, const Size& b) {
+    if (a.d * a.s != b.d * b.s) return a.d * a.s > b.d * b.s;
+    if (a.s != b.s) return a.s > b.s;
+    return a.m < b.m;
+  });
+  constexpr size_t kMostRungs =
+      32;  // Each is analysed (a memory plan) under the coordinator's lock.
+  for (const Size& size : sizes) {
+    if (rungs.size() >= kMostRungs) break;
+    LadderRung rung;
+    rung.spec = spec;
+    config["micro_batches"] = size.m;
+    rung.spec.mutable_training()->set_config_json(config.dump());
+    rung.spec.mutable_training()->set_data_parallel(size.d);
+    rung.spec.mutable_training()->set_sequence_parallel(size.s);
+    rung.change = absl::StrCat("data_parallel ", size.d, ", sequence_parallel ", size.s,
+                               ", micro_batches ", size.m);
+    rungs.push_back(std::move(rung));
+  }
+  return rungs;
+}
+
 std::vector<v1::JobSpec> TrainingKind::Sizes(const v1::JobSpec& spec,
                                              const JobAnalysis& analysis) const {
   std::vector<v1::JobSpec> sizes;

@@ -47,6 +47,13 @@ class TrainingKind final : public WorkKind {
   // degree with every micro-batch count; as far as spec.recovery allows (both by default).
   std::vector<LadderRung> Ladder(const v1::JobSpec& spec,
                                  const JobAnalysis& analysis) const override;
+  // Every D' x S' of fewer ranks than D x S (S' dividing S, D' dividing D), the most ranks
+  // first, then the most sequence ranks (a long sequence's share stays small), then the fewest
+  // micro-batches: M, then M doubled while the batch still splits into whole rows per group
+  // (split_batch allowing), so that a rank's rows per micro-batch need not grow. World sizes of 2
+  // or more as shrink_ring allows, 1 as single_device allows (both by default).
+  std::vector<LadderRung> Shrinks(const v1::JobSpec& spec,
+                                  const JobAnalysis& analysis) const override;
   std::vector<v1::JobSpec> Sizes(const v1::JobSpec& spec,
                                  const JobAnalysis& analysis) const override;
   void PlanRank(const JobAnalysis& analysis, size_t device, int rank,

@@ -18,6 +18,10 @@ std::vector<LadderRung> WorkKind::Ladder(const v1::JobSpec&, const JobAnalysis&)
   return {};
 }
 
+std::vector<LadderRung> WorkKind::Shrinks(const v1::JobSpec&, const JobAnalysis&) const {
+  return {};
+}
+
 void WorkKind::TakeProgress(const JobAnalysis&, size_t, int, const v1::TaskReport&, v1::Job*,
                             std::vector<v1::JobEvent>*) const {}
 

@@ -134,6 +134,15 @@ class WorkKind {
   virtual std::vector<LadderRung> Ladder(const v1::JobSpec& spec,
                                          const JobAnalysis& analysis) const;
 
+  // Ring shrink (docs/ARCHITECTURE.md, "Failure handling"): the specs of fewer ranks to try, in
+  // order (most ranks first), when a ring failure requeued `spec` and the ready workers can no
+  // longer hold it, as far as spec.recovery.shrink_ring (sizes of 2 ranks or more) and
+  // single_device (one rank) allow with the kind's defaults. Each is exact: the same results
+  // within rounding. The coordinator runs the first that fits. Called on a spec Analyze accepted,
+  // with that analysis. Default: none.
+  virtual std::vector<LadderRung> Shrinks(const v1::JobSpec& spec,
+                                          const JobAnalysis& analysis) const;
+
   // Fills `assignment`'s plan for rank `rank` on analysis.devices[device].
   virtual void PlanRank(const JobAnalysis& analysis, size_t device, int rank,
                         v1::TaskAssignment* assignment) const = 0;

@@ -7,6 +7,9 @@
 //   fp64 tolerance), for patterns whose segments span ranks, both modes, causal or not, backward.
 // - A worker killed (SIGKILL) while its rank runs: the job's history names it, and the job runs
 //   again on the survivors.
+// - A worker killed for good under a 4-rank job that allows a shrink: the job continues on a ring
+// of
+//   2 of the 3 workers left, with the single-rank job's result.
 // - A rank that never arrives (its worker frozen with SIGSTOP before the ring forms): the formation
 //   fails within the formation timeout with an event naming the rank and its worker; never a hang.
 #include <grpcpp/grpcpp.h>
@@ -256,6 +259,69 @@ TEST_F(RingE2E, KilledWorkerDuringARingRunIsRecoveredOnTheSurvivors) {
   EXPECT_TRUE(HasEvent(job, "requeued")) << EventsText(job);
 
   CancelAndExpectCancelled(id);
+}
+
+// kill -9 of a worker of a 4-rank job that allows a shrink, with no worker to replace it: the 4
+// ranks cannot be placed on the 3 workers left, so the job continues on the largest ring they hold
+// that divides N (2) and ends with the single-rank job's result.
+TEST_F(RingE2E, AWorkerLostForGoodShrinksTheRingWithTheSameResult) {
+  ClusterOptions options;
+  options.dead_after_ms = 1500;
+  options.max_attempts = 4;
+  options.coordinator_flags = {"--feasibility-settle-ms=1000"};
+  StartCluster(4, options);
+  auto flags = [](int ranks, int iterations) {
+    return std::vector<std::string>{"--batch=1",
+                                    "--seq-len=2048",
+                                    "--heads=4",
+                                    "--head-dim=32",
+                                    "--segments=256,1024",
+                                    "--rates=1,2",
+                                    "--dtype=fp64",
+                                    "--pass=fwd-bwd",
+                                    "--seed=31",
+                                    "--device=cpu",
+                                    "--ranks=" + std::to_string(ranks),
+                                    "--iterations=" + std::to_string(iterations),
+                                    "--shrink-ring=true"};
+  };
+  const std::string id = Submit(flags(4, 60));
+  dattn::v1::Job job;
+  const auto deadline = std::chrono::steady_clock::now() + seconds(60);
+  while (std::chrono::steady_clock::now() < deadline &&
+         !(cluster_->WaitForJobState(id, dattn::v1::JOB_STATE_RUNNING, seconds(30), &job) &&
+           job.progress().steps_done() >= 1)) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(20));
+  }
+  ASSERT_EQ(job.state(), dattn::v1::JOB_STATE_RUNNING) << EventsText(job) << cluster_->Logs();
+  ASSERT_LT(job.progress().steps_done(), 60) << "the job ended before the kill";
+  const std::string victim = cluster_->WorkerName(job.worker_ids(3));
+  const int index = cluster_->WorkerIndex(victim);
+  ASSERT_GE(index, 0) << victim;
+  cluster_->worker(index).Signal(SIGKILL);
+
+  job = Finished(id);
+  ASSERT_EQ(job.state(), dattn::v1::JOB_STATE_SUCCEEDED) << job.state_reason() << EventsText(job);
+  EXPECT_EQ(job.spec().attention().num_ranks(), 2) << EventsText(job);
+  EXPECT_EQ(job.requested_spec().attention().num_ranks(), 4);
+  const std::string events = EventsText(job);
+  EXPECT_NE(events.find(victim), std::string::npos) << events;
+  EXPECT_NE(events.find("shrunk: the ready workers cannot hold the job as it ran (4 ranks)"),
+            std::string::npos)
+      << events;
+  EXPECT_NE(events.find("it continues on 2 ranks ("), std::string::npos) << events;
+  ASSERT_EQ(job.result().attention().ranks_size(), 2);
+  for (const std::string& w : job.worker_ids()) EXPECT_NE(cluster_->WorkerName(w), victim);
+
+  // The single-rank run of the same inputs (every step computes the same pass).
+  const dattn::v1::Job control = Finished(Submit(flags(1, 1)));
+  ASSERT_EQ(control.state(), dattn::v1::JOB_STATE_SUCCEEDED) << control.state_reason();
+  const auto& one = control.result().attention();
+  const auto& two = job.result().attention();
+  EXPECT_NEAR(two.out_sum_squares(), one.out_sum_squares(), 1e-11 * one.out_sum_squares());
+  EXPECT_NEAR(two.grad_sum_squares(), one.grad_sum_squares(), 1e-11 * one.grad_sum_squares());
+  EXPECT_NEAR(two.out_sum(), one.out_sum(), 1e-10 * std::sqrt(one.out_sum_squares()));
+  EXPECT_NEAR(two.grad_sum(), one.grad_sum(), 1e-10 * std::sqrt(one.grad_sum_squares()));
 }
 
 // SIGSTOP of a worker whose rank runs (a hung process, not a dead one): detected within the ring's

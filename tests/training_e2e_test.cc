@@ -7,6 +7,8 @@
 // - kill -9 of one rank's worker after the first checkpoint: the job is requeued, continues from
 //   its newest complete checkpoint, and its losses equal an uninterrupted run's bit for bit (fp32
 //   on the CPU, one thread per rank, reductions in rank order).
+// - kill -9 of one rank's worker with no worker to replace it: the gang shrinks to 1 x 2 and
+//   continues from its checkpoint, following the uninterrupted run's losses within fp32 rounding.
 // - kill -9 of the coordinator mid-run, then a restart: the workers stop their ranks together with
 //   a checkpoint, the job runs again from it, and its losses equal the uninterrupted run's.
 // - A training spec with a bad field gets INVALID_ARGUMENT naming it, through the real service.
@@ -16,7 +18,6 @@
 #include <chrono>
 #include <cmath>
 #include <filesystem>
-#include <fstream>
 #include <map>
 #include <string>
 #include <thread>
@@ -26,6 +27,7 @@
 #include "gtest/gtest.h"
 #include "tests/cluster.h"
 #include "tests/cluster_fixture.h"
+#include "tests/training_files.h"
 
 namespace dattn::testing {
 namespace {
@@ -36,58 +38,13 @@ using std::chrono::seconds;
 constexpr int kSteps = 120;
 constexpr int kCheckpointEvery = 10;
 
-// About 200 KB of text with some structure to learn: numbered verses of a small vocabulary.
-void WriteCorpus(const std::string& path) {
-  static const char* const kWords[] = {"the",   "light", "and",  "darkness", "was",  "upon",
-                                       "face",  "of",    "deep", "waters",   "said", "let",
-                                       "there", "be",    "day",  "night",    "good", "evening"};
-  std::ofstream out(path);
-  uint64_t x = 12345;
-  for (int verse = 1; out.tellp() < 200000; ++verse) {
-    out << (verse % 31 + 1) << ":" << verse << " ";
-    for (int w = 0; w < 14; ++w) {
-      x = x * 6364136223846793005ULL + 1442695040888963407ULL;
-      out << kWords[(x >> 33) % (sizeof(kWords) / sizeof(kWords[0]))] << (w == 13 ? ".\n" : " ");
-    }
-  }
-}
-
-std::string TrainerConfig(const std::string& corpus) {
-  return R"({
-  "model": {"vocab_size": 256, "d_model": 32, "num_layers": 2, "num_heads": 2, "ffn_dim": 64,
-            "attention": {"mode": "grouped", "segment_lengths": [16, 32],
-                          "dilation_rates": [1, 2]}},
-  "threads": 1,
-  "data": {"paths": [")" +
-         corpus + R"("], "format": "text", "validation_fraction": 0.05},
-  "seq_len": 64, "batch_size": 4, "micro_batches": 1, "steps": )" +
-         std::to_string(kSteps) + R"(, "seed": 7,
-  "optimizer": {"lr": 3e-3, "min_lr": 3e-4, "warmup_steps": 5},
-  "eval": {"every": 20, "batches": 2},
-  "checkpoint": {"every": )" +
-         std::to_string(kCheckpointEvery) + R"(, "keep_last": 3}
-})";
-}
-
 class TrainingE2E : public ClusterTest {
  protected:
-  // Writes the corpus, the trainer config and a job file for D x S ranks under the cluster's
-  // folder; returns the job file's path.
+  // The corpus, the trainer config and a job file for D x S ranks under the cluster's folder;
+  // returns the job file's path.
   std::string JobFile(const std::string& name, int data, int sequence, bool checkpoints = true) {
-    const std::string dir = cluster_->dir() + "/" + name;
-    std::filesystem::create_directories(dir);
-    const std::string corpus = cluster_->dir() + "/corpus.txt";
-    if (!std::filesystem::exists(corpus)) WriteCorpus(corpus);
-    std::ofstream(dir + "/trainer.json") << TrainerConfig(corpus);
-    std::ofstream job(dir + "/job.yaml");
-    job << "name: " << name << "\n"
-        << "training:\n"
-        << "  config_file: trainer.json\n"
-        << "  data_parallel: " << data << "\n"
-        << "  sequence_parallel: " << sequence << "\n"
-        << "  device: cpu\n";
-    if (checkpoints) job << "  checkpoint_dir: " << dir << "/checkpoints\n";
-    return dir + "/job.yaml";
+    return WriteTrainingJobFile(cluster_->dir(), name, data, sequence, kSteps, kCheckpointEvery,
+                                checkpoints);
   }
 
   dattn::v1::Job Finished(const std::string& id, seconds timeout = seconds(240)) {
@@ -123,19 +80,12 @@ class TrainingE2E : public ClusterTest {
 
   // Every checkpoint is announced once, however many attempts reported it.
   static void ExpectEachCheckpointEventOnce(const dattn::v1::Job& job) {
-    std::map<std::string, int> seen;
-    for (const auto& e : job.events()) {
-      if (e.kind() == "checkpoint") ++seen[e.message().substr(0, e.message().find(':'))];
-    }
+    const std::map<std::string, int> seen = CheckpointEventCounts(job);
     EXPECT_FALSE(seen.empty()) << EventsText(job);
     for (const auto& [which, count] : seen) EXPECT_EQ(count, 1) << which << "\n" << EventsText(job);
   }
 
-  static std::vector<double> Losses(const dattn::v1::Job& job) {
-    std::vector<double> out;
-    for (const auto& p : job.result().training().loss_curve()) out.push_back(p.loss());
-    return out;
-  }
+  static std::vector<double> Losses(const dattn::v1::Job& job) { return LossCurve(job); }
 
   // The uninterrupted 2 x 2 run every fault test compares with.
   std::vector<double> Reference() {
@@ -233,6 +183,58 @@ TEST_F(TrainingE2E, AKilledRankWorkerResumesFromTheCheckpointBitForBit) {
   for (size_t i = 0; i < losses.size(); ++i) {
     EXPECT_EQ(losses[i], reference[i]) << "step " << i + 1;
   }
+}
+
+// kill -9 of a rank's worker with no spare and no restart: the four-rank gang cannot run as it was
+// on the three workers left, so it shrinks (shrink_ring, on by default for training jobs) to the
+// most ranks that fit, 1 x 2, continues from its newest checkpoint with the same global batch, and
+// follows the uninterrupted 2 x 2 run's losses within fp32 rounding.
+TEST_F(TrainingE2E, AGangThatLostAWorkerForGoodShrinksAndFollowsTheLosses) {
+  ClusterOptions options;
+  options.coordinator_flags = {"--feasibility-settle-ms=1000"};
+  StartCluster(4, options);
+  const std::vector<double> reference = Reference();
+  ASSERT_EQ(reference.size(), static_cast<size_t>(kSteps));
+
+  const std::string id = Submit({"-f", JobFile("shrunk", 2, 2)});
+  dattn::v1::Job running;
+  ASSERT_TRUE(WaitForCheckpoint(id, &running)) << EventsText(running) << cluster_->Logs();
+  const std::string victim = cluster_->WorkerName(running.worker_ids(2));
+  const int index = cluster_->WorkerIndex(victim);
+  ASSERT_GE(index, 0);
+  cluster_->worker(index).Signal(SIGKILL);
+
+  const dattn::v1::Job job = Finished(id);
+  ASSERT_EQ(job.state(), dattn::v1::JOB_STATE_SUCCEEDED) << job.state_reason() << EventsText(job);
+  EXPECT_EQ(job.spec().training().data_parallel(), 1) << EventsText(job);
+  EXPECT_EQ(job.spec().training().sequence_parallel(), 2);
+  EXPECT_EQ(job.requested_spec().training().data_parallel(), 2);
+  EXPECT_EQ(job.worker_ids_size(), 2);
+  for (const std::string& w : job.worker_ids()) EXPECT_NE(cluster_->WorkerName(w), victim);
+  const std::string events = EventsText(job);
+  EXPECT_NE(events.find("shrunk: the ready workers cannot hold the job as it ran (4 ranks)"),
+            std::string::npos)
+      << events;
+  EXPECT_NE(events.find("it continues on data_parallel 1, sequence_parallel 2"), std::string::npos)
+      << events;
+  EXPECT_TRUE(HasEvent(job, "resumed")) << events;
+  const auto& r = job.result().training();
+  EXPECT_EQ(r.data_parallel(), 1);
+  EXPECT_EQ(r.sequence_parallel(), 2);
+  EXPECT_GE(r.resumed_from_step(), kCheckpointEvery);
+  ExpectEachCheckpointEventOnce(job);
+  // The same global batch in other sums: the uninterrupted run's losses to fp32 rounding.
+  const std::vector<double> losses = Losses(job);
+  ASSERT_EQ(losses.size(), reference.size());
+  for (size_t i = 0; i < losses.size(); ++i) {
+    EXPECT_NEAR(losses[i], reference[i], 2e-4 * std::abs(reference[i])) << "step " << i + 1;
+  }
+  // `dattn status` says what it was asked to run as.
+  ProcessResult status = cluster_->Cli({"status", id});
+  EXPECT_EQ(status.exit_code, 0) << status.err;
+  EXPECT_NE(status.out.find("Asked"), std::string::npos) << status.out;
+  EXPECT_NE(status.out.find("2 data x 2 sequence parallel (4 ranks)"), std::string::npos)
+      << status.out;
 }
 
 TEST_F(TrainingE2E, AKilledCoordinatorResumesTheJobFromACheckpointBitForBit) {

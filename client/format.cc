@@ -428,6 +428,17 @@ void PrintAttentionResult(const v1::AttentionJobResult& r, v1::Pass pass, std::o
                                      FormatBytes(r.output_info().total_bytes()),
                                      " kept (save it with: dattn output JOB_ID -o FILE.npy)"));
   }
+  std::vector<std::string> retried;
+  for (const v1::RankResult& rank : r.ranks()) {
+    if (rank.out_of_memory_retries() > 0) retried.push_back(absl::StrCat(rank.rank()));
+  }
+  if (!retried.empty()) {
+    fields.emplace_back(
+        "Out of memory",
+        absl::StrCat(retried.size() == 1 ? "rank " : "ranks ", absl::StrJoin(retried, ", "),
+                     " ran out at set-up and fit when retried after the worker released its "
+                     "device's caches"));
+  }
   out << "Result\n";
   PrintFields(fields, 2, out);
   if (r.ranks_size() == 0) return;

@@ -2,8 +2,7 @@
 //
 // The preference order follows docs/ARCHITECTURE.md "Failure handling, in order of preference".
 // Releasing caches and retrying is the worker's own first step, before a failure reaches the
-// coordinator, so it is not here (no worker does it yet: an out-of-memory failure is reported as it
-// happens).
+// coordinator (worker/oom_retry.h), so it is not here.
 //
 //   any failure, attempts >= max_attempts -> kFail ("recovery attempts exhausted ...")
 //   oom:

@@ -10,6 +10,8 @@
 // - A worker killed for good under a 4-rank job that allows a shrink: the job continues on a ring
 // of
 //   2 of the 3 workers left, with the single-rank job's result.
+// - An allocation that fails once is retried by the worker after releasing its caches (the same
+//   result, attempt 1); one that fails again is reported, saying so.
 // - A rank that never arrives (its worker frozen with SIGSTOP before the ring forms): the formation
 //   fails within the formation timeout with an event naming the rank and its worker; never a hang.
 #include <grpcpp/grpcpp.h>
@@ -229,6 +231,48 @@ TEST_F(RingE2E, ARankOutOfMemoryMovesTheJobDownItsLadderWithTheSameResult) {
   EXPECT_NEAR(two.grad_sum_squares(), one.grad_sum_squares(), 1e-11 * one.grad_sum_squares());
   EXPECT_NEAR(two.out_sum(), one.out_sum(), 1e-10 * std::sqrt(one.out_sum_squares()));
   EXPECT_NEAR(two.grad_sum(), one.grad_sum(), 1e-10 * std::sqrt(one.grad_sum_squares()));
+}
+
+// The worker's own step: a worker whose second allocation fails once (--fault-allocation-failures
+// 2:1, as if another process held the memory for a moment) releases its caches and allocates again;
+// the job succeeds on its first attempt with the undisturbed result, and says so. A worker whose
+// allocations fail twice reports RESOURCE_EXHAUSTED, saying it retried, and the coordinator's
+// ladder takes over (here: no rung allowed, so the job fails with both messages).
+TEST_F(RingE2E, AnAllocationThatFailsOnceIsRetriedByTheWorker) {
+  StartCluster(1);
+  const Case c{"grouped", true, 1, 23};
+  const dattn::v1::Job control = Finished(Submit(CaseFlags(c, 1)));
+  ASSERT_EQ(control.state(), dattn::v1::JOB_STATE_SUCCEEDED) << control.state_reason();
+  ProcessResult drained = cluster_->Cli({"drain", "worker-0"});
+  ASSERT_EQ(drained.exit_code, 0) << drained.out << drained.err;
+  std::string error;
+  ASSERT_GE(cluster_->AddWorker(1, &error, "flaky", {"--fault-allocation-failures=2:1"}), 0)
+      << error;
+  ASSERT_TRUE(cluster_->WaitForReadyWorkers(1, seconds(30))) << cluster_->Logs();
+  const std::string id = Submit(CaseFlags(c, 1));
+  const dattn::v1::Job job = Finished(id);
+  ASSERT_EQ(job.state(), dattn::v1::JOB_STATE_SUCCEEDED) << job.state_reason() << EventsText(job);
+  EXPECT_EQ(job.attempt(), 1);
+  ASSERT_EQ(job.result().attention().ranks_size(), 1);
+  EXPECT_EQ(job.result().attention().ranks(0).out_of_memory_retries(), 1);
+  EXPECT_EQ(job.result().attention().out_sum(), control.result().attention().out_sum());
+  EXPECT_EQ(job.result().attention().grad_sum_squares(),
+            control.result().attention().grad_sum_squares());
+  ProcessResult status = cluster_->Cli({"status", id});
+  EXPECT_NE(status.out.find("rank 0 ran out at set-up and fit when retried"), std::string::npos)
+      << status.out;
+
+  std::string twice_error;
+  const int twice =
+      cluster_->AddWorker(1, &twice_error, "flaky-twice", {"--fault-allocation-failures=1:2"});
+  ASSERT_GE(twice, 0) << twice_error;
+  ASSERT_EQ(cluster_->Cli({"drain", "flaky"}).exit_code, 0);
+  ASSERT_TRUE(cluster_->WaitForReadyWorkers(1, seconds(30))) << cluster_->Logs();
+  const dattn::v1::Job failed = Finished(Submit(CaseFlags(c, 1)));
+  EXPECT_EQ(failed.state(), dattn::v1::JOB_STATE_FAILED) << EventsText(failed);
+  EXPECT_NE(failed.state_reason().find("retried once after releasing the device's caches"),
+            std::string::npos)
+      << failed.state_reason();
 }
 
 // kill -9 of a worker whose rank runs: its peer sees the connection drop, the job's history names

@@ -135,8 +135,9 @@ namespace {
 struct RankTensors {
   std::optional<SharedMemoryFile> region;  // A shared-memory call's region, while the task runs.
   std::vector<DeviceBuffer> buffers;
-  TensorView inputs[4];   // q, k, v, dout
-  TensorView outputs[4];  // out, dq, dk, dv
+  int64_t allocated_bytes = 0;  // Planned bytes of `buffers` (reported to on_allocated).
+  TensorView inputs[4];         // q, k, v, dout
+  TensorView outputs[4];        // out, dq, dk, dv
   TensorView lse;
 };
 
@@ -184,6 +185,7 @@ absl::Status PrepareTensors(const AttentionTaskPlan& plan, TaskDevice* device,
     absl::StatusOr<DeviceBuffer> buffer = device->Allocate(bytes, what);
     if (!buffer.ok()) return buffer.status();
     if (options.on_allocated) options.on_allocated(bytes);
+    t->allocated_bytes += bytes;
     t->buffers.push_back(*std::move(buffer));
     return TensorView::Contiguous(t->buffers.back().get(), dtype, std::move(dims), caps.device,
                                   device->device_index());
@@ -362,9 +364,20 @@ absl::StatusOr<AttentionTaskResult> RunAttentionTask(const v1::TaskAssignment& t
     last = now;
   };
   RankTensors t;
-  if (absl::Status s = PrepareTensors(plan, device, options, task.task_id(), &t); !s.ok()) {
-    return s;
-  }
+  // Out of memory at any of the tensors: what was allocated goes back (claimed again for this
+  // task), the device's caches are released and the tensors allocated once more (oom_retry.h).
+  // Nothing is read from a caller's stream before this (a shared-memory region is read again).
+  OomRetry oom;
+  absl::Status prepared = RetryOnceOutOfMemory(
+      device, [&] { return PrepareTensors(plan, device, options, task.task_id(), &t); },
+      [&] {
+        const int64_t held = t.allocated_bytes;
+        t = RankTensors();
+        if (options.on_allocated && held > 0) options.on_allocated(-held);
+      },
+      &oom);
+  if (oom.retries > 0 && options.on_out_of_memory_retry) options.on_out_of_memory_retry(oom);
+  if (!prepared.ok()) return prepared;
   lap(plan.streamed ? "inputs" : "allocation and inputs");
 
   // The engine. A ring rank gets its kernels before it joins, so that a device without ring
@@ -465,6 +478,7 @@ absl::StatusOr<AttentionTaskResult> RunAttentionTask(const v1::TaskAssignment& t
   rank.set_seconds_per_step(median);
   rank.set_tflops(median > 0 ? plan.flops_per_step / median / 1e12 : 0.0);
   rank.set_ring_formation_seconds(membership.formation_seconds);
+  rank.set_out_of_memory_retries(oom.retries);
   absl::StatusOr<TaskDevice::ElementSums> out_sum = SumOutputs(device, t, 0, 1);
   if (!out_sum.ok()) return out_sum.status();
   rank.set_out_sum(out_sum->sum);

@@ -49,6 +49,7 @@
 #include "engine/comm/communicator.h"
 #include "engine/comm/tcp_store.h"
 #include "engine/tensor.h"
+#include "worker/oom_retry.h"
 #include "worker/random_inputs.h"
 #include "worker/task_device.h"
 
@@ -109,8 +110,13 @@ struct AttentionTaskOptions {
   // device's FreeMemoryBytes().
   std::function<absl::StatusOr<int64_t>(int64_t planned_bytes)> reserve_memory;
   // Called after each of the task's tensors (inputs, outputs, lse) is allocated, with its planned
-  // bytes: from then on the device's free figure shows them in use.
+  // bytes: from then on the device's free figure shows them in use. Called with minus the bytes
+  // allocated so far when they are freed again to retry after running out of memory (oom_retry.h):
+  // claimed again, they are to be allocated once more.
   std::function<void(int64_t bytes)> on_allocated;
+  // Called once when allocating the tensors ran out of memory and was retried (oom_retry.h), with
+  // what happened (recovered or not).
+  std::function<void(const OomRetry&)> on_out_of_memory_retry;
   // Stored in the ring's store when this rank arrives (who it is, for diagnostics).
   std::string member_name;
   // Longest wait for a ring peer when the assignment's RingInfo leaves it 0.

@@ -26,6 +26,8 @@
 #include "gmock/gmock.h"
 #include "gtest/gtest.h"
 #include "worker/cpu_device.h"
+#include "worker/memory_limit_device.h"
+#include "worker/oom_retry.h"
 #include "worker/random_inputs.h"
 #include "worker/ring_join.h"
 #include "worker/test_plans.h"
@@ -33,6 +35,8 @@
 namespace dattn {
 namespace worker {
 namespace {
+
+using ::testing::HasSubstr;
 
 v1::TaskAssignment SmallTask(v1::DType dtype, v1::Pass pass, int iterations) {
   v1::TaskAssignment task;
@@ -500,6 +504,58 @@ TEST(AttentionTaskTest, ReserveMemoryDecidesAndAllocationsAreReported) {
   EXPECT_EQ(asked, std::vector<int64_t>{planned});
   // q, k, v, dout and out, dq, dk, dv, and lse.
   EXPECT_EQ(allocated, 8 * plan->tensor_bytes + plan->lse_bytes);
+}
+
+// The worker's own step, at every allocation site (q, k, v, dout, out, dq, dk, dv, lse: the
+// fault-injecting device fails the K-th): the tensors allocated so far go back (claimed again),
+// the caches are released and the set-up retried once. One failure: the same result as an
+// undisturbed run, out_of_memory_retries 1. A second failure (the retry's first allocation):
+// RESOURCE_EXHAUSTED saying it was retried, with both messages. Other errors are not retried.
+TEST(AttentionTaskTest, OutOfMemoryAtEachAllocationIsRetriedOnceAfterReleasingCaches) {
+  v1::TaskAssignment task = SmallTask(v1::DTYPE_FP64, v1::PASS_FORWARD_BACKWARD, 1);
+  std::shared_ptr<TaskDevice> host = Host();
+  absl::StatusOr<AttentionTaskPlan> plan = PlanAttentionTask(Planned(task), host->caps());
+  ASSERT_TRUE(plan.ok()) << plan.status();
+  absl::StatusOr<AttentionTaskResult> clean = RunPlanned(task, host.get(), AttentionTaskOptions());
+  ASSERT_TRUE(clean.ok()) << clean.status();
+  EXPECT_EQ(clean->rank_result.out_of_memory_retries(), 0);
+  constexpr int kSites = 9;
+  for (int site = 1; site <= kSites; ++site) {
+    SCOPED_TRACE(absl::StrCat("allocation ", site));
+    std::unique_ptr<TaskDevice> flaky = NewFailingAllocationsDevice(host, site, 1);
+    AttentionTaskOptions options;
+    int64_t claimed = plan->memory_bytes;  // As the worker's reserve does.
+    options.reserve_memory = [&](int64_t bytes) -> absl::StatusOr<int64_t> { return bytes; };
+    options.on_allocated = [&](int64_t bytes) { claimed -= bytes; };
+    std::vector<OomRetry> retries;
+    options.on_out_of_memory_retry = [&](const OomRetry& r) { retries.push_back(r); };
+    absl::StatusOr<AttentionTaskResult> result = RunPlanned(task, flaky.get(), options);
+    ASSERT_TRUE(result.ok()) << result.status();
+    EXPECT_EQ(result->rank_result.out_of_memory_retries(), 1);
+    EXPECT_EQ(result->rank_result.out_sum(), clean->rank_result.out_sum());
+    EXPECT_EQ(result->rank_result.grad_sum_squares(), clean->rank_result.grad_sum_squares());
+    ASSERT_EQ(retries.size(), 1u);
+    EXPECT_TRUE(retries[0].recovered);
+    EXPECT_THAT(retries[0].first_error, HasSubstr(absl::StrCat("allocation ", site, " of")));
+    // Every tensor counted once in the end: what was freed for the retry was claimed again.
+    EXPECT_EQ(claimed, plan->memory_bytes - 8 * plan->tensor_bytes - plan->lse_bytes);
+
+    std::unique_ptr<TaskDevice> twice = NewFailingAllocationsDevice(host, site, 2);
+    retries.clear();
+    result = RunPlanned(task, twice.get(), options);
+    EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted) << result.status();
+    EXPECT_THAT(result.status().message(),
+                HasSubstr("retried once after releasing the device's caches, which gave back "));
+    EXPECT_THAT(result.status().message(),
+                HasSubstr(absl::StrCat("the first attempt: allocating ")));
+    ASSERT_EQ(retries.size(), 1u);
+    EXPECT_FALSE(retries[0].recovered);
+  }
+  // Past the last site: nothing fails, nothing is retried.
+  std::unique_ptr<TaskDevice> late = NewFailingAllocationsDevice(host, kSites + 1, 1);
+  absl::StatusOr<AttentionTaskResult> result = RunPlanned(task, late.get(), AttentionTaskOptions());
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(result->rank_result.out_of_memory_retries(), 0);
 }
 
 TEST(AttentionTaskTest, DefaultsOfUnspecifiedEnums) {

@@ -67,6 +67,20 @@ class CudaDevice final : public TaskDevice {
   }
 
   absl::Status Health() const override { return FreeMemoryBytes().status(); }
+  absl::StatusOr<int64_t> ReleaseCaches() override {
+    absl::StatusOr<int64_t> before = FreeMemoryBytes();
+    if (!before.ok()) return before.status();
+    // Frees queued on streams complete first; then the default pool (cudaMallocAsync's) gives
+    // back what it keeps. The engine's workspace pools belong to live backends (each task's own,
+    // gone with it), the staging buffers are host memory: neither is a cache to drop here.
+    DATTN_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    cudaMemPool_t pool = nullptr;
+    DATTN_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, device_));
+    DATTN_CUDA_RETURN_IF_ERROR(cudaMemPoolTrimTo(pool, 0));
+    absl::StatusOr<int64_t> after = FreeMemoryBytes();
+    if (!after.ok()) return after.status();
+    return std::max<int64_t>(0, *after - *before);
+  }
 
   std::vector<std::string> ring_backends() const override { return {"nccl"}; }
 

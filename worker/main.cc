@@ -3,7 +3,7 @@
 //   dattn-worker --coordinator host:7070 [--name NAME] [--slots N] [--threads T]
 //                [--heartbeat-ms MS] [--health-port P] [--listen-address A] [--memory-bytes B]
 //                [--ring-address A] [--drain-wait-s S] [--shutdown-timeout-s S]
-//                [--fault-device-memory-bytes B]
+//                [--fault-device-memory-bytes B] [--fault-allocation-failures FIRST:COUNT]
 //                [--metrics-listen HOST:PORT]
 //                (--tls-ca CA --tls-cert CERT --tls-key KEY | --insecure)
 //   dattn-worker-gpu --gpu [--gpu-index I] ...   (the same worker on one GPU)
@@ -42,7 +42,9 @@
 #include <thread>
 
 #include "CLI/CLI.hpp"
+#include "absl/strings/numbers.h"
 #include "absl/strings/str_cat.h"
+#include "absl/strings/str_split.h"
 #include "absl/time/time.h"
 #include "engine/openblas_core.h"
 #include "grpcpp/generic/async_generic_service.h"
@@ -92,6 +94,7 @@ int main(int argc, char** argv) {
   int shutdown_timeout_s = 10;
   int drain_wait_s = 0;
   int64_t fault_memory_bytes = -1;
+  std::string fault_allocation_failures;
   bool gpu = false;
   int gpu_index = 0;
   std::string ring_address;
@@ -130,6 +133,11 @@ int main(int argc, char** argv) {
                  "outstanding, while the worker still reports its real memory; -1 = off")
       ->check(CLI::Range(int64_t{-1}, int64_t{1} << 60))
       ->capture_default_str();
+  app.add_option("--fault-allocation-failures", fault_allocation_failures,
+                 "Fault injection: FIRST:COUNT, the device's allocations FIRST .. FIRST+COUNT-1 "
+                 "(numbered from 1 over the worker's life) fail with RESOURCE_EXHAUSTED, as if "
+                 "another process held the memory for a moment; empty = off")
+      ->type_name("FIRST:COUNT");
   app.add_option("--drain-wait-s", drain_wait_s,
                  "On SIGTERM, first ask the coordinator to drain this worker and wait this long "
                  "for its running tasks to finish (0: cancel them at once)")
@@ -246,6 +254,22 @@ int main(int argc, char** argv) {
     device = dattn::worker::NewMemoryLimitDevice(std::move(device), fault_memory_bytes);
   }
 
+  if (!fault_allocation_failures.empty()) {
+    const std::vector<std::string> parts = absl::StrSplit(fault_allocation_failures, ':');
+    int64_t first = 0, count = -1;
+    if (parts.size() != 2 || !absl::SimpleAtoi(parts[0], &first) ||
+        !absl::SimpleAtoi(parts[1], &count) || first < 1 || count < 0) {
+      LogEvent(
+          "--fault-allocation-failures: expected FIRST:COUNT with FIRST >= 1 and COUNT >= 0, "
+          "got \"",
+          fault_allocation_failures, "\"");
+      return 2;
+    }
+    LogEvent("FAULT INJECTION: allocations ", first, " .. ", first + count - 1,
+             " fail (--fault-allocation-failures); for tests only");
+    device = dattn::worker::NewFailingAllocationsDevice(std::move(device), first, count);
+  }
+
   // The worker's own metrics. The device goes to the worker metered, so that its communicators'
   // failures are counted (metered_device.h); everything else passes through unchanged.
   dattn::worker::WorkerMetricsOptions metrics_options;
@@ -262,6 +286,9 @@ int main(int argc, char** argv) {
                                    const dattn::v1::TaskReport& report,
                                    dattn::v1::RankPhase last_phase) {
     metrics.TaskEnded(assignment, report, last_phase);
+  };
+  options.on_out_of_memory_retry = [&metrics](bool recovered) {
+    metrics.OutOfMemoryRetried(recovered);
   };
   // Read per scrape; null until the worker exists and again once it is gone.
   std::atomic<const dattn::worker::Worker*> scraped_worker{nullptr};

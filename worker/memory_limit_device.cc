@@ -47,7 +47,33 @@ class MemoryLimitDevice final : public ForwardingDevice {
   const std::shared_ptr<std::atomic<int64_t>> outstanding_;
 };
 
+class FailingAllocationsDevice final : public ForwardingDevice {
+ public:
+  FailingAllocationsDevice(std::shared_ptr<TaskDevice> base, int64_t first, int64_t count)
+      : ForwardingDevice(std::move(base)), first_(first), count_(count) {}
+
+  absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes, const std::string& what) override {
+    const int64_t n = ++allocations_;
+    if (n >= first_ && n - first_ < count_) {
+      return absl::ResourceExhaustedError(absl::StrCat(
+          "allocating ", what, " (", FormatBytes(bytes), ") failed: allocation ", n,
+          " of this worker fails (--fault-allocation-failures ", first_, ":", count_, ")"));
+    }
+    return base().Allocate(bytes, what);
+  }
+
+ private:
+  const int64_t first_;
+  const int64_t count_;
+  std::atomic<int64_t> allocations_{0};
+};
+
 }  // namespace
+
+std::unique_ptr<TaskDevice> NewFailingAllocationsDevice(std::shared_ptr<TaskDevice> base,
+                                                        int64_t first, int64_t count) {
+  return std::make_unique<FailingAllocationsDevice>(std::move(base), first, count);
+}
 
 std::unique_ptr<TaskDevice> NewMemoryLimitDevice(std::shared_ptr<TaskDevice> base,
                                                  int64_t limit_bytes) {

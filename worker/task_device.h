@@ -57,6 +57,13 @@ class TaskDevice {
   // uncorrectable ECC error) fails every later call of the process's context, so a failed GPU
   // stays failed until the worker restarts. Always OK on the CPU.
   virtual absl::Status Health() const = 0;
+  // Gives back to the device what this process keeps cached for later calls: on a GPU, after
+  // synchronizing, the free memory of the device's default stream-ordered pool (cudaMemPoolTrimTo)
+  // and of the worker's own staging pool; on the CPU, the C library's free heap pages
+  // (malloc_trim). Returns the bytes the device's free figure grew by (0 when nothing was kept, or
+  // when another process took memory meanwhile). The worker's first step after an allocation runs
+  // out of memory (oom_retry.h), before it retries once. Default: nothing cached, 0.
+  virtual absl::StatusOr<int64_t> ReleaseCaches() { return int64_t{0}; }
   // Communicators this device forms rings with ("gloo", "nccl"): those for which it also has ring
   // kernels. Empty: single-rank tasks only.
   virtual std::vector<std::string> ring_backends() const = 0;
@@ -151,6 +158,7 @@ class ForwardingDevice : public TaskDevice {
   int64_t total_memory_bytes() const override { return base_->total_memory_bytes(); }
   absl::StatusOr<int64_t> FreeMemoryBytes() const override { return base_->FreeMemoryBytes(); }
   absl::Status Health() const override { return base_->Health(); }
+  absl::StatusOr<int64_t> ReleaseCaches() override { return base_->ReleaseCaches(); }
   std::vector<std::string> ring_backends() const override { return base_->ring_backends(); }
   bool host_memory() const override { return base_->host_memory(); }
   absl::StatusOr<DeviceBuffer> Allocate(int64_t bytes, const std::string& what) override {

@@ -25,6 +25,7 @@
 #include "model/collective.h"
 #include "model/trainer.h"
 #include "nlohmann/json.hpp"
+#include "worker/oom_retry.h"
 #include "worker/ring_join.h"
 
 namespace dattn {
@@ -341,9 +342,20 @@ absl::StatusOr<TrainingTaskResult> RunTrainingTask(const v1::TaskAssignment& tas
   // The model, the collective and the trainer.
   model::ModelOptions model_options;
   model_options.checkpoint_activations = config.checkpoint_activations;
+  // Out of memory making the model (its weights, gradients and arenas): released caches, once
+  // more (oom_retry.h). Before any collective, so the peers only wait.
   absl::StatusOr<std::unique_ptr<model::TrainableModel>> made =
-      device->NewTrainableModel(config.model, model_options, threads, group.get());
-  if (!made.ok()) return Prefixed(made.status(), where);
+      absl::UnknownError("the model was not made");
+  OomRetry oom;
+  absl::Status making = RetryOnceOutOfMemory(
+      device,
+      [&] {
+        made = device->NewTrainableModel(config.model, model_options, threads, group.get());
+        return made.status();
+      },
+      [&] { made = absl::UnknownError("the model was not made"); }, &oom);
+  if (oom.retries > 0 && options.on_out_of_memory_retry) options.on_out_of_memory_retry(oom);
+  if (!making.ok()) return Prefixed(making, where);
   model::TrainableModel* model_ptr = made->get();
   std::unique_ptr<model::TrainerCollective> collective;
   if (plan.world > 1) {

@@ -45,6 +45,7 @@
 #include "engine/comm/communicator.h"
 #include "engine/comm/tcp_store.h"
 #include "model/trainer_config.h"
+#include "worker/oom_retry.h"
 #include "worker/task_device.h"
 
 namespace dattn {
@@ -81,6 +82,9 @@ struct TrainingTaskOptions {
   absl::Duration default_comm_timeout = absl::Seconds(120);
   comm::StoreTls store_tls;
   std::function<void(v1::RankPhase)> on_phase;
+  // Called once when making the model ran out of memory and was retried after releasing the
+  // device's caches (oom_retry.h), with what happened.
+  std::function<void(const OomRetry&)> on_out_of_memory_retry;
   // Called with every communicator of the rank once formed (the world's, then the group's) and
   // the seconds the world's formation took; with ({}, seconds) before they are destroyed.
   std::function<void(const std::vector<comm::Communicator*>&, double)> on_communicators;

@@ -347,6 +347,70 @@ TEST(TrainingTaskTest, TheResultCarriesThePlanAndTheMeasuredPeak) {
   EXPECT_EQ(on_host->result.measured_rank_peak_bytes(), 0);
 }
 
+// A device whose first `failures` models cannot be made (RESOURCE_EXHAUSTED, as a GPU's arenas
+// when another process holds the memory) and that counts the cache releases.
+class ModelOomDevice : public ForwardingDevice {
+ public:
+  ModelOomDevice(std::shared_ptr<TaskDevice> base, int failures)
+      : ForwardingDevice(std::move(base)), failures_(failures) {}
+  absl::StatusOr<std::unique_ptr<model::TrainableModel>> NewTrainableModel(
+      const model::LongNetConfig& config, const model::ModelOptions& options, int threads,
+      comm::Communicator* sequence_group) override {
+    if (made_++ < failures_) {
+      return absl::ResourceExhaustedError("cudaMalloc of the model's arena (2.0 GiB) failed");
+    }
+    return ForwardingDevice::NewTrainableModel(config, options, threads, sequence_group);
+  }
+  absl::StatusOr<int64_t> ReleaseCaches() override {
+    ++releases;
+    return int64_t{1} << 20;
+  }
+  int releases = 0;
+
+ private:
+  const int failures_;
+  int made_ = 0;
+};
+
+// The worker's own step for a training rank: making the model out of memory is retried once after
+// releasing the caches; the run is then the undisturbed one. Twice: RESOURCE_EXHAUSTED saying so.
+TEST(TrainingTaskTest, AModelOutOfMemoryIsRetriedOnceAfterReleasingCaches) {
+  absl::StatusOr<std::unique_ptr<TaskDevice>> host = NewCpuDevice();
+  ASSERT_TRUE(host.ok()) << host.status();
+  std::shared_ptr<TaskDevice> base = *std::move(host);
+  absl::StatusOr<TrainingTaskResult> clean = RunTrainingTask(
+      Task(Config(3, 0), 1, 1, 0, TempDir("oom-clean"), "127.0.0.1:1", "j-oom-clean/1"), base.get(),
+      {});
+  ASSERT_TRUE(clean.ok()) << clean.status();
+
+  ModelOomDevice once(base, 1);
+  std::vector<OomRetry> retries;
+  TrainingTaskOptions options;
+  options.on_out_of_memory_retry = [&](const OomRetry& r) { retries.push_back(r); };
+  absl::StatusOr<TrainingTaskResult> result = RunTrainingTask(
+      Task(Config(3, 0), 1, 1, 0, TempDir("oom-once"), "127.0.0.1:1", "j-oom-once/1"), &once,
+      options);
+  ASSERT_TRUE(result.ok()) << result.status();
+  EXPECT_EQ(once.releases, 1);
+  ASSERT_EQ(retries.size(), 1u);
+  EXPECT_TRUE(retries[0].recovered);
+  EXPECT_EQ(retries[0].released_bytes, int64_t{1} << 20);
+  EXPECT_EQ(result->result.final_loss(), clean->result.final_loss());
+
+  ModelOomDevice twice(base, 2);
+  retries.clear();
+  result = RunTrainingTask(
+      Task(Config(3, 0), 1, 1, 0, TempDir("oom-twice"), "127.0.0.1:1", "j-oom-twice/1"), &twice,
+      options);
+  EXPECT_EQ(result.status().code(), absl::StatusCode::kResourceExhausted) << result.status();
+  EXPECT_NE(result.status().message().find("retried once after releasing the device's caches, "
+                                           "which gave back 1.00 MiB"),
+            std::string::npos)
+      << result.status();
+  ASSERT_EQ(retries.size(), 1u);
+  EXPECT_FALSE(retries[0].recovered);
+}
+
 // A run that diverges (a gradient norm that is not finite, step after step) fails the job with
 // FAILED_PRECONDITION: the coordinator requeues ABORTED (a broken ring), and a rerun from the last
 // checkpoint would only diverge again.

@@ -875,6 +875,12 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
     if (!task->silent) Enqueue(make_report(v1::TASK_STATE_STARTED), /*final=*/false);
   };
   auto is_cancelled = [&]() { return task->cancel.load(); };
+  auto on_oom_retry = [&](const OomRetry& retry) {
+    LogEvent("task ", task->assignment.task_id(), ": out of memory (", retry.first_error,
+             "); released the device's caches (", FormatBytes(retry.released_bytes),
+             " given back) and retried: ", retry.recovered ? "it fit" : "out of memory again");
+    if (options_.on_out_of_memory_retry) options_.on_out_of_memory_retry(retry.recovered);
+  };
   const std::string member_name = absl::StrCat(options_.name, " (", worker_id(), ")");
 
   // The outcome, whatever the kind: SUCCEEDED with its result, or the error.
@@ -960,6 +966,7 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
     run_options.default_comm_timeout = options_.default_comm_timeout;
     run_options.store_tls = options_.store_tls;
     run_options.on_phase = on_phase;
+    run_options.on_out_of_memory_retry = on_oom_retry;
     run_options.on_communicators = [&](const std::vector<comm::Communicator*>& comms,
                                        double formation_seconds) {
       task->ring_formation_seconds = formation_seconds;
@@ -1009,6 +1016,7 @@ void Worker::RunTask(std::shared_ptr<Task> task) {
     run_options.default_comm_timeout = options_.default_comm_timeout;
     run_options.store_tls = options_.store_tls;
     run_options.on_phase = on_phase;
+    run_options.on_out_of_memory_retry = on_oom_retry;
     run_options.on_communicator = [&](comm::Communicator* comm, double formation_seconds) {
       task->ring_formation_seconds = formation_seconds;
       absl::MutexLock lock(&task->comm_mu);

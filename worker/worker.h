@@ -129,6 +129,10 @@ struct WorkerOptions {
   std::function<void(const v1::TaskAssignment& assignment, const v1::TaskReport& report,
                      v1::RankPhase last_phase)>
       on_task_end;
+  // Called when a rank's set-up ran out of memory and was retried once after releasing the
+  // device's caches (oom_retry.h), whether the retry fit; on the task's thread, without the
+  // worker's lock (worker_metrics.h counts them here).
+  std::function<void(bool recovered)> on_out_of_memory_retry;
   // The clock of heartbeat intervals, backoffs, progress rate limits, the shutdown report deadline
   // and report timestamps (base/clock.h); not owned; nullptr: the real clock. RPC deadlines and
   // ring waits stay on real time (they bound waits on other processes).

@@ -148,6 +148,15 @@ WorkerMetrics::WorkerMetrics(const WorkerMetricsOptions& options, const TaskDevi
       communicator_errors_->Add({{"backend", backend}, {"code", absl::StatusCodeToString(code)}});
     }
   }
+  oom_retries_ = &prometheus::BuildCounter()
+                      .Name("dattn_worker_out_of_memory_retries_total")
+                      .Help(
+                          "Rank set-ups on this worker that ran out of memory and were retried "
+                          "once after releasing the device's caches (unit: set-ups), by outcome: "
+                          "recovered (the retry fit) or failed (the rank reported "
+                          "RESOURCE_EXHAUSTED).")
+                      .Register(*registry_);
+  for (const char* outcome : {"recovered", "failed"}) oom_retries_->Add({{"outcome", outcome}});
   device_healthy_ = &prometheus::BuildGauge()
                          .Name("dattn_worker_device_healthy")
                          .Help(
@@ -233,6 +242,10 @@ void WorkerMetrics::CommunicatorFailed(const std::string& backend, const absl::S
   communicator_errors_
       ->Add({{"backend", backend}, {"code", absl::StatusCodeToString(status.code())}})
       .Increment();
+}
+
+void WorkerMetrics::OutOfMemoryRetried(bool recovered) {
+  oom_retries_->Add({{"outcome", recovered ? "recovered" : "failed"}}).Increment();
 }
 
 void WorkerMetrics::Refresh(const Worker* worker) {

@@ -34,6 +34,11 @@
 //                                                 counter    communicators that failed (not by
 //                                                            this worker's own abort;
 //                                                            metered_device.h)
+//   dattn_worker_out_of_memory_retries_total{outcome}
+//                                                 counter    set-ups that ran out of memory and
+//                                                            were retried once after releasing the
+//                                                            device's caches (oom_retry.h):
+//                                                            recovered | failed
 //   dattn_worker_device_healthy                   gauge      1 while the device check passes
 //                                                            (TaskDevice::Health), read per scrape
 //   dattn_worker_device_memory_total_bytes        gauge      the device's memory (GPU, or host)
@@ -101,6 +106,8 @@ class WorkerMetrics {
                  v1::RankPhase last_phase);
   // CommunicatorFailureCallback (metered_device.h).
   void CommunicatorFailed(const std::string& backend, const absl::Status& status);
+  // A task's set-up ran out of memory and was retried (oom_retry.h).
+  void OutOfMemoryRetried(bool recovered);
   // Reads what is read per scrape (MetricsServer's before_scrape): the worker's load, readiness,
   // drain state and registrations (one snapshot, Worker::load(), so that a scrape never shows the
   // worker ready before the registration that made it so), and the device's health and free memory.
@@ -121,6 +128,7 @@ class WorkerMetrics {
   prometheus::Family<prometheus::Counter>* ring_formations_;
   prometheus::Family<prometheus::Histogram>* ring_formation_seconds_;
   prometheus::Family<prometheus::Counter>* communicator_errors_;
+  prometheus::Family<prometheus::Counter>* oom_retries_;
   prometheus::Gauge* device_healthy_;
   prometheus::Gauge* memory_free_;
   prometheus::Gauge* memory_reserved_;

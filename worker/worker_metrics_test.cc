@@ -180,6 +180,16 @@ TEST_F(WorkerMetricsTest, CommunicatorFailuresByBackendAndCode) {
             1);
 }
 
+TEST_F(WorkerMetricsTest, OutOfMemoryRetriesByOutcome) {
+  EXPECT_EQ(Value("dattn_worker_out_of_memory_retries_total{outcome=\"recovered\"}"), 0);
+  EXPECT_EQ(Value("dattn_worker_out_of_memory_retries_total{outcome=\"failed\"}"), 0);
+  metrics_.OutOfMemoryRetried(true);
+  metrics_.OutOfMemoryRetried(true);
+  metrics_.OutOfMemoryRetried(false);
+  EXPECT_EQ(Value("dattn_worker_out_of_memory_retries_total{outcome=\"recovered\"}"), 2);
+  EXPECT_EQ(Value("dattn_worker_out_of_memory_retries_total{outcome=\"failed\"}"), 1);
+}
+
 TEST_F(WorkerMetricsTest, ScrapeTimeGaugesFollowTheDeviceAndReadiness) {
   metrics_.Refresh(nullptr);
   EXPECT_EQ(Value("dattn_worker_device_healthy"), 1);

@@ -16,14 +16,24 @@
 #           micro-batches, or failed with the planner's estimate and the measured free memory; the
 #           runs that ran are compared with the undisturbed run's losses.
 #
+#   chaos   (all GPUs): JOBS jobs (default 50) submitted at once, 2-rank bf16 attention jobs and 1 x 2
+#           training gangs of a small LongNet (checkpoints every 5 steps) in turn, and KILLS faults
+#           (default 10) at random moments: kill -9 of a random running rank's worker (started again
+#           0-4 s later) and, every third fault, of the coordinator (started again on the same data
+#           folder and port 1 s later). Checked: every job SUCCEEDED, once; each checkpoint
+#           announced once; the attention checksums equal the 1-GPU run's, the training losses the
+#           uninterrupted run's (LOSS_TOLERANCE).
+#
 #   scripts/gpu-recovery-check.sh stage   (here) the binaries and the corpus, as
 #                                         scripts/gpu-train-service-check.sh stage packs them
-#   scripts/gpu-recovery-check.sh [run]   (GPU machine, .device carried) PARTS="shrink oom"
-#   scripts/gpu-recovery-check.sh smoke   (here) the shrink part with CPU workers and tiny shapes
+#   scripts/gpu-recovery-check.sh [run]   (GPU machine, .device carried) PARTS="shrink oom chaos"
+#   scripts/gpu-recovery-check.sh smoke   (here) the shrink and chaos parts with CPU workers and tiny
+#                                         shapes (PARTS to choose)
 #
-# Environment: OUT (logs and job JSON; a temporary folder otherwise), PARTS (default "shrink oom";
-# "oom" needs run mode), JOB_TIMEOUT seconds per job (default 600), LOSS_TOLERANCE (default 0.03),
-# PACK (default .device/train-service.tar.xz).
+# Environment: OUT (logs and job JSON; a temporary folder otherwise), PARTS (default "shrink oom
+# chaos"; "oom" needs run mode), JOBS and KILLS (chaos), SEED (chaos: the random moments; printed),
+# JOB_TIMEOUT seconds per job (default 600), LOSS_TOLERANCE (default 0.03), PACK (default
+# .device/train-service.tar.xz).
 #
 # Exit status: 0 when every job ended as the ladder or the shrink says it should, with the right
 # results; 1 otherwise; 2 when the set-up failed.
@@ -35,7 +45,7 @@ pack="${PACK:-.device/train-service.tar.xz}"
 if [ "$mode" = "stage" ]; then
   exec env PACK="$pack" scripts/gpu-train-service-check.sh stage
 fi
-parts="${PARTS:-shrink oom}"
+parts="${PARTS:-shrink oom chaos}"
 out="${OUT:-$(mktemp -d)}"
 mkdir -p "$out"
 out=$(cd "$out" && pwd)
@@ -46,7 +56,7 @@ if [ "$mode" = "smoke" ]; then
   corpus=$PWD/bazel-bin/model/kjv.txt
   device=cpu
   gpus=4
-  parts=shrink
+  parts="${PARTS:-shrink chaos}"
 elif [ "$mode" = "run" ]; then
   [ -f "$pack" ] || { echo "missing $pack: run 'scripts/gpu-recovery-check.sh stage' first"; exit 2; }
   bin="$out/bin"
@@ -92,15 +102,17 @@ trap cleanup EXIT
 # A coordinator on its own data folder (one per part), plaintext on loopback. Workers heartbeat
 # every HEARTBEAT_MS (the oom part uses a slow one, so that the coordinator places on what the
 # worker said before the other process took its memory).
-start_coordinator() {  # NAME
-  local name="$1"
-  "$coordinator" --insecure --listen 127.0.0.1:0 --metrics-listen 127.0.0.1:0 \
+coordinator_pid=""
+start_coordinator() {  # NAME [PORT [MAX_ATTEMPTS]]
+  local name="$1" port="${2:-0}"
+  "$coordinator" --insecure --listen "127.0.0.1:$port" --metrics-listen 127.0.0.1:0 \
     --data-dir "$out/$name-data" --ring-formation-timeout-ms 120000 --dead-after-ms 4000 \
-    --max-attempts 4 --feasibility-settle-ms 2000 2>"$out/$name-coordinator.log" &
+    --max-attempts "${3:-4}" --feasibility-settle-ms 2000 2>>"$out/$name-coordinator.log" &
+  coordinator_pid=$!
   pids+=($!)
   addr=""
   for _ in $(seq 1 300); do
-    addr=$(sed -n 's/^dattn-coordinator listening on \([0-9.:]*\), metrics on .*/\1/p' "$out/$name-coordinator.log")
+    addr=$(sed -n 's/^dattn-coordinator listening on \([0-9.:]*\), metrics on .*/\1/p' "$out/$name-coordinator.log" | tail -1)
     [ -n "$addr" ] && break
     sleep 0.1
   done
@@ -295,9 +307,127 @@ EOF
   stop_all
 fi
 
-python3 - "$out" "$tolerance" "$parts" <<'EOF'
+# ---- chaos ----------------------------------------------------------------------------------------
+if [[ " $parts " == *" chaos "* ]]; then
+  echo "== chaos =="
+  [ "$gpus" -ge 2 ] || { echo "the chaos part needs 2 or more GPUs"; exit 2; }
+  jobs="${JOBS:-50}"
+  kills="${KILLS:-10}"
+  seed="${SEED:-$RANDOM}"
+  echo "SEED=$seed JOBS=$jobs KILLS=$kills"
+  RANDOM=$seed
+  port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+  start_coordinator chaos "$port" 100
+  for ((i = 0; i < gpus; i++)); do start_worker "$i" 500; done
+  wait_ready "$gpus" || exit 2
+  if [ "$mode" = "smoke" ]; then
+    att=(--seq-len 2048 --heads 2 --head-dim 32 --segments "256,1024" --rates "1,2" --dtype fp64)
+    iterations=150
+    model='"vocab_size": 256, "d_model": 32, "num_layers": 2, "num_heads": 2, "ffn_dim": 64,
+           "attention": {"segment_lengths": [16, 32], "dilation_rates": [1, 2]}'
+    seq=64; steps=100; threads='"threads": 1,'
+  else
+    att=(--seq-len 262144 --heads 8 --head-dim 128 --segments "2048,8192" --rates "1,4"
+         --dtype bf16)
+    iterations=200
+    model='"vocab_size": 256, "d_model": 256, "num_layers": 4, "num_heads": 4, "ffn_dim": 1024,
+           "attention": {"segment_lengths": [1024, 4096], "dilation_rates": [1, 4]}'
+    seq=8192; steps=40; threads=''
+  fi
+  chaos_job() {  # NAME: a 1 x 2 training job file of the small model
+    mkdir -p "$out/$1"
+    cat >"$out/$1/trainer.json" <<EOF
+{"model": {$model}, $threads
+ "data": {"paths": ["$corpus"], "format": "text", "validation_fraction": 0.05},
+ "seq_len": $seq, "batch_size": 4, "micro_batches": 1, "steps": $steps, "seed": 3,
+ "optimizer": {"lr": 1e-3, "min_lr": 1e-4, "warmup_steps": 5},
+ "eval": {"every": 0, "batches": 1},
+ "checkpoint": {"every": 5, "keep_last": 2}}
+EOF
+    cat >"$out/$1/job.yaml" <<EOF
+name: $1
+training:
+  config_file: trainer.json
+  data_parallel: 1
+  sequence_parallel: 2
+  device: $device
+  checkpoint_dir: $out/$1/checkpoints
+EOF
+  }
+  # The references, undisturbed: the training run, and the attention inputs on one rank.
+  chaos_job chaos-reference
+  timeout "$job_timeout" "$cli" --json submit -f "$out/chaos-reference/job.yaml" --wait \
+    >"$out/chaos-reference.json" 2>"$out/chaos-reference.err"
+  for s in 1 2; do
+    timeout "$job_timeout" "$cli" --json submit "${att[@]}" --pass fwd-bwd --seed "$s" \
+      --device "$device" --ranks 1 --iterations 1 --wait >"$out/chaos-control-$s.json" 2>&1
+  done
+  : >"$out/chaos-jobs.txt"
+  for ((n = 0; n < jobs; n++)); do
+    if ((n % 2 == 0)); then
+      s=$((1 + (n / 2) % 2))
+      "$cli" --json submit "${att[@]}" --pass fwd-bwd --seed "$s" --device "$device" --ranks 2 \
+        --iterations "$iterations" >"$out/chaos-submit.json" 2>>"$out/chaos.err"
+      echo "$(job_id "$out/chaos-submit.json") attention $s" >>"$out/chaos-jobs.txt"
+    else
+      chaos_job "chaos-$n"
+      "$cli" --json submit -f "$out/chaos-$n/job.yaml" >"$out/chaos-submit.json" 2>>"$out/chaos.err"
+      echo "$(job_id "$out/chaos-submit.json") training -" >>"$out/chaos-jobs.txt"
+    fi
+  done
+  # The faults, at random moments; a killed worker comes back 0-4 s later, the coordinator 1 s later
+  # on the same port and data folder.
+  : >"$out/chaos-faults.txt"
+  done_kills=0
+  declare -A restart_at
+  deadline=$((SECONDS + job_timeout))
+  while ((done_kills < kills && SECONDS < deadline)); do
+    sleep "$((RANDOM % 3)).$((RANDOM % 10))"
+    for i in "${!restart_at[@]}"; do
+      if ((SECONDS >= restart_at[$i])); then start_worker "$i" 500; unset "restart_at[$i]"; fi
+    done
+    if (((done_kills + 1) % 3 == 0)); then
+      kill -KILL "$coordinator_pid"
+      echo "$(date -u +%T) kill -9 of the coordinator" >>"$out/chaos-faults.txt"
+      sleep 1
+      start_coordinator chaos "$port" 100
+      done_kills=$((done_kills + 1))
+      continue
+    fi
+    # A random worker among those holding a rank of a running job ("done" when every job ended:
+    # the jobs were too short for the faults asked, which the summary reports as a failure).
+    victim=$("$cli" --json list --limit 200 2>/dev/null | python3 -c 'import json, random, sys
+random.seed(int(sys.argv[1]))
+jobs = json.load(sys.stdin).get("jobs", [])
+ids = [w for j in jobs if j.get("state") == "JOB_STATE_RUNNING" for w in j.get("worker_ids", [])]
+ended = ("JOB_STATE_SUCCEEDED", "JOB_STATE_FAILED", "JOB_STATE_CANCELLED")
+print(random.choice(ids) if ids else "" if any(j.get("state") not in ended for j in jobs) else "done")' "$RANDOM")
+    [ "$victim" = "done" ] && break
+    [ -n "$victim" ] || continue
+    name=$("$cli" --json workers 2>/dev/null | python3 -c 'import json,sys
+for w in json.load(sys.stdin).get("workers",[]):
+    if w.get("worker_id")==sys.argv[1]: print(w["name"])' "$victim")
+    i=${name##*-}
+    [ -n "$i" ] && [ -n "${worker_pid[$i]:-}" ] || continue
+    kill -KILL "${worker_pid[$i]}"
+    unset "worker_pid[$i]"
+    restart_at[$i]=$((SECONDS + RANDOM % 5))
+    echo "$(date -u +%T) kill -9 of $name (worker $victim)" >>"$out/chaos-faults.txt"
+    done_kills=$((done_kills + 1))
+  done
+  for i in "${!restart_at[@]}"; do start_worker "$i" 500; done
+  cat "$out/chaos-faults.txt"
+  # Each job to its end (polled: a watch would end with an error while the coordinator restarts).
+  while read -r id _ _; do
+    wait_for "$id" 'False' >/dev/null
+    status_json "$id" >"$out/chaos-$id.json"
+  done <"$out/chaos-jobs.txt"
+  stop_all
+fi
+
+python3 - "$out" "$tolerance" "$parts" "${KILLS:-10}" <<'EOF'
 import datetime, json, os, sys
-out, tolerance, parts = sys.argv[1], float(sys.argv[2]), sys.argv[3].split()
+out, tolerance, parts, kills = sys.argv[1], float(sys.argv[2]), sys.argv[3].split(), int(sys.argv[4])
 def load(name):
     try:
         return json.load(open(os.path.join(out, name + ".json")))
@@ -370,6 +500,56 @@ if "oom" in parts:
             failed = True  # A failure must carry the planner's numbers.
         if severity == "0" and state != "JOB_STATE_SUCCEEDED":
             failed = True
+if "chaos" in parts:
+    ref = load("chaos-reference")
+    ref = ref.get("job", ref)
+    base = losses(ref)
+    controls = {}
+    for s in ("1", "2"):
+        c = load(f"chaos-control-{s}")
+        controls[s] = c.get("job", c).get("result", {}).get("attention", {})
+    n = lost = wrong = twice = 0
+    kinds = {}
+    for line in open(os.path.join(out, "chaos-jobs.txt")):
+        jid, kind, s = line.split()
+        job = load(f"chaos-{jid}")
+        n += 1
+        if job.get("state") != "JOB_STATE_SUCCEEDED":
+            lost += 1
+            print("not succeeded:", jid, job.get("state"), job.get("state_reason", "")[:300])
+            continue
+        ev = job.get("events", [])
+        seen = {}
+        for e in ev:
+            if e.get("kind") == "checkpoint":
+                k = e.get("message", "").split(":")[0]
+                seen[k] = seen.get(k, 0) + 1
+        if sum(e.get("kind") == "succeeded" for e in ev) != 1 or any(v != 1 for v in seen.values()):
+            twice += 1
+            print("reported twice:", jid)
+        kinds[kind] = kinds.get(kind, 0) + 1
+        if kind == "attention":
+            one, got = controls[s], job.get("result", {}).get("attention", {})
+            tol = 1e-2 if job.get("spec", {}).get("attention", {}).get("dtype") == "DTYPE_BF16" else 1e-9
+            worst = max(abs(got.get(k, 0) - one.get(k, 0)) / abs(one.get(k, 1) or 1)
+                        for k in ("out_sum_squares", "grad_sum_squares"))
+        else:
+            got = losses(job)
+            worst = (max((abs(x - y) / abs(y) for x, y in zip(got, base)), default=float("inf"))
+                     if len(got) == len(base) else float("inf"))
+            tol = tolerance
+        if not worst <= tol:
+            wrong += 1
+            print("wrong result:", jid, kind, f"{worst:.3e} > {tol:g}")
+    faults = [l.strip() for l in open(os.path.join(out, "chaos-faults.txt"))]
+    coord = sum("coordinator" in f for f in faults)
+    rows.append((f"chaos: {n} jobs ({kinds.get('attention', 0)} attention, {kinds.get('training', 0)} training)",
+                 f"{len(faults)} faults ({coord} of the coordinator)",
+                 f"lost {lost}, reported twice {twice}", f"wrong {wrong}"))
+    failed |= bool(lost or wrong or twice) or ref.get("state") != "JOB_STATE_SUCCEEDED"
+    if len(faults) < kills:
+        failed = True
+        print(f"only {len(faults)} of {kills} faults: the jobs ended first (longer jobs, or more)")
 print("\n== recovery with real faults ==")
 for r in rows:
     print(f"{r[0]:42} {r[1]:26} {r[2]:38} {r[3]}")

@@ -173,6 +173,7 @@ absl::Status Coordinator::Recover() {
     JobRun* run = book_.Add(stored, spec->kind, spec->analysis);
     run->queued_since = Now();
     run->placed_before = placed_before;
+    run->fitted_before = placed_before || stored.job.fitted_cluster();
     run->free_requeues = free_requeues;
     if (state == v1::JOB_STATE_QUEUED && spec->analysis->runs_once) {
       tickets.push_back(runner_.Transition(
@@ -853,6 +854,7 @@ absl::StatusOr<v1::SubmitJobResponse> Coordinator::Submit(
   }
   const absl::Time now = Now();
   if (!sized.empty()) *job.mutable_requested_spec() = request.spec();
+  job.set_fitted_cluster(checked);
   job.set_idempotency_key(request.idempotency_key());
   job.set_state(v1::JOB_STATE_QUEUED);
   *job.mutable_create_time() = ToTimestamp(now);

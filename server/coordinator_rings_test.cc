@@ -292,6 +292,38 @@ TEST_F(CoordinatorTest, ARingPlacedBeforeARestartWaitsForItsWorkers) {
   EXPECT_TRUE(other->Next().has_value());
 }
 
+// A queued job that fitted the cluster at submit (found by the chaos run on GPUs: a coordinator
+// killed while a worker was down failed the whole queue as "can never run"): after a restart with
+// one worker of two back, it waits, and runs once the other is back. A job accepted while no worker
+// was ready is still failed once the workers settle without room for it.
+TEST_F(CoordinatorTest, AQueuedJobThatFittedBeforeARestartWaitsForItsWorkers) {
+  options_.feasibility_settle = absl::Milliseconds(50);
+  Restart();
+  AddWorker("a");
+  AddWorker("b");
+  const std::string running = Submit(RingRequest("running", 2)).job_id();
+  ASSERT_TRUE(WaitState(running, v1::JOB_STATE_PLACED));
+  const v1::Job queued = Submit(RingRequest("queued", 2));  // Fits, behind the first.
+  EXPECT_TRUE(queued.fitted_cluster());
+  Restart();
+  AddWorker("a");
+  absl::SleepFor(absl::Milliseconds(400));  // Well past the settle time, one worker of two back.
+  EXPECT_EQ(Get(queued.job_id()).state(), v1::JOB_STATE_QUEUED)
+      << Get(queued.job_id()).state_reason();
+  EXPECT_EQ(Get(running).state(), v1::JOB_STATE_QUEUED) << Get(running).state_reason();
+  AddWorker("b");
+  ASSERT_TRUE(WaitState(running, v1::JOB_STATE_PLACED)) << Get(running).state_reason();
+
+  // Accepted with no worker ready, then a restart: checked against the workers that settle.
+  Restart();
+  const v1::Job unchecked = Submit(RingRequest("unchecked", 4));
+  EXPECT_FALSE(unchecked.fitted_cluster());
+  Restart();
+  AddWorker("c");
+  ASSERT_TRUE(WaitState(unchecked.job_id(), v1::JOB_STATE_FAILED));
+  EXPECT_THAT(Get(unchecked.job_id()).state_reason(), HasSubstr("can never run"));
+}
+
 // Ring shrink (issue 19): a job a lost worker requeued, that the workers left cannot hold as it
 // ran.
 class ShrinkTest : public CoordinatorTest {

@@ -116,9 +116,10 @@ std::vector<Dispatcher::Verdict> Dispatcher::Check(
             f.reason, " (memory plan per rank: ", analysis.devices[i].memory_plan, ")"));
       }
     }
-    if (!fits.has_value() && run->placed_before) {
-      // It ran on this cluster before: the workers it needs may not have re-registered yet (after
-      // a restart they come back as their cancelled tasks stop). It waits, unchecked.
+    if (!fits.has_value() && (run->placed_before || run->fitted_before)) {
+      // It ran on this cluster before, or fitted it: the workers it needs may not have
+      // re-registered yet (after a restart they come back as their cancelled tasks stop, or a
+      // worker that died restarts). It waits, unchecked.
       continue;
     }
     scheduler_.Remove(run->job.job_id()).IgnoreError();
@@ -131,6 +132,8 @@ std::vector<Dispatcher::Verdict> Dispatcher::Check(
     }
     // Queued again for the device kind that fits, in its old place (same submit_seq).
     run->checked = true;
+    run->fitted_before = true;
+    run->job.set_fitted_cluster(true);  // Stored with the job's next write.
     run->device = *fits;
     absl::Status s = scheduler_.Enqueue(Request(*run, analysis, run->device));
     if (!s.ok()) {

@@ -17,7 +17,9 @@
 // ready set has stayed the same for `feasibility_settle` (workers of a new cluster register one by
 // one): each either fits (it is marked checked, queued for the kind that fits, in its old place)
 // or is reported as never able to run, with the scheduler's reasons and the memory plans; a job
-// placed before is left unchecked instead (its workers may not have re-registered yet).
+// placed before, or found to fit the ready workers before (Job.fitted_cluster: at submit, or by an
+// earlier check), is left unchecked instead (its workers may not have re-registered yet, or a dead
+// one may restart): a coordinator restarted while a worker is down does not fail the queue.
 //
 // Thread-safety: none of its own; the coordinator holds it ABSL_GUARDED_BY its mutex, which also
 // guards the roles it is attached to.

@@ -301,8 +301,8 @@ void JobRunner::Recover(JobRun* run, FailureKind failure, const std::string& why
     // a worker it ran on may be gone for good, and once the ready set settles ShrinkStranded
     // decides, with the workers then known.
     reason = absl::StrCat(
-        scheduler::FailureKindName(failure), ": requeued as attempt ", run->job.attempt() + 1,
-        " (", attempts, " of ", options_.max_attempts, " attempts used)",
+        scheduler::FailureKindName(failure), ": requeued as attempt ", run->job.attempt() + 1, " (",
+        attempts, " of ", options_.max_attempts, " attempts used)",
         run->kind->Shrinks(run->job.spec(), *run->analysis).empty()
             ? "; it waits for workers that hold it as it ran (its recovery policy allows no "
               "fewer ranks)"

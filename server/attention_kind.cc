@@ -158,10 +158,14 @@ std::vector<LadderRung> AttentionKind::Shrinks(const v1::JobSpec& spec,
   if (spec.work_case() != v1::JobSpec::kAttention || spec.attention().streamed()) return rungs;
   const v1::RecoveryPolicy& policy = spec.recovery();
   const api::AttentionJobInfo& info = Info(analysis);
+  // Each size is analysed (a ring plan) under the coordinator's lock: the 32 largest at most,
+  // then one rank.
+  constexpr size_t kMostRungs = 32;
   for (int64_t p = info.num_ranks - 1; p >= 1; --p) {
     if (info.seq_len % p != 0 || !(p == 1 ? policy.single_device() : policy.shrink_ring())) {
       continue;
     }
+    if (p > 1 && rungs.size() >= kMostRungs) continue;
     LadderRung rung;
     rung.spec = spec;
     rung.spec.mutable_attention()->set_num_ranks(static_cast<int32_t>(p));

@@ -50,7 +50,8 @@ class AttentionKind final : public WorkKind {
   std::vector<LadderRung> Ladder(const v1::JobSpec& spec,
                                  const JobAnalysis& analysis) const override;
   // Only what spec.recovery allows (nothing by default): num_ranks from P - 1 down to 2, those
-  // dividing seq_len (shrink_ring), then 1 (single_device). Streamed jobs have none.
+  // dividing seq_len (shrink_ring; the 32 largest), then 1 (single_device). Streamed jobs have
+  // none.
   std::vector<LadderRung> Shrinks(const v1::JobSpec& spec,
                                   const JobAnalysis& analysis) const override;
   void PlanRank(const JobAnalysis& analysis, size_t device, int rank,

@@ -65,7 +65,7 @@ class DeploymentKind final : public WorkKind {
       const v1::JobSpec& spec, const std::string& path) const override;
   void PlanRank(const JobAnalysis& analysis, size_t device, int rank,
                 v1::TaskAssignment* assignment) const override;
-  // ranks from R - 1 down to 2, those dividing max_context (shrink_ring), then 1
+  // ranks from R - 1 down to 2, those dividing max_context (shrink_ring; the 32 largest), then 1
   // (single_device); both allowed by default. Each rank then keeps more of every sequence's
   // cache: the memory plan decides where it fits.
   std::vector<LadderRung> Shrinks(const v1::JobSpec& spec,

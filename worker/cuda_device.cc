@@ -70,10 +70,11 @@ class CudaDevice final : public TaskDevice {
   absl::StatusOr<int64_t> ReleaseCaches() override {
     absl::StatusOr<int64_t> before = FreeMemoryBytes();
     if (!before.ok()) return before.status();
-    // Frees queued on streams complete first; then the default pool (cudaMallocAsync's) gives
-    // back what it keeps. The engine's workspace pools belong to live backends (each task's own,
-    // gone with it), the staging buffers are host memory: neither is a cache to drop here.
-    DATTN_CUDA_RETURN_IF_ERROR(cudaDeviceSynchronize());
+    // The default pool (cudaMallocAsync's) gives back the memory it keeps and no stream still
+    // uses. No device synchronize first: another task's collective may be waiting for a dead peer
+    // until its ring's timeout, and this must not wait with it. The engine's workspace pools
+    // belong to live backends (each task's own, gone with it), the staging buffers are host
+    // memory: neither is a cache to drop here.
     cudaMemPool_t pool = nullptr;
     DATTN_CUDA_RETURN_IF_ERROR(cudaDeviceGetDefaultMemPool(&pool, device_));
     DATTN_CUDA_RETURN_IF_ERROR(cudaMemPoolTrimTo(pool, 0));

@@ -57,10 +57,10 @@ class TaskDevice {
   // uncorrectable ECC error) fails every later call of the process's context, so a failed GPU
   // stays failed until the worker restarts. Always OK on the CPU.
   virtual absl::Status Health() const = 0;
-  // Gives back to the device what this process keeps cached for later calls: on a GPU, after
-  // synchronizing, the free memory of the device's default stream-ordered pool (cudaMemPoolTrimTo)
-  // and of the worker's own staging pool; on the CPU, the C library's free heap pages
-  // (malloc_trim). Returns the bytes the device's free figure grew by (0 when nothing was kept, or
+  // Gives back to the device what this process keeps cached for later calls: on a GPU, the free
+  // memory of the device's default stream-ordered pool (cudaMemPoolTrimTo; it does not wait for
+  // the device, whose other tasks may be waiting on a peer); on the CPU, the C library's free heap
+  // pages (malloc_trim). Returns the bytes the device's free figure grew by (0 when nothing was kept, or
   // when another process took memory meanwhile). The worker's first step after an allocation runs
   // out of memory (oom_retry.h), before it retries once. Default: nothing cached, 0.
   virtual absl::StatusOr<int64_t> ReleaseCaches() { return int64_t{0}; }

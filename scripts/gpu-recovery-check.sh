@@ -14,7 +14,9 @@
 #           a training job of the base model that needs about 60% of the GPU (64K tokens x 4 rows
 #           in one micro-batch) is submitted. Each ends as the ladder says: as asked, with more
 #           micro-batches, or failed with the planner's estimate and the measured free memory; the
-#           runs that ran are compared with the undisturbed run's losses.
+#           runs that ran are compared with the undisturbed run's losses. Then the worker's own
+#           step: a worker whose first allocation fails once (--fault-allocation-failures 1:1)
+#           retries after releasing its caches, and an attention job succeeds on attempt 1.
 #
 #   chaos   (all GPUs): JOBS jobs (default 50) submitted at once, 2-rank bf16 attention jobs and 1 x 2
 #           training gangs of a small LongNet (checkpoints every 5 steps) in turn, and KILLS faults
@@ -119,12 +121,13 @@ start_coordinator() {  # NAME [PORT [MAX_ATTEMPTS]]
   [ -n "$addr" ] || { echo "the coordinator did not start:"; cat "$out/$name-coordinator.log"; exit 2; }
   export DATTN_COORDINATOR="$addr"
 }
-start_worker() {  # INDEX HEARTBEAT_MS
+start_worker() {  # INDEX HEARTBEAT_MS [MORE FLAGS]
   local i="$1" beat="$2"
+  shift 2
   local where=(--gpu --gpu-index "$i")
   [ "$mode" = "smoke" ] && where=(--threads 1)
   "$worker" --insecure "${where[@]}" --name "$device-$i" --coordinator "$addr" \
-    --health-port 0 --slots 1 --heartbeat-ms "$beat" 2>>"$out/worker-$i.log" &
+    --health-port 0 --slots 1 --heartbeat-ms "$beat" "$@" 2>>"$out/worker-$i.log" &
   worker_pid[$i]=$!
 }
 wait_ready() {  # COUNT
@@ -304,6 +307,19 @@ EOF
     [ -n "$hog" ] && { kill -KILL "$hog"; wait "$hog" 2>/dev/null; }
     sleep 12  # A heartbeat with the memory back before the next severity.
   done
+  # The worker's own step on the GPU: its first allocation fails once (--fault-allocation-failures
+  # 1:1); it releases its caches (the default memory pool trimmed) and allocates again, and the
+  # attention job succeeds on its first attempt.
+  kill -TERM "${worker_pid[0]}"
+  wait "${worker_pid[0]}" 2>/dev/null
+  start_worker 0 500 --fault-allocation-failures 1:1
+  wait_ready 1 || exit 2
+  timeout "$job_timeout" "$cli" --json submit --seq-len 65536 --heads 8 --head-dim 128 \
+    --segments "2048,8192" --rates "1,4" --dtype bf16 --pass fwd-bwd --device gpu --wait \
+    >"$out/oom-retry.submit.json" 2>"$out/oom-retry.err"
+  id=$(job_id "$out/oom-retry.submit.json")
+  [ -n "$id" ] && status_json "$id" >"$out/oom-retry.json"
+  grep -h "out of memory (" "$out/worker-0.log" | tail -1
   stop_all
 fi
 
@@ -550,6 +566,14 @@ if "chaos" in parts:
     if len(faults) < kills:
         failed = True
         print(f"only {len(faults)} of {kills} faults: the jobs ended first (longer jobs, or more)")
+if "oom" in parts:
+    job = load("oom-retry")
+    ranks = job.get("result", {}).get("attention", {}).get("ranks", [])
+    retried = sum(int(r.get("out_of_memory_retries", 0)) for r in ranks)
+    ok = job.get("state") == "JOB_STATE_SUCCEEDED" and int(job.get("attempt", 0)) == 1 and retried == 1
+    rows.append(("oom, the first allocation fails once", f"{job.get('state', '?')[10:]}, attempt {job.get('attempt')}",
+                 "the worker's own retry", f"out_of_memory_retries {retried}"))
+    failed |= not ok
 print("\n== recovery with real faults ==")
 for r in rows:
     print(f"{r[0]:42} {r[1]:26} {r[2]:38} {r[3]}")

@@ -20,9 +20,11 @@
 //   dattn_rpc_total{method,code}           counter    finished calls by method and status code
 //   dattn_recoveries_total{kind,outcome}   counter    job recoveries by cause (worker_lost, ...)
 //                                                     and outcome (requeued|resized|failed|
-//                                                     cancelled)
+//                                                     cancelled; shrunk: a requeued job moved to
+//                                                     fewer ranks, counted besides its requeue)
 //   dattn_recovery_seconds{kind}           histogram  a recovery's decision to the job running
-//   again dattn_store_commit_seconds             histogram  latency of each durable store write
+//                                                     again
+//   dattn_store_commit_seconds             histogram  latency of each durable store write
 //   dattn_attention_job_tflops{device}     histogram  effective TFLOP/s of each succeeded job
 //   dattn_attention_step_seconds{device}   histogram  each succeeded job's step time (slowest rank)
 //   dattn_worker_rank_step_seconds{worker} histogram  each succeeded rank's median step time

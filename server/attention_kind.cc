@@ -140,7 +140,7 @@ std::vector<LadderRung> AttentionKind::Ladder(const v1::JobSpec& spec,
       if (p == info.num_ranks && dtype == job.dtype()) continue;
       LadderRung rung;
       rung.spec = spec;
-      rung.spec.mutable_attention()->set_num_ranks(static_cast<int32_t>(p));
+      rung.spec.mutable_attention()->set_num_ranks(p);
       rung.spec.mutable_attention()->set_dtype(dtype);
       if (dtype != job.dtype())
         rung.spec.mutable_attention()->set_device(v1::DEVICE_PREFERENCE_GPU);
@@ -158,14 +158,8 @@ std::vector<LadderRung> AttentionKind::Shrinks(const v1::JobSpec& spec,
   if (spec.work_case() != v1::JobSpec::kAttention || spec.attention().streamed()) return rungs;
   const v1::RecoveryPolicy& policy = spec.recovery();
   const api::AttentionJobInfo& info = Info(analysis);
-  // Each size is analysed (a ring plan) under the coordinator's lock: the 32 largest at most,
-  // then one rank.
-  constexpr size_t kMostRungs = 32;
-  for (int64_t p = info.num_ranks - 1; p >= 1; --p) {
-    if (info.seq_len % p != 0 || !(p == 1 ? policy.single_device() : policy.shrink_ring())) {
-      continue;
-    }
-    if (p > 1 && rungs.size() >= kMostRungs) continue;
+  for (int p :
+       FewerRanks(info.num_ranks, info.seq_len, policy.shrink_ring(), policy.single_device())) {
     LadderRung rung;
     rung.spec = spec;
     rung.spec.mutable_attention()->set_num_ranks(static_cast<int32_t>(p));

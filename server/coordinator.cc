@@ -173,7 +173,6 @@ absl::Status Coordinator::Recover() {
     JobRun* run = book_.Add(stored, spec->kind, spec->analysis);
     run->queued_since = Now();
     run->placed_before = placed_before;
-    run->fitted_before = placed_before || stored.job.fitted_cluster();
     run->free_requeues = free_requeues;
     if (state == v1::JOB_STATE_QUEUED && spec->analysis->runs_once) {
       tickets.push_back(runner_.Transition(

@@ -37,6 +37,7 @@ using ctest::Assignments;
 using ctest::FakeWorker;
 using ctest::FormedReport;
 using ctest::Holder;
+using ctest::LadderTrainingConfig;
 using ctest::NewDataDir;
 using ctest::RingRequest;
 using ctest::ValidRequest;
@@ -363,17 +364,6 @@ TEST_F(CoordinatorTest, AutoDataParallelTakesAsManyWorkersAsFit) {
   absl::StatusOr<v1::SubmitJobResponse> both = coordinator_->SubmitJob(request);
   EXPECT_EQ(both.status().code(), absl::StatusCode::kInvalidArgument);
   EXPECT_THAT(std::string(both.status().message()), HasSubstr("spec.training.data_parallel"));
-}
-
-// The trainer config of the recovery-ladder tests, at `micro` micro-batches: a rank of it needs
-// less memory with each doubling of the micro-batches.
-std::string LadderTrainingConfig(int micro) {
-  return absl::StrCat(R"({
-      "model": {"vocab_size": 256, "d_model": 64, "num_layers": 2, "num_heads": 4, "ffn_dim": 256,
-                "attention": {"segment_lengths": [256], "dilation_rates": [1]}},
-      "data": {"paths": ["/data/corpus.txt"]},
-      "seq_len": 2048, "batch_size": 8, "micro_batches": )",
-                      micro, R"(, "steps": 200})");
 }
 
 // Out of memory before placing: a training job too large for any ready worker as asked runs on the

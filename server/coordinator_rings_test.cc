@@ -420,19 +420,16 @@ TEST_F(ShrinkTest, WithSingleDeviceOnlyARingContinuesOnOneRank) {
 }
 
 // A training gang of 2 x 2 that lost a worker continues as 1 x 2 (the most ranks, then the most
-// sequence ranks) from its newest checkpoint; a deployment's ring of 2, on one rank.
-TEST_F(ShrinkTest, TrainingGangsAndDeploymentsShrinkByDefault) {
+// sequence ranks) from its newest checkpoint, by default (a deployment's ring:
+// coordinator_deployments_test).
+TEST_F(ShrinkTest, ATrainingGangShrinksByDefault) {
   std::vector<FakeWorker*> workers = {
       AddWorker("a", int64_t{64} << 30), AddWorker("b", int64_t{64} << 30),
       AddWorker("c", int64_t{64} << 30), AddWorker("d", int64_t{64} << 30)};
   v1::SubmitJobRequest request;
   request.set_idempotency_key("gang");
   v1::TrainingJobSpec* training = request.mutable_spec()->mutable_training();
-  training->set_config_json(R"({
-      "model": {"vocab_size": 256, "d_model": 64, "num_layers": 2, "num_heads": 4, "ffn_dim": 256,
-                "attention": {"segment_lengths": [256], "dilation_rates": [1]}},
-      "data": {"paths": ["/data/corpus.txt"]},
-      "seq_len": 2048, "batch_size": 8, "micro_batches": 1, "steps": 200})");
+  training->set_config_json(ctest::LadderTrainingConfig(1));
   training->set_device(v1::DEVICE_PREFERENCE_CPU);
   training->set_data_parallel(2);
   training->set_sequence_parallel(2);

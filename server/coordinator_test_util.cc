@@ -45,6 +45,15 @@ v1::SubmitJobRequest ValidRequest(const std::string& key) {
   return request;
 }
 
+std::string LadderTrainingConfig(int micro) {
+  return absl::StrCat(R"({
+      "model": {"vocab_size": 256, "d_model": 64, "num_layers": 2, "num_heads": 4, "ffn_dim": 256,
+                "attention": {"segment_lengths": [256], "dilation_rates": [1]}},
+      "data": {"paths": ["/data/corpus.txt"]},
+      "seq_len": 2048, "batch_size": 8, "micro_batches": )",
+                      micro, R"(, "steps": 200})");
+}
+
 v1::SubmitJobRequest RingRequest(const std::string& key, int ranks) {
   v1::SubmitJobRequest request = ValidRequest(key);
   request.mutable_spec()->mutable_attention()->set_num_ranks(ranks);

@@ -368,6 +368,10 @@ class CoordinatorTest : public ::testing::Test {
 // ValidRequest's job on `ranks` ranks.
 v1::SubmitJobRequest RingRequest(const std::string& key, int ranks);
 
+// The trainer config of the recovery tests (the ladder, ring shrink), at `micro` micro-batches: a
+// rank of it needs less memory with each doubling of the micro-batches.
+std::string LadderTrainingConfig(int micro);
+
 // A report of `task`'s rank with its ring formed after `formation_seconds`.
 v1::TaskReport FormedReport(const FakeWorker& worker, const std::string& task, v1::TaskState state,
                             double formation_seconds);

@@ -228,12 +228,7 @@ std::vector<LadderRung> DeploymentKind::Shrinks(const v1::JobSpec& spec,
   const bool shrink = !policy.has_shrink_ring() || policy.shrink_ring();
   const bool single = !policy.has_single_device() || policy.single_device();
   const DeploymentAnalysis& a = *AsDeployment(analysis);
-  // Each size is analysed (a memory plan) under the coordinator's lock: the 32 largest at most,
-  // then one rank.
-  constexpr size_t kMostRungs = 32;
-  for (int r = a.ranks - 1; r >= 1; --r) {
-    if (a.max_context % r != 0 || !(r == 1 ? single : shrink)) continue;
-    if (r > 1 && rungs.size() >= kMostRungs) continue;
+  for (int r : FewerRanks(a.ranks, a.max_context, shrink, single)) {
     LadderRung rung;
     rung.spec = spec;
     rung.spec.mutable_deployment()->set_ranks(r);

@@ -116,7 +116,7 @@ std::vector<Dispatcher::Verdict> Dispatcher::Check(
             f.reason, " (memory plan per rank: ", analysis.devices[i].memory_plan, ")"));
       }
     }
-    if (!fits.has_value() && (run->placed_before || run->fitted_before)) {
+    if (!fits.has_value() && (run->placed_before || run->job.fitted_cluster())) {
       // It ran on this cluster before, or fitted it: the workers it needs may not have
       // re-registered yet (after a restart they come back as their cancelled tasks stop, or a
       // worker that died restarts). It waits, unchecked.
@@ -132,7 +132,6 @@ std::vector<Dispatcher::Verdict> Dispatcher::Check(
     }
     // Queued again for the device kind that fits, in its old place (same submit_seq).
     run->checked = true;
-    run->fitted_before = true;
     run->job.set_fitted_cluster(true);  // Stored with the job's next write.
     run->device = *fits;
     absl::Status s = scheduler_.Enqueue(Request(*run, analysis, run->device));

@@ -93,9 +93,6 @@ struct JobRun {
   bool checked = false;
   // It was placed before: it fitted this cluster once.
   bool placed_before = false;
-  // It fitted the ready workers once (placed before, or Job.fitted_cluster): after a restart the
-  // feasibility check lets it wait for its workers instead of failing it (dispatcher.h).
-  bool fitted_before = false;
   // A ring failure (a rank, its worker or a collective lost) requeued it and it has not been
   // placed since: the next scheduling pass after the ready set settles shrinks it onto the workers
   // left when they cannot hold it as it ran (JobRunner::ShrinkStranded), once.

@@ -165,8 +165,6 @@ std::vector<LadderRung> TrainingKind::Ladder(const v1::JobSpec& spec,
   // micro_batches lives in the trainer's config: each rung carries the config with it changed.
   nlohmann::json config = nlohmann::json::parse(spec.training().config_json(), nullptr, false);
   if (config.is_discarded() || !config.is_object()) return rungs;
-  constexpr size_t kMostRungs =
-      32;  // Each is analysed (a memory plan) under the coordinator's lock.
   for (int64_t s = s0; s * d <= api::kMaxRingRanks && seq_len % s == 0; s *= 2) {
     if (s != s0 && !more) break;
     for (int64_t m = m0; m <= batch && batch % m == 0 && (batch / m) % d == 0; m *= 2) {
@@ -224,8 +222,6 @@ std::vector<LadderRung> TrainingKind::Shrinks(const v1::JobSpec& spec,
     if (a.s != b.s) return a.s > b.s;
     return a.m < b.m;
   });
-  constexpr size_t kMostRungs =
-      32;  // Each is analysed (a memory plan) under the coordinator's lock.
   for (const Size& size : sizes) {
     if (rungs.size() >= kMostRungs) break;
     LadderRung rung;

@@ -22,6 +22,15 @@ std::vector<LadderRung> WorkKind::Shrinks(const v1::JobSpec&, const JobAnalysis&
   return {};
 }
 
+std::vector<int> FewerRanks(int ranks, int64_t length, bool shrink, bool single) {
+  std::vector<int> counts;
+  for (int r = ranks - 1; r >= 2 && shrink && counts.size() < kMostRungs; --r) {
+    if (length % r == 0) counts.push_back(r);
+  }
+  if (single && ranks > 1) counts.push_back(1);
+  return counts;
+}
+
 void WorkKind::TakeProgress(const JobAnalysis&, size_t, int, const v1::TaskReport&, v1::Job*,
                             std::vector<v1::JobEvent>*) const {}
 

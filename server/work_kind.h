@@ -83,6 +83,15 @@ struct OutputLayout {
   int64_t rank_block_bytes = 0;
 };
 
+// The most specs WorkKind::Ladder or WorkKind::Shrinks lists: each is analysed (a memory plan)
+// under the coordinator's lock.
+inline constexpr size_t kMostRungs = 32;
+
+// A ring of `ranks` that lost a worker (WorkKind::Shrinks): the smaller rank counts that divide
+// `length` (an attention job's N, a deployment's max_context), largest first: those of 2 or more
+// when `shrink` (the kMostRungs largest), then 1 when `single`.
+std::vector<int> FewerRanks(int ranks, int64_t length, bool shrink, bool single);
+
 // One rung of the out-of-memory ladder (WorkKind::Ladder): a complete spec to try instead of the
 // job's, and what it changes ("micro_batches 2", "sequence_parallel 4", "bf16"), for events.
 struct LadderRung {

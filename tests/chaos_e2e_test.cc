@@ -44,20 +44,7 @@ constexpr int kAttentionSteps = 30;
 constexpr int kJobs = 8;
 
 std::vector<std::string> AttentionFlags(int ranks, int iterations, int seed) {
-  return {"--batch=1",
-          "--seq-len=4096",
-          "--heads=4",
-          "--head-dim=32",
-          "--segments=256,1024",
-          "--rates=1,2",
-          "--dtype=fp64",
-          "--pass=fwd-bwd",
-          "--seed=" + std::to_string(seed),
-          "--device=cpu",
-          "--ranks=" + std::to_string(ranks),
-          "--iterations=" + std::to_string(iterations),
-          "--shrink-ring=true",
-          "--single-device=true"};
+  return ShrinkableAttentionFlags(4096, ranks, iterations, seed, /*single_device=*/true);
 }
 
 class ChaosE2E : public ClusterTest {

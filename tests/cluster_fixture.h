@@ -1,5 +1,5 @@
 // A gtest fixture around tests/cluster.h: one cluster per test, named after the test, and a
-// submit through the CLI that expects a job id.
+// submit through the CLI that expects a job id; and the attention job flags of the fault tests.
 #ifndef DATTN_TESTS_CLUSTER_FIXTURE_H_
 #define DATTN_TESTS_CLUSTER_FIXTURE_H_
 
@@ -11,6 +11,28 @@
 #include "tests/cluster.h"
 
 namespace dattn::testing {
+
+// `dattn submit` flags of an fp64 forward+backward attention job on CPU workers (B = 1, H = 4,
+// D = 32, w = [256, 1024], r = [1, 2]) that may continue on fewer ranks after losing a worker
+// (--shrink-ring; also on one rank with `single_device`): the fault tests' job.
+inline std::vector<std::string> ShrinkableAttentionFlags(int seq_len, int ranks, int iterations,
+                                                         int seed, bool single_device) {
+  std::vector<std::string> flags = {"--batch=1",
+                                    "--seq-len=" + std::to_string(seq_len),
+                                    "--heads=4",
+                                    "--head-dim=32",
+                                    "--segments=256,1024",
+                                    "--rates=1,2",
+                                    "--dtype=fp64",
+                                    "--pass=fwd-bwd",
+                                    "--seed=" + std::to_string(seed),
+                                    "--device=cpu",
+                                    "--ranks=" + std::to_string(ranks),
+                                    "--iterations=" + std::to_string(iterations),
+                                    "--shrink-ring=true"};
+  if (single_device) flags.push_back("--single-device=true");
+  return flags;
+}
 
 class ClusterTest : public ::testing::Test {
  protected:

@@ -315,19 +315,7 @@ TEST_F(RingE2E, AWorkerLostForGoodShrinksTheRingWithTheSameResult) {
   options.coordinator_flags = {"--feasibility-settle-ms=1000"};
   StartCluster(4, options);
   auto flags = [](int ranks, int iterations) {
-    return std::vector<std::string>{"--batch=1",
-                                    "--seq-len=2048",
-                                    "--heads=4",
-                                    "--head-dim=32",
-                                    "--segments=256,1024",
-                                    "--rates=1,2",
-                                    "--dtype=fp64",
-                                    "--pass=fwd-bwd",
-                                    "--seed=31",
-                                    "--device=cpu",
-                                    "--ranks=" + std::to_string(ranks),
-                                    "--iterations=" + std::to_string(iterations),
-                                    "--shrink-ring=true"};
+    return ShrinkableAttentionFlags(2048, ranks, iterations, 31, /*single_device=*/false);
   };
   const std::string id = Submit(flags(4, 60));
   dattn::v1::Job job;
